@@ -1,0 +1,27 @@
+"""Rewind: a time-travel debugger for LLM agent pipelines built on Apache Burr.
+
+Record every node of a run, fork a finished run at any node with exactly one change, replay only
+the downstream nodes through a content-addressed cache, and diff the two trajectories by field.
+
+Public API::
+
+    from rewind import Rewind, Pipeline, ParamOverride, OutputOverride, param, tool, chat
+"""
+
+from rewind.context import param
+from rewind.errors import RewindError
+from rewind.replay import OutputOverride, ParamOverride, Pipeline, Rewind, parse_override
+from rewind.tools import tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OutputOverride",
+    "ParamOverride",
+    "Pipeline",
+    "Rewind",
+    "RewindError",
+    "param",
+    "parse_override",
+    "tool",
+]

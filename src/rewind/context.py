@@ -1,0 +1,144 @@
+"""The run context: what a node's LLM and tool calls need, carried in a contextvar.
+
+Overrides, the cache read policy and the source trajectory's calls (its *lineage*) travel here and
+never in Burr state (DESIGN rule 3): an empty ``{"overrides": {}}`` key in state would change every
+downstream prompt and silently cold the cache. Telemetry (tokens, latency) also stays here (rule 1).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rewind.store.records import CallRecord
+
+if TYPE_CHECKING:
+    from rewind.llm import ChatClient
+    from rewind.store import Store
+
+_CURRENT: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "rewind_run_context", default=None
+)
+
+
+@dataclass
+class PendingWrite:
+    """A cache entry produced during a node, written with the node's row in one transaction."""
+
+    kind: str  # llm | tool
+    key: str
+    name: str
+    request_hash: str
+    request_bytes: bytes
+    result_hash: str
+    result_bytes: bytes
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class NodeScope:
+    """Accumulates what one node execution does: params read, calls made, pending cache writes."""
+
+    name: str
+    position: int
+    started_at: float
+    started_perf: float
+    param_overrides: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+    calls: list[CallRecord] = field(default_factory=list)
+    pending: dict[str, PendingWrite] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens spent by the node's calls so far."""
+        return (
+            sum(c.prompt_tokens for c in self.calls),
+            sum(c.completion_tokens for c in self.calls),
+        )
+
+
+@dataclass
+class RunContext:
+    """Everything a run's calls need.
+
+    Args:
+        store: where cache entries and blobs live.
+        run_id: the run being executed.
+        read_cache: False when recording a new run (calls execute live, reason ``bypass``);
+            True when replaying a fork.
+        param_overrides: ``{node: {param: value}}`` (the one change a fork carries).
+        lineage: ``{cache key: result blob hash}`` of the calls the source trajectory made; a
+            replay serves these first, so an unchanged replay returns exactly the parent's results
+            even if the cache holds a newer entry for the same key.
+        chat_client: the model endpoint's client (None: LLM calls raise).
+        fork_node: name of the fork node (its misses are reason ``override`` when it carries one).
+    """
+
+    store: Store
+    run_id: str
+    read_cache: bool = False
+    param_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lineage: dict[str, str] = field(default_factory=dict)
+    chat_client: ChatClient | None = None
+    fork_node: str | None = None
+    node: NodeScope | None = None
+    on_event: Any = None  # callable(event: str, payload: dict) for progress displays
+
+    def begin_node(self, name: str, position: int) -> NodeScope:
+        """Open the scope of one node execution."""
+        self.node = NodeScope(
+            name=name,
+            position=position,
+            started_at=time.time(),
+            started_perf=time.perf_counter(),
+            param_overrides=dict(self.param_overrides.get(name, {})),
+        )
+        return self.node
+
+    def emit(self, event: str, **payload: Any) -> None:
+        """Send a progress event to the listener, never raising into the run."""
+        if self.on_event is not None:
+            try:
+                self.on_event(event, payload)
+            except Exception:  # a progress display must never break a run
+                pass
+
+
+def current() -> RunContext | None:
+    """The active run context of this thread/task, or None outside a Rewind run."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def activate(ctx: RunContext) -> Iterator[RunContext]:
+    """Make ``ctx`` the active run context for the duration of the block."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)
+
+
+def param(name: str, default: Any) -> Any:
+    """A node parameter: the fork's override for the current node if it has one, else ``default``.
+
+    Call it inside a Burr action. The value used is recorded on the node row (and enters the node's
+    input hash), which is how ``rewind fork --set node.param=…`` knows the node has that param.
+    Outside a Rewind run it returns ``default``.
+
+    Args:
+        name: the param's name, e.g. ``"group_by"``.
+        default: its value when no override applies; must be JSON-like.
+    """
+    ctx = current()
+    if ctx is None or ctx.node is None:
+        return default
+    scope = ctx.node
+    value = scope.param_overrides.get(name, default)
+    scope.params[name] = value
+    return value

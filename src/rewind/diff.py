@@ -1,0 +1,501 @@
+"""Trajectory diff: align two runs node by node and compare their outputs field by field.
+
+The module is pure: it never touches the store. Callers hand it one `NodeSide` per node execution
+of each run and get back an immutable `TrajectoryDiff`.
+
+Equality follows the canonical hasher, not Python's `==`: `1` and `1.0` differ (type changed),
+`True` and `1` differ, `0.0` and `-0.0` differ, and NaN equals NaN. A hand-written walk is used
+instead of deepdiff because deepdiff skips `__`-prefixed keys and buckets `1 == 1.0` by default,
+which would hide exactly the differences a replay audit must show.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "FieldChange",
+    "NodeDiff",
+    "NodeSide",
+    "TrajectoryDiff",
+    "align_nodes",
+    "diff_trajectories",
+    "diff_values",
+    "similarity",
+]
+
+CHANGED = "changed"
+ADDED = "added"
+REMOVED = "removed"
+TYPE_CHANGED = "type_changed"
+
+EQUAL = "equal"
+ONLY_A = "only_a"
+ONLY_B = "only_b"
+_STATUSES = (EQUAL, CHANGED, ONLY_A, ONLY_B)
+
+LONG_TEXT_CHARS = 120
+"""Strings longer than this (or spanning several lines) get a unified `text_diff`."""
+
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True)
+class NodeSide:
+    """One node execution of one run, as the diff sees it.
+
+    Attributes:
+        position: 0-based order of the node in its run.
+        name: node (Burr action) name.
+        output: the fields the node wrote (JSON-like values).
+        output_hash: SHA-256 hex of the output, as recorded; never recomputed here.
+        tokens: tokens spent by this node in this run (0 for a cache hit).
+        outcome: cache outcome label, passed through untouched (e.g. "hit", "miss:override").
+    """
+
+    position: int
+    name: str
+    output: dict[str, Any]
+    output_hash: str
+    tokens: int
+    outcome: str = ""
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One difference between two values at one path.
+
+    Attributes:
+        path: where the difference is, e.g. `analysis.table[3].mean`. Identifier keys are joined
+            with dots, other string keys as `['weird key']` (backslash and quote escaped), list
+            indexes and non-string keys as `[3]`. `""` is the whole compared value.
+        kind: `"changed"` (same type, different value), `"added"` (only in B), `"removed"`
+            (only in A) or `"type_changed"` (JSON types differ, including int vs float and
+            bool vs int).
+        old: value in A; `None` when `kind == "added"` (read `kind`, not `old`, to tell an
+            added field from a field whose old value was null).
+        new: value in B; `None` when `kind == "removed"`.
+        text_diff: unified diff (labels `a/<path>`, `b/<path>`, lines without terminators,
+            joined by newlines) when both values are strings and either is longer than 120
+            characters or contains a newline; otherwise `None`.
+    """
+
+    path: str
+    kind: str
+    old: Any
+    new: Any
+    text_diff: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeDiff:
+    """One row of the aligned table: a node of A, of B, or of both.
+
+    Attributes:
+        index: 0-based row in the aligned table.
+        name: node name (the same on both sides when both are present).
+        a: the node in run A, or `None` if only B executed it.
+        b: the node in run B, or `None` if only A executed it.
+        status: `"equal"` (both present, no field change), `"changed"`, `"only_a"`, `"only_b"`.
+            Decided by the field diff, never by the hashes alone.
+        changes: field changes from A's output to B's; empty unless status is `"changed"`.
+        token_delta: `b.tokens - a.tokens` in tokens, a missing side counting 0.
+        hash_equal: both sides present and their recorded output hashes are equal.
+    """
+
+    index: int
+    name: str
+    a: NodeSide | None
+    b: NodeSide | None
+    status: str
+    changes: tuple[FieldChange, ...]
+    token_delta: int
+    hash_equal: bool
+
+
+@dataclass(frozen=True)
+class TrajectoryDiff:
+    """Field-level comparison of two runs.
+
+    Attributes:
+        run_a: run id of the reference run.
+        run_b: run id of the compared run (typically the fork).
+        nodes: the aligned rows, in display order.
+        first_divergence: the first row whose status is not `"equal"`, or `None`.
+        tokens_a: total tokens of run A's nodes.
+        tokens_b: total tokens of run B's nodes.
+        token_delta: `tokens_b - tokens_a`.
+    """
+
+    run_a: str
+    run_b: str
+    nodes: tuple[NodeDiff, ...]
+    first_divergence: NodeDiff | None
+    tokens_a: int
+    tokens_b: int
+    token_delta: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-safe, deterministic dict for `--json` output.
+
+        Shape: `{"run_a", "run_b", "tokens_a", "tokens_b", "token_delta",
+        "first_divergence": <row index> | None, "counts": {status: n}, "nodes": [row...]}`;
+        a row is `{"index", "name", "status", "token_delta", "hash_equal", "a", "b", "changes"}`
+        with `a`/`b` either `None` or `{"position", "name", "output_hash", "tokens", "outcome",
+        "output"}` and each change `{"path", "kind", "old", "new", "text_diff"}`.
+
+        Values are made JSON-safe: NaN/inf become the strings `"NaN"`, `"Infinity"`,
+        `"-Infinity"`; tuples become lists; dict keys become strings (non-string keys via
+        `str()`) and are sorted; any other non-JSON value is rendered with `str()`. The result
+        passes `json.dumps(..., allow_nan=False)`. Raises nothing for JSON-like outputs.
+        """
+        return {
+            "run_a": self.run_a,
+            "run_b": self.run_b,
+            "tokens_a": self.tokens_a,
+            "tokens_b": self.tokens_b,
+            "token_delta": self.token_delta,
+            "first_divergence": (
+                None if self.first_divergence is None else self.first_divergence.index
+            ),
+            "counts": {s: sum(n.status == s for n in self.nodes) for s in _STATUSES},
+            "nodes": [_node_json(node) for node in self.nodes],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Value diff
+
+
+def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
+    """List every difference from `old` (run A) to `new` (run B).
+
+    Args:
+        old: a JSON-like value (dict, list/tuple, str, int, float, bool, None).
+        new: a JSON-like value.
+        path: path prefix for the reported changes; `""` means the values are the root.
+
+    Returns:
+        Changes in a deterministic order (dict keys sorted, list indexes ascending). Dicts are
+        compared key by key regardless of key order, keys starting with `_`, `__` or `$`
+        included; keys on one side only are `added`/`removed`. Lists (and tuples, treated as
+        lists) are compared element-wise by index, so one edited field inside one element is
+        one change at e.g. `table[3].mean`; extra tail elements are `added`/`removed` at their
+        index. Scalars of different JSON types give one `type_changed`. Other objects are
+        compared with `==`, and differ in type when their Python types differ.
+
+    Raises:
+        RecursionError: nesting deeper than the interpreter's recursion limit (or a cycle).
+    """
+    changes: list[FieldChange] = []
+    _walk(old, new, path, changes)
+    return changes
+
+
+def similarity(a: Any, b: Any) -> float:
+    """Score how alike two JSON-like values are, from 0.0 (nothing shared) to 1.0 (no diff).
+
+    Strings score the `difflib.SequenceMatcher` ratio (averaged over both argument orders, so
+    the score is symmetric); dicts the mean over the union of keys (a key on one side only
+    scores 0); lists the mean over indexes up to the longer length (a missing element scores
+    0); any other pair 1.0 if `diff_values` finds no change, else 0.0 (so `1` vs `1.0` is 0.0).
+    `similarity(a, b) == 1.0` exactly when `diff_values(a, b) == []`.
+
+    Raises:
+        RecursionError: nesting deeper than the interpreter's recursion limit.
+    """
+    if a is b:
+        return 1.0
+    kind_a, kind_b = _kind(a), _kind(b)
+    if kind_a != kind_b:
+        return 0.0
+    if kind_a == "object":
+        keys = _sorted_keys(set(a) | set(b))
+        if not keys:
+            return 1.0
+        scores = (similarity(a[k], b[k]) if k in a and k in b else 0.0 for k in keys)
+        return _mean_exact(scores, len(keys))
+    if kind_a == "array":
+        shared, longest = min(len(a), len(b)), max(len(a), len(b))
+        if longest == 0:
+            return 1.0
+        scores = [similarity(a[i], b[i]) for i in range(shared)] + [0.0] * (longest - shared)
+        return _mean_exact(scores, longest)
+    if kind_a == "str":
+        if a == b:
+            return 1.0
+        forward = difflib.SequenceMatcher(None, a, b).ratio()
+        backward = difflib.SequenceMatcher(None, b, a).ratio()
+        return min((forward + backward) / 2, _BELOW_ONE)
+    return 1.0 if _scalar_equal(kind_a, a, b) else 0.0
+
+
+_BELOW_ONE = math.nextafter(1.0, 0.0)
+
+
+def _mean_exact(scores: Iterable[float], count: int) -> float:
+    """Mean that is 1.0 only if every score is 1.0 (float rounding must not fake equality)."""
+    values = list(scores)
+    if all(v == 1.0 for v in values):
+        return 1.0
+    return min(math.fsum(values) / count, _BELOW_ONE)
+
+
+def _kind(value: Any) -> str:
+    """JSON type of `value`; bool is checked before int because bool subclasses int."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return f"py:{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _scalar_equal(kind: str, old: Any, new: Any) -> bool:
+    if kind == "float":
+        if math.isnan(old) and math.isnan(new):
+            return True
+        # The canonical hasher keeps -0.0 distinct from 0.0, so the diff must too.
+        return old == new and math.copysign(1.0, old) == math.copysign(1.0, new)
+    return bool(old == new)
+
+
+def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
+    if old is new:
+        return
+    kind_old, kind_new = _kind(old), _kind(new)
+    if kind_old != kind_new:
+        out.append(FieldChange(path, TYPE_CHANGED, old, new))
+        return
+    if kind_old == "object":
+        for key in _sorted_keys(set(old) | set(new)):
+            child = _key_path(path, key)
+            if key not in new:
+                out.append(FieldChange(child, REMOVED, old[key], None))
+            elif key not in old:
+                out.append(FieldChange(child, ADDED, None, new[key]))
+            else:
+                _walk(old[key], new[key], child, out)
+        return
+    if kind_old == "array":
+        shared = min(len(old), len(new))
+        for i in range(shared):
+            _walk(old[i], new[i], f"{path}[{i}]", out)
+        for i in range(shared, len(old)):
+            out.append(FieldChange(f"{path}[{i}]", REMOVED, old[i], None))
+        for i in range(shared, len(new)):
+            out.append(FieldChange(f"{path}[{i}]", ADDED, None, new[i]))
+        return
+    if _scalar_equal(kind_old, old, new):
+        return
+    text_diff = _text_diff(old, new, path) if kind_old == "str" else None
+    out.append(FieldChange(path, CHANGED, old, new, text_diff))
+
+
+def _sorted_keys(keys: Iterable[Any]) -> list[Any]:
+    """Keys in a stable order: strings by code point first, then other keys by type and text."""
+    return sorted(keys, key=lambda k: (0, "", k) if isinstance(k, str) else (1, _kind(k), str(k)))
+
+
+def _key_path(path: str, key: Any) -> str:
+    if isinstance(key, str):
+        if key.isidentifier():
+            return f"{path}.{key}" if path else key
+        escaped = key.replace("\\", "\\\\").replace("'", "\\'")
+        return f"{path}['{escaped}']"
+    return f"{path}[{key}]"
+
+
+def _text_diff(old: str, new: str, path: str) -> str | None:
+    long = max(len(old), len(new)) > LONG_TEXT_CHARS or "\n" in old or "\n" in new
+    if not long:
+        return None
+    # split("\n") rather than splitlines(): a changed trailing newline must still show up.
+    lines = difflib.unified_diff(
+        old.split("\n"),
+        new.split("\n"),
+        fromfile=f"a/{path}",
+        tofile=f"b/{path}",
+        lineterm="",
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Alignment and trajectory diff
+
+
+def align_nodes(
+    a: Sequence[NodeSide], b: Sequence[NodeSide]
+) -> list[tuple[NodeSide | None, NodeSide | None]]:
+    """Pair the node executions of two runs.
+
+    Both sequences are first ordered by `position` (stable, so equal positions keep the given
+    order). If both runs executed the same sequence of node names, nodes pair by position.
+    Otherwise the k-th execution of node X in A pairs with the k-th execution of X in B; rows
+    follow A's order, and each B-only node is placed after the matched node that precedes it in
+    B (after any A-only nodes at that spot, like a `-`/`+` hunk). Unpaired nodes come back as
+    `(node, None)` or `(None, node)`.
+
+    Returns:
+        One `(a_node | None, b_node | None)` tuple per row; never `(None, None)`.
+    """
+    nodes_a = sorted(a, key=lambda n: n.position)
+    nodes_b = sorted(b, key=lambda n: n.position)
+    if [n.name for n in nodes_a] == [n.name for n in nodes_b]:
+        return list(zip(nodes_a, nodes_b, strict=True))
+
+    keys_a = _occurrence_keys(nodes_a)
+    keys_b = _occurrence_keys(nodes_b)
+    b_by_key = dict(zip(keys_b, nodes_b, strict=True))
+    matched = set(keys_a) & set(keys_b)
+
+    # B-only nodes grouped by the matched key that precedes them in B (None = start of run).
+    b_only_after: dict[tuple[str, int] | None, list[NodeSide]] = {}
+    anchor: tuple[str, int] | None = None
+    for key, node in zip(keys_b, nodes_b, strict=True):
+        if key in matched:
+            anchor = key
+        else:
+            b_only_after.setdefault(anchor, []).append(node)
+
+    rows: list[tuple[NodeSide | None, NodeSide | None]] = []
+    pending = b_only_after.get(None, [])
+    for key, node in zip(keys_a, nodes_a, strict=True):
+        if key not in matched:
+            rows.append((node, None))
+            continue
+        rows.extend((None, extra) for extra in pending)
+        rows.append((node, b_by_key[key]))
+        pending = b_only_after.get(key, [])
+    rows.extend((None, extra) for extra in pending)
+    return rows
+
+
+def _occurrence_keys(nodes: Sequence[NodeSide]) -> list[tuple[str, int]]:
+    seen: dict[str, int] = {}
+    keys = []
+    for node in nodes:
+        k = seen.get(node.name, 0)
+        seen[node.name] = k + 1
+        keys.append((node.name, k))
+    return keys
+
+
+def diff_trajectories(
+    run_a: str, a: Sequence[NodeSide], run_b: str, b: Sequence[NodeSide]
+) -> TrajectoryDiff:
+    """Align two runs with `align_nodes` and diff every paired node's output.
+
+    Args:
+        run_a: run id of the reference run; `a` its node executions (any order, see
+            `align_nodes`).
+        run_b: run id of the compared run; `b` its node executions.
+
+    Returns:
+        A `TrajectoryDiff`. A row is `"equal"` only when `diff_values` finds no change, even if
+        the recorded hashes differ (and `"changed"` even if they match): `hash_equal` exposes
+        the hash verdict separately so a caller can flag a hasher/diff disagreement. One-sided
+        rows carry no field changes.
+
+    Raises:
+        RecursionError: an output nested deeper than the interpreter's recursion limit.
+    """
+    rows: list[NodeDiff] = []
+    for index, (side_a, side_b) in enumerate(align_nodes(a, b)):
+        tokens = (side_b.tokens if side_b else 0) - (side_a.tokens if side_a else 0)
+        changes: tuple[FieldChange, ...] = ()
+        hash_equal = False
+        if side_a is None:
+            assert side_b is not None  # align_nodes never yields (None, None)
+            name, status = side_b.name, ONLY_B
+        elif side_b is None:
+            name, status = side_a.name, ONLY_A
+        else:
+            changes = tuple(diff_values(side_a.output, side_b.output))
+            name, status = side_a.name, CHANGED if changes else EQUAL
+            hash_equal = side_a.output_hash == side_b.output_hash
+        rows.append(NodeDiff(index, name, side_a, side_b, status, changes, tokens, hash_equal))
+
+    tokens_a = sum(n.tokens for n in a)
+    tokens_b = sum(n.tokens for n in b)
+    return TrajectoryDiff(
+        run_a=run_a,
+        run_b=run_b,
+        nodes=tuple(rows),
+        first_divergence=next((r for r in rows if r.status != EQUAL), None),
+        tokens_a=tokens_a,
+        tokens_b=tokens_b,
+        token_delta=tokens_b - tokens_a,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# JSON rendering
+
+
+def _node_json(node: NodeDiff) -> dict[str, Any]:
+    return {
+        "index": node.index,
+        "name": node.name,
+        "status": node.status,
+        "token_delta": node.token_delta,
+        "hash_equal": node.hash_equal,
+        "a": _side_json(node.a),
+        "b": _side_json(node.b),
+        "changes": [
+            {
+                "path": c.path,
+                "kind": c.kind,
+                "old": _json_safe(c.old),
+                "new": _json_safe(c.new),
+                "text_diff": c.text_diff,
+            }
+            for c in node.changes
+        ],
+    }
+
+
+def _side_json(side: NodeSide | None) -> dict[str, Any] | None:
+    if side is None:
+        return None
+    return {
+        "position": side.position,
+        "name": side.name,
+        "output_hash": side.output_hash,
+        "tokens": side.tokens,
+        "outcome": side.outcome,
+        "output": _json_safe(side.output),
+    }
+
+
+def _json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        items = {k if isinstance(k, str) else str(k): v for k, v in value.items()}
+        return {k: _json_safe(items[k]) for k in sorted(items)}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return str(value)

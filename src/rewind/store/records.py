@@ -1,0 +1,173 @@
+"""Immutable records the store hands out: a run, a node execution, a call.
+
+Built once from a row, never mutated (STYLE: an immutable value with a few verbs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+RUN_STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One execution of a pipeline.
+
+    ``run_id`` equals the Burr ``app_id``. ``parent_run_id``/``fork_node``/``override`` are set for
+    forks. Token totals are tokens actually spent by this run (cache hits count 0); latency in ms.
+    Timestamps are unix seconds.
+    """
+
+    run_id: str
+    pipeline: str
+    pipeline_ref: str
+    status: str
+    parent_run_id: str | None
+    fork_node: str | None
+    fork_position: int | None
+    override: dict[str, Any] | None
+    initial_state_hash: str | None
+    burr_fork_app_id: str | None
+    burr_fork_sequence_id: int | None
+    config: dict[str, Any]
+    created_at: float
+    finished_at: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    error: str | None
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion tokens spent by this run."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_row(cls, row: Any) -> RunRecord:
+        m = row._mapping
+        return cls(
+            run_id=m["run_id"],
+            pipeline=m["pipeline"],
+            pipeline_ref=m["pipeline_ref"],
+            status=m["status"],
+            parent_run_id=m["parent_run_id"],
+            fork_node=m["fork_node"],
+            fork_position=m["fork_position"],
+            override=json.loads(m["override_json"]) if m["override_json"] else None,
+            initial_state_hash=m["initial_state_hash"],
+            burr_fork_app_id=m["burr_fork_app_id"],
+            burr_fork_sequence_id=m["burr_fork_sequence_id"],
+            config=json.loads(m["config_json"] or "{}"),
+            created_at=m["created_at"],
+            finished_at=m["finished_at"],
+            prompt_tokens=m["prompt_tokens"],
+            completion_tokens=m["completion_tokens"],
+            latency_ms=m["latency_ms"],
+            error=m["error"],
+        )
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One LLM or tool call a node made, with its cache outcome.
+
+    ``key`` is the cache key (DESIGN rule 5); ``request_hash``/``result_hash`` reference blobs.
+    ``outcome`` is ``hit`` or ``miss``; ``reason`` says which rule decided (rule 6). Tokens are the
+    tokens spent (0 on a hit); latency in ms.
+    """
+
+    call_index: int
+    kind: str
+    name: str
+    key: str
+    request_hash: str
+    result_hash: str | None
+    outcome: str
+    reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+
+    @classmethod
+    def from_row(cls, row: Any) -> CallRecord:
+        m = row._mapping
+        return cls(
+            call_index=m["call_index"],
+            kind=m["kind"],
+            name=m["name"],
+            key=m["key"],
+            request_hash=m["request_hash"],
+            result_hash=m["result_hash"],
+            outcome=m["outcome"],
+            reason=m["reason"],
+            prompt_tokens=m["prompt_tokens"],
+            completion_tokens=m["completion_tokens"],
+            latency_ms=m["latency_ms"],
+        )
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node execution ("step") of a run.
+
+    ``position`` is the 0-based order in the run; ``sequence_id`` the Burr sequence id of the
+    persisted state row; ``src_app_id``/``src_sequence_id`` name the app and row that actually
+    produced this node (for inherited nodes of a fork: the ancestor's). Hashes are sha256 hex of
+    canonical JSON: ``input_hash`` covers node name, the state fields it reads, its inputs and
+    params; ``output_hash`` the fields it wrote; ``state_hash`` the whole semantic state after it.
+    ``cache_outcome`` is ``hit``, ``miss``, ``inherited``, ``override``, ``none`` (no cacheable
+    call) or ``failed``; ``cache_reason`` says why. Tokens are spent tokens; latency in ms.
+    """
+
+    run_id: str
+    position: int
+    name: str
+    sequence_id: int | None
+    src_app_id: str
+    src_sequence_id: int | None
+    inherited: bool
+    input_hash: str
+    output_hash: str | None
+    state_hash: str | None
+    params: dict[str, Any]
+    latency_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    cache_outcome: str
+    cache_reason: str
+    error: str | None
+    started_at: float
+    calls: tuple[CallRecord, ...] = field(default=())
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion tokens spent by this node in this run."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_row(cls, row: Any, calls: tuple[CallRecord, ...] = ()) -> NodeRecord:
+        m = row._mapping
+        return cls(
+            run_id=m["run_id"],
+            position=m["position"],
+            name=m["name"],
+            sequence_id=m["sequence_id"],
+            src_app_id=m["src_app_id"],
+            src_sequence_id=m["src_sequence_id"],
+            inherited=bool(m["inherited"]),
+            input_hash=m["input_hash"],
+            output_hash=m["output_hash"],
+            state_hash=m["state_hash"],
+            params=json.loads(m["params_json"] or "{}"),
+            latency_ms=m["latency_ms"],
+            prompt_tokens=m["prompt_tokens"],
+            completion_tokens=m["completion_tokens"],
+            cache_outcome=m["cache_outcome"],
+            cache_reason=m["cache_reason"],
+            error=m["error"],
+            started_at=m["started_at"],
+            calls=calls,
+        )

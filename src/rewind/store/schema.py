@@ -1,0 +1,174 @@
+"""The store's tables (SQLAlchemy Core) and the schema version.
+
+One table per concept of DESIGN's vocabulary: runs, nodes (one row per node execution), calls (the
+LLM and tool calls a node made, with their cache outcome), edges (the pipeline graph), the two
+caches, content-addressed blobs, Burr state rows (one blob reference per top-level field) and
+artifacts. Payloads never live inline in the row tables: rows carry sha256 references into
+``blobs``, so an unchanged value is stored once however many runs and forks repeat it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change; a store with another version is refused, never migrated
+silently."""
+
+metadata = MetaData()
+
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("pipeline_ref", String(400), nullable=False, default=""),
+    Column("status", String(16), nullable=False),  # running | completed | failed | interrupted
+    Column("parent_run_id", String(64), ForeignKey("runs.run_id"), nullable=True),
+    Column("fork_node", String(200), nullable=True),
+    Column("fork_position", Integer, nullable=True),
+    Column("override_json", Text, nullable=True),
+    Column("initial_state_hash", String(64), nullable=True),
+    Column("burr_fork_app_id", String(64), nullable=True),
+    Column("burr_fork_sequence_id", Integer, nullable=True),
+    Column("config_json", Text, nullable=False, default="{}"),
+    Column("created_at", Float, nullable=False),  # unix seconds
+    Column("finished_at", Float, nullable=True),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("latency_ms", Float, nullable=False, default=0.0),
+    Column("error", Text, nullable=True),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id"), primary_key=True),
+    Column("position", Integer, primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("sequence_id", Integer, nullable=True),
+    Column("src_app_id", String(64), nullable=False),
+    Column("src_sequence_id", Integer, nullable=True),
+    Column("inherited", Boolean, nullable=False, default=False),
+    Column("input_hash", String(64), nullable=False),
+    Column("output_hash", String(64), nullable=True),
+    Column("state_hash", String(64), nullable=True),
+    Column("params_json", Text, nullable=False, default="{}"),
+    Column("latency_ms", Float, nullable=False, default=0.0),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("cache_outcome", String(16), nullable=False),
+    Column("cache_reason", String(64), nullable=False, default=""),
+    Column("error", Text, nullable=True),
+    Column("started_at", Float, nullable=False),
+)
+
+calls = Table(
+    "calls",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("position", Integer, primary_key=True),
+    Column("call_index", Integer, primary_key=True),
+    Column("kind", String(8), nullable=False),  # llm | tool
+    Column("name", String(200), nullable=False),  # model or tool name
+    Column("key", String(64), nullable=False),
+    Column("request_hash", String(64), nullable=False),
+    Column("result_hash", String(64), nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("reason", String(64), nullable=False, default=""),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("latency_ms", Float, nullable=False, default=0.0),
+)
+
+edges = Table(
+    "edges",
+    metadata,
+    Column("pipeline", String(200), primary_key=True),
+    Column("src", String(200), primary_key=True),
+    Column("dst", String(200), primary_key=True),
+    Column("condition", Text, nullable=False, default="default"),
+)
+
+llm_cache = Table(
+    "llm_cache",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("model", String(200), nullable=False),
+    Column("request_hash", String(64), nullable=False),
+    Column("response_hash", String(64), nullable=False),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+)
+
+tool_cache = Table(
+    "tool_cache",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("tool", String(200), nullable=False),
+    Column("args_hash", String(64), nullable=False),
+    Column("result_hash", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("size", Integer, nullable=False),  # bytes
+    Column("data", LargeBinary, nullable=False),
+)
+
+burr_state = Table(
+    "burr_state",
+    metadata,
+    Column("partition_key", String(200), primary_key=True),
+    Column("app_id", String(64), primary_key=True),
+    Column("sequence_id", Integer, primary_key=True),
+    Column("position", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("fields_json", Text, nullable=False),  # {field: blob sha256}
+    Column("created_at", Float, nullable=False),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("name", String(200), primary_key=True),
+    Column("sha256", String(64), nullable=False),
+    Column("size", Integer, nullable=False),  # bytes
+    Column("path", Text, nullable=False),  # relative to the store's folder
+)
+
+IMMUTABLE_TRIGGERS = (
+    # Rule 7: recorded runs are immutable. The database itself refuses edits of node rows,
+    # so no code path (ours or a user's script) can rewrite a recorded trajectory.
+    """CREATE TRIGGER IF NOT EXISTS nodes_immutable_update BEFORE UPDATE ON nodes
+       BEGIN SELECT RAISE(ABORT, 'recorded node rows are immutable'); END""",
+    """CREATE TRIGGER IF NOT EXISTS nodes_immutable_delete BEFORE DELETE ON nodes
+       BEGIN SELECT RAISE(ABORT, 'recorded node rows are immutable'); END""",
+    """CREATE TRIGGER IF NOT EXISTS calls_immutable_update BEFORE UPDATE ON calls
+       BEGIN SELECT RAISE(ABORT, 'recorded call rows are immutable'); END""",
+    """CREATE TRIGGER IF NOT EXISTS state_immutable_update BEFORE UPDATE ON burr_state
+       BEGIN SELECT RAISE(ABORT, 'persisted state rows are immutable'); END""",
+)
