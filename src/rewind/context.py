@@ -7,6 +7,7 @@ downstream prompt and silently cold the cache. Telemetry (tokens, latency) also 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
 from collections.abc import Iterator
@@ -103,10 +104,9 @@ class RunContext:
     def emit(self, event: str, **payload: Any) -> None:
         """Send a progress event to the listener, never raising into the run."""
         if self.on_event is not None:
-            try:
+            # A progress display must never break a run.
+            with contextlib.suppress(Exception):
                 self.on_event(event, payload)
-            except Exception:  # a progress display must never break a run
-                pass
 
 
 def current() -> RunContext | None:

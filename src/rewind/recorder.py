@@ -25,7 +25,7 @@ from rewind.persister import RewindPersister, state_fields
 logger = logging.getLogger(__name__)
 
 BURR_INTERNAL_PREFIX = "__"
-"""Burr keeps ``__PRIOR_STEP`` and ``__SEQUENCE_ID`` in state; semantic state drops them (rule 1)."""
+"""Burr keeps ``__PRIOR_STEP``/``__SEQUENCE_ID`` in state; semantic state drops them (rule 1)."""
 
 
 def semantic_state(values: dict[str, Any]) -> dict[str, Any]:

@@ -306,7 +306,7 @@ class Store:
         )
 
     def llm_cache_put(self, conn: Connection, **values: Any) -> None:
-        """Write (or refresh) an LLM cache entry: key, model, request_hash, response_hash, tokens."""
+        """Write (or refresh) an LLM cache entry: key, model, request/response hashes, tokens."""
         values.setdefault("created_at", time.time())
         conn.execute(_upsert(conn, schema.llm_cache, ["key"], values))
 

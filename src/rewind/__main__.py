@@ -1,0 +1,5 @@
+"""``python -m rewind`` runs the CLI."""
+
+from rewind.cli import main
+
+main()

@@ -1,0 +1,521 @@
+"""The ``rewind`` command line: demo, run, runs, show, fork, diff, verify.
+
+Bad input (unknown run, unknown node, a field the node does not have, malformed JSON, a fork of a
+run still running or that failed before the fork node) exits with status 2 and one line saying
+what is wrong and how to fix it; nothing is written to the store in that case.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rewind.diff import TrajectoryDiff
+from rewind.errors import InvalidOverride, RewindError
+from rewind.replay import Override, Rewind, load_pipeline, parse_override
+from rewind.store import NodeRecord, RunRecord
+
+DEFAULT_STORE = ".rewind"
+EXIT_BAD_INPUT = 2
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Rewind: record, fork, replay and diff LLM agent runs (Apache Burr).",
+)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+StoreOpt = Annotated[
+    str,
+    typer.Option("--store", envvar="REWIND_STORE", help="Store folder, .db file or database URL."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+
+_state: dict[str, str] = {"store": DEFAULT_STORE}
+
+
+@app.callback()
+def _root(store: StoreOpt = DEFAULT_STORE) -> None:
+    _state["store"] = store
+
+
+def main() -> None:
+    """Entry point of the ``rewind`` console script."""
+    logging.getLogger("burr").setLevel(logging.CRITICAL)
+    try:
+        app()
+    except RewindError as exc:
+        _fail(exc)
+
+
+def _fail(exc: RewindError) -> None:
+    line = exc.message + (f" — {exc.hint}" if exc.hint else "")
+    err_console.print(f"[bold red]error:[/] {line}", soft_wrap=True)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+@contextmanager
+def _session(store: str | None = None, *, model: bool = True) -> Iterator[Rewind]:
+    from rewind.session import LazyChatClient
+
+    client = LazyChatClient() if model else None
+    rw = Rewind(store or _state["store"], chat_client=client, on_event=_Progress().on_event)
+    try:
+        yield rw
+    except RewindError as exc:
+        _fail(exc)
+    finally:
+        if client is not None:
+            client.close()
+        rw.store.close()
+
+
+class _Progress:
+    """Prints one line per finished node while a run executes (the model can be slow)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.status: Any = None
+
+    def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        if not sys.stderr.isatty() and event == "node_started":
+            return
+        if event == "node_started":
+            self._status(f"node {payload['position'] + 1} [bold]{payload['name']}[/] running…")
+        elif event == "node_finished":
+            self._status(None)
+            err_console.print(
+                f"  {payload['position'] + 1:>2} {payload['name']:<10} "
+                f"{_outcome(payload['outcome'], payload['reason'])}  "
+                f"{payload['tokens']:>5} tok  {payload['latency_ms']:>8.1f} ms"
+            )
+        elif event == "run_finished":
+            self._status(None)
+
+    def _status(self, text: str | None) -> None:
+        if not err_console.is_terminal:
+            return
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        if text:
+            self.status = err_console.status(text)
+            self.status.start()
+
+
+def _outcome(outcome: str, reason: str) -> str:
+    colour = {
+        "hit": "green",
+        "miss": "dark_orange",
+        "inherited": "grey50",
+        "failed": "red",
+        "override": "magenta",
+    }.get(outcome, "white")
+    label = outcome if reason in ("", outcome, "hit") else f"{outcome}:{reason}"
+    return f"[{colour}]{label:<17}[/]"
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def _run_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "pipeline": run.pipeline,
+        "status": run.status,
+        "parent_run_id": run.parent_run_id,
+        "fork_node": run.fork_node,
+        "override": run.override,
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "tokens": run.tokens,
+        "latency_ms": round(run.latency_ms, 3),
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+        "error": run.error,
+    }
+
+
+def _node_json(n: NodeRecord) -> dict[str, Any]:
+    return {
+        "position": n.position,
+        "number": n.position + 1,
+        "name": n.name,
+        "sequence_id": n.sequence_id,
+        "src_app_id": n.src_app_id,
+        "src_sequence_id": n.src_sequence_id,
+        "inherited": n.inherited,
+        "input_hash": n.input_hash,
+        "output_hash": n.output_hash,
+        "state_hash": n.state_hash,
+        "params": n.params,
+        "cache_outcome": n.cache_outcome,
+        "cache_reason": n.cache_reason,
+        "prompt_tokens": n.prompt_tokens,
+        "completion_tokens": n.completion_tokens,
+        "tokens": n.tokens,
+        "latency_ms": round(n.latency_ms, 3),
+        "error": n.error,
+        "calls": [
+            {
+                "kind": c.kind,
+                "name": c.name,
+                "key": c.key,
+                "outcome": c.outcome,
+                "reason": c.reason,
+                "tokens": c.prompt_tokens + c.completion_tokens,
+            }
+            for c in n.calls
+        ],
+    }
+
+
+def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col, kw in [
+        ("#", {"justify": "right"}),
+        ("node", {}),
+        ("outcome", {}),
+        ("tokens", {"justify": "right"}),
+        ("ms", {"justify": "right"}),
+        ("input", {}),
+        ("output", {}),
+        ("params / error", {}),
+    ]:
+        t.add_column(col, **kw)
+    for n in nodes:
+        extra = n.error or (json.dumps(n.params, sort_keys=True) if n.params else "")
+        t.add_row(
+            str(n.position + 1),
+            n.name,
+            _outcome(n.cache_outcome, n.cache_reason),
+            str(n.tokens),
+            f"{n.latency_ms:.1f}",
+            n.input_hash[:12],
+            (n.output_hash or "—")[:12],
+            extra[:60],
+        )
+    return t
+
+
+def _run_summary(run: RunRecord) -> str:
+    parts = [f"run [bold]{run.run_id}[/] ({run.pipeline}) {run.status}", f"{run.tokens} tokens"]
+    if run.parent_run_id:
+        change = _override_text(run.override) if run.override else "no override (unchanged replay)"
+        parts.append(f"fork of {run.parent_run_id[:12]} at {run.fork_node}: {change}")
+    if run.error:
+        parts.append(f"[red]{run.error}[/]")
+    return " · ".join(parts)
+
+
+def _override_text(override: dict[str, Any]) -> str:
+    name = override.get("param") or override.get("field")
+    value = json.dumps(override.get("value"))
+    kind = "param" if override.get("kind") == "param" else "output"
+    return f"{kind} {override['node']}.{name}={value[:60]}"
+
+
+def _print_diff(d: TrajectoryDiff) -> None:
+    t = Table(title=f"diff {d.run_a[:12]} → {d.run_b[:12]}", title_justify="left")
+    for col in ("#", "node", "status", "hash", "tokens Δ", "changed fields"):
+        t.add_column(col)
+    for nd in d.nodes:
+        paths = [c.path or "(value)" for c in nd.changes]
+        shown = ", ".join(paths[:4]) + (f" (+{len(paths) - 4})" if len(paths) > 4 else "")
+        colour = {"equal": "green", "changed": "dark_orange"}.get(nd.status, "red")
+        marker = " ◀ first divergence" if d.first_divergence is nd else ""
+        t.add_row(
+            str(nd.index + 1),
+            nd.name,
+            f"[{colour}]{nd.status}[/]{marker}",
+            "=" if nd.hash_equal else "≠",
+            f"{nd.token_delta:+d}",
+            shown,
+        )
+    console.print(t)
+    first = d.first_divergence
+    if first is None:
+        console.print("[green]no divergence: every node output is equal[/]")
+        return
+    console.print(f"first divergence: node {first.index + 1} [bold]{first.name}[/]")
+    for c in first.changes[:8]:
+        if c.text_diff:
+            console.print(f"  {c.path}:\n{c.text_diff}", markup=False)
+        else:
+            old, new = _short(c.old), _short(c.new)
+            console.print(f"  {c.path or '(value)'}: {old} → {new} ({c.kind})", markup=False)
+    console.print(f"tokens: {d.tokens_a} → {d.tokens_b} ({d.token_delta:+d})")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    csv: Annotated[
+        Path | None, typer.Option(help="CSV to analyse (default: Seattle weather).")
+    ] = None,
+    question: Annotated[str | None, typer.Option(help="Question to answer.")] = None,
+) -> None:
+    """Record the 8-node research pipeline, fork it at node 3, replay unchanged, and diff."""
+    from rewind.demo import run_demo
+
+    with _session() as rw:
+        console.print(f"store: {rw.store.root}")
+        stages = {
+            "record": "1/4 recording the research pipeline with the model (takes a minute)…",
+            "fork": "2/4 forking at node 3 (analyse) with one param changed…",
+            "replay": "3/4 unchanged replay from node 3…",
+            "diff": "4/4 diffing…",
+        }
+        result = run_demo(
+            rw, csv_path=csv, question=question, on_stage=lambda s: console.print(stages[s])
+        )
+        console.print(_nodes_table(rw.store.nodes_of(result.parent.run_id), "recorded run"))
+        console.print(_run_summary(result.parent))
+        console.print(_nodes_table(rw.store.nodes_of(result.fork.run_id), "fork"))
+        console.print(_run_summary(result.fork))
+        _print_diff(result.diff)
+        console.print(_nodes_table(rw.store.nodes_of(result.replay.run_id), "unchanged replay"))
+        _print_proof(rw, result)
+
+
+def _print_proof(rw: Rewind, result: Any) -> None:
+    parent, replay = result.parent, result.replay
+    pn, rn = rw.store.nodes_of(parent.run_id), rw.store.nodes_of(replay.run_id)
+    executed = [n for n in rn if not n.inherited]
+    hits = sum(1 for n in executed if n.cache_outcome == "hit")
+    equal = sum(1 for a, b in zip(pn, rn, strict=False) if a.output_hash == b.output_hash)
+    arts = {r: rw.store.artifacts_of(r) for r in (parent.run_id, replay.run_id)}
+    a, b = (arts[parent.run_id][0]["sha256"], arts[replay.run_id][0]["sha256"])
+    t = Table(title="proof: unchanged replay vs recorded run", title_justify="left")
+    t.add_column("claim")
+    t.add_column("value")
+    t.add_column("")
+    ok = "[green]✓[/]"
+    bad = "[red]✗[/]"
+    rows = [
+        ("cache hits (nodes replayed)", f"{hits}/{len(executed)}", hits == len(executed)),
+        ("tokens spent", f"{replay.tokens} (recorded run: {parent.tokens})", replay.tokens == 0),
+        ("output hashes equal", f"{equal}/{len(pn)}", equal == len(pn)),
+        ("artifact sha256", f"{b[:16]} vs {a[:16]}", a == b),
+    ]
+    for claim, value, passed in rows:
+        t.add_row(claim, value, ok if passed else bad)
+    console.print(t)
+    console.print(f"artifact: {arts[parent.run_id][0]['path']}")
+
+
+@app.command()
+def run(
+    csv: Annotated[Path | None, typer.Option(help="CSV for the demo pipeline.")] = None,
+    question: Annotated[str | None, typer.Option(help="Question for the demo pipeline.")] = None,
+    pipeline: Annotated[
+        str | None, typer.Option(help="Another pipeline as module:attribute.")
+    ] = None,
+    state: Annotated[str | None, typer.Option(help="Initial state JSON (with --pipeline).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record one run (the demo research pipeline unless --pipeline is given)."""
+    from rewind.examples import research
+
+    with _session() as rw:
+        if pipeline:
+            p = load_pipeline(pipeline)
+            try:
+                initial = json.loads(state or "{}")
+            except json.JSONDecodeError as exc:
+                raise InvalidOverride(
+                    f"--state is not valid JSON: {exc.msg}", "pass an object"
+                ) from exc
+        else:
+            p = research.build()
+            try:
+                initial = research.initial_state(csv, question)
+            except ValueError as exc:
+                raise RewindError(str(exc), "pass a readable CSV with --csv") from exc
+        result = rw.record(p, initial)
+        _show_run(rw, result, as_json)
+        if result.status != "completed":
+            raise SystemExit(1)
+
+
+@app.command()
+def runs(
+    limit: Annotated[int, typer.Option(help="How many runs to list.")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List recorded runs, newest first."""
+    with _session(model=False) as rw:
+        items = rw.store.list_runs(limit)
+        if as_json:
+            _emit_json([_run_json(r) for r in items])
+            return
+        t = Table(title=f"runs in {rw.store.root}", title_justify="left")
+        for col in ("run", "pipeline", "status", "tokens", "parent", "fork", "created"):
+            t.add_column(col)
+        for r in items:
+            fork = (
+                f"{r.fork_node}: {_override_text(r.override)}"
+                if r.override
+                else (f"{r.fork_node} (replay)" if r.fork_node else "")
+            )
+            t.add_row(
+                r.run_id[:12],
+                r.pipeline,
+                r.status,
+                str(r.tokens),
+                (r.parent_run_id or "")[:12],
+                fork,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+            )
+        console.print(t)
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    node: Annotated[
+        str | None, typer.Option(help="Show one node's input, output and state.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a run's nodes: outcome and reason, tokens, latency, hashes."""
+    from rewind.replay import resolve_node
+
+    with _session(model=False) as rw:
+        r = rw.store.get_run(run_id)
+        if node is None:
+            _show_run(rw, r, as_json)
+            return
+        nodes = rw.store.nodes_of(r.run_id)
+        n = nodes[resolve_node(r, nodes, node)]
+        detail = {
+            "node": _node_json(n),
+            "input": rw.node_input(n),
+            "output": rw.node_output(n),
+            "state": rw.node_state(n) if n.error is None else None,
+        }
+        if as_json:
+            _emit_json(detail)
+        else:
+            console.print_json(json.dumps(detail, default=str))
+
+
+def _show_run(rw: Rewind, r: RunRecord, as_json: bool) -> None:
+    nodes = rw.store.nodes_of(r.run_id)
+    if as_json:
+        _emit_json({"run": _run_json(r), "nodes": [_node_json(n) for n in nodes]})
+        return
+    console.print(_nodes_table(nodes, f"run {r.run_id}"))
+    console.print(_run_summary(r))
+    for art in rw.store.artifacts_of(r.run_id):
+        console.print(f"artifact {art['name']}: {art['path']} (sha256 {art['sha256'][:16]})")
+
+
+@app.command()
+def fork(
+    run_id: Annotated[str, typer.Argument(help="Run to fork (id or unique prefix).")],
+    at: Annotated[str, typer.Option("--at", help="Fork node: name or 1-based number.")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Change a node param: node.param=VALUE")
+    ] = None,
+    set_output: Annotated[
+        list[str] | None,
+        typer.Option("--set-output", help="Replace a node's output field: node.field=JSON"),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream."""
+    specs = [(s, False) for s in set_ or []] + [(s, True) for s in set_output or []]
+    if len(specs) > 1:
+        raise InvalidOverride(
+            f"a fork carries exactly one change, got {len(specs)}",
+            "pass one --set or one --set-output (use several forks for several changes)",
+        )
+    override: Override | None = parse_override(specs[0][0], output=specs[0][1]) if specs else None
+    with _session() as rw:
+        child = rw.fork(run_id, at=at, override=override)
+        if as_json:
+            _show_run(rw, child, True)
+            return
+        _show_run(rw, child, False)
+        if child.parent_run_id:
+            _print_diff(rw.diff(child.parent_run_id, child.run_id))
+        if child.status != "completed":
+            raise SystemExit(1)
+
+
+@app.command()
+def diff(
+    run_a: Annotated[str, typer.Argument(help="First run (id or prefix).")],
+    run_b: Annotated[str, typer.Argument(help="Second run (id or prefix).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Field-level diff of two runs: per node equal/changed, changed paths, first divergence."""
+    with _session(model=False) as rw:
+        d = rw.diff(run_a, run_b)
+        if as_json:
+            _emit_json(d.to_json())
+        else:
+            _print_diff(d)
+
+
+@app.command()
+def verify(
+    keep: Annotated[
+        bool, typer.Option(help="Keep the temporary store and print its path.")
+    ] = False,
+) -> None:
+    """Run the demo in a fresh store and prove its claims with 14 checks (exit 0 if all pass)."""
+    from rewind.demo import run_demo
+    from rewind.verify import run_checks
+
+    folder = tempfile.mkdtemp(prefix="rewind-verify-")
+    with _session(folder) as rw:
+        console.print(f"verify: fresh store {folder}")
+        result = run_demo(rw, on_stage=lambda s: console.print(f"  {s}…"))
+        checks = run_checks(rw, result, folder)
+    t = Table(title="rewind verify", title_justify="left")
+    for col in ("#", "check", "result", "numbers"):
+        t.add_column(col)
+    for c in checks:
+        verdict = "[green]PASS[/]" if c.passed else "[red]FAIL[/]"
+        t.add_row(str(c.number), c.claim, verdict, c.detail)
+    console.print(t)
+    passed = sum(c.passed for c in checks)
+    console.print(f"{passed}/{len(checks)} checks passed")
+    if keep:
+        console.print(f"store kept at {folder}")
+    else:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    raise SystemExit(0 if passed == len(checks) else 1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,70 @@
+"""Rewind's error types: one line saying what is wrong, and a hint saying how to fix it.
+
+Every error a person can act on derives from :class:`RewindError`, so the CLI and the API can
+render the same two lines (what, then how) without knowing which module raised it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EndpointUnavailable",
+    "ForkError",
+    "InvalidOverride",
+    "ModelCallError",
+    "RewindError",
+    "RunBusy",
+    "StoreError",
+    "UnknownNode",
+    "UnknownRun",
+]
+
+
+class RewindError(Exception):
+    """Base of Rewind's user-facing errors.
+
+    Args:
+        message: one line saying what is wrong (no trailing period needed, no newline).
+        hint: one line saying how to fix it; empty when there is nothing useful to suggest.
+
+    ``str(error)`` is the message, followed by the hint on a second line when there is one.
+    """
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n{self.hint}" if self.hint else self.message
+
+
+class EndpointUnavailable(RewindError):
+    """The model endpoint cannot be reached, or the embedded local model server cannot start."""
+
+
+class ModelCallError(RewindError):
+    """The model endpoint answered, but with a non-retryable error or a malformed body."""
+
+
+class StoreError(RewindError):
+    """The store cannot be opened or written, or holds something it should not."""
+
+
+class UnknownRun(RewindError):
+    """No recorded run has this id."""
+
+
+class UnknownNode(RewindError):
+    """The run has no node with this name or number."""
+
+
+class InvalidOverride(RewindError):
+    """An override is malformed or names a param/field the node does not have."""
+
+
+class RunBusy(RewindError):
+    """The run is still running, so it cannot be forked yet."""
+
+
+class ForkError(RewindError):
+    """A fork cannot start: its source row is missing or the parent failed before the fork node."""

@@ -1,0 +1,1 @@
+"""The demo research pipeline and its real dataset."""

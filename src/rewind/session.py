@@ -1,0 +1,77 @@
+"""The model endpoint a command uses, opened only when a call actually misses the cache.
+
+An unchanged replay is served entirely from the cache, so it must not even start the embedded
+model server: :class:`LazyChatClient` starts it (or checks ``REWIND_BASE_URL``) on the first
+live call and stops it on :meth:`LazyChatClient.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from rewind.llm import ChatClient, ChatResponse, Endpoint, llm_cache_key
+from rewind.localmodel import DEFAULT_MODEL_ALIAS, model_endpoint
+
+
+@dataclass(frozen=True)
+class ModelName:
+    """What cache keys need before an endpoint is open: the model name."""
+
+    model: str
+
+
+class LazyChatClient:
+    """A :class:`ChatClient` look-alike that opens its endpoint on the first live call.
+
+    ``endpoint.model`` and :meth:`cache_key` work without starting anything. Thread-safe.
+
+    Raises (from :meth:`complete`):
+        EndpointUnavailable: the endpoint does not answer or the local server cannot start.
+    """
+
+    def __init__(self) -> None:
+        env = Endpoint.from_env()
+        self._model = env.model if env is not None else DEFAULT_MODEL_ALIAS
+        self._stack = ExitStack()
+        self._client: ChatClient | None = None
+        self._lock = threading.Lock()
+        self.started = False
+
+    @property
+    def endpoint(self) -> Endpoint | ModelName:
+        """The open endpoint, or just the model name while nothing is open."""
+        return self._client.endpoint if self._client is not None else ModelName(self._model)
+
+    def cache_key(self, body: Mapping[str, Any]) -> str:
+        """The LLM cache key of ``body`` (see :func:`rewind.llm.llm_cache_key`)."""
+        return llm_cache_key(body, default_model=self._model)
+
+    def open(self) -> ChatClient:
+        """Open the endpoint now (starting the embedded server if needed)."""
+        with self._lock:
+            if self._client is None:
+                endpoint = self._stack.enter_context(model_endpoint())
+                self._client = self._stack.enter_context(ChatClient(endpoint))
+                self.started = True
+            return self._client
+
+    def complete(self, body: Mapping[str, Any]) -> ChatResponse:
+        """Send a request, opening the endpoint first if needed."""
+        return self.open().complete(body)
+
+    def close(self) -> None:
+        """Close the client and stop the embedded server if this session started it."""
+        with self._lock, contextlib.suppress(Exception):
+            self._stack.close()
+        self._client = None
+
+    def __enter__(self) -> LazyChatClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
