@@ -27,7 +27,6 @@ from rewind.replay import Pipeline
 from rewind.tools import tool
 
 
-
 def seed_state(value: int = 1) -> dict[str, Any]:
     """Initial state of the chain; a different ``value`` makes every tool call and field new."""
     return {"seed": {"node": "seed", "value": value, "label": f"seed:{value}"}}

@@ -39,7 +39,6 @@ from chain import (
     spread,
     timed,
 )
-
 from rewind.replay import Rewind
 
 TARGET_RATIO = 1.15

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import insert
+
 from chain import (
     SEED_STATE,
     chain_graph,
@@ -41,17 +43,16 @@ from chain import (
     spread,
     timed,
 )
-from sqlalchemy import insert
-
 from rewind.canonical import canonical_bytes, key_of
 from rewind.replay import Rewind
 from rewind.store import Store, schema
 
 TARGET_MS_PER_NODE = 1.0
-WORDS = (
+WORDS_TEXT = (
     "rain sun fog wind cloud drizzle snow mean max min precipitation temperature seattle week "
     "month year trend warm cold wet dry station daily record average median anomaly summary"
-).split()
+)
+WORDS = WORDS_TEXT.split()
 FILL_BATCH = 10_000
 
 
@@ -93,9 +94,7 @@ def fill_tool_cache(store: Store, rows: int, seed: int = 7) -> float:
                         "created_at": now,
                     }
                 )
-            conn.execute(
-                insert(schema.blobs).prefix_with("OR IGNORE", dialect="sqlite"), blob_rows
-            )
+            conn.execute(insert(schema.blobs).prefix_with("OR IGNORE", dialect="sqlite"), blob_rows)
             conn.execute(insert(schema.tool_cache), cache_rows)
     return time.perf_counter() - started
 

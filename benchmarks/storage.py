@@ -32,8 +32,8 @@ from typing import Any
 
 from burr.core import State, action, default
 from burr.core.graph import Graph, GraphBuilder
-from chain import burr_sqlite_persister, run_plain_burr, sqlite_bytes, table_bytes
 
+from chain import burr_sqlite_persister, run_plain_burr, sqlite_bytes, table_bytes
 from rewind.canonical import canonical_bytes
 from rewind.replay import Pipeline, Rewind
 from rewind.tools import tool
@@ -41,7 +41,7 @@ from rewind.tools import tool
 TARGET_RATIO = 0.10
 FIELDS = 20
 FIELD_BYTES = 5_000
-VOCABULARY = (
+VOCABULARY_TEXT = (
     "the a of and to in is was for on that with as by at from this be are were it an which "
     "rain drizzle fog sun snow wind cloud storm weather station seattle winter spring summer "
     "autumn morning evening night daily weekly monthly annual mean median maximum minimum "
@@ -51,7 +51,8 @@ VOCABULARY = (
     "noaa model estimate verify claim number value result summary report draft revision critique "
     "suggests indicates shows confirms contradicts supports because however therefore although "
     "while during after before between across most least several many few each every record"
-).split()
+)
+VOCABULARY = VOCABULARY_TEXT.split()
 WEATHER = ("rain", "sun", "fog", "drizzle", "snow")
 
 
@@ -181,7 +182,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if tables:
         print("Rewind bytes by table/index: " + ", ".join(f"{k} {v:,}" for k, v in tables.items()))
     if burr_tables:
-        print("Burr bytes by table/index:   " + ", ".join(f"{k} {v:,}" for k, v in burr_tables.items()))
+        print(
+            "Burr bytes by table/index:   "
+            + ", ".join(f"{k} {v:,}" for k, v in burr_tables.items())
+        )
     print(f"storage ratio: {ratio:.3f} ({verdict} target ≤ {TARGET_RATIO})")
     return {
         "storage_ratio": round(ratio, 4),

@@ -104,7 +104,7 @@ def test_fork_with_param_then_diff(recorded: tuple[Path, str]) -> None:
 def test_fork_with_output_override(recorded: tuple[Path, str]) -> None:
     store, run_id = recorded
     child = ok_json(
-        store, "fork", run_id, "--at", "expand", "--set-output", "expand.series=[100,1,2]"
+        store, "fork", run_id, "--at", "expand", "--set-output", "expand.series=[100,2,4]"
     )
     assert child["nodes"][1]["cache_outcome"] == "override"
     d = ok_json(store, "diff", run_id, child["run"]["run_id"])

@@ -1,0 +1,129 @@
+"""Shared fixtures: a Rewind on a temporary store, a fake OpenAI-compatible model, row counters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.replay import Rewind
+from rewind.store import Store
+from tests import pipelines
+
+FAKE_MODEL = "fake-model"
+FAKE_BASE_URL = "http://fake.test/v1"
+
+COUNTED_TABLES = (
+    "runs",
+    "nodes",
+    "calls",
+    "blobs",
+    "burr_state",
+    "llm_cache",
+    "tool_cache",
+    "artifacts",
+)
+
+
+class FakeModel:
+    """A deterministic OpenAI-compatible chat endpoint behind ``httpx.MockTransport``.
+
+    The answer depends only on the request (messages, temperature, max_tokens), so a repeated
+    request gets the same bytes. The body carries fields a provider SDK would not expect (an
+    unknown top-level object, logprobs) and is deliberately not in canonical key order, so a test
+    can tell a byte-identical replay from a re-serialized one.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/chat/completions"
+        body = json.loads(request.content)
+        self.requests.append(body)
+        question = body["messages"][-1]["content"]
+        temperature = body.get("temperature")
+        content = f"answer to {question} at t={temperature}"
+        completion_tokens = len(content.split())
+        payload = {
+            "model": body.get("model"),
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "choices": [
+                {
+                    "message": {"role": "assistant", "content": content},
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "logprobs": {
+                        "content": [{"token": "answer", "logprob": -0.25, "top_logprobs": []}]
+                    },
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 11,
+                "completion_tokens": completion_tokens,
+                "total_tokens": 11 + completion_tokens,
+            },
+            "x_server_extra": {"slot": 3, "timings": {"predicted_ms": 12.5}},
+        }
+        raw = json.dumps(payload, indent=1).encode()
+        return httpx.Response(200, content=raw, headers={"Content-Type": "application/json"})
+
+
+@pytest.fixture(autouse=True)
+def _clear_probes() -> Iterator[None]:
+    """Empty the tool-execution logs the test pipelines append to."""
+    for log in (pipelines.CALLS, pipelines.TOOL_CALLS, pipelines.RAW_RESPONSES):
+        log.clear()
+    yield
+    for log in (pipelines.CALLS, pipelines.TOOL_CALLS, pipelines.RAW_RESPONSES):
+        log.clear()
+
+
+@pytest.fixture
+def rw(tmp_path: Path) -> Iterator[Rewind]:
+    """A Rewind on a fresh store folder, without a model endpoint."""
+    rewind = Rewind(tmp_path / "store")
+    yield rewind
+    rewind.store.close()
+
+
+@pytest.fixture
+def fake_model() -> FakeModel:
+    return FakeModel()
+
+
+@pytest.fixture
+def chat_client(fake_model: FakeModel) -> Iterator[ChatClient]:
+    client = ChatClient(
+        Endpoint(base_url=FAKE_BASE_URL, model=FAKE_MODEL),
+        transport=httpx.MockTransport(fake_model.handler),
+        retry=RetryPolicy(attempts=1),
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def rw_llm(tmp_path: Path, chat_client: ChatClient) -> Iterator[Rewind]:
+    """A Rewind whose LLM calls go to :class:`FakeModel`."""
+    rewind = Rewind(tmp_path / "store", chat_client=chat_client)
+    yield rewind
+    rewind.store.close()
+
+
+def row_counts(store: Store) -> dict[str, int]:
+    """Row count of every table a fork could write to."""
+    with store.read() as conn:
+        return {t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES}

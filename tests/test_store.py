@@ -1,0 +1,289 @@
+"""Tests for the store and the Burr persister: schema version, pragmas, immutability, blobs,
+content-addressed state rows, artifact names, store locations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from burr.core import State
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from rewind.errors import RewindError, StoreError
+from rewind.persister import RewindPersister
+from rewind.replay import Rewind
+from rewind.store import Store, open_store
+from rewind.store.schema import SCHEMA_VERSION
+from rewind.store.store import DB_FILENAME
+from tests import pipelines
+
+
+def scalar(store: Store, sql: str, **params: object) -> object:
+    with store.read() as conn:
+        return conn.execute(text(sql), params).scalar_one()
+
+
+def blob_rows(store: Store) -> tuple[int, int]:
+    """(number of blob rows, total bytes stored in blobs)."""
+    with store.read() as conn:
+        count, size = conn.execute(text("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blobs")).one()
+    return int(count), int(size)
+
+
+# -- schema version ------------------------------------------------------------------------------
+
+
+def test_schema_version_is_stored_in_meta(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    value = scalar(store, "SELECT value FROM meta WHERE key = 'schema_version'")
+    assert value == str(SCHEMA_VERSION)
+    store.close()
+
+
+def test_store_with_other_schema_version_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    with store.write() as conn:
+        conn.execute(text("UPDATE meta SET value = :v WHERE key = 'schema_version'"), {"v": "999"})
+    store.close()
+
+    with pytest.raises(StoreError, match="schema version 999") as info:
+        open_store(tmp_path)
+    assert str(SCHEMA_VERSION) in info.value.message
+
+
+def test_reopening_a_store_with_the_same_version_keeps_its_runs(tmp_path: Path) -> None:
+    first = Rewind(tmp_path)
+    run = first.record(pipelines.pipeline, {"x": 5})
+    first.store.close()
+
+    again = open_store(tmp_path)
+    assert again.get_run(run.run_id).status == "completed"
+    assert scalar(again, "SELECT COUNT(*) FROM meta") == 1
+    again.close()
+
+
+# -- SQLite pragmas ------------------------------------------------------------------------------
+
+
+def test_sqlite_connection_uses_wal_normal_sync_and_busy_timeout(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    with store.engine.connect() as conn:
+        journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()
+        synchronous = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one()
+        foreign_keys = conn.exec_driver_sql("PRAGMA foreign_keys").scalar_one()
+    assert str(journal).lower() == "wal"
+    assert synchronous == 1  # NORMAL
+    assert busy == 30_000
+    assert foreign_keys == 1
+    store.close()
+
+
+# -- immutability --------------------------------------------------------------------------------
+
+
+def test_node_rows_cannot_be_updated(rw: Rewind) -> None:
+    run = rw.record(pipelines.pipeline, {"x": 5})
+    before = rw.store.nodes_of(run.run_id)
+
+    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+        conn.execute(
+            text("UPDATE nodes SET output_hash = :h WHERE run_id = :r AND position = 0"),
+            {"h": "0" * 64, "r": run.run_id},
+        )
+    assert rw.store.nodes_of(run.run_id) == before
+
+
+def test_node_rows_cannot_be_deleted(rw: Rewind) -> None:
+    run = rw.record(pipelines.pipeline, {"x": 5})
+
+    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+        conn.execute(text("DELETE FROM nodes WHERE run_id = :r"), {"r": run.run_id})
+    assert len(rw.store.nodes_of(run.run_id)) == 3
+
+
+def test_call_and_state_rows_cannot_be_updated(rw: Rewind) -> None:
+    run = rw.record(pipelines.pipeline, {"x": 5})
+
+    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+        conn.execute(text("UPDATE calls SET outcome = 'hit' WHERE run_id = :r"), {"r": run.run_id})
+    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+        conn.execute(text("UPDATE burr_state SET status = 'failed' WHERE app_id = :r"), {"r": run.run_id})
+
+
+# -- blobs ---------------------------------------------------------------------------------------
+
+
+def test_same_bytes_stored_twice_make_one_blob_row(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    data = b'{"same":"bytes"}'
+    with store.write() as conn:
+        first = store.put_blob(conn, data)
+    with store.write() as conn:
+        second = store.put_blob(conn, data)
+    assert first == second == hashlib.sha256(data).hexdigest()
+    assert blob_rows(store) == (1, len(data))
+    assert store.get_blob(first) == data
+    store.close()
+
+
+def test_blob_dedup_holds_across_store_instances(tmp_path: Path) -> None:
+    # A second Store has an empty in-memory "known blobs" set: the database itself must dedupe.
+    data = b"payload"
+    one = open_store(tmp_path)
+    with one.write() as conn:
+        one.put_blob(conn, data)
+    two = open_store(tmp_path)
+    with two.write() as conn:
+        two.put_blob(conn, data)
+        two.put_blob(conn, b"other")
+    assert blob_rows(two) == (2, len(data) + len(b"other"))
+    one.close()
+    two.close()
+
+
+def test_missing_blob_raises_store_error(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    with pytest.raises(StoreError, match="missing"):
+        store.get_blob("f" * 64)
+    store.close()
+
+
+# -- the persister -------------------------------------------------------------------------------
+
+BIG_DOC = "a long document that does not change between steps " * 200
+
+
+def three_states() -> list[State]:
+    return [
+        State(
+            {
+                "doc": BIG_DOC,
+                "config": {"k": [1, 2, 3], "name": "fixed"},
+                "counter": i,
+                "__PRIOR_STEP": "step",
+            }
+        )
+        for i in range(3)
+    ]
+
+
+def test_persister_stores_each_field_once_when_only_one_field_changes(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    persister = RewindPersister(store)
+    for seq, state in enumerate(three_states()):
+        persister.save("", "app-1", seq, "step", state, "completed")
+
+    count, size = blob_rows(store)
+    # doc, config and __PRIOR_STEP once each + three distinct counter values
+    assert count == 6
+    doc_bytes = len(json.dumps(BIG_DOC).encode())
+    assert doc_bytes < size < 2 * doc_bytes
+    with store.read() as conn:
+        rows = conn.execute(
+            text("SELECT sequence_id, fields_json FROM burr_state ORDER BY sequence_id")
+        ).all()
+    field_maps = [json.loads(r.fields_json) for r in rows]
+    assert [r.sequence_id for r in rows] == [0, 1, 2]
+    for key in ("doc", "config", "__PRIOR_STEP"):
+        assert len({m[key] for m in field_maps}) == 1
+    assert len({m["counter"] for m in field_maps}) == 3
+    store.close()
+
+
+def test_persister_load_returns_an_equal_state(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    persister = RewindPersister(store)
+    states = three_states()
+    for seq, state in enumerate(states):
+        persister.save("", "app-1", seq, "step", state, "completed")
+
+    loaded = persister.load("", "app-1", 1)
+    assert loaded is not None
+    assert loaded["state"].get_all() == states[1].get_all()
+    assert loaded["state"]["__PRIOR_STEP"] == "step"
+    assert loaded["sequence_id"] == 1
+    assert loaded["position"] == "step"
+    assert loaded["status"] == "completed"
+
+    latest = persister.load("", "app-1")
+    assert latest is not None
+    assert latest["sequence_id"] == 2
+    assert latest["state"]["counter"] == 2
+
+    assert persister.load("", "app-1", 7) is None
+    assert persister.load("", "no-such-app") is None
+    assert persister.list_app_ids("") == ["app-1"]
+    store.close()
+
+
+def test_persister_refuses_to_save_the_same_row_twice(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    persister = RewindPersister(store)
+    state = three_states()[0]
+    persister.save("", "app-1", 0, "step", state, "completed")
+    with pytest.raises(StoreError, match="already exists"):
+        persister.save("", "app-1", 0, "step", state, "completed")
+    assert scalar(store, "SELECT COUNT(*) FROM burr_state") == 1
+    store.close()
+
+
+# -- artifacts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "", "..", "/etc/passwd", "a\\b", ".hidden"])
+def test_artifact_names_that_are_paths_are_refused(tmp_path: Path, name: str) -> None:
+    store = open_store(tmp_path / "store")
+    with pytest.raises(RewindError, match="not a plain file name"):
+        store.put_artifact("run-1", name, b"data")
+    assert scalar(store, "SELECT COUNT(*) FROM artifacts") == 0
+    assert not (tmp_path / "store" / "artifacts" / "x").exists()
+    assert not (tmp_path / "x").exists()
+    store.close()
+
+
+def test_artifact_with_plain_name_is_written_under_the_run_folder(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    digest, path = store.put_artifact("run-1", "report.md", b"# hello\n")
+    assert digest == hashlib.sha256(b"# hello\n").hexdigest()
+    assert path == tmp_path.resolve() / "artifacts" / "run-1" / "report.md"
+    assert path.read_bytes() == b"# hello\n"
+    [row] = store.artifacts_of("run-1")
+    assert (row["name"], row["sha256"], row["size"]) == ("report.md", digest, 8)
+    store.close()
+
+
+# -- locations -----------------------------------------------------------------------------------
+
+
+def test_open_store_on_a_folder_creates_the_database_inside(tmp_path: Path) -> None:
+    folder = tmp_path / "new" / "folder"
+    store = open_store(folder)
+    assert store.root == folder.resolve()
+    assert (folder / DB_FILENAME).is_file()
+    store.close()
+
+
+def test_open_store_on_a_db_path_uses_that_file(tmp_path: Path) -> None:
+    db = tmp_path / "sub" / "mine.db"
+    store = open_store(db)
+    assert store.root == db.parent.resolve()
+    assert db.is_file()
+    assert not (db.parent / DB_FILENAME).exists()
+    store.close()
+
+    again = open_store(str(db))
+    assert scalar(again, "SELECT value FROM meta WHERE key = 'schema_version'") == str(
+        SCHEMA_VERSION
+    )
+    again.close()
+
+
+def test_open_store_on_an_unwritable_location_raises_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match="cannot create store folder"):
+        open_store(blocker / "store")
