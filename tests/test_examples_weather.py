@@ -127,7 +127,31 @@ def test_normalize_plan_keeps_a_valid_plan(plan: dict[str, Any]) -> None:
         "aggregate": "mean",
         "reason": "rain",
         "fallbacks": [],
+        "corrections": [],
     }
+
+
+def test_normalize_plan_corrects_a_valid_but_contradicting_choice(prof: dict[str, Any]) -> None:
+    raw = {"metric": "temp_max", "group_by": "year", "aggregate": "sum", "reason": "x"}
+    plan = w.normalize_plan(raw, prof, "Which month is wettest in Seattle?")
+    assert (plan["metric"], plan["group_by"], plan["aggregate"]) == (
+        "precipitation",
+        "month",
+        "sum",
+    )
+    assert plan["corrections"] == [
+        {"field": "metric", "model": "temp_max", "used": "precipitation"},
+        {"field": "group_by", "model": "year", "used": "month"},
+    ]
+    assert plan["fallbacks"] == []
+    report = w.render_report(
+        "Q",
+        plan,
+        w.analyse(w.research(w.default_csv(), plan), group_by="month", aggregate="sum"),
+        "prose",
+        {},
+    )
+    assert "the question names `precipitation`" in report
 
 
 def test_normalize_plan_falls_back_from_the_question(prof: dict[str, Any]) -> None:

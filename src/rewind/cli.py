@@ -185,29 +185,27 @@ def _node_json(n: NodeRecord) -> dict[str, Any]:
 
 def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
     t = Table(title=title, title_justify="left")
-    for col, kw in [
-        ("#", {"justify": "right"}),
-        ("node", {}),
-        ("outcome", {}),
-        ("tokens", {"justify": "right"}),
-        ("ms", {"justify": "right"}),
-        ("input", {}),
-        ("output", {}),
-        ("params / error", {}),
-    ]:
-        t.add_column(col, **kw)
+    t.add_column("#", justify="right")
+    t.add_column("node")
+    t.add_column("outcome", no_wrap=True)
+    t.add_column("tokens", justify="right")
+    t.add_column("ms", justify="right")
+    t.add_column("output sha256", no_wrap=True)
+    errors = any(n.error for n in nodes)
+    if errors:
+        t.add_column("error")
     for n in nodes:
-        extra = n.error or (json.dumps(n.params, sort_keys=True) if n.params else "")
-        t.add_row(
+        row = [
             str(n.position + 1),
             n.name,
             _outcome(n.cache_outcome, n.cache_reason),
             str(n.tokens),
             f"{n.latency_ms:.1f}",
-            n.input_hash[:12],
-            (n.output_hash or "—")[:12],
-            extra[:60],
-        )
+            (n.output_hash or "—")[:16],
+        ]
+        if errors:
+            row.append(n.error or "")
+        t.add_row(*row)
     return t
 
 

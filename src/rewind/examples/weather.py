@@ -522,7 +522,8 @@ def _mentions(question: str, names: list[str]) -> dict[str, str]:
     return out
 
 
-def _default_metric(question: str, numeric: list[str]) -> str:
+def _question_metric(question: str, numeric: list[str]) -> str | None:
+    """The metric the question itself names or implies ("wettest" → precipitation), if any."""
     named = _first_hit(question, _mentions(question, numeric))
     if named:
         return named
@@ -536,13 +537,21 @@ def _default_metric(question: str, numeric: list[str]) -> str:
             for name in numeric:
                 if fragment in name.casefold():
                     return name
-    return numeric[0]
+    return None
+
+
+def _default_metric(question: str, numeric: list[str]) -> str:
+    return _question_metric(question, numeric) or numeric[0]
+
+
+def _question_group_by(question: str, group_bys: list[str]) -> str | None:
+    patterns = {g: p for g, p in _GROUP_HINTS.items() if g in group_bys}
+    patterns.update(_mentions(question, [g for g in group_bys if g not in DATE_GROUP_BYS]))
+    return _first_hit(question, patterns)
 
 
 def _default_group_by(question: str, group_bys: list[str]) -> str:
-    patterns = {g: p for g, p in _GROUP_HINTS.items() if g in group_bys}
-    patterns.update(_mentions(question, [g for g in group_bys if g not in DATE_GROUP_BYS]))
-    hit = _first_hit(question, patterns)
+    hit = _question_group_by(question, group_bys)
     if hit:
         return hit
     return "month" if "month" in group_bys else group_bys[0]
@@ -579,7 +588,9 @@ def normalize_plan(raw: dict[str, Any], profile: dict[str, Any], question: str) 
 
     Returns:
         ``{"metric", "group_by", "aggregate", "reason", "fallbacks": [fields that fell back, in
-        the order metric, group_by, aggregate, reason]}``.
+        the order metric, group_by, aggregate, reason], "corrections": [{"field", "model",
+        "used"}]}``. A correction is recorded when the model chose a valid value that contradicts
+        what the question itself names ("wettest" → precipitation, "by month" → month).
 
     Raises:
         DataError: the CSV has no numeric column or nothing to group by.
@@ -589,14 +600,22 @@ def normalize_plan(raw: dict[str, Any], profile: dict[str, Any], question: str) 
     question = question if isinstance(question, str) else ""
     fallbacks: list[str] = []
 
+    corrections: list[dict[str, str]] = []
     metric = _match_choice(data.get("metric"), numeric, {})
     if metric is None:
         metric = _default_metric(question, numeric)
         fallbacks.append("metric")
+    elif (asked := _question_metric(question, numeric)) and asked != metric:
+        # Small models pick a valid but wrong column; the question's own words win.
+        corrections.append({"field": "metric", "model": metric, "used": asked})
+        metric = asked
     group_by = _match_choice(data.get("group_by"), group_bys, _GROUP_ALIASES)
     if group_by is None:
         group_by = _default_group_by(question, group_bys)
         fallbacks.append("group_by")
+    elif (asked_g := _question_group_by(question, group_bys)) and asked_g != group_by:
+        corrections.append({"field": "group_by", "model": group_by, "used": asked_g})
+        group_by = asked_g
     aggregate = _match_choice(data.get("aggregate"), list(AGGREGATES), _AGGREGATE_ALIASES)
     if aggregate is None:
         aggregate = _first_hit(question, _AGGREGATE_HINTS) or "mean"
@@ -612,6 +631,7 @@ def normalize_plan(raw: dict[str, Any], profile: dict[str, Any], question: str) 
         "aggregate": aggregate,
         "reason": reason,
         "fallbacks": fallbacks,
+        "corrections": corrections,
     }
 
 
@@ -1421,10 +1441,14 @@ def render_report(
         + (f" ({unit})" if unit else "")
         + f" by {analysis.get('group_by', '')}, over {analysis.get('rows', 0)} rows."
     )
-    reason = " ".join(str(plan.get("reason") or "").split())
     lines = [f"# {title}", "", body, "", "## Data", "", method]
-    if reason:
-        lines += ["", f"Plan: {reason}"]
+    corrections = plan.get("corrections")
+    for c in corrections if isinstance(corrections, list) else []:
+        lines += [
+            "",
+            f"The model planned {c.get('field')} `{c.get('model')}`; the question names "
+            f"`{c.get('used')}`, which was used.",
+        ]
     fallbacks = plan.get("fallbacks")
     if isinstance(fallbacks, list) and fallbacks:
         lines += ["", f"Defaults were used for: {', '.join(str(f) for f in fallbacks)}."]
