@@ -192,3 +192,22 @@ def test_verify_passes_all_14_checks(tmp_path: Path) -> None:
     proc = rewind(tmp_path, "verify")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "14/14 checks passed" in proc.stdout
+
+
+def test_unreachable_model_endpoint_is_one_clear_error(tmp_path: Path) -> None:
+    env = {"REWIND_BASE_URL": "http://127.0.0.1:9/v1", "REWIND_MODEL": "some-model"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        proc = rewind(tmp_path, "run")
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "does not answer" in last and "REWIND_BASE_URL" in last
+    run = json.loads(rewind(tmp_path, "runs", "--json").stdout)[0]
+    assert run["status"] == "failed" and "does not answer" in run["error"]

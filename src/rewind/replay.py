@@ -32,7 +32,14 @@ from burr.core.graph import Graph
 from rewind.canonical import canonical_bytes, content_hash
 from rewind.context import RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
-from rewind.errors import ForkError, InvalidOverride, RewindError, RunBusy, UnknownNode
+from rewind.errors import (
+    EndpointUnavailable,
+    ForkError,
+    InvalidOverride,
+    RewindError,
+    RunBusy,
+    UnknownNode,
+)
 from rewind.persister import RewindPersister, state_fields
 from rewind.recorder import Recorder, object_bytes, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
@@ -224,6 +231,8 @@ class Rewind:
             to and including the failing node).
         Raises:
             CanonicalError: ``state`` holds a value that cannot be hashed canonically.
+            EndpointUnavailable: the model endpoint cannot be reached (the run is recorded as
+                failed at the node that needed it first).
         """
         self.register(pipeline)
         run_id = run_id or new_run_id()
@@ -474,6 +483,7 @@ class Rewind:
         halt = list(pipeline.halt_after) or pipeline.terminal_nodes()
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
+        unavailable: EndpointUnavailable | None = None
         try:
             with activate(ctx):
                 app.run(halt_after=halt)
@@ -481,11 +491,16 @@ class Rewind:
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
             if isinstance(exc, RewindError):
                 error = exc.message
+            if isinstance(exc, EndpointUnavailable):
+                unavailable = exc
         if error is None and recorder.errors:
             error = recorder.errors[0]
         self.store.finish_run(ctx.run_id, "failed" if error else "completed", error=error)
         run = self.store.get_run(ctx.run_id)
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
+        if unavailable is not None:
+            # The environment, not the pipeline, is at fault: say what to set or install.
+            raise unavailable
         return run
 
 
