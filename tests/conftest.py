@@ -126,4 +126,6 @@ def rw_llm(tmp_path: Path, chat_client: ChatClient) -> Iterator[Rewind]:
 def row_counts(store: Store) -> dict[str, int]:
     """Row count of every table a fork could write to."""
     with store.read() as conn:
-        return {t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES}
+        return {
+            t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES
+        }
