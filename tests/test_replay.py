@@ -304,11 +304,6 @@ def test_output_override_of_the_last_node(rw: Rewind) -> None:
     assert outputs(rw, fork)[2] == {"verdict": {"size": "?"}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/rewind/replay.py:295 checks the field against the whole state row, not the "
-    "fields the fork node wrote",
-)
 @pytest.mark.parametrize("field", ["total", "x", "__PRIOR_STEP"])
 def test_output_override_of_a_field_the_node_did_not_write_is_refused(
     rw: Rewind, field: str
@@ -569,11 +564,6 @@ def test_fork_of_a_failed_run_after_the_failure_raises_fork_error(rw: Rewind) ->
     assert row_counts(rw.store) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/rewind/replay.py:515-521 resolve_node raises UnknownNode for a number past the "
-    "end of a failed run instead of ForkError",
-)
 def test_fork_of_a_failed_run_at_node_number_3_raises_fork_error(rw: Rewind) -> None:
     run = rw.record(pipelines.failing, {"x": 1})
     with pytest.raises(ForkError):
@@ -617,11 +607,6 @@ def test_missing_fork_source_row_raises_fork_error_and_writes_nothing(
     assert row_counts(rw.store) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/rewind/store/store.py:110-120 put_blob_hashed remembers a blob as stored before "
-    "its transaction commits; after a rollback the blob is skipped forever",
-)
 def test_rolled_back_record_does_not_poison_later_records(rw: Rewind) -> None:
     """A rolled-back write must not leave blobs the store believes it holds."""
     rw.record(pipelines.pipeline, {"x": 5}, run_id="taken")
@@ -630,7 +615,7 @@ def test_rolled_back_record_does_not_poison_later_records(rw: Rewind) -> None:
 
     run = rw.record(pipelines.pipeline, {"x": 7})
     assert run.initial_state_hash is not None
-    assert rw.store.get_json(run.initial_state_hash) == {"x": 7}
+    assert rw.store.resolve_fields(rw.store.get_json(run.initial_state_hash)) == {"x": 7}
     assert rw.replay(run.run_id, at=1).status == "completed"
 
 

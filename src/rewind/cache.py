@@ -53,8 +53,13 @@ def through_cache(
     result_hash = _lookup(ctx, scope, kind, key)
     index = len(scope.calls) if scope is not None else 0
     if result_hash is not None:
-        pending = scope.pending.get(key) if scope is not None else None
-        data = pending.result_bytes if pending else ctx.store.get_blob(result_hash)
+        pending = (scope.pending.get(key) if scope is not None else None) or ctx.recent.get(key)
+        if pending is not None:
+            data = pending.result_bytes
+        elif result_hash in ctx.lineage_blobs:
+            data = ctx.lineage_blobs[result_hash]
+        else:
+            data = ctx.store.get_blob(result_hash)
         record = CallRecord(index, kind, name, key, request_hash, result_hash, "hit", "hit")
     else:
         reason = _miss_reason(ctx, scope)
@@ -98,6 +103,8 @@ def _lookup(ctx: RunContext, scope: NodeScope | None, kind: str, key: str) -> st
         return scope.pending[key].result_hash
     if not ctx.read_cache:
         return None
+    if key in ctx.recent:
+        return ctx.recent[key].result_hash
     if key in ctx.lineage:
         return ctx.lineage[key]
     entry = ctx.store.llm_cache_get(key) if kind == "llm" else ctx.store.tool_cache_get(key)

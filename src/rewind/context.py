@@ -76,6 +76,7 @@ class RunContext:
         lineage: ``{cache key: result blob hash}`` of the calls the source trajectory made; a
             replay serves these first, so an unchanged replay returns exactly the parent's results
             even if the cache holds a newer entry for the same key.
+        lineage_blobs: the lineage's result bytes, fetched in one query when the fork starts.
         chat_client: the model endpoint's client (None: LLM calls raise).
         fork_node: name of the fork node (its misses are reason ``override`` when it carries one).
     """
@@ -89,6 +90,13 @@ class RunContext:
     fork_node: str | None = None
     node: NodeScope | None = None
     on_event: Any = None  # callable(event: str, payload: dict) for progress displays
+    lineage_blobs: dict[str, bytes] = field(default_factory=dict)
+    recent: dict[str, PendingWrite] = field(default_factory=dict)
+
+    def remember(self, scope: NodeScope) -> None:
+        """Keep a finished node's new cache entries visible to later nodes of this run until
+        the recorder's batch is committed."""
+        self.recent.update(scope.pending)
 
     def begin_node(self, name: str, position: int) -> NodeScope:
         """Open the scope of one node execution."""

@@ -1,32 +1,123 @@
 """Rewind's Burr persister: state stored content-addressed, one blob per top-level field.
 
-Burr's ``SQLitePersister`` writes the whole state as one JSON document per step; here each field
-is a blob keyed by its sha256, so a field that did not change costs no new bytes (the same idea as
-LangGraph's per-channel versions). The state row itself is a small ``{field: hash}`` map.
+Burr's ``SQLitePersister`` writes the whole state as one JSON document per step; here each
+semantic field is a blob keyed by its sha256, so a field that did not change costs no new bytes
+(the same idea as LangGraph's per-channel versions). The state row itself is a small
+``{field: hash}`` map plus Burr's internal ``__`` keys inline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from burr.core import State
 from burr.core.persistence import BaseStatePersister, PersistedStateData
-from sqlalchemy import Connection
+from burr.core.state import FIELD_SERIALIZATION
 
-from rewind.canonical import canonical_bytes, sha256_hex
+from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.store import Store
+from rewind.store.store import WriteBatch, state_row
 
 PARTITION_KEY_DEFAULT = ""
+BURR_INTERNAL_PREFIX = "__"
+"""Burr keeps ``__PRIOR_STEP``/``__SEQUENCE_ID`` in state; semantic state drops them (rule 1)."""
+
+_PLAIN = (dict, list, str, int, float, bool, type(None))
 
 
-def state_fields(state: State) -> dict[str, bytes]:
-    """Each top-level field of a Burr state as canonical JSON bytes (Burr serde applied first).
+@dataclass(frozen=True)
+class EncodedField:
+    """One state field as canonical JSON bytes and their sha256 hex."""
+
+    data: bytes
+    digest: str
+
+
+def encode_value(key: str, value: Any) -> EncodedField:
+    """Canonical bytes of one state field, through Burr's serde where Burr would use it.
+
+    Plain JSON values are encoded directly; a field with a registered Burr field serde, or a
+    value of another type (a pydantic model...), goes through Burr's serializer first so that
+    :meth:`State.deserialize` restores it.
 
     Raises:
-        CanonicalError: a value cannot be hashed canonically (NaN, bytes, an unknown type).
+        CanonicalError: the value cannot be hashed canonically (NaN, bytes...).
     """
-    return {k: canonical_bytes(v) for k, v in state.serialize().items()}
+    if key not in FIELD_SERIALIZATION and isinstance(value, _PLAIN):
+        try:
+            data = canonical_bytes(value)
+            return EncodedField(data, sha256_hex(data))
+        except CanonicalError:
+            if isinstance(value, str | int | float | bool | type(None)):
+                raise
+    data = canonical_bytes(State({key: value}).serialize()[key])
+    return EncodedField(data, sha256_hex(data))
+
+
+def split_internal(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(semantic fields, Burr's internal ``__`` fields) of a state's values."""
+    semantic, internal = {}, {}
+    for k, v in values.items():
+        (internal if k.startswith(BURR_INTERNAL_PREFIX) else semantic)[k] = v
+    return semantic, internal
+
+
+class FieldEncoder:
+    """Encodes a run's successive states, re-encoding only fields that can have changed.
+
+    Burr's contract is that an action changes only the fields it declares in ``writes``; every
+    other field of the new state is the very same object as before. So a field is re-encoded when
+    the action writes it or when its object is not the one encoded last time; otherwise the
+    previous encoding is reused. (A node that mutates, in place, a field it does not declare in
+    ``writes`` breaks Burr's contract and is not seen.)
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Any, EncodedField]] = {}
+
+    def field(self, key: str, value: Any) -> EncodedField:
+        """Encoding of one field, reusing the last one when the object is unchanged."""
+        prev = self._last.get(key)
+        if prev is not None and prev[0] is value:
+            return prev[1]
+        return encode_value(key, value)
+
+    def encode(
+        self, semantic: dict[str, Any], *, written: Collection[str] = ()
+    ) -> tuple[dict[str, EncodedField], list[str]]:
+        """Encode every semantic field.
+
+        Args:
+            semantic: field → value (no ``__`` keys).
+            written: fields the action declared in ``writes`` (always re-encoded).
+        Returns:
+            (field → encoding, names of the fields encoded afresh in this call)
+        """
+        out: dict[str, EncodedField] = {}
+        fresh: list[str] = []
+        for k, v in semantic.items():
+            prev = self._last.get(k)
+            if prev is not None and prev[0] is v and k not in written:
+                out[k] = prev[1]
+            else:
+                out[k] = encode_value(k, v)
+                fresh.append(k)
+        self._last = {k: (semantic[k], out[k]) for k in out}
+        return out, fresh
+
+
+def field_map(fields: dict[str, EncodedField]) -> dict[str, str]:
+    """{field: sha256} of encoded fields."""
+    return {k: f.digest for k, f in fields.items()}
+
+
+def map_hash(fields: dict[str, str]) -> tuple[bytes, str]:
+    """Canonical bytes and sha256 of a {field: sha256} map: the Merkle hash of those fields."""
+    data = canonical_bytes(fields)
+    return data, sha256_hex(data)
 
 
 class RewindPersister(BaseStatePersister):
@@ -78,35 +169,36 @@ class RewindPersister(BaseStatePersister):
         status: Literal["completed", "failed"],
         **kwargs: Any,
     ) -> None:
-        """Save a state row in its own transaction (the recorder batches it with the node row)."""
-        with self.store.write() as conn:
-            self.save_in(
-                conn, partition_key, app_id, sequence_id, position, state_fields(state), status
-            )
+        """Save a state row in its own transaction (the recorder batches its rows instead)."""
+        batch = WriteBatch()
+        self.add_state(batch, partition_key, app_id, sequence_id, position, state, status)
+        self.store.write_batch(batch)
 
-    def save_in(
+    def add_state(
         self,
-        conn: Connection,
+        batch: WriteBatch,
         partition_key: str | None,
         app_id: str,
         sequence_id: int,
         position: str,
-        fields: dict[str, bytes],
+        state: State,
         status: str,
-    ) -> dict[str, str]:
-        """Write field blobs and the state row inside ``conn``'s transaction; returns hashes."""
-        hashes = {}
-        for k, data in fields.items():
-            digest = sha256_hex(data)
-            self.store.put_blob_hashed(conn, digest, data)
-            hashes[k] = digest
-        self.store.save_state(
-            conn,
-            partition_key=partition_key or PARTITION_KEY_DEFAULT,
-            app_id=app_id,
-            sequence_id=sequence_id,
-            position=position,
-            status=status,
-            fields=hashes,
+        encoder: FieldEncoder | None = None,
+    ) -> dict[str, EncodedField]:
+        """Add a state row and its new field blobs to ``batch``; returns the encoded fields."""
+        semantic, internal = split_internal(state.get_all())
+        fields, fresh = (encoder or FieldEncoder()).encode(semantic)
+        for k in fresh:
+            batch.blobs.setdefault(fields[k].digest, fields[k].data)
+        batch.states.append(
+            state_row(
+                partition_key=partition_key or PARTITION_KEY_DEFAULT,
+                app_id=app_id,
+                sequence_id=sequence_id,
+                position=position,
+                status=status,
+                fields=field_map(fields),
+                internal=internal,
+            )
         )
-        return hashes
+        return fields

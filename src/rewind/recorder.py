@@ -1,10 +1,19 @@
 """Recording: Burr lifecycle hooks that write one node row per step.
 
-The recorder is handed to Burr as its state persister in "lifecycle adapter" mode, so one
-post-step transaction writes the node row, its calls, the cache entries they produced and the
-content-addressed state row together: a crash can never leave a node without its state or the
-other way round. Hooks never raise into Burr (a raising hook aborts the run before the state is
-saved); failures are collected in :attr:`Recorder.errors` and fail the run afterwards.
+The recorder is handed to Burr as its state persister in "lifecycle adapter" mode, so the node
+row, its calls, the cache entries they produced and the content-addressed state row are written
+together, in one transaction: a crash can never leave a node without its state or the other way
+round. Rows are batched: a batch is flushed when ``flush_interval_ms`` has passed since the last
+flush (so a slow LLM node is written as soon as it finishes, while a chain of cheap nodes shares
+one commit) and always when the run ends. Hooks never raise into Burr (a raising hook aborts the
+run before the state is saved); failures are collected in :attr:`Recorder.errors` and fail the
+run afterwards.
+
+Hashes (all sha256 hex of canonical JSON): every semantic state field is hashed once as a blob;
+a node's ``output_hash`` is the hash of the map {written field: field hash} and ``state_hash`` the
+hash of {field: field hash} over the whole semantic state (Merkle style: equal iff every field's
+content is equal), and ``input_hash`` covers the node's name, the hashes of the fields it reads,
+its Burr inputs and its params.
 """
 
 from __future__ import annotations
@@ -20,12 +29,22 @@ from burr.lifecycle import PostRunStepHook, PreRunStepHook
 
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.context import NodeScope, RunContext
-from rewind.persister import RewindPersister, state_fields
+from rewind.persister import (
+    BURR_INTERNAL_PREFIX,
+    FieldEncoder,
+    RewindPersister,
+    field_map,
+    map_hash,
+    split_internal,
+)
+from rewind.store.store import WriteBatch, call_rows, state_row
 
 logger = logging.getLogger(__name__)
 
-BURR_INTERNAL_PREFIX = "__"
-"""Burr keeps ``__PRIOR_STEP``/``__SEQUENCE_ID`` in state; semantic state drops them (rule 1)."""
+FLUSH_INTERVAL_MS = 50.0
+"""Longest time recorded rows wait in memory before they are committed (ms)."""
+
+__all__ = ["BURR_INTERNAL_PREFIX", "Recorder", "node_outcome", "semantic_state"]
 
 
 def semantic_state(values: dict[str, Any]) -> dict[str, Any]:
@@ -33,22 +52,13 @@ def semantic_state(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not k.startswith(BURR_INTERNAL_PREFIX)}
 
 
-def object_bytes(parts: dict[str, bytes]) -> bytes:
-    """Canonical bytes of an object whose values are already canonical bytes.
-
-    Equal to ``canonical_bytes({k: loads(v)})`` without decoding and re-encoding every value;
-    keys are ordered by UTF-16 code units as RFC 8785 requires.
-    """
-    keys = sorted(parts, key=lambda k: k.encode("utf-16-be"))
-    return b"{" + b",".join(canonical_bytes(k) + b":" + parts[k] for k in keys) + b"}"
-
-
-def _jsonable_bytes(value: Any) -> bytes:
+def _jsonable(value: Any) -> Any:
     try:
-        return canonical_bytes(value)
+        canonical_bytes(value)
+        return value
     except CanonicalError:
         # A live object (a client, a connection) passed as a Burr input: hash its type only.
-        return canonical_bytes({"$unhashable": type(value).__name__})
+        return {"$unhashable": type(value).__name__}
 
 
 class Recorder(PreRunStepHook, PostRunStepHook):
@@ -61,14 +71,25 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             inherited nodes occupy the positions before it.
     """
 
-    def __init__(self, ctx: RunContext, persister: RewindPersister, first_position: int = 0):
+    def __init__(
+        self,
+        ctx: RunContext,
+        persister: RewindPersister,
+        first_position: int = 0,
+        *,
+        flush_interval_ms: float = FLUSH_INTERVAL_MS,
+    ) -> None:
         self.ctx = ctx
         self.persister = persister
         self.position = first_position
+        self.flush_interval_ms = flush_interval_ms
         self.errors: list[str] = []
         self.executed: list[str] = []
-        self._reads_bytes = b"{}"
-        self._inputs_bytes = b"{}"
+        self.encoder = FieldEncoder()
+        self.batch = WriteBatch()
+        self._last_flush = time.perf_counter()
+        self._reads: dict[str, str] = {}
+        self._inputs: dict[str, Any] = {}
 
     def is_async(self) -> bool:
         """Burr asks its persister this; the recorder is synchronous."""
@@ -87,11 +108,13 @@ class Recorder(PreRunStepHook, PostRunStepHook):
     ) -> None:
         try:
             self.ctx.begin_node(action.name, self.position)
-            reads = [k for k in action.reads if k in state]
-            self._reads_bytes = object_bytes(state_fields(state.subset(*reads)))
-            self._inputs_bytes = object_bytes(
-                {k: _jsonable_bytes(v) for k, v in (inputs or {}).items()}
-            )
+            values = state.get_all()
+            self._reads = {
+                k: self.encoder.field(k, values[k]).digest
+                for k in action.reads
+                if k in values and not k.startswith(BURR_INTERNAL_PREFIX)
+            }
+            self._inputs = {k: _jsonable(v) for k, v in (inputs or {}).items()}
             self.ctx.emit("node_started", position=self.position, name=action.name)
         except Exception as exc:
             self._fail("before", action, exc)
@@ -109,14 +132,29 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         **future_kwargs: Any,
     ) -> None:
         try:
-            self._write(app_id, partition_key, sequence_id, state, action, exception)
+            self._record(app_id, partition_key, sequence_id, state, action, exception)
+            if (time.perf_counter() - self._last_flush) * 1000 >= self.flush_interval_ms:
+                self.flush()
         except Exception as exc:
             self._fail("after", action, exc)
         finally:
             self.position += 1
             self.ctx.node = None
 
-    def _write(
+    def flush(self) -> None:
+        """Commit the rows recorded so far (one transaction). Never raises."""
+        batch, self.batch = self.batch, WriteBatch()
+        self._last_flush = time.perf_counter()
+        if not batch:
+            return
+        try:
+            self.ctx.store.write_batch(batch)
+        except Exception as exc:
+            msg = f"writing recorded nodes failed: {_error_line(exc)}"
+            logger.error("%s\n%s", msg, traceback.format_exc())
+            self.errors.append(msg)
+
+    def _record(
         self,
         app_id: str,
         partition_key: str | None,
@@ -129,85 +167,89 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         if scope is None or scope.name != action.name:
             scope = self.ctx.begin_node(action.name, self.position)
         latency_ms = (time.perf_counter() - scope.started_perf) * 1000
-        fields = state_fields(state)
-        params_bytes = canonical_bytes(scope.params)
-        input_doc = object_bytes(
+        semantic, internal = split_internal(state.get_all())
+        written = [] if exception is not None else list(action.writes)
+        fields, fresh = self.encoder.encode(semantic, written=written)
+        batch = self.batch
+        for k in fresh:
+            f = fields[k]
+            if not self.ctx.store.knows_blob(f.digest):
+                batch.blobs.setdefault(f.digest, f.data)
+        input_doc = canonical_bytes(
             {
-                "inputs": self._inputs_bytes,
-                "node": canonical_bytes(action.name),
-                "params": params_bytes,
-                "reads": self._reads_bytes,
+                "node": action.name,
+                "reads": self._reads,
+                "inputs": self._inputs,
+                "params": scope.params,
             }
         )
         input_hash = sha256_hex(input_doc)
+        batch.blobs.setdefault(input_hash, input_doc)
+        output_hash: str | None = None
+        state_hash: str | None = None
         if exception is None:
-            output = object_bytes({k: fields[k] for k in action.writes if k in fields})
-            output_hash: str | None = sha256_hex(output)
-            semantic = object_bytes(semantic_state(fields))
-            state_hash: str | None = sha256_hex(semantic)
-        else:
-            output, output_hash, state_hash = b"", None, None
+            output_doc, output_hash = map_hash(
+                {k: fields[k].digest for k in action.writes if k in fields}
+            )
+            batch.blobs.setdefault(output_hash, output_doc)
+            _, state_hash = map_hash(field_map(fields))
+        for pw in scope.pending.values():
+            batch.blobs.setdefault(pw.request_hash, pw.request_bytes)
+            batch.blobs.setdefault(pw.result_hash, pw.result_bytes)
+            row = {"key": pw.key, "created_at": time.time()}
+            if pw.kind == "llm":
+                batch.llm_cache.append(
+                    row
+                    | {
+                        "model": pw.name,
+                        "request_hash": pw.request_hash,
+                        "response_hash": pw.result_hash,
+                        "prompt_tokens": pw.prompt_tokens,
+                        "completion_tokens": pw.completion_tokens,
+                    }
+                )
+            else:
+                batch.tool_cache.append(
+                    row
+                    | {"tool": pw.name, "args_hash": pw.request_hash, "result_hash": pw.result_hash}
+                )
+        batch.states.append(
+            state_row(
+                partition_key=partition_key or "",
+                app_id=app_id,
+                sequence_id=sequence_id,
+                position=action.name,
+                status="completed" if exception is None else "failed",
+                fields=field_map(fields),
+                internal=internal,
+            )
+        )
         outcome, reason = node_outcome(scope, exception)
         prompt_tokens, completion_tokens = scope.tokens
-        store = self.ctx.store
-        with store.write() as conn:
-            for pw in scope.pending.values():
-                store.put_blob_hashed(conn, pw.request_hash, pw.request_bytes)
-                store.put_blob_hashed(conn, pw.result_hash, pw.result_bytes)
-                if pw.kind == "llm":
-                    store.llm_cache_put(
-                        conn,
-                        key=pw.key,
-                        model=pw.name,
-                        request_hash=pw.request_hash,
-                        response_hash=pw.result_hash,
-                        prompt_tokens=pw.prompt_tokens,
-                        completion_tokens=pw.completion_tokens,
-                    )
-                else:
-                    store.tool_cache_put(
-                        conn,
-                        key=pw.key,
-                        tool=pw.name,
-                        args_hash=pw.request_hash,
-                        result_hash=pw.result_hash,
-                    )
-            store.put_blob_hashed(conn, input_hash, input_doc)
-            if output_hash is not None:
-                store.put_blob_hashed(conn, output_hash, output)
-            self.persister.save_in(
-                conn,
-                partition_key,
-                app_id,
-                sequence_id,
-                action.name,
-                fields,
-                "completed" if exception is None else "failed",
-            )
-            store.insert_node(
-                conn,
-                {
-                    "run_id": self.ctx.run_id,
-                    "position": self.position,
-                    "name": action.name,
-                    "sequence_id": sequence_id,
-                    "src_app_id": app_id,
-                    "src_sequence_id": sequence_id,
-                    "inherited": False,
-                    "input_hash": input_hash,
-                    "output_hash": output_hash,
-                    "state_hash": state_hash,
-                    "params_json": params_bytes.decode(),
-                    "latency_ms": latency_ms,
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "cache_outcome": outcome,
-                    "cache_reason": reason,
-                    "error": None if exception is None else _error_line(exception),
-                    "started_at": scope.started_at,
-                },
-                scope.calls,
-            )
+        batch.nodes.append(
+            {
+                "run_id": self.ctx.run_id,
+                "position": self.position,
+                "name": action.name,
+                "sequence_id": sequence_id,
+                "src_app_id": app_id,
+                "src_sequence_id": sequence_id,
+                "inherited": False,
+                "input_hash": input_hash,
+                "output_hash": output_hash,
+                "state_hash": state_hash,
+                "params_json": canonical_bytes(scope.params).decode(),
+                "latency_ms": latency_ms,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "cache_outcome": outcome,
+                "cache_reason": reason,
+                "error": None if exception is None else _error_line(exception),
+                "started_at": scope.started_at,
+            }
+        )
+        batch.calls.extend(call_rows(self.ctx.run_id, self.position, scope.calls))
+        self.ctx.remember(scope)
         self.executed.append(action.name)
         self.ctx.emit(
             "node_finished",

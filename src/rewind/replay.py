@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burr.core import ApplicationBuilder, State
+from burr.core import ApplicationBuilder
 from burr.core.graph import Graph
 
-from rewind.canonical import canonical_bytes, content_hash
+from rewind.canonical import canonical_bytes
 from rewind.context import RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.errors import (
@@ -40,9 +40,10 @@ from rewind.errors import (
     RunBusy,
     UnknownNode,
 )
-from rewind.persister import RewindPersister, state_fields
-from rewind.recorder import Recorder, object_bytes, semantic_state
+from rewind.persister import FieldEncoder, RewindPersister, encode_value, field_map, map_hash
+from rewind.recorder import Recorder, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
+from rewind.store.store import state_row
 
 # -- pipelines ---------------------------------------------------------------------------------
 
@@ -236,9 +237,12 @@ class Rewind:
         """
         self.register(pipeline)
         run_id = run_id or new_run_id()
-        initial = canonical_bytes(state)
+        initial = json.loads(canonical_bytes(state))  # refuses what cannot be hashed, up front
+        fields, _ = FieldEncoder().encode(initial)
         with self.store.write() as conn:
-            initial_hash = self.store.put_blob(conn, initial)
+            for f in fields.values():
+                self.store.put_blob(conn, f.data)
+            initial_hash = self.store.put_blob(conn, map_hash(field_map(fields))[0])
             self.store.create_run(
                 conn,
                 run_id=run_id,
@@ -253,7 +257,7 @@ class Rewind:
             ApplicationBuilder()
             .with_graph(pipeline.graph)
             .with_identifiers(app_id=run_id)
-            .with_state(**json.loads(initial))
+            .with_state(**initial)
             .with_entrypoint(pipeline.entrypoint)
         )
         return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, 0))
@@ -297,19 +301,24 @@ class Rewind:
         child_id = new_run_id or new_run_id_default()
         builder = ApplicationBuilder().with_graph(pipeline.graph).with_identifiers(app_id=child_id)
         burr_src: tuple[str | None, int | None] = (None, None)
-        state_row: dict[str, Any] | None = None
+        state_row_: dict[str, Any] | None = None
 
         if isinstance(override, OutputOverride):
-            state_row = self._state_row_of(fork_node)
-            if override.field not in state_row["values"]:
+            written = self._output_map(fork_node)
+            if override.field not in written:
                 raise InvalidOverride(
                     f"node {fork_node.name!r} has no output field {override.field!r}",
-                    f"its fields: {', '.join(sorted(self.node_output(fork_node)))}",
+                    f"its fields: {', '.join(sorted(written)) or 'none'}",
                 )
+            try:
+                canonical_bytes(override.value)
+            except ValueError as exc:
+                raise InvalidOverride(f"the new value cannot be hashed: {exc}", "") from exc
+            state_row_ = self._state_row_of(fork_node)
         elif idx == 0:
             if parent.initial_state_hash is None:
                 raise ForkError(f"run {parent.run_id} has no recorded initial state", "")
-            initial = self.store.get_json(parent.initial_state_hash)
+            initial = self.store.resolve_fields(self.store.get_json(parent.initial_state_hash))
             builder = builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
         else:
             pred = nodes[idx - 1]
@@ -336,6 +345,7 @@ class Rewind:
         ctx = self._context(child_id, read_cache=True)
         ctx.param_overrides = param_overrides
         ctx.lineage = self._lineage(parent)
+        ctx.lineage_blobs = self.store.get_blobs(set(ctx.lineage.values()))
         ctx.fork_node = fork_node.name
 
         with self.store.write() as conn:
@@ -355,8 +365,8 @@ class Rewind:
             )
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
-            if isinstance(override, OutputOverride) and state_row is not None:
-                self._write_output_override(conn, child_id, fork_node, override, state_row)
+            if isinstance(override, OutputOverride) and state_row_ is not None:
+                self._write_output_override(conn, child_id, fork_node, override, state_row_)
         first = idx + 1 if isinstance(override, OutputOverride) else idx
         if isinstance(override, OutputOverride):
             builder = builder.initialize_from(
@@ -394,16 +404,20 @@ class Rewind:
         ]
 
     def node_output(self, node: NodeRecord) -> dict[str, Any]:
-        """The fields a node wrote ({} for a failed node)."""
+        """The fields a node wrote, decoded ({} for a failed node)."""
+        return self.store.resolve_fields(self._output_map(node))
+
+    def _output_map(self, node: NodeRecord) -> dict[str, str]:
         if node.output_hash is None:
             return {}
-        value: dict[str, Any] = self.store.get_json(node.output_hash)
-        return value
+        fields: dict[str, str] = self.store.get_json(node.output_hash)
+        return fields
 
     def node_input(self, node: NodeRecord) -> dict[str, Any]:
-        """The node's input document: node name, fields it read, Burr inputs, params."""
-        value: dict[str, Any] = self.store.get_json(node.input_hash)
-        return value
+        """The node's input document: its name, the fields it read (decoded), Burr inputs and
+        params."""
+        doc: dict[str, Any] = self.store.get_json(node.input_hash)
+        return doc | {"reads": self.store.resolve_fields(doc.get("reads", {}))}
 
     def node_state(self, node: NodeRecord) -> dict[str, Any]:
         """Semantic state after the node (Burr's ``__`` keys removed)."""
@@ -451,17 +465,26 @@ class Rewind:
         child_id: str,
         node: NodeRecord,
         override: OutputOverride,
-        state_row: dict[str, Any],
+        parent_row: dict[str, Any],
     ) -> None:
-        values = dict(state_row["values"])
-        values[override.field] = override.value
-        fields = state_fields(State.deserialize(values))
-        seq = int(state_row["sequence_id"])
-        self.persister.save_in(conn, "", child_id, seq, node.name, fields, "completed")
-        output_fields = {k: fields[k] for k in self.node_output(node) if k in fields}
-        output = object_bytes(output_fields)
-        output_hash = self.store.put_blob(conn, output)
-        semantic = object_bytes(semantic_state(fields))
+        new = encode_value(override.field, override.value)
+        self.store.put_blob(conn, new.data)
+        fields = dict(parent_row["fields"]) | {override.field: new.digest}
+        seq = int(parent_row["sequence_id"])
+        self.store.save_state(
+            conn,
+            state_row(
+                partition_key="",
+                app_id=child_id,
+                sequence_id=seq,
+                position=node.name,
+                status="completed",
+                fields=fields,
+                internal=parent_row["internal"],
+            ),
+        )
+        output_doc, output_hash = map_hash(self._output_map(node) | {override.field: new.digest})
+        self.store.put_blob(conn, output_doc)
         row = _inherited_row(child_id, node)
         row.update(
             inherited=False,
@@ -469,7 +492,7 @@ class Rewind:
             src_app_id=child_id,
             src_sequence_id=seq,
             output_hash=output_hash,
-            state_hash=content_hash(json.loads(semantic)),
+            state_hash=map_hash(fields)[1],
             cache_outcome="override",
             cache_reason="output-override",
             started_at=time.time(),
@@ -488,11 +511,13 @@ class Rewind:
             with activate(ctx):
                 app.run(halt_after=halt)
         except Exception as exc:
+            recorder.flush()
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
             if isinstance(exc, RewindError):
                 error = exc.message
             if isinstance(exc, EndpointUnavailable):
                 unavailable = exc
+        recorder.flush()
         if error is None and recorder.errors:
             error = recorder.errors[0]
         self.store.finish_run(ctx.run_id, "failed" if error else "completed", error=error)
@@ -530,6 +555,12 @@ def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> 
         number = int(at)
         if 1 <= number <= len(nodes):
             return number - 1
+        if number > len(nodes) and run.status in ("failed", "interrupted") and nodes:
+            raise ForkError(
+                f"run {run.run_id[:12]} {run.status} at node {nodes[-1].name!r} (#{len(nodes)}) "
+                f"before reaching node number {number}",
+                f"fork at a node it reached: {listing}",
+            )
         raise UnknownNode(
             f"run {run.run_id[:12]} has no node number {number} (it has {len(nodes)})",
             f"its nodes: {listing}",

@@ -134,7 +134,8 @@ blobs = Table(
     "blobs",
     metadata,
     Column("hash", String(64), primary_key=True),
-    Column("size", Integer, nullable=False),  # bytes
+    Column("size", Integer, nullable=False),  # bytes before compression
+    Column("codec", String(8), nullable=False, default="raw"),  # raw | zlib
     Column("data", LargeBinary, nullable=False),
 )
 
@@ -146,7 +147,8 @@ burr_state = Table(
     Column("sequence_id", Integer, primary_key=True),
     Column("position", String(200), nullable=False),
     Column("status", String(16), nullable=False),
-    Column("fields_json", Text, nullable=False),  # {field: blob sha256}
+    Column("fields_json", Text, nullable=False),  # {field: blob sha256}, semantic fields
+    Column("internal_json", Text, nullable=False, default="{}"),  # Burr's __ keys, inline
     Column("created_at", Float, nullable=False),
 )
 
