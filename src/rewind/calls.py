@@ -2,7 +2,9 @@
 
 The cache key is :func:`rewind.llm.llm_cache_key` (DESIGN rule 5: every output-affecting
 parameter with provider defaults filled in, never volatile fields). A hit returns the recorded
-response body byte-identical (content, finish_reason, usage, logprobs) and spends 0 tokens.
+response body byte-identical (content, finish_reason, usage, logprobs) and spends 0 tokens. A call
+sampled at an effective temperature > 0 (an omitted temperature is the provider default 1.0) is
+flagged ``non-deterministic``: still cached, so an unchanged replay stays exact, but shown as such.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rewind.cache import Executed, through_cache
+from rewind.cache import DEFAULT_POLICY, CallPolicy, Executed, through_cache
 from rewind.canonical import canonical_bytes
 from rewind.context import current
 from rewind.errors import EndpointUnavailable
-from rewind.llm import ChatResponse, normalize_request
+from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, normalize_request
 
 
 def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
@@ -49,7 +51,16 @@ def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
             response.raw, response.prompt_tokens, response.completion_tokens, response.latency_ms
         )
 
+    temperature = body.get("temperature", DEFAULT_TEMPERATURE)
+    sampled = isinstance(temperature, int | float) and temperature > 0
+    policy = CallPolicy("non-deterministic") if sampled else DEFAULT_POLICY
     data, record = through_cache(
-        ctx, kind="llm", name=client.endpoint.model, key=key, request=request, execute=execute
+        ctx,
+        kind="llm",
+        name=client.endpoint.model,
+        key=key,
+        request=request,
+        execute=execute,
+        policy=policy,
     )
     return ChatResponse.from_raw(data, latency_ms=record.latency_ms)

@@ -284,7 +284,8 @@ def demo(
         console.print(f"store: {rw.store.root}")
         stages = {
             "record": "1/4 recording the research pipeline with the model (takes a minute)…",
-            "fork": "2/4 forking at node 3 (analyse) with one param changed…",
+            "fork": "2/4 forking at node 3 (analyse) with one param changed (effects: live, so "
+            "the branch publishes its own report)…",
             "replay": "3/4 unchanged replay from node 3…",
             "diff": "4/4 diffing…",
         }
@@ -444,6 +445,10 @@ def fork(
         list[str] | None,
         typer.Option("--set-output", help="Replace a node's output field: node.field=JSON"),
     ] = None,
+    effects: Annotated[
+        str,
+        typer.Option(help="Side-effecting calls: recorded (serve the record), dry-run, or live."),
+    ] = "recorded",
     as_json: JsonOpt = False,
 ) -> None:
     """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream."""
@@ -455,7 +460,7 @@ def fork(
         )
     override: Override | None = parse_override(specs[0][0], output=specs[0][1]) if specs else None
     with _session() as rw:
-        child = rw.fork(run_id, at=at, override=override)
+        child = rw.fork(run_id, at=at, override=override, effects=effects)
         if as_json:
             _show_run(rw, child, True)
             return

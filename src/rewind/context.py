@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,20 @@ class PendingWrite:
     result_bytes: bytes
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cacheable: bool = True  # False: keep the result blob but write no cache entry
+    produced_at: float | None = None
+
+
+@dataclass(frozen=True)
+class LineageEntry:
+    """A call the source trajectory made: its result blob, when that result was produced (unix
+    s, for TTLs) and where the call was recorded (for its effect fingerprints)."""
+
+    result_hash: str
+    produced_at: float | None
+    run_id: str
+    position: int
+    call_index: int
 
 
 @dataclass
@@ -53,6 +67,7 @@ class NodeScope:
     params: dict[str, Any] = field(default_factory=dict)
     calls: list[CallRecord] = field(default_factory=list)
     pending: dict[str, PendingWrite] = field(default_factory=dict)
+    effects: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tokens(self) -> tuple[int, int]:
@@ -77,6 +92,14 @@ class RunContext:
             replay serves these first, so an unchanged replay returns exactly the parent's results
             even if the cache holds a newer entry for the same key.
         lineage_blobs: the lineage's result bytes, fetched in one query when the fork starts.
+        effects_mode: how a replay treats side-effecting calls: ``recorded`` (serve the record),
+            ``dry-run`` (log, execute nothing) or ``live`` (re-execute after verifying the
+            resource's pre-state); see :mod:`rewind.effects`.
+        write_cache: False for stability runs: results are recorded on the run but never
+            become canonical cache entries.
+        bypass_reason: the reason a call that skips cache reads records (``bypass`` when
+            recording, ``stability`` in hash-stability mode).
+        clock: unix seconds now; injectable so TTL rules can be tested.
         chat_client: the model endpoint's client (None: LLM calls raise).
         fork_node: name of the fork node (its misses are reason ``override`` when it carries one).
     """
@@ -85,13 +108,17 @@ class RunContext:
     run_id: str
     read_cache: bool = False
     param_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    lineage: dict[str, str] = field(default_factory=dict)
+    lineage: dict[str, LineageEntry] = field(default_factory=dict)
     chat_client: ChatClient | None = None
     fork_node: str | None = None
     node: NodeScope | None = None
     on_event: Any = None  # callable(event: str, payload: dict) for progress displays
     lineage_blobs: dict[str, bytes] = field(default_factory=dict)
     recent: dict[str, PendingWrite] = field(default_factory=dict)
+    effects_mode: str = "recorded"
+    write_cache: bool = True
+    bypass_reason: str = "bypass"
+    clock: Callable[[], float] = time.time
 
     def remember(self, scope: NodeScope) -> None:
         """Keep a finished node's new cache entries visible to later nodes of this run until

@@ -74,7 +74,9 @@ def run_demo(
     rows_before = tuple(rw.store.nodes_of(parent.run_id))
     override = demo_override(rw, parent)
     stage("fork")
-    fork = rw.fork(parent.run_id, at=FORK_NUMBER, override=override)
+    # The changed branch publishes a report of its own: its publish call has new arguments, so it
+    # must run live (recorded mode would refuse to serve a call it has no record of).
+    fork = rw.fork(parent.run_id, at=FORK_NUMBER, override=override, effects="live")
     stage("replay")
     replay = rw.replay(parent.run_id, at=FORK_NUMBER)
     stage("diff")

@@ -196,7 +196,9 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         for pw in scope.pending.values():
             batch.blobs.setdefault(pw.request_hash, pw.request_bytes)
             batch.blobs.setdefault(pw.result_hash, pw.result_bytes)
-            row = {"key": pw.key, "created_at": time.time()}
+            if not pw.cacheable:
+                continue
+            row = {"key": pw.key, "created_at": pw.produced_at or time.time()}
             if pw.kind == "llm":
                 batch.llm_cache.append(
                     row
@@ -213,6 +215,12 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                     row
                     | {"tool": pw.name, "args_hash": pw.request_hash, "result_hash": pw.result_hash}
                 )
+        for effect in scope.effects:
+            effect = dict(effect)
+            snapshot = effect.pop("_snapshot", None)
+            if snapshot is not None and effect["snapshot_hash"]:
+                batch.blobs.setdefault(effect["snapshot_hash"], snapshot)
+            batch.effects.append(effect)
         batch.states.append(
             state_row(
                 partition_key=partition_key or "",
@@ -244,6 +252,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 "completion_tokens": completion_tokens,
                 "cache_outcome": outcome,
                 "cache_reason": reason,
+                "determinism": node_determinism(scope),
                 "error": None if exception is None else _error_line(exception),
                 "started_at": scope.started_at,
             }
@@ -272,17 +281,34 @@ def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, st
     """A node's cache outcome and reason from its calls (DESIGN rule 6).
 
     ``failed``/<exception type> when the node raised; ``none``/``no-calls`` when it made no
-    cacheable call; ``hit``/``hit`` when every call hit; otherwise ``miss`` with the first miss's
-    reason (``bypass``, ``override``, ``new-input``, ``no-entry``).
+    cacheable call; ``hit``/``hit`` when every call hit (``hit``/``side-effect-recorded`` when
+    some side-effecting call was served from record: nothing executed, nothing spent);
+    ``dry-run`` when a side-effecting call was only logged; otherwise the first non-hit call's
+    outcome and reason (``miss:override``, ``miss:new-input``, ``bypass:stability``…).
     """
     if exception is not None:
         return "failed", type(exception).__name__
     if not scope.calls:
         return "none", "no-calls"
     for call in scope.calls:
-        if call.outcome != "hit":
-            return "miss", call.reason
+        if call.outcome not in ("hit", "served", "dry-run"):
+            return call.outcome, call.reason
+    for call in scope.calls:
+        if call.outcome == "dry-run":
+            return "dry-run", call.reason
+    if any(call.outcome == "served" for call in scope.calls):
+        return "hit", "side-effect-recorded"
     return "hit", "hit"
+
+
+def node_determinism(scope: NodeScope) -> str:
+    """A node's determinism flag from its calls: ``side-effect`` > ``non-deterministic`` (an
+    LLM sampled at temperature > 0) > ``time-bound`` > ``deterministic``."""
+    flags = {call.determinism for call in scope.calls}
+    for flag in ("side-effect", "non-deterministic", "time-bound"):
+        if flag in flags:
+            return flag
+    return "deterministic"
 
 
 def _error_line(exc: BaseException) -> str:

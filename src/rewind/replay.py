@@ -30,8 +30,9 @@ from burr.core import ApplicationBuilder
 from burr.core.graph import Graph
 
 from rewind.canonical import canonical_bytes
-from rewind.context import RunContext, activate
+from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
+from rewind.effects import EFFECT_MODES, EffectPreconditionFailed, SideEffectBlocked
 from rewind.errors import (
     EndpointUnavailable,
     ForkError,
@@ -270,6 +271,9 @@ class Rewind:
         at: str | int,
         override: Override | None = None,
         new_run_id: str | None = None,
+        effects: str = "recorded",
+        cache_mode: str = "replay",
+        config: dict[str, Any] | None = None,
     ) -> RunRecord:
         """Fork a finished run at a node with at most one override and replay downstream.
 
@@ -284,9 +288,23 @@ class Rewind:
             override: a :class:`ParamOverride` (node at or after ``at``) or an
                 :class:`OutputOverride` (of node ``at``); None for an unchanged replay.
             new_run_id: id for the fork; a new uuid when None.
+            effects: how side-effecting calls replay: ``recorded`` (serve the record; default),
+                ``dry-run`` or ``live`` (see :mod:`rewind.effects`).
+            cache_mode: ``replay`` (read and write the caches) or ``stability`` (every LLM and
+                tool call runs live, results never become cache entries: reason
+                ``bypass:stability``; side effects are served from record).
+            config: JSON-like settings stored on the fork's run row (default: the parent's).
         Raises:
             UnknownRun, UnknownNode, InvalidOverride, RunBusy, ForkError: nothing is written.
+            SideEffectBlocked, EffectPreconditionFailed: raised by the replay itself (the fork
+                is recorded as failed at that node).
         """
+        if cache_mode not in ("replay", "stability"):
+            raise InvalidOverride(f"unknown cache mode {cache_mode!r}", "use replay or stability")
+        if effects not in EFFECT_MODES:
+            raise InvalidOverride(
+                f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
+            )
         parent = self.store.get_run(run_id)
         if parent.status == "running":
             raise RunBusy(
@@ -342,10 +360,14 @@ class Rewind:
         param_overrides: dict[str, dict[str, Any]] = {}
         if isinstance(override, ParamOverride):
             param_overrides = {override.node: {override.param: override.value}}
-        ctx = self._context(child_id, read_cache=True)
+        ctx = self._context(child_id, read_cache=cache_mode == "replay")
+        if cache_mode == "stability":
+            ctx.write_cache = False
+            ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.lineage = self._lineage(parent)
-        ctx.lineage_blobs = self.store.get_blobs(set(ctx.lineage.values()))
+        ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+        ctx.effects_mode = effects
         ctx.fork_node = fork_node.name
 
         with self.store.write() as conn:
@@ -361,7 +383,7 @@ class Rewind:
                 initial_state_hash=parent.initial_state_hash,
                 burr_fork_app_id=burr_src[0],
                 burr_fork_sequence_id=burr_src[1],
-                config=parent.config,
+                config=parent.config if config is None else config,
             )
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
@@ -377,9 +399,9 @@ class Rewind:
             )
         return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, first))
 
-    def replay(self, run_id: str, *, at: str | int = 1) -> RunRecord:
+    def replay(self, run_id: str, *, at: str | int = 1, effects: str = "recorded") -> RunRecord:
         """Unchanged replay: a fork at ``at`` with no override (expected: all hits, 0 tokens)."""
-        return self.fork(run_id, at=at, override=None)
+        return self.fork(run_id, at=at, override=None, effects=effects)
 
     # -- diff ---------------------------------------------------------------------------------
     def diff(self, run_a: str, run_b: str) -> TrajectoryDiff:
@@ -444,19 +466,24 @@ class Rewind:
             )
         return row
 
-    def _lineage(self, run: RunRecord) -> dict[str, str]:
-        """Cache key → result hash over the run and its ancestors (nearest wins)."""
+    def _lineage(self, run: RunRecord) -> dict[str, LineageEntry]:
+        """Cache key → the call that produced its result, over the run and its ancestors
+        (nearest wins; a side-effecting call served or dry-run does not replace the execution
+        it was served from)."""
         chain: list[str] = []
         current: RunRecord | None = run
         while current is not None and current.run_id not in chain:
             chain.append(current.run_id)
             current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
-        lineage: dict[str, str] = {}
+        lineage: dict[str, LineageEntry] = {}
         for rid in reversed(chain):
             for node in self.store.nodes_of(rid):
                 for call in node.calls:
-                    if call.result_hash:
-                        lineage[call.key] = call.result_hash
+                    if not call.result_hash or call.outcome in ("served", "dry-run"):
+                        continue
+                    lineage[call.key] = LineageEntry(
+                        call.result_hash, call.produced_at, rid, node.position, call.call_index
+                    )
         return lineage
 
     def _write_output_override(
@@ -506,7 +533,7 @@ class Rewind:
         halt = list(pipeline.halt_after) or pipeline.terminal_nodes()
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
-        unavailable: EndpointUnavailable | None = None
+        unavailable: RewindError | None = None
         try:
             with activate(ctx):
                 app.run(halt_after=halt)
@@ -515,7 +542,7 @@ class Rewind:
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
             if isinstance(exc, RewindError):
                 error = exc.message
-            if isinstance(exc, EndpointUnavailable):
+            if isinstance(exc, EndpointUnavailable | SideEffectBlocked | EffectPreconditionFailed):
                 unavailable = exc
         recorder.flush()
         if error is None and recorder.errors:

@@ -2,7 +2,9 @@
 
 The tool cache key is the tool's name plus its canonical arguments (DESIGN rule 5): positional and
 keyword spellings of the same call share one entry (``add(5, 3)`` == ``add(b=3, a=5)``), argument
-order inside lists matters, and renaming a tool is a miss, never a positional match.
+order inside lists matters, and renaming a tool is a miss, never a positional match. Each tool
+declares its determinism flag: ``deterministic`` (entries never expire), ``time-bound`` (with
+``ttl_s``) or ``side-effect`` (with the resources it touches; see :mod:`rewind.effects`).
 """
 
 from __future__ import annotations
@@ -10,17 +12,19 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rewind.cache import Executed, through_cache
+from rewind.cache import CallPolicy, Executed, through_cache
 from rewind.canonical import canonical_bytes, key_of
 from rewind.context import current
 from rewind.errors import RewindError
 
-DETERMINISM_FLAGS = ("deterministic", "time-bound", "side-effect")
+TOOL_FLAGS = ("deterministic", "time-bound", "side-effect")
 
 _REGISTRY: dict[str, Tool] = {}
+
+Resources = Sequence[Any] | Callable[..., Sequence[Any]]
 
 
 class Tool:
@@ -32,20 +36,50 @@ class Tool:
     Args:
         fn: the function.
         name: registry name (defaults to the function's ``__name__``); part of the cache key.
-        determinism: one of ``deterministic``, ``time-bound``, ``side-effect``.
+        determinism: ``deterministic``, ``time-bound`` or ``side-effect``.
+        ttl_s: seconds a time-bound result stays valid (required for time-bound; no default).
+        resources: for side-effect tools, the :class:`rewind.effects.Fingerprinter` s the call
+            touches, or a function of the call's arguments returning them.
+        idempotency_arg: name of the argument carrying an idempotency key; it is passed to the
+            function but kept out of the cache key (its value is salted per replay attempt, see
+            :func:`rewind.effects.idempotency_key`).
+        on_served: called with (request bytes, recorded result bytes) when a side-effecting call
+            is served from record on replay.
+    Raises:
+        ValueError: an unknown flag, a time-bound tool without ``ttl_s``, resources on a tool that
+            is not side-effecting, or an ``idempotency_arg`` the function does not take.
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str, determinism: str) -> None:
-        if determinism not in DETERMINISM_FLAGS:
-            raise ValueError(f"determinism must be one of {DETERMINISM_FLAGS}, not {determinism!r}")
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        determinism: str = "deterministic",
+        *,
+        ttl_s: float | None = None,
+        resources: Resources | None = None,
+        idempotency_arg: str | None = None,
+        on_served: Callable[[bytes, bytes], None] | None = None,
+    ) -> None:
+        if determinism not in TOOL_FLAGS:
+            raise ValueError(f"determinism must be one of {TOOL_FLAGS}, not {determinism!r}")
+        CallPolicy(determinism, ttl_s)  # validates the TTL rule
+        if resources is not None and determinism != "side-effect":
+            raise ValueError("only side-effect tools declare resources")
         self.fn = fn
         self.name = name
         self.determinism = determinism
+        self.ttl_s = ttl_s
+        self.resources = resources
+        self.on_served = on_served
         self.signature = inspect.signature(fn)
+        if idempotency_arg is not None and idempotency_arg not in self.signature.parameters:
+            raise ValueError(f"{name}: no argument named {idempotency_arg!r}")
+        self.idempotency_arg = idempotency_arg
         functools.update_wrapper(self, fn)
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Arguments by parameter name with defaults applied (the cache key's argument part)."""
+        """Arguments by parameter name with defaults applied."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -55,37 +89,66 @@ class Tool:
         bound.apply_defaults()
         return dict(bound.arguments)
 
+    def key_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments that enter the cache key (all but the idempotency argument)."""
+        return {k: v for k, v in args.items() if k != self.idempotency_arg}
+
     def key(self, args: dict[str, Any]) -> str:
         """The tool cache key for bound arguments."""
-        return key_of("tool/v1", self.name, canonical_bytes(args))
+        return key_of("tool/v1", self.name, canonical_bytes(self.key_args(args)))
+
+    def policy(self, args: dict[str, Any]) -> CallPolicy:
+        """The cache policy of one call."""
+        resources: Sequence[Any] = ()
+        if callable(self.resources):
+            resources = tuple(self.resources(**args))
+        elif self.resources is not None:
+            resources = tuple(self.resources)
+        idem = args.get(self.idempotency_arg) if self.idempotency_arg else None
+        return CallPolicy(
+            self.determinism,
+            self.ttl_s,
+            resources,
+            self.on_served,
+            None if idem is None else str(idem),
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ctx = current()
         if ctx is None:
             return self.fn(*args, **kwargs)
         bound = self.bind(*args, **kwargs)
-        request = canonical_bytes(bound)
+        request = canonical_bytes(self.key_args(bound))
         key = key_of("tool/v1", self.name, request)
 
         def execute() -> Executed:
             return Executed(canonical_bytes(self.fn(**bound)))
 
         data, _ = through_cache(
-            ctx, kind="tool", name=self.name, key=key, request=request, execute=execute
+            ctx,
+            kind="tool",
+            name=self.name,
+            key=key,
+            request=request,
+            execute=execute,
+            policy=self.policy(bound),
         )
         return json.loads(data)
 
 
 def tool(
-    name: str | None = None, *, determinism: str = "deterministic"
+    name: str | None = None,
+    *,
+    determinism: str = "deterministic",
+    ttl_s: float | None = None,
+    resources: Resources | None = None,
+    idempotency_arg: str | None = None,
+    on_served: Callable[[bytes, bytes], None] | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]:
-    """Register a function as a tool.
+    """Register a function as a tool (see :class:`Tool` for the arguments).
 
-    Args:
-        name: registry name; defaults to the function name. Two tools may not share a name.
-        determinism: ``deterministic`` (default), ``time-bound`` or ``side-effect``.
     Raises:
-        ValueError: the name is taken by another function.
+        ValueError: the name is taken by another function, or the flags are inconsistent.
     """
 
     def decorate(fn: Callable[..., Any]) -> Tool:
@@ -93,7 +156,15 @@ def tool(
         existing = _REGISTRY.get(tool_name)
         if existing is not None and existing.fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"a tool named {tool_name!r} is already registered")
-        t = Tool(fn, tool_name, determinism)
+        t = Tool(
+            fn,
+            tool_name,
+            determinism,
+            ttl_s=ttl_s,
+            resources=resources,
+            idempotency_arg=idempotency_arg,
+            on_served=on_served,
+        )
         _REGISTRY[tool_name] = t
         return t
 

@@ -179,7 +179,7 @@ def publish(state: State) -> State:
     text = render_report(
         state["question"], state["plan"], state["analysis"], state["prose"], state["check"]
     )
-    return state.update(report=publish_artifact(ARTIFACT_NAME, text.encode("utf-8")))
+    return state.update(report=publish_artifact(ARTIFACT_NAME, text))
 
 
 def build() -> Pipeline:

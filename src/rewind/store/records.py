@@ -90,6 +90,16 @@ class CallRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: float = 0.0
+    determinism: str = "deterministic"
+    produced_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        """``outcome:reason`` as shown to people (``hit``, ``miss:new-input``,
+        ``served:side-effect-recorded``, ``bypass:stability``…)."""
+        return (
+            self.outcome if self.reason in ("", self.outcome) else f"{self.outcome}:{self.reason}"
+        )
 
     @classmethod
     def from_row(cls, row: Any) -> CallRecord:
@@ -106,7 +116,36 @@ class CallRecord:
             prompt_tokens=m["prompt_tokens"],
             completion_tokens=m["completion_tokens"],
             latency_ms=m["latency_ms"],
+            determinism=m["determinism"],
+            produced_at=m["produced_at"],
         )
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    """Pre- and post-call fingerprints of one resource touched by one side-effecting call.
+
+    ``mode`` is how the call was treated: ``record`` (original run), ``live`` (re-executed),
+    ``recorded`` (served from record, not re-executed) or ``dry-run``. A ``None`` post digest
+    means no post-state was captured.
+    """
+
+    run_id: str
+    position: int
+    call_index: int
+    resource: str
+    kind: str
+    mode: str
+    pre_digest: str | None
+    pre_epoch: str | None
+    post_digest: str | None
+    post_epoch: str | None
+    snapshot_hash: str | None
+    idempotency_key: str | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> EffectRecord:
+        return cls(**{k: row._mapping[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -141,6 +180,7 @@ class NodeRecord:
     error: str | None
     started_at: float
     calls: tuple[CallRecord, ...] = field(default=())
+    determinism: str = "deterministic"
 
     @property
     def tokens(self) -> int:
@@ -170,4 +210,5 @@ class NodeRecord:
             error=m["error"],
             started_at=m["started_at"],
             calls=calls,
+            determinism=m["determinism"],
         )

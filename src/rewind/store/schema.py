@@ -77,6 +77,7 @@ nodes = Table(
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("cache_outcome", String(16), nullable=False),
     Column("cache_reason", String(64), nullable=False, default=""),
+    Column("determinism", String(24), nullable=False, default="deterministic"),
     Column("error", Text, nullable=True),
     Column("started_at", Float, nullable=False),
 )
@@ -97,6 +98,25 @@ calls = Table(
     Column("prompt_tokens", Integer, nullable=False, default=0),
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("latency_ms", Float, nullable=False, default=0.0),
+    Column("determinism", String(24), nullable=False, default="deterministic"),
+    Column("produced_at", Float, nullable=True),  # when the result was produced (unix s)
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("position", Integer, primary_key=True),
+    Column("call_index", Integer, primary_key=True),
+    Column("resource", String(400), primary_key=True),
+    Column("kind", String(32), nullable=False),  # fingerprinter kind
+    Column("mode", String(16), nullable=False),  # record | live | recorded | dry-run
+    Column("pre_digest", String(64), nullable=True),
+    Column("pre_epoch", String(64), nullable=True),
+    Column("post_digest", String(64), nullable=True),  # None: not captured
+    Column("post_epoch", String(64), nullable=True),
+    Column("snapshot_hash", String(64), nullable=True),  # pinned pre-state (blob)
+    Column("idempotency_key", String(128), nullable=True),
 )
 
 edges = Table(
@@ -171,6 +191,8 @@ IMMUTABLE_TRIGGERS = (
        BEGIN SELECT RAISE(ABORT, 'recorded node rows are immutable'); END""",
     """CREATE TRIGGER IF NOT EXISTS calls_immutable_update BEFORE UPDATE ON calls
        BEGIN SELECT RAISE(ABORT, 'recorded call rows are immutable'); END""",
+    """CREATE TRIGGER IF NOT EXISTS effects_immutable_update BEFORE UPDATE ON effects
+       BEGIN SELECT RAISE(ABORT, 'recorded effect rows are immutable'); END""",
     """CREATE TRIGGER IF NOT EXISTS state_immutable_update BEFORE UPDATE ON burr_state
        BEGIN SELECT RAISE(ABORT, 'persisted state rows are immutable'); END""",
 )

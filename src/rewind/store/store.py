@@ -25,7 +25,7 @@ from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
 from rewind.store import schema
 from rewind.store.engine import sqlite_engine, url_engine
-from rewind.store.records import CallRecord, NodeRecord, RunRecord
+from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
 
 DB_FILENAME = "rewind.db"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
@@ -48,6 +48,7 @@ class WriteBatch:
     states: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    effects: list[dict[str, Any]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.blobs or self.states or self.nodes or self.llm_cache or self.tool_cache)
@@ -228,6 +229,8 @@ class Store:
                 conn.execute(self._insert_node, batch.nodes)
             if batch.calls:
                 conn.execute(self._insert_call, batch.calls)
+            if batch.effects:
+                conn.execute(insert(schema.effects), batch.effects)
         with self._known_lock:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
@@ -347,6 +350,15 @@ class Store:
         conn.execute(self._insert_node, [node])
         if calls:
             conn.execute(self._insert_call, call_rows(node["run_id"], node["position"], calls))
+
+    def effects_of(self, run_id: str) -> list[EffectRecord]:
+        """Effect rows of a run, in call order."""
+        t = schema.effects
+        with self.read() as conn:
+            rows = conn.execute(
+                select(t).where(t.c.run_id == run_id).order_by(t.c.position, t.c.call_index)
+            ).all()
+        return [EffectRecord.from_row(r) for r in rows]
 
     def nodes_of(self, run_id: str, *, with_calls: bool = True) -> list[NodeRecord]:
         """Node rows of a run in position order."""
@@ -542,6 +554,8 @@ def call_rows(run_id: str, position: int, calls: Sequence[CallRecord]) -> list[d
             "prompt_tokens": c.prompt_tokens,
             "completion_tokens": c.completion_tokens,
             "latency_ms": c.latency_ms,
+            "determinism": c.determinism,
+            "produced_at": c.produced_at,
         }
         for c in calls
     ]
