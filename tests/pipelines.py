@@ -7,8 +7,12 @@ cache.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import sqlite3
 import threading
+from pathlib import Path
 from typing import Any
 
 from burr.core import State, action, default, expr
@@ -16,6 +20,7 @@ from burr.core.graph import GraphBuilder
 
 import rewind
 from rewind.calls import chat
+from rewind.effects import FileTree, SQLiteTable, idempotency_key
 from rewind.replay import Pipeline
 from rewind.tools import tool
 
@@ -210,3 +215,340 @@ def shout(state: State) -> State:
 
 
 llm_pipeline = _linear("llm", "tests.pipelines:llm_pipeline", ask=ask, shout=shout)
+
+
+# -- side effects, determinism flags and the effect audit (tests/test_effects.py, test_audit.py) --
+# Every side-effecting tool below declares the resources it touches, so Rewind fingerprints them
+# before and after each call. ``EFFECT_CALLS`` logs real executions (a served or dry-run call
+# never appears there).
+
+EFFECT_CALLS: list[tuple[str, Any]] = []
+
+
+def _append_resources(path: str, line: str) -> list[FileTree]:
+    return [FileTree(path)]
+
+
+@tool("fx_append_line", determinism="side-effect", resources=_append_resources)
+def fx_append_line(path: str, line: str) -> dict[str, Any]:
+    """Append one line to a text file; the receipt says nothing about the file's content."""
+    EFFECT_CALLS.append(("fx_append_line", line))
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+    return {"status": "ok", "path": path}
+
+
+@action(reads=["text"], writes=["line"])
+def fx_prep(state: State) -> State:
+    return state.update(line=state["text"] + rewind.param("suffix", ""))
+
+
+@action(reads=["line", "path"], writes=["receipt"])
+def fx_write(state: State) -> State:
+    return state.update(receipt=fx_append_line(state["path"], state["line"]))
+
+
+@action(reads=["receipt"], writes=["summary"])
+def fx_after(state: State) -> State:
+    # A dry-run of a call with new arguments returns {"dry_run": true, ...}: no status.
+    return state.update(summary=f"write {state['receipt'].get('status', 'not executed')}")
+
+
+@action(reads=["line"], writes=["echo"])
+def fx_tail(state: State) -> State:
+    return state.update(echo=state["line"].upper())
+
+
+@action(reads=["summary", "echo"], writes=["done"])
+def fx_final(state: State) -> State:
+    return state.update(done=f"{state['summary']} / {state['echo']}")
+
+
+# prep → write (side effect on the file at ``path``) → after (reads the receipt) → tail (does not
+# depend on the write) → final (depends on it through ``after``).
+effects_pipeline = _linear(
+    "effects",
+    "tests.pipelines:effects_pipeline",
+    prep=fx_prep,
+    write=fx_write,
+    after=fx_after,
+    tail=fx_tail,
+    final=fx_final,
+)
+
+
+@action(reads=["path"], writes=["receipts"])
+def fx_double(state: State) -> State:
+    first = fx_append_line(state["path"], "first")
+    second = fx_append_line(state["path"], "second")
+    return state.update(receipts=[first, second])
+
+
+# One node writing the same file twice (the audit compares the first write with what the second
+# call observed, and only the last write with the world as it is now).
+twice_pipeline = _linear("twice", "tests.pipelines:twice_pipeline", double=fx_double)
+
+
+# Seed 004, first class: ``write_config`` merges the defaults file (not a declared resource: it
+# is only read) and the existing config into the config file, and returns a receipt that is
+# invariant to the file's content.
+
+
+def _config_resources(path: str, defaults_path: str, settings: dict[str, Any]) -> list[FileTree]:
+    return [FileTree(path)]
+
+
+@tool("fx_write_config", determinism="side-effect", resources=_config_resources)
+def fx_write_config(path: str, defaults_path: str, settings: dict[str, Any]) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_write_config", settings))
+    merged: dict[str, Any] = {}
+    for source in (defaults_path, path):
+        with contextlib.suppress(FileNotFoundError):
+            merged.update(json.loads(Path(source).read_text(encoding="utf-8")))
+    merged.update(settings)
+    Path(path).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return {"status": "ok", "path": path}
+
+
+@action(reads=["config_path", "defaults_path"], writes=["receipt"])
+def fx_configure(state: State) -> State:
+    settings = {"limit": rewind.param("limit", 5)}
+    receipt = fx_write_config(state["config_path"], state["defaults_path"], settings)
+    return state.update(receipt=receipt)
+
+
+@action(reads=["receipt"], writes=["said"])
+def fx_report(state: State) -> State:
+    return state.update(said=f"config {state['receipt']['status']}")
+
+
+config_pipeline = _linear(
+    "config", "tests.pipelines:config_pipeline", configure=fx_configure, report=fx_report
+)
+
+
+# Seed 004, second class: a SQLite table whose epoch (``meta.version``) is part of its state.
+
+LIMITS_EPOCH_SQL = "SELECT version FROM meta"
+
+
+def _limit_resources(db: str, key: str, value: int) -> list[SQLiteTable]:
+    return [SQLiteTable(db, "limits", order_by="key", epoch_sql=LIMITS_EPOCH_SQL)]
+
+
+def create_limits_db(db: str | Path, version: int = 1) -> None:
+    """A database with an empty ``limits`` table and ``meta.version`` = ``version``."""
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("CREATE TABLE limits (key TEXT PRIMARY KEY, value INTEGER)")
+        con.execute("CREATE TABLE meta (version INTEGER)")
+        con.execute("INSERT INTO meta VALUES (?)", (version,))
+    con.close()
+
+
+@tool("fx_upsert_limit", determinism="side-effect", resources=_limit_resources)
+def fx_upsert_limit(db: str, key: str, value: int) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_upsert_limit", (key, value)))
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("INSERT OR REPLACE INTO limits VALUES (?, ?)", (key, value))
+    con.close()
+    return {"status": "ok"}
+
+
+@action(reads=["db"], writes=["receipt"])
+def fx_store_limit(state: State) -> State:
+    return state.update(receipt=fx_upsert_limit(state["db"], "rate", rewind.param("value", 5)))
+
+
+@action(reads=["receipt"], writes=["confirmed"])
+def fx_confirm(state: State) -> State:
+    return state.update(confirmed=state["receipt"]["status"] == "ok")
+
+
+limits_pipeline = _linear(
+    "limits", "tests.pipelines:limits_pipeline", store_limit=fx_store_limit, confirm=fx_confirm
+)
+
+
+# Seed 004, third class: a tool with its own idempotency cache keyed on the idempotency key. The
+# salted variant passes ``rewind.idempotency_key(base)``; the unsalted one passes the base, as a
+# tool keyed on (session, turn) would.
+
+IDEMPOTENCY_CACHE: dict[str, dict[str, Any]] = {}
+KEYS_SEEN: list[str] = []
+
+
+def _ledger_resources(ledger: str, account: str, amount: int, key: str | None) -> list[FileTree]:
+    return [FileTree(ledger)]
+
+
+@tool("fx_charge", determinism="side-effect", resources=_ledger_resources, idempotency_arg="key")
+def fx_charge(ledger: str, account: str, amount: int, key: str | None) -> dict[str, Any]:
+    KEYS_SEEN.append(str(key))
+    if key is not None and key in IDEMPOTENCY_CACHE:
+        return IDEMPOTENCY_CACHE[key]  # the cached original: nothing is executed
+    EFFECT_CALLS.append(("fx_charge", (account, amount)))
+    with open(ledger, "a", encoding="utf-8") as fh:
+        fh.write(f"{account} {amount}\n")
+    result = {"status": "charged", "account": account, "amount": amount}
+    if key is not None:
+        IDEMPOTENCY_CACHE[key] = result
+    return result
+
+
+@action(reads=["ledger", "account"], writes=["receipt"])
+def fx_charge_salted(state: State) -> State:
+    key = idempotency_key(f"{state['account']}:turn-1")
+    return state.update(receipt=fx_charge(state["ledger"], state["account"], 10, key))
+
+
+@action(reads=["ledger", "account"], writes=["receipt"])
+def fx_charge_unsalted(state: State) -> State:
+    key = f"{state['account']}:turn-1"
+    return state.update(receipt=fx_charge(state["ledger"], state["account"], 10, key))
+
+
+@action(reads=["receipt"], writes=["notice"])
+def fx_notice(state: State) -> State:
+    return state.update(notice=f"{state['receipt']['status']} {state['receipt']['amount']}")
+
+
+ledger_salted = _linear(
+    "ledger_salted", "tests.pipelines:ledger_salted", charge=fx_charge_salted, notice=fx_notice
+)
+ledger_unsalted = _linear(
+    "ledger_unsalted",
+    "tests.pipelines:ledger_unsalted",
+    charge=fx_charge_unsalted,
+    notice=fx_notice,
+)
+
+
+# A side-effecting tool that declares no resources: nothing can be fingerprinted.
+
+
+@tool("fx_notify", determinism="side-effect")
+def fx_notify(message: str) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_notify", message))
+    return {"sent": True}
+
+
+@action(reads=["message"], writes=["sent"])
+def fx_ping(state: State) -> State:
+    return state.update(sent=fx_notify(state["message"]))
+
+
+notify_pipeline = _linear("notify", "tests.pipelines:notify_pipeline", ping=fx_ping)
+
+
+# A time-bound lookup: its entries expire after ``LOOKUP_TTL_S`` seconds, whatever its input.
+
+LOOKUP_TTL_S = 60.0
+
+
+@tool("fx_lookup", determinism="time-bound", ttl_s=LOOKUP_TTL_S)
+def fx_lookup(query: Any) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_lookup", query))
+    return {"query": query, "answer": len(json.dumps(query, sort_keys=True))}
+
+
+@action(reads=["query"], writes=["found"])
+def fx_look(state: State) -> State:
+    query = state["query"]
+    suffix = rewind.param("suffix", "")
+    if suffix:
+        query = f"{query}{suffix}"
+    return state.update(found=fx_lookup(query))
+
+
+@action(reads=["found"], writes=["size"])
+def fx_use(state: State) -> State:
+    return state.update(size=state["found"]["answer"])
+
+
+ttl_pipeline = _linear("ttl", "tests.pipelines:ttl_pipeline", look=fx_look, use=fx_use)
+
+
+@action(reads=["x"], writes=["y"])
+def nap(state: State) -> State:
+    import time as _time
+
+    _time.sleep(5)
+    return state.update(y=t_add(state["x"], 1))
+
+
+sleepy = Pipeline(
+    name="sleepy",
+    graph=GraphBuilder().with_actions(nap=nap).build(),
+    entrypoint="nap",
+    ref="tests.pipelines:sleepy",
+)
+
+
+# -- what-if grid and hash-stability pipelines -------------------------------------------------
+# ``frame (tool) → draft (llm) → gist (tool) → review (llm) → publish_note (side-effect)``.
+# ``gist`` keeps only the draft's "tone" (the temperature the fake model echoes, bucketed), so
+# variants with different drafts can share one ``review`` input: the grid must run it once.
+
+import re  # noqa: E402
+
+from rewind.artifacts import publish as _publish_artifact  # noqa: E402
+
+
+@tool("t_frame")
+def t_frame(question: str, style: str) -> str:
+    return f"[{style}] {question}"
+
+
+@tool("t_gist")
+def t_gist(draft: str) -> dict[str, Any]:
+    match = re.search(r"at t=([0-9.]+)", draft)
+    temperature = float(match.group(1)) if match else 0.0
+    return {"tone": "warm" if temperature >= 0.5 else "cool"}
+
+
+def _say(content: str) -> str:
+    response = chat(
+        [{"role": "user", "content": content}],
+        temperature=rewind.param("temperature", 0.0),
+        max_tokens=rewind.param("max_tokens", 32),
+    )
+    return response.content
+
+
+@action(reads=["question"], writes=["prompt"])
+def frame(state: State) -> State:
+    return state.update(prompt=t_frame(state["question"], rewind.param("style", "plain")))
+
+
+@action(reads=["prompt"], writes=["draft"])
+def draft(state: State) -> State:
+    return state.update(draft=_say(state["prompt"]))
+
+
+@action(reads=["draft"], writes=["gist"])
+def gist(state: State) -> State:
+    return state.update(gist=t_gist(state["draft"]))
+
+
+@action(reads=["gist"], writes=["review"])
+def review(state: State) -> State:
+    return state.update(review=_say(f"Review a {state['gist']['tone']} draft."))
+
+
+@action(reads=["draft", "review"], writes=["note"])
+def publish_note(state: State) -> State:
+    note = _publish_artifact("note.md", f"{state['draft']}\n\n{state['review']}\n")
+    return state.update(note=note)
+
+
+grid_pipeline = _linear(
+    "grid",
+    "tests.pipelines:grid_pipeline",
+    frame=frame,
+    draft=draft,
+    gist=gist,
+    review=review,
+    publish_note=publish_note,
+)

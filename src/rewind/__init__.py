@@ -8,7 +8,9 @@ Public API::
     from rewind import Rewind, Pipeline, ParamOverride, OutputOverride, param, tool, chat
 """
 
+from rewind.calls import chat
 from rewind.context import param
+from rewind.effects import idempotency_key
 from rewind.errors import RewindError
 from rewind.replay import OutputOverride, ParamOverride, Pipeline, Rewind, parse_override
 from rewind.tools import tool
@@ -21,6 +23,8 @@ __all__ = [
     "Pipeline",
     "Rewind",
     "RewindError",
+    "chat",
+    "idempotency_key",
     "param",
     "parse_override",
     "tool",

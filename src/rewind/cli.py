@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from rewind.diff import TrajectoryDiff
 from rewind.errors import InvalidOverride, RewindError
@@ -55,10 +57,24 @@ def _root(store: StoreOpt = DEFAULT_STORE) -> None:
 def main() -> None:
     """Entry point of the ``rewind`` console script."""
     logging.getLogger("burr").setLevel(logging.CRITICAL)
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C: the run is marked interrupted and the
+    # embedded model server is stopped.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         app()
     except RewindError as exc:
         _fail(exc)
+    except SQLAlchemyError as exc:
+        orig = getattr(exc, "orig", None) or exc
+        first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+        _fail(RewindError(f"the store failed: {first}", "check that --store is writable"))
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/] — the run in progress is marked interrupted")
+        raise SystemExit(130) from None
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(exc: RewindError) -> None:
@@ -72,6 +88,11 @@ def _session(store: str | None = None, *, model: bool = True) -> Iterator[Rewind
     from rewind.session import LazyChatClient
 
     client = LazyChatClient() if model else None
+    if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
+        err_console.print(
+            "[yellow]warning:[/] REWIND_MODEL is set but REWIND_BASE_URL is not, so the embedded "
+            "model is used; set REWIND_BASE_URL too, or unset REWIND_MODEL"
+        )
     rw = Rewind(store or _state["store"], chat_client=client, on_event=_Progress().on_event)
     try:
         yield rw
@@ -235,12 +256,13 @@ def _print_diff(d: TrajectoryDiff) -> None:
         shown = ", ".join(paths[:4]) + (f" (+{len(paths) - 4})" if len(paths) > 4 else "")
         colour = {"equal": "green", "changed": "dark_orange"}.get(nd.status, "red")
         marker = " ◀ first divergence" if d.first_divergence is nd else ""
+        inherited = nd.b is not None and nd.b.outcome == "inherited"
         t.add_row(
             str(nd.index + 1),
             nd.name,
             f"[{colour}]{nd.status}[/]{marker}",
             "=" if nd.hash_equal else "≠",
-            f"{nd.token_delta:+d}",
+            "inherited" if inherited else f"{nd.token_delta:+d}",
             shown,
         )
     console.print(t)
@@ -248,14 +270,34 @@ def _print_diff(d: TrajectoryDiff) -> None:
     if first is None:
         console.print("[green]no divergence: every node output is equal[/]")
         return
-    console.print(f"first divergence: node {first.index + 1} [bold]{first.name}[/]")
-    for c in first.changes[:8]:
+    console.print(
+        f"first divergence: node {first.index + 1} [bold]{first.name}[/] "
+        f"({len(first.changes)} changed field{'s' if len(first.changes) != 1 else ''})"
+    )
+    shown_changes = _headline_first(first.changes)[:DIFF_LINES]
+    for c in shown_changes:
         if c.text_diff:
             console.print(f"  {c.path}:\n{c.text_diff}", markup=False)
         else:
             old, new = _short(c.old), _short(c.new)
             console.print(f"  {c.path or '(value)'}: {old} → {new} ({c.kind})", markup=False)
-    console.print(f"tokens: {d.tokens_a} → {d.tokens_b} ({d.token_delta:+d})")
+    if len(first.changes) > len(shown_changes):
+        more = len(first.changes) - len(shown_changes)
+        console.print(f"  … and {more} more (rewind diff A B --json lists every change)")
+    executed_b = sum(n.b.tokens for n in (x for x in d.nodes) if n.b and n.b.outcome != "inherited")
+    console.print(
+        f"tokens spent: {d.run_a[:12]} {d.tokens_a} · {d.run_b[:12]} {d.tokens_b} "
+        f"(its executed nodes: {executed_b}; inherited nodes cost nothing)"
+    )
+
+
+DIFF_LINES = 10
+
+
+def _headline_first(changes: Any) -> list[Any]:
+    """Changes ordered so the shallowest paths (``analysis.top.group``) come before deep table
+    cells (``analysis.table[7].mean``): the headline of a change first."""
+    return sorted(changes, key=lambda c: (c.path.count("[") + c.path.count("."), c.path))
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -289,6 +331,8 @@ def demo(
             "replay": "3/4 unchanged replay from node 3…",
             "diff": "4/4 diffing…",
         }
+        _demo_state(csv, question)  # validate before anything is recorded
+        rw.chat_client.open()
         result = run_demo(
             rw, csv_path=csv, question=question, on_stage=lambda s: console.print(stages[s])
         )
@@ -340,6 +384,10 @@ def run(
     """Record one run (the demo research pipeline unless --pipeline is given)."""
     from rewind.examples import research
 
+    if pipeline and (csv or question):
+        raise InvalidOverride("--csv and --question belong to the demo pipeline", "drop them")
+    if state is not None and not pipeline:
+        raise InvalidOverride("--state needs --pipeline", "pass --pipeline module:attribute")
     with _session() as rw:
         if pipeline:
             p = load_pipeline(pipeline)
@@ -347,18 +395,32 @@ def run(
                 initial = json.loads(state or "{}")
             except json.JSONDecodeError as exc:
                 raise InvalidOverride(
-                    f"--state is not valid JSON: {exc.msg}", "pass an object"
+                    f"--state is not valid JSON: {exc.msg}", "pass a JSON object"
                 ) from exc
+            if not isinstance(initial, dict):
+                raise InvalidOverride(
+                    "--state must be a JSON object (field → value)", "e.g. --state '{\"x\": 5}'"
+                )
         else:
             p = research.build()
-            try:
-                initial = research.initial_state(csv, question)
-            except ValueError as exc:
-                raise RewindError(str(exc), "pass a readable CSV with --csv") from exc
-        result = rw.record(p, initial)
+            initial = _demo_state(csv, question)
+            rw.chat_client.open()  # fail before recording anything if the model is unreachable
+        model = rw.chat_client.endpoint.model if rw.chat_client is not None else None
+        result = rw.record(p, initial, config={"model": model})
         _show_run(rw, result, as_json)
         if result.status != "completed":
             raise SystemExit(1)
+
+
+def _demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
+    from rewind.examples import research, weather
+
+    if question is not None and not question.strip():
+        raise InvalidOverride("--question is empty", "ask a question, or omit --question")
+    try:
+        return research.initial_state(csv, question)
+    except weather.DataError as exc:
+        raise RewindError(str(exc).rstrip("."), "") from exc
 
 
 @app.command()
@@ -388,7 +450,7 @@ def runs(
                 str(r.tokens),
                 (r.parent_run_id or "")[:12],
                 fork,
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created_at)),
+                time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
             )
         console.print(t)
 
@@ -420,7 +482,20 @@ def show(
         if as_json:
             _emit_json(detail)
         else:
-            console.print_json(json.dumps(detail, default=str))
+            console.print_json(json.dumps(_abridge(detail), default=str))
+            console.print("[dim](long values abridged; --json prints everything)[/]")
+
+
+def _abridge(value: Any, depth: int = 0) -> Any:
+    """A readable excerpt of a large JSON value: long strings cut, long lists shortened."""
+    if isinstance(value, str) and len(value) > 300:
+        return value[:300] + f"… ({len(value)} chars)"
+    if isinstance(value, list):
+        head = [_abridge(v, depth + 1) for v in value[:12]]
+        return head + ([f"… {len(value) - 12} more items"] if len(value) > 12 else [])
+    if isinstance(value, dict):
+        return {k: _abridge(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 def _show_run(rw: Rewind, r: RunRecord, as_json: bool) -> None:
@@ -460,15 +535,35 @@ def fork(
         )
     override: Override | None = parse_override(specs[0][0], output=specs[0][1]) if specs else None
     with _session() as rw:
+        _warn_model_change(rw, run_id)
         child = rw.fork(run_id, at=at, override=override, effects=effects)
         if as_json:
             _show_run(rw, child, True)
             return
         _show_run(rw, child, False)
         if child.parent_run_id:
-            _print_diff(rw.diff(child.parent_run_id, child.run_id))
+            d = rw.diff(child.parent_run_id, child.run_id)
+            _print_diff(d)
+            if override is None and d.first_divergence is not None:
+                node = d.first_divergence
+                err_console.print(
+                    f"[yellow]warning:[/] this unchanged replay diverged at node "
+                    f"{node.index + 1} ({node.name}): something it does is not routed through "
+                    "rewind.tool / rewind.calls.chat (time, randomness, a live service), or the "
+                    "model differs from the recorded one"
+                )
         if child.status != "completed":
             raise SystemExit(1)
+
+
+def _warn_model_change(rw: Rewind, run_id: str) -> None:
+    recorded = rw.store.get_run(run_id).config.get("model")
+    current = rw.chat_client.endpoint.model if rw.chat_client is not None else None
+    if recorded and current and recorded != current:
+        err_console.print(
+            f"[yellow]warning:[/] the run was recorded with model {recorded!r} but the current "
+            f"endpoint serves {current!r}: its LLM calls will miss the cache"
+        )
 
 
 @app.command()

@@ -37,10 +37,20 @@ class DemoResult:
 
 
 def demo_override(rw: Rewind, parent: RunRecord) -> ParamOverride:
-    """The one change: regroup ``analyse`` by season (or by month if it already was by season)."""
+    """The one change: regroup ``analyse`` another way — by season when the data allows it (else
+    the first other valid grouping), or, with a single possible grouping, change the aggregate."""
+    from rewind.examples import weather
+
     node = next(n for n in rw.store.nodes_of(parent.run_id) if n.name == FORK_NODE)
     used = node.params.get("group_by")
-    return ParamOverride(FORK_NODE, "group_by", "month" if used == "season" else "season")
+    dataset = rw.node_state(node)["dataset"]
+    options = [g for g in weather.valid_group_bys(dataset) if g != used]
+    if options:
+        choice = "season" if "season" in options else options[0]
+        return ParamOverride(FORK_NODE, "group_by", choice)
+    aggregate = node.params.get("aggregate")
+    other = next(a for a in weather.AGGREGATES if a != aggregate)
+    return ParamOverride(FORK_NODE, "aggregate", other)
 
 
 def run_demo(

@@ -360,10 +360,11 @@ def side_effect_call(
                 cacheable=False,
             )
     else:
-        snapshots = {r.name: r.snapshot() for r in resources}
         pre = {r.name: r.fingerprint() for r in resources}
         if mode == "live" and entry is not None:
             pre = _verify_pre_state(ctx, entry, resources, pre, where, name)
+        # Pinned after any restore: the snapshot is the pre-state this call really ran against.
+        snapshots = {r.name: r.snapshot() for r in resources}
         reason = "bypass" if mode == "record" else "side-effect-live"
         data, record = execute_call(
             ctx,

@@ -243,6 +243,7 @@ class LocalModelServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         atexit.register(self.stop)
         url = f"http://127.0.0.1:{port}/v1/models"
@@ -344,6 +345,16 @@ def model_endpoint() -> Iterator[Endpoint]:
         yield server.start()
     finally:
         server.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM the server when Rewind's process dies, so
+    a killed ``rewind`` never leaves an orphaned model server behind (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _free_port() -> int:

@@ -19,6 +19,7 @@ its Burr inputs and its params.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import traceback
 from typing import Any
@@ -131,6 +132,12 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         exception: Exception | None,
         **future_kwargs: Any,
     ) -> None:
+        if exception is None:
+            # Burr catches Exception only: a KeyboardInterrupt/SystemExit unwinding through its
+            # step reaches this hook with exception=None. Record the node as failed, not as done.
+            in_flight = sys.exc_info()[1]
+            if in_flight is not None and not isinstance(in_flight, Exception):
+                exception = in_flight  # type: ignore[assignment]
         try:
             self._record(app_id, partition_key, sequence_id, state, action, exception)
             if (time.perf_counter() - self._last_flush) * 1000 >= self.flush_interval_ms:

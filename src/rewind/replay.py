@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -60,6 +62,9 @@ class Pipeline:
         ref: ``"package.module:attribute"`` that re-imports this pipeline (an instance or a
             zero-argument factory); lets ``rewind fork`` rebuild the graph of a stored run.
         halt_after: nodes after which a run stops; defaults to the graph's terminal nodes.
+        param_check: optional ``(node, param, value, node_input) -> error message | None``;
+            a fork calls it before anything is written, so a param value the node cannot use is
+            refused up front (``node_input`` is the node's recorded input document, decoded).
     """
 
     name: str
@@ -67,6 +72,7 @@ class Pipeline:
     entrypoint: str
     ref: str = ""
     halt_after: tuple[str, ...] = ()
+    param_check: Callable[[str, str, Any, dict[str, Any]], str | None] | None = None
 
     def node_names(self) -> list[str]:
         """Names of the graph's nodes."""
@@ -88,7 +94,14 @@ def load_pipeline(ref: str) -> Pipeline:
     Raises:
         RewindError: the module or attribute cannot be imported or is not a Pipeline.
     """
-    module_name, _, attr = ref.partition(":")
+    module_name, colon, attr = ref.partition(":")
+    if not colon or not module_name or not attr:
+        raise RewindError(
+            f"pipeline reference {ref!r} is not module:attribute",
+            "e.g. --pipeline myapp.pipelines:pipeline",
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # like `python -m`: the current folder's modules import
     try:
         obj: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
@@ -151,7 +164,8 @@ def parse_override(spec: str, *, output: bool = False) -> Override:
         )
     if output:
         try:
-            value = json.loads(raw)
+            value = json.loads(raw, parse_constant=_no_constant)
+            _finite(value, left)
         except json.JSONDecodeError as exc:
             raise InvalidOverride(
                 f"the value of {left} is not valid JSON: {exc.msg} at column {exc.colno}",
@@ -159,10 +173,26 @@ def parse_override(spec: str, *, output: bool = False) -> Override:
             ) from exc
         return OutputOverride(node, name, value)
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError:
         value = raw
+    _finite(value, left)
     return ParamOverride(node, name, value)
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
+def _finite(value: Any, where: str) -> None:
+    """Refuse values the canonical hasher cannot hash (NaN, ±Infinity, 1e999)."""
+    try:
+        canonical_bytes(value)
+    except ValueError as exc:
+        raise InvalidOverride(
+            f"the value of {where} cannot be hashed: NaN and infinite numbers are not allowed",
+            "use a finite number or a string",
+        ) from exc
 
 
 # -- the session -------------------------------------------------------------------------------
@@ -193,6 +223,7 @@ class Rewind:
         self.on_event = on_event
         self.persister = RewindPersister(self.store)
         self._pipelines: dict[str, Pipeline] = {}
+        self.store.reap_orphans()
 
     def register(self, pipeline: Pipeline) -> None:
         """Make a pipeline available to forks of its runs without importing ``pipeline.ref``."""
@@ -312,10 +343,25 @@ class Rewind:
                 "wait for it to finish (rewind show RUN), then fork it",
             )
         nodes = self.store.nodes_of(parent.run_id)
+        if override is not None and not isinstance(override, ParamOverride | OutputOverride):
+            raise InvalidOverride(
+                f"override must be a ParamOverride or an OutputOverride, not {type(override)}",
+                "e.g. ParamOverride('analyse', 'group_by', 'season')",
+            )
         idx = resolve_node(parent, nodes, at)
         fork_node = nodes[idx]
         validate_override(nodes, idx, override)
         pipeline = self.pipeline_of(parent)
+        if isinstance(override, ParamOverride) and pipeline.param_check is not None:
+            target = next(n for n in nodes[idx:] if n.name == override.node)
+            problem = pipeline.param_check(
+                override.node, override.param, override.value, self.node_input(target)
+            )
+            if problem:
+                raise InvalidOverride(
+                    f"{override.node}.{override.param}={json.dumps(override.value)}: {problem}",
+                    "",
+                )
         child_id = new_run_id or new_run_id_default()
         builder = ApplicationBuilder().with_graph(pipeline.graph).with_identifiers(app_id=child_id)
         burr_src: tuple[str | None, int | None] = (None, None)
@@ -544,6 +590,13 @@ class Rewind:
                 error = exc.message
             if isinstance(exc, EndpointUnavailable | SideEffectBlocked | EffectPreconditionFailed):
                 unavailable = exc
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run cannot finish
+            recorder.flush()
+            self.store.finish_run(
+                ctx.run_id, "interrupted", error=f"interrupted ({type(exc).__name__})"
+            )
+            ctx.emit("run_finished", run_id=ctx.run_id, status="interrupted", error=None)
+            raise
         recorder.flush()
         if error is None and recorder.errors:
             error = recorder.errors[0]
@@ -664,6 +717,7 @@ def _inherited_row(child_id: str, node: NodeRecord) -> dict[str, Any]:
         "completion_tokens": 0,
         "cache_outcome": "inherited",
         "cache_reason": "fork",
+        "determinism": node.determinism,
         "error": node.error,
         "started_at": time.time(),
     }

@@ -115,9 +115,18 @@ def run_checks(rw: Rewind, demo: DemoResult, store_location: str) -> list[Check]
         executed = [n for n in rn if not n.inherited]
         calls = [c for n in executed for c in n.calls]
         hits = [c for c in calls if c.outcome == "hit"]
+        served = [c for c in calls if c.outcome == "served"]
         node_hits = [n for n in executed if n.cache_outcome == "hit"]
-        ok = bool(executed) and len(node_hits) == len(executed) and len(hits) == len(calls)
-        return ok, f"{len(node_hits)}/{len(executed)} nodes hit, {len(hits)}/{len(calls)} calls"
+        ok = (
+            bool(executed)
+            and len(node_hits) == len(executed)
+            and len(hits) + len(served) == len(calls)
+            and all(c.determinism == "side-effect" for c in served)
+        )
+        return ok, (
+            f"{len(node_hits)}/{len(executed)} nodes hit; {len(hits)} calls hit, "
+            f"{len(served)} side effect served from record"
+        )
 
     def c9() -> tuple[bool, str]:
         run = rw.store.get_run(replay.run_id)

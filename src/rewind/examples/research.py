@@ -138,11 +138,12 @@ def critique(state: State) -> State:
 def revise(state: State) -> State:
     """LLM: state the key finding, taking the critique into account."""
     a = state["analysis"]
+    runner = a.get("runner_up")
+    second = f"Runner-up: {runner['group']} ({runner['value']})\n" if runner else ""
     text, _ = _ask(
         "You write precise findings from data.",
         f"Question: {state['question']}\nTop group: {a['top']['group']} ({a['top']['value']})\n"
-        f"Runner-up: {a['runner_up']['group']} ({a['runner_up']['value']})\n"
-        f"Caveat: {state['critique']}\nWrite the key finding in one or two sentences.",
+        f"{second}Caveat: {state['critique']}\nWrite the key finding in one or two sentences.",
         max_tokens=80,
     )
     return state.update(findings=text)
@@ -182,6 +183,33 @@ def publish(state: State) -> State:
     return state.update(report=publish_artifact(ARTIFACT_NAME, text))
 
 
+def check_param(node: str, name: str, value: Any, node_input: dict[str, Any]) -> str | None:
+    """Refuse a fork's param value the node cannot use, before anything is recorded.
+
+    ``analyse.group_by``/``aggregate`` are tried on the node's own recorded selection;
+    ``temperature`` must be a number in [0, 2]; ``max_tokens`` an integer in [1, 4096].
+    """
+    if name == "temperature":
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 2
+        return None if ok else "temperature must be a number from 0 to 2"
+    if name == "max_tokens":
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 4096
+        return None if ok else "max_tokens must be an integer from 1 to 4096"
+    if node == "analyse" and name in ("group_by", "aggregate"):
+        reads = node_input.get("reads", {})
+        params = dict(node_input.get("params", {}))
+        params[name] = value
+        if not isinstance(value, str):
+            return f"{name} must be a string"
+        try:
+            weather.analyse(
+                reads["selection"], group_by=params["group_by"], aggregate=params["aggregate"]
+            )
+        except (weather.DataError, KeyError) as exc:
+            return str(exc).rstrip(".")
+    return None
+
+
 def build() -> Pipeline:
     """The demo pipeline (a fresh graph each call)."""
     graph = (
@@ -205,6 +233,7 @@ def build() -> Pipeline:
         entrypoint="plan",
         ref="rewind.examples.research:build",
         halt_after=("publish",),
+        param_check=check_param,
     )
 
 
@@ -217,8 +246,10 @@ def initial_state(
         weather.DataError: the CSV is missing, empty or unreadable.
     """
     path = Path(csv_path) if csv_path else weather.default_csv()
+    dataset = weather.profile(path)
+    weather.plan_schema(dataset)  # raises DataError now if there is nothing to plan on
     return {
         "question": question or weather.DEFAULT_QUESTION,
         "csv_path": str(path.resolve()),
-        "dataset": weather.profile(path),
+        "dataset": dataset,
     }

@@ -1401,6 +1401,29 @@ def _jsonable(value: Any) -> Any:
 # report
 
 
+def answer_line(analysis: Mapping[str, Any]) -> str:
+    """The answer computed from the data (never by the model): top group, value, and its lead
+    over the runner-up, e.g. "**From the data:** November has the highest mean `precipitation`:
+    5.35 mm, 0.33 mm more than December."."""
+    top = analysis.get("top") or {}
+    if not top:
+        return "**From the data:** no group to report."
+    unit = analysis.get("unit") or ""
+    decimals = int(analysis.get("decimals", 2))
+
+    def fmt(v: Any) -> str:
+        return f"{float(v):.{decimals}f}" + (f" {unit}" if unit else "")
+
+    line = (
+        f"**From the data:** {top.get('group')} has the highest {analysis.get('aggregate', '')} "
+        f"`{analysis.get('metric', '')}`: {fmt(top.get('value'))}"
+    )
+    runner, lead = analysis.get("runner_up"), analysis.get("top_minus_runner_up")
+    if runner and lead is not None:
+        line += f", {fmt(lead)} more than {runner.get('group')}"
+    return line + "."
+
+
 def render_report(
     question: str,
     plan: dict[str, Any],
@@ -1441,7 +1464,7 @@ def render_report(
         + (f" ({unit})" if unit else "")
         + f" by {analysis.get('group_by', '')}, over {analysis.get('rows', 0)} rows."
     )
-    lines = [f"# {title}", "", body, "", "## Data", "", method]
+    lines = [f"# {title}", "", body, "", answer_line(analysis), "", "## Data", "", method]
     corrections = plan.get("corrections")
     for c in corrections if isinstance(corrections, list) else []:
         lines += [

@@ -56,6 +56,7 @@ runs = Table(
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("latency_ms", Float, nullable=False, default=0.0),
     Column("error", Text, nullable=True),
+    Column("owner", String(200), nullable=True),  # host:pid of the process executing it
 )
 
 nodes = Table(

@@ -8,7 +8,9 @@ artifacts are files under the store's folder, referenced by hash and relative pa
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import threading
 import time
 import zlib
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
@@ -29,6 +31,10 @@ from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
 
 DB_FILENAME = "rewind.db"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+"""Written on every run this process executes, so a crashed process's runs can be recognised."""
+MIN_PREFIX = 4
+"""Shortest run id prefix accepted in place of a full id."""
 COMPRESS_MIN_BYTES = 1024
 """Blobs at least this large are stored zlib-compressed when that saves 10% or more; the hash
 is always taken over the uncompressed bytes."""
@@ -93,7 +99,14 @@ class Store:
         self.engine = engine
         self._known_blobs: set[str] = set()
         self._known_lock = threading.Lock()
-        self._init_schema()
+        try:
+            self._init_schema()
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise StoreError(
+                f"cannot open the store at {root}: {_first_line(exc)}",
+                "pass a writable --store folder (or a reachable database URL)",
+            ) from exc
         # Statements are built once: constructing one costs more than executing it (measured
         # ~150 µs vs ~40 µs per blob insert on the record hot path).
         dialect = engine.dialect.name
@@ -241,6 +254,7 @@ class Store:
         """Insert a run row (``status`` running). Raises StoreError if the id exists."""
         values.setdefault("created_at", time.time())
         values.setdefault("status", "running")
+        values.setdefault("owner", OWNER)
         for key in ("override", "config"):
             if key in values:
                 v = values.pop(key)
@@ -282,6 +296,36 @@ class Store:
                 )
             )
 
+    def reap_orphans(self) -> list[str]:
+        """Mark ``running`` runs whose executing process (on this host) is gone as ``interrupted``.
+
+        A run whose process was killed can never finish; without this it would stay ``running``
+        forever and could never be forked. Returns the ids marked.
+        """
+        host = OWNER.rsplit(":", 1)[0]
+        t = schema.runs
+        with self.read() as conn:
+            rows = conn.execute(select(t.c.run_id, t.c.owner).where(t.c.status == "running")).all()
+        dead = [
+            r.run_id
+            for r in rows
+            if r.owner
+            and r.owner.rsplit(":", 1)[0] == host
+            and not _alive(int(r.owner.rsplit(":", 1)[1]))
+        ]
+        if dead:
+            with self.write() as conn:
+                conn.execute(
+                    update(t)
+                    .where(and_(t.c.run_id.in_(dead), t.c.status == "running"))
+                    .values(
+                        status="interrupted",
+                        finished_at=time.time(),
+                        error="interrupted: its process ended before the run finished",
+                    )
+                )
+        return dead
+
     def mark_interrupted(self) -> list[str]:
         """Mark every run still ``running`` as ``interrupted`` (after a crash or restart)."""
         with self.write() as conn:
@@ -309,9 +353,15 @@ class Store:
 
         with self.read() as conn:
             row = conn.execute(select(schema.runs).where(schema.runs.c.run_id == run_id)).first()
-            if row is None and run_id and len(run_id) >= 4:
+            if row is None and run_id and len(run_id) < MIN_PREFIX:
+                raise UnknownRun(
+                    f"unknown run {run_id!r}",
+                    f"give the full id or at least {MIN_PREFIX} characters of it (rewind runs)",
+                )
+            if row is None and run_id:
+                t = schema.runs
                 rows = conn.execute(
-                    select(schema.runs).where(schema.runs.c.run_id.startswith(run_id)).limit(2)
+                    select(t).where(t.c.run_id.startswith(run_id, autoescape=True)).limit(2)
                 ).all()
                 if len(rows) == 1:
                     row = rows[0]
@@ -604,6 +654,22 @@ def _upsert_stmt(dialect: str, table: Any, keys: list[str]) -> Any:
     return stmt.on_conflict_do_update(index_elements=keys, set_=rest)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
+
+
 def open_store(location: str | Path) -> Store:
     """Open (creating if needed) a store.
 
@@ -615,15 +681,31 @@ def open_store(location: str | Path) -> Store:
         StoreError: the location cannot be created or holds another schema version.
     """
     loc = str(location)
+    if not loc.strip():
+        raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
     if "://" in loc:
         root = Path(".rewind").resolve()
         root.mkdir(parents=True, exist_ok=True)
-        return Store(root, url_engine(loc))
+        try:
+            engine = url_engine(loc)
+        except ModuleNotFoundError as exc:
+            raise StoreError(
+                f"the database driver for {loc.split('://')[0]} is not installed ({exc.name})",
+                "pip install 'rewind-replay[postgres]' for PostgreSQL",
+            ) from exc
+        except Exception as exc:  # SQLAlchemy's ArgumentError, NoSuchModuleError...
+            raise StoreError(
+                f"cannot use the store URL {loc!r}: {_first_line(exc)}",
+                "pass a folder, a .db file, or a URL like postgresql+psycopg://user@host/db",
+            ) from exc
+        return Store(root, engine)
     path = Path(loc).expanduser()
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         root, db = path.parent, path
     else:
         root, db = path, path / DB_FILENAME
+    if root.exists() and not root.is_dir():
+        raise StoreError(f"the store location {root} is a file", "pass a folder or a .db path")
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
