@@ -582,12 +582,36 @@ def diff(
 
 
 @app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Bind address; non-loopback needs --token.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one.")] = 0,
+    token: Annotated[
+        str | None, typer.Option(envvar="REWIND_TOKEN", help="Bearer token for every request.")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Runs that may execute at once.")] = 2,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json) and the browser UI at /."""
+    from rewind.api.command import serve as serve_api
+
+    serve_api(_state["store"], host, port, token, workers=workers)
+
+
+@app.command()
 def verify(
     keep: Annotated[
         bool, typer.Option(help="Keep the temporary store and print its path.")
     ] = False,
+    server: Annotated[
+        bool, typer.Option("--server", help="Run the checks through the HTTP API.")
+    ] = False,
 ) -> None:
     """Run the demo in a fresh store and prove its claims with 14 checks (exit 0 if all pass)."""
+    if server:
+        from rewind.api.command import verify_server
+
+        raise SystemExit(verify_server(keep=keep))
     from rewind.demo import run_demo
     from rewind.verify import run_checks
 

@@ -1,0 +1,931 @@
+"""The HTTP API (FastAPI; OpenAPI at ``/openapi.json``) and the browser UI it serves at ``/``.
+
+Every database call runs in a synchronous route (Starlette's thread pool) or on a worker thread of
+:class:`~rewind.api.runner.RunManager`; the event loop only streams events. Starting a run or a
+fork validates the request in the handler (so bad input never creates a run), chooses the run id,
+queues the job and answers ``202`` with the id at once.
+
+Errors are JSON ``{"error": <type>, "message": <what>, "hint": <how to fix>, "field": <field>}``:
+404 unknown run/node/artifact, 422 invalid override or request (naming the field), 409 a fork of a
+run still running (or that failed before the fork node), 401 a missing/wrong bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.staticfiles import StaticFiles
+
+import rewind
+from rewind.api import views
+from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
+from rewind.api.runner import RunJob, RunManager
+from rewind.canonical import CanonicalError, canonical_bytes
+from rewind.errors import (
+    EndpointUnavailable,
+    ForkError,
+    InvalidOverride,
+    RewindError,
+    RunBusy,
+    StoreError,
+    UnknownNode,
+    UnknownRun,
+)
+from rewind.replay import (
+    OutputOverride,
+    ParamOverride,
+    Rewind,
+    new_run_id,
+    resolve_node,
+    validate_override,
+)
+from rewind.store import NodeRecord, RunRecord, Store, open_store
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LAZY = "lazy"
+"""``create_app(chat_client=LAZY)``: open the configured endpoint on the first cache miss."""
+
+_STATUS = {
+    UnknownRun: 404,
+    UnknownNode: 404,
+    InvalidOverride: 422,
+    RunBusy: 409,
+    ForkError: 409,
+    EndpointUnavailable: 503,
+    StoreError: 500,
+}
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+
+
+# -- request bodies ----------------------------------------------------------------------------
+
+
+class ParamOverrideBody(BaseModel):
+    """Change one param of a node (``analyse.group_by``); the node re-executes with it."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["param"]
+    node: str = Field(min_length=1, max_length=200)
+    param: str = Field(min_length=1, max_length=200)
+    value: Any = Field(description="the new value (any JSON)")
+
+
+class OutputOverrideBody(BaseModel):
+    """Replace one field the fork node wrote; the node is not executed."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["output"]
+    node: str = Field(min_length=1, max_length=200)
+    field: str = Field(min_length=1, max_length=200)
+    value: Any = Field(description="the new value of the field (any JSON)")
+
+
+OverrideBody = Annotated[ParamOverrideBody | OutputOverrideBody, Field(discriminator="kind")]
+NodeRef = Annotated[
+    str | int,
+    Field(description='node name ("analyse", "analyse#2") or 1-based number (3)'),
+]
+
+
+EffectsMode = Annotated[
+    Literal["recorded", "dry-run", "live"],
+    Field(
+        description="side-effecting calls: serve the recorded result (default), log and execute "
+        "nothing (dry-run), or re-execute against a verified pre-state (live)"
+    ),
+]
+
+
+class ForkRequest(BaseModel):
+    """Fork a finished run at a node with at most one change (none: an unchanged replay)."""
+
+    model_config = ConfigDict(extra="forbid")
+    at: NodeRef
+    override: OverrideBody | None = None
+    effects: EffectsMode = "recorded"
+
+
+class ReplayRequest(BaseModel):
+    """Unchanged replay of a finished run from a node (default: the first)."""
+
+    model_config = ConfigDict(extra="forbid")
+    at: NodeRef = 1
+    effects: EffectsMode = "recorded"
+
+
+class StartRunRequest(BaseModel):
+    """Record a new run of a registered pipeline (``GET /api/pipelines``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    pipeline: str = Field("research", max_length=200)
+    question: str | None = Field(None, min_length=1, max_length=4000)
+    state: dict[str, Any] | None = None
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _error(status: int, kind: str, message: str, hint: str = "", **extra: Any) -> JSONResponse:
+    body = {"error": kind, "message": message, "hint": hint, **extra}
+    return JSONResponse(body, status_code=status)
+
+
+def _field_error(exc: RewindError, field: str) -> RewindError:
+    exc.field = field  # type: ignore[attr-defined]
+    return exc
+
+
+def _status_of(exc: RewindError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]
+    return 400
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RewindError)
+    async def rewind_error(_request: Request, exc: RewindError) -> JSONResponse:
+        extra = {"field": getattr(exc, "field", None)}
+        return _error(_status_of(exc), type(exc).__name__, exc.message, exc.hint, **extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = _loc_field(first.get("loc", ()))
+        details = [
+            {"field": _loc_field(e.get("loc", ())), "message": e.get("msg", "")} for e in errors
+        ]
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        if first.get("type") == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", "")
+            where = first.get("loc", ("body", "?"))[-1]
+            field = "body"
+            message = f"the request body is not valid JSON ({reason} at character {where})"
+        return _error(
+            422,
+            "InvalidRequest",
+            message,
+            "see /openapi.json for the request's schema",
+            field=field or None,
+            details=details,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "NotFound", 405: "MethodNotAllowed", 401: "Unauthorized"}.get(
+            exc.status_code, "HTTPError"
+        )
+        hint = "see /openapi.json for the API's routes" if exc.status_code in (404, 405) else ""
+        return _error(exc.status_code, kind, str(exc.detail), hint)
+
+
+def _loc_field(loc: Sequence[Any]) -> str:
+    """``("body", "override", "param", "value")`` → ``override.value`` (a discriminated union
+    puts its tag in the location; the request field is what the client needs)."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path"):
+        parts = parts[1:]
+    if len(parts) >= 2 and parts[0] == "override" and parts[1] in ("param", "output"):
+        parts = [parts[0], *parts[2:]]
+    return ".".join(parts)
+
+
+# -- security ----------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback bind address or host name."""
+    h = host.strip().strip("[]").lower()
+    return h in LOOPBACK_HOSTS or h.startswith("127.")
+
+
+def _host_name(header: str) -> str:
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def _protected(path: str) -> bool:
+    """API routes and the schema need the token; the static UI shell (no data) does not."""
+    return path.startswith("/api") or path in ("/openapi.json",)
+
+
+def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[str] | None) -> None:
+    expected = f"Bearer {token}".encode() if token else None
+    hosts = {h.strip("[]").lower() for h in allowed_hosts} if allowed_hosts else None
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        if hosts is not None:
+            name = _host_name(request.headers.get("host", "")).lower()
+            if name not in hosts:
+                # DNS rebinding: a page on another origin resolving its name to 127.0.0.1.
+                return _error(
+                    421, "MisdirectedRequest", f"host {name!r} is not served here", "use the URL"
+                )
+        if expected is not None and _protected(request.url.path):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                response = _error(
+                    401,
+                    "Unauthorized",
+                    "this server needs a bearer token",
+                    "send 'Authorization: Bearer <token>' (the token given to rewind serve)",
+                )
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        if _protected(request.url.path):
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+class ServerContext:
+    """What the routes share: store, run manager, pipelines, model client, settings."""
+
+    def __init__(
+        self,
+        store: Store,
+        manager: RunManager,
+        pipelines: Mapping[str, PipelineEntry],
+        chat_client: Any,
+        *,
+        token_required: bool,
+        interrupted_at_start: list[str],
+    ) -> None:
+        self.store = store
+        self.manager = manager
+        self.pipelines = pipelines
+        self.chat_client = chat_client
+        self.token_required = token_required
+        self.interrupted_at_start = interrupted_at_start
+        self.started_at = time.time()
+
+    def session(self) -> Rewind:
+        """A Rewind on the shared store for reads and validation (never executes here)."""
+        rw = Rewind(self.store, chat_client=self.chat_client)
+        for entry in self.pipelines.values():
+            with suppress(Exception):
+                rw.register(entry.build())
+        return rw
+
+
+def create_app(
+    store: Store | str | Path,
+    *,
+    chat_client: Any = LAZY,
+    token: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    pipelines: Mapping[str, PipelineEntry] | None = None,
+    workers: int = 2,
+    static_dir: Path | None = None,
+) -> FastAPI:
+    """Build the API + UI application.
+
+    At creation it marks runs the store still lists as ``running`` but whose process is gone (a
+    stopped server, a crash) as ``interrupted``.
+
+    Args:
+        store: a :class:`Store` or a location for :func:`open_store`.
+        chat_client: the model client runs use; :data:`LAZY` (default) opens the configured
+            endpoint (``REWIND_BASE_URL`` or the embedded model) on the first cache miss and
+            closes it on shutdown; ``None`` makes LLM nodes fail.
+        token: when set, every API request needs ``Authorization: Bearer <token>``.
+        allowed_hosts: when set, requests whose ``Host`` is not one of these names get 421
+            (DNS-rebinding protection for a loopback server without a token).
+        pipelines: registry of pipelines runs can be started of (default: the demo).
+        workers: runs that may execute at once.
+        static_dir: the built UI (default: the package's ``static`` folder).
+    """
+    owns_store = not isinstance(store, Store)
+    st = store if isinstance(store, Store) else open_store(store)
+    owns_client = chat_client == LAZY if isinstance(chat_client, str) else False
+    if owns_client:
+        from rewind.session import LazyChatClient
+
+        chat_client = LazyChatClient()
+    registry = dict(pipelines) if pipelines is not None else default_pipelines()
+    # Runs a previous server (or any process) left running when it died can never finish. With
+    # owners recorded, only runs of dead processes are marked (a live CLI run is left alone).
+    reap = getattr(st, "reap_orphans", None)
+    interrupted = reap() if callable(reap) else st.mark_interrupted()
+    prebuilt = []
+    for entry in registry.values():
+        with suppress(Exception):
+            prebuilt.append(entry.build())
+    manager = RunManager(st, chat_client, workers=workers, pipelines=prebuilt)
+    ctx = ServerContext(
+        st,
+        manager,
+        registry,
+        chat_client,
+        token_required=token is not None,
+        interrupted_at_start=interrupted,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        manager.start()
+        yield
+        await run_in_threadpool(manager.shutdown)
+        if owns_client and hasattr(chat_client, "close"):
+            await run_in_threadpool(chat_client.close)
+        if owns_store:
+            st.close()
+
+    app = FastAPI(
+        title="Rewind",
+        version=rewind.__version__,
+        summary="Time-travel debugger for LLM agent pipelines: record, fork, replay, diff.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.rewind = ctx
+    _install_error_handlers(app)
+    _install_security(app, token, allowed_hosts)
+    app.include_router(_api_routes(ctx))
+    _install_static(app, static_dir or STATIC_DIR)
+    return app
+
+
+# -- routes ------------------------------------------------------------------------------------
+
+
+def _accepted(job: RunJob) -> JSONResponse:
+    rid = job.run_id
+    body = {
+        "run_id": rid,
+        "status": "queued",
+        "kind": job.kind,
+        "pipeline": job.pipeline,
+        "parent_run_id": job.parent_run_id,
+        "fork_node": job.fork_node,
+        "fork_number": None if job.fork_position is None else job.fork_position + 1,
+        "override": job.override,
+        "effects": job.effects,
+        "links": {
+            "run": f"/api/runs/{rid}",
+            "graph": f"/api/runs/{rid}/graph",
+            "events": f"/api/runs/{rid}/events",
+        },
+    }
+    return JSONResponse(body, status_code=202, headers={"Location": f"/api/runs/{rid}"})
+
+
+def _node_of(ctx: ServerContext, run_id: str, node: str) -> tuple[RunRecord, NodeRecord]:
+    run = ctx.manager.resolve(run_id)
+    nodes = ctx.store.nodes_of(run.run_id)
+    return run, nodes[resolve_node(run, nodes, node)]
+
+
+def _node_state(rw: Rewind, n: NodeRecord) -> dict[str, Any] | None:
+    if n.error is not None or n.state_hash is None:
+        return None
+    try:
+        return rw.node_state(n)
+    except ForkError:
+        return None
+
+
+def _check_value(value: Any, field: str) -> None:
+    try:
+        canonical_bytes(value)
+    except (CanonicalError, ValueError) as exc:
+        raise _field_error(
+            InvalidOverride(f"the new value cannot be hashed: {exc}", "send plain JSON"), field
+        ) from exc
+
+
+def validate_fork(
+    ctx: ServerContext, run_id: str, req: ForkRequest
+) -> tuple[RunRecord, int, NodeRecord, ParamOverride | OutputOverride | None]:
+    """Everything :meth:`Rewind.fork` checks before it writes, done in the request handler.
+
+    Raises:
+        UnknownRun, UnknownNode (404), RunBusy, ForkError (409), InvalidOverride (422, with the
+        offending request field in ``.field``).
+    """
+    parent = ctx.manager.resolve(run_id)
+    if parent.status in views.ACTIVE_STATUSES:
+        raise RunBusy(
+            f"run {parent.run_id} is still {parent.status}",
+            "wait for its run_finished event (GET /api/runs/{id}/events), then fork it",
+        )
+    nodes = ctx.store.nodes_of(parent.run_id)
+    try:
+        idx = resolve_node(parent, nodes, req.at)
+    except UnknownNode as exc:
+        raise _field_error(exc, "at") from exc
+    fork_node = nodes[idx]
+    o = req.override
+    override: ParamOverride | OutputOverride | None = None
+    rw = ctx.session()
+    if isinstance(o, OutputOverrideBody):
+        override = OutputOverride(o.node, o.field, o.value)
+        if o.node != fork_node.name:
+            raise _field_error(
+                InvalidOverride(
+                    f"override.node {o.node!r} is not the fork node {fork_node.name!r}",
+                    f"an output override replaces what the fork node wrote: fork at {o.node}",
+                ),
+                "override.node",
+            )
+        written = sorted(rw.node_output(fork_node))
+        if o.field not in written:
+            raise _field_error(
+                InvalidOverride(
+                    f"node {fork_node.name!r} has no output field {o.field!r}",
+                    f"its fields: {', '.join(written) or 'none'}",
+                ),
+                "override.field",
+            )
+        _check_value(o.value, "override.value")
+    elif isinstance(o, ParamOverrideBody):
+        override = ParamOverride(o.node, o.param, o.value)
+        later = [n for n in nodes[idx:] if n.name == o.node]
+        try:
+            validate_override(nodes, idx, override)
+        except InvalidOverride as exc:
+            raise _field_error(exc, "override.param" if later else "override.node") from exc
+        _check_value(o.value, "override.value")
+    try:
+        rw.pipeline_of(parent)
+    except RewindError as exc:
+        raise ForkError(
+            f"cannot rebuild pipeline {parent.pipeline!r}: {exc.message}", exc.hint
+        ) from exc
+    return parent, idx, fork_node, override
+
+
+def _api_routes(ctx: ServerContext) -> APIRouter:
+    r = APIRouter(prefix="/api")
+    store, manager = ctx.store, ctx.manager
+
+    @r.get("/health", tags=["server"])
+    def health() -> dict[str, Any]:
+        """Liveness: the store answers; runs in flight."""
+        with store.read() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return {
+            "status": "ok",
+            "version": rewind.__version__,
+            "runs_in_flight": len(manager.active()),
+            "interrupted_at_start": ctx.interrupted_at_start,
+            "uptime_s": round(time.time() - ctx.started_at, 1),
+        }
+
+    @r.get("/settings", tags=["server"])
+    def settings() -> dict[str, Any]:
+        """Model endpoint, model, temperature default, store location (never secrets)."""
+        return _settings(ctx)
+
+    @r.get("/pipelines", tags=["runs"])
+    def list_pipelines() -> dict[str, Any]:
+        """Pipelines runs can be started of, with their nodes and edges."""
+        out = []
+        for entry in ctx.pipelines.values():
+            p = entry.build()
+            out.append(
+                {
+                    "name": entry.name,
+                    "description": entry.description,
+                    "inputs": dict(entry.inputs),
+                    "nodes": p.node_names(),
+                    "edges": [{"src": s, "dst": d, "condition": c} for s, d, c in p.edges()],
+                }
+            )
+        return {"pipelines": out}
+
+    @r.get("/runs", tags=["runs"])
+    def list_runs(limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> dict[str, Any]:
+        """Runs, newest first, and their fork tree (a run with a parent nests under it)."""
+        records = store.list_runs(limit)
+        known = {r.run_id for r in records}
+        queued = [
+            j.placeholder()
+            for j in manager.active()
+            if j.run_id not in known and _row_missing(store, j.run_id)
+        ]
+        runs = [views.run_json(x) for x in queued + records]
+        return {"runs": runs, "tree": views.fork_tree(runs)}
+
+    @r.post("/runs", status_code=202, tags=["runs"])
+    def start_run(req: StartRunRequest) -> JSONResponse:
+        """Record a new run; answers 202 with its id at once, the run executes in the
+        background (follow ``/api/runs/{id}/events`` or poll ``/api/runs/{id}/graph``)."""
+        entry = ctx.pipelines.get(req.pipeline)
+        if entry is None:
+            raise _field_error(
+                InvalidOverride(
+                    f"unknown pipeline {req.pipeline!r}",
+                    f"known pipelines: {', '.join(sorted(ctx.pipelines)) or 'none'}",
+                ),
+                "pipeline",
+            )
+        try:
+            state = entry.initial_state(StartInputs(question=req.question, state=req.state))
+        except RewindError:
+            raise
+        except (ValueError, OSError) as exc:
+            raise _field_error(
+                InvalidOverride(f"cannot build the initial state: {exc}"), "state"
+            ) from exc
+        _check_value(state, "state")
+        pipeline = entry.build()
+        rid = new_run_id()
+        config = {"model": _model_name(ctx.chat_client), "source": "api"}
+
+        def job(rw: Rewind) -> RunRecord:
+            return rw.record(pipeline, state, run_id=rid, config=config)
+
+        return _accepted(manager.submit(RunJob(rid, "record", pipeline.name, job)))
+
+    @r.get("/runs/{run_id}", tags=["runs"])
+    def get_run(run_id: str) -> dict[str, Any]:
+        """A run with its parent chain, children (forks) and artifacts."""
+        run = manager.resolve(run_id)
+        ancestors = []
+        current = run
+        while current.parent_run_id and len(ancestors) < 64:
+            try:
+                current = store.get_run(current.parent_run_id)
+            except UnknownRun:
+                break
+            ancestors.append(views.run_json(current))
+        return views.run_json(run) | {
+            "ancestors": ancestors,
+            "children": [views.run_json(c) for c in store.children(run.run_id)],
+            "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
+            "live": manager.is_active(run.run_id),
+        }
+
+    @r.get("/runs/{run_id}/graph", tags=["runs"])
+    def get_graph(run_id: str) -> dict[str, Any]:
+        """The run's pipeline graph (nodes, edges) and node executions with status, cache
+        outcome + reason, hashes, latency and tokens; poll it while the run is live."""
+        run = manager.resolve(run_id)
+        job = manager.job(run.run_id)
+        edges = store.edges_of(run.pipeline)
+        if not edges:
+            entry = ctx.pipelines.get(run.pipeline)
+            if entry is not None:
+                edges = entry.build().edges()
+        finished = dict(job.finished) if job else {}
+        running = job.running if job and job.state != "done" else None
+        nodes = store.nodes_of(run.run_id)
+        if run.status == "running" or (job is not None and job.state != "done"):
+            run = manager.resolve(run.run_id)
+        return views.graph_json(run, nodes, edges, live_finished=finished, running=running)
+
+    @r.get("/runs/{run_id}/nodes", tags=["nodes"])
+    def list_nodes(run_id: str) -> dict[str, Any]:
+        """The run's node executions (no values; see the node routes for those)."""
+        run = manager.resolve(run_id)
+        return {
+            "run_id": run.run_id,
+            "nodes": [views.node_json(n) for n in store.nodes_of(run.run_id)],
+        }
+
+    @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"])
+    def get_node(run_id: str, node: str) -> dict[str, Any]:
+        """One node (name, ``name#k`` or 1-based number): its row, the inputs it read, the
+        output it wrote and the semantic state after it."""
+        run, n = _node_of(ctx, run_id, node)
+        rw = ctx.session()
+        return {
+            "run_id": run.run_id,
+            "node": views.node_json(n),
+            "input": rw.node_input(n),
+            "output": rw.node_output(n),
+            "state": _node_state(rw, n),
+        }
+
+    @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"])
+    def get_node_input(run_id: str, node: str) -> dict[str, Any]:
+        """The node's input document: name, the state fields it read, Burr inputs, params."""
+        _, n = _node_of(ctx, run_id, node)
+        return {"input_hash": n.input_hash, "input": ctx.session().node_input(n)}
+
+    @r.get("/runs/{run_id}/nodes/{node}/output", tags=["nodes"])
+    def get_node_output(run_id: str, node: str) -> dict[str, Any]:
+        """The fields the node wrote."""
+        _, n = _node_of(ctx, run_id, node)
+        return {"output_hash": n.output_hash, "output": ctx.session().node_output(n)}
+
+    @r.get("/runs/{run_id}/nodes/{node}/state", tags=["nodes"])
+    def get_node_state(run_id: str, node: str) -> dict[str, Any]:
+        """The semantic state after the node (null for a failed node)."""
+        _, n = _node_of(ctx, run_id, node)
+        return {"state_hash": n.state_hash, "state": _node_state(ctx.session(), n)}
+
+    @r.post("/runs/{run_id}/fork", status_code=202, tags=["forks"])
+    def fork(run_id: str, req: ForkRequest) -> JSONResponse:
+        """Fork a finished run at ``at`` with one override (param or output) or none (an
+        unchanged replay). Validated here; answers 202 with the new run's id at once."""
+        parent, idx, fork_node, override = validate_fork(ctx, run_id, req)
+        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
+
+    @r.post("/runs/{run_id}/replay", status_code=202, tags=["forks"])
+    def replay(run_id: str, req: ReplayRequest | None = None) -> JSONResponse:
+        """Unchanged replay from ``at`` (default node 1): expected all cache hits, 0 tokens."""
+        req = req or ReplayRequest()
+        body = ForkRequest(at=req.at, override=None, effects=req.effects)
+        parent, idx, fork_node, override = validate_fork(ctx, run_id, body)
+        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
+
+    @r.get("/runs/{run_id}/cost", tags=["diff"])
+    def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
+        """Tokens and latency of the run vs ``against`` (default: its parent): original,
+        replay, delta and saved."""
+        run = manager.resolve(run_id)
+        other_id = against or run.parent_run_id
+        if other_id is None:
+            raise _field_error(
+                InvalidOverride(
+                    f"run {run.run_id[:12]} has no parent to compare with", "pass ?against=RUN"
+                ),
+                "against",
+            )
+        original = manager.resolve(other_id)
+        return views.cost_json(store, original, run)
+
+    @r.get("/diff", tags=["diff"])
+    def diff(
+        a: Annotated[str, Query(description="reference run (e.g. the parent)")],
+        b: Annotated[str, Query(description="compared run (e.g. the fork)")],
+    ) -> dict[str, Any]:
+        """Field-level diff of two runs: aligned nodes, changed paths with old/new values, hash
+        match, first divergence, token deltas, unified text diffs for long strings."""
+        ra, rb = manager.resolve(a), manager.resolve(b)
+        return ctx.session().diff(ra.run_id, rb.run_id).to_json()
+
+    @r.get("/runs/{run_id}/artifacts", tags=["artifacts"])
+    def list_artifacts(run_id: str) -> dict[str, Any]:
+        """Files the run published (name, sha256, size, download URL)."""
+        run = manager.resolve(run_id)
+        return {
+            "run_id": run.run_id,
+            "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
+        }
+
+    @r.get("/runs/{run_id}/artifacts/{name}", tags=["artifacts"])
+    def download_artifact(run_id: str, name: str) -> FileResponse:
+        """Download an artifact by name, looked up in the run's artifact records (the name is
+        never used as a path)."""
+        run = manager.resolve(run_id)
+        found = next((a for a in store.artifacts_of(run.run_id) if a["name"] == name), None)
+        if found is None:
+            raise _field_error(
+                UnknownNode(
+                    f"run {run.run_id[:12]} has no artifact {name!r}",
+                    "list them with GET /api/runs/{id}/artifacts",
+                ),
+                "name",
+            )
+        path = Path(found["path"]).resolve()
+        root = store.root.resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise StoreError(f"artifact {name!r} is missing from the store folder", "")
+        return FileResponse(
+            path,
+            media_type="application/octet-stream",
+            filename=found["name"],
+            headers={"X-Content-SHA256": found["sha256"]},
+        )
+
+    @r.get("/runs/{run_id}/events", tags=["runs"])
+    async def events(run_id: str, request: Request) -> EventSourceResponse:
+        """Server-sent events of a run: ``node_started``, ``node_finished``, ``run_finished``.
+
+        A late subscriber first gets the events so far; a finished run sends ``run_finished``
+        and closes. A run executed by another process is followed by polling the store
+        (``refresh`` events). Fallback without SSE: poll ``/api/runs/{id}/graph``.
+        """
+        run = await run_in_threadpool(manager.resolve, run_id)
+        loop = asyncio.get_running_loop()
+        q, history, done = manager.subscribe(run.run_id, loop)
+        return EventSourceResponse(_event_stream(ctx, run, q, history, done, request), ping=10)
+
+    return r
+
+
+def _row_missing(store: Store, run_id: str) -> bool:
+    try:
+        store.get_run(run_id)
+        return False
+    except UnknownRun:
+        return True
+
+
+def _submit_fork(
+    ctx: ServerContext,
+    parent: RunRecord,
+    idx: int,
+    fork_node: NodeRecord,
+    override: ParamOverride | OutputOverride | None,
+    effects: str,
+) -> JSONResponse:
+    rid = new_run_id()
+
+    def job(rw: Rewind) -> RunRecord:
+        return rw.fork(
+            parent.run_id, at=idx + 1, override=override, new_run_id=rid, effects=effects
+        )
+
+    return _accepted(
+        ctx.manager.submit(
+            RunJob(
+                rid,
+                "fork",
+                parent.pipeline,
+                job,
+                parent_run_id=parent.run_id,
+                fork_node=fork_node.name,
+                fork_position=idx,
+                override=override.to_json() if override else None,
+                effects=effects,
+            )
+        )
+    )
+
+
+def _sse(item: dict[str, Any]) -> dict[str, Any]:
+    return {"event": item["event"], "id": str(item.get("seq", 0)), "data": json.dumps(item)}
+
+
+async def _event_stream(
+    ctx: ServerContext,
+    run: RunRecord,
+    q: asyncio.Queue[dict[str, Any]],
+    history: list[dict[str, Any]],
+    done: bool,
+    request: Request,
+) -> AsyncIterator[dict[str, Any]]:
+    manager = ctx.manager
+    try:
+        yield _sse({"event": "hello", "run_id": run.run_id, "status": run.status, "seq": 0})
+        for item in history:
+            yield _sse(item)
+            if item["event"] == "run_finished":
+                return
+        if done:
+            if run.status in views.ACTIVE_STATUSES:
+                async for item in _follow_store(ctx, run.run_id, request):
+                    yield _sse(item)
+                return
+            final = await run_in_threadpool(manager.resolve, run.run_id)
+            yield _sse(
+                {
+                    "event": "run_finished",
+                    "run_id": final.run_id,
+                    "status": final.status,
+                    "error": final.error,
+                    "seq": 0,
+                }
+            )
+            return
+        while True:
+            item = await q.get()
+            yield _sse(item)
+            if item["event"] == "run_finished":
+                return
+    finally:
+        manager.unsubscribe(run.run_id, q)
+
+
+async def _follow_store(
+    ctx: ServerContext, run_id: str, request: Request
+) -> AsyncIterator[dict[str, Any]]:
+    """Follow a run another process executes by polling the store once a second."""
+    seen = -1
+    while not await request.is_disconnected():
+        run = await run_in_threadpool(ctx.store.get_run, run_id)
+        count = len(await run_in_threadpool(ctx.store.nodes_of, run_id, with_calls=False))
+        if count != seen:
+            seen = count
+            yield {"event": "refresh", "run_id": run_id, "nodes": count, "seq": 0}
+        if run.status not in views.ACTIVE_STATUSES:
+            yield {"event": "run_finished", "run_id": run_id, "status": run.status, "seq": 0}
+            return
+        await asyncio.sleep(1.0)
+
+
+def _artifact_json(run_id: str, a: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": a["name"],
+        "sha256": a["sha256"],
+        "size": a["size"],
+        "url": f"/api/runs/{run_id}/artifacts/{a['name']}",
+    }
+
+
+def _model_name(client: Any) -> str | None:
+    endpoint = getattr(client, "endpoint", None)
+    return getattr(endpoint, "model", None)
+
+
+def _settings(ctx: ServerContext) -> dict[str, Any]:
+    from rewind.examples import research
+    from rewind.localmodel import DEFAULT_MODEL_ALIAS
+    from rewind.session import LazyChatClient
+
+    client = ctx.chat_client
+    endpoint = getattr(client, "endpoint", None)
+    base_url = getattr(endpoint, "base_url", None)
+    env_url = os.environ.get("REWIND_BASE_URL", "").strip()
+    if client is None:
+        kind, url = "none", None
+    elif not isinstance(client, LazyChatClient):
+        kind, url = "client", base_url
+    elif base_url:
+        kind, url = ("configured" if env_url else "embedded"), base_url
+    elif env_url:
+        kind, url = "configured", env_url
+    else:
+        kind, url = "embedded", None
+    model = _model_name(client) or os.environ.get("REWIND_MODEL") or DEFAULT_MODEL_ALIAS
+    return {
+        "model_endpoint": {
+            "kind": kind,
+            "base_url": url,
+            "description": {
+                "embedded": "SmolLM2-135M-Instruct served by llama-cpp-python on a free "
+                "127.0.0.1 port, started on the first cache miss",
+                "configured": "REWIND_BASE_URL (an OpenAI-compatible endpoint)",
+                "none": "no model client: LLM nodes fail",
+                "client": "the model client this server was created with",
+            }[kind],
+            "started": bool(getattr(client, "started", base_url is not None)),
+            "api_key_set": bool(os.environ.get("REWIND_API_KEY", "").strip()),
+        },
+        "model": model,
+        "temperature_default": research.DEFAULT_TEMPERATURE,
+        "store": {
+            "root": str(ctx.store.root),
+            "database": ctx.store.engine.url.render_as_string(hide_password=True),
+            "dialect": ctx.store.engine.dialect.name,
+        },
+        "auth": {"token_required": ctx.token_required},
+        "workers": len(ctx.manager._threads),
+        "version": rewind.__version__,
+        "pipelines": sorted(ctx.pipelines),
+    }
+
+
+# -- static UI ---------------------------------------------------------------------------------
+
+_NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Rewind</title>
+<body style="font-family:sans-serif;max-width:40rem;margin:3rem auto">
+<h1>Rewind</h1><p>The API is up (<a href="/openapi.json">/openapi.json</a>), but the browser UI
+has not been built. Build it with:</p><pre>cd web &amp;&amp; npm ci &amp;&amp; npm run build</pre>
+</body>"""
+
+
+def _install_static(app: FastAPI, static_dir: Path) -> None:
+    index = static_dir / "index.html"
+    assets = static_dir / "assets"
+    if assets.is_dir():
+        app.mount("/assets", StaticFiles(directory=assets), name="assets")
+
+    @app.get("/", include_in_schema=False)
+    def ui() -> Response:
+        if not index.is_file():
+            return HTMLResponse(_NOT_BUILT)
+        return FileResponse(index, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/favicon.svg", include_in_schema=False)
+    def favicon() -> Response:
+        icon = static_dir / "favicon.svg"
+        if not icon.is_file():
+            raise StarletteHTTPException(404, "no favicon")
+        return FileResponse(icon)

@@ -1,0 +1,157 @@
+"""``rewind serve`` and ``rewind verify --server``: the functions the CLI wraps.
+
+``serve`` binds loopback by default; any other address needs a token (``--token`` or
+``REWIND_TOKEN``), and every API request then carries it as ``Authorization: Bearer <token>``.
+The port may be 0: the OS picks a free one, and the printed URL says which.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import TextIO
+
+from rewind.errors import RewindError
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one the OS picks).
+
+    Raises:
+        RewindError: the address cannot be bound (in use, not local, no permission).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise RewindError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "pick another --port (0 lets the OS choose a free one) or --host",
+        ) from exc
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def server_url(host: str, port: int) -> str:
+    """The URL a browser opens for a server bound to ``host:port``."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/"
+
+
+def serve(
+    store: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    *,
+    workers: int = 2,
+    out: TextIO | None = None,
+) -> None:
+    """Serve the API and the UI until interrupted (Ctrl-C), then mark runs in flight
+    ``interrupted`` and stop the embedded model server if it was started.
+
+    Args:
+        store: store folder, ``.db`` file or database URL.
+        host: bind address; loopback by default. Any other address requires a token.
+        port: TCP port; 0 picks a free one.
+        token: bearer token required on every API request (default: ``REWIND_TOKEN``).
+        workers: runs that may execute at once.
+        out: where to print the URL (default: stdout).
+    Raises:
+        RewindError: a non-loopback host without a token, or the address cannot be bound.
+    """
+    import logging
+
+    import uvicorn
+
+    from rewind.api.app import create_app, is_loopback
+
+    logging.getLogger("burr").setLevel(logging.CRITICAL)  # run errors are on the run rows
+
+    token = token or os.environ.get("REWIND_TOKEN", "").strip() or None
+    loopback = is_loopback(host)
+    if not loopback and not token:
+        raise RewindError(
+            f"binding {host} exposes the API beyond this machine, so it needs a token",
+            "pass --token TOKEN or set REWIND_TOKEN (clients send 'Authorization: Bearer TOKEN')",
+        )
+    sock = bind_socket(host, port)
+    actual_port = sock.getsockname()[1]
+    allowed = [*LOOPBACK_NAMES, host] if loopback else None
+    app = create_app(store, token=token, allowed_hosts=allowed, workers=workers)
+    ctx = app.state.rewind
+    stream = out or sys.stdout
+    url = server_url(host, actual_port)
+    print(f"Rewind serving store {ctx.store.root} at {url}", file=stream, flush=True)
+    if ctx.interrupted_at_start:
+        print(
+            f"marked {len(ctx.interrupted_at_start)} run(s) left running as interrupted",
+            file=stream,
+            flush=True,
+        )
+    if token:
+        print(
+            "API requests need 'Authorization: Bearer <token>'; "
+            f"in a browser open {url}#token=<token>",
+            file=stream,
+            flush=True,
+        )
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        lifespan="on",
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def verify_server(*, keep: bool = False, out: TextIO | None = None) -> int:
+    """Boot a server on a fresh store and a free port, run the demo through the HTTP API and
+    prove its claims with the 14 checks (see :mod:`rewind.api.verify_http`).
+
+    Returns:
+        0 when all 14 pass, else 1.
+    """
+    from rewind.api.verify_http import run_server_verification
+
+    return run_server_verification(keep=keep, out=out or sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rewind.api serve|verify``: ``rewind serve`` / ``rewind verify --server``."""
+    import argparse
+    import logging
+
+    logging.getLogger("burr").setLevel(logging.CRITICAL)
+    parser = argparse.ArgumentParser(prog="python -m rewind.api")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the API and the UI")
+    s.add_argument("--store", default=os.environ.get("REWIND_STORE", ".rewind"))
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0)
+    s.add_argument("--token", default=None)
+    s.add_argument("--workers", type=int, default=2)
+    v = sub.add_parser("verify", help="the 14 checks through the HTTP API")
+    v.add_argument("--keep", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            serve(args.store, args.host, args.port, args.token, workers=args.workers)
+            return 0
+        return verify_server(keep=args.keep)
+    except RewindError as exc:
+        print(f"error: {exc.message}" + (f" — {exc.hint}" if exc.hint else ""), file=sys.stderr)
+        return 2

@@ -1,0 +1,318 @@
+"""Background execution of runs and forks, and the progress events the API streams.
+
+The HTTP handlers validate a request, choose the run id, and hand a job to :class:`RunManager`;
+the job executes on one of the manager's worker threads (never on the event loop) with its own
+:class:`~rewind.replay.Rewind` sharing the server's store and model client. Each worker's
+``on_event`` listener tags the engine's progress events with the run id, keeps them (so a late
+subscriber can catch up, and so the graph can show a node that finished before the recorder
+committed its row) and fans them out to the server-sent-event subscribers' asyncio queues with
+``call_soon_threadsafe``.
+
+Worker threads are daemons: stopping the server does not wait for a long model call. Runs this
+process still had in flight are marked ``interrupted`` on shutdown, and any run left ``running``
+in the store (a crash) is marked so on the next start.
+
+This is the "run execution" seam of DESIGN: an in-process pool by default; a distributed queue
+would replace this class and keep its interface (``submit``, ``job``, ``subscribe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rewind.errors import RewindError, UnknownRun
+from rewind.replay import Pipeline, Rewind
+from rewind.store import RunRecord, Store
+
+logger = logging.getLogger(__name__)
+
+JobFn = Callable[[Rewind], RunRecord]
+KEEP_FINISHED_JOBS = 500
+
+
+@dataclass
+class RunJob:
+    """A run the server accepted: queued, running, or done.
+
+    Attributes:
+        run_id: chosen before the job is queued (returned to the client at once).
+        kind: ``record`` or ``fork``.
+        pipeline: pipeline name (for the graph of a run whose row does not exist yet).
+        parent_run_id: the parent of a fork.
+        fork_node: the fork node's name.
+        override: the fork's override as JSON.
+        effects: the fork's side-effect mode (``recorded``, ``dry-run``, ``live``).
+        state: ``queued``, ``running`` or ``done``.
+        error: why the job failed before or while running (also on the run row when it exists).
+        events: every progress event so far, in order.
+        running: the node_started event of the node executing now.
+        finished: node_finished events by position.
+    """
+
+    run_id: str
+    kind: str
+    pipeline: str
+    fn: JobFn
+    parent_run_id: str | None = None
+    fork_node: str | None = None
+    fork_position: int | None = None
+    override: dict[str, Any] | None = None
+    effects: str | None = None
+    submitted_at: float = field(default_factory=time.time)
+    state: str = "queued"
+    error: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    running: dict[str, Any] | None = None
+    finished: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def placeholder(self) -> RunRecord:
+        """A run record for a job whose row the worker has not created yet."""
+        status = "failed" if self.state == "done" else "queued"
+        return RunRecord(
+            run_id=self.run_id,
+            pipeline=self.pipeline,
+            pipeline_ref="",
+            status=status,
+            parent_run_id=self.parent_run_id,
+            fork_node=self.fork_node,
+            fork_position=self.fork_position,
+            override=self.override,
+            initial_state_hash=None,
+            burr_fork_app_id=None,
+            burr_fork_sequence_id=None,
+            config={},
+            created_at=self.submitted_at,
+            finished_at=None,
+            prompt_tokens=0,
+            completion_tokens=0,
+            latency_ms=0.0,
+            error=self.error,
+        )
+
+
+@dataclass
+class _Subscriber:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[dict[str, Any]]
+
+
+class RunManager:
+    """A pool of worker threads executing recorded runs and forks.
+
+    Args:
+        store: the server's store (shared by every worker; SQLAlchemy pools connections).
+        chat_client: the model client every run uses (a ``LazyChatClient`` opens the endpoint on
+            the first cache miss).
+        workers: how many runs may execute at once.
+        pipelines: pipelines to register on every worker's session (so forks of their runs need
+            not import ``pipeline.ref``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        chat_client: Any = None,
+        *,
+        workers: int = 2,
+        pipelines: list[Pipeline] | None = None,
+    ) -> None:
+        self.store = store
+        self.chat_client = chat_client
+        self.pipelines = list(pipelines or [])
+        self._queue: queue.Queue[RunJob | None] = queue.Queue()
+        self._jobs: dict[str, RunJob] = {}
+        self._subs: dict[str, list[_Subscriber]] = {}
+        self._lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._threads = [
+            threading.Thread(target=self._work, name=f"rewind-worker-{i}", daemon=True)
+            for i in range(max(1, workers))
+        ]
+        self._started = False
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker threads (idempotent)."""
+        if not self._started:
+            self._started = True
+            for t in self._threads:
+                t.start()
+
+    def shutdown(self) -> list[str]:
+        """Stop taking jobs; mark this process's queued and running runs ``interrupted``.
+
+        Returns:
+            the ids of the runs marked.
+        """
+        self._stopping = True
+        for _ in self._threads:
+            self._queue.put(None)
+        marked = []
+        with self._lock:
+            pending = [j for j in self._jobs.values() if j.state != "done"]
+        for job in pending:
+            with contextlib.suppress(Exception):
+                self.store.finish_run(job.run_id, "interrupted", error="the server stopped")
+                marked.append(job.run_id)
+            self._emit(job, "run_finished", {"status": "interrupted", "error": "server stopped"})
+        return marked
+
+    # -- jobs ---------------------------------------------------------------------------------
+    def submit(self, job: RunJob) -> RunJob:
+        """Queue a job; it executes on a worker thread. Returns it."""
+        if self._stopping:
+            raise RewindError("the server is shutting down", "retry on the restarted server")
+        self.start()
+        with self._lock:
+            self._jobs[job.run_id] = job
+            self._prune()
+        self._queue.put(job)
+        return job
+
+    def job(self, run_id: str) -> RunJob | None:
+        """The job of a run this server accepted (None if it never did, or forgot it)."""
+        with self._lock:
+            return self._jobs.get(run_id)
+
+    def active(self) -> list[RunJob]:
+        """Jobs queued or running."""
+        with self._lock:
+            return [j for j in self._jobs.values() if j.state != "done"]
+
+    def is_active(self, run_id: str) -> bool:
+        """True when this server is executing (or about to execute) the run."""
+        job = self.job(run_id)
+        return job is not None and job.state != "done"
+
+    def resolve(self, run_id: str) -> RunRecord:
+        """The run's record from the store, or a placeholder while its job is queued.
+
+        Raises:
+            UnknownRun: neither the store nor this server knows the id.
+        """
+        try:
+            return self.store.get_run(run_id)
+        except UnknownRun:
+            job = self.job(run_id)
+            if job is None:
+                raise
+            if job.state == "done":
+                # The job ended before its run row existed: report why.
+                return job.placeholder()
+            try:
+                return self.store.get_run(run_id)
+            except UnknownRun:
+                return job.placeholder()
+
+    def _prune(self) -> None:
+        done = [j for j in self._jobs.values() if j.state == "done"]
+        for j in sorted(done, key=lambda j: j.submitted_at)[
+            : max(0, len(done) - KEEP_FINISHED_JOBS)
+        ]:
+            del self._jobs[j.run_id]
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None or self._stopping:
+                return
+            self._execute(job)
+
+    def _execute(self, job: RunJob) -> None:
+        job.state = "running"
+        rw = Rewind(
+            self.store,
+            chat_client=self.chat_client,
+            on_event=lambda event, payload: self._emit(job, event, payload),
+        )
+        for p in self.pipelines:
+            rw.register(p)
+        error: str | None = None
+        try:
+            job.fn(rw)
+        except RewindError as exc:
+            error = exc.message + (f" — {exc.hint}" if exc.hint else "")
+        except Exception as exc:  # a worker must survive any run
+            logger.exception("run %s failed", job.run_id)
+            error = f"{type(exc).__name__}: {exc}"
+        status = "failed" if error else "completed"
+        try:
+            run = self.store.get_run(job.run_id)
+            if run.status == "running":  # the engine raised before it could finish the run
+                self.store.finish_run(job.run_id, "failed", error=error or "the run stopped")
+                run = self.store.get_run(job.run_id)
+            status = run.status
+            error = run.error or error
+            finished_by_engine = any(e["event"] == "run_finished" for e in job.events)
+        except UnknownRun:
+            status, finished_by_engine = "failed", False
+        if not finished_by_engine:
+            self._emit(job, "run_finished", {"status": status, "error": error})
+        with self._lock:
+            job.error = error
+            job.running = None
+            job.state = "done"
+
+    # -- events -------------------------------------------------------------------------------
+    def _emit(self, job: RunJob, event: str, payload: dict[str, Any]) -> None:
+        item = {**payload, "event": event, "run_id": job.run_id, "seq": next(self._seq)}
+        item["time"] = time.time()
+        with self._lock:
+            if event == "node_started":
+                job.running = item
+            elif event == "node_finished":
+                job.finished[int(item["position"])] = item
+                if job.running is not None and job.running.get("position") == item["position"]:
+                    job.running = None
+            elif event == "run_finished":
+                # The engine emits this after the run row is final: from now on the run can be
+                # forked, so the job stops counting as active.
+                job.running = None
+                job.state = "done"
+                job.error = item.get("error")
+            job.events.append(item)
+            subs = list(self._subs.get(job.run_id, ()))
+        for sub in subs:
+            try:
+                sub.loop.call_soon_threadsafe(sub.queue.put_nowait, item)
+            except RuntimeError:  # the subscriber's loop is closed
+                self._drop(job.run_id, sub)
+
+    def subscribe(
+        self, run_id: str, loop: asyncio.AbstractEventLoop
+    ) -> tuple[asyncio.Queue[dict[str, Any]], list[dict[str, Any]], bool]:
+        """Follow a run's events.
+
+        Returns:
+            (queue receiving every later event, the events so far, whether the job is done);
+            taken atomically, so no event is lost or seen twice.
+        """
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        with self._lock:
+            job = self._jobs.get(run_id)
+            history = list(job.events) if job else []
+            done = job is None or job.state == "done"
+            if not done:
+                self._subs.setdefault(run_id, []).append(_Subscriber(loop, q))
+        return q, history, done
+
+    def unsubscribe(self, run_id: str, q: asyncio.Queue[dict[str, Any]]) -> None:
+        """Stop following a run."""
+        with self._lock:
+            subs = self._subs.get(run_id, [])
+            self._subs[run_id] = [s for s in subs if s.queue is not q]
+            if not self._subs[run_id]:
+                del self._subs[run_id]
+
+    def _drop(self, run_id: str, sub: _Subscriber) -> None:
+        self.unsubscribe(run_id, sub.queue)

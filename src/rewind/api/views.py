@@ -1,0 +1,350 @@
+"""JSON shapes the HTTP API returns: runs, the fork tree, a run's graph, nodes, cost.
+
+Pure functions over store records (plus the live progress a worker has seen but the recorder has
+not committed yet), so the routes stay thin and the shapes are tested in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rewind.store import NodeRecord, RunRecord, Store
+
+# Display status of a node execution (one colour each in the UI).
+INHERITED = "inherited"  # copied from the parent, not executed (grey)
+HIT = "hit"  # executed, every call served from the cache (green)
+EXECUTED = "executed"  # executed live or re-executed: a miss, or no cacheable call (orange)
+OVERRIDE = "override"  # output replaced by the fork's override, not executed
+FAILED = "failed"  # raised (red)
+RUNNING = "running"  # executing now (animated)
+PENDING = "pending"  # not reached yet, the run is in flight
+SKIPPED = "skipped"  # not executed by this (finished) run: another branch was taken
+
+ACTIVE_STATUSES = ("queued", "running")
+
+
+def display_status(outcome: str, error: str | None = None) -> str:
+    """Map a node's cache outcome to its display status."""
+    if outcome == "failed" or error:
+        return FAILED
+    if outcome == "inherited":
+        return INHERITED
+    if outcome == "hit":
+        return HIT
+    if outcome == "override":
+        return OVERRIDE
+    return EXECUTED
+
+
+def run_json(run: RunRecord) -> dict[str, Any]:
+    """A run as the API shows it (tokens are the tokens this run spent; latency in ms)."""
+    return {
+        "run_id": run.run_id,
+        "pipeline": run.pipeline,
+        "status": run.status,
+        "parent_run_id": run.parent_run_id,
+        "fork_node": run.fork_node,
+        "fork_number": None if run.fork_position is None else run.fork_position + 1,
+        "override": run.override,
+        "change": change_text(run),
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "tokens": run.tokens,
+        "latency_ms": round(run.latency_ms, 3),
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+        "error": run.error,
+        "config": run.config,
+    }
+
+
+def change_text(run: RunRecord) -> str | None:
+    """One line saying what a fork changed (None for a recorded run)."""
+    if run.parent_run_id is None:
+        return None
+    o = run.override
+    if not o:
+        return f"unchanged replay from {run.fork_node}"
+    name = o.get("param") if o.get("kind") == "param" else o.get("field")
+    kind = "param" if o.get("kind") == "param" else "output"
+    return f"{kind} {o.get('node')}.{name}"
+
+
+def node_json(n: NodeRecord, *, live: bool = False) -> dict[str, Any]:
+    """One node execution: outcome and reason, display status, hashes, tokens, latency, calls."""
+    return {
+        "position": n.position,
+        "number": n.position + 1,
+        "name": n.name,
+        "status": display_status(n.cache_outcome, n.error),
+        "cache_outcome": n.cache_outcome,
+        "cache_reason": n.cache_reason,
+        "inherited": n.inherited,
+        "sequence_id": n.sequence_id,
+        "src_app_id": n.src_app_id,
+        "src_sequence_id": n.src_sequence_id,
+        "input_hash": n.input_hash,
+        "output_hash": n.output_hash,
+        "state_hash": n.state_hash,
+        "params": n.params,
+        "prompt_tokens": n.prompt_tokens,
+        "completion_tokens": n.completion_tokens,
+        "tokens": n.tokens,
+        "latency_ms": round(n.latency_ms, 3),
+        "error": n.error,
+        "started_at": n.started_at,
+        "determinism": getattr(n, "determinism", None),
+        "live": live,
+        "calls": [
+            {
+                "index": c.call_index,
+                "kind": c.kind,
+                "name": c.name,
+                "key": c.key,
+                "request_hash": c.request_hash,
+                "result_hash": c.result_hash,
+                "outcome": c.outcome,
+                "reason": c.reason,
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "tokens": c.prompt_tokens + c.completion_tokens,
+                "latency_ms": round(c.latency_ms, 3),
+                "determinism": getattr(c, "determinism", None),
+            }
+            for c in n.calls
+        ],
+    }
+
+
+def live_node_json(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A node the worker reported finished whose row is not committed yet (from its event)."""
+    outcome = str(event.get("outcome", ""))
+    return {
+        "position": event["position"],
+        "number": event["position"] + 1,
+        "name": event["name"],
+        "status": display_status(outcome),
+        "cache_outcome": outcome,
+        "cache_reason": event.get("reason", ""),
+        "inherited": False,
+        "sequence_id": None,
+        "src_app_id": None,
+        "src_sequence_id": None,
+        "input_hash": None,
+        "output_hash": event.get("output_hash"),
+        "state_hash": None,
+        "params": {},
+        "prompt_tokens": None,
+        "completion_tokens": None,
+        "tokens": event.get("tokens", 0),
+        "latency_ms": round(float(event.get("latency_ms", 0.0)), 3),
+        "error": None,
+        "started_at": None,
+        "determinism": None,
+        "live": True,
+        "calls": [],
+    }
+
+
+def pipeline_nodes(edges: Sequence[tuple[str, str, str]], executed: Iterable[str]) -> list[str]:
+    """Node names of a pipeline in a stable display order: executed order first, then the rest
+    in breadth-first order over the edges."""
+    order: list[str] = []
+    for name in executed:
+        if name not in order:
+            order.append(name)
+    successors: dict[str, list[str]] = {}
+    all_names: list[str] = []
+    for src, dst, _ in edges:
+        successors.setdefault(src, []).append(dst)
+        for n in (src, dst):
+            if n not in all_names:
+                all_names.append(n)
+    queue = list(order) or all_names[:1]
+    seen = set(queue)
+    while queue:
+        current = queue.pop(0)
+        if current not in order:
+            order.append(current)
+        for nxt in successors.get(current, []):
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    order.extend(n for n in all_names if n not in order)
+    return order
+
+
+def graph_json(
+    run: RunRecord,
+    nodes: Sequence[NodeRecord],
+    edges: Sequence[tuple[str, str, str]],
+    *,
+    live_finished: Mapping[int, Mapping[str, Any]] | None = None,
+    running: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run's graph: the pipeline's nodes and edges, each node coloured by its latest execution.
+
+    Args:
+        run: the run (status decides whether unreached nodes are ``pending`` or ``skipped``).
+        nodes: its committed node rows.
+        edges: the pipeline's transitions (src, dst, condition).
+        live_finished: node_finished events (by position) not yet visible as rows.
+        running: the node_started event of the node executing now, if any.
+    """
+    executions = [node_json(n) for n in nodes]
+    committed = {n.position for n in nodes}
+    for pos, event in sorted((live_finished or {}).items()):
+        if pos not in committed:
+            executions.append(live_node_json(event))
+    executions.sort(key=lambda e: e["position"])
+    running_json = None
+    if running is not None and not any(e["position"] == running["position"] for e in executions):
+        running_json = {
+            "position": running["position"],
+            "number": running["position"] + 1,
+            "name": running["name"],
+        }
+    names = pipeline_nodes(edges, [e["name"] for e in executions])
+    if running_json and running_json["name"] not in names:
+        names.append(running_json["name"])
+    active = run.status in ACTIVE_STATUSES
+    graph_nodes = []
+    for name in names:
+        runs_of = [e for e in executions if e["name"] == name]
+        if running_json and running_json["name"] == name:
+            status = RUNNING
+        elif runs_of:
+            status = runs_of[-1]["status"]
+        else:
+            status = PENDING if active else SKIPPED
+        graph_nodes.append(
+            {
+                "name": name,
+                "status": status,
+                "numbers": [e["number"] for e in runs_of]
+                + (
+                    [running_json["number"]]
+                    if running_json and running_json["name"] == name
+                    else []
+                ),
+                "executions": len(runs_of),
+            }
+        )
+    return {
+        "run": run_json(run),
+        "pipeline": run.pipeline,
+        "nodes": graph_nodes,
+        "edges": [{"src": s, "dst": d, "condition": c} for s, d, c in edges],
+        "executions": executions,
+        "running": running_json,
+        "live": active,
+    }
+
+
+def fork_tree(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Nest runs under their parents: ``[{"run_id", "children": [...]}]``; a run whose parent is
+    not in ``runs`` is a root. Children are oldest first."""
+    by_id = {r["run_id"]: {"run_id": r["run_id"], "children": []} for r in runs}
+    roots: list[dict[str, Any]] = []
+    for r in sorted(runs, key=lambda r: r.get("created_at") or 0.0):
+        item = by_id[r["run_id"]]
+        parent = r.get("parent_run_id")
+        if parent in by_id and parent != r["run_id"]:
+            by_id[parent]["children"].append(item)
+        else:
+            roots.append(item)
+    roots.reverse()  # newest tree first, like the list
+    return roots
+
+
+def _trajectory_costs(store: Store, run: RunRecord) -> list[dict[str, Any]]:
+    """Per node of ``run``: the tokens and latency the node cost in the run that executed it
+    (an inherited node is looked up in its ancestors by position)."""
+    nodes = store.nodes_of(run.run_id, with_calls=False)
+    out = []
+    ancestors: dict[str, list[NodeRecord]] = {}
+    for n in nodes:
+        source: NodeRecord | None = n
+        current = run
+        hops = 0
+        while source is not None and source.inherited and current.parent_run_id and hops < 64:
+            hops += 1
+            pid = current.parent_run_id
+            if pid not in ancestors:
+                ancestors[pid] = store.nodes_of(pid, with_calls=False)
+            current = store.get_run(pid)
+            source = next(
+                (a for a in ancestors[pid] if a.position == n.position and a.name == n.name), None
+            )
+        out.append(
+            {
+                "position": n.position,
+                "name": n.name,
+                "outcome": n.cache_outcome,
+                "status": display_status(n.cache_outcome, n.error),
+                "spent_tokens": n.tokens,
+                "spent_latency_ms": n.latency_ms,
+                "full_tokens": source.tokens if source is not None else 0,
+                "full_latency_ms": source.latency_ms if source is not None else 0.0,
+            }
+        )
+    return out
+
+
+def cost_json(store: Store, original: RunRecord, replay: RunRecord) -> dict[str, Any]:
+    """Tokens and latency of an original run vs a replay (usually a fork and its parent).
+
+    ``original``: what its whole trajectory cost (inherited nodes counted at what they cost in
+    the run that executed them). ``replay``: what the replay actually spent. ``delta`` = replay −
+    original. ``saved``: over the replay's nodes that were inherited or served from the cache,
+    what the original spent on them (latency: minus what the replay spent on them).
+    """
+    a = _trajectory_costs(store, original)
+    b = _trajectory_costs(store, replay)
+    a_by_pos = {c["position"]: c for c in a}
+    saved_tokens = 0
+    saved_latency = 0.0
+    rows = []
+    for c in b:
+        orig = a_by_pos.get(c["position"])
+        if orig is not None and orig["name"] != c["name"]:
+            orig = None
+        if orig is not None and c["status"] in (INHERITED, HIT):
+            saved_tokens += max(orig["full_tokens"] - c["spent_tokens"], 0)
+            saved_latency += max(orig["full_latency_ms"] - c["spent_latency_ms"], 0.0)
+        rows.append(
+            {
+                "position": c["position"],
+                "number": c["position"] + 1,
+                "name": c["name"],
+                "status": c["status"],
+                "original_tokens": None if orig is None else orig["full_tokens"],
+                "replay_tokens": c["spent_tokens"],
+                "original_latency_ms": None if orig is None else _ms(orig["full_latency_ms"]),
+                "replay_latency_ms": _ms(c["spent_latency_ms"]),
+            }
+        )
+    orig_tokens = sum(c["full_tokens"] for c in a)
+    orig_latency = math.fsum(c["full_latency_ms"] for c in a)
+    rep_tokens = sum(c["spent_tokens"] for c in b)
+    rep_latency = math.fsum(c["spent_latency_ms"] for c in b)
+    return {
+        "original": {
+            "run_id": original.run_id,
+            "tokens": orig_tokens,
+            "latency_ms": _ms(orig_latency),
+        },
+        "replay": {"run_id": replay.run_id, "tokens": rep_tokens, "latency_ms": _ms(rep_latency)},
+        "delta": {
+            "tokens": rep_tokens - orig_tokens,
+            "latency_ms": _ms(rep_latency - orig_latency),
+        },
+        "saved": {"tokens": saved_tokens, "latency_ms": _ms(saved_latency)},
+        "nodes": rows,
+    }
+
+
+def _ms(value: float) -> float:
+    return round(float(value), 1)

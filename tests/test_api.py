@@ -1,0 +1,830 @@
+"""The HTTP API against the real app: FastAPI's TestClient (httpx), a real temporary SQLite store,
+the small test pipelines (no model) and a fake OpenAI-compatible endpoint for the LLM ones.
+
+Every error case is checked for its status, its JSON body (message, hint, the offending field)
+and for writing nothing to the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+from fastapi.testclient import TestClient
+
+from rewind.api import create_app
+from rewind.api.app import is_loopback
+from rewind.api.command import serve, server_url
+from rewind.api.pipelines import PipelineEntry, research_entry
+from rewind.artifacts import publish
+from rewind.errors import RewindError
+from rewind.llm import ChatClient
+from rewind.replay import Pipeline
+from rewind.store import Store, open_store
+from tests import pipelines
+from tests.conftest import FakeModel, row_counts
+
+# -- a pipeline that publishes an artifact -------------------------------------------------------
+
+
+@action(reads=["text"], writes=["report"])
+def write_report(state: State) -> State:
+    return state.update(report=publish("report.md", f"# Report\n\n{state['text']}\n"))
+
+
+@action(reads=["report"], writes=["done"])
+def after_report(state: State) -> State:
+    return state.update(done=True)
+
+
+publisher = Pipeline(
+    name="publisher",
+    graph=GraphBuilder()
+    .with_actions(write_report=write_report, after_report=after_report)
+    .with_transitions(("write_report", "after_report", default))
+    .build(),
+    entrypoint="write_report",
+    ref="tests.test_api:publisher",
+)
+
+REGISTRY = {
+    "tiny": PipelineEntry.of(pipelines.pipeline, {"x": 15}),
+    "failing": PipelineEntry.of(pipelines.failing, {"x": 1}),
+    "blocking": PipelineEntry.of(pipelines.blocking, {"x": 1}),
+    "llm": PipelineEntry.of(pipelines.llm_pipeline, {"question": "why?"}),
+    "publisher": PipelineEntry.of(publisher, {"text": "hello"}),
+    "research": research_entry(),
+}
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _reset_blocking() -> Iterator[None]:
+    pipelines.BLOCK_ENTERED.clear()
+    pipelines.BLOCK_RELEASE.clear()
+    yield
+    pipelines.BLOCK_RELEASE.set()  # never leave a worker blocked
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    st = open_store(tmp_path / "store")
+    yield st
+    st.close()
+
+
+@pytest.fixture
+def client(store: Store, chat_client: ChatClient) -> Iterator[TestClient]:
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        yield c
+
+
+def wait(c: TestClient, run_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = c.get(f"/api/runs/{run_id}").json()
+        if run["status"] not in ("queued", "running"):
+            return run
+        time.sleep(0.02)
+    raise AssertionError(f"run {run_id} did not finish")
+
+
+def start(c: TestClient, pipeline: str = "tiny", **body: Any) -> str:
+    r = c.post("/api/runs", json={"pipeline": pipeline, **body})
+    assert r.status_code == 202, r.text
+    return str(r.json()["run_id"])
+
+
+def record(c: TestClient, pipeline: str = "tiny", **body: Any) -> dict[str, Any]:
+    run = wait(c, start(c, pipeline, **body))
+    return run
+
+
+def fork(c: TestClient, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = c.post(f"/api/runs/{run_id}/fork", json=body)
+    assert r.status_code == 202, r.text
+    return wait(c, r.json()["run_id"])
+
+
+def param(node: str, name: str, value: Any) -> dict[str, Any]:
+    return {"kind": "param", "node": node, "param": name, "value": value}
+
+
+def sse(c: TestClient, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    with c.stream("GET", f"/api/runs/{run_id}/events") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        name = ""
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                events.append((name, json.loads(line.split(":", 1)[1])))
+    return events
+
+
+def assert_error(r: Any, status: int, kind: str, field: str | None = None, text: str = "") -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["error"] == kind, body
+    assert body["message"] and isinstance(body["message"], str)
+    assert "hint" in body
+    if field is not None:
+        assert body["field"] == field, body
+    if text:
+        assert text in body["message"], body
+
+
+# -- schema, health, settings --------------------------------------------------------------------
+
+
+def test_openapi_lists_every_resource(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    paths = set(spec["paths"])
+    for p in (
+        "/api/health",
+        "/api/settings",
+        "/api/pipelines",
+        "/api/runs",
+        "/api/runs/{run_id}",
+        "/api/runs/{run_id}/graph",
+        "/api/runs/{run_id}/nodes",
+        "/api/runs/{run_id}/nodes/{node}",
+        "/api/runs/{run_id}/nodes/{node}/input",
+        "/api/runs/{run_id}/nodes/{node}/output",
+        "/api/runs/{run_id}/nodes/{node}/state",
+        "/api/runs/{run_id}/fork",
+        "/api/runs/{run_id}/replay",
+        "/api/runs/{run_id}/cost",
+        "/api/runs/{run_id}/events",
+        "/api/runs/{run_id}/artifacts",
+        "/api/runs/{run_id}/artifacts/{name}",
+        "/api/diff",
+    ):
+        assert p in paths, p
+    assert "ForkRequest" in spec["components"]["schemas"]
+
+
+def test_health_and_settings_never_show_secrets(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REWIND_API_KEY", "sk-very-secret")
+    health = client.get("/api/health").json()
+    assert health["status"] == "ok" and health["runs_in_flight"] == 0
+    r = client.get("/api/settings")
+    s = r.json()
+    assert s["model"] == "fake-model"
+    assert s["model_endpoint"]["base_url"] == "http://fake.test/v1"
+    assert s["model_endpoint"]["kind"] == "client"
+    assert s["model_endpoint"]["api_key_set"] is True
+    assert s["temperature_default"] == 0.0
+    assert s["store"]["root"] == str(store.root)
+    assert s["auth"]["token_required"] is False
+    assert "sk-very-secret" not in r.text
+
+
+def test_settings_of_the_default_lazy_endpoint_start_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REWIND_BASE_URL", raising=False)
+    app = create_app(store, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        s = c.get("/api/settings").json()
+    assert s["model_endpoint"]["kind"] == "embedded"
+    assert s["model_endpoint"]["started"] is False
+    assert s["model"] == "smollm2-135m-instruct-q4_1"
+
+
+def test_security_headers_and_ui_fallback(client: TestClient) -> None:
+    r = client.get("/api/health")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["x-content-type-options"] == "nosniff"
+    ui = client.get("/")
+    assert ui.status_code == 200 and "text/html" in ui.headers["content-type"]
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+def test_start_run_answers_at_once_and_executes_in_a_worker(client: TestClient) -> None:
+    started = time.monotonic()
+    rid = start(client, "blocking")
+    assert time.monotonic() - started < 5
+    assert pipelines.BLOCK_ENTERED.wait(10)  # executing while the request has returned
+    graph = client.get(f"/api/runs/{rid}/graph").json()
+    assert graph["live"] is True and graph["run"]["status"] == "running"
+    assert graph["running"] == {"position": 1, "number": 2, "name": "hold"}
+    assert {n["name"]: n["status"] for n in graph["nodes"]}["hold"] == "running"
+    assert client.get("/api/health").json()["runs_in_flight"] == 1
+
+    # 409: a run still running cannot be forked (and nothing is written).
+    r = client.post(f"/api/runs/{rid}/fork", json={"at": 1})
+    assert_error(r, 409, "RunBusy", text="still running")
+    pipelines.BLOCK_RELEASE.set()
+    run = wait(client, rid)
+    assert run["status"] == "completed"
+    assert fork(client, rid, {"at": 1})["status"] == "completed"
+
+
+def test_a_queued_run_is_visible_before_its_row_exists(
+    store: Store, chat_client: ChatClient
+) -> None:
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY, workers=1)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        first = start(c, "blocking")
+        assert pipelines.BLOCK_ENTERED.wait(10)
+        second = start(c, "tiny")
+        queued = c.get(f"/api/runs/{second}").json()
+        assert queued["status"] == "queued" and queued["pipeline"] == "tiny"
+        assert c.get(f"/api/runs/{second}/graph").json()["nodes"][0]["status"] == "pending"
+        assert second in [r["run_id"] for r in c.get("/api/runs").json()["runs"]]
+        assert_error(c.post(f"/api/runs/{second}/fork", json={"at": 1}), 409, "RunBusy")
+        pipelines.BLOCK_RELEASE.set()
+        assert wait(c, first)["status"] == "completed"
+        assert wait(c, second)["status"] == "completed"
+
+
+def test_runs_list_and_fork_tree(client: TestClient) -> None:
+    parent = record(client)
+    a = fork(client, parent["run_id"], {"at": 2, "override": param("expand", "factor", 3)})
+    b = fork(client, parent["run_id"], {"at": 1})
+    grandchild = fork(client, a["run_id"], {"at": 3})
+    other = record(client)
+    listing = client.get("/api/runs").json()
+    ids = [r["run_id"] for r in listing["runs"]]
+    assert ids[0] == other["run_id"]  # newest first
+    assert set(ids) == {
+        parent["run_id"],
+        a["run_id"],
+        b["run_id"],
+        grandchild["run_id"],
+        other["run_id"],
+    }
+    tree = {t["run_id"]: t for t in listing["tree"]}
+    assert set(tree) == {parent["run_id"], other["run_id"]}
+    kids = tree[parent["run_id"]]["children"]
+    assert [k["run_id"] for k in kids] == [a["run_id"], b["run_id"]]
+    assert [g["run_id"] for g in kids[0]["children"]] == [grandchild["run_id"]]
+
+    detail = client.get(f"/api/runs/{grandchild['run_id']}").json()
+    assert [x["run_id"] for x in detail["ancestors"]] == [a["run_id"], parent["run_id"]]
+    assert detail["fork_node"] == "big" and detail["fork_number"] == 3
+    assert detail["change"] == "unchanged replay from big"
+    top = client.get(f"/api/runs/{parent['run_id']}").json()
+    assert [c["run_id"] for c in top["children"]] == [a["run_id"], b["run_id"]]
+    assert a["change"] == "param expand.factor"
+    assert client.get(f"/api/runs/{parent['run_id'][:8]}").json()["run_id"] == parent["run_id"]
+    assert (
+        client.get("/api/runs", params={"limit": 2}).json()["runs"][0]["run_id"] == other["run_id"]
+    )
+    assert_error(client.get("/api/runs", params={"limit": 0}), 422, "InvalidRequest", "limit")
+
+
+def test_graph_has_nodes_edges_statuses_hashes_and_costs(client: TestClient) -> None:
+    run = record(client)
+    g = client.get(f"/api/runs/{run['run_id']}/graph").json()
+    assert g["live"] is False and g["running"] is None
+    assert [n["name"] for n in g["nodes"]] == ["start", "expand", "big", "small"]
+    status = {n["name"]: n["status"] for n in g["nodes"]}
+    assert status == {
+        "start": "executed",
+        "expand": "executed",
+        "big": "executed",
+        "small": "skipped",
+    }
+    edges = {(e["src"], e["dst"], e["condition"]) for e in g["edges"]}
+    assert edges == {
+        ("start", "expand", "default"),
+        ("expand", "big", "total >= 20"),
+        ("expand", "small", "default"),
+    }
+    ex = g["executions"]
+    assert [e["number"] for e in ex] == [1, 2, 3]
+    for e in ex:
+        assert len(e["input_hash"]) == len(e["output_hash"]) == len(e["state_hash"]) == 64
+        assert e["cache_outcome"] == "miss" and e["cache_reason"] == "bypass"
+        assert e["latency_ms"] >= 0 and e["tokens"] == 0 and e["live"] is False
+    assert ex[0]["params"] == {"offset": 10}
+    assert ex[0]["calls"][0]["name"] == "t_add"
+
+
+def test_node_input_output_and_state(client: TestClient) -> None:
+    rid = record(client)["run_id"]
+    by_number = client.get(f"/api/runs/{rid}/nodes/2").json()
+    by_name = client.get(f"/api/runs/{rid}/nodes/expand").json()
+    by_occurrence = client.get(f"/api/runs/{rid}/nodes/expand%231").json()
+    assert by_number == by_name == by_occurrence
+    assert by_number["node"]["name"] == "expand"
+    assert by_number["output"] == {"series": [50, 2, 4]}
+    assert by_number["input"]["reads"] == {"total": 25}
+    assert by_number["input"]["params"] == {"factor": 2}
+    assert by_number["state"] == {"x": 15, "total": 25, "series": [50, 2, 4]}
+    assert client.get(f"/api/runs/{rid}/nodes/2/output").json()["output"] == by_number["output"]
+    assert client.get(f"/api/runs/{rid}/nodes/2/input").json()["input"] == by_number["input"]
+    state = client.get(f"/api/runs/{rid}/nodes/2/state").json()
+    assert state["state"] == by_number["state"]
+    assert state["state_hash"] == by_number["node"]["state_hash"]
+    nodes = client.get(f"/api/runs/{rid}/nodes").json()["nodes"]
+    assert [n["name"] for n in nodes] == ["start", "expand", "big"]
+
+
+def test_a_failed_node_has_no_state(client: TestClient) -> None:
+    run = record(client, "failing")
+    assert run["status"] == "failed" and "boom went off" in run["error"]
+    node = client.get(f"/api/runs/{run['run_id']}/nodes/2").json()
+    assert node["node"]["status"] == "failed" and node["state"] is None
+    graph = client.get(f"/api/runs/{run['run_id']}/graph").json()
+    assert {n["name"]: n["status"] for n in graph["nodes"]} == {
+        "prepare": "executed",
+        "boom": "failed",
+        "finish": "skipped",
+    }
+
+
+# -- forks, replay, diff, cost -------------------------------------------------------------------
+
+
+def test_param_fork_inherits_then_re_executes_and_diffs(client: TestClient) -> None:
+    parent = record(client)
+    pid = parent["run_id"]
+    r = client.post(
+        f"/api/runs/{pid}/fork", json={"at": "expand", "override": param("expand", "factor", 3)}
+    )
+    assert r.status_code == 202
+    body = r.json()
+    assert body["status"] == "queued" and body["parent_run_id"] == pid
+    assert body["fork_number"] == 2 and body["links"]["events"].endswith("/events")
+    assert r.headers["location"] == f"/api/runs/{body['run_id']}"
+    child = wait(client, body["run_id"])
+    assert child["status"] == "completed"
+    assert child["override"] == param("expand", "factor", 3)
+    ex = client.get(f"/api/runs/{child['run_id']}/graph").json()["executions"]
+    assert [e["status"] for e in ex] == ["inherited", "executed", "executed"]
+    assert ex[1]["cache_reason"] == "override"
+    d = client.get("/api/diff", params={"a": pid, "b": child["run_id"]}).json()
+    assert d["first_divergence"] == 1
+    assert d["nodes"][0]["hash_equal"] is True and d["nodes"][1]["hash_equal"] is False
+    changes = {c["path"]: (c["old"], c["new"]) for c in d["nodes"][1]["changes"]}
+    assert changes == {"series[0]": (50, 75), "series[1]": (2, 3), "series[2]": (4, 6)}
+    assert d["nodes"][2]["changes"][0]["path"] == "verdict.sum"
+
+
+def test_output_override_fork(client: TestClient) -> None:
+    pid = record(client)["run_id"]
+    child = fork(
+        client,
+        pid,
+        {
+            "at": 2,
+            "override": {"kind": "output", "node": "expand", "field": "series", "value": [1]},
+        },
+    )
+    assert child["status"] == "completed"
+    ex = client.get(f"/api/runs/{child['run_id']}/graph").json()["executions"]
+    assert [e["status"] for e in ex] == ["inherited", "override", "executed"]
+    out = client.get(f"/api/runs/{child['run_id']}/nodes/3/output").json()["output"]
+    assert out == {"verdict": {"size": "big", "sum": 1}}
+
+
+def test_unchanged_replay_is_all_hits_and_no_divergence(client: TestClient) -> None:
+    pid = record(client)["run_id"]
+    calls_before = len(pipelines.CALLS)
+    r = client.post(f"/api/runs/{pid}/replay", json={"at": 1})
+    assert r.status_code == 202
+    child = wait(client, r.json()["run_id"])
+    assert child["status"] == "completed" and child["tokens"] == 0
+    ex = client.get(f"/api/runs/{child['run_id']}/graph").json()["executions"]
+    assert [e["status"] for e in ex] == ["hit", "hit", "hit"]
+    assert len(pipelines.CALLS) == calls_before  # no tool executed
+    d = client.get("/api/diff", params={"a": pid, "b": child["run_id"]}).json()
+    assert d["first_divergence"] is None and all(n["hash_equal"] for n in d["nodes"])
+    # A replay with no body replays from node 1.
+    assert client.post(f"/api/runs/{pid}/replay").status_code == 202
+
+
+def test_llm_fork_costs_and_savings(client: TestClient, fake_model: FakeModel) -> None:
+    parent = record(client, "llm")
+    pid = parent["run_id"]
+    assert parent["status"] == "completed" and parent["tokens"] > 0 and fake_model.count == 1
+    replay = fork(client, pid, {"at": 1})
+    assert replay["tokens"] == 0 and fake_model.count == 1
+    cost = client.get(f"/api/runs/{replay['run_id']}/cost").json()
+    assert cost["original"] == {
+        "run_id": pid,
+        "tokens": parent["tokens"],
+        "latency_ms": pytest.approx(parent["latency_ms"], abs=0.2),
+    }
+    assert cost["replay"]["tokens"] == 0
+    assert cost["delta"]["tokens"] == -parent["tokens"]
+    assert cost["saved"]["tokens"] == parent["tokens"]
+
+    warmer = fork(client, pid, {"at": 1, "override": param("ask", "temperature", 0.7)})
+    assert warmer["tokens"] > 0 and fake_model.count == 2
+    cost = client.get(f"/api/runs/{warmer['run_id']}/cost").json()
+    assert cost["saved"]["tokens"] == 0
+    assert cost["delta"]["tokens"] == warmer["tokens"] - parent["tokens"]
+    rows = {n["name"]: n for n in cost["nodes"]}
+    assert rows["ask"]["original_tokens"] == parent["tokens"]
+    assert rows["ask"]["replay_tokens"] == warmer["tokens"]
+
+    # Forking the fork at node 2: node 1 is inherited from a run that executed it.
+    nested = fork(client, warmer["run_id"], {"at": 2})
+    cost = client.get(f"/api/runs/{nested['run_id']}/cost").json()
+    assert cost["original"]["tokens"] == warmer["tokens"]
+    assert cost["saved"]["tokens"] == warmer["tokens"]
+    against = client.get(f"/api/runs/{nested['run_id']}/cost", params={"against": pid}).json()
+    assert against["original"]["run_id"] == pid
+
+
+def test_research_demo_through_the_api(client: TestClient) -> None:
+    parent = record(client, "research", question="Which month is wettest in Seattle?")
+    assert parent["status"] == "completed", parent["error"]
+    pid = parent["run_id"]
+    node = client.get(f"/api/runs/{pid}/nodes/3").json()["node"]
+    value = "month" if node["params"]["group_by"] == "season" else "season"
+    body = {"at": 3, "override": param("analyse", "group_by", value), "effects": "live"}
+    child = fork(client, pid, body)
+    assert child["status"] == "completed", child["error"]
+    ex = client.get(f"/api/runs/{child['run_id']}/graph").json()["executions"]
+    assert [e["status"] for e in ex[:2]] == ["inherited", "inherited"]
+    assert all(e["status"] == "executed" for e in ex[2:])
+    d = client.get("/api/diff", params={"a": pid, "b": child["run_id"]}).json()
+    assert d["first_divergence"] == 2
+    assert "analysis.group_by" in [c["path"] for c in d["nodes"][2]["changes"]]
+    arts = client.get(f"/api/runs/{child['run_id']}").json()["artifacts"]
+    assert [a["name"] for a in arts] == ["report.md"]
+    # The default effects mode serves side effects from the record: a publish with new
+    # arguments cannot be served, so that fork fails at publish, recorded and explained.
+    blocked = fork(client, pid, {"at": 3, "override": param("analyse", "group_by", value)})
+    assert blocked["status"] == "failed" and "publish" in blocked["error"]
+
+
+# -- errors: every one is JSON, names the problem, and writes nothing ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "field", "text"),
+    [
+        ({"at": 9}, 404, "UnknownNode", "at", "no node number 9"),
+        ({"at": "nope"}, 404, "UnknownNode", "at", "no node 'nope'"),
+        ({"at": "expand#2"}, 404, "UnknownNode", "at", "expand#2"),
+        (
+            {"at": 2, "override": param("expand", "nope", 1)},
+            422,
+            "InvalidOverride",
+            "override.param",
+            "'nope'",
+        ),
+        (
+            {"at": 2, "override": param("ghost", "factor", 1)},
+            422,
+            "InvalidOverride",
+            "override.node",
+            "'ghost'",
+        ),
+        (
+            {"at": 2, "override": param("start", "offset", 1)},
+            422,
+            "InvalidOverride",
+            "override.node",
+            "before the fork",
+        ),
+        (
+            {
+                "at": 2,
+                "override": {"kind": "output", "node": "expand", "field": "nope", "value": 1},
+            },
+            422,
+            "InvalidOverride",
+            "override.field",
+            "no output field 'nope'",
+        ),
+        (
+            {
+                "at": 2,
+                "override": {"kind": "output", "node": "big", "field": "verdict", "value": 1},
+            },
+            422,
+            "InvalidOverride",
+            "override.node",
+            "not the fork node",
+        ),
+        (
+            {"at": 2, "override": {"kind": "zap", "node": "expand"}},
+            422,
+            "InvalidRequest",
+            "override",
+            "zap",
+        ),
+        (
+            {"at": 2, "override": {"kind": "param", "node": "expand", "value": 1}},
+            422,
+            "InvalidRequest",
+            "override.param",
+            "Field required",
+        ),
+        ({"override": None}, 422, "InvalidRequest", "at", "Field required"),
+        ({"at": 2, "surprise": 1}, 422, "InvalidRequest", "surprise", "Extra inputs"),
+        ({"at": 2, "effects": "yolo"}, 422, "InvalidRequest", "effects", ""),
+        (
+            {"at": 2, "override": param("expand", "", 1)},
+            422,
+            "InvalidRequest",
+            "override.param",
+            "",
+        ),
+    ],
+)
+def test_invalid_forks_are_refused_and_write_nothing(
+    client: TestClient,
+    store: Store,
+    body: dict[str, Any],
+    status: int,
+    kind: str,
+    field: str,
+    text: str,
+) -> None:
+    pid = record(client)["run_id"]
+    before = row_counts(store)
+    r = client.post(f"/api/runs/{pid}/fork", json=body)
+    assert_error(r, status, kind, field, text)
+    assert row_counts(store) == before
+    assert len(client.get("/api/runs").json()["runs"]) == 1
+
+
+def test_a_value_json_cannot_carry_is_refused(client: TestClient, store: Store) -> None:
+    pid = record(client)["run_id"]
+    before = row_counts(store)
+    override = '{"kind": "param", "node": "expand", "param": "factor", "value": NaN}'
+    raw = '{"at": 2, "override": ' + override + "}"
+    r = client.post(
+        f"/api/runs/{pid}/fork", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert_error(r, 422, "InvalidOverride", "override.value", "cannot be hashed")
+    r = client.post(
+        f"/api/runs/{pid}/fork", content='{"at": 2', headers={"Content-Type": "application/json"}
+    )
+    assert_error(r, 422, "InvalidRequest", "body", "not valid JSON")
+    # A cross-site "simple" request (no JSON content type) is refused, never parsed.
+    r = client.post(
+        f"/api/runs/{pid}/fork", content='{"at": 2}', headers={"Content-Type": "text/plain"}
+    )
+    assert r.status_code == 422
+    assert row_counts(store) == before
+
+
+def test_fork_of_unknown_run_past_a_failure_and_busy(client: TestClient, store: Store) -> None:
+    before = row_counts(store)
+    assert_error(client.post("/api/runs/nope/fork", json={"at": 1}), 404, "UnknownRun", text="nope")
+    assert_error(client.post("/api/runs/nope/replay", json={"at": 1}), 404, "UnknownRun")
+    assert row_counts(store) == before
+    failed = record(client, "failing")
+    before = row_counts(store)
+    r = client.post(f"/api/runs/{failed['run_id']}/fork", json={"at": 3})
+    assert_error(r, 409, "ForkError", text="before reaching node number 3")
+    assert row_counts(store) == before
+    # Forking the failing node itself with the fix works.
+    fixed = fork(client, failed["run_id"], {"at": 2, "override": param("boom", "fail", False)})
+    assert fixed["status"] == "completed"
+
+
+def test_unknown_things_are_404_json(client: TestClient) -> None:
+    rid = record(client)["run_id"]
+    assert_error(client.get("/api/runs/0000ffff"), 404, "UnknownRun", text="0000ffff")
+    assert_error(client.get("/api/runs/nope/graph"), 404, "UnknownRun")
+    assert_error(client.get("/api/runs/nope/events"), 404, "UnknownRun")
+    assert_error(client.get(f"/api/runs/{rid}/nodes/9"), 404, "UnknownNode", text="it has 3")
+    assert_error(client.get(f"/api/runs/{rid}/nodes/ghost/output"), 404, "UnknownNode")
+    assert_error(client.get("/api/diff", params={"a": rid, "b": "nope"}), 404, "UnknownRun")
+    assert_error(client.get("/api/diff", params={"a": rid}), 422, "InvalidRequest", "b")
+    assert_error(client.get(f"/api/runs/{rid}/cost"), 422, "InvalidOverride", "against")
+    assert_error(client.get("/api/no-such-route"), 404, "NotFound")
+    assert_error(client.delete(f"/api/runs/{rid}"), 405, "MethodNotAllowed")
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "text"),
+    [
+        ({"pipeline": "nope"}, "pipeline", "unknown pipeline 'nope'"),
+        ({"pipeline": "research", "state": {"a": 1}}, "state", "takes a question"),
+        ({"pipeline": "tiny", "question": "why?"}, "question", "takes no question"),
+        ({"pipeline": "tiny", "state": "x"}, "state", ""),
+        ({"pipeline": "tiny", "csv": "/etc/passwd"}, "csv", "Extra inputs"),
+    ],
+)
+def test_invalid_start_requests_create_no_run(
+    client: TestClient, store: Store, body: dict[str, Any], field: str, text: str
+) -> None:
+    before = row_counts(store)
+    r = client.post("/api/runs", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == field and text in r.json()["message"]
+    assert row_counts(store) == before
+    assert client.get("/api/runs").json()["runs"] == []
+
+
+# -- live updates --------------------------------------------------------------------------------
+
+
+def test_events_stream_a_run_live_and_replay_history(client: TestClient) -> None:
+    rid = start(client, "blocking")
+    assert pipelines.BLOCK_ENTERED.wait(10)
+    received: list[tuple[str, dict[str, Any]]] = []
+    reader = threading.Thread(target=lambda: received.extend(sse(client, rid)))
+    reader.start()
+    time.sleep(0.3)
+    pipelines.BLOCK_RELEASE.set()
+    reader.join(30)
+    names = [n for n, _ in received]
+    assert names[0] == "hello" and names[-1] == "run_finished"
+    assert names[1:] == [
+        "run_started",
+        "node_started",
+        "node_finished",
+        "node_started",
+        "node_finished",
+        "run_finished",
+    ]
+    finished = [e for n, e in received if n == "node_finished"]
+    assert [e["name"] for e in finished] == ["prepare", "hold"]
+    assert all(e["run_id"] == rid for _, e in received)
+    assert finished[0]["outcome"] == "miss" and len(finished[0]["output_hash"]) == 64
+    assert received[-1][1]["status"] == "completed"
+    seqs = [e["seq"] for _, e in received[1:]]
+    assert seqs == sorted(seqs)
+
+    # A subscriber of a finished run gets the whole history, then run_finished, then EOF.
+    again = sse(client, rid)
+    assert [n for n, _ in again][-1] == "run_finished"
+    # A run the server never executed (recorded elsewhere) ends at once with its status.
+    other = create_app(client.app.state.rewind.store, chat_client=None, pipelines=REGISTRY)
+    with TestClient(other, base_url="http://127.0.0.1") as c2:
+        events = sse(c2, rid)
+    assert [n for n, _ in events] == ["hello", "run_finished"]
+    assert events[-1][1]["status"] == "completed"
+
+
+def test_events_follow_a_run_another_process_executes(client: TestClient, store: Store) -> None:
+    with store.write() as conn:
+        store.create_run(conn, run_id="elsewhere01", pipeline="tiny", pipeline_ref="")
+    received: list[tuple[str, dict[str, Any]]] = []
+    reader = threading.Thread(target=lambda: received.extend(sse(client, "elsewhere01")))
+    reader.start()
+    time.sleep(0.5)
+    store.finish_run("elsewhere01", "completed")
+    reader.join(30)
+    names = [n for n, _ in received]
+    assert names[0] == "hello" and "refresh" in names and names[-1] == "run_finished"
+    assert received[-1][1]["status"] == "completed"
+
+
+def test_restart_marks_runs_in_flight_interrupted(store: Store, chat_client: ChatClient) -> None:
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        rid = start(c, "blocking")
+        assert pipelines.BLOCK_ENTERED.wait(10)
+    # Leaving the client shuts the app down: this server's runs in flight are interrupted.
+    assert store.get_run(rid).status == "interrupted"
+    pipelines.BLOCK_RELEASE.set()
+    time.sleep(0.2)
+    assert store.get_run(rid).status == "interrupted"  # the late finish does not overwrite it
+
+    # A run left "running" by a process that died is marked when the next server starts.
+    script = (
+        "import sys; from rewind.store import open_store; s = open_store(sys.argv[1]); "
+        "w = s.write(); c = w.__enter__(); "
+        "s.create_run(c, run_id='crashed0001', pipeline='tiny', pipeline_ref=''); "
+        "w.__exit__(None, None, None)"
+    )
+    subprocess.run([sys.executable, "-c", script, str(store.root)], check=True, timeout=60)
+    assert store.get_run("crashed0001").status == "running"
+    app2 = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app2, base_url="http://127.0.0.1") as c:
+        assert c.get("/api/runs/crashed0001").json()["status"] == "interrupted"
+        assert "crashed0001" in c.get("/api/health").json()["interrupted_at_start"]
+
+
+# -- artifacts -----------------------------------------------------------------------------------
+
+
+def test_artifact_download_by_recorded_name_only(client: TestClient, store: Store) -> None:
+    rid = record(client, "publisher")["run_id"]
+    listing = client.get(f"/api/runs/{rid}/artifacts").json()["artifacts"]
+    assert [a["name"] for a in listing] == ["report.md"]
+    assert "path" not in listing[0]
+    r = client.get(listing[0]["url"])
+    assert r.status_code == 200
+    assert r.content == b"# Report\n\nhello\n"
+    assert r.headers["x-content-sha256"] == hashlib.sha256(r.content).hexdigest()
+    assert r.headers["content-type"] == "application/octet-stream"
+    assert "attachment" in r.headers["content-disposition"]
+    secret = store.root / "secret.txt"
+    secret.write_text("do not serve")
+    for name in ("secret.txt", "..%2Fsecret.txt", "..%2F..%2Fsecret.txt", "%2Fetc%2Fpasswd"):
+        r = client.get(f"/api/runs/{rid}/artifacts/{name}")
+        assert r.status_code == 404, name
+        assert b"do not serve" not in r.content
+    r = client.get(f"/api/runs/{rid}/artifacts/../../rewind.db")
+    assert r.status_code == 404 and b"SQLite" not in r.content
+    assert_error(client.get("/api/runs/nope/artifacts/report.md"), 404, "UnknownRun")
+
+
+# -- access control ------------------------------------------------------------------------------
+
+
+def test_a_token_guards_every_api_request(store: Store) -> None:
+    app = create_app(store, chat_client=None, pipelines=REGISTRY, token="s3cret")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        for path in ("/api/health", "/api/runs", "/openapi.json", "/api/settings"):
+            r = c.get(path)
+            assert r.status_code == 401, path
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert r.json()["error"] == "Unauthorized"
+        assert c.post("/api/runs", json={"pipeline": "tiny"}).status_code == 401
+        assert c.get("/api/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/api/health", headers={"Authorization": "s3cret"}).status_code == 401
+        ok = {"Authorization": "Bearer s3cret"}
+        assert c.get("/api/health", headers=ok).status_code == 200
+        assert c.get("/api/settings", headers=ok).json()["auth"]["token_required"] is True
+        assert c.get("/").status_code == 200  # the UI shell holds no data
+    assert row_counts(store)["runs"] == 0
+
+
+def test_loopback_server_refuses_foreign_host_headers(store: Store) -> None:
+    app = create_app(
+        store, chat_client=None, pipelines=REGISTRY, allowed_hosts=["127.0.0.1", "localhost", "::1"]
+    )
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        assert c.get("/api/health").status_code == 200
+        assert c.get("/api/health", headers={"Host": "localhost:8000"}).status_code == 200
+        assert c.get("/api/health", headers={"Host": "[::1]:8000"}).status_code == 200
+        r = c.get("/api/health", headers={"Host": "evil.example:8000"})
+        assert r.status_code == 421 and r.json()["error"] == "MisdirectedRequest"
+
+
+def test_serve_needs_a_token_beyond_loopback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REWIND_TOKEN", raising=False)
+    with pytest.raises(RewindError, match="needs a token"):
+        serve(str(tmp_path / "s"), host="0.0.0.0", port=0)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+    assert server_url("0.0.0.0", 8080) == "http://127.0.0.1:8080/"
+    assert server_url("::1", 8080) == "http://[::1]:8080/"
+
+
+def test_serve_prints_the_url_and_serves(tmp_path: Path) -> None:
+    import httpx
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rewind.api",
+            "serve",
+            "--store",
+            str(tmp_path / "s"),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "Rewind serving store" in line and "http://127.0.0.1:" in line
+        url = line.rsplit(" at ", 1)[1].strip()
+        r = httpx.get(url + "api/health", timeout=10, trust_env=False)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_verify_server_passes_all_14_checks_on_the_local_model() -> None:
+    import io
+
+    from rewind.api import verify_server
+
+    out = io.StringIO()
+    code = verify_server(out=out)
+    assert code == 0, out.getvalue()
+    assert "14/14 checks passed over HTTP" in out.getvalue()

@@ -1,0 +1,428 @@
+"""End-to-end UI tests: Debian's headless Chromium driven by Playwright for Python.
+
+The server is the real app (``create_app`` + uvicorn) on a free loopback port, in a thread of
+this process, over a temporary store holding a recorded run of the demo research pipeline. The
+model is a fake OpenAI-compatible endpoint (``httpx.MockTransport``) so the test needs no model
+server and runs in seconds; every model answer starts with an HTML/script payload, so the whole
+UI is exercised with hostile model output. No browser is downloaded: ``/usr/bin/chromium`` comes
+from Debian's ``chromium`` package. Screenshots of each view go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import playwright.sync_api as playwright_api
+import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+
+from rewind.api import create_app
+from rewind.api.command import bind_socket
+from rewind.api.pipelines import PipelineEntry, research_entry
+from rewind.examples import research
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.replay import Pipeline, Rewind
+from rewind.store import open_store
+from rewind.tools import tool
+from tests import pipelines as test_pipelines
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+STATIC_INDEX = ROOT / "src" / "rewind" / "static" / "index.html"
+XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+BIG_CHARS = 1_000_000
+TIMEOUT_MS = 60_000
+playwright_api.expect.set_options(timeout=TIMEOUT_MS)  # a loaded CI machine is slow
+
+
+# -- a fake model whose every answer carries an HTML/script payload ----------------------------
+
+
+def fake_model(request: httpx.Request) -> httpx.Response:
+    """Deterministic OpenAI-compatible answers: the same request gets the same bytes."""
+    body = json.loads(request.content)
+    prompt = json.dumps(body["messages"], sort_keys=True)
+    digest = hashlib.sha256(prompt.encode()).hexdigest()[:10]
+    content = f"{XSS} The data answers it ({digest})."
+    usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(content.split())}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    payload = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": body.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": usage,
+    }
+    return httpx.Response(200, json=payload)
+
+
+# -- a hostile pipeline: tool output with markup, and a 1 MB string -----------------------------
+
+
+@tool("hostile.emit")
+def emit_payload(size: int) -> dict[str, Any]:
+    return {"html": XSS, "padding": "A" * size + "<END-OF-BIG>"}
+
+
+@action(reads=["size"], writes=["payload"])
+def emit(state: State) -> State:
+    return state.update(payload=emit_payload(state["size"]))
+
+
+@action(reads=["payload"], writes=["echo"])
+def echo(state: State) -> State:
+    return state.update(echo=state["payload"]["html"])
+
+
+hostile = Pipeline(
+    name="hostile",
+    graph=GraphBuilder()
+    .with_actions(emit=emit, echo=echo)
+    .with_transitions(("emit", "echo", default))
+    .build(),
+    entrypoint="emit",
+    ref="tests.test_ui:hostile",
+)
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+
+class ThreadServer:
+    """The real app under uvicorn on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (make installs it)")
+    if not STATIC_INDEX.exists():
+        pytest.fail("the UI is not built: cd web && npm ci && npm run build (make does it)")
+    folder = tmp_path_factory.mktemp("ui-store")
+    client = ChatClient(
+        Endpoint(base_url="http://fake.test/v1", model="fake-model"),
+        transport=httpx.MockTransport(fake_model),
+        retry=RetryPolicy(attempts=1),
+    )
+    store = open_store(folder)
+    rw = Rewind(store, chat_client=client)
+    parent = rw.record(research.build(), research.initial_state(), config={"model": "fake-model"})
+    assert parent.status == "completed", parent.error
+    big = rw.record(hostile, {"size": BIG_CHARS})
+    assert big.status == "completed", big.error
+    app = create_app(
+        store,
+        chat_client=client,
+        pipelines={
+            "research": research_entry(),
+            "hostile": PipelineEntry.of(hostile, {"size": 10}),
+            "blocking": PipelineEntry.of(test_pipelines.blocking, {"x": 1}),
+        },
+    )
+    with ThreadServer(app) as srv:
+        yield {"url": srv.url, "parent": parent.run_id, "hostile": big.run_id}
+    client.close()
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    pg = context.new_page()
+    dialogs: list[str] = []
+    errors: list[str] = []
+
+    def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    pg.on("dialog", on_dialog)
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.dialogs = dialogs  # type: ignore[attr-defined]
+    pg.errors = errors  # type: ignore[attr-defined]
+    pg.set_default_timeout(TIMEOUT_MS)
+    yield pg
+    context.close()
+
+
+def shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"ui-{name}.png"), full_page=True)
+
+
+def api_get(url: str, path: str, **params: Any) -> Any:
+    return httpx.get(url + path, params=params or None, timeout=30, trust_env=False).json()
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+
+def test_fork_at_node_3_from_the_ui(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph")
+    expect(page.get_by_test_id(f"run-item-{parent}")).to_be_visible()
+    expect(page.get_by_test_id("graph-node-publish")).to_have_attribute("data-status", "executed")
+    shot(page, "1-runs-and-graph")
+
+    # Select node 3 and change one param in the NodeEditor.
+    node3 = page.get_by_test_id("graph-node-analyse")
+    expect(node3).to_have_attribute("data-number", "3")
+    node3.click()
+    editor = page.get_by_test_id("node-editor")
+    expect(editor).to_contain_text("Fork at node 3 · analyse")
+    recorded = api_get(url, f"/api/runs/{parent}/nodes/3")["node"]["params"]["group_by"]
+    new_value = "month" if recorded == "season" else "season"
+    editor.get_by_test_id("editor-name").select_option("group_by")
+    value = editor.get_by_test_id("editor-value")
+    value.fill('"season')  # invalid JSON is caught before submit
+    expect(editor.get_by_test_id("editor-json-error")).to_be_visible()
+    expect(editor.get_by_test_id("fork-button")).to_be_disabled()
+    value.fill(json.dumps(new_value))
+    expect(editor.get_by_test_id("fork-button")).to_be_enabled()
+    shot(page, "2-node-editor")
+    editor.get_by_test_id("fork-button").click()
+
+    # The fork opens and replays live: grey 1-2 (inherited), orange 3+ (re-executed).
+    view = page.get_by_test_id("run-view")
+    expect(view).not_to_have_attribute("data-run-id", parent)
+    fork_id = view.get_attribute("data-run-id")
+    assert fork_id and fork_id != parent
+    expect(view).to_have_attribute("data-run-status", "completed")
+    for name in ("plan", "research"):
+        expect(page.get_by_test_id(f"graph-node-{name}")).to_have_attribute(
+            "data-status", "inherited"
+        )
+    for name in research.NODES[2:]:
+        expect(page.get_by_test_id(f"graph-node-{name}")).to_have_attribute(
+            "data-status", "executed"
+        )
+    fills = page.eval_on_selector_all(
+        "[data-testid^=graph-node-] rect", "els => els.map(e => e.getAttribute('fill'))"
+    )
+    assert fills[:2] == ["#d1d5db"] * 2 and set(fills[2:]) == {"#fb923c"}, fills
+    fork = api_get(url, f"/api/runs/{fork_id}")
+    assert fork["parent_run_id"] == parent and fork["fork_number"] == 3
+    assert fork["override"] == {
+        "kind": "param",
+        "node": "analyse",
+        "param": "group_by",
+        "value": new_value,
+    }
+    shot(page, "3-fork-graph")
+
+    # DiffPanel: the first divergence is node 3 and names the changed field paths.
+    page.get_by_test_id("tab-diff").click()
+    panel = page.get_by_test_id("diff-panel")
+    row3 = panel.get_by_test_id("diff-row-3")
+    expect(row3).to_have_attribute("data-status", "changed")
+    expect(row3.get_by_test_id("first-divergence")).to_be_visible()
+    expect(panel.get_by_test_id("hash-match-1")).to_contain_text("= hash")
+    expect(panel.get_by_test_id("hash-match-3")).to_contain_text("≠ hash")
+    diff = api_get(url, "/api/diff", a=parent, b=fork_id)
+    assert diff["first_divergence"] == 2
+    paths = [c["path"] for c in diff["nodes"][2]["changes"]]
+    assert "analysis.group_by" in paths
+    shown = panel.get_by_test_id("diff-path").all_inner_texts()
+    assert "analysis.group_by" in shown
+    assert set(paths[:50]) <= set(shown)
+    shot(page, "4-diff")
+
+    # CostBar: the numbers are the API's.
+    cost = api_get(url, f"/api/runs/{fork_id}/cost")
+    parent_run = api_get(url, f"/api/runs/{parent}")
+    assert cost["original"]["tokens"] == parent_run["tokens"] > 0
+    assert cost["replay"]["tokens"] == fork["tokens"]
+
+    def text(tid: str) -> str:
+        return page.get_by_test_id(tid).inner_text().strip()
+
+    def fmt(n: int) -> str:
+        return f"{abs(n):,}"
+
+    assert text("cost-original-tokens") == fmt(cost["original"]["tokens"])
+    assert text("cost-replay-tokens") == fmt(cost["replay"]["tokens"])
+    delta = cost["delta"]["tokens"]
+    assert text("cost-delta-tokens") == ("−" if delta < 0 else "+" if delta else "") + fmt(delta)
+    assert text("cost-saved-tokens") == fmt(cost["saved"]["tokens"])
+    assert cost["saved"]["tokens"] == sum(
+        n["original_tokens"] for n in cost["nodes"] if n["status"] in ("inherited", "hit")
+    )
+    page.get_by_test_id("cost-bar").screenshot(path=str(ARTIFACTS / "ui-5-cost-bar.png"))
+
+    # RawJSON of node 3: hashes and outputs, copyable.
+    page.get_by_test_id("tab-raw").click()
+    page.get_by_role("button", name="3 analyse").click()
+    raw = page.get_by_test_id("raw-json")
+    node3_api = api_get(url, f"/api/runs/{fork_id}/nodes/3")["node"]
+    expect(raw.get_by_test_id("raw-output")).to_contain_text(node3_api["output_hash"])
+    expect(raw.get_by_test_id("raw-state")).to_contain_text(node3_api["state_hash"])
+    expect(raw.get_by_test_id("raw-input")).to_contain_text(new_value)
+    shot(page, "6-raw-json")
+
+    # Settings come from the server.
+    page.get_by_test_id("nav-settings").click()
+    settings = api_get(url, "/api/settings")
+    expect(page.get_by_test_id("setting-model")).to_have_text(settings["model"])
+    expect(page.get_by_test_id("setting-store")).to_have_text(settings["store"]["root"])
+    shot(page, "7-settings")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_unchanged_replay_from_the_ui_is_all_green(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph&node=3")
+    editor = page.get_by_test_id("node-editor")
+    editor.get_by_test_id("editor-mode-replay").click()
+    editor.get_by_test_id("fork-button").click()
+    view = page.get_by_test_id("run-view")
+    expect(view).not_to_have_attribute("data-run-id", parent)
+    expect(view).to_have_attribute("data-run-status", "completed")
+    for name in research.NODES[2:]:
+        expect(page.get_by_test_id(f"graph-node-{name}")).to_have_attribute("data-status", "hit")
+    expect(page.get_by_test_id("cost-replay-tokens")).to_have_text("0")
+    page.get_by_test_id("tab-diff").click()
+    expect(page.get_by_test_id("diff-summary")).to_contain_text("none")
+    shot(page, "8-unchanged-replay-diff")
+
+
+def test_model_and_tool_output_render_as_text(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url = server["url"]
+    # Model output (critique, node 4 of the demo) and tool output (the hostile pipeline).
+    page.goto(f"{url}/#/runs/{server['parent']}?tab=graph&node=4")
+    output = page.get_by_test_id("node-output")
+    expect(output).to_contain_text(XSS)
+    page.goto(f"{url}/#/runs/{server['hostile']}?tab=raw&node=1")
+    raw = page.get_by_test_id("raw-output")
+    expect(raw).to_contain_text(XSS)
+    page.goto(f"{url}/#/runs/{server['hostile']}?tab=graph&node=2")
+    expect(page.get_by_test_id("node-output")).to_contain_text(XSS)
+    time.sleep(0.3)  # give an injected handler the chance it must not have
+    assert page.locator("main img").count() == 0
+    assert page.locator("main script").count() == 0
+    assert page.dialogs == []  # type: ignore[attr-defined]
+    assert page.evaluate("document.querySelectorAll('img[src=x]').length") == 0
+    shot(page, "9-xss-literal")
+
+
+def test_one_megabyte_output_stays_responsive(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url = server["url"]
+    started = time.monotonic()
+    page.goto(f"{url}/#/runs/{server['hostile']}?tab=raw&node=1")
+    raw = page.get_by_test_id("raw-output")
+    expect(raw.get_by_test_id("truncated-note")).to_be_visible()
+    assert time.monotonic() - started < 15
+    shown = len(raw.locator("pre").first.inner_text())
+    assert shown < 10_000, shown
+    clicked = time.monotonic()
+    raw.get_by_role("button", name="show all").click()
+    expect(raw).to_contain_text("<END-OF-BIG>")
+    assert len(raw.locator("pre").first.inner_text()) > BIG_CHARS
+    # Still responsive: the page answers script and switches tabs promptly.
+    assert page.evaluate("1 + 1") == 2
+    page.get_by_test_id("tab-graph").click()
+    expect(page.get_by_test_id("graph-node-emit")).to_be_visible()
+    assert time.monotonic() - clicked < 15
+    shot(page, "10-big-output")
+    assert page.errors == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("transport", ["sse", "polling"])
+def test_graph_updates_live(server: dict[str, Any], page: Any, transport: str) -> None:
+    """A running node pulses; when it finishes the graph recolours without a reload — over
+    server-sent events, and by polling when the event stream is unavailable."""
+    expect = playwright_api.expect
+    url = server["url"]
+    test_pipelines.BLOCK_ENTERED.clear()
+    test_pipelines.BLOCK_RELEASE.clear()
+    if transport == "polling":
+        page.route("**/api/runs/*/events", lambda route: route.abort())
+    try:
+        r = httpx.post(f"{url}/api/runs", json={"pipeline": "blocking"}, trust_env=False)
+        assert r.status_code == 202, r.text
+        run_id = r.json()["run_id"]
+        assert test_pipelines.BLOCK_ENTERED.wait(20)
+        page.goto(f"{url}/#/runs/{run_id}?tab=graph")
+        hold = page.get_by_test_id("graph-node-hold")
+        expect(hold).to_have_attribute("data-status", "running")
+        expect(hold).to_have_class(re.compile("node-running"))
+        expect(page.get_by_test_id("graph-node-prepare")).to_have_attribute(
+            "data-status", "executed"
+        )
+        expect(page.get_by_test_id("run-view")).to_contain_text(f"live ({transport})")
+        shot(page, f"11-live-{transport}")
+    finally:
+        test_pipelines.BLOCK_RELEASE.set()
+    expect(hold).to_have_attribute("data-status", "executed")
+    expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-status", "completed")
+    expect(page.get_by_test_id(f"run-item-{run_id}")).to_contain_text("completed")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_old_screenshots() -> None:
+    if ARTIFACTS.exists() and os.environ.get("REWIND_KEEP_SCREENSHOTS") != "1":
+        for old in ARTIFACTS.glob("ui-*.png"):
+            old.unlink()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.disk_usage(ARTIFACTS)  # fails early if the folder is not writable

@@ -1,0 +1,123 @@
+// Rewind's UI shell: hash routes (#/runs/<id>?tab=graph&node=3, #/settings), the runs sidebar,
+// and the selected run.
+import { useCallback, useEffect, useState } from "react";
+import { api, ApiError } from "./api";
+import type { RunsResponse } from "./types";
+import { RunsList } from "./components/RunsList";
+import { RunView, type Tab } from "./components/RunView";
+import { Settings } from "./components/Settings";
+
+interface Route {
+  view: "runs" | "settings";
+  runId: string | null;
+  tab: Tab;
+  node: number | null;
+}
+
+function parseRoute(hash: string): Route {
+  const [path, query = ""] = hash.replace(/^#/, "").split("?");
+  const params = new URLSearchParams(query);
+  const tab = (["graph", "diff", "raw"].includes(params.get("tab") ?? "") ? params.get("tab") : "graph") as Tab;
+  const node = params.get("node") ? Number(params.get("node")) : null;
+  if (path.startsWith("/settings")) return { view: "settings", runId: null, tab, node: null };
+  const m = path.match(/^\/runs\/([0-9a-zA-Z_-]+)/);
+  return { view: "runs", runId: m ? m[1] : null, tab, node };
+}
+
+function href(runId: string, tab: Tab, node: number | null): string {
+  const q = new URLSearchParams({ tab });
+  if (node !== null) q.set("node", String(node));
+  return `#/runs/${runId}?${q.toString()}`;
+}
+
+export default function App() {
+  const [route, setRoute] = useState<Route>(() => parseRoute(window.location.hash));
+  const [runs, setRuns] = useState<RunsResponse>({ runs: [], tree: [] });
+  const [error, setError] = useState<ApiError | null>(null);
+
+  useEffect(() => {
+    const onHash = () => setRoute(parseRoute(window.location.hash));
+    window.addEventListener("hashchange", onHash);
+    return () => window.removeEventListener("hashchange", onHash);
+  }, []);
+
+  const loadRuns = useCallback(() => {
+    api<RunsResponse>("/api/runs")
+      .then((r) => {
+        setRuns(r);
+        setError(null);
+      })
+      .catch((e) => setError(e instanceof ApiError ? e : new ApiError(0, String(e))));
+  }, []);
+
+  useEffect(() => {
+    loadRuns();
+    const anyLive = runs.runs.some((r) => r.status === "running" || r.status === "queued");
+    const timer = window.setInterval(loadRuns, anyLive ? 1500 : 5000);
+    return () => window.clearInterval(timer);
+  }, [loadRuns, runs.runs]);
+
+  const navigate = (runId: string, tab: Tab, node: number | null) => {
+    window.location.hash = href(runId, tab, node);
+    loadRuns();
+  };
+
+  return (
+    <div className="flex h-screen flex-col">
+      <header className="flex items-center gap-4 border-b border-slate-200 bg-slate-900 px-4 py-2 text-white">
+        <a href="#/" className="text-lg font-bold tracking-tight">
+          <img src="/favicon.svg" alt="" className="mr-1 inline h-5 w-5 align-[-3px]" />
+          Rewind
+        </a>
+        <span className="text-xs text-slate-300">record · fork · replay · diff</span>
+        <nav className="ml-auto flex gap-3 text-sm">
+          <a href="#/" data-testid="nav-runs" className={route.view === "runs" ? "underline" : ""}>
+            Runs
+          </a>
+          <a href="#/settings" data-testid="nav-settings" className={route.view === "settings" ? "underline" : ""}>
+            Settings
+          </a>
+        </nav>
+      </header>
+      {error?.status === 401 && (
+        <div className="bg-amber-100 px-4 py-2 text-sm text-amber-900">
+          This server needs an access token: enter it under <a className="underline" href="#/settings">Settings</a>.
+        </div>
+      )}
+      <div className="flex min-h-0 flex-1">
+        <aside className="w-80 shrink-0 overflow-y-auto border-r border-slate-200 bg-slate-50 p-2">
+          <RunsList
+            runs={runs.runs}
+            tree={runs.tree}
+            selected={route.runId}
+            onSelect={(id) => navigate(id, "graph", null)}
+          />
+        </aside>
+        <main className="min-w-0 flex-1 overflow-y-auto p-4">
+          {route.view === "settings" && <Settings />}
+          {route.view === "runs" && route.runId && (
+            <RunView
+              key={route.runId}
+              runId={route.runId}
+              tab={route.tab}
+              node={route.node}
+              runs={runs.runs}
+              navigate={navigate}
+              onRunsChanged={loadRuns}
+            />
+          )}
+          {route.view === "runs" && !route.runId && (
+            <div className="max-w-2xl space-y-2 text-sm text-slate-600">
+              <h2 className="text-lg font-semibold text-slate-900">Pick a run</h2>
+              <p>
+                Select a run on the left to see its graph. Click a node, change one param or its output, and press{" "}
+                <b>Fork here</b>: the new run inherits the nodes before it (grey), replays the rest through the cache
+                (green when nothing changed, orange when a node had to re-execute) and the Diff tab shows what changed.
+              </p>
+            </div>
+          )}
+        </main>
+      </div>
+    </div>
+  );
+}

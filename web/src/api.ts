@@ -1,0 +1,124 @@
+// Fetch wrapper for Rewind's API: bearer token (when the server needs one), JSON errors, and a
+// server-sent-events reader built on fetch (EventSource cannot send an Authorization header).
+import type { RunEvent } from "./types";
+
+const TOKEN_KEY = "rewind-token";
+
+export function takeTokenFromHash(): void {
+  const m = window.location.hash.match(/^#token=([^&]+)/);
+  if (m) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    window.history.replaceState(null, "", window.location.pathname + "#/");
+  }
+}
+
+export function getToken(): string | null {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+export function setToken(token: string | null): void {
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+export class ApiError extends Error {
+  status: number;
+  hint: string;
+  field: string | null;
+  constructor(status: number, message: string, hint = "", field: string | null = null) {
+    super(message);
+    this.status = status;
+    this.hint = hint;
+    this.field = field;
+  }
+}
+
+function headers(extra: Record<string, string> = {}): Record<string, string> {
+  const h: Record<string, string> = { Accept: "application/json", ...extra };
+  const token = getToken();
+  if (token) h.Authorization = `Bearer ${token}`;
+  return h;
+}
+
+export async function api<T>(path: string, init: { method?: string; body?: unknown } = {}): Promise<T> {
+  const response = await fetch(path, {
+    method: init.method ?? "GET",
+    headers: headers(init.body !== undefined ? { "Content-Type": "application/json" } : {}),
+    body: init.body !== undefined ? JSON.stringify(init.body) : undefined,
+  });
+  const text = await response.text();
+  let data: unknown = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = text;
+  }
+  if (!response.ok) {
+    const body = (data && typeof data === "object" ? data : {}) as Record<string, unknown>;
+    throw new ApiError(
+      response.status,
+      String(body.message ?? `HTTP ${response.status}`),
+      String(body.hint ?? ""),
+      (body.field as string | null) ?? null,
+    );
+  }
+  return data as T;
+}
+
+/** Follow a run's events; returns a function that stops following. */
+export function followEvents(
+  runId: string,
+  onEvent: (event: RunEvent) => void,
+  onEnd: (failed: boolean) => void,
+): () => void {
+  const controller = new AbortController();
+  (async () => {
+    try {
+      const response = await fetch(`/api/runs/${encodeURIComponent(runId)}/events`, {
+        headers: headers({ Accept: "text/event-stream" }),
+        signal: controller.signal,
+      });
+      if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value.replace(/\r\n/g, "\n");
+        let cut: number;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          const data = block
+            .split("\n")
+            .filter((line) => line.startsWith("data:"))
+            .map((line) => line.slice(5).trimStart())
+            .join("\n");
+          if (data) onEvent(JSON.parse(data) as RunEvent);
+        }
+      }
+      onEnd(false);
+    } catch {
+      if (!controller.signal.aborted) onEnd(true);
+    }
+  })();
+  return () => controller.abort();
+}
+
+export function shortId(id: string): string {
+  return id.slice(0, 8);
+}
+
+export function fmtInt(n: number | null | undefined): string {
+  return n === null || n === undefined ? "—" : n.toLocaleString("en-US");
+}
+
+export function fmtMs(ms: number | null | undefined): string {
+  if (ms === null || ms === undefined) return "—";
+  if (Math.abs(ms) >= 1000) return `${(ms / 1000).toFixed(2)} s`;
+  return `${ms.toFixed(1)} ms`;
+}
+
+export function signed(n: number, fmt: (n: number) => string = fmtInt): string {
+  return n > 0 ? `+${fmt(n)}` : n < 0 ? `−${fmt(-n)}` : fmt(0);
+}

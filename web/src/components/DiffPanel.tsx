@@ -1,0 +1,251 @@
+// Original vs fork, node by node: status, hash match, first divergence, changed field paths with
+// old/new values, unified text diffs for long strings, and both outputs side by side.
+import { useEffect, useState } from "react";
+import { api, ApiError, fmtInt, signed } from "../api";
+import type { Diff, DiffChange, DiffRow, Run } from "../types";
+import { JsonBlock, TextBlock, toText } from "./TextBlock";
+
+const ROW_COLOUR: Record<DiffRow["status"], string> = {
+  equal: "bg-emerald-100 text-emerald-800",
+  changed: "bg-orange-100 text-orange-800",
+  only_a: "bg-red-100 text-red-800",
+  only_b: "bg-sky-100 text-sky-800",
+};
+
+function TextDiff({ diff }: { diff: string }) {
+  const lines = diff.split("\n");
+  const limit = 400;
+  const [all, setAll] = useState(false);
+  const shown = all ? lines : lines.slice(0, limit);
+  return (
+    <div className="rounded border border-slate-200 bg-slate-50 p-2" data-testid="text-diff">
+      <pre className="whitespace-pre-wrap break-all font-mono text-xs leading-5">
+        {shown.map((line, i) => (
+          <div
+            key={i}
+            className={
+              line.startsWith("+") && !line.startsWith("+++")
+                ? "bg-emerald-100 text-emerald-900"
+                : line.startsWith("-") && !line.startsWith("---")
+                  ? "bg-red-100 text-red-900"
+                  : line.startsWith("@@")
+                    ? "text-sky-700"
+                    : ""
+            }
+          >
+            {line.length > 4000 ? `${line.slice(0, 4000)} …` : line || " "}
+          </div>
+        ))}
+      </pre>
+      {lines.length > limit && (
+        <button type="button" className="mt-1 text-xs underline" onClick={() => setAll(!all)}>
+          {all ? "show less" : `show all ${lines.length} lines`}
+        </button>
+      )}
+    </div>
+  );
+}
+
+function Change({ c }: { c: DiffChange }) {
+  return (
+    <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+      <div className="flex items-center gap-2 text-xs">
+        <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
+          {c.path || "(whole value)"}
+        </code>
+        <span className="text-slate-500">{c.kind.replace("_", " ")}</span>
+      </div>
+      {c.text_diff ? (
+        <TextDiff diff={c.text_diff} />
+      ) : (
+        <div className="grid grid-cols-2 gap-2 text-xs">
+          <div>
+            <div className="text-slate-500">old</div>
+            <div className="rounded bg-red-50 p-1 text-red-900">
+              {c.kind === "added" ? <span className="italic">(absent)</span> : <TextBlock text={toText(c.old)} limit={600} />}
+            </div>
+          </div>
+          <div>
+            <div className="text-slate-500">new</div>
+            <div className="rounded bg-emerald-50 p-1 text-emerald-900">
+              {c.kind === "removed" ? <span className="italic">(absent)</span> : <TextBlock text={toText(c.new)} limit={600} />}
+            </div>
+          </div>
+        </div>
+      )}
+    </li>
+  );
+}
+
+function Row({ row, first }: { row: DiffRow; first: boolean }) {
+  const [open, setOpen] = useState(row.status !== "equal" && row.changes.length <= 50);
+  const [sideBySide, setSideBySide] = useState(false);
+  const shownChanges = row.changes.slice(0, 200);
+  return (
+    <>
+      <tr
+        data-testid={`diff-row-${row.index + 1}`}
+        data-status={row.status}
+        className={`cursor-pointer border-t border-slate-100 ${first ? "bg-orange-50" : ""}`}
+        onClick={() => setOpen(!open)}
+      >
+        <td className="py-1 pr-2">{row.index + 1}</td>
+        <td className="pr-2 font-medium">{row.name}</td>
+        <td className="pr-2">
+          <span className={`rounded px-1.5 py-0.5 ${ROW_COLOUR[row.status]}`}>{row.status.replace("_", " ")}</span>
+          {first && (
+            <span className="ml-2 font-semibold text-orange-700" data-testid="first-divergence">
+              ◀ first divergence
+            </span>
+          )}
+        </td>
+        <td className="pr-2" data-testid={`hash-match-${row.index + 1}`}>
+          {row.a && row.b ? (
+            row.hash_equal ? (
+              <span className="text-emerald-700" title="output sha256 equal">
+                = hash
+              </span>
+            ) : (
+              <span className="text-red-700" title="output sha256 differs">
+                ≠ hash
+              </span>
+            )
+          ) : (
+            "—"
+          )}
+        </td>
+        <td className="pr-2 text-slate-600">
+          {row.a?.outcome ?? "—"} → {row.b?.outcome ?? "—"}
+        </td>
+        <td className="pr-2 text-right tabular-nums">{signed(row.token_delta)}</td>
+        <td className="pr-2 text-slate-600">{row.changes.length ? `${row.changes.length} field(s)` : ""}</td>
+      </tr>
+      {open && (
+        <tr>
+          <td />
+          <td colSpan={6} className="pb-3">
+            {row.changes.length > 0 && (
+              <ul className="space-y-1">
+                {shownChanges.map((c, i) => (
+                  <Change key={`${c.path}-${i}`} c={c} />
+                ))}
+                {row.changes.length > shownChanges.length && (
+                  <li className="text-xs text-slate-500">… {row.changes.length - shownChanges.length} more changes</li>
+                )}
+              </ul>
+            )}
+            <button
+              type="button"
+              className="mt-1 text-xs text-sky-700 underline"
+              onClick={(e) => {
+                e.stopPropagation();
+                setSideBySide(!sideBySide);
+              }}
+            >
+              {sideBySide ? "hide outputs" : "original vs fork side by side"}
+            </button>
+            {sideBySide && (
+              <div className="mt-1 grid grid-cols-2 gap-2" data-testid="side-by-side">
+                <div className="rounded border border-slate-200 p-2">
+                  <div className="mb-1 text-xs text-slate-500">original · {row.a?.output_hash.slice(0, 12) ?? "absent"}</div>
+                  <JsonBlock value={row.a?.output ?? null} limit={3000} />
+                </div>
+                <div className="rounded border border-slate-200 p-2">
+                  <div className="mb-1 text-xs text-slate-500">fork · {row.b?.output_hash.slice(0, 12) ?? "absent"}</div>
+                  <JsonBlock value={row.b?.output ?? null} limit={3000} />
+                </div>
+              </div>
+            )}
+          </td>
+        </tr>
+      )}
+    </>
+  );
+}
+
+export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; version: number }) {
+  const [against, setAgainst] = useState<string>(run.parent_run_id ?? "");
+  const [diff, setDiff] = useState<Diff | null>(null);
+  const [error, setError] = useState<string | null>(null);
+
+  useEffect(() => setAgainst(run.parent_run_id ?? ""), [run.run_id, run.parent_run_id]);
+  useEffect(() => {
+    if (!against) {
+      setDiff(null);
+      return;
+    }
+    let cancelled = false;
+    api<Diff>(`/api/diff?a=${encodeURIComponent(against)}&b=${encodeURIComponent(run.run_id)}`)
+      .then((d) => !cancelled && (setDiff(d), setError(null)))
+      .catch((e: ApiError) => !cancelled && setError(e.message));
+    return () => {
+      cancelled = true;
+    };
+  }, [against, run.run_id, version]);
+
+  const others = runs.filter((r) => r.run_id !== run.run_id && r.pipeline === run.pipeline);
+  return (
+    <section className="space-y-3" data-testid="diff-panel">
+      <div className="flex items-center gap-2 text-sm">
+        <span className="text-slate-600">compare</span>
+        <select
+          data-testid="diff-against"
+          className="rounded border border-slate-300 px-1 py-0.5 text-xs"
+          value={against}
+          onChange={(e) => setAgainst(e.target.value)}
+        >
+          <option value="">(choose a run)</option>
+          {others.map((r) => (
+            <option key={r.run_id} value={r.run_id}>
+              {r.run_id.slice(0, 8)} {r.run_id === run.parent_run_id ? "(parent)" : ""} {r.change ?? r.status}
+            </option>
+          ))}
+        </select>
+        <span className="text-slate-600">(original) → this run (fork)</span>
+      </div>
+      {error && <div className="text-sm text-red-700">{error}</div>}
+      {!against && <p className="text-sm text-slate-500">This run has no parent: choose a run to compare with.</p>}
+      {diff && (
+        <>
+          <div className="flex flex-wrap gap-4 text-xs text-slate-700" data-testid="diff-summary">
+            <span>
+              first divergence:{" "}
+              <b>
+                {diff.first_divergence === null
+                  ? "none — every node output is equal"
+                  : `node ${diff.first_divergence + 1} ${diff.nodes[diff.first_divergence].name}`}
+              </b>
+            </span>
+            <span>
+              {Object.entries(diff.counts)
+                .filter(([, n]) => n > 0)
+                .map(([s, n]) => `${n} ${s.replace("_", " ")}`)
+                .join(" · ")}
+            </span>
+            <span>
+              tokens {fmtInt(diff.tokens_a)} → {fmtInt(diff.tokens_b)} ({signed(diff.token_delta)})
+            </span>
+          </div>
+          <table className="w-full text-left text-xs">
+            <thead className="text-slate-500">
+              <tr>
+                <th className="py-1 pr-2">#</th>
+                <th className="pr-2">node</th>
+                <th className="pr-2">status</th>
+                <th className="pr-2">hash</th>
+                <th className="pr-2">cache (original → fork)</th>
+                <th className="pr-2 text-right">tokens Δ</th>
+                <th className="pr-2">changes</th>
+              </tr>
+            </thead>
+            <tbody>
+              {diff.nodes.map((row) => (
+                <Row key={`${against}-${row.index}`} row={row} first={row.index === diff.first_divergence} />
+              ))}
+            </tbody>
+          </table>
+        </>
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,206 @@
+// Pick a node, change one param or one output field (JSON checked before submit), fork there.
+import { useEffect, useMemo, useState } from "react";
+import { api, ApiError } from "../api";
+import type { NodeDetail, Run } from "../types";
+import { toText } from "./TextBlock";
+
+type Mode = "param" | "output" | "replay";
+type Effects = "recorded" | "dry-run" | "live";
+
+const EFFECTS_HELP: Record<Effects, string> = {
+  live: "re-execute side-effecting tools (e.g. publish) against a verified pre-state",
+  recorded: "serve side effects from the record; a call with new arguments fails the fork",
+  "dry-run": "log side-effecting calls and execute nothing",
+};
+
+const BIG_PREFILL = 200_000;
+
+function parseJson(text: string): { ok: true; value: unknown } | { ok: false; error: string } {
+  if (!text.trim()) return { ok: false, error: "enter a JSON value (strings in double quotes)" };
+  try {
+    return { ok: true, value: JSON.parse(text) };
+  } catch (e) {
+    return { ok: false, error: `not valid JSON: ${(e as Error).message}` };
+  }
+}
+
+export function NodeEditor({
+  run,
+  detail,
+  onForked,
+}: {
+  run: Run;
+  detail: NodeDetail;
+  onForked: (runId: string) => void;
+}) {
+  const node = detail.node;
+  const params = Object.keys(node.params ?? {});
+  const fields = Object.keys(detail.output ?? {});
+  const [mode, setMode] = useState<Mode>(params.length ? "param" : fields.length ? "output" : "replay");
+  const [name, setName] = useState<string>(params[0] ?? fields[0] ?? "");
+  const [text, setText] = useState("");
+  const [tooBig, setTooBig] = useState(0);
+  const [effects, setEffects] = useState<Effects>("live");
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<ApiError | null>(null);
+
+  // Reset when another node is picked.
+  useEffect(() => {
+    const m: Mode = params.length ? "param" : fields.length ? "output" : "replay";
+    setMode(m);
+    setName(m === "param" ? params[0] : m === "output" ? fields[0] : "");
+    setEffects(m === "replay" ? "recorded" : "live");
+    setError(null);
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [run.run_id, node.number]);
+
+  const current = mode === "param" ? node.params[name] : mode === "output" ? detail.output[name] : undefined;
+  useEffect(() => {
+    if (mode === "replay" || !name) {
+      setText("");
+      return;
+    }
+    const t = mode === "output" ? JSON.stringify(current, null, 2) : JSON.stringify(current);
+    setTooBig(t !== undefined && t.length > BIG_PREFILL ? t.length : 0);
+    setText(t === undefined ? "" : t.length > BIG_PREFILL ? "" : t);
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [mode, name, node.number, run.run_id]);
+
+  const parsed = useMemo(() => (mode === "replay" ? null : parseJson(text)), [mode, text]);
+  const unchanged = parsed?.ok && JSON.stringify(parsed.value) === JSON.stringify(current);
+  const finished = run.status !== "running" && run.status !== "queued";
+  const canFork = finished && !busy && (mode === "replay" || (parsed?.ok && !!name));
+
+  const submit = async () => {
+    if (!canFork) return;
+    setBusy(true);
+    setError(null);
+    let override: Record<string, unknown> | null = null;
+    if (mode !== "replay" && parsed?.ok) {
+      override =
+        mode === "param"
+          ? { kind: "param", node: node.name, param: name, value: parsed.value }
+          : { kind: "output", node: node.name, field: name, value: parsed.value };
+    }
+    try {
+      const res = await api<{ run_id: string }>(`/api/runs/${run.run_id}/fork`, {
+        method: "POST",
+        body: { at: node.number, override, effects },
+      });
+      onForked(res.run_id);
+    } catch (e) {
+      setError(e instanceof ApiError ? e : new ApiError(0, String(e)));
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  const tab = (m: Mode, label: string, disabled: boolean) => (
+    <button
+      type="button"
+      data-testid={`editor-mode-${m}`}
+      disabled={disabled}
+      onClick={() => {
+        setMode(m);
+        setName(m === "param" ? params[0] : m === "output" ? fields[0] : "");
+        setEffects(m === "replay" ? "recorded" : "live");
+      }}
+      className={`rounded px-2 py-1 text-xs ${mode === m ? "bg-slate-800 text-white" : "bg-slate-100 text-slate-700"} disabled:opacity-40`}
+    >
+      {label}
+    </button>
+  );
+
+  return (
+    <section className="space-y-2 rounded border border-slate-200 bg-white p-3" data-testid="node-editor">
+      <h3 className="text-sm font-semibold">
+        Fork at node {node.number} · {node.name}
+      </h3>
+      <div className="flex gap-1">
+        {tab("param", "change a param", params.length === 0)}
+        {tab("output", "replace output", fields.length === 0)}
+        {tab("replay", "unchanged replay", false)}
+      </div>
+      {mode === "param" && params.length === 0 && <p className="text-xs text-slate-500">This node read no params.</p>}
+      {mode !== "replay" && (
+        <>
+          <label className="block text-xs text-slate-600">
+            {mode === "param" ? "param" : "output field"}
+            <select
+              data-testid="editor-name"
+              className="ml-2 rounded border border-slate-300 px-1 py-0.5 text-xs"
+              value={name}
+              onChange={(e) => setName(e.target.value)}
+            >
+              {(mode === "param" ? params : fields).map((p) => (
+                <option key={p} value={p}>
+                  {p}
+                </option>
+              ))}
+            </select>
+          </label>
+          <div className="text-xs text-slate-500">
+            current: <code className="break-all">{toText(current).slice(0, 200)}</code>
+          </div>
+          <textarea
+            data-testid="editor-value"
+            spellCheck={false}
+            className={`h-28 w-full rounded border p-2 font-mono text-xs ${parsed && !parsed.ok ? "border-red-400" : "border-slate-300"}`}
+            value={text}
+            onChange={(e) => setText(e.target.value)}
+            placeholder={mode === "param" ? '"season"' : "JSON value"}
+          />
+          {tooBig > 0 && !text && (
+            <p className="text-xs text-slate-500">
+              The recorded value is {tooBig.toLocaleString("en-US")} characters: too large to edit here. Type or paste
+              the replacement value.
+            </p>
+          )}
+          {parsed && !parsed.ok && (
+            <p className="text-xs text-red-600" data-testid="editor-json-error">
+              {parsed.error}
+            </p>
+          )}
+          {parsed?.ok && unchanged && (
+            <p className="text-xs text-amber-700">Same value as recorded: the fork will replay unchanged from the cache.</p>
+          )}
+        </>
+      )}
+      {mode === "replay" && (
+        <p className="text-xs text-slate-600">
+          Replays from this node with no change: expect every node a cache hit, 0 tokens and identical hashes.
+        </p>
+      )}
+      <label className="block text-xs text-slate-600">
+        side effects
+        <select
+          data-testid="editor-effects"
+          className="ml-2 rounded border border-slate-300 px-1 py-0.5 text-xs"
+          value={effects}
+          onChange={(e) => setEffects(e.target.value as Effects)}
+        >
+          <option value="live">live</option>
+          <option value="recorded">recorded</option>
+          <option value="dry-run">dry-run</option>
+        </select>
+        <span className="ml-2 text-slate-500">{EFFECTS_HELP[effects]}</span>
+      </label>
+      {!finished && <p className="text-xs text-amber-700">This run is still {run.status}; fork it once it finishes.</p>}
+      <button
+        type="button"
+        data-testid="fork-button"
+        disabled={!canFork}
+        onClick={submit}
+        className="rounded bg-orange-600 px-3 py-1.5 text-sm font-medium text-white hover:bg-orange-700 disabled:opacity-40"
+      >
+        {busy ? "forking…" : "Fork here"}
+      </button>
+      {error && (
+        <div className="rounded border border-red-300 bg-red-50 p-2 text-xs text-red-800" data-testid="editor-error">
+          <div>{error.message}</div>
+          {error.hint && <div className="text-red-600">{error.hint}</div>}
+        </div>
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,165 @@
+// One run: header, cost bar, and the Graph / Diff / Raw JSON tabs with the node editor.
+import { useEffect, useState } from "react";
+import { api, fmtInt, fmtMs, shortId } from "../api";
+import type { NodeDetail, Run } from "../types";
+import { useLiveRun } from "../live";
+import { CostBar } from "./CostBar";
+import { DiffPanel } from "./DiffPanel";
+import { Executions } from "./Executions";
+import { GraphView } from "./Graph";
+import { NodeEditor } from "./NodeEditor";
+import { NodeInfo } from "./NodeInfo";
+import { RawJson } from "./RawJson";
+import { RunBadge } from "./Status";
+import { CopyButton } from "./TextBlock";
+
+export type Tab = "graph" | "diff" | "raw";
+
+export function RunView({
+  runId,
+  tab,
+  node,
+  runs,
+  navigate,
+  onRunsChanged,
+}: {
+  runId: string;
+  tab: Tab;
+  node: number | null;
+  runs: Run[];
+  navigate: (runId: string, tab: Tab, node: number | null) => void;
+  onRunsChanged: () => void;
+}) {
+  const live = useLiveRun(runId, onRunsChanged);
+  const [detail, setDetail] = useState<NodeDetail | null>(null);
+  const [nodeError, setNodeError] = useState<string | null>(null);
+  const graph = live.graph;
+  const run = live.detail;
+  const exec = graph?.executions.find((e) => e.number === node) ?? null;
+  const execKey = exec ? `${exec.number}:${exec.output_hash}:${exec.live}` : "";
+
+  useEffect(() => {
+    setDetail(null);
+    setNodeError(null);
+    if (!exec || exec.live) return;
+    let cancelled = false;
+    api<NodeDetail>(`/api/runs/${runId}/nodes/${exec.number}`)
+      .then((d) => !cancelled && setDetail(d))
+      .catch((e: Error) => !cancelled && setNodeError(e.message));
+    return () => {
+      cancelled = true;
+    };
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [runId, execKey]);
+
+  useEffect(() => {
+    if (live.version > 0) onRunsChanged();
+    // Refresh the list when this run appears or changes status.
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [run?.status]);
+
+  if (live.error && !graph)
+    return (
+      <div className="rounded border border-red-300 bg-red-50 p-3 text-sm text-red-800" data-testid="run-error">
+        {live.error.message} {live.error.hint}
+      </div>
+    );
+  if (!graph || !run) return <p className="text-sm text-slate-500">Loading run {shortId(runId)}…</p>;
+
+  const select = (n: number) => navigate(runId, tab, n);
+  const tabButton = (t: Tab, label: string) => (
+    <button
+      type="button"
+      data-testid={`tab-${t}`}
+      onClick={() => navigate(runId, t, node)}
+      className={`rounded-t border-b-2 px-3 py-1 text-sm ${tab === t ? "border-orange-600 font-semibold" : "border-transparent text-slate-600"}`}
+    >
+      {label}
+    </button>
+  );
+
+  return (
+    <div className="space-y-3" data-testid="run-view" data-run-id={run.run_id} data-run-status={run.status}>
+      <header className="space-y-1">
+        <div className="flex flex-wrap items-center gap-2">
+          <h2 className="font-mono text-base font-semibold">{run.run_id}</h2>
+          <CopyButton text={run.run_id} label="copy id" />
+          <RunBadge status={run.status} />
+          <span className="text-sm text-slate-600">{run.pipeline}</span>
+          <span className="text-sm text-slate-600" data-testid="run-tokens">
+            {fmtInt(run.tokens)} tokens · {fmtMs(run.latency_ms)}
+          </span>
+          {live.mode !== "idle" && <span className="text-xs text-blue-700">live ({live.mode})</span>}
+        </div>
+        {run.parent_run_id && (
+          <div className="text-sm text-slate-700">
+            fork of{" "}
+            <button type="button" className="font-mono text-sky-700 underline" onClick={() => navigate(run.parent_run_id!, "graph", null)}>
+              {shortId(run.parent_run_id)}
+            </button>{" "}
+            at node {run.fork_number} {run.fork_node}: <span data-testid="run-change">{run.change}</span>
+            {run.override && (
+              <code className="ml-1 rounded bg-slate-100 px-1 text-xs">= {JSON.stringify(run.override.value).slice(0, 120)}</code>
+            )}
+          </div>
+        )}
+        {run.error && <div className="rounded bg-red-50 p-2 text-sm text-red-800">{run.error}</div>}
+        {run.artifacts.length > 0 && (
+          <div className="text-xs text-slate-600">
+            artifacts:{" "}
+            {run.artifacts.map((a) => (
+              <span key={a.name} className="mr-2">
+                <a className="text-sky-700 underline" href={a.url} download>
+                  {a.name}
+                </a>{" "}
+                <span className="font-mono">{a.sha256.slice(0, 12)}</span> ({fmtInt(a.size)} B)
+              </span>
+            ))}
+          </div>
+        )}
+      </header>
+      {live.cost && <CostBar cost={live.cost} />}
+      <div className="flex gap-1 border-b border-slate-200">
+        {tabButton("graph", "Graph")}
+        {tabButton("diff", "Diff")}
+        {tabButton("raw", "Raw JSON")}
+      </div>
+      {tab === "graph" && (
+        <div className="grid grid-cols-1 gap-3 xl:grid-cols-[minmax(0,1fr)_26rem]">
+          <div className="space-y-3">
+            <GraphView graph={graph} selected={node} onSelect={select} />
+            <Executions executions={graph.executions} selected={node} onSelect={select} />
+          </div>
+          <div className="space-y-3">
+            {!exec && <p className="text-sm text-slate-500">Click a node to inspect it and fork there.</p>}
+            {exec?.live && <p className="text-sm text-slate-500">Node {exec.number} is being written…</p>}
+            {nodeError && <p className="text-sm text-red-700">{nodeError}</p>}
+            {detail && <NodeEditor run={run} detail={detail} onForked={(id) => navigate(id, "graph", null)} />}
+            {detail && <NodeInfo detail={detail} />}
+          </div>
+        </div>
+      )}
+      {tab === "diff" && <DiffPanel run={run} runs={runs} version={live.version} />}
+      {tab === "raw" &&
+        (detail ? (
+          <RawJson detail={detail} />
+        ) : (
+          <p className="text-sm text-slate-500">Select a node in the Graph tab (or below) to see its raw JSON.</p>
+        ))}
+      {tab === "raw" && (
+        <div className="flex flex-wrap gap-1">
+          {graph.executions.map((e) => (
+            <button
+              key={e.number}
+              type="button"
+              className={`rounded border px-2 py-0.5 text-xs ${e.number === node ? "bg-slate-800 text-white" : "border-slate-300"}`}
+              onClick={() => select(e.number)}
+            >
+              {e.number} {e.name}
+            </button>
+          ))}
+        </div>
+      )}
+    </div>
+  );
+}

@@ -1,0 +1,96 @@
+// Renders model/tool output as plain text (React text nodes only — never as HTML), truncated
+// so a 1 MB value stays responsive; "show all" renders the rest on demand.
+import { useState } from "react";
+
+export const DEFAULT_LIMIT = 2000;
+
+export function toText(value: unknown): string {
+  if (typeof value === "string") return value;
+  if (value === undefined) return "undefined";
+  try {
+    return JSON.stringify(value, null, 2) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+function sizeLabel(chars: number): string {
+  if (chars >= 1_000_000) return `${(chars / 1_000_000).toFixed(1)} M characters`;
+  if (chars >= 1_000) return `${(chars / 1_000).toFixed(1)} k characters`;
+  return `${chars} characters`;
+}
+
+export function TextBlock({
+  text,
+  limit = DEFAULT_LIMIT,
+  className = "",
+  testId,
+}: {
+  text: string;
+  limit?: number;
+  className?: string;
+  testId?: string;
+}) {
+  const [all, setAll] = useState(false);
+  const long = text.length > limit;
+  const shown = long && !all ? text.slice(0, limit) : text;
+  return (
+    <div className={className} data-testid={testId}>
+      <pre className="whitespace-pre-wrap break-all font-mono text-xs leading-5">{shown}</pre>
+      {long && (
+        <div className="mt-1 flex items-center gap-2 text-xs text-slate-500">
+          <span data-testid="truncated-note">
+            {all ? `showing all ${sizeLabel(text.length)}` : `… ${sizeLabel(text.length - limit)} more (${sizeLabel(text.length)} in all)`}
+          </span>
+          <button
+            type="button"
+            className="rounded border border-slate-300 px-2 py-0.5 hover:bg-slate-100"
+            onClick={() => setAll(!all)}
+          >
+            {all ? "show less" : "show all"}
+          </button>
+        </div>
+      )}
+    </div>
+  );
+}
+
+export function JsonBlock({ value, limit, testId }: { value: unknown; limit?: number; testId?: string }) {
+  return <TextBlock text={toText(value)} limit={limit} testId={testId} />;
+}
+
+export function CopyButton({ text, label = "copy" }: { text: string; label?: string }) {
+  const [done, setDone] = useState(false);
+  const copy = async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch {
+      const area = document.createElement("textarea");
+      area.value = text;
+      document.body.appendChild(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+    }
+    setDone(true);
+    window.setTimeout(() => setDone(false), 1200);
+  };
+  return (
+    <button
+      type="button"
+      onClick={copy}
+      className="rounded border border-slate-300 bg-white px-2 py-0.5 text-xs text-slate-600 hover:bg-slate-100"
+    >
+      {done ? "copied" : label}
+    </button>
+  );
+}
+
+export function Hash({ value }: { value: string | null | undefined }) {
+  if (!value) return <span className="text-slate-400">—</span>;
+  return (
+    <span className="font-mono text-xs" title={value}>
+      {value.slice(0, 12)}
+    </span>
+  );
+}

@@ -1,0 +1,94 @@
+// Keeps a run's graph, detail and cost fresh: server-sent events while the run is live, polling
+// when the event stream is unavailable, and one final refresh when it finishes.
+import { useCallback, useEffect, useRef, useState } from "react";
+import { api, ApiError, followEvents } from "./api";
+import type { Cost, Graph, RunDetail } from "./types";
+
+export interface LiveRun {
+  graph: Graph | null;
+  detail: RunDetail | null;
+  cost: Cost | null;
+  error: ApiError | null;
+  version: number;
+  mode: "sse" | "polling" | "idle";
+}
+
+export function useLiveRun(runId: string | null, onFinished: () => void): LiveRun {
+  const [state, setState] = useState<LiveRun>({ graph: null, detail: null, cost: null, error: null, version: 0, mode: "idle" });
+  const finishedRef = useRef(onFinished);
+  finishedRef.current = onFinished;
+
+  const load = useCallback(async (id: string): Promise<boolean> => {
+    try {
+      const [graph, detail] = await Promise.all([
+        api<Graph>(`/api/runs/${id}/graph`),
+        api<RunDetail>(`/api/runs/${id}`),
+      ]);
+      let cost: Cost | null = null;
+      if (detail.parent_run_id) cost = await api<Cost>(`/api/runs/${id}/cost`).catch(() => null);
+      setState((s) => ({ ...s, graph, detail, cost, error: null, version: s.version + 1 }));
+      return graph.live;
+    } catch (e) {
+      setState((s) => ({ ...s, error: e instanceof ApiError ? e : new ApiError(0, String(e)) }));
+      return false;
+    }
+  }, []);
+
+  useEffect(() => {
+    if (!runId) return;
+    let stopped = false;
+    let stopEvents: (() => void) | null = null;
+    let pollTimer: number | undefined;
+    let pending: number | undefined;
+    setState({ graph: null, detail: null, cost: null, error: null, version: 0, mode: "idle" });
+
+    const refreshSoon = () => {
+      if (pending !== undefined) return;
+      pending = window.setTimeout(() => {
+        pending = undefined;
+        if (!stopped) void load(runId);
+      }, 120);
+    };
+    const poll = async () => {
+      if (stopped) return;
+      const live = await load(runId);
+      if (live && !stopped) pollTimer = window.setTimeout(poll, 1000);
+      else {
+        setState((s) => ({ ...s, mode: "idle" }));
+        finishedRef.current();
+      }
+    };
+    (async () => {
+      const live = await load(runId);
+      if (!live || stopped) return;
+      setState((s) => ({ ...s, mode: "sse" }));
+      stopEvents = followEvents(
+        runId,
+        (event) => {
+          if (event.event === "hello") return;
+          refreshSoon();
+          if (event.event === "run_finished") {
+            window.setTimeout(() => {
+              void load(runId).then(() => finishedRef.current());
+            }, 150);
+            setState((s) => ({ ...s, mode: "idle" }));
+          }
+        },
+        (failed) => {
+          if (failed && !stopped) {
+            setState((s) => ({ ...s, mode: "polling" }));
+            void poll();
+          }
+        },
+      );
+    })();
+    return () => {
+      stopped = true;
+      stopEvents?.();
+      window.clearTimeout(pollTimer);
+      window.clearTimeout(pending);
+    };
+  }, [runId, load]);
+
+  return state;
+}

@@ -1,0 +1,222 @@
+// Shapes of Rewind's HTTP API (see /openapi.json and src/rewind/api/views.py).
+
+export type RunStatus = "queued" | "running" | "completed" | "failed" | "interrupted";
+export type NodeStatus =
+  | "inherited"
+  | "hit"
+  | "executed"
+  | "override"
+  | "failed"
+  | "running"
+  | "pending"
+  | "skipped";
+
+export interface Override {
+  kind: "param" | "output";
+  node: string;
+  param?: string;
+  field?: string;
+  value: unknown;
+}
+
+export interface Run {
+  run_id: string;
+  pipeline: string;
+  status: RunStatus;
+  parent_run_id: string | null;
+  fork_node: string | null;
+  fork_number: number | null;
+  override: Override | null;
+  change: string | null;
+  prompt_tokens: number;
+  completion_tokens: number;
+  tokens: number;
+  latency_ms: number;
+  created_at: number;
+  finished_at: number | null;
+  error: string | null;
+  config: Record<string, unknown>;
+}
+
+export interface Artifact {
+  name: string;
+  sha256: string;
+  size: number;
+  url: string;
+}
+
+export interface RunDetail extends Run {
+  ancestors: Run[];
+  children: Run[];
+  artifacts: Artifact[];
+  live: boolean;
+}
+
+export interface TreeItem {
+  run_id: string;
+  children: TreeItem[];
+}
+
+export interface RunsResponse {
+  runs: Run[];
+  tree: TreeItem[];
+}
+
+export interface Call {
+  index: number;
+  kind: string;
+  name: string;
+  key: string;
+  outcome: string;
+  reason: string;
+  tokens: number;
+  latency_ms: number;
+}
+
+export interface Execution {
+  position: number;
+  number: number;
+  name: string;
+  status: NodeStatus;
+  cache_outcome: string;
+  cache_reason: string;
+  inherited: boolean;
+  input_hash: string | null;
+  output_hash: string | null;
+  state_hash: string | null;
+  params: Record<string, unknown>;
+  tokens: number;
+  prompt_tokens: number | null;
+  completion_tokens: number | null;
+  latency_ms: number;
+  error: string | null;
+  live: boolean;
+  calls: Call[];
+}
+
+export interface GraphNode {
+  name: string;
+  status: NodeStatus;
+  numbers: number[];
+  executions: number;
+}
+
+export interface Edge {
+  src: string;
+  dst: string;
+  condition: string;
+}
+
+export interface Graph {
+  run: Run;
+  pipeline: string;
+  nodes: GraphNode[];
+  edges: Edge[];
+  executions: Execution[];
+  running: { position: number; number: number; name: string } | null;
+  live: boolean;
+}
+
+export interface NodeDetail {
+  run_id: string;
+  node: Execution;
+  input: Record<string, unknown>;
+  output: Record<string, unknown>;
+  state: Record<string, unknown> | null;
+}
+
+export interface DiffChange {
+  path: string;
+  kind: "changed" | "added" | "removed" | "type_changed";
+  old: unknown;
+  new: unknown;
+  text_diff: string | null;
+}
+
+export interface DiffSide {
+  position: number;
+  name: string;
+  output_hash: string;
+  tokens: number;
+  outcome: string;
+  output: Record<string, unknown>;
+}
+
+export interface DiffRow {
+  index: number;
+  name: string;
+  status: "equal" | "changed" | "only_a" | "only_b";
+  token_delta: number;
+  hash_equal: boolean;
+  a: DiffSide | null;
+  b: DiffSide | null;
+  changes: DiffChange[];
+}
+
+export interface Diff {
+  run_a: string;
+  run_b: string;
+  tokens_a: number;
+  tokens_b: number;
+  token_delta: number;
+  first_divergence: number | null;
+  counts: Record<string, number>;
+  nodes: DiffRow[];
+}
+
+export interface CostSide {
+  run_id: string;
+  tokens: number;
+  latency_ms: number;
+}
+
+export interface Cost {
+  original: CostSide;
+  replay: CostSide;
+  delta: { tokens: number; latency_ms: number };
+  saved: { tokens: number; latency_ms: number };
+  nodes: {
+    number: number;
+    name: string;
+    status: NodeStatus;
+    original_tokens: number | null;
+    replay_tokens: number;
+    original_latency_ms: number | null;
+    replay_latency_ms: number;
+  }[];
+}
+
+export interface PipelineInfo {
+  name: string;
+  description: string;
+  inputs: Record<string, string>;
+  nodes: string[];
+  edges: Edge[];
+}
+
+export interface Settings {
+  model_endpoint: {
+    kind: string;
+    base_url: string | null;
+    description: string;
+    started: boolean;
+    api_key_set: boolean;
+  };
+  model: string;
+  temperature_default: number;
+  store: { root: string; database: string; dialect: string };
+  auth: { token_required: boolean };
+  workers: number;
+  version: string;
+  pipelines: string[];
+}
+
+export interface RunEvent {
+  event: string;
+  run_id: string;
+  seq: number;
+  position?: number;
+  name?: string;
+  status?: string;
+  [key: string]: unknown;
+}
