@@ -126,6 +126,20 @@ def through_cache(
             determinism=policy.determinism,
             produced_at=produced_at,
         )
+    elif ctx.read_cache and ctx.write_cache:
+        data, record = _single_flight(
+            ctx,
+            scope,
+            index=index,
+            kind=kind,
+            name=name,
+            key=key,
+            request=request,
+            request_hash=request_hash,
+            execute=execute,
+            policy=policy,
+            reason=reason,
+        )
     else:
         outcome = "bypass" if reason == "stability" else "miss"
         data, record = execute_call(
@@ -145,6 +159,80 @@ def through_cache(
         )
     if scope is not None:
         scope.calls.append(record)
+    return data, record
+
+
+def _single_flight(
+    ctx: RunContext,
+    scope: NodeScope | None,
+    *,
+    index: int,
+    kind: str,
+    name: str,
+    key: str,
+    request: bytes,
+    request_hash: str,
+    execute: Callable[[], Executed],
+    policy: CallPolicy,
+    reason: str,
+) -> tuple[bytes, CallRecord]:
+    """Execute a missed call once even when concurrent replays (a what-if grid) need it at the
+    same moment: the first executes, the others wait and record ``hit:in-flight`` (0 tokens)."""
+    with _INFLIGHT_LOCK:
+        leader = key not in _INFLIGHT
+        if leader:
+            _INFLIGHT[key] = Future()
+        future = _INFLIGHT[key]
+    if leader:
+        try:
+            data, record = execute_call(
+                ctx,
+                scope,
+                index=index,
+                kind=kind,
+                name=name,
+                key=key,
+                request=request,
+                request_hash=request_hash,
+                execute=execute,
+                policy=policy,
+                outcome="miss",
+                reason=reason,
+                cacheable=True,
+            )
+            future.set_result((data, record.result_hash, record.produced_at))
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            with _INFLIGHT_LOCK:
+                _INFLIGHT.pop(key, None)
+        return data, record
+    data, result_hash, produced_at = future.result()
+    record = CallRecord(
+        index,
+        kind,
+        name,
+        key,
+        request_hash,
+        result_hash,
+        "hit",
+        "in-flight",
+        determinism=policy.determinism,
+        produced_at=produced_at,
+    )
+    if scope is not None:
+        scope.pending[key] = PendingWrite(
+            kind,
+            key,
+            name,
+            request_hash,
+            request,
+            result_hash or "",
+            data,
+            cacheable=False,
+            produced_at=produced_at,
+        )
     return data, record
 
 

@@ -582,6 +582,30 @@ def diff(
 
 
 @app.command()
+def audit(
+    run_id: Annotated[str, typer.Argument(help="Run to audit (id or unique prefix).")],
+    against: Annotated[
+        str | None,
+        typer.Option(
+            "--against",
+            help="Reference run (default: the run's parent; 'current' or no parent: the "
+            "resources' current state).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Effect-equivalence audit: one verdict per side-effecting call (exit 0 only if all are
+    faithful)."""
+    from rewind.audit import audit_command
+
+    try:
+        code = audit_command(_state["store"], run_id, against, as_json)
+    except RewindError as exc:
+        _fail(exc)
+    raise SystemExit(code)
+
+
+@app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Bind address; non-loopback needs --token.")] = (
         "127.0.0.1"
@@ -607,7 +631,7 @@ def verify(
         bool, typer.Option("--server", help="Run the checks through the HTTP API.")
     ] = False,
 ) -> None:
-    """Run the demo in a fresh store and prove its claims with 14 checks (exit 0 if all pass)."""
+    """Run the demo in a fresh store and prove its claims with 15 checks (exit 0 if all pass)."""
     if server:
         from rewind.api.command import verify_server
 

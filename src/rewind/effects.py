@@ -78,6 +78,10 @@ class Fingerprinter(abc.ABC):
         """Bytes that :meth:`restore` can turn back into the current state; None if unsupported."""
         return None
 
+    def spec(self) -> dict[str, Any]:
+        """The settings that rebuild this fingerprinter (recorded with each effect row)."""
+        return {}
+
     def restore(self, snapshot: bytes) -> None:
         """Put the resource back into a snapshotted state.
 
@@ -103,6 +107,9 @@ class FileTree(Fingerprinter):
     @property
     def name(self) -> str:
         return f"file:{self.path}"
+
+    def spec(self) -> dict[str, Any]:
+        return {"path": str(self.path)}
 
     def _files(self) -> list[Path]:
         if self.path.is_file():
@@ -179,6 +186,14 @@ class SQLiteTable(Fingerprinter):
     def name(self) -> str:
         return f"sqlite:{self.db_path}#{self.table}"
 
+    def spec(self) -> dict[str, Any]:
+        return {
+            "db_path": str(self.db_path),
+            "table": self.table,
+            "order_by": self.order_by,
+            "epoch_sql": self.epoch_sql,
+        }
+
     def fingerprint(self) -> Fingerprint:
         if not self.db_path.exists():
             return Fingerprint(ABSENT, None)
@@ -222,6 +237,9 @@ class HttpResource(Fingerprinter):
     @property
     def name(self) -> str:
         return self.url
+
+    def spec(self) -> dict[str, Any]:
+        return {"url": self.url}
 
     def fingerprint(self) -> Fingerprint:
         client = self.client or httpx.Client(timeout=10.0)
@@ -451,6 +469,7 @@ def _effect_rows(
                 "post_epoch": post[r.name].epoch if post else None,
                 "snapshot_hash": snap_hash,
                 "idempotency_key": policy.idempotency_key,
+                "spec_json": canonical_bytes(r.spec()).decode() if r.spec() else None,
                 "_snapshot": snap,
             }
         )

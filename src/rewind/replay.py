@@ -209,6 +209,7 @@ class Rewind:
         chat_client: the model endpoint's client for LLM calls (None: LLM nodes raise).
         on_event: optional progress listener ``(event, payload)``; events are ``run_started``,
             ``node_started``, ``node_finished``, ``run_finished``.
+        clock: unix seconds now (injectable for tests of time-bound TTLs).
     """
 
     def __init__(
@@ -217,8 +218,10 @@ class Rewind:
         *,
         chat_client: Any = None,
         on_event: EventListener | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store if isinstance(store, Store) else open_store(store)
+        self.clock = clock
         self.chat_client = chat_client
         self.on_event = on_event
         self.persister = RewindPersister(self.store)
@@ -403,9 +406,10 @@ class Rewind:
                 fork_from_sequence_id=pred.src_sequence_id,
             )
 
-        param_overrides: dict[str, dict[str, Any]] = {}
+        # A fork of a fork keeps the params its ancestors changed, plus its own change.
+        param_overrides = self._ancestor_params(parent)
         if isinstance(override, ParamOverride):
-            param_overrides = {override.node: {override.param: override.value}}
+            param_overrides.setdefault(override.node, {})[override.param] = override.value
         ctx = self._context(child_id, read_cache=cache_mode == "replay")
         if cache_mode == "stability":
             ctx.write_cache = False
@@ -500,6 +504,7 @@ class Rewind:
             read_cache=read_cache,
             chat_client=self.chat_client,
             on_event=self.on_event,
+            clock=self.clock,
         )
 
     def _state_row_of(self, node: NodeRecord) -> dict[str, Any]:
@@ -511,6 +516,20 @@ class Rewind:
                 "the store is incomplete; record the run again",
             )
         return row
+
+    def _ancestor_params(self, run: RunRecord) -> dict[str, dict[str, Any]]:
+        """The param overrides ``run`` executed with: its own and its ancestors' (nearest wins)."""
+        chain: list[RunRecord] = []
+        current: RunRecord | None = run
+        while current is not None and all(r.run_id != current.run_id for r in chain):
+            chain.append(current)
+            current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
+        merged: dict[str, dict[str, Any]] = {}
+        for r in reversed(chain):
+            o = r.override or {}
+            if o.get("kind") == "param":
+                merged.setdefault(o["node"], {})[o["param"]] = o["value"]
+        return merged
 
     def _lineage(self, run: RunRecord) -> dict[str, LineageEntry]:
         """Cache key → the call that produced its result, over the run and its ancestors

@@ -1,4 +1,5 @@
-"""``rewind verify``: fourteen checks that prove the demo's claims on a real run.
+"""``rewind verify``: fifteen checks that prove the demo's claims on a real run (the 14 of the
+core, plus the effect audit).
 
 Each check returns PASS/FAIL with the numbers it looked at. The checks re-derive their facts from
 the store, the artifact files and the CSV rather than trusting what the engine reported.
@@ -36,7 +37,8 @@ class Check:
 
 
 def run_checks(rw: Rewind, demo: DemoResult, store_location: str) -> list[Check]:
-    """Run the 14 checks against a finished demo.
+    """Run the 15 checks against a finished demo (the audit check last: it tampers with the
+    parent's artifact and restores it).
 
     Args:
         rw: the session whose store holds the demo's runs.
@@ -158,6 +160,11 @@ def run_checks(rw: Rewind, demo: DemoResult, store_location: str) -> list[Check]
     def c14() -> tuple[bool, str]:
         return _replay_in_fresh_process(store_location, parent.run_id, len(pn) - k)
 
+    def c15() -> tuple[bool, str]:
+        from rewind.audit import verify_effects_check
+
+        return verify_effects_check(rw, demo)
+
     for claim, fn_ in [
         ("parent records all 8 nodes with input and output sha256", c1),
         ("artifact file exists; its sha256 equals the recorded publish hash", c2),
@@ -173,6 +180,11 @@ def run_checks(rw: Rewind, demo: DemoResult, store_location: str) -> list[Check]
         ("parent rows and hashes unchanged after both forks", c12),
         ("artifact table agrees with the CSV; every unsupported prose number listed", c13),
         ("unchanged replay in a fresh process on the reopened store: 100% hits, 0 tokens", c14),
+        (
+            "effect audit: replay's publish not-re-executed, parent and fork faithful to their "
+            "folders, fork divergent from parent, tampered artifact divergent",
+            c15,
+        ),
     ]:
         add(claim, fn_)
     return checks

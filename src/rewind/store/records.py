@@ -142,10 +142,13 @@ class EffectRecord:
     post_epoch: str | None
     snapshot_hash: str | None
     idempotency_key: str | None
+    spec: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> EffectRecord:
-        return cls(**{k: row._mapping[k] for k in cls.__dataclass_fields__})
+        m = row._mapping
+        fields = {k: m[k] for k in cls.__dataclass_fields__ if k != "spec"}
+        return cls(**fields, spec=json.loads(m["spec_json"]) if m["spec_json"] else None)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped on any incompatible change; a store with another version is refused, never migrated
 silently."""
 
@@ -118,6 +118,7 @@ effects = Table(
     Column("post_epoch", String(64), nullable=True),
     Column("snapshot_hash", String(64), nullable=True),  # pinned pre-state (blob)
     Column("idempotency_key", String(128), nullable=True),
+    Column("spec_json", Text, nullable=True),  # settings that rebuild the fingerprinter
 )
 
 edges = Table(

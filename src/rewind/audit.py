@@ -1,0 +1,998 @@
+"""The effect-equivalence audit: did each side-effecting call leave the world as recorded?
+
+Same output is not the same effect (seed 004). A tool can return an identical string while the
+resource it wrote ends up in another state, so the audit never compares return values: it compares
+the **post-call fingerprints** Rewind records for every resource a side-effecting call declares
+(:mod:`rewind.effects`), and gives one verdict per call:
+
+``faithful``
+    the call was executed and its post-state fingerprint equals the reference's.
+``divergent``
+    executed, but the post-state differs (both digests and the epoch delta are shown).
+``audit-incomplete``
+    no post fingerprint to compare: the tool declares no resources, the row has no post digest,
+    the reference has none, or the resource cannot be fingerprinted again.
+``not-re-executed``
+    the call was served from record or dry-run, or there is evidence that a tool-side idempotency
+    cache answered it (its idempotency key equals the reference call's, or its post-state matches
+    only because it changed nothing where the reference call changed its resource). Neither
+    faithful nor divergent.
+
+The audit **fails closed** (seed 004, "Decision Boundary"): only ``faithful`` passes. Absence of
+a mismatch is not evidence of a match, so ``audit-incomplete`` and ``not-re-executed`` fail too,
+and every verdict that is not ``faithful`` lists the downstream nodes whose conclusions depend on
+the call.
+
+The reference a call is compared with (rule of this module):
+
+* ``against=RUN`` — the corresponding call of that run: the call at the same node name,
+  occurrence and call index when it has the same cache key, else the call that produced the same
+  cache key in that run's lineage, else the call at the same slot with other arguments (then the
+  reason says the arguments differ). A reference call that was itself served from record is
+  followed to the execution it was served from; when that execution is the audited call itself
+  (a run audited against its own served replay) there is no independent evidence:
+  ``audit-incomplete``.
+* ``against=None`` on a fork — its parent, as above.
+* ``against=None`` on a run without parent, or ``against="current"`` — the resource's current
+  state: "does the world still hold what the run wrote". A resource the same run writes again
+  later is compared with the pre-state fingerprint of that later call (the run's own next
+  observation), so only the last write is compared with the world as it is now.
+
+A fork's inherited nodes were executed by an ancestor, not by the fork: they are listed in
+:attr:`AuditReport.inherited_skipped` and audited with the run that executed them.
+
+Digests are compared, epochs are reported. Where the epoch is part of the state the fingerprinter
+folds it into the digest (:class:`~rewind.effects.SQLiteTable` with ``epoch_sql``: same rows from
+another epoch is another digest); a :class:`~rewind.effects.FileTree` epoch is an mtime, which
+must not make equal content divergent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rewind.effects import FileTree, Fingerprinter, HttpResource, SQLiteTable
+from rewind.errors import RewindError
+from rewind.store import NodeRecord, RunRecord
+from rewind.store.records import CallRecord, EffectRecord
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from rewind.context import LineageEntry
+    from rewind.demo import DemoResult
+    from rewind.replay import Rewind
+
+FAITHFUL = "faithful"
+DIVERGENT = "divergent"
+INCOMPLETE = "audit-incomplete"
+NOT_RE_EXECUTED = "not-re-executed"
+VERDICTS = (FAITHFUL, DIVERGENT, INCOMPLETE, NOT_RE_EXECUTED)
+"""The four verdicts of seed 004's decision boundary; only ``faithful`` passes."""
+
+CURRENT = "current"
+"""``against`` value meaning "compare with the resources' current state" (reserved: a run id
+is 32 hex characters, so it cannot be mistaken for one)."""
+
+__all__ = [
+    "CURRENT",
+    "VERDICTS",
+    "AuditReport",
+    "CallVerdict",
+    "ResourceAudit",
+    "audit_command",
+    "audit_run",
+    "epoch_delta",
+    "render_audit",
+    "summary_line",
+    "verify_effects_check",
+]
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResourceAudit:
+    """One resource of one audited call: its recorded post-state and the reference's.
+
+    Attributes:
+        resource: the resource's name as recorded (``file:/path``, ``sqlite:/db#table``, a URL).
+        kind: fingerprinter kind (``file-tree``, ``sqlite-table``, ``http``).
+        recorded_digest, recorded_epoch: the audited call's post-state fingerprint (None: not
+            captured).
+        reference: what it is compared with: ``run <id>#<node number>/<call index>``,
+            ``current`` or ``next call #<n>/<i> of this run``; empty when there is nothing to
+            compare with.
+        reference_digest, reference_epoch: the reference's post-state fingerprint (for
+            ``current``: the fingerprint taken now; for the run's next call: that call's
+            pre-state).
+        epoch_delta: reference epoch minus recorded epoch as text (see :func:`epoch_delta`).
+        status: ``match``, ``mismatch`` or ``missing`` (nothing to compare).
+    """
+
+    resource: str
+    kind: str
+    recorded_digest: str | None
+    recorded_epoch: str | None
+    reference: str
+    reference_digest: str | None
+    reference_epoch: str | None
+    epoch_delta: str
+    status: str
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return {
+            "resource": self.resource,
+            "kind": self.kind,
+            "recorded": {"digest": self.recorded_digest, "epoch": self.recorded_epoch},
+            "reference": self.reference,
+            "reference_post": {"digest": self.reference_digest, "epoch": self.reference_epoch},
+            "epoch_delta": self.epoch_delta,
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class CallVerdict:
+    """The audit verdict of one side-effecting call.
+
+    Attributes:
+        run_id: the audited run.
+        position: 0-based position of the call's node in the run (``rewind show`` numbers it
+            ``position + 1``).
+        node: the node's name.
+        call_index: the call's index among the node's calls (0-based).
+        tool: the tool's name.
+        verdict: one of :data:`VERDICTS`.
+        resources: per-resource fingerprints compared (empty when none were recorded).
+        reason: one line saying which rule decided.
+        dependents: ``"<number>:<name>"`` of the later nodes that read, directly or through other
+            nodes, a field the call's node wrote; empty when the verdict is ``faithful``.
+    """
+
+    run_id: str
+    position: int
+    node: str
+    call_index: int
+    tool: str
+    verdict: str
+    resources: tuple[ResourceAudit, ...]
+    reason: str
+    dependents: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        """True only for ``faithful``."""
+        return self.verdict == FAITHFUL
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the fields."""
+        return {
+            "run_id": self.run_id,
+            "position": self.position,
+            "node": self.node,
+            "call_index": self.call_index,
+            "tool": self.tool,
+            "verdict": self.verdict,
+            "resources": [r.to_json() for r in self.resources],
+            "reason": self.reason,
+            "dependents": list(self.dependents),
+        }
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The audit of one run: one verdict per side-effecting call it executed or served.
+
+    Attributes:
+        run_id: the audited run.
+        against: the reference run's id, ``"current"`` (the resources' current state), or None
+            when the run made no side-effecting call and has no reference run.
+        verdicts: in call order.
+        inherited_skipped: side-effecting nodes the run inherited from its parent (not executed
+            by this run, so not audited here: audit the run that produced them).
+    """
+
+    run_id: str
+    against: str | None
+    verdicts: tuple[CallVerdict, ...]
+    inherited_skipped: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        """True only when every call is ``faithful`` (fails closed). A run with no
+        side-effecting call passes vacuously; :attr:`note` says so."""
+        return all(v.verdict == FAITHFUL for v in self.verdicts)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Number of calls per verdict (every verdict present, zeros included)."""
+        return {k: sum(1 for v in self.verdicts if v.verdict == k) for k in VERDICTS}
+
+    @property
+    def note(self) -> str:
+        """One line: why the report passes or fails."""
+        if not self.verdicts:
+            inherited = (
+                f"; {len(self.inherited_skipped)} inherited side-effecting node(s) belong to the "
+                "run that executed them"
+                if self.inherited_skipped
+                else ""
+            )
+            return f"no side-effecting call: nothing to audit (passes vacuously){inherited}"
+        c = self.counts
+        if self.passed:
+            return f"all {len(self.verdicts)} side-effecting calls faithful"
+        bad = ", ".join(f"{n} {k}" for k, n in c.items() if n and k != FAITHFUL)
+        return f"{c[FAITHFUL]}/{len(self.verdicts)} faithful; fails closed on {bad}"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: run_id, against, passed, note, counts, verdicts."""
+        return {
+            "run_id": self.run_id,
+            "against": self.against,
+            "passed": self.passed,
+            "note": self.note,
+            "counts": self.counts,
+            "inherited_skipped": list(self.inherited_skipped),
+            "verdicts": [v.to_json() for v in self.verdicts],
+        }
+
+
+# -- epochs ------------------------------------------------------------------------------------
+
+
+def _as_number(text: str | None) -> int | float | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def epoch_delta(kind: str, recorded: str | None, reference: str | None) -> str:
+    """Reference epoch minus recorded epoch, as text.
+
+    Args:
+        kind: the fingerprinter kind; a ``file-tree`` epoch is an mtime in ns, shown in seconds.
+        recorded: the audited call's post-state epoch.
+        reference: the reference's epoch.
+    Returns:
+        ``"+3"`` / ``"+1.250 s"`` when both are numeric, ``"0"`` when equal, otherwise
+        ``"<recorded> → <reference>"`` (``none`` for a missing epoch), ``""`` when both are None.
+    """
+    if recorded is None and reference is None:
+        return ""
+    a, b = _as_number(recorded), _as_number(reference)
+    if a is not None and b is not None:
+        d = b - a
+        if d == 0:
+            return "0"
+        if kind == FileTree.kind and isinstance(d, int):
+            return f"{d / 1e9:+.3f} s"
+        return f"{d:+d}" if isinstance(d, int) else f"{d:+g}"
+    if recorded == reference:
+        return "0"
+    return f"{recorded or 'none'} → {reference or 'none'}"
+
+
+# -- the audit ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A side-effecting call located in a run: who produced it and where."""
+
+    run_id: str  # the run that actually executed (or served) it
+    position: int
+    node: str
+    occurrence: int
+    call: CallRecord
+
+
+class _Runs:
+    """Cached store reads shared by one audit."""
+
+    def __init__(self, rw: Rewind) -> None:
+        self.rw = rw
+        self._nodes: dict[str, list[NodeRecord]] = {}
+        self._effects: dict[str, dict[tuple[int, int], list[EffectRecord]]] = {}
+
+    def nodes(self, run_id: str) -> list[NodeRecord]:
+        if run_id not in self._nodes:
+            self._nodes[run_id] = self.rw.store.nodes_of(run_id)
+        return self._nodes[run_id]
+
+    def effects(self, run_id: str, position: int, call_index: int) -> list[EffectRecord]:
+        if run_id not in self._effects:
+            grouped: dict[tuple[int, int], list[EffectRecord]] = {}
+            for e in self.rw.store.effects_of(run_id):
+                grouped.setdefault((e.position, e.call_index), []).append(e)
+            for rows in grouped.values():
+                rows.sort(key=lambda e: e.resource)
+            self._effects[run_id] = grouped
+        return self._effects[run_id].get((position, call_index), [])
+
+    def side_effect_calls(self, run_id: str) -> list[_Call]:
+        """Side-effecting calls at every node of the run, inherited nodes resolved to the run
+        that produced them (nodes are numbered by name occurrence like ``name#k``)."""
+        out: list[_Call] = []
+        seen: dict[str, int] = {}
+        for node in self.nodes(run_id):
+            seen[node.name] = seen.get(node.name, 0) + 1
+            producer, calls = run_id, node.calls
+            if node.inherited and node.src_app_id != run_id:
+                producer = node.src_app_id
+                src = next(
+                    (
+                        n
+                        for n in self._nodes_or_empty(producer)
+                        if n.position == node.position and n.name == node.name
+                    ),
+                    None,
+                )
+                calls = src.calls if src is not None else ()
+            for call in calls:
+                if call.determinism == "side-effect":
+                    out.append(_Call(producer, node.position, node.name, seen[node.name], call))
+        return out
+
+    def _nodes_or_empty(self, run_id: str) -> list[NodeRecord]:
+        try:
+            return self.nodes(run_id)
+        except RewindError:
+            return []
+
+
+def audit_run(
+    rw: Rewind,
+    run_id: str,
+    against: str | None = None,
+    *,
+    resources: Mapping[str, Fingerprinter] | Sequence[Fingerprinter] | None = None,
+) -> AuditReport:
+    """Audit every side-effecting call a run executed or served (see the module docstring).
+
+    Args:
+        rw: the session whose store holds the run.
+        run_id: the run (id or unique prefix).
+        against: a reference run (id or prefix); ``"current"`` to compare with the resources'
+            current state; None for the run's parent, or the current state if it has none.
+        resources: fingerprinters to use when re-fingerprinting a resource's current state, by
+            name (needed for a resource whose parameters the store does not record, e.g. a
+            :class:`~rewind.effects.SQLiteTable` whose tool is not importable here).
+    Returns:
+        the report; ``report.passed`` only when every call is ``faithful``.
+    Raises:
+        UnknownRun: the run or the reference run does not exist.
+    """
+    run = rw.store.get_run(run_id)
+    ref_run: RunRecord | None = None
+    if against is not None and against != CURRENT:
+        ref_run = rw.store.get_run(against)
+    elif against is None and run.parent_run_id:
+        ref_run = rw.store.get_run(run.parent_run_id)
+    runs = _Runs(rw)
+    nodes = runs.nodes(run.run_id)
+    own = [c for c in runs.side_effect_calls(run.run_id) if c.run_id == run.run_id]
+    skipped = tuple(
+        f"{c.position + 1}:{c.node}"
+        for c in runs.side_effect_calls(run.run_id)
+        if c.run_id != run.run_id
+    )
+    if isinstance(resources, Mapping):
+        known = dict(resources)
+    else:
+        known = {r.name: r for r in resources or ()}
+    if ref_run is not None:
+        judge: _Judge = _AgainstRun(rw, runs, ref_run)
+        label: str | None = ref_run.run_id
+    else:
+        judge = _AgainstCurrent(rw, runs, run, own, known)
+        label = CURRENT if own or against == CURRENT else None
+    graph = _Dataflow(rw, nodes)
+    verdicts = []
+    for c in own:
+        verdict, details, reason = judge.judge(c)
+        deps = () if verdict == FAITHFUL else graph.dependents(c.position)
+        verdicts.append(
+            CallVerdict(
+                run_id=run.run_id,
+                position=c.position,
+                node=c.node,
+                call_index=c.call.call_index,
+                tool=c.call.name,
+                verdict=verdict,
+                resources=tuple(details),
+                reason=reason,
+                dependents=deps,
+            )
+        )
+    return AuditReport(run.run_id, label, tuple(verdicts), skipped)
+
+
+class _Judge:
+    def judge(self, c: _Call) -> tuple[str, list[ResourceAudit], str]:
+        raise NotImplementedError
+
+    @staticmethod
+    def preliminary(
+        c: _Call, rows: list[EffectRecord]
+    ) -> tuple[str, list[ResourceAudit], str] | None:
+        """Verdicts decided by the audited call alone (served, dry-run, nothing recorded)."""
+        call = c.call
+        if call.outcome in ("served", "dry-run"):
+            how = (
+                "served from record (effects mode recorded)"
+                if call.outcome == "served"
+                else "dry-run: logged, executed nothing"
+            )
+            details = [_detail(e, "", None, None, "missing") for e in rows]
+            return NOT_RE_EXECUTED, details, f"{how}; the effect was not reproduced"
+        if not rows:
+            return (
+                INCOMPLETE,
+                [],
+                "no effect fingerprint recorded (the tool declares no resources), so "
+                "faithfulness cannot be asserted",
+            )
+        return None
+
+
+def _detail(
+    e: EffectRecord,
+    reference: str,
+    ref_digest: str | None,
+    ref_epoch: str | None,
+    status: str,
+) -> ResourceAudit:
+    return ResourceAudit(
+        resource=e.resource,
+        kind=e.kind,
+        recorded_digest=e.post_digest,
+        recorded_epoch=e.post_epoch,
+        reference=reference,
+        reference_digest=ref_digest,
+        reference_epoch=ref_epoch,
+        epoch_delta=epoch_delta(e.kind, e.post_epoch, ref_epoch) if reference else "",
+        status=status,
+    )
+
+
+def _short(digest: str | None) -> str:
+    return "none" if digest is None else digest[:12]
+
+
+def _decide(
+    details: list[ResourceAudit], where: str, extra: str = ""
+) -> tuple[str, list[ResourceAudit], str]:
+    mismatched = [d for d in details if d.status == "mismatch"]
+    missing = [d for d in details if d.status == "missing"]
+    if mismatched:
+        d = mismatched[0]
+        delta = f", epoch Δ {d.epoch_delta}" if d.epoch_delta else ""
+        more = f" (+{len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        return (
+            DIVERGENT,
+            details,
+            f"post-state of {_shorten_name(d.resource)} differs from {where}: recorded "
+            f"{_short(d.recorded_digest)} vs {_short(d.reference_digest)}{delta}{more}{extra}",
+        )
+    if missing:
+        d = missing[0]
+        why = (
+            "the call recorded no post fingerprint"
+            if d.recorded_digest is None
+            else f"{where} has no post fingerprint"
+        )
+        name = _shorten_name(d.resource)
+        return INCOMPLETE, details, f"{name}: {why}, so faithfulness cannot be asserted"
+    same_epoch = all(d.epoch_delta in ("", "0") for d in details)
+    epochs = "" if same_epoch else " (epochs differ; digests are what count)"
+    return FAITHFUL, details, f"post-state equals {where}{epochs}{extra}"
+
+
+class _AgainstRun(_Judge):
+    """Compare with the corresponding call of a reference run (see the module docstring)."""
+
+    def __init__(self, rw: Rewind, runs: _Runs, ref: RunRecord) -> None:
+        self.runs = runs
+        self.ref = ref
+        self.slots: dict[tuple[str, int, int], _Call] = {
+            (c.node, c.occurrence, c.call.call_index): c for c in runs.side_effect_calls(ref.run_id)
+        }
+        self.lineage: dict[str, LineageEntry] = rw._lineage(ref)
+
+    def _reference(self, c: _Call) -> tuple[tuple[str, int, int] | None, str]:
+        """(run id, position, call index) of the executed reference call, and how it was
+        matched."""
+        slot = self.slots.get((c.node, c.occurrence, c.call.call_index))
+        executed = slot is not None and slot.call.outcome not in ("served", "dry-run")
+        if slot is not None and executed and slot.call.key == c.call.key:
+            return (slot.run_id, slot.position, slot.call.call_index), "same cache key"
+        entry = self.lineage.get(c.call.key)
+        if entry is not None:
+            return (entry.run_id, entry.position, entry.call_index), "same cache key"
+        if slot is not None:
+            if not executed:
+                entry = self.lineage.get(slot.call.key)
+                if entry is None:
+                    return None, "its corresponding call was never executed"
+                at = (entry.run_id, entry.position, entry.call_index)
+                return at, "same node and call index, other arguments"
+            return (slot.run_id, slot.position, slot.call.call_index), (
+                "same node and call index, other arguments"
+            )
+        return None, "no corresponding call"
+
+    def judge(self, c: _Call) -> tuple[str, list[ResourceAudit], str]:
+        rows = self.runs.effects(c.run_id, c.position, c.call.call_index)
+        early = self.preliminary(c, rows)
+        if early is not None:
+            return early
+        at, how = self._reference(c)
+        ref_id = self.ref.run_id[:12]
+        if at is None:
+            details = [_detail(e, "", None, None, "missing") for e in rows]
+            return INCOMPLETE, details, f"run {ref_id} has {how} to compare with"
+        if at == (c.run_id, c.position, c.call.call_index):
+            details = [_detail(e, "", None, None, "missing") for e in rows]
+            return (
+                INCOMPLETE,
+                details,
+                f"run {ref_id} never executed this call (it served it from this run's record), "
+                "so there is no independent post-state to compare with",
+            )
+        ref_rows = self.runs.effects(*at)
+        where = f"run {at[0][:12]} #{at[1] + 1}/{at[2]}"
+        pairs, unmatched_ref = _pair(rows, ref_rows)
+        details = []
+        for e, r in pairs:
+            if r is None:
+                details.append(_detail(e, where, None, None, "missing"))
+                continue
+            status = (
+                "missing"
+                if e.post_digest is None or r.post_digest is None
+                else ("match" if e.post_digest == r.post_digest else "mismatch")
+            )
+            details.append(_detail(e, where, r.post_digest, r.post_epoch, status))
+        for r in unmatched_ref:
+            details.append(
+                ResourceAudit(
+                    r.resource,
+                    r.kind,
+                    None,
+                    None,
+                    where,
+                    r.post_digest,
+                    r.post_epoch,
+                    "",
+                    "missing",
+                )
+            )
+        extra = "" if how == "same cache key" else f" ({how}: a new call, not a replay)"
+        collided = [
+            e.idempotency_key
+            for e, r in pairs
+            if r is not None and e.idempotency_key and e.idempotency_key == r.idempotency_key
+        ]
+        if collided:
+            return (
+                NOT_RE_EXECUTED,
+                details,
+                f"idempotency key {collided[0][:16]} is the one {where} consumed: a tool-side "
+                "idempotency cache can answer with the original result without re-executing "
+                "(salt it with rewind.effects.idempotency_key)",
+            )
+        decided = _decide(details, where, extra)
+        compared = [(e, r) for e, r in pairs if r is not None]
+        if (
+            decided[0] == FAITHFUL
+            and all(e.pre_digest is not None and e.pre_digest == e.post_digest for e, _ in compared)
+            and any(r.pre_digest is not None and r.pre_digest != r.post_digest for _, r in compared)
+        ):
+            # The end state matches only because the world already held it: re-execution
+            # cannot be told from an idempotency cache answering with the original result.
+            return (
+                NOT_RE_EXECUTED,
+                details,
+                f"the call changed nothing while {where} changed its resource: its matching "
+                "post-state cannot be told from an answer served by an idempotency cache",
+            )
+        return decided
+
+
+def _pair(
+    rows: list[EffectRecord], ref_rows: list[EffectRecord]
+) -> tuple[list[tuple[EffectRecord, EffectRecord | None]], list[EffectRecord]]:
+    """Pair resources by name, then the rest by kind in name order (a run-scoped resource, such
+    as each run's artifact folder, has another name in every run)."""
+    left = {r.resource: r for r in ref_rows}
+    pairs: list[tuple[EffectRecord, EffectRecord | None]] = []
+    pending: list[EffectRecord] = []
+    for e in rows:
+        if e.resource in left:
+            pairs.append((e, left.pop(e.resource)))
+        else:
+            pending.append(e)
+    rest = sorted(left.values(), key=lambda r: r.resource)
+    for e in pending:
+        match = next((r for r in rest if r.kind == e.kind), None)
+        if match is not None:
+            rest.remove(match)
+        pairs.append((e, match))
+    return pairs, rest
+
+
+class _AgainstCurrent(_Judge):
+    """Compare with the world as it is now (the run's last write of each resource), or with the
+    run's own next observation of the resource."""
+
+    def __init__(
+        self,
+        rw: Rewind,
+        runs: _Runs,
+        run: RunRecord,
+        calls: list[_Call],
+        known: dict[str, Fingerprinter],
+    ) -> None:
+        self.rw = rw
+        self.runs = runs
+        self.run = run
+        self.known = known
+        self._imported = False
+        self._now: dict[str, tuple[str | None, str | None, str]] = {}
+        # Calls that observed each resource (pre fingerprint taken), in order.
+        self.observers: dict[str, list[tuple[int, int, EffectRecord]]] = {}
+        for c in calls:
+            for e in runs.effects(c.run_id, c.position, c.call.call_index):
+                if e.pre_digest is not None:
+                    self.observers.setdefault(e.resource, []).append(
+                        (c.position, c.call.call_index, e)
+                    )
+
+    def judge(self, c: _Call) -> tuple[str, list[ResourceAudit], str]:
+        rows = self.runs.effects(c.run_id, c.position, c.call.call_index)
+        early = self.preliminary(c, rows)
+        if early is not None:
+            return early
+        details = []
+        places = []
+        for e in rows:
+            later = [
+                (p, i, o)
+                for p, i, o in self.observers.get(e.resource, [])
+                if (p, i) > (c.position, c.call.call_index)
+            ]
+            if later:
+                p, i, o = later[0]
+                where = f"next call #{p + 1}/{i} of this run"
+                ref_digest, ref_epoch = o.pre_digest, o.pre_epoch
+            else:
+                where = CURRENT
+                ref_digest, ref_epoch, why = self._now_of(e, c.call)
+                if ref_digest is None:
+                    details.append(_detail(e, "", None, None, "missing"))
+                    places.append(why)
+                    continue
+            places.append(where)
+            if e.post_digest is None:
+                status = "missing"
+            else:
+                status = "match" if e.post_digest == ref_digest else "mismatch"
+            details.append(_detail(e, where, ref_digest, ref_epoch, status))
+        if any(d.status == "missing" and d.recorded_digest is not None for d in details):
+            why = next(p for p, d in zip(places, details, strict=True) if not d.reference)
+            return INCOMPLETE, details, f"cannot fingerprint the current state: {why}"
+        where = (
+            "the resource's current state"
+            if all(p == CURRENT for p in places)
+            else "the state this run observed before writing it again"
+            if all(p != CURRENT for p in places)
+            else "the current / next observed state"
+        )
+        return _decide(details, where)
+
+    def _now_of(self, e: EffectRecord, call: CallRecord) -> tuple[str | None, str | None, str]:
+        if e.resource not in self._now:
+            fp, why = self._fingerprinter(e, call)
+            if fp is None:
+                self._now[e.resource] = (None, None, why)
+            else:
+                now = fp.fingerprint()
+                self._now[e.resource] = (now.digest, now.epoch, "")
+        return self._now[e.resource]
+
+    def _fingerprinter(self, e: EffectRecord, call: CallRecord) -> tuple[Fingerprinter | None, str]:
+        """Rebuild the resource's fingerprinter: the caller's, the one the tool declares for
+        the recorded arguments, the recorded parameters (once the engine records them), then
+        from the recorded kind and name (exact for file trees and URLs only)."""
+        if e.resource in self.known:
+            return self.known[e.resource], ""
+        fp = self._declared(e, call)  # first: it carries the tool's own settings (HTTP client)
+        if fp is not None:
+            return fp, ""
+        spec = getattr(e, "spec", None)  # forward-compatible: see the engine patch in the report
+        if isinstance(spec, dict):
+            fp = _from_spec(e.kind, spec)
+            if fp is not None and fp.name == e.resource:
+                return fp, ""
+        if e.kind == FileTree.kind and e.resource.startswith("file:"):
+            return FileTree(e.resource[len("file:") :]), ""
+        if e.kind == HttpResource.kind:
+            return HttpResource(e.resource), ""
+        return None, (
+            f"{e.resource} ({e.kind}) cannot be rebuilt from its name: the store does not record "
+            "the fingerprinter's parameters (pass resources= or make the tool importable)"
+        )
+
+    def _declared(self, e: EffectRecord, call: CallRecord) -> Fingerprinter | None:
+        from rewind.tools import registered
+
+        if not self._imported:
+            self._imported = True
+            with contextlib.suppress(Exception):  # importing registers the pipeline's tools
+                self.rw.pipeline_of(self.run)
+        t = registered().get(call.name)
+        if t is None or t.resources is None:
+            return None
+        declared: Sequence[Any]
+        if callable(t.resources):
+            try:
+                args = json.loads(self.rw.store.get_blob(call.request_hash))
+                if t.idempotency_arg and t.idempotency_arg not in args:
+                    args[t.idempotency_arg] = None
+                declared = tuple(t.resources(**args))
+            except Exception:  # a resource function that needs its run: fall back to the name
+                return None
+        else:
+            declared = tuple(t.resources)
+        return next(
+            (r for r in declared if isinstance(r, Fingerprinter) and r.name == e.resource), None
+        )
+
+
+def _from_spec(kind: str, spec: dict[str, Any]) -> Fingerprinter | None:
+    try:
+        if kind == FileTree.kind:
+            return FileTree(spec["path"])
+        if kind == SQLiteTable.kind:
+            return SQLiteTable(
+                spec["db_path"], spec["table"], spec.get("order_by", "rowid"), spec.get("epoch_sql")
+            )
+        if kind == HttpResource.kind:
+            return HttpResource(spec["url"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+class _Dataflow:
+    """Which later nodes read (transitively) what a node wrote, from the recorded documents."""
+
+    def __init__(self, rw: Rewind, nodes: list[NodeRecord]) -> None:
+        self.rw = rw
+        self.nodes = nodes
+
+    def _writes(self, node: NodeRecord) -> set[str]:
+        return set(self.rw._output_map(node))
+
+    def _reads(self, node: NodeRecord) -> set[str]:
+        doc = self.rw.store.get_json(node.input_hash)
+        return set(doc.get("reads", {}))
+
+    def dependents(self, position: int) -> tuple[str, ...]:
+        """``"<number>:<name>"`` of nodes after ``position`` reading a field derived from what
+        the node at ``position`` wrote. A field a clean node overwrites stops being derived."""
+        source = next((n for n in self.nodes if n.position == position), None)
+        if source is None:
+            return ()
+        tainted = self._writes(source)
+        out = []
+        for n in self.nodes:
+            if n.position <= position or not tainted:
+                continue
+            writes = self._writes(n)
+            if self._reads(n) & tainted:
+                out.append(f"{n.position + 1}:{n.name}")
+                tainted |= writes
+            else:
+                tainted -= writes
+        return tuple(out)
+
+
+# -- rendering and the CLI ---------------------------------------------------------------------
+
+_COLOURS = {
+    FAITHFUL: "green",
+    DIVERGENT: "red",
+    INCOMPLETE: "yellow",
+    NOT_RE_EXECUTED: "magenta",
+}
+
+
+def summary_line(report: AuditReport) -> str:
+    """One plain-text line: run, reference, pass/fail and why."""
+    against = report.against or "nothing"
+    status = "PASS" if report.passed else "FAIL"
+    return f"audit {report.run_id[:12]} against {against}: {status} — {report.note}"
+
+
+def render_audit(report: AuditReport) -> Table:
+    """A Rich table: one row per audited resource (a call without resources gets one row).
+
+    Columns: node number and name, call index, tool, verdict, resource, recorded post digest,
+    reference post digest, epoch delta, reason, dependents.
+    """
+    from rich.table import Table
+
+    t = Table(title=summary_line(report), title_justify="left")
+    for col in ("#", "node", "call", "tool", "verdict", "resource", "recorded", "reference"):
+        t.add_column(col)
+    for col in ("epoch Δ", "reason", "depends on it"):
+        t.add_column(col, overflow="fold")
+    for v in report.verdicts:
+        colour = _COLOURS.get(v.verdict, "white")
+        rows: Sequence[ResourceAudit | None] = v.resources or (None,)
+        for i, r in enumerate(rows):
+            first = i == 0
+            t.add_row(
+                str(v.position + 1) if first else "",
+                v.node if first else "",
+                str(v.call_index) if first else "",
+                v.tool if first else "",
+                f"[{colour}]{v.verdict}[/]" if first else "",
+                "" if r is None else _shorten_name(r.resource),
+                "" if r is None else _short(r.recorded_digest),
+                "" if r is None or not r.reference else _short(r.reference_digest),
+                "" if r is None else r.epoch_delta,
+                v.reason if first else "",
+                ", ".join(v.dependents) if first else "",
+            )
+    return t
+
+
+def _shorten_name(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
+
+
+def audit_command(store: str, run_id: str, against: str | None, as_json: bool) -> int:
+    """``rewind audit RUN [--against PARENT] [--json]``: print the audit, return the exit code.
+
+    Args:
+        store: the store location (folder, .db file or URL).
+        run_id: the run to audit (id or unique prefix).
+        against: reference run, ``"current"``, or None (parent, else current state).
+        as_json: print :meth:`AuditReport.to_json` instead of a table.
+    Returns:
+        0 only when every side-effecting call is ``faithful`` (or there is none), else 1.
+    Raises:
+        UnknownRun: the run or the reference does not exist (the CLI turns it into exit 2).
+    """
+    from rich.console import Console
+
+    from rewind.replay import Rewind
+
+    rw = Rewind(store)
+    try:
+        report = audit_run(rw, run_id, against)
+    finally:
+        rw.store.close()
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    else:
+        console = Console(highlight=False)
+        console.print(render_audit(report))
+        for v in report.verdicts:
+            if v.dependents:
+                console.print(
+                    f"#{v.position + 1} {v.node} is {v.verdict}: conclusions of "
+                    f"{', '.join(v.dependents)} depend on it"
+                )
+        if report.inherited_skipped:
+            console.print("inherited, not audited here: " + ", ".join(report.inherited_skipped))
+    return 0 if report.passed else 1
+
+
+# -- rewind verify, check 15 -------------------------------------------------------------------
+
+
+def verify_effects_check(rw: Rewind, demo_result: DemoResult) -> tuple[bool, str]:
+    """``rewind verify`` check 15: the effect audit tells the demo's calls apart, and catches a
+    tampered artifact.
+
+    Expected, and why:
+
+    1. unchanged replay (effects ``recorded``), audited against its parent: exactly one
+       side-effecting call, ``publish``'s ``rewind.publish``, verdict ``not-re-executed`` (it was
+       served from record; the report therefore fails closed — by design).
+    2. the parent (no parent of its own) audited against the current state of its artifact
+       folder: ``faithful``.
+    3. the param fork, which ran ``publish`` live: against the current state of its own folder,
+       ``faithful``; against its parent, ``divergent`` — its arguments changed (the report is
+       about another grouping, check 7), so its effect is not the parent's, and calling it
+       faithful would be a lie.
+    4. tamper: one byte appended to the parent's ``report.md`` → the parent's audit is
+       ``divergent`` with both digests; the original bytes are written back (new mtime) → the
+       audit is ``faithful`` again (an mtime is an epoch, not content); the mtime is restored.
+
+    Returns:
+        (passed, one line with the numbers). A crash inside counts as a failure of the caller.
+    """
+    from rewind.artifacts import ARTIFACT_TOOL
+
+    parent, fork, replay = demo_result.parent, demo_result.fork, demo_result.replay
+
+    def shape(r: AuditReport) -> list[tuple[str, str, str]]:
+        return [(v.node, v.tool, v.verdict) for v in r.verdicts]
+
+    publish = ("publish", ARTIFACT_TOOL)
+    r_replay = audit_run(rw, replay.run_id)
+    ok_replay = shape(r_replay) == [(*publish, NOT_RE_EXECUTED)] and (
+        r_replay.against == parent.run_id and not r_replay.passed
+    )
+    r_parent = audit_run(rw, parent.run_id)
+    ok_parent = shape(r_parent) == [(*publish, FAITHFUL)] and r_parent.against == CURRENT
+    r_fork_now = audit_run(rw, fork.run_id, CURRENT)
+    r_fork_parent = audit_run(rw, fork.run_id)
+    ok_fork = shape(r_fork_now) == [(*publish, FAITHFUL)] and shape(r_fork_parent) == [
+        (*publish, DIVERGENT)
+    ]
+
+    arts = rw.store.artifacts_of(parent.run_id)
+    if not arts:
+        return False, f"run {parent.run_id[:12]} has no artifact to tamper with"
+    path = Path(arts[0]["path"])
+    original = path.read_bytes()
+    st = path.stat()
+    try:
+        path.write_bytes(original + b"!")
+        r_tampered = audit_run(rw, parent.run_id)
+        path.write_bytes(original)
+        r_restored = audit_run(rw, parent.run_id)
+    finally:
+        path.write_bytes(original)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    t = r_tampered.verdicts[0] if r_tampered.verdicts else None
+    res = t.resources[0] if t is not None and t.resources else None
+    ok_tamper = (
+        t is not None
+        and t.verdict == DIVERGENT
+        and res is not None
+        and res.recorded_digest is not None
+        and res.reference_digest is not None
+        and res.recorded_digest != res.reference_digest
+    )
+    ok_restored = shape(r_restored) == [(*publish, FAITHFUL)]
+    tamper_text = (
+        f"{_short(res.recorded_digest)}→{_short(res.reference_digest)}" if res else "no verdict"
+    )
+    detail = (
+        f"replay: {_counts_text(r_replay)}; parent vs current: {_counts_text(r_parent)}; "
+        f"fork vs current: {_counts_text(r_fork_now)}, vs parent: {_counts_text(r_fork_parent)}; "
+        f"tampered: {t.verdict if t else 'none'} {tamper_text}; "
+        f"restored: {_counts_text(r_restored)}"
+    )
+    passed = ok_replay and ok_parent and ok_fork and ok_tamper and ok_restored
+    return passed, detail
+
+
+def _counts_text(report: AuditReport) -> str:
+    parts = [f"{n} {k}" for k, n in report.counts.items() if n]
+    return ", ".join(parts) or "no calls"
