@@ -211,3 +211,19 @@ def test_unreachable_model_endpoint_is_one_clear_error(tmp_path: Path) -> None:
     assert "does not answer" in last and "REWIND_BASE_URL" in last
     # The endpoint is checked before anything is recorded.
     assert json.loads(rewind(tmp_path, "runs", "--json").stdout) == []
+
+
+def test_param_of_another_json_type_is_refused(recorded: tuple[Path, str]) -> None:
+    store, run_id = recorded
+    before = row_counts(store)
+    proc = rewind(store, "fork", run_id, "--at", "1", "--set", "start.offset=NaN")
+    assert proc.returncode == 2
+    assert "recorded as a number" in proc.stderr
+    assert row_counts(store) == before
+
+
+def test_audit_of_a_run_without_side_effects(recorded: tuple[Path, str]) -> None:
+    store, run_id = recorded
+    proc = rewind(store, "audit", run_id, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verdicts"] == []

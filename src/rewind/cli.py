@@ -185,6 +185,7 @@ def _node_json(n: NodeRecord) -> dict[str, Any]:
         "params": n.params,
         "cache_outcome": n.cache_outcome,
         "cache_reason": n.cache_reason,
+        "determinism": n.determinism,
         "prompt_tokens": n.prompt_tokens,
         "completion_tokens": n.completion_tokens,
         "tokens": n.tokens,
@@ -197,6 +198,7 @@ def _node_json(n: NodeRecord) -> dict[str, Any]:
                 "key": c.key,
                 "outcome": c.outcome,
                 "reason": c.reason,
+                "determinism": c.determinism,
                 "tokens": c.prompt_tokens + c.completion_tokens,
             }
             for c in n.calls
@@ -212,6 +214,7 @@ def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
     t.add_column("tokens", justify="right")
     t.add_column("ms", justify="right")
     t.add_column("output sha256", no_wrap=True)
+    t.add_column("flag")
     errors = any(n.error for n in nodes)
     if errors:
         t.add_column("error")
@@ -223,6 +226,7 @@ def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
             str(n.tokens),
             f"{n.latency_ms:.1f}",
             (n.output_hash or "—")[:16],
+            "" if n.determinism == "deterministic" else n.determinism,
         ]
         if errors:
             row.append(n.error or "")

@@ -716,6 +716,27 @@ def validate_override(nodes: Sequence[NodeRecord], idx: int, override: Override 
             f"node {override.node!r} has no param {override.param!r}",
             f"its params: {', '.join(params) or 'none'}",
         )
+    recorded = next(n.params[override.param] for n in later if override.param in n.params)
+    was, now = _json_type(recorded), _json_type(override.value)
+    if recorded is not None and override.value is not None and was != now:
+        raise InvalidOverride(
+            f"{override.node}.{override.param} was recorded as a {was} "
+            f"({json.dumps(recorded)[:40]}); the new value is a {now}",
+            f"pass a {was}"
+            + (" (JSON strings need quotes only with --set-output)" if was == "string" else ""),
+        )
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "null" if value is None else "object"
 
 
 def _inherited_row(child_id: str, node: NodeRecord) -> dict[str, Any]:
