@@ -666,6 +666,152 @@ def verify(
     raise SystemExit(0 if passed == len(checks) else 1)
 
 
+# -- tracing: any LLM chain, not only Burr apps (see rewind.tracing) ----------------------
+
+
+@app.command("replay-trace")
+def replay_trace_cmd(
+    trace: Annotated[str, typer.Argument(help="Trace id (or a unique prefix).")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="One change: input.FIELD=VALUE or STEP.PARAM=VALUE."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a traced chain with its recorded LLM answers and one change; diff the two."""
+    from rewind.tracing import commands
+
+    with _session() as rw:
+        code = commands.replay_trace_command(rw, trace, set_, as_json=as_json, console=console)
+    raise typer.Exit(code)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    trace: Annotated[str, typer.Argument(help="Trace or run id (or a unique prefix).")],
+    step: Annotated[
+        str | None, typer.Option(help="Only this step: name, name#k or number.")
+    ] = None,
+    setting: Annotated[
+        list[str] | None,
+        typer.Option("--setting", help="Override a threshold: name=value (slow_llm_ms=5000)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Findings per step (severity, message, suggestion) of a trace or run."""
+    from rewind.tracing import commands
+
+    with _session(model=False) as rw:
+        code = commands.inspect_command(
+            rw, trace, step, settings=setting, as_json=as_json, console=console
+        )
+    raise typer.Exit(code)
+
+
+@app.command("failures")
+def failures_cmd(
+    since: Annotated[
+        str | None, typer.Option(help="Started since: 24h, 7d, 2024-05-01, or unix seconds.")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Started until (same forms).")] = None,
+    name: Annotated[str | None, typer.Option(help="Only this chain (pipeline) name.")] = None,
+    kind: Annotated[str, typer.Option(help="trace, run (Burr runs) or any.")] = "any",
+    limit: Annotated[int, typer.Option(help="How many of the newest traces to analyse.")] = 1000,
+    examples: Annotated[int, typer.Option(help="Example trace ids per pattern.")] = 5,
+    as_json: JsonOpt = False,
+) -> None:
+    """Failure patterns across traces and runs: counts, example ids, suggested fixes."""
+    from rewind.tracing import commands
+
+    with _session(model=False) as rw:
+        code = commands.failures_command(
+            rw,
+            since=since,
+            until=until,
+            name=name,
+            kind=kind,
+            limit=limit,
+            examples=examples,
+            as_json=as_json,
+            console=console,
+        )
+    raise typer.Exit(code)
+
+
+@app.command("root-cause")
+def root_cause_cmd(
+    trace: Annotated[str, typer.Argument(help="Trace or run id (or a unique prefix).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Why a trace or run failed: failing step, its input, earlier steps, fixes, fork command."""
+    from rewind.tracing import commands
+
+    with _session(model=False) as rw:
+        code = commands.root_cause_command(rw, trace, as_json=as_json, console=console)
+    raise typer.Exit(code)
+
+
+@app.command("debug")
+def debug_cmd(
+    run: Annotated[str, typer.Argument(help="Run or trace id (or a unique prefix).")],
+) -> None:
+    """Step through a recorded run or trace (commands from stdin when it is not a terminal)."""
+    from rewind.tracing import commands
+
+    with _session() as rw:
+        code = commands.debug_command(rw, run, console=console)
+    raise typer.Exit(code)
+
+
+otel_app = typer.Typer(
+    no_args_is_help=True, help="OpenTelemetry: export runs/traces as spans, import OTLP/JSON."
+)
+app.add_typer(otel_app, name="otel")
+
+
+@otel_app.command("export")
+def otel_export_cmd(
+    runs: Annotated[list[str], typer.Argument(help="Runs or traces (ids or unique prefixes).")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write OTLP/JSON to this file.")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Also send to an OTLP/HTTP endpoint (http://host:4318).")
+    ] = None,
+    header: Annotated[
+        list[str] | None, typer.Option("--header", help="HTTP header for --endpoint: name=value.")
+    ] = None,
+    service_name: Annotated[str, typer.Option(help="The exported service.name.")] = "rewind",
+    as_json: JsonOpt = False,
+) -> None:
+    """Export runs and traces as OTel spans (GenAI semantic conventions)."""
+    from rewind.tracing import commands
+
+    with _session(model=False) as rw:
+        code = commands.otel_export_command(
+            rw,
+            runs,
+            out=out,
+            endpoint=endpoint,
+            headers=header,
+            service_name=service_name,
+            as_json=as_json,
+            console=console,
+        )
+    raise typer.Exit(code)
+
+
+@otel_app.command("import")
+def otel_import_cmd(
+    file: Annotated[Path, typer.Argument(help="OTLP/JSON file (one request, or one per line).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Import OTLP/JSON traces (trace ids kept) so they can be inspected, analysed, diffed."""
+    from rewind.tracing import commands
+
+    with _session(model=False) as rw:
+        code = commands.otel_import_command(rw, file, as_json=as_json, console=console)
+    raise typer.Exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()

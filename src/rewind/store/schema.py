@@ -198,3 +198,27 @@ IMMUTABLE_TRIGGERS = (
     """CREATE TRIGGER IF NOT EXISTS state_immutable_update BEFORE UPDATE ON burr_state
        BEGIN SELECT RAISE(ABORT, 'persisted state rows are immutable'); END""",
 )
+
+spans = Table(
+    # What a traced chain knows about its steps beyond a node row (rewind.tracing): a trace IS a
+    # run and each step IS a node row at the same position; this row adds the step type, the
+    # trace vocabulary's status, nesting, the OpenTelemetry span id, attributes (model,
+    # finish_reason, scores...) and the exception. Position -1 is the trace itself (the root
+    # span): its row carries the chain's status, duration and output. A run with a position -1
+    # row is a trace.
+    "spans",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id"), primary_key=True),
+    Column("position", Integer, primary_key=True),
+    Column("span_id", String(16), nullable=False),  # 16 hex
+    Column("parent_position", Integer, nullable=True),  # -1: top-level step; None: the root
+    Column("step_type", String(16), nullable=False),  # llm_call | retrieval | ... | chain
+    Column("status", String(16), nullable=False),  # pending | running | success | failed | skipped
+    Column("error_type", String(200), nullable=True),
+    Column("error_message", Text, nullable=True),
+    Column("attributes_json", Text, nullable=False, default="{}"),
+    Column("started_at", Float, nullable=True),  # unix seconds
+    Column("ended_at", Float, nullable=True),
+    Column("duration_ms", Float, nullable=False, default=0.0),
+    Column("output_hash", String(64), nullable=True),  # root only: blob of the chain's output
+)

@@ -1,0 +1,524 @@
+"""The tracing vocabulary: step types and statuses, and the two shapes a trace takes.
+
+A trace *is* a run and each step *is* a node row (DESIGN: one store, one vocabulary). What a node
+row cannot say lives in the ``spans`` table. Two value shapes move between the modules:
+
+* :class:`TraceData` / :class:`StepData` — a trace about to be written (decoded values; the store
+  module encodes and hashes them exactly as the Burr recorder does);
+* :class:`TraceView` / :class:`StepView` — a stored run or trace read back for analysis. A Burr run
+  reads as a trace too: its nodes become steps whose type is inferred from their calls.
+
+How a step maps onto a node row: the step's input is the node's Burr ``inputs`` (a dict; a value
+that is not a dict is wrapped as ``{"input": value}``), its params are the params it read with
+:func:`rewind.param`, and its output is one state field named after the step, so the trace's
+semantic state after step *k* is the chain input's fields plus the latest output of every step
+so far — the same Merkle hashes, ``rewind show`` and ``rewind diff`` as a Burr run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from datetime import time as dtime
+from enum import StrEnum
+from typing import Any
+
+from rewind.canonical import CanonicalError, canonical_bytes
+from rewind.context import PendingWrite
+from rewind.store.records import CallRecord
+
+__all__ = [
+    "CHAIN_TYPE",
+    "ROOT_POSITION",
+    "StepData",
+    "StepStatus",
+    "StepType",
+    "StepView",
+    "TraceData",
+    "TraceView",
+    "error_line",
+    "jsonable",
+    "run_status_of",
+    "split_error",
+    "trace_status_of",
+]
+
+ROOT_POSITION = -1
+"""Position of the trace's own row (the root span) in the ``spans`` table."""
+
+CHAIN_TYPE = "chain"
+"""Step type of the root span (the chain itself)."""
+
+INPUT_KEY = "input"
+"""Key a non-dict input is wrapped under, and the ``--set input.…`` prefix of a replay."""
+
+
+class StepType(StrEnum):
+    """What a step does; the inspector checks each type for its own failure modes."""
+
+    LLM_CALL = "llm_call"
+    RETRIEVAL = "retrieval"
+    TOOL_CALL = "tool_call"
+    TRANSFORM = "transform"
+    PARSE = "parse"
+    VALIDATE = "validate"
+
+
+class StepStatus(StrEnum):
+    """Where a step (or a trace) is in its life."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+STEP_TYPES = tuple(t.value for t in StepType)
+STEP_STATUSES = tuple(s.value for s in StepStatus)
+
+_TO_RUN = {
+    "success": "completed",
+    "failed": "failed",
+    "running": "running",
+    "pending": "running",
+    "skipped": "completed",
+}
+_TO_TRACE = {"completed": "success", "failed": "failed", "running": "running"}
+
+
+def run_status_of(trace_status: str) -> str:
+    """The ``runs.status`` of a trace status (``success`` → ``completed``)."""
+    return _TO_RUN.get(trace_status, "failed")
+
+
+def trace_status_of(run_status: str) -> str:
+    """The trace status of a run status (``completed`` → ``success``; ``interrupted`` and
+    anything unknown → ``failed``)."""
+    return _TO_TRACE.get(run_status, "failed")
+
+
+def step_type_of(value: str | StepType) -> str:
+    """Validate a step type given as an enum or a string.
+
+    Raises:
+        ValueError: not one of :data:`STEP_TYPES`.
+    """
+    text = str(value.value if isinstance(value, StepType) else value)
+    if text not in STEP_TYPES:
+        raise ValueError(f"unknown step type {text!r}; use one of {', '.join(STEP_TYPES)}")
+    return text
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+def jsonable(value: Any, _depth: int = 0) -> Any:
+    """A plain JSON value (dict/list/str/int/float/bool/None) the canonical hasher accepts.
+
+    Values the hasher takes are returned as their canonical JSON decoded again (tuples become
+    lists, dataclasses and pydantic models dicts). Dates and times become ISO strings. Anything
+    else (a client object, NaN, bytes) becomes ``{"$unhashable": "<type>"}`` at the place it
+    occurs, so one odd argument does not hide the rest of an input. Never raises.
+    """
+    try:
+        return json.loads(canonical_bytes(value))
+    except (CanonicalError, ValueError, TypeError, RecursionError):
+        pass
+    if _depth > 64:
+        return {"$unhashable": type(value).__name__}
+    if isinstance(value, datetime | date | dtime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v, _depth + 1) for v in value]
+    if isinstance(value, set | frozenset):
+        items = [jsonable(v, _depth + 1) for v in value]
+        return sorted(items, key=canonical_bytes)
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$unhashable": "float", "value": repr(value)}
+    return {"$unhashable": type(value).__name__}
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int | float | bool):
+        return str(key)
+    return f"$key:{type(key).__name__}"
+
+
+def as_fields(value: Any) -> dict[str, Any]:
+    """An input as a dict of fields: a dict with string keys as is, anything else wrapped as
+    ``{"input": value}``."""
+    value = jsonable(value)
+    if isinstance(value, dict):
+        return value
+    return {INPUT_KEY: value}
+
+
+def natural(fields: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`as_fields` for display: ``{"input": v}`` → ``v``."""
+    if len(fields) == 1 and INPUT_KEY in fields:
+        return fields[INPUT_KEY]
+    return dict(fields)
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.S)
+
+
+def error_line(error_type: str | None, message: str | None) -> str:
+    """``Type: first line of message`` (at most 500 characters), as node rows show errors."""
+    lines = (message or "").strip().splitlines()
+    return f"{error_type or 'Error'}: {lines[0] if lines else ''}"[:500]
+
+
+def split_error(text: str | None) -> tuple[str | None, str | None]:
+    """(type, message) of a node row's ``Type: message`` error text."""
+    if not text:
+        return None, None
+    m = _ERROR_LINE.match(text)
+    if m:
+        return m.group(1), m.group(2)
+    return "Error", text
+
+
+# -- write side --------------------------------------------------------------------------------
+
+
+@dataclass
+class StepData:
+    """One step about to be written (decoded values).
+
+    Attributes:
+        position: 0-based order in the trace (execution start order; parents before children).
+        name: the step's name (the node name, and the state field its output is written to).
+        step_type: one of :data:`STEP_TYPES`.
+        status: one of :data:`STEP_STATUSES`.
+        inputs: the step's input as a dict (see :func:`as_fields`).
+        reads: state fields the step read (decoded); Burr runs imported from OpenTelemetry use it.
+        params: params read with :func:`rewind.param`.
+        fields: the state fields the step wrote (``{name: output}`` for a traced step); None when
+            it wrote nothing (failed, skipped, pending, running).
+        parent_position: the enclosing step, or -1 for a top-level step.
+        started_at, ended_at: unix seconds; duration_ms: milliseconds.
+        prompt_tokens, completion_tokens: tokens spent (cache hits spend 0).
+        calls, pending: the LLM/tool calls made through Rewind's caches and the cache entries
+            they produced.
+        cache_outcome, cache_reason: set to keep a recorded outcome (imports); computed from the
+            calls otherwise.
+    """
+
+    position: int
+    name: str
+    step_type: str = StepType.TRANSFORM.value
+    status: str = StepStatus.SUCCESS.value
+    inputs: dict[str, Any] = field(default_factory=dict)
+    reads: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    parent_position: int = ROOT_POSITION
+    span_id: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    duration_ms: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
+    calls: list[CallRecord] = field(default_factory=list)
+    pending: list[PendingWrite] = field(default_factory=list)
+    cache_outcome: str | None = None
+    cache_reason: str | None = None
+
+
+@dataclass
+class TraceData:
+    """A trace about to be written: the run row, the root span and the steps.
+
+    ``status`` is the trace status (``success``/``failed``/``running``...); ``input`` the chain's
+    input fields (the run's initial state); ``output`` the chain's return value.
+    """
+
+    trace_id: str
+    name: str
+    status: str = StepStatus.SUCCESS.value
+    input: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
+    error_type: str | None = None
+    error_message: str | None = None
+    span_id: str = ""
+    started_at: float = 0.0
+    ended_at: float | None = None
+    duration_ms: float = 0.0
+    attributes: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    parent_run_id: str | None = None
+    fork_node: str | None = None
+    fork_position: int | None = None
+    override: dict[str, Any] | None = None
+    steps: list[StepData] = field(default_factory=list)
+
+
+# -- read side ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlmCallView:
+    """One LLM call of a step as the inspector needs it (request messages, answer, usage)."""
+
+    model: str
+    outcome: str
+    messages: tuple[dict[str, Any], ...]
+    params: dict[str, Any]
+    content: str | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One step of a stored trace (or one node of a Burr run read as a step).
+
+    ``input``/``output`` are the natural values (a traced step's own input and return value; a
+    Burr node's read fields + inputs and written fields); ``input_doc``/``output_fields`` the
+    node's stored documents. ``number`` is 1-based as ``rewind show`` prints it.
+    """
+
+    position: int
+    name: str
+    step_type: str
+    status: str
+    input: Any
+    output: Any
+    input_doc: dict[str, Any]
+    output_fields: dict[str, Any]
+    error_type: str | None
+    error_message: str | None
+    duration_ms: float
+    started_at: float | None
+    ended_at: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    attributes: dict[str, Any]
+    parent_position: int | None
+    span_id: str | None
+    cache_outcome: str
+    cache_reason: str
+    params: dict[str, Any]
+    input_hash: str
+    output_hash: str | None
+    state_hash: str | None
+    src_app_id: str
+    src_sequence_id: int | None
+    inherited: bool = False
+    calls: tuple[CallRecord, ...] = ()
+    llm_calls: tuple[LlmCallView, ...] = ()
+
+    @property
+    def number(self) -> int:
+        """1-based step number (as ``rewind show`` numbers nodes)."""
+        return self.position + 1
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion tokens spent."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def failed(self) -> bool:
+        """True when the step failed."""
+        return self.status == StepStatus.FAILED
+
+    @property
+    def error(self) -> str | None:
+        """``Type: message`` or None."""
+        if self.error_type is None and self.error_message is None:
+            return None
+        return error_line(self.error_type, self.error_message)
+
+    @property
+    def model(self) -> str | None:
+        """The model the step called (attribute ``model`` or its first LLM call)."""
+        model = self.attributes.get("model")
+        if isinstance(model, str) and model:
+            return model
+        for c in self.calls:
+            if c.kind == "llm":
+                return c.name
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything about the step as JSON: listing fields, values, hashes, cache outcome."""
+        return self.summary() | {
+            "span_id": self.span_id,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "model": self.model,
+            "input": self.input,
+            "output": self.output,
+            "params": self.params,
+            "attributes": self.attributes,
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+            "input_hash": self.input_hash,
+            "output_hash": self.output_hash,
+            "state_hash": self.state_hash,
+            "cache_outcome": self.cache_outcome,
+            "cache_reason": self.cache_reason,
+            "inherited": self.inherited,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Number, name, type, status, duration (ms), tokens, error: one row of a listing."""
+        return {
+            "number": self.number,
+            "position": self.position,
+            "name": self.name,
+            "type": self.step_type,
+            "status": self.status,
+            "duration_ms": round(self.duration_ms, 3),
+            "tokens": self.tokens,
+            "error": self.error,
+            "parent": None
+            if self.parent_position is None or self.parent_position < 0
+            else self.parent_position + 1,
+        }
+
+
+@dataclass(frozen=True)
+class TraceView:
+    """A stored trace or Burr run, read back with every step's values.
+
+    ``kind`` is ``"trace"`` (recorded by the tracer, posted to the service or imported from
+    OpenTelemetry) or ``"run"`` (a Burr run). ``status`` uses the trace vocabulary
+    (``success``/``failed``/``running``); ``run_status`` is the run row's.
+    """
+
+    trace_id: str
+    name: str
+    kind: str
+    status: str
+    run_status: str
+    input: dict[str, Any]
+    output: Any
+    error_type: str | None
+    error_message: str | None
+    started_at: float
+    ended_at: float | None
+    duration_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    attributes: dict[str, Any]
+    span_id: str | None
+    parent_run_id: str | None
+    config: dict[str, Any]
+    override: dict[str, Any] | None
+    steps: tuple[StepView, ...]
+
+    @property
+    def failed(self) -> bool:
+        """True when the trace (run) failed or was interrupted."""
+        return self.status == StepStatus.FAILED
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion tokens spent by the whole trace."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def error(self) -> str | None:
+        """``Type: message`` of the trace's error, or None."""
+        if self.error_type is None and self.error_message is None:
+            return None
+        return error_line(self.error_type, self.error_message)
+
+    def find(self, ref: str | int) -> StepView:
+        """The step named ``ref`` (``name`` or ``name#k`` for its k-th execution) or numbered
+        ``ref`` (1-based).
+
+        Raises:
+            LookupError: no such step (the message lists the steps).
+        """
+        text = str(ref).strip()
+        if text.isdigit():
+            number = int(text)
+            if 1 <= number <= len(self.steps):
+                return self.steps[number - 1]
+        else:
+            name, _, occ = text.partition("#")
+            want = int(occ) if occ.isdigit() else 1
+            seen = 0
+            for s in self.steps:
+                if s.name == name:
+                    seen += 1
+                    if seen == want:
+                        return s
+        listing = ", ".join(f"{s.number}:{s.name}" for s in self.steps) or "none"
+        raise LookupError(
+            f"{self.kind} {self.trace_id[:12]} has no step {text!r} (steps: {listing})"
+        )
+
+    def occurrence(self, step: StepView) -> str:
+        """``name`` or ``name#k`` naming exactly this step (as ``rewind fork --at`` accepts)."""
+        k = sum(1 for s in self.steps[: step.position + 1] if s.name == step.name)
+        return step.name if k <= 1 else f"{step.name}#{k}"
+
+    def children(self, position: int) -> list[StepView]:
+        """Steps whose parent is the step at ``position`` (-1: top-level steps)."""
+        return [
+            s
+            for s in self.steps
+            if (s.parent_position if s.parent_position is not None else -1) == position
+        ]
+
+    def depth(self, step: StepView) -> int:
+        """Nesting depth of a step (0 for a top-level step)."""
+        d, parent = 0, step.parent_position
+        while parent is not None and parent >= 0 and d < len(self.steps):
+            d += 1
+            parent = self.steps[parent].parent_position if parent < len(self.steps) else None
+        return d
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole trace as JSON: listing fields, input, output, attributes and every step."""
+        return self.summary() | {
+            "span_id": self.span_id,
+            "run_status": self.run_status,
+            "input": self.input,
+            "output": self.output,
+            "attributes": self.attributes,
+            "config": self.config,
+            "override": self.override,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "error_type": self.error_type,
+            "error_message": self.error_message,
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """A listing row: id, name, kind, status, times, duration (ms), tokens, steps, error."""
+        return {
+            "trace_id": self.trace_id,
+            "name": self.name,
+            "kind": self.kind,
+            "status": self.status,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "duration_ms": round(self.duration_ms, 3),
+            "tokens": self.tokens,
+            "steps": len(self.steps),
+            "failed_steps": sum(1 for s in self.steps if s.failed),
+            "error": self.error,
+            "parent_trace_id": self.parent_run_id,
+        }

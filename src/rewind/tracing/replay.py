@@ -1,0 +1,260 @@
+"""Replay a traced chain with its recorded LLM answers and at most one change.
+
+A traced chain is a plain Python function, so a replay cannot resume in the middle of it the way a
+Burr fork does: it calls the chain again, from the start, with the recorded input (and the one
+change), inside a new trace whose LLM calls are served through the cache — the recorded trace's
+own calls first (its lineage), so an unchanged replay returns every recorded answer byte for byte,
+spends 0 tokens and reproduces every hash. The change is either a field of the chain's input
+(``input.question=…``, nested paths allowed: ``input.options.k=5``) or a param a step reads with
+:func:`rewind.param` (``retrieve.top_k=3``). The new trace records the original as its parent, so
+``rewind diff ORIGINAL REPLAY`` compares them step by step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import inspect
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rewind.canonical import canonical_bytes
+from rewind.context import RunContext
+from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError, RunBusy
+from rewind.store import RunRecord, Store
+from rewind.tracing.model import INPUT_KEY, TraceView
+from rewind.tracing.store import lineage_of, load_trace
+from rewind.tracing.tracer import Trace, new_trace_id
+
+__all__ = ["TraceChange", "load_chain", "parse_change", "replay_trace"]
+
+
+@dataclass(frozen=True)
+class TraceChange:
+    """One change a replay carries: an input field (``target == "input"``, ``path`` its keys) or
+    a step param (``target`` the step's name, ``path`` = (param,))."""
+
+    target: str
+    path: tuple[str, ...]
+    value: Any
+
+    def to_json(self) -> dict[str, Any]:
+        """The run row's ``override``: a param override of the pseudo-node ``input`` or a step."""
+        return {
+            "kind": "param",
+            "node": self.target,
+            "param": ".".join(self.path),
+            "value": self.value,
+            "target": "trace-input" if self.target == INPUT_KEY else "step-param",
+        }
+
+
+def parse_change(spec: str, view: TraceView) -> TraceChange:
+    """Parse ``input.field=VALUE`` or ``step.param=VALUE`` against a recorded trace.
+
+    VALUE is JSON when it parses as JSON, else a plain string.
+
+    Raises:
+        InvalidOverride: malformed, an input field the chain's input does not have, a step or
+            param the trace does not have, or a value that cannot be hashed (NaN...).
+    """
+    left, sep, raw = spec.partition("=")
+    target, dot, rest = left.strip().partition(".")
+    if not sep or not dot or not target or not rest:
+        raise InvalidOverride(
+            f"malformed change {spec!r}",
+            "write it as --set input.field=VALUE (or step.param=VALUE)",
+        )
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except json.JSONDecodeError:
+        value = raw
+    try:
+        canonical_bytes(value)
+    except ValueError as exc:
+        raise InvalidOverride(
+            f"the value of {left.strip()} cannot be hashed: {exc}",
+            "use a finite number or a string",
+        ) from exc
+    path = tuple(p for p in rest.split("."))
+    if any(not p for p in path):
+        raise InvalidOverride(f"malformed path in {left.strip()!r}", "e.g. input.options.k=5")
+    if target == INPUT_KEY:
+        fields = sorted(view.input)
+        if path[0] not in view.input:
+            raise InvalidOverride(
+                f"the chain's input has no field {path[0]!r}",
+                f"its fields: {', '.join(fields) or 'none'}",
+            )
+        node: Any = view.input
+        for i, key in enumerate(path[:-1]):
+            node = node.get(key) if isinstance(node, dict) else None
+            if not isinstance(node, dict):
+                raise InvalidOverride(
+                    f"input.{'.'.join(path[: i + 1])} is not an object",
+                    "set the whole field instead",
+                )
+        return TraceChange(INPUT_KEY, path, value)
+    steps = [s for s in view.steps if s.name == target]
+    if not steps:
+        names = sorted({s.name for s in view.steps})
+        raise InvalidOverride(
+            f"trace {view.trace_id[:12]} has no step {target!r}",
+            f"change input.FIELD, or a param of: {', '.join(names) or 'no step'}",
+        )
+    params = sorted({p for s in steps for p in s.params})
+    if len(path) != 1 or path[0] not in params:
+        raise InvalidOverride(
+            f"step {target!r} has no param {'.'.join(path)!r}",
+            f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
+        )
+    return TraceChange(target, path, value)
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
+def load_chain(ref: str) -> Any:
+    """Import the chain function ``module:qualname`` recorded with a trace.
+
+    Returns:
+        the undecorated function (``__wrapped__`` of a ``@tracer.chain`` function).
+    Raises:
+        RewindError: the module or attribute cannot be imported, or is not callable.
+    """
+    module_name, colon, qualname = ref.partition(":")
+    if not colon or not module_name or not qualname:
+        raise RewindError(f"chain reference {ref!r} is not module:function", "")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise RewindError(
+            f"cannot import the chain {ref!r}: {exc}",
+            "run the replay where the chain's module is importable (installed or on PYTHONPATH)",
+        ) from exc
+    if not callable(obj):
+        raise RewindError(f"{ref!r} is not a function", "")
+    return getattr(obj, "__wrapped__", obj)
+
+
+def replay_trace(
+    store: Store,
+    trace_id: str,
+    *,
+    change: TraceChange | str | None = None,
+    chat_client: Any = None,
+    new_id: str | None = None,
+) -> RunRecord:
+    """Replay a recorded trace: re-run its chain with the recorded input (plus one change), LLM
+    calls served from the recorded answers where the request is unchanged.
+
+    Args:
+        store: the store holding the trace; the replay is written there too.
+        trace_id: the trace (id or unique prefix).
+        change: a :class:`TraceChange`, a ``target.path=VALUE`` spec, or None for an unchanged
+            replay (expected: every LLM call a hit, 0 tokens, identical hashes).
+        chat_client: the model client for calls that miss (a changed prompt).
+        new_id: the replay's trace id (default: a new one).
+    Returns:
+        the replay's run row (``failed`` if the chain raised; the exception is recorded on it).
+    Raises:
+        UnknownRun, InvalidOverride, RunBusy, RewindError: nothing is written.
+        EndpointUnavailable: a call missed and no model endpoint answers (the replay is written,
+            failed at that step).
+    """
+    run = store.get_run(trace_id)
+    view = load_trace(store, run.run_id)
+    if view.kind != "trace":
+        raise RewindError(
+            f"run {run.run_id[:12]} is a Burr run, not a traced chain",
+            f"fork it instead: rewind fork {run.run_id[:12]} --at NODE",
+        )
+    if run.status == "running":
+        raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
+    ref = run.config.get("chain_ref")
+    if not ref:
+        raise RewindError(
+            f"trace {run.run_id[:12]} was not recorded from a chain function that can be imported",
+            "decorate a module-level function with @tracer.chain to make its traces replayable",
+        )
+    if isinstance(change, str):
+        change = parse_change(change, view)
+    fn = load_chain(ref)
+    chain_input = copy.deepcopy(view.input)
+    overrides: dict[str, dict[str, Any]] = {}
+    if change is not None and change.target == INPUT_KEY:
+        node = chain_input
+        for key in change.path[:-1]:
+            node = node[key]
+        node[change.path[-1]] = change.value
+    elif change is not None:
+        overrides = {change.target: {change.path[0]: change.value}}
+    new_id = new_id or new_trace_id()
+    ctx = RunContext(
+        store=store,
+        run_id=new_id,
+        read_cache=True,
+        param_overrides=overrides,
+        chat_client=chat_client,
+        fork_node=view.steps[0].name if view.steps else None,
+    )
+    ctx.lineage = lineage_of(store, run)
+    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+    trace = Trace(
+        view.name,
+        input=chain_input,
+        store=lambda: store,
+        run_context=ctx,
+        trace_id=new_id,
+        chain_ref=ref,
+        attributes=dict(view.attributes),
+        parent_run_id=run.run_id,
+        override=change.to_json() if change is not None else None,
+        raise_on_write_error=True,
+    )
+    unavailable: EndpointUnavailable | None = None
+    try:
+        with trace:
+            out = _call(fn, chain_input)
+            trace.set_output(out)
+    except EndpointUnavailable as exc:
+        unavailable = exc
+    except Exception:  # recorded on the trace as its failure
+        pass
+    if unavailable is not None:
+        raise unavailable
+    assert trace.record is not None
+    return trace.record
+
+
+def _call(fn: Any, values: dict[str, Any]) -> Any:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = []  # type: ignore[assignment]
+    for p in params:
+        if p.name not in values:
+            continue
+        v = values[p.name]
+        if p.kind is p.VAR_POSITIONAL:
+            args.extend(v or [])
+        elif p.kind is p.VAR_KEYWORD:
+            kwargs.update(v or {})
+        elif p.kind is p.POSITIONAL_ONLY:
+            args.append(v)
+        else:
+            kwargs[p.name] = v
+    if inspect.iscoroutinefunction(fn):
+        return asyncio.run(fn(*args, **kwargs))
+    return fn(*args, **kwargs)

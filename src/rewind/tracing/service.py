@@ -1,0 +1,428 @@
+"""The trace service: HTTP routes over the same store as the UI's API (a FastAPI ``APIRouter``).
+
+Include it in the app with ``app.include_router(trace_router(store))``. Routes (all under
+``/api``, so the app's bearer token and host checks apply; tag ``traces`` in the OpenAPI spec):
+
+- ``GET  /api/tracing/health`` — the store answers; counts of traces and runs.
+- ``POST /api/traces`` — store a trace document (validated: 422 naming the bad field).
+- ``GET  /api/traces`` — search by name, status, start-time range, kind; ``limit``/``offset``.
+- ``GET  /api/traces/failures`` — failure patterns over the traces matching the filters;
+  ``POST`` the same path with ``{"trace_ids": [...]}`` for an explicit set.
+- ``GET  /api/traces/{id}`` — one trace (or Burr run read as a trace) with every step.
+- ``GET  /api/traces/{id}/inspect?step=NAME`` — findings per step.
+- ``GET  /api/traces/{id}/root-cause`` — why it failed.
+- ``GET  /api/traces/{id}/compare/{other}`` — step-by-step comparison with similarities.
+- ``POST /api/otlp/v1/traces`` — an OTLP/HTTP trace receiver (JSON or protobuf): point an
+  exporter's endpoint at ``http://HOST/api/otlp``.
+
+Errors use the app's JSON error shape (404 unknown trace or step, 409 a trace id already stored,
+422 invalid request, 415 an OTLP body that is neither JSON nor protobuf).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from rewind.canonical import CanonicalError, canonical_bytes
+from rewind.errors import InvalidOverride, UnknownNode
+from rewind.store import Store
+from rewind.tracing.failures import analyze_failures
+from rewind.tracing.inspect import InspectionSettings, compare_traces, inspect_trace
+from rewind.tracing.model import (
+    StepData,
+    StepStatus,
+    StepType,
+    TraceData,
+    as_fields,
+    jsonable,
+)
+from rewind.tracing.otel import OtlpReceiver
+from rewind.tracing.rootcause import root_cause
+from rewind.tracing.store import (
+    count_traces,
+    load_trace,
+    load_traces,
+    parse_time,
+    search_runs,
+    trace_exists,
+    write_trace,
+)
+from rewind.tracing.tracer import new_span_id, new_trace_id
+
+__all__ = ["ErrorIn", "FailuresRequest", "StepIn", "TraceIn", "trace_data_of", "trace_router"]
+
+HexTraceId = Annotated[
+    str, Field(pattern=r"^[0-9a-fA-F]{32}$", description="32 hex characters (OTel trace id)")
+]
+HexSpanId = Annotated[
+    str, Field(pattern=r"^[0-9a-fA-F]{16}$", description="16 hex characters (OTel span id)")
+]
+When = Annotated[
+    datetime | float | None,
+    Field(description="ISO 8601 date-time or unix seconds"),
+]
+MAX_STEPS = 10_000
+
+
+class ErrorIn(BaseModel):
+    """An exception: its type and message."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: str = Field("Error", min_length=1, max_length=200)
+    message: str = Field("", max_length=20_000)
+
+
+class StepIn(BaseModel):
+    """One step of a trace document. Steps are listed in execution order; a nested step names
+    its parent by ``parent_span_id`` (a step listed before it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    type: StepType = StepType.TRANSFORM
+    status: StepStatus = StepStatus.SUCCESS
+    span_id: HexSpanId | None = None
+    parent_span_id: HexSpanId | None = None
+    input: Any = Field(None, description="the step's input (any JSON)")
+    output: Any = Field(None, description="the step's output (any JSON)")
+    error: ErrorIn | None = None
+    start_time: When = None
+    end_time: When = None
+    duration_ms: float | None = Field(None, ge=0)
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    model: str | None = Field(None, max_length=200)
+    finish_reason: str | None = Field(None, max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict)
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class TraceIn(BaseModel):
+    """A trace to store: the chain's name, input, output, status and its steps."""
+
+    model_config = ConfigDict(extra="forbid")
+    trace_id: HexTraceId | None = Field(None, description="default: a new id")
+    name: str = Field(min_length=1, max_length=200, description="the chain's name")
+    status: StepStatus | None = Field(
+        None, description="default: failed when error is set, else success"
+    )
+    input: Any = None
+    output: Any = None
+    error: ErrorIn | None = None
+    start_time: When = None
+    end_time: When = None
+    duration_ms: float | None = Field(None, ge=0)
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    steps: list[StepIn] = Field(default_factory=list, max_length=MAX_STEPS)
+
+    @model_validator(mode="after")
+    def _check(self) -> TraceIn:
+        seen: set[str] = set()
+        for i, s in enumerate(self.steps):
+            if s.parent_span_id is not None and s.parent_span_id.lower() not in seen:
+                raise ValueError(
+                    f"steps[{i}].parent_span_id {s.parent_span_id} names no step listed before it"
+                )
+            if s.span_id is not None:
+                if s.span_id.lower() in seen:
+                    raise ValueError(f"steps[{i}].span_id {s.span_id} is used twice")
+                seen.add(s.span_id.lower())
+            for field_name in ("input", "output", "params", "attributes"):
+                _hashable(getattr(s, field_name), f"steps[{i}].{field_name}")
+        for field_name in ("input", "output", "attributes"):
+            _hashable(getattr(self, field_name), field_name)
+        return self
+
+
+def _hashable(value: Any, where: str) -> None:
+    try:
+        canonical_bytes(value)
+    except (CanonicalError, ValueError) as exc:
+        raise ValueError(f"{where} cannot be hashed: {exc}") from exc
+
+
+def _seconds(value: datetime | float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if not math.isfinite(value):
+        raise InvalidOverride("a time is not a finite number", "send unix seconds or ISO 8601")
+    return float(value)
+
+
+def trace_data_of(doc: TraceIn, *, now: float | None = None) -> TraceData:
+    """The trace a validated document describes (ids generated where missing)."""
+    started = _seconds(doc.start_time) or (now if now is not None else time.time())
+    ended = _seconds(doc.end_time)
+    if ended is None and doc.duration_ms is not None:
+        ended = started + doc.duration_ms / 1000.0
+    steps: list[StepData] = []
+    span_ids: dict[str, int] = {}
+    for i, s in enumerate(doc.steps):
+        span_id = (s.span_id or new_span_id()).lower()
+        span_ids[span_id] = i
+        s_start = _seconds(s.start_time) or started
+        s_end = _seconds(s.end_time)
+        duration = (
+            s.duration_ms
+            if s.duration_ms is not None
+            else ((s_end - s_start) * 1000.0 if s_end is not None else 0.0)
+        )
+        if s_end is None:
+            s_end = s_start + duration / 1000.0
+        attributes = dict(s.attributes)
+        if s.model:
+            attributes["model"] = s.model
+        if s.finish_reason:
+            attributes["finish_reason"] = s.finish_reason
+        failed = s.status == StepStatus.FAILED
+        err_type = (s.error.type if s.error else "StepFailed") if failed else None
+        err_msg = (s.error.message if s.error else "") if failed else None
+        steps.append(
+            StepData(
+                position=i,
+                name=s.name,
+                step_type=s.type.value,
+                status=s.status.value,
+                inputs=as_fields(s.input) if s.input is not None else {},
+                params=jsonable(s.params),
+                fields={s.name: jsonable(s.output)} if s.status == StepStatus.SUCCESS else None,
+                error_type=err_type,
+                error_message=err_msg,
+                parent_position=span_ids[s.parent_span_id.lower()] if s.parent_span_id else -1,
+                span_id=span_id,
+                started_at=s_start,
+                ended_at=s_end,
+                duration_ms=float(duration),
+                prompt_tokens=s.prompt_tokens,
+                completion_tokens=s.completion_tokens,
+                attributes=jsonable(attributes),
+                cache_outcome="none",
+                cache_reason="posted",
+            )
+        )
+    if ended is None:
+        ends = [s.ended_at for s in steps if s.ended_at is not None]
+        ended = max(ends) if ends else started
+    status = doc.status.value if doc.status else ("failed" if doc.error else "success")
+    return TraceData(
+        trace_id=(doc.trace_id or new_trace_id()).lower(),
+        name=doc.name,
+        status=status,
+        input=as_fields(doc.input) if doc.input is not None else {},
+        output=jsonable(doc.output),
+        error_type=(doc.error.type if doc.error else "ChainFailed")
+        if status == StepStatus.FAILED
+        else None,
+        error_message=(doc.error.message if doc.error else "")
+        if status == StepStatus.FAILED
+        else None,
+        span_id=new_span_id(),
+        started_at=started,
+        ended_at=ended,
+        duration_ms=doc.duration_ms if doc.duration_ms is not None else (ended - started) * 1000.0,
+        attributes=jsonable(doc.attributes),
+        config={"source": "api"},
+        steps=steps,
+    )
+
+
+class FailuresRequest(BaseModel):
+    """The traces to analyse: explicit ids, or filters (as the GET route's query)."""
+
+    model_config = ConfigDict(extra="forbid")
+    trace_ids: list[str] | None = Field(None, max_length=10_000)
+    name: str | None = None
+    since: str | float | None = None
+    until: str | float | None = None
+    kind: Literal["trace", "run", "any"] = "any"
+    limit: int = Field(1000, ge=1, le=10_000)
+
+
+Kind = Literal["trace", "run", "any"]
+
+
+def trace_router(store: Store, *, settings: InspectionSettings | None = None) -> APIRouter:
+    """The trace service's routes over ``store`` (see the module doc)."""
+    r = APIRouter(prefix="/api", tags=["traces"])
+    receiver = OtlpReceiver(store)
+    insp = settings or InspectionSettings()
+
+    @r.get("/tracing/health")
+    def tracing_health() -> dict[str, Any]:
+        """Liveness of the trace service: the store answers; traces, step spans and runs
+        stored; spans waiting for their trace's root span (OTLP receiver)."""
+        return {"status": "ok"} | count_traces(store) | {"otlp_waiting_spans": receiver.waiting}
+
+    @r.post("/traces", status_code=201)
+    def store_trace(doc: TraceIn) -> dict[str, Any]:
+        """Store a trace document; answers its id, step count and the link to read it back."""
+        data = trace_data_of(doc)
+        if trace_exists(store, data.trace_id):
+            raise HTTPException(409, f"trace {data.trace_id} is already stored")
+        write_trace(store, data)
+        return {
+            "trace_id": data.trace_id,
+            "stored": True,
+            "steps": len(data.steps),
+            "links": {"trace": f"/api/traces/{data.trace_id}"},
+        }
+
+    @r.get("/traces")
+    def search_traces(
+        name: Annotated[str | None, Query(description="chain (pipeline) name")] = None,
+        status: Annotated[
+            Literal["success", "completed", "failed", "running", "interrupted"] | None,
+            Query(description="trace status"),
+        ] = None,
+        since: Annotated[
+            str | None, Query(description="start time ≥ (ISO date-time, unix s, or 24h/7d)")
+        ] = None,
+        until: Annotated[str | None, Query(description="start time ≤ (same forms)")] = None,
+        kind: Annotated[Kind, Query(description="trace, run (Burr) or any")] = "any",
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        """Traces (and runs) matching the filters, newest first, one page at a time."""
+        runs, total = search_runs(
+            store,
+            name=name,
+            status=status,
+            since=_when(since, "since"),
+            until=_when(until, "until"),
+            kind=kind,
+            limit=limit,
+            offset=offset,
+        )
+        views = load_traces(store, [x.run_id for x in runs])
+        nxt = offset + len(views)
+        return {
+            "traces": [v.summary() for v in views],
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "next_offset": nxt if nxt < total else None,
+        }
+
+    @r.get("/traces/failures")
+    def failures(
+        name: Annotated[str | None, Query(description="chain (pipeline) name")] = None,
+        since: Annotated[str | None, Query(description="start time ≥")] = None,
+        until: Annotated[str | None, Query(description="start time ≤")] = None,
+        kind: Annotated[Kind, Query()] = "any",
+        limit: Annotated[int, Query(ge=1, le=10_000, description="newest traces analysed")] = 1000,
+        examples: Annotated[int, Query(ge=1, le=100)] = 5,
+    ) -> dict[str, Any]:
+        """Failure patterns over the matching traces: each pattern with its count, example
+        trace ids and a suggested fix; counts add up to the failed traces."""
+        req = FailuresRequest(name=name, since=since, until=until, kind=kind, limit=limit)
+        return _failures(req, examples)
+
+    @r.post("/traces/failures")
+    def failures_of(
+        req: FailuresRequest, examples: Annotated[int, Query(ge=1, le=100)] = 5
+    ) -> dict[str, Any]:
+        """Failure patterns over an explicit set of traces (``trace_ids``) or the filters."""
+        return _failures(req, examples)
+
+    def _failures(req: FailuresRequest, examples: int) -> dict[str, Any]:
+        if req.trace_ids is not None:
+            ids = [store.get_run(t).run_id for t in req.trace_ids]
+        else:
+            runs, _ = search_runs(
+                store,
+                name=req.name,
+                since=_when(req.since, "since"),
+                until=_when(req.until, "until"),
+                kind=req.kind,
+                limit=req.limit,
+            )
+            ids = [x.run_id for x in runs]
+        return analyze_failures(load_traces(store, ids)).to_json(examples)
+
+    @r.get("/traces/{trace_id}")
+    def get_trace(trace_id: str) -> dict[str, Any]:
+        """One trace (id or unique prefix) with every step's input, output, status, timing,
+        tokens, attributes and hashes. A Burr run reads as a trace too."""
+        return load_trace(store, trace_id).to_json()
+
+    @r.get("/traces/{trace_id}/inspect")
+    def inspect(
+        trace_id: str,
+        step: Annotated[str | None, Query(description="one step: name, name#k or number")] = None,
+    ) -> dict[str, Any]:
+        """Findings per step (severity, message, suggestion) and a data summary."""
+        view = load_trace(store, trace_id, payloads=True)
+        try:
+            return inspect_trace(view, step=step, settings=insp).to_json()
+        except LookupError as exc:
+            err = UnknownNode(str(exc), "see GET /api/traces/{id} for the steps")
+            err.field = "step"  # type: ignore[attr-defined]
+            raise err from exc
+
+    @r.get("/traces/{trace_id}/root-cause")
+    def get_root_cause(trace_id: str) -> dict[str, Any]:
+        """Why the trace failed: the failing step, its input, the steps before it, upstream
+        causes, suggestions and the command that re-runs it."""
+        return root_cause(load_trace(store, trace_id, payloads=True), insp).to_json()
+
+    @r.get("/traces/{trace_id}/compare/{other_id}")
+    def compare(trace_id: str, other_id: str) -> dict[str, Any]:
+        """Step-by-step comparison: equal/changed steps, changed paths, similarities."""
+        return compare_traces(load_trace(store, trace_id), load_trace(store, other_id))
+
+    @r.post(
+        "/otlp/v1/traces",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
+                },
+            }
+        },
+    )
+    async def otlp_traces(request: Request) -> Response:
+        """OTLP/HTTP trace receiver (``ExportTraceServiceRequest`` as JSON or protobuf). Spans
+        are buffered until their trace's root span arrives, then the trace is imported."""
+        body = await request.body()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "application/x-protobuf":
+            out = await run_in_threadpool(receiver.receive_protobuf, body)
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTracePartialSuccess,
+                ExportTraceServiceResponse,
+            )
+
+            partial = out.get("partialSuccess")
+            message = ExportTraceServiceResponse(
+                partial_success=ExportTracePartialSuccess(
+                    rejected_spans=partial["rejectedSpans"], error_message=partial["errorMessage"]
+                )
+                if partial
+                else None
+            )
+            return Response(message.SerializeToString(), media_type="application/x-protobuf")
+        if ctype in ("application/json", ""):
+            return JSONResponse(await run_in_threadpool(receiver.receive_json, body))
+        raise HTTPException(415, f"unsupported content type {ctype!r}: send OTLP JSON or protobuf")
+
+    return r
+
+
+def _when(value: str | float | None, field: str) -> float | None:
+    try:
+        return parse_time(value)
+    except Exception as exc:
+        err = InvalidOverride(str(getattr(exc, "message", exc)), getattr(exc, "hint", ""))
+        err.field = field  # type: ignore[attr-defined]
+        raise err from exc

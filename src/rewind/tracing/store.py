@@ -1,0 +1,718 @@
+"""Store functions for traces: write one trace as a run, read runs and traces back as views.
+
+Functions over a :class:`~rewind.store.Store` (its own class stays the engine's): a trace is
+written in one ``BEGIN IMMEDIATE`` transaction — the run row, node rows with their calls, the LLM
+and tool cache entries the calls produced, content-addressed blobs, one Burr-style state row per
+step and the ``spans`` rows — so a trace is either wholly there or not at all. Hashes are made
+exactly as the Burr recorder makes them (see :mod:`rewind.recorder`): ``input_hash`` covers the
+node name, the hashes of the fields it read, its inputs and params; ``output_hash`` is the Merkle
+hash of ``{field: field hash}`` of what it wrote; ``state_hash`` that of the whole state after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from rewind.canonical import canonical_bytes, sha256_hex
+from rewind.context import LineageEntry, NodeScope
+from rewind.errors import RewindError, StoreError, UnknownRun
+from rewind.llm import ChatResponse
+from rewind.persister import encode_value, map_hash
+from rewind.recorder import node_determinism, node_outcome
+from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
+from rewind.store.store import call_rows, state_row
+from rewind.tracing.model import (
+    CHAIN_TYPE,
+    ROOT_POSITION,
+    LlmCallView,
+    StepData,
+    StepStatus,
+    StepView,
+    TraceData,
+    TraceView,
+    error_line,
+    natural,
+    run_status_of,
+    split_error,
+    trace_status_of,
+)
+
+__all__ = [
+    "count_traces",
+    "is_trace",
+    "lineage_of",
+    "load_trace",
+    "load_traces",
+    "parse_time",
+    "search_runs",
+    "state_at",
+    "trace_exists",
+    "write_trace",
+]
+
+_IN_CHUNK = 400
+
+
+# -- write -------------------------------------------------------------------------------------
+
+
+def write_trace(store: Store, data: TraceData) -> RunRecord:
+    """Write a trace: run row, node rows, calls, cache entries, blobs, state rows, spans.
+
+    Args:
+        store: the store.
+        data: the trace; steps in any order (written by position, which must be 0..n-1).
+    Returns:
+        the run row as written.
+    Raises:
+        StoreError: the trace id exists already, or positions are not 0..n-1.
+        CanonicalError: a value cannot be hashed (callers pass values through ``jsonable``).
+    """
+    steps = sorted(data.steps, key=lambda s: s.position)
+    if [s.position for s in steps] != list(range(len(steps))):
+        raise StoreError(
+            f"trace {data.trace_id} has step positions {[s.position for s in steps]}",
+            "positions must be 0, 1, 2, ... in execution order",
+        )
+    blobs: dict[str, bytes] = {}
+
+    def encode_map(values: dict[str, Any]) -> dict[str, str]:
+        out = {}
+        for k, v in values.items():
+            f = encode_value(k, v)
+            blobs[f.digest] = f.data
+            out[k] = f.digest
+        return out
+
+    state = encode_map(data.input)
+    init_doc, init_hash = map_hash(state)
+    blobs[init_hash] = init_doc
+    node_rows: list[dict[str, Any]] = []
+    all_calls: list[dict[str, Any]] = []
+    states: list[dict[str, Any]] = []
+    spans: list[dict[str, Any]] = []
+    llm_rows: list[dict[str, Any]] = []
+    tool_rows: list[dict[str, Any]] = []
+    for s in steps:
+        input_doc = canonical_bytes(
+            {"node": s.name, "reads": encode_map(s.reads), "inputs": s.inputs, "params": s.params}
+        )
+        input_hash = sha256_hex(input_doc)
+        blobs[input_hash] = input_doc
+        output_hash: str | None = None
+        state_hash: str | None = None
+        failed = s.status == StepStatus.FAILED
+        if not failed:
+            if s.fields is not None:
+                written = encode_map(s.fields)
+                output_doc, output_hash = map_hash(written)
+                blobs[output_hash] = output_doc
+                state = state | written
+            state_doc, state_hash = map_hash(state)
+            blobs[state_hash] = state_doc
+        states.append(
+            state_row(
+                partition_key="",
+                app_id=data.trace_id,
+                sequence_id=s.position,
+                position=s.name,
+                status="failed" if failed else "completed",
+                fields=dict(state),
+                internal={},
+            )
+        )
+        for pw in s.pending:
+            blobs[pw.request_hash] = pw.request_bytes
+            blobs[pw.result_hash] = pw.result_bytes
+            if not pw.cacheable:
+                continue
+            row = {"key": pw.key, "created_at": pw.produced_at or time.time()}
+            if pw.kind == "llm":
+                llm_rows.append(
+                    row
+                    | {
+                        "model": pw.name,
+                        "request_hash": pw.request_hash,
+                        "response_hash": pw.result_hash,
+                        "prompt_tokens": pw.prompt_tokens,
+                        "completion_tokens": pw.completion_tokens,
+                    }
+                )
+            else:
+                tool_rows.append(
+                    row
+                    | {"tool": pw.name, "args_hash": pw.request_hash, "result_hash": pw.result_hash}
+                )
+        scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
+        outcome, reason = _outcome(s, scope)
+        error = error_line(s.error_type, s.error_message) if failed else None
+        node_rows.append(
+            {
+                "run_id": data.trace_id,
+                "position": s.position,
+                "name": s.name,
+                "sequence_id": s.position,
+                "src_app_id": data.trace_id,
+                "src_sequence_id": s.position,
+                "inherited": False,
+                "input_hash": input_hash,
+                "output_hash": output_hash,
+                "state_hash": state_hash,
+                "params_json": canonical_bytes(s.params).decode(),
+                "latency_ms": float(s.duration_ms),
+                "prompt_tokens": int(s.prompt_tokens),
+                "completion_tokens": int(s.completion_tokens),
+                "cache_outcome": outcome,
+                "cache_reason": reason,
+                "determinism": node_determinism(scope),
+                "error": error,
+                "started_at": s.started_at if s.started_at is not None else data.started_at,
+            }
+        )
+        all_calls.extend(call_rows(data.trace_id, s.position, s.calls))
+        spans.append(
+            {
+                "run_id": data.trace_id,
+                "position": s.position,
+                "span_id": s.span_id,
+                "parent_position": s.parent_position,
+                "step_type": s.step_type,
+                "status": s.status,
+                "error_type": s.error_type,
+                "error_message": s.error_message,
+                "attributes_json": json.dumps(s.attributes, sort_keys=True, default=str),
+                "started_at": s.started_at,
+                "ended_at": s.ended_at,
+                "duration_ms": float(s.duration_ms),
+                "output_hash": None,
+            }
+        )
+    output_bytes = canonical_bytes(data.output)
+    output_hash = sha256_hex(output_bytes)
+    blobs[output_hash] = output_bytes
+    spans.append(
+        {
+            "run_id": data.trace_id,
+            "position": ROOT_POSITION,
+            "span_id": data.span_id,
+            "parent_position": None,
+            "step_type": CHAIN_TYPE,
+            "status": data.status,
+            "error_type": data.error_type,
+            "error_message": data.error_message,
+            "attributes_json": json.dumps(data.attributes, sort_keys=True, default=str),
+            "started_at": data.started_at,
+            "ended_at": data.ended_at,
+            "duration_ms": float(data.duration_ms),
+            "output_hash": output_hash,
+        }
+    )
+    run_status = run_status_of(data.status)
+    trace_error = (
+        error_line(data.error_type, data.error_message)
+        if data.error_type is not None or data.error_message is not None
+        else None
+    )
+    with store.write() as conn:
+        for digest in blobs:
+            if not store.knows_blob(digest):
+                store.put_blob(conn, blobs[digest])
+        store.create_run(
+            conn,
+            run_id=data.trace_id,
+            pipeline=data.name,
+            pipeline_ref="",
+            status=run_status,
+            parent_run_id=data.parent_run_id,
+            fork_node=data.fork_node,
+            fork_position=data.fork_position,
+            override=data.override,
+            initial_state_hash=init_hash,
+            config={"kind": "trace"} | data.config,
+            created_at=data.started_at,
+            finished_at=None if run_status == "running" else data.ended_at,
+            prompt_tokens=sum(int(r["prompt_tokens"]) for r in node_rows),
+            completion_tokens=sum(int(r["completion_tokens"]) for r in node_rows),
+            latency_ms=float(data.duration_ms),
+            error=trace_error,
+            owner=None,
+        )
+        try:
+            if states:
+                conn.execute(insert(schema.burr_state), states)
+        except IntegrityError as exc:
+            raise StoreError(
+                f"state rows of trace {data.trace_id} already exist", "use a new trace id"
+            ) from exc
+        if node_rows:
+            conn.execute(insert(schema.nodes), node_rows)
+        if all_calls:
+            conn.execute(insert(schema.calls), all_calls)
+        for row in llm_rows:
+            store.llm_cache_put(conn, **row)
+        for row in tool_rows:
+            store.tool_cache_put(conn, **row)
+        conn.execute(insert(schema.spans), spans)
+    edges = {(a.name, b.name, "default") for a, b in itertools.pairwise(steps)}
+    if edges:
+        store.put_edges(data.name, sorted(edges))
+    return store.get_run(data.trace_id)
+
+
+def _outcome(s: StepData, scope: NodeScope) -> tuple[str, str]:
+    if s.cache_outcome is not None:
+        return s.cache_outcome, s.cache_reason or ""
+    if s.status == StepStatus.FAILED:
+        return "failed", s.error_type or "Error"
+    if s.status in (StepStatus.SKIPPED, StepStatus.PENDING, StepStatus.RUNNING):
+        return "none", str(s.status)
+    return node_outcome(scope, None)
+
+
+# -- read --------------------------------------------------------------------------------------
+
+
+def trace_exists(store: Store, trace_id: str) -> bool:
+    """True when a run with exactly this id exists."""
+    with store.read() as conn:
+        row = conn.execute(
+            select(schema.runs.c.run_id).where(schema.runs.c.run_id == trace_id)
+        ).first()
+    return row is not None
+
+
+def is_trace(store: Store, run_id: str) -> bool:
+    """True when the run is a trace (it has a root span row)."""
+    t = schema.spans
+    with store.read() as conn:
+        row = conn.execute(
+            select(t.c.run_id).where(t.c.run_id == run_id, t.c.position == ROOT_POSITION)
+        ).first()
+    return row is not None
+
+
+def load_trace(store: Store, run_id: str, *, payloads: bool = False) -> TraceView:
+    """A run or trace (id or unique prefix) with every step's values decoded.
+
+    Args:
+        payloads: also decode each LLM call's request messages and answer (for inspection).
+    Raises:
+        UnknownRun: no such run.
+    """
+    run = store.get_run(run_id)
+    return load_traces(store, [run.run_id], payloads=payloads)[0]
+
+
+def load_traces(store: Store, run_ids: Sequence[str], *, payloads: bool = False) -> list[TraceView]:
+    """Many runs/traces in few queries (chunks of ids), in the order given.
+
+    Raises:
+        UnknownRun: an id is not a stored run (full ids only here).
+    """
+    ids = list(dict.fromkeys(run_ids))
+    out: dict[str, TraceView] = {}
+    for i in range(0, len(ids), _IN_CHUNK):
+        out.update(_load_chunk(store, ids[i : i + _IN_CHUNK], payloads))
+    missing = [r for r in ids if r not in out]
+    if missing:
+        raise UnknownRun(f"unknown run {missing[0]!r}", "list runs with `rewind runs`")
+    return [out[r] for r in ids]
+
+
+def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, TraceView]:
+    with store.read() as conn:
+        runs = [
+            RunRecord.from_row(r)
+            for r in conn.execute(select(schema.runs).where(schema.runs.c.run_id.in_(ids)))
+        ]
+        nodes: dict[str, list[Any]] = {}
+        for r in conn.execute(
+            select(schema.nodes)
+            .where(schema.nodes.c.run_id.in_(ids))
+            .order_by(schema.nodes.c.run_id, schema.nodes.c.position)
+        ):
+            nodes.setdefault(r._mapping["run_id"], []).append(r)
+        calls: dict[tuple[str, int], list[CallRecord]] = {}
+        for r in conn.execute(
+            select(schema.calls)
+            .where(schema.calls.c.run_id.in_(ids))
+            .order_by(schema.calls.c.run_id, schema.calls.c.position, schema.calls.c.call_index)
+        ):
+            m = r._mapping
+            calls.setdefault((m["run_id"], m["position"]), []).append(CallRecord.from_row(r))
+        spans: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
+            m = dict(r._mapping)
+            spans[(m["run_id"], m["position"])] = m
+        # Round 1: documents (input docs, output/state maps, initial states, trace outputs).
+        docs = set()
+        for rows in nodes.values():
+            for r in rows:
+                m = r._mapping
+                docs.add(m["input_hash"])
+                if m["output_hash"]:
+                    docs.add(m["output_hash"])
+        for run in runs:
+            if run.initial_state_hash:
+                docs.add(run.initial_state_hash)
+            root = spans.get((run.run_id, ROOT_POSITION))
+            if root and root["output_hash"]:
+                docs.add(root["output_hash"])
+        decoded = {h: json.loads(b) for h, b in store.get_blobs(docs, conn).items()}
+        # Round 2: the fields those documents reference.
+        fields = set()
+        for rows in nodes.values():
+            for r in rows:
+                m = r._mapping
+                fields.update(decoded[m["input_hash"]].get("reads", {}).values())
+                if m["output_hash"]:
+                    fields.update(decoded[m["output_hash"]].values())
+        for run in runs:
+            if run.initial_state_hash:
+                fields.update(decoded[run.initial_state_hash].values())
+        values = {h: json.loads(b) for h, b in store.get_blobs(fields, conn).items()}
+        payload: dict[str, bytes] = {}
+        if payloads:
+            wanted = set()
+            for cl in calls.values():
+                for c in cl:
+                    if c.kind == "llm":
+                        wanted.add(c.request_hash)
+                        if c.result_hash:
+                            wanted.add(c.result_hash)
+            payload = store.get_blobs(wanted, conn)
+    out = {}
+    for run in runs:
+        out[run.run_id] = _view(
+            run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload
+        )
+    return out
+
+
+def _view(
+    run: RunRecord,
+    rows: list[Any],
+    calls: dict[tuple[str, int], list[CallRecord]],
+    spans: dict[tuple[str, int], dict[str, Any]],
+    docs: dict[str, Any],
+    values: dict[str, Any],
+    payload: dict[str, bytes],
+) -> TraceView:
+    root = spans.get((run.run_id, ROOT_POSITION))
+    kind = "trace" if root is not None else "run"
+    initial = (
+        {k: values[h] for k, h in docs[run.initial_state_hash].items()}
+        if run.initial_state_hash
+        else {}
+    )
+    steps = []
+    for r in rows:
+        n = NodeRecord.from_row(r, tuple(calls.get((run.run_id, r._mapping["position"]), ())))
+        doc = docs[n.input_hash]
+        reads = {k: values[h] for k, h in doc.get("reads", {}).items()}
+        inputs = doc.get("inputs", {}) or {}
+        out_fields = {k: values[h] for k, h in docs[n.output_hash].items()} if n.output_hash else {}
+        span = spans.get((run.run_id, n.position))
+        llm = tuple(_llm_view(c, payload) for c in n.calls if c.kind == "llm" and payload)
+        if span is not None:
+            step_type, status = span["step_type"], span["status"]
+            error_type, error_message = span["error_type"], span["error_message"]
+            attributes = json.loads(span["attributes_json"] or "{}")
+            parent, span_id = span["parent_position"], span["span_id"]
+            started, ended = span["started_at"], span["ended_at"]
+            duration = span["duration_ms"]
+            the_input: Any = natural(inputs) if not reads else reads | inputs
+            single = set(out_fields) == {n.name}
+            the_output = out_fields[n.name] if single else out_fields or None
+        else:
+            step_type = _inferred_type(n)
+            error_type, error_message = split_error(n.error)
+            status = StepStatus.FAILED.value if n.error else StepStatus.SUCCESS.value
+            attributes = {}
+            if n.calls and any(c.kind == "llm" for c in n.calls):
+                attributes["model"] = next(c.name for c in n.calls if c.kind == "llm")
+            if llm and llm[-1].finish_reason:
+                attributes["finish_reason"] = llm[-1].finish_reason
+            parent, span_id = ROOT_POSITION, None
+            started, duration = n.started_at, n.latency_ms
+            ended = n.started_at + n.latency_ms / 1000.0
+            the_input = reads | inputs
+            the_output = out_fields
+        steps.append(
+            StepView(
+                position=n.position,
+                name=n.name,
+                step_type=step_type,
+                status=status,
+                input=the_input,
+                output=the_output,
+                input_doc={
+                    "node": doc.get("node"),
+                    "reads": reads,
+                    "inputs": inputs,
+                    "params": doc.get("params", {}),
+                },
+                output_fields=out_fields,
+                error_type=error_type,
+                error_message=error_message,
+                duration_ms=float(duration or 0.0),
+                started_at=started,
+                ended_at=ended,
+                prompt_tokens=n.prompt_tokens,
+                completion_tokens=n.completion_tokens,
+                attributes=attributes,
+                parent_position=parent,
+                span_id=span_id,
+                cache_outcome=n.cache_outcome,
+                cache_reason=n.cache_reason,
+                params=n.params,
+                input_hash=n.input_hash,
+                output_hash=n.output_hash,
+                state_hash=n.state_hash,
+                src_app_id=n.src_app_id,
+                src_sequence_id=n.src_sequence_id,
+                inherited=n.inherited,
+                calls=n.calls,
+                llm_calls=llm,
+            )
+        )
+    if root is not None:
+        status = root["status"]
+        error_type, error_message = root["error_type"], root["error_message"]
+        output = docs.get(root["output_hash"]) if root["output_hash"] else None
+        attributes = json.loads(root["attributes_json"] or "{}")
+        started = root["started_at"] if root["started_at"] is not None else run.created_at
+        ended, duration, span_id = root["ended_at"], root["duration_ms"], root["span_id"]
+        if run.status == "interrupted":
+            status = StepStatus.FAILED.value
+    else:
+        status = trace_status_of(run.status)
+        error_type, error_message = split_error(run.error)
+        output, attributes, span_id = None, {}, None
+        started, ended = run.created_at, run.finished_at
+        duration = run.latency_ms
+        if ended is not None and not duration:
+            duration = (ended - started) * 1000.0
+    return TraceView(
+        trace_id=run.run_id,
+        name=run.pipeline,
+        kind=kind,
+        status=status,
+        run_status=run.status,
+        input=initial,
+        output=output,
+        error_type=error_type,
+        error_message=error_message,
+        started_at=started,
+        ended_at=ended,
+        duration_ms=float(duration or 0.0),
+        prompt_tokens=run.prompt_tokens,
+        completion_tokens=run.completion_tokens,
+        attributes=attributes,
+        span_id=span_id,
+        parent_run_id=run.parent_run_id,
+        config=run.config,
+        override=run.override,
+        steps=tuple(steps),
+    )
+
+
+def _inferred_type(n: NodeRecord) -> str:
+    kinds = {c.kind for c in n.calls}
+    if "llm" in kinds:
+        return "llm_call"
+    if "tool" in kinds:
+        return "tool_call"
+    return "transform"
+
+
+def _llm_view(call: CallRecord, payload: dict[str, bytes]) -> LlmCallView:
+    request: dict[str, Any] = {}
+    raw = payload.get(call.request_hash)
+    if raw is not None:
+        try:
+            request = json.loads(raw)
+        except ValueError:
+            request = {}
+    content = finish = None
+    prompt = completion = 0
+    result = payload.get(call.result_hash or "")
+    if result is not None:
+        try:
+            response = ChatResponse.from_raw(result)
+            content, finish = response.content, response.finish_reason
+            prompt, completion = response.prompt_tokens, response.completion_tokens
+        except RewindError:
+            pass
+    messages = request.get("messages") if isinstance(request.get("messages"), list) else []
+    params = {k: v for k, v in request.items() if k != "messages"}
+    return LlmCallView(
+        model=call.name,
+        outcome=call.outcome,
+        messages=tuple(m for m in messages if isinstance(m, dict)),
+        params=params,
+        content=content,
+        finish_reason=finish,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
+
+
+def state_at(store: Store, step: StepView) -> dict[str, Any] | None:
+    """The semantic state after a step (None when it has no state row, e.g. a failed Burr node
+    whose state was not saved)."""
+    row = store.load_state_row("", step.src_app_id, step.src_sequence_id)
+    if row is None:
+        return None
+    return {k: v for k, v in row["values"].items() if not k.startswith("__")}
+
+
+# -- search ------------------------------------------------------------------------------------
+
+_STATUS_FILTER = {
+    "success": ("completed",),
+    "completed": ("completed",),
+    "failed": ("failed", "interrupted"),
+    "running": ("running",),
+    "interrupted": ("interrupted",),
+}
+
+
+def search_runs(
+    store: Store,
+    *,
+    name: str | None = None,
+    status: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    kind: str = "any",
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[RunRecord], int]:
+    """Runs/traces matching the filters, newest first, and how many match in all.
+
+    Args:
+        name: chain (pipeline) name, exact.
+        status: ``success``/``completed``, ``failed`` (includes interrupted), ``running`` or
+            ``interrupted``.
+        since, until: bounds on the start time (unix seconds, inclusive).
+        kind: ``trace``, ``run`` (Burr runs) or ``any``.
+        limit, offset: paging.
+    Raises:
+        RewindError: an unknown status or kind.
+    """
+    t = schema.runs
+    conds = []
+    if name:
+        conds.append(t.c.pipeline == name)
+    if status:
+        if status not in _STATUS_FILTER:
+            raise RewindError(
+                f"unknown status {status!r}", f"use one of {', '.join(_STATUS_FILTER)}"
+            )
+        conds.append(t.c.status.in_(_STATUS_FILTER[status]))
+    if since is not None:
+        conds.append(t.c.created_at >= since)
+    if until is not None:
+        conds.append(t.c.created_at <= until)
+    traces = select(schema.spans.c.run_id).where(schema.spans.c.position == ROOT_POSITION)
+    if kind == "trace":
+        conds.append(t.c.run_id.in_(traces))
+    elif kind == "run":
+        conds.append(t.c.run_id.not_in(traces))
+    elif kind != "any":
+        raise RewindError(f"unknown kind {kind!r}", "use trace, run or any")
+    with store.read() as conn:
+        total = conn.execute(select(func.count()).select_from(t).where(*conds)).scalar_one()
+        rows = conn.execute(
+            select(t)
+            .where(*conds)
+            .order_by(t.c.created_at.desc(), t.c.run_id)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+    return [RunRecord.from_row(r) for r in rows], int(total)
+
+
+def count_traces(store: Store) -> dict[str, int]:
+    """How many traces (runs with a root span), step spans and runs the store holds."""
+    s = schema.spans
+    with store.read() as conn:
+        traces = conn.execute(
+            select(func.count()).select_from(s).where(s.c.position == ROOT_POSITION)
+        ).scalar_one()
+        steps = conn.execute(
+            select(func.count()).select_from(s).where(s.c.position != ROOT_POSITION)
+        ).scalar_one()
+        runs = conn.execute(select(func.count()).select_from(schema.runs)).scalar_one()
+    return {"traces": int(traces), "step_spans": int(steps), "runs": int(runs)}
+
+
+# -- lineage -----------------------------------------------------------------------------------
+
+
+def lineage_of(store: Store, run: RunRecord) -> dict[str, LineageEntry]:
+    """Cache key → the call that produced its result, over the run and its ancestors (nearest
+    wins): what a replay serves first, so an unchanged replay returns exactly the recorded
+    results."""
+    chain: list[str] = []
+    current: RunRecord | None = run
+    while current is not None and current.run_id not in chain:
+        chain.append(current.run_id)
+        current = store.get_run(current.parent_run_id) if current.parent_run_id else None
+    lineage: dict[str, LineageEntry] = {}
+    for rid in reversed(chain):
+        for node in store.nodes_of(rid):
+            for call in node.calls:
+                if not call.result_hash or call.outcome in ("served", "dry-run"):
+                    continue
+                lineage[call.key] = LineageEntry(
+                    call.result_hash, call.produced_at, rid, node.position, call.call_index
+                )
+    return lineage
+
+
+_RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str | float | int | None, *, now: float | None = None) -> float | None:
+    """A point in time as unix seconds: a number (unix seconds), an ISO date or datetime
+    (``2024-05-01``, ``2024-05-01T12:00:00Z``; naive means UTC), or a duration back from now
+    (``30m``, ``24h``, ``7d``, ``2w``).
+
+    Raises:
+        RewindError: none of these.
+    """
+    from datetime import UTC, datetime
+
+    if text is None:
+        return None
+    if isinstance(text, int | float):
+        return float(text)
+    value = text.strip()
+    if not value:
+        return None
+    unit = value[-1:].lower()
+    if unit in _RELATIVE and value[:-1].replace(".", "", 1).isdigit():
+        return (now if now is not None else time.time()) - float(value[:-1]) * _RELATIVE[unit]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise RewindError(
+            f"cannot read the time {text!r}",
+            "give an ISO date (2024-05-01, 2024-05-01T12:00Z), unix seconds, or 30m/24h/7d",
+        ) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()

@@ -1,0 +1,825 @@
+"""Trace plain Python LLM chains into Rewind's store: a trace is a run, a step is a node.
+
+Usage::
+
+    from rewind.tracing import Tracer, step
+    from rewind.calls import chat
+
+    tracer = Tracer(".rewind", chat_client=client)
+
+    @tracer.step("retrieve", "retrieval")
+    def retrieve(query: str) -> list[dict]: ...
+
+    @tracer.chain("qa")
+    def answer(question: str) -> str:
+        docs = retrieve(question)
+        with step("generate", "llm_call", input={"question": question}) as s:
+            reply = chat([{"role": "user", "content": question}], temperature=0)
+            s.set_output(reply.content)
+        return reply.content
+
+Steps attach to the trace active in the current context (a ``contextvars`` variable), so nested
+steps, threads (wrap the callable with :func:`propagate`) and asyncio tasks (which copy the
+context) all land in the right trace under the right parent. LLM calls made through
+:func:`rewind.calls.chat` inside a step go through Rewind's LLM cache exactly like a Burr node's:
+the step's node row lists the calls with their cache outcome, and a replay
+(:func:`rewind.tracing.replay.replay_trace`) serves the recorded responses. An exception inside a
+step or chain is recorded (type and message) and re-raised. Nothing is written until the trace
+ends; then the whole trace is written in one transaction. A failure to write is logged and kept in
+:attr:`Trace.write_error`, never raised into the chain (unless ``raise_on_write_error``).
+
+Calls to ``chat`` made in the chain's own body, outside any step, go through the cache but are not
+recorded on any node: put model calls inside a step.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rewind.context import NodeScope, RunContext, activate
+from rewind.llm import ChatResponse
+from rewind.store import RunRecord, Store, open_store
+from rewind.tracing.model import (
+    ROOT_POSITION,
+    StepData,
+    StepStatus,
+    StepType,
+    TraceData,
+    as_fields,
+    jsonable,
+    step_type_of,
+)
+from rewind.tracing.store import write_trace
+
+__all__ = [
+    "Step",
+    "Trace",
+    "Tracer",
+    "chat_step",
+    "current_step",
+    "current_trace",
+    "new_span_id",
+    "new_trace_id",
+    "propagate",
+    "step",
+]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("rewind_trace", default=None)
+_STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar("rewind_step", default=None)
+
+MAX_ERROR_CHARS = 4000
+"""Longest exception message kept on a step (characters)."""
+
+
+def new_trace_id() -> str:
+    """A new trace id: 32 lower-case hex characters (an OpenTelemetry trace id, a run id)."""
+    return uuid.uuid4().hex
+
+
+def new_span_id() -> str:
+    """A new span id: 16 lower-case hex characters."""
+    return secrets.token_hex(8)
+
+
+def current_trace() -> Trace | None:
+    """The trace active in this context (thread or task), or None."""
+    return _TRACE.get()
+
+
+def current_step() -> Step | None:
+    """The innermost step active in this context, or None."""
+    return _STEP.get()
+
+
+def propagate(fn: F) -> F:
+    """Wrap ``fn`` so that it runs in (a copy of) the current context: the current trace and step
+    follow it into a thread (``executor.submit(propagate(work), x)``).
+
+    Threads do not inherit ``contextvars``; asyncio tasks do, so async code needs no wrapper.
+    """
+    captured = contextvars.copy_context()
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return captured.copy().run(fn, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+# -- steps -------------------------------------------------------------------------------------
+
+
+class Step:
+    """One step of a trace, handed out by ``with step(...) as s`` or :meth:`Trace.step`.
+
+    Its status goes ``pending`` → ``running`` (entered) → ``success`` / ``failed`` (an exception,
+    or :meth:`fail`) / ``skipped`` (:meth:`skip`). A step created outside any trace records
+    nothing but behaves the same, so traced code also runs untraced.
+    """
+
+    def __init__(
+        self,
+        trace: Trace | None,
+        name: str,
+        step_type: str,
+        inputs: dict[str, Any],
+        attributes: dict[str, Any],
+        position: int,
+        parent_position: int,
+    ) -> None:
+        self.trace = trace
+        self.name = name
+        self.step_type = step_type
+        self.inputs = inputs
+        self.attributes = dict(attributes)
+        self.position = position
+        self.parent_position = parent_position
+        self.span_id = new_span_id()
+        self.status = StepStatus.PENDING
+        self.output: Any = None
+        self.error_type: str | None = None
+        self.error_message: str | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.duration_ms = 0.0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.scope: NodeScope | None = None
+        self._manual_tokens: tuple[int, int] | None = None
+        self._perf = 0.0
+        self._stack: ExitStack | None = None
+        self._token: contextvars.Token[Step | None] | None = None
+        self._snapshot: Any = None
+
+    # -- life cycle ------------------------------------------------------------------------
+    def __enter__(self) -> Step:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.finish(exc)
+
+    def start(self) -> None:
+        """Mark the step running and make it the current step (its LLM calls are recorded on it).
+
+        Raises:
+            RuntimeError: the step was already started.
+        """
+        if self.status != StepStatus.PENDING:
+            raise RuntimeError(f"step {self.name!r} was already started")
+        self.status = StepStatus.RUNNING
+        clock = self.trace.clock if self.trace is not None else time.time
+        self.started_at = clock()
+        self._perf = time.perf_counter()
+        self._token = _STEP.set(self)
+        if self.trace is not None:
+            base = self.trace.run_context
+            self.scope = NodeScope(
+                name=self.name,
+                position=self.position,
+                started_at=self.started_at,
+                started_perf=self._perf,
+                param_overrides=dict(base.param_overrides.get(self.name, {})),
+            )
+            self._stack = ExitStack()
+            self._stack.enter_context(activate(dataclasses.replace(base, node=self.scope)))
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        """End the step: record the exception (if any), duration, calls and tokens."""
+        if self.status not in (StepStatus.RUNNING, StepStatus.FAILED, StepStatus.SKIPPED):
+            return
+        if self.started_at is None:  # skipped before it ever ran
+            return
+        self.duration_ms = (time.perf_counter() - self._perf) * 1000.0
+        self.ended_at = self.started_at + self.duration_ms / 1000.0
+        if exc is not None:
+            self.status = StepStatus.FAILED
+            self.error_type = type(exc).__name__
+            self.error_message = str(exc)[:MAX_ERROR_CHARS]
+        elif self.status == StepStatus.RUNNING:
+            self.status = StepStatus.SUCCESS
+        try:
+            self._collect()
+        except Exception:  # telemetry must never break the chain
+            logger.exception("collecting step %r failed", self.name)
+        finally:
+            if self._stack is not None:
+                self._stack.close()
+                self._stack = None
+            if self._token is not None:
+                try:
+                    _STEP.reset(self._token)
+                except ValueError:  # finished in another context than it started in
+                    _STEP.set(None)
+                self._token = None
+
+    def _collect(self) -> None:
+        self._snapshot = jsonable(self.output)
+        scope = self.scope
+        if scope is not None and scope.calls:
+            self.prompt_tokens, self.completion_tokens = scope.tokens
+            self._llm_attributes(scope)
+        elif self._manual_tokens is not None:
+            self.prompt_tokens, self.completion_tokens = self._manual_tokens
+        if scope is not None and self.trace is not None:
+            self.trace.run_context.remember(scope)
+
+    def _llm_attributes(self, scope: NodeScope) -> None:
+        ctx = self.trace.run_context if self.trace is not None else None
+        usage = [0, 0]
+        last_finish: str | None = None
+        for call in scope.calls:
+            if call.kind != "llm" or not call.result_hash:
+                continue
+            self.attributes.setdefault("model", call.name)
+            raw = _result_bytes(ctx, scope, call.key, call.result_hash)
+            if raw is None:
+                continue
+            try:
+                response = ChatResponse.from_raw(raw)
+            except Exception:
+                continue
+            usage[0] += response.prompt_tokens
+            usage[1] += response.completion_tokens
+            last_finish = response.finish_reason
+        if last_finish is not None:
+            self.attributes.setdefault("finish_reason", last_finish)
+        if usage != [0, 0]:
+            self.attributes.setdefault(
+                "usage", {"prompt_tokens": usage[0], "completion_tokens": usage[1]}
+            )
+
+    # -- what the chain tells the step -----------------------------------------------------
+    def set_output(self, value: Any) -> None:
+        """Set the step's output (a decorated step's return value is set automatically)."""
+        if isinstance(value, ChatResponse):
+            self._from_response(value)
+            value = value.content
+        self.output = value
+
+    def set(self, **attributes: Any) -> None:
+        """Add attributes: ``model``, ``finish_reason``, ``scores``, ``tool``, ``context_window``…
+        (JSON-like values)."""
+        self.attributes.update(attributes)
+
+    def set_tokens(self, prompt: int = 0, completion: int = 0) -> None:
+        """Tokens of an LLM call made outside Rewind's client (calls through
+        :func:`rewind.calls.chat` count themselves)."""
+        self._manual_tokens = (int(prompt), int(completion))
+
+    def fail(self, message: str, error_type: str = "StepFailed") -> None:
+        """Mark the step failed without raising (e.g. a validation that rejects its input)."""
+        self.status = StepStatus.FAILED
+        self.error_type = error_type
+        self.error_message = message[:MAX_ERROR_CHARS]
+
+    def skip(self, reason: str | None = None) -> None:
+        """Mark the step skipped (before or while it runs)."""
+        self.status = StepStatus.SKIPPED
+        if reason:
+            self.attributes["skip_reason"] = reason
+
+    def _from_response(self, response: ChatResponse) -> None:
+        model = response.data.get("model") if isinstance(response.data, dict) else None
+        if isinstance(model, str) and model:
+            self.attributes.setdefault("model", model)
+        if response.finish_reason:
+            self.attributes.setdefault("finish_reason", response.finish_reason)
+
+    def data(self) -> StepData:
+        """The step as the store writes it."""
+        status = str(self.status)
+        scope = self.scope
+        duration = self.duration_ms
+        if self.status == StepStatus.RUNNING:  # still running when the trace ended
+            duration = (time.perf_counter() - self._perf) * 1000.0
+        return StepData(
+            position=self.position,
+            name=self.name,
+            step_type=self.step_type,
+            status=status,
+            inputs=self.inputs,
+            params=jsonable(scope.params) if scope is not None else {},
+            fields={self.name: self._snapshot} if status == StepStatus.SUCCESS else None,
+            error_type=self.error_type,
+            error_message=self.error_message,
+            parent_position=self.parent_position,
+            span_id=self.span_id,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            duration_ms=duration,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            attributes=jsonable(self.attributes),
+            calls=list(scope.calls) if scope is not None else [],
+            pending=list(scope.pending.values()) if scope is not None else [],
+        )
+
+
+def _result_bytes(ctx: RunContext | None, scope: NodeScope, key: str, digest: str) -> bytes | None:
+    pending = scope.pending.get(key)
+    if pending is not None and pending.result_hash == digest:
+        return pending.result_bytes
+    if ctx is None:
+        return None
+    recent = ctx.recent.get(key)
+    if recent is not None and recent.result_hash == digest:
+        return recent.result_bytes
+    if digest in ctx.lineage_blobs:
+        return ctx.lineage_blobs[digest]
+    try:
+        return ctx.store.get_blob(digest)
+    except Exception:
+        return None
+
+
+class _StepSpec:
+    """What :func:`step` returns: a context manager and a decorator at once."""
+
+    def __init__(
+        self,
+        name: str | None,
+        step_type: str | StepType,
+        input: Any,
+        attributes: dict[str, Any],
+        has_input: bool,
+    ) -> None:
+        self.name = name
+        self.step_type = step_type_of(step_type)
+        self.input = input
+        self.has_input = has_input
+        self.attributes = attributes
+        self._active: list[Step] = []
+
+    def open(self, name: str, inputs: dict[str, Any]) -> Step:
+        trace = _TRACE.get()
+        if trace is not None:
+            return trace.step(name, self.step_type, inputs=inputs, **self.attributes)
+        return Step(None, name, self.step_type, inputs, self.attributes, 0, ROOT_POSITION)
+
+    def __enter__(self) -> Step:
+        inputs = as_fields(self.input) if self.has_input else {}
+        s = self.open(self.name or self.step_type, inputs)
+        s.start()
+        self._active.append(s)
+        return s
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._active.pop().finish(exc)
+
+    def __call__(self, fn: F) -> F:
+        name = self.name or fn.__name__
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                s = self.open(name, bound_input(fn, args, kwargs))
+                with s:
+                    out = await fn(*args, **kwargs)
+                    s.set_output(out)
+                    return out
+
+            return awrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            s = self.open(name, bound_input(fn, args, kwargs))
+            with s:
+                out = fn(*args, **kwargs)
+                s.set_output(out)
+                return out
+
+        return wrapper  # type: ignore[return-value]
+
+
+_NO_INPUT = object()
+
+
+def step(
+    name: str | None = None,
+    type: str | StepType = StepType.TRANSFORM,
+    *,
+    input: Any = _NO_INPUT,
+    **attributes: Any,
+) -> Any:
+    """A traced step, as a context manager or a decorator.
+
+    ``with step("parse", "parse", input=text) as s: ... s.set_output(value)`` or
+    ``@step("retrieve", "retrieval")`` on a function (sync or async): its bound arguments are the
+    input and its return value the output. Outside a trace the step records nothing.
+
+    Args:
+        name: the step's name (default: the function's name, or the type).
+        type: one of ``llm_call``, ``retrieval``, ``tool_call``, ``transform``, ``parse``,
+            ``validate``.
+        input: the step's input (context-manager use); a dict is kept as is, any other value as
+            ``{"input": value}``.
+        **attributes: attributes to record (``model``, ``tool``…).
+    Raises:
+        ValueError: an unknown step type.
+    """
+    has_input = input is not _NO_INPUT
+    return _StepSpec(name, type, input if has_input else None, attributes, has_input)
+
+
+def bound_input(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """A call's arguments by parameter name (defaults applied; ``self``/``cls`` dropped), as
+    JSON."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
+    except (TypeError, ValueError):
+        values = {"args": list(args), "kwargs": kwargs}
+    return jsonable(values)
+
+
+def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatResponse:
+    """An ``llm_call`` step around one :func:`rewind.calls.chat` call: the request is the input,
+    the answer's text the output; model, finish_reason and tokens are recorded."""
+    from rewind.calls import chat
+
+    with step(name, StepType.LLM_CALL, input={"messages": messages, **params}) as s:
+        response = chat(messages, **params)
+        s.set_output(response)
+        return response
+
+
+# -- traces ------------------------------------------------------------------------------------
+
+
+class Trace:
+    """One execution of a chain. Use as a context manager (``with tracer.trace(...) as t``).
+
+    Attributes:
+        trace_id: 32 hex characters; also the run id in the store.
+        record: the stored run after the trace ended (None before, or if writing failed).
+        write_error: why writing failed, if it did.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        input: Any = None,
+        store: Callable[[], Store],
+        run_context: RunContext | None = None,
+        chat_client: Any = None,
+        read_cache: bool = False,
+        clock: Callable[[], float] = time.time,
+        trace_id: str | None = None,
+        chain_ref: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        parent_run_id: str | None = None,
+        override: dict[str, Any] | None = None,
+        raise_on_write_error: bool = False,
+    ) -> None:
+        if not name or len(name) > 200:
+            raise ValueError("a trace needs a name of 1 to 200 characters")
+        self.name = name
+        self.trace_id = trace_id or new_trace_id()
+        self.span_id = new_span_id()
+        self.input = as_fields(input) if input is not None else {}
+        self.attributes = dict(attributes or {})
+        self.chain_ref = chain_ref
+        self.parent_run_id = parent_run_id
+        self.override = override
+        self.clock = clock
+        self.output: Any = None
+        self.status = StepStatus.PENDING
+        self.error_type: str | None = None
+        self.error_message: str | None = None
+        self.started_at = 0.0
+        self.ended_at: float | None = None
+        self.duration_ms = 0.0
+        self.record: RunRecord | None = None
+        self.write_error: str | None = None
+        self.raise_on_write_error = raise_on_write_error
+        self._store = store
+        self._ctx = run_context
+        self._chat_client = chat_client
+        self._read_cache = read_cache
+        self._steps: list[Step] = []
+        self._lock = threading.Lock()
+        self._perf = 0.0
+        self._tokens: list[contextvars.Token[Any]] = []
+        self._stack: ExitStack | None = None
+
+    @property
+    def run_context(self) -> RunContext:
+        """The run context the trace's LLM calls use (created when the trace starts)."""
+        if self._ctx is None:
+            self._ctx = RunContext(
+                store=self._store(),
+                run_id=self.trace_id,
+                read_cache=self._read_cache,
+                chat_client=self._chat_client,
+            )
+        return self._ctx
+
+    @property
+    def steps(self) -> list[Step]:
+        """The steps created so far, by position."""
+        with self._lock:
+            return list(self._steps)
+
+    def __enter__(self) -> Trace:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.finish(exc)
+
+    def start(self) -> None:
+        """Make this the current trace and start its clock."""
+        self.status = StepStatus.RUNNING
+        self.started_at = self.clock()
+        self._perf = time.perf_counter()
+        ctx = self.run_context
+        self._tokens = [_TRACE.set(self), _STEP.set(None)]
+        self._stack = ExitStack()
+        self._stack.enter_context(activate(ctx))
+
+    def finish(self, exc: BaseException | None = None) -> RunRecord | None:
+        """End the trace, record the exception (if any) and write it to the store."""
+        self.duration_ms = (time.perf_counter() - self._perf) * 1000.0
+        self.ended_at = self.started_at + self.duration_ms / 1000.0
+        if exc is not None:
+            self.status = StepStatus.FAILED
+            self.error_type = type(exc).__name__
+            self.error_message = str(exc)[:MAX_ERROR_CHARS]
+        elif self.status == StepStatus.RUNNING:
+            self.status = StepStatus.SUCCESS
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+        for token in reversed(self._tokens):
+            try:
+                token.var.reset(token)
+            except ValueError:
+                token.var.set(None)
+        self._tokens = []
+        try:
+            self.record = write_trace(self.run_context.store, self.data())
+        except Exception as exc_write:
+            self.write_error = f"{type(exc_write).__name__}: {exc_write}"
+            logger.error("writing trace %s failed: %s", self.trace_id, self.write_error)
+            if self.raise_on_write_error:
+                raise
+        return self.record
+
+    def data(self) -> TraceData:
+        """The trace as the store writes it."""
+        config: dict[str, Any] = {"source": "tracer"}
+        if self.chain_ref:
+            config["chain_ref"] = self.chain_ref
+        steps = [s.data() for s in self.steps]
+        return TraceData(
+            trace_id=self.trace_id,
+            name=self.name,
+            status=str(self.status),
+            input=self.input,
+            output=jsonable(self.output),
+            error_type=self.error_type,
+            error_message=self.error_message,
+            span_id=self.span_id,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            duration_ms=self.duration_ms,
+            attributes=jsonable(self.attributes),
+            config=config,
+            parent_run_id=self.parent_run_id,
+            fork_node=steps[0].name if self.parent_run_id and steps else None,
+            fork_position=0 if self.parent_run_id else None,
+            override=self.override,
+            steps=steps,
+        )
+
+    # -- steps -----------------------------------------------------------------------------
+    def step(
+        self,
+        name: str,
+        type: str | StepType = StepType.TRANSFORM,
+        *,
+        input: Any = _NO_INPUT,
+        inputs: dict[str, Any] | None = None,
+        **attributes: Any,
+    ) -> Step:
+        """Create a step of this trace (``pending``; enter it with ``with``). Its parent is the
+        step current in this context, if that step belongs to this trace."""
+        if not name or len(name) > 200:
+            raise ValueError("a step needs a name of 1 to 200 characters")
+        if inputs is None:
+            inputs = as_fields(input) if input is not _NO_INPUT else {}
+        parent = _STEP.get()
+        parent_position = (
+            parent.position if parent is not None and parent.trace is self else ROOT_POSITION
+        )
+        with self._lock:
+            s = Step(
+                self,
+                name,
+                step_type_of(type),
+                inputs,
+                attributes,
+                len(self._steps),
+                parent_position,
+            )
+            self._steps.append(s)
+        return s
+
+    def skip(
+        self,
+        name: str,
+        type: str | StepType = StepType.TRANSFORM,
+        *,
+        reason: str | None = None,
+        input: Any = _NO_INPUT,
+    ) -> Step:
+        """Record a step the chain decided not to run (status ``skipped``)."""
+        s = self.step(name, type, input=input)
+        s.skip(reason)
+        return s
+
+    def set_output(self, value: Any) -> None:
+        """Set the chain's output (a decorated chain's return value is set automatically)."""
+        self.output = value.content if isinstance(value, ChatResponse) else value
+
+    def set(self, **attributes: Any) -> None:
+        """Add attributes to the trace (the root span)."""
+        self.attributes.update(attributes)
+
+    def fail(self, message: str, error_type: str = "ChainFailed") -> None:
+        """Mark the trace failed without raising."""
+        self.status = StepStatus.FAILED
+        self.error_type = error_type
+        self.error_message = message[:MAX_ERROR_CHARS]
+
+
+# -- the tracer --------------------------------------------------------------------------------
+
+
+class Tracer:
+    """Creates traces in one store.
+
+    Args:
+        store: a :class:`Store`, a location for :func:`open_store`, or None for ``REWIND_STORE``
+            (default ``.rewind``); opened on the first trace, not at construction, so a module
+            can create its tracer at import time.
+        chat_client: the model client :func:`rewind.calls.chat` uses inside traced steps.
+        read_cache: serve LLM calls from the cache while tracing (default False: calls run live
+            and their answers are recorded, reason ``bypass``, as when recording a Burr run).
+        clock: unix seconds now (injectable for tests).
+        raise_on_write_error: raise when a trace cannot be written (default: log it).
+    """
+
+    def __init__(
+        self,
+        store: Store | str | Path | None = None,
+        *,
+        chat_client: Any = None,
+        read_cache: bool = False,
+        clock: Callable[[], float] = time.time,
+        raise_on_write_error: bool = False,
+    ) -> None:
+        self._store = store if isinstance(store, Store) else None
+        self._location = None if isinstance(store, Store) else store
+        self._lock = threading.Lock()
+        self.chat_client = chat_client
+        self.read_cache = read_cache
+        self.clock = clock
+        self.raise_on_write_error = raise_on_write_error
+
+    @property
+    def store(self) -> Store:
+        """The store (opened on first use)."""
+        with self._lock:
+            if self._store is None:
+                location = self._location or os.environ.get("REWIND_STORE") or ".rewind"
+                self._store = open_store(location)
+            return self._store
+
+    def configure(
+        self,
+        *,
+        store: Store | str | Path | None = None,
+        chat_client: Any = None,
+        read_cache: bool | None = None,
+    ) -> Tracer:
+        """Point a tracer created at import time at a store and a model client (at start-up,
+        or per test). Arguments left None keep their value. Returns the tracer."""
+        with self._lock:
+            if store is not None:
+                self._store = store if isinstance(store, Store) else None
+                self._location = None if isinstance(store, Store) else store
+        if chat_client is not None:
+            self.chat_client = chat_client
+        if read_cache is not None:
+            self.read_cache = read_cache
+        return self
+
+    def close(self) -> None:
+        """Close the store if this tracer opened it."""
+        if self._store is not None and self._location is not None:
+            self._store.close()
+            self._store = None
+
+    def trace(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        trace_id: str | None = None,
+        chain_ref: str | None = None,
+        **attributes: Any,
+    ) -> Trace:
+        """A new trace (use it with ``with``): ``input`` is the chain's input (a dict of fields,
+        or any value, kept as ``{"input": value}``)."""
+        return Trace(
+            name,
+            input=input,
+            store=lambda: self.store,
+            chat_client=self.chat_client,
+            read_cache=self.read_cache,
+            clock=self.clock,
+            trace_id=trace_id,
+            chain_ref=chain_ref,
+            attributes=attributes,
+            raise_on_write_error=self.raise_on_write_error,
+        )
+
+    def chain(self, name: str | None = None, **attributes: Any) -> Callable[[F], F]:
+        """Decorate a chain function (sync or async): each call is one trace whose input is the
+        call's bound arguments and output its return value. Called inside another trace, it is a
+        ``transform`` step of that trace instead. A chain defined at module level can be
+        replayed (``rewind replay-trace``)."""
+
+        def decorate(fn: F) -> F:
+            chain_name = name or fn.__name__
+            ref = chain_ref_of(fn)
+            if inspect.iscoroutinefunction(fn):
+
+                @functools.wraps(fn)
+                async def arun(*args: Any, **kwargs: Any) -> Any:
+                    bound = bound_input(fn, args, kwargs)
+                    if _TRACE.get() is not None:
+                        with step(chain_name, StepType.TRANSFORM, input=bound) as s:
+                            out = await fn(*args, **kwargs)
+                            s.set_output(out)
+                            return out
+                    with self.trace(chain_name, bound, chain_ref=ref, **attributes) as t:
+                        out = await fn(*args, **kwargs)
+                        t.set_output(out)
+                        return out
+
+                arun.__rewind_chain__ = chain_name  # type: ignore[attr-defined]
+                return arun  # type: ignore[return-value]
+
+            @functools.wraps(fn)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                bound = bound_input(fn, args, kwargs)
+                if _TRACE.get() is not None:
+                    with step(chain_name, StepType.TRANSFORM, input=bound) as s:
+                        out = fn(*args, **kwargs)
+                        s.set_output(out)
+                        return out
+                with self.trace(chain_name, bound, chain_ref=ref, **attributes) as t:
+                    out = fn(*args, **kwargs)
+                    t.set_output(out)
+                    return out
+
+            run.__rewind_chain__ = chain_name  # type: ignore[attr-defined]
+            return run  # type: ignore[return-value]
+
+        return decorate
+
+    step = staticmethod(step)
+
+
+def chain_ref_of(fn: Callable[..., Any]) -> str | None:
+    """``module:qualname`` that re-imports ``fn``, or None when it cannot be imported (defined
+    inside a function, or in ``__main__``)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<locals>" in qualname:
+        return None
+    return f"{module}:{qualname}"
