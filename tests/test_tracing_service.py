@@ -23,7 +23,6 @@ from rewind.store import Store, open_store
 from rewind.tracing import Tracer, step
 from rewind.tracing.commands import otel_export_command
 from rewind.tracing.otel import export_runs
-from rewind.tracing.service import trace_router
 from rewind.tracing.store import load_trace, search_runs
 from tests import pipelines
 
@@ -31,9 +30,8 @@ T1 = "0123456789abcdef0123456789abcdef"
 
 
 def make_app(store: Store, token: str | None = None) -> FastAPI:
-    app = create_app(store, chat_client=None, pipelines={}, token=token)
-    app.include_router(trace_router(store))
-    return app
+    # create_app includes the trace service router itself.
+    return create_app(store, chat_client=None, pipelines={}, token=token)
 
 
 @pytest.fixture
