@@ -239,7 +239,8 @@ class Rewind:
         if not run.pipeline_ref:
             raise RewindError(
                 f"run {run.run_id} used pipeline {run.pipeline!r}, which is not registered",
-                "call Rewind.register(pipeline) before forking it",
+                "call Rewind.register(pipeline) before forking it; a traced chain is replayed "
+                "with `rewind replay-trace RUN`",
             )
         return load_pipeline(run.pipeline_ref)
 
