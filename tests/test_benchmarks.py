@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("replay_overhead.py", "cached_replay_ms_per_node"),
         ("record_overhead.py", "record_overhead_ratio"),
         ("storage.py", "storage_ratio"),
+        ("grid.py", "grid_vs_serial_ratio"),
     ],
 )
 def test_benchmark_prints_its_figure(script: str, figure: str) -> None:

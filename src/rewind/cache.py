@@ -28,8 +28,19 @@ from rewind.store.records import CallRecord
 
 DETERMINISM_FLAGS = ("deterministic", "time-bound", "side-effect", "non-deterministic")
 
-_INFLIGHT: dict[str, Future[tuple[bytes, str | None, float | None]]] = {}
+_INFLIGHT: dict[tuple[int, str], Future[tuple[bytes, str | None, float | None]]] = {}
 _INFLIGHT_LOCK = threading.Lock()
+_INFLIGHT_MAX = 10_000
+
+
+def release_flights(store: object, keys: Sequence[str]) -> None:
+    """Forget finished in-flight calls once their cache rows are committed (the recorder calls
+    this after each flush); until then a concurrent replay still shares their result."""
+    with _INFLIGHT_LOCK:
+        for key in keys:
+            future = _INFLIGHT.get((id(store), key))
+            if future is not None and future.done():
+                del _INFLIGHT[(id(store), key)]
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,85 @@ class CallPolicy:
 DEFAULT_POLICY = CallPolicy()
 
 
+@dataclass(frozen=True)
+class Call:
+    """One LLM or tool call as the cache sees it.
+
+    Args:
+        kind: ``"llm"`` or ``"tool"``.
+        name: model or tool name (shown in the call record).
+        key: the call's cache key.
+        request: canonical bytes of the request (stored as a blob for inspection).
+        execute: runs the call live; called only when the rules say so.
+        policy: determinism flag, TTL, resources.
+        index: the call's position among its node's calls.
+    """
+
+    kind: str
+    name: str
+    key: str
+    request: bytes
+    execute: Callable[[], Executed]
+    policy: CallPolicy
+    index: int = 0
+
+    @property
+    def request_hash(self) -> str:
+        """sha256 hex of the request bytes."""
+        return sha256_hex(self.request)
+
+    def record(
+        self,
+        result_hash: str | None,
+        outcome: str,
+        reason: str,
+        *,
+        produced_at: float | None,
+        done: Executed | None = None,
+        latency_ms: float = 0.0,
+    ) -> CallRecord:
+        """The call's record with an outcome and the rule's reason (tokens from ``done``)."""
+        return CallRecord(
+            self.index,
+            self.kind,
+            self.name,
+            self.key,
+            self.request_hash,
+            result_hash,
+            outcome,
+            reason,
+            done.prompt_tokens if done else 0,
+            done.completion_tokens if done else 0,
+            latency_ms,
+            determinism=self.policy.determinism,
+            produced_at=produced_at,
+        )
+
+    def pending(
+        self,
+        result_hash: str,
+        data: bytes,
+        *,
+        cacheable: bool,
+        produced_at: float | None,
+        done: Executed | None = None,
+    ) -> PendingWrite:
+        """The write that keeps this call's result (and, if ``cacheable``, its cache entry)."""
+        return PendingWrite(
+            self.kind,
+            self.key,
+            self.name,
+            self.request_hash,
+            self.request,
+            result_hash,
+            data,
+            done.prompt_tokens if done else 0,
+            done.completion_tokens if done else 0,
+            cacheable=cacheable,
+            produced_at=produced_at,
+        )
+
+
 def through_cache(
     ctx: RunContext,
     *,
@@ -90,202 +180,92 @@ def through_cache(
 
     Args:
         ctx: the active run context (its ``node`` scope receives the call record).
-        kind: ``"llm"`` or ``"tool"``.
-        name: model or tool name (shown in the call record).
-        key: the call's cache key.
-        request: canonical bytes of the request (stored as a blob for inspection).
-        execute: runs the call live; called only when the rules say so.
-        policy: determinism flag, TTL, resources.
+        kind, name, key, request, execute, policy: see :class:`Call`.
     Returns:
         (result bytes, the call record). On a hit the bytes are exactly the stored ones.
     Raises:
         SideEffectBlocked, EffectPreconditionFailed: see :mod:`rewind.effects`.
     """
+    scope = ctx.node
+    call = Call(kind, name, key, request, execute, policy, len(scope.calls) if scope else 0)
     if policy.determinism == "side-effect":
         from rewind.effects import side_effect_call
 
-        return side_effect_call(
-            ctx, kind=kind, name=name, key=key, request=request, execute=execute, policy=policy
-        )
-    scope = ctx.node
-    request_hash = sha256_hex(request)
-    index = len(scope.calls) if scope is not None else 0
+        return side_effect_call(ctx, call)
     found, reason = _lookup(ctx, scope, kind, key, policy)
     if found is not None:
         result_hash, produced_at = found
         data = _result_bytes(ctx, scope, key, result_hash)
-        record = CallRecord(
-            index,
-            kind,
-            name,
-            key,
-            request_hash,
-            result_hash,
-            "hit",
-            "hit",
-            determinism=policy.determinism,
-            produced_at=produced_at,
-        )
+        record = call.record(result_hash, "hit", "hit", produced_at=produced_at)
     elif ctx.read_cache and ctx.write_cache:
-        data, record = _single_flight(
-            ctx,
-            scope,
-            index=index,
-            kind=kind,
-            name=name,
-            key=key,
-            request=request,
-            request_hash=request_hash,
-            execute=execute,
-            policy=policy,
-            reason=reason,
-        )
+        data, record = _single_flight(ctx, scope, call, reason)
     else:
         outcome = "bypass" if reason == "stability" else "miss"
-        data, record = execute_call(
-            ctx,
-            scope,
-            index=index,
-            kind=kind,
-            name=name,
-            key=key,
-            request=request,
-            request_hash=request_hash,
-            execute=execute,
-            policy=policy,
-            outcome=outcome,
-            reason=reason,
-            cacheable=ctx.write_cache,
-        )
+        data, record = execute_call(ctx, scope, call, outcome, reason, cacheable=ctx.write_cache)
     if scope is not None:
         scope.calls.append(record)
     return data, record
 
 
 def _single_flight(
-    ctx: RunContext,
-    scope: NodeScope | None,
-    *,
-    index: int,
-    kind: str,
-    name: str,
-    key: str,
-    request: bytes,
-    request_hash: str,
-    execute: Callable[[], Executed],
-    policy: CallPolicy,
-    reason: str,
+    ctx: RunContext, scope: NodeScope | None, call: Call, reason: str
 ) -> tuple[bytes, CallRecord]:
     """Execute a missed call once even when concurrent replays (a what-if grid) need it at the
     same moment: the first executes, the others wait and record ``hit:in-flight`` (0 tokens)."""
+    flight = (id(ctx.store), call.key)
     with _INFLIGHT_LOCK:
-        leader = key not in _INFLIGHT
+        leader = flight not in _INFLIGHT
         if leader:
-            _INFLIGHT[key] = Future()
-        future = _INFLIGHT[key]
+            if len(_INFLIGHT) > _INFLIGHT_MAX:
+                for k in [k for k, f in _INFLIGHT.items() if f.done()]:
+                    del _INFLIGHT[k]
+            _INFLIGHT[flight] = Future()
+        future = _INFLIGHT[flight]
     if leader:
         try:
-            data, record = execute_call(
-                ctx,
-                scope,
-                index=index,
-                kind=kind,
-                name=name,
-                key=key,
-                request=request,
-                request_hash=request_hash,
-                execute=execute,
-                policy=policy,
-                outcome="miss",
-                reason=reason,
-                cacheable=True,
-            )
-            future.set_result((data, record.result_hash, record.produced_at))
+            data, record = execute_call(ctx, scope, call, "miss", reason, cacheable=True)
         except BaseException as exc:
             future.set_exception(exc)
-            raise
-        finally:
             with _INFLIGHT_LOCK:
-                _INFLIGHT.pop(key, None)
+                _INFLIGHT.pop(flight, None)
+            raise
+        future.set_result((data, record.result_hash, record.produced_at))
+        if scope is None:  # nothing will commit it later: forget it now
+            release_flights(ctx.store, [call.key])
+        # Otherwise the entry stays until the recorder commits the cache row, so a replay that
+        # misses in between shares this result instead of executing the call again.
         return data, record
     data, result_hash, produced_at = future.result()
-    record = CallRecord(
-        index,
-        kind,
-        name,
-        key,
-        request_hash,
-        result_hash,
-        "hit",
-        "in-flight",
-        determinism=policy.determinism,
-        produced_at=produced_at,
-    )
     if scope is not None:
-        scope.pending[key] = PendingWrite(
-            kind,
-            key,
-            name,
-            request_hash,
-            request,
-            result_hash or "",
-            data,
-            cacheable=False,
-            produced_at=produced_at,
+        scope.pending[call.key] = call.pending(
+            result_hash or "", data, cacheable=False, produced_at=produced_at
         )
-    return data, record
+    return data, call.record(result_hash, "hit", "in-flight", produced_at=produced_at)
 
 
 def execute_call(
     ctx: RunContext,
     scope: NodeScope | None,
-    *,
-    index: int,
-    kind: str,
-    name: str,
-    key: str,
-    request: bytes,
-    request_hash: str,
-    execute: Callable[[], Executed],
-    policy: CallPolicy,
+    call: Call,
     outcome: str,
     reason: str,
+    *,
     cacheable: bool,
+    pending_key: str | None = None,
 ) -> tuple[bytes, CallRecord]:
-    """Execute a call live and queue its result (and, if ``cacheable``, its cache entry)."""
+    """Execute a call live and queue its result (and, if ``cacheable``, its cache entry) on the
+    node's scope under ``pending_key`` (default: the cache key)."""
     started = time.perf_counter()
-    done = execute()
+    done = call.execute()
     latency = done.latency_ms or (time.perf_counter() - started) * 1000
     produced_at = ctx.clock()
     result_hash = sha256_hex(done.result)
-    record = CallRecord(
-        index,
-        kind,
-        name,
-        key,
-        request_hash,
-        result_hash,
-        outcome,
-        reason,
-        done.prompt_tokens,
-        done.completion_tokens,
-        latency,
-        determinism=policy.determinism,
-        produced_at=produced_at,
+    record = call.record(
+        result_hash, outcome, reason, produced_at=produced_at, done=done, latency_ms=latency
     )
     if scope is not None:
-        scope.pending[key] = PendingWrite(
-            kind,
-            key,
-            name,
-            request_hash,
-            request,
-            result_hash,
-            done.result,
-            done.prompt_tokens,
-            done.completion_tokens,
-            cacheable=cacheable,
-            produced_at=produced_at,
+        scope.pending[pending_key or call.key] = call.pending(
+            result_hash, done.result, cacheable=cacheable, produced_at=produced_at, done=done
         )
     return done.result, record
 
@@ -336,6 +316,7 @@ def _miss_reason(ctx: RunContext, scope: NodeScope | None) -> str:
 __all__ = [
     "DEFAULT_POLICY",
     "DETERMINISM_FLAGS",
+    "Call",
     "CallPolicy",
     "Executed",
     "execute_call",

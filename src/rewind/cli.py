@@ -609,6 +609,70 @@ def audit(
     raise SystemExit(code)
 
 
+@app.command("stability")
+def stability_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run whose branch to sample (id or prefix).")],
+    k: Annotated[
+        int, typer.Option("-k", "--samples", help="How many times to run the branch.")
+    ] = 5,
+    from_node: Annotated[
+        str, typer.Option("--from", help="Fork node: name or 1-based number.")
+    ] = "1",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="One change every sample carries: node.param=VALUE"),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(help="Sample the first LLM node from --from on at this temperature."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a branch K times live (caches neither read nor written) and report per-node hash
+    spread: distinct hashes, modal share, first spread, stable share. Exit 0 when every node is
+    stable, 1 when some node spread."""
+    from rewind.stability import stability_command
+
+    try:
+        code = stability_command(
+            _state["store"], run_id, k, from_node, set_ or [], as_json, temperature=temperature
+        )
+    except RewindError as exc:
+        _fail(exc)
+    if code:
+        raise SystemExit(code)
+
+
+@app.command("grid")
+def grid_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run to fork (id or unique prefix).")],
+    at: Annotated[str, typer.Option("--at", help="Fork node: name or 1-based number.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="One variant: node.param=VALUE (repeat: one per variant)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Variants run at once.")] = 4,
+    effects: Annotated[
+        str,
+        typer.Option(help="Side-effecting calls: live (default), recorded, or dry-run."),
+    ] = "live",
+    as_json: JsonOpt = False,
+) -> None:
+    """Fork a run at one node N ways (one --set per variant), run the variants concurrently, and
+    print the node × variant matrix, first divergences and artifact changes. Exit 1 when a
+    variant failed."""
+    from rewind.grid import grid_command
+
+    try:
+        code = grid_command(
+            _state["store"], run_id, at, set_ or [], workers, as_json, effects=effects
+        )
+    except RewindError as exc:
+        _fail(exc)
+    if code:
+        raise SystemExit(code)
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Bind address; non-loopback needs --token.")] = (

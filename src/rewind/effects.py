@@ -15,7 +15,6 @@ import abc
 import base64
 import json
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from rewind.errors import RewindError
 from rewind.store.records import CallRecord
 
 if TYPE_CHECKING:
-    from rewind.cache import CallPolicy, Executed
+    from rewind.cache import Call, CallPolicy
 
 EFFECT_MODES = ("recorded", "dry-run", "live")
 """How a replay treats side-effecting calls: serve the recorded result (default), log the call and
@@ -281,16 +280,7 @@ class EffectPreconditionFailed(RewindError):
     """``live`` replay: the resource's pre-state differs from the recorded one, with no snapshot."""
 
 
-def side_effect_call(
-    ctx: RunContext,
-    *,
-    kind: str,
-    name: str,
-    key: str,
-    request: bytes,
-    execute: Callable[[], Executed],
-    policy: CallPolicy,
-) -> tuple[bytes, CallRecord]:
+def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
     """Run (or serve, or skip) one side-effecting call according to the run's effects mode.
 
     Recording executes the call with pre/post fingerprints of every declared resource and a
@@ -311,20 +301,21 @@ def side_effect_call(
     from rewind.cache import execute_call
 
     scope = ctx.node
-    request_hash = sha256_hex(request)
-    index = len(scope.calls) if scope is not None else 0
+    policy, key, index = call.policy, call.key, call.index
     entry = ctx.lineage.get(key) if ctx.read_cache or not ctx.write_cache else None
     mode = "record" if not ctx.read_cache and ctx.write_cache else ctx.effects_mode
     if not ctx.write_cache:
-        mode = "recorded"  # stability runs never repeat effects
+        # Stability runs never repeat effects: serve the record, or log the call when its
+        # arguments spread upstream (there is then no record to serve).
+        mode = "recorded" if entry is not None else "dry-run"
     resources: list[Fingerprinter] = [r for r in policy.resources if isinstance(r, Fingerprinter)]
     where = f"node {scope.name!r}: " if scope is not None else ""
 
     if mode == "recorded" or (mode == "dry-run" and entry is not None):
         if entry is None:
             raise SideEffectBlocked(
-                f"{where}side-effecting tool {name!r} is called with arguments the source run "
-                "never used, so there is no recorded result to serve",
+                f"{where}side-effecting tool {call.name!r} is called with arguments the source "
+                "run never used, so there is no recorded result to serve",
                 "replay with --effects live (re-execute against a verified pre-state) or "
                 "--effects dry-run (log the call, execute nothing)",
             )
@@ -334,74 +325,39 @@ def side_effect_call(
             if mode == "recorded"
             else ("dry-run", "side-effect-dry-run")
         )
-        record = CallRecord(
-            index,
-            kind,
-            name,
-            key,
-            request_hash,
-            entry.result_hash,
-            outcome,
-            reason,
-            determinism="side-effect",
-            produced_at=entry.produced_at,
-        )
+        record = call.record(entry.result_hash, outcome, reason, produced_at=entry.produced_at)
         if mode == "recorded" and policy.on_served is not None:
-            policy.on_served(request, data)
+            policy.on_served(call.request, data)
         _effect_rows(ctx, scope, index, resources, mode, None, None, None, policy)
     elif mode == "dry-run":
-        data = canonical_bytes({"dry_run": True, "tool": name, "request_sha256": request_hash})
-        record = CallRecord(
-            index,
-            kind,
-            name,
-            key,
-            request_hash,
-            sha256_hex(data),
-            "dry-run",
-            "side-effect-dry-run",
-            determinism="side-effect",
-            produced_at=ctx.clock(),
+        data = canonical_bytes(
+            {"dry_run": True, "tool": call.name, "request_sha256": call.request_hash}
+        )
+        record = call.record(
+            sha256_hex(data), "dry-run", "side-effect-dry-run", produced_at=ctx.clock()
         )
         _effect_rows(ctx, scope, index, resources, mode, None, None, None, policy)
         if scope is not None:
-            from rewind.context import PendingWrite
-
-            scope.pending[f"dry-run:{key}:{index}"] = PendingWrite(
-                kind,
-                key,
-                name,
-                request_hash,
-                request,
-                record.result_hash or "",
-                data,
-                cacheable=False,
+            scope.pending[f"dry-run:{key}:{index}"] = call.pending(
+                record.result_hash or "", data, cacheable=False, produced_at=None
             )
     else:
         pre = {r.name: r.fingerprint() for r in resources}
         if mode == "live" and entry is not None:
-            pre = _verify_pre_state(ctx, entry, resources, pre, where, name)
+            pre = _verify_pre_state(ctx, entry, resources, pre, where, call.name)
         # Pinned after any restore: the snapshot is the pre-state this call really ran against.
         snapshots = {r.name: r.snapshot() for r in resources}
         reason = "bypass" if mode == "record" else "side-effect-live"
+        # Two identical side-effecting calls are two effects: keep both results.
         data, record = execute_call(
             ctx,
             scope,
-            index=index,
-            kind=kind,
-            name=name,
-            key=key,
-            request=request,
-            request_hash=request_hash,
-            execute=execute,
-            policy=policy,
-            outcome="miss",
-            reason=reason,
+            call,
+            "miss",
+            reason,
             cacheable=False,
+            pending_key=f"effect:{key}:{index}",
         )
-        if scope is not None:
-            # Two identical side-effecting calls are two effects: keep both results.
-            scope.pending[f"effect:{key}:{index}"] = scope.pending.pop(key)
         post = {r.name: r.fingerprint() for r in resources}
         _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     if scope is not None:

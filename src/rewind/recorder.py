@@ -28,6 +28,7 @@ from burr.core import State
 from burr.core.action import Action
 from burr.lifecycle import PostRunStepHook, PreRunStepHook
 
+from rewind.cache import release_flights
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.context import NodeScope, RunContext
 from rewind.persister import (
@@ -160,6 +161,9 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             msg = f"writing recorded nodes failed: {_error_line(exc)}"
             logger.error("%s\n%s", msg, traceback.format_exc())
             self.errors.append(msg)
+        finally:
+            keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
+            release_flights(self.ctx.store, keys)
 
     def _record(
         self,

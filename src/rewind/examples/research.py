@@ -71,7 +71,9 @@ def _ask(system: str, user: str, *, max_tokens: int, **extra: Any) -> tuple[str,
         [{"role": "system", "content": system}, {"role": "user", "content": user}],
         temperature=param("temperature", DEFAULT_TEMPERATURE),
         max_tokens=param("max_tokens", max_tokens),
-        seed=0,
+        # No pinned seed: at temperature 0 decoding is greedy anyway, and at > 0 a fixed seed
+        # would make the model look deterministic (llama.cpp re-seeds on every request).
+        seed=param("seed", None),
         **extra,
     )
     return response.content.strip(), response.finish_reason

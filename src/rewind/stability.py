@@ -1,0 +1,591 @@
+"""Hash-stability mode: run one branch of a recorded run K times live and count what spreads.
+
+"Is my agent deterministic?" becomes a number. :func:`stability` forks the run K times at the same
+node with ``cache_mode="stability"`` (every LLM and tool call executes live with reason
+``bypass:stability``; nothing becomes a cache entry; side effects are served from record), one
+sample after the other (a local model serves one request at a time). Then, per node of the branch,
+it counts the distinct output hashes the K samples produced, the modal hash and its share, and
+finds the first node where hashes spread. The overall **stable share** is the fraction of the
+branch's nodes that every sample completed with one identical output hash.
+
+Samples are aligned by node name and occurrence (the k-th execution of ``critique`` in one sample
+pairs with the k-th in another), so a sample that takes another conditional branch shows up as a
+node some samples never reached: not stable.
+
+Where reports live: the store has no table for reports yet, so a report is written as JSON
+(sorted keys) to ``<store root>/reports/stability-<run id[:12]>-<batch>.json`` (see
+:func:`save_report`),
+and every sample fork carries ``{"purpose": "stability", "stability_batch": <batch>}`` in its run
+config, so the samples of one report can be found from the runs table. A ``reports`` table (one
+row per report: id, kind, run id, created_at, body blob hash) is the intended home; the file
+layout is what a migration would read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rewind.canonical import canonical_bytes
+from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
+from rewind.errors import InvalidOverride, RewindError
+from rewind.replay import (
+    Override,
+    ParamOverride,
+    Rewind,
+    new_run_id,
+    parse_override,
+    resolve_node,
+    validate_override,
+)
+from rewind.store import NodeRecord, RunRecord
+
+__all__ = [
+    "NodeStability",
+    "StabilityReport",
+    "merge_key_orders",
+    "occurrence_keys",
+    "render_stability",
+    "save_report",
+    "saved_reports",
+    "stability",
+    "stability_command",
+    "temperature_override",
+]
+
+REPORTS_DIR = "reports"
+"""Folder under the store root that holds saved reports."""
+
+SampleListener = Callable[[int, RunRecord], None]
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeStability:
+    """How one node of the branch behaved across the K samples.
+
+    Attributes:
+        index: 0-based row in the report (branch order).
+        name: node name; ``occurrence`` is 1 for its first execution in the branch, 2 for the
+            second…
+        hashes: per sample (in sample order), the node's output hash, or None when the sample
+            failed at this node or never reached it.
+        distinct: number of distinct output hashes among the samples that produced one.
+        modal_hash: the most frequent output hash (ties: the one seen first), or None.
+        modal_count: how many samples produced ``modal_hash``.
+        modal_share: ``modal_count / k`` (a sample that did not produce an output counts against
+            it), 0.0–1.0.
+        completed: samples that completed the node with an output.
+        parent_hash: the node's output hash in the recorded run, or None if the run did not
+            execute it (at this occurrence) or failed there.
+        determinism: the node's determinism flag in the first sample that completed it (else
+            the first that ran it): ``deterministic``, ``non-deterministic`` for an LLM sampled
+            at temperature > 0, ``side-effect``…
+    """
+
+    index: int
+    name: str
+    occurrence: int
+    hashes: tuple[str | None, ...]
+    distinct: int
+    modal_hash: str | None
+    modal_count: int
+    modal_share: float
+    completed: int
+    parent_hash: str | None
+    determinism: str
+
+    @property
+    def label(self) -> str:
+        """``name``, or ``name#k`` for the k-th execution (k ≥ 2)."""
+        return self.name if self.occurrence == 1 else f"{self.name}#{self.occurrence}"
+
+    @property
+    def stable(self) -> bool:
+        """Every sample completed the node with one identical output hash."""
+        return self.completed == len(self.hashes) and self.distinct == 1
+
+    @property
+    def matches_parent(self) -> bool:
+        """The modal hash is the recorded run's output hash."""
+        return self.modal_hash is not None and self.modal_hash == self.parent_hash
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"index", "name", "occurrence", "label", "stable", "distinct", "modal_hash",
+        "modal_count", "modal_share", "completed", "parent_hash", "matches_parent",
+        "determinism", "hashes"}``."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "occurrence": self.occurrence,
+            "label": self.label,
+            "stable": self.stable,
+            "distinct": self.distinct,
+            "modal_hash": self.modal_hash,
+            "modal_count": self.modal_count,
+            "modal_share": self.modal_share,
+            "completed": self.completed,
+            "parent_hash": self.parent_hash,
+            "matches_parent": self.matches_parent,
+            "determinism": self.determinism,
+            "hashes": list(self.hashes),
+        }
+
+
+@dataclass(frozen=True)
+class StabilityReport:
+    """The result of one :func:`stability` call.
+
+    Attributes:
+        run_id: the recorded run whose branch was sampled.
+        batch: id of this report (also in every sample's run config as ``stability_batch``).
+        from_node: name of the fork node; ``from_number`` its 1-based node number.
+        k: number of samples.
+        override: the one change every sample carried (JSON form), or None.
+        samples: the sample forks, in order (their status may be ``failed``).
+        nodes: one row per node of the branch.
+        wall_ms: wall time of the K samples (ms).
+        created_at: unix seconds.
+        path: where the report was saved, or None.
+    """
+
+    run_id: str
+    batch: str
+    from_node: str
+    from_number: int
+    k: int
+    override: dict[str, Any] | None
+    samples: tuple[RunRecord, ...]
+    nodes: tuple[NodeStability, ...]
+    wall_ms: float
+    created_at: float
+    path: Path | None = None
+
+    @property
+    def stable_nodes(self) -> int:
+        """Nodes every sample completed with one identical output hash."""
+        return sum(n.stable for n in self.nodes)
+
+    @property
+    def stable_share(self) -> float:
+        """``stable_nodes / len(nodes)`` (1.0 for an empty branch), 0.0–1.0."""
+        return self.stable_nodes / len(self.nodes) if self.nodes else 1.0
+
+    @property
+    def first_spread(self) -> NodeStability | None:
+        """The first node (branch order) that is not stable, or None when all are."""
+        return next((n for n in self.nodes if not n.stable), None)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the samples spent (prompt + completion)."""
+        return sum(s.tokens for s in self.samples)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict: ``{"kind": "stability", "run_id", "batch", "from_node",
+        "from_number", "k", "override", "stable_share", "stable_nodes", "node_count",
+        "first_spread": {"index", "label"} | None, "tokens", "wall_ms", "created_at", "path",
+        "samples": [{"run_id", "status", "tokens", "error"}], "nodes": [NodeStability.to_json()]}``.
+        """
+        first = self.first_spread
+        return {
+            "kind": "stability",
+            "run_id": self.run_id,
+            "batch": self.batch,
+            "from_node": self.from_node,
+            "from_number": self.from_number,
+            "k": self.k,
+            "override": self.override,
+            "stable_share": self.stable_share,
+            "stable_nodes": self.stable_nodes,
+            "node_count": len(self.nodes),
+            "first_spread": None if first is None else {"index": first.index, "label": first.label},
+            "tokens": self.tokens,
+            "wall_ms": round(self.wall_ms, 3),
+            "created_at": self.created_at,
+            "path": None if self.path is None else str(self.path),
+            "samples": [
+                {"run_id": s.run_id, "status": s.status, "tokens": s.tokens, "error": s.error}
+                for s in self.samples
+            ],
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+
+# -- alignment helpers (shared with rewind.grid) ---------------------------------------------------
+
+
+def occurrence_keys(names: Iterable[str]) -> list[tuple[str, int]]:
+    """``(name, occurrence)`` per node, occurrence counting from 1: ``a, b, a`` →
+    ``(a,1), (b,1), (a,2)``."""
+    seen: Counter[str] = Counter()
+    keys = []
+    for name in names:
+        seen[name] += 1
+        keys.append((name, seen[name]))
+    return keys
+
+
+def merge_key_orders(orders: Iterable[Sequence[tuple[str, int]]]) -> list[tuple[str, int]]:
+    """One row order covering several trajectories' node keys.
+
+    The first order is taken as is; a key another order adds is inserted right after the key
+    that precedes it in that order (at the front when it has none), so every trajectory's own
+    order is kept wherever the orders agree.
+    """
+    merged: list[tuple[str, int]] = []
+    for order in orders:
+        anchor: int | None = None  # index in merged of the last key of `order` seen so far
+        for key in order:
+            if key in merged:
+                anchor = merged.index(key)
+                continue
+            at = 0 if anchor is None else anchor + 1
+            merged.insert(at, key)
+            anchor = at
+    return merged
+
+
+# -- the mode ----------------------------------------------------------------------------------
+
+
+def temperature_override(nodes: Sequence[NodeRecord], idx: int, value: float) -> ParamOverride:
+    """The override that samples the branch from ``nodes[idx]`` at temperature ``value``.
+
+    An LLM node is one that made an LLM call and read a ``temperature`` param
+    (``rewind.param("temperature", …)``). When the engine accepts a wildcard param override
+    (``ParamOverride("*", "temperature", value)``: every node that reads the param), that is
+    returned; otherwise — the engine carries one node's override per fork — the override goes to
+    the first LLM node at or after ``nodes[idx]``, and the nodes after it see its (possibly
+    spread) output. ``report.override`` says which one was used.
+
+    Raises:
+        InvalidOverride: no node from ``idx`` on reads a ``temperature`` param in an LLM call.
+    """
+    first = next(
+        (
+            n.name
+            for n in nodes[idx:]
+            if "temperature" in n.params and any(c.kind == "llm" for c in n.calls)
+        ),
+        None,
+    )
+    if first is None:
+        raise InvalidOverride(
+            f"no LLM node from {nodes[idx].name!r} on reads a temperature param",
+            "fork earlier (--from), or set the param directly with --set node.param=VALUE",
+        )
+    wildcard = ParamOverride("*", "temperature", value)
+    try:
+        validate_override(nodes, idx, wildcard)
+    except InvalidOverride:
+        return ParamOverride(first, "temperature", value)
+    return wildcard
+
+
+def stability(
+    rw: Rewind,
+    run_id: str,
+    *,
+    k: int,
+    from_node: str | int = 1,
+    override: Override | None = None,
+    temperature: float | None = None,
+    save: bool = True,
+    on_sample: SampleListener | None = None,
+) -> StabilityReport:
+    """Run the branch of ``run_id`` from ``from_node`` K times live and measure hash spread.
+
+    Each sample is ``rw.fork(run_id, at=from_node, override=…, cache_mode="stability",
+    effects="recorded")``, run one after the other. Nothing is read from or written to the LLM and
+    tool caches; the samples are recorded as ordinary forks (config ``{"purpose": "stability",
+    "stability_batch", "stability_of", "sample", "k"}`` merged over the parent's config).
+
+    Args:
+        rw: the session (its chat client answers the LLM calls).
+        run_id: the recorded run (id or unique prefix).
+        k: number of samples (≥ 2).
+        from_node: fork node (name, ``name#k`` or 1-based number); default the first node.
+        override: one change every sample carries (e.g. a :class:`ParamOverride`), or None.
+        temperature: shorthand for a ``temperature`` override on the first LLM node at or after
+            ``from_node`` (see :func:`temperature_override`); excludes ``override``.
+        save: write the report under ``<store root>/reports/`` (see :func:`save_report`).
+        on_sample: called with (0-based sample index, its run) after each sample.
+    Returns:
+        the report; ``report.path`` is set when saved.
+    Raises:
+        RewindError: ``k < 2``.
+        UnknownRun, UnknownNode, ForkError, RunBusy, InvalidOverride: before any sample runs;
+            nothing is written.
+        EndpointUnavailable: the model endpoint is down (the sample is recorded as failed).
+        A sample that stops at a side-effecting call it has no record of (its arguments spread
+        upstream: ``SideEffectBlocked``) is not an error here: the node counts as not completed.
+    """
+    if k < 2:
+        raise RewindError(f"k must be at least 2, got {k}", "pass -k 5 (or more) samples")
+    parent = rw.store.get_run(run_id)
+    nodes = rw.store.nodes_of(parent.run_id)
+    idx = resolve_node(parent, nodes, from_node)
+    if temperature is not None:
+        if override is not None:
+            raise InvalidOverride(
+                "a stability run carries one change: --temperature or one --set, not both",
+                "drop one of them",
+            )
+        override = temperature_override(nodes, idx, temperature)
+    validate_override(nodes, idx, override)
+
+    batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    samples: list[RunRecord] = []
+    for i in range(k):
+        child_id = new_run_id()
+        config = parent.config | {
+            "purpose": "stability",
+            "stability_batch": batch,
+            "stability_of": parent.run_id,
+            "sample": i + 1,
+            "k": k,
+        }
+        try:
+            child = rw.fork(
+                parent.run_id,
+                at=idx + 1,
+                override=override,
+                new_run_id=child_id,
+                effects="recorded",
+                cache_mode="stability",
+                config=config,
+            )
+        except (SideEffectBlocked, EffectPreconditionFailed):
+            # Recorded as failed at that node; the failure is part of what the report shows.
+            child = rw.store.get_run(child_id)
+        samples.append(child)
+        if on_sample is not None:
+            on_sample(i, child)
+    wall_ms = (time.perf_counter() - started) * 1000
+
+    report = StabilityReport(
+        run_id=parent.run_id,
+        batch=batch,
+        from_node=nodes[idx].name,
+        from_number=idx + 1,
+        k=k,
+        override=override.to_json() if override is not None else None,
+        samples=tuple(samples),
+        nodes=tuple(_node_rows(nodes[idx:], [rw.store.nodes_of(s.run_id)[idx:] for s in samples])),
+        wall_ms=wall_ms,
+        created_at=time.time(),
+    )
+    if save:
+        path = save_report(rw.store.root, "stability", parent.run_id, batch, report.to_json())
+        report = dataclasses.replace(report, path=path)
+    return report
+
+
+def _node_rows(
+    parent: Sequence[NodeRecord], samples: Sequence[Sequence[NodeRecord]]
+) -> list[NodeStability]:
+    def by_key(nodes: Sequence[NodeRecord]) -> dict[tuple[str, int], NodeRecord]:
+        return dict(zip(occurrence_keys(n.name for n in nodes), nodes, strict=True))
+
+    parent_by = by_key(parent)
+    sample_by = [by_key(s) for s in samples]
+    order = merge_key_orders(
+        [list(parent_by)] + [occurrence_keys(n.name for n in s) for s in samples]
+    )
+    rows = []
+    for index, key in enumerate(order):
+        runs = [sb.get(key) for sb in sample_by]
+        hashes = tuple(n.output_hash if n is not None and n.error is None else None for n in runs)
+        counts = Counter(h for h in hashes if h is not None)
+        modal_hash, modal_count = counts.most_common(1)[0] if counts else (None, 0)
+        p = parent_by.get(key)
+        done = [n for n in runs if n is not None and n.error is None]
+        ran = done[0] if done else next((n for n in runs if n is not None), None)
+        rows.append(
+            NodeStability(
+                index=index,
+                name=key[0],
+                occurrence=key[1],
+                hashes=hashes,
+                distinct=len(counts),
+                modal_hash=modal_hash,
+                modal_count=modal_count,
+                modal_share=modal_count / len(samples) if samples else 0.0,
+                completed=sum(counts.values()),
+                parent_hash=p.output_hash if p is not None and p.error is None else None,
+                determinism=ran.determinism if ran is not None else "",
+            )
+        )
+    return rows
+
+
+def save_report(root: Path, kind: str, run_id: str, batch: str, body: dict[str, Any]) -> Path:
+    """Write a report as canonical JSON to ``<root>/reports/<kind>-<run_id[:12]>-<batch>.json``.
+
+    The write is atomic (temporary file, then rename). Returns the path.
+
+    Raises:
+        StoreError: the folder cannot be written.
+    """
+    from rewind.errors import StoreError
+
+    folder = Path(root) / REPORTS_DIR
+    path = folder / f"{kind}-{run_id[:12]}-{batch}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        body = {**body, "path": str(path)}
+        canonical_bytes(body)  # refuses what JSON cannot carry exactly (NaN, bytes…)
+        text = json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise StoreError(f"cannot write report {path}: {exc}", "check the store folder") from exc
+    return path
+
+
+def saved_reports(root: Path, kind: str = "stability", run_id: str = "") -> list[Path]:
+    """Saved report files of a kind (optionally of one run: its id or a prefix of ≥ 12
+    characters), oldest first."""
+    folder = Path(root) / REPORTS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob(f"{kind}-{run_id[:12]}*.json"))
+
+
+# -- rendering and the CLI entry -------------------------------------------------------------
+
+
+def render_stability(report: StabilityReport, console: Console) -> None:
+    """Print the report: one table row per node, then the stable share and first spread."""
+    change = ""
+    if report.override:
+        o = report.override
+        name = o.get("param") or o.get("field")
+        change = escape(f" · {o['node']}.{name}={json.dumps(o['value'])}")
+    t = Table(
+        title=(
+            f"stability of {report.run_id[:12]} from node {report.from_number} "
+            f"({report.from_node}) · K={report.k}{change}"
+        ),
+        title_justify="left",
+    )
+    t.add_column("#", justify="right")
+    t.add_column("node")
+    for col in ("stable", "distinct", "modal share", "modal sha256", "= recorded", "determinism"):
+        t.add_column(col, no_wrap=True)
+    first = report.first_spread
+    for n in report.nodes:
+        marker = " ◀ first spread" if n is first else ""
+        t.add_row(
+            str(report.from_number + n.index),
+            n.label,
+            ("[green]yes[/]" if n.stable else "[dark_orange]no[/]") + marker,
+            str(n.distinct) + ("" if n.completed == report.k else f" ({report.k - n.completed}∅)"),
+            f"{n.modal_count}/{report.k} ({n.modal_share:.0%})",
+            (n.modal_hash or "—")[:16],
+            "=" if n.matches_parent else "≠",
+            n.determinism,
+        )
+    console.print(t)
+    console.print(
+        f"stable share: [bold]{report.stable_nodes}/{len(report.nodes)}[/] nodes "
+        f"({report.stable_share:.0%}) · first spread: "
+        + (f"node {report.from_number + first.index} {first.label}" if first else "none")
+        + f" · {report.tokens} tokens · {report.wall_ms / 1000:.1f} s"
+    )
+    failures: dict[str, list[str]] = {}
+    for s in report.samples:
+        if s.status != "completed":
+            failures.setdefault(s.error or s.status, []).append(s.run_id[:12])
+    for error, runs in failures.items():
+        console.print(
+            f"[dark_orange]{len(runs)}/{report.k} samples failed[/] ({', '.join(runs)}): "
+            + escape(error)
+        )
+    if report.path is not None:
+        console.print(f"report: {report.path}")
+
+
+def stability_command(
+    store: str,
+    run_id: str,
+    k: int,
+    from_node: str,
+    set_: list[str],
+    as_json: bool,
+    temperature: float | None = None,
+) -> int:
+    """``rewind stability RUN [--from NODE] -k K [--set node.param=V | --temperature T]``.
+
+    Opens a session on ``store`` (the model endpoint starts only when a call needs it), runs
+    :func:`stability`, prints a table (progress per sample on stderr) or, with ``as_json``, the
+    report's JSON on stdout.
+
+    Returns:
+        the exit status: 0 every node stable, 1 some node spread or a sample failed, 2 bad input
+        or an unavailable endpoint (one ``error:`` line on stderr).
+    """
+    from rewind.session import LazyChatClient
+
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    client: LazyChatClient | None = None
+    rw: Rewind | None = None
+    try:
+        if len(set_) > 1:
+            raise InvalidOverride(
+                f"a stability run carries one change, got {len(set_)} --set",
+                "pass one --set (or --temperature)",
+            )
+        override = parse_override(set_[0]) if set_ else None
+        client = LazyChatClient()
+        rw = Rewind(store, chat_client=client)
+
+        def progress(i: int, run: RunRecord) -> None:
+            err.print(
+                f"  sample {i + 1}/{k}: {run.run_id[:12]} {run.status} · {run.tokens} tok · "
+                f"{run.latency_ms / 1000:.1f} s"
+            )
+
+        report = stability(
+            rw,
+            run_id,
+            k=k,
+            from_node=from_node,
+            override=override,
+            temperature=temperature,
+            on_sample=progress,
+        )
+    except RewindError as exc:
+        err.print(
+            f"[bold red]error:[/] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""),
+            soft_wrap=True,
+        )
+        return 2
+    finally:
+        if client is not None:
+            client.close()
+        if rw is not None:
+            rw.store.close()
+    if as_json:
+        out.file.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    else:
+        render_stability(report, out)
+    ok = report.stable_share == 1.0 and all(s.status == "completed" for s in report.samples)
+    return 0 if ok else 1
