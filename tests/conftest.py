@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy import text
 
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
@@ -29,6 +30,16 @@ COUNTED_TABLES = (
     "tool_cache",
     "artifacts",
 )
+
+
+# The machine is shared and CI may be loaded: no per-example deadlines, and no health check that
+# fails a property test for being slow to generate examples (it checks nothing about the code).
+settings.register_profile(
+    "rewind",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.load_profile("rewind")
 
 
 class FakeModel:
