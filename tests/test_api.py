@@ -64,6 +64,7 @@ REGISTRY = {
     "llm": PipelineEntry.of(pipelines.llm_pipeline, {"question": "why?"}),
     "publisher": PipelineEntry.of(publisher, {"text": "hello"}),
     "research": research_entry(),
+    "grid": PipelineEntry.of(pipelines.grid_pipeline, {"question": "why is the sky blue"}),
 }
 
 
@@ -828,3 +829,426 @@ def test_verify_server_passes_all_14_checks_on_the_local_model() -> None:
     code = verify_server(out=out)
     assert code == 0, out.getvalue()
     assert "14/14 checks passed over HTTP" in out.getvalue()
+
+
+# -- audit, what-if grid, hash stability ---------------------------------------------------------
+
+GRID_NODES = ["frame", "draft", "gist", "review", "publish_note"]
+
+
+def wait_job(c: TestClient, path: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = c.get(path)
+        assert r.status_code == 200, r.text
+        job: dict[str, Any] = r.json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {path} did not finish")
+
+
+def submit(c: TestClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = c.post(path, json=body)
+    assert r.status_code == 202, r.text
+    accepted: dict[str, Any] = r.json()
+    assert accepted["status"] == "queued" and accepted["report"] is None
+    assert r.headers["location"] == accepted["links"]["self"]
+    assert accepted["links"]["self"].endswith(accepted["id"])
+    return wait_job(c, r.headers["location"])
+
+
+def test_openapi_documents_audit_grid_and_stability(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    for path, method in (
+        ("/api/runs/{run_id}/audit", "get"),
+        ("/api/runs/{run_id}/grid", "post"),
+        ("/api/grids", "get"),
+        ("/api/grids/{grid_id}", "get"),
+        ("/api/runs/{run_id}/stability", "post"),
+        ("/api/stability", "get"),
+        ("/api/stability/{job_id}", "get"),
+    ):
+        op = paths[path][method]
+        assert op["summary"] and op["description"], path
+    schemas = spec["components"]["schemas"]
+    for name in (
+        "GridRequest",
+        "StabilityRequest",
+        "VariantOverride",
+        "AuditReportModel",
+        "GridJob",
+        "GridReportModel",
+        "StabilityJob",
+        "StabilityReportModel",
+    ):
+        assert name in schemas, name
+    grid_200 = paths["/api/grids/{grid_id}"]["get"]["responses"]["200"]
+    assert grid_200["content"]["application/json"]["schema"]["$ref"].endswith("/GridJob")
+    assert "202" in paths["/api/runs/{run_id}/grid"]["post"]["responses"]
+    assert "422" in paths["/api/runs/{run_id}/stability"]["post"]["responses"]
+
+
+def test_audit_verdicts_through_the_api(client: TestClient, store: Store) -> None:
+    from rewind.api.reports import AuditReportModel
+
+    pid = record(client, "grid")["run_id"]
+    # A recorded run without parent is compared with the world as it is now: faithful.
+    report = client.get(f"/api/runs/{pid}/audit").json()
+    AuditReportModel.model_validate(report)
+    assert report["run_id"] == pid and report["against"] == "current"
+    assert report["passed"] is True and report["counts"]["faithful"] == 1
+    [v] = report["verdicts"]
+    assert (v["node"], v["tool"], v["verdict"]) == ("publish_note", "rewind.publish", "faithful")
+    assert v["position"] == 4 and v["resources"][0]["status"] == "match"
+    assert v["resources"][0]["epoch_delta"] == "0"
+
+    # An unchanged replay serves the publish from the record: not re-executed, fails closed.
+    replay = fork(client, pid, {"at": 1})
+    report = client.get(f"/api/runs/{replay['run_id']}/audit").json()
+    assert report["against"] == pid and report["passed"] is False
+    assert [v["verdict"] for v in report["verdicts"]] == ["not-re-executed"]
+    explicit = client.get(f"/api/runs/{replay['run_id']}/audit", params={"against": pid[:10]})
+    assert explicit.json() == report
+
+    # Tampering with the published artifact makes the original divergent against the world.
+    artifact = next((store.root / "artifacts" / pid).rglob("note.md"))
+    artifact.write_text("tampered\n")
+    report = client.get(f"/api/runs/{pid}/audit", params={"against": "current"}).json()
+    [v] = report["verdicts"]
+    assert v["verdict"] == "divergent" and report["passed"] is False
+    res = v["resources"][0]
+    assert res["status"] == "mismatch"
+    assert res["recorded"]["digest"] != res["reference_post"]["digest"]
+
+    # A run without side-effecting calls passes vacuously.
+    tiny = record(client)["run_id"]
+    report = client.get(f"/api/runs/{tiny}/audit").json()
+    assert report["verdicts"] == [] and report["passed"] is True
+    assert "nothing to audit" in report["note"]
+
+    assert_error(client.get("/api/runs/nope/audit"), 404, "UnknownRun", text="nope")
+    r = client.get(f"/api/runs/{pid}/audit", params={"against": "0000ffff"})
+    assert_error(r, 404, "UnknownRun", "against", "0000ffff")
+
+
+def test_grid_through_the_api(client: TestClient, fake_model: FakeModel) -> None:
+    from rewind.api.reports import GridJob
+
+    pid = record(client, "grid")["run_id"]
+    before = fake_model.count
+    body = {
+        "at": "draft",
+        "overrides": [
+            {"node": "draft", "param": "temperature", "value": 0.7},
+            {"kind": "param", "node": "draft", "param": "temperature", "value": 0.0},
+        ],
+        "workers": 2,
+    }
+    job = submit(client, f"/api/runs/{pid}/grid", body)
+    GridJob.model_validate(job)
+    assert job["status"] == "completed" and job["error"] is None
+    assert job["kind"] == "grid" and job["run_id"] == pid
+    assert job["request"]["at"] == "draft" and job["request"]["at_number"] == 2
+    assert job["request"]["effects"] == "live"
+    assert job["progress"]["done"] == job["progress"]["total"] == 2
+    report = job["report"]
+    assert [r["label"] for r in report["rows"]] == GRID_NODES
+    labels = [v["label"] for v in report["variants"]]
+    assert labels == ["draft.temperature=0.7", "draft.temperature=0.0"]
+    warm, same = report["variants"]
+    assert warm["first_divergence"] == {"index": 1, "node": "draft"}
+    assert same["first_divergence"] is None and same["tokens"] == 0
+    assert report["changes_artifact"] == ["draft.temperature=0.7"]
+    assert warm["changes_artifact"] is True and same["changes_artifact"] is False
+    draft_row = report["rows"][1]
+    assert draft_row["cells"][0]["status"] == "changed" and draft_row["cells"][0]["changed_fields"]
+    assert draft_row["cells"][1]["status"] == "equal"
+    assert len(draft_row["cells"][0]["short"]) == 8
+    assert report["rows"][0]["cells"][0]["outcome"] == "inherited"
+    assert fake_model.count - before == 2  # the warm draft and its review; the rest is cached
+
+    # Every variant is an ordinary fork of the parent, listed with the run.
+    forks = {f["index"]: f for f in job["progress"]["forks"]}
+    for v in report["variants"]:
+        assert forks[v["index"]]["run_id"] == v["run_id"]
+        run = client.get(f"/api/runs/{v['run_id']}").json()
+        assert run["parent_run_id"] == pid and run["fork_node"] == "draft"
+        assert run["change"] == f"grid variant {v['index'] + 1} · param draft.temperature"
+    listed = client.get("/api/grids", params={"run_id": pid}).json()["jobs"]
+    assert [j["id"] for j in listed] == [job["id"]] and "report" not in listed[0]
+    assert client.get("/api/grids", params={"run_id": report["variants"][0]["run_id"]}).json() == {
+        "jobs": []
+    }
+    assert client.get("/api/health").json()["reports_in_flight"] == 0
+
+
+def test_grid_with_an_output_override_runs_in_the_background_and_stops_with_the_server(
+    store: Store, chat_client: ChatClient
+) -> None:
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        pipelines.BLOCK_RELEASE.set()
+        pid = record(c, "blocking")["run_id"]
+        pipelines.BLOCK_ENTERED.clear()
+        pipelines.BLOCK_RELEASE.clear()
+        override = {"kind": "output", "node": "prepare", "field": "total", "value": 5}
+        r = c.post(f"/api/runs/{pid}/grid", json={"at": 1, "overrides": [override]})
+        assert r.status_code == 202, r.text
+        gid = r.json()["id"]
+        assert pipelines.BLOCK_ENTERED.wait(10)  # the variant re-executes `hold`, which blocks
+        job = c.get(f"/api/grids/{gid}").json()
+        assert job["status"] == "running" and job["started_at"] is not None
+        assert job["progress"] == {"done": 0, "total": 1, "forks": []}
+        assert job["request"]["overrides"] == [override]
+        assert c.get("/api/health").json()["reports_in_flight"] == 1
+    # Leaving the client stops the server: the unfinished job is interrupted.
+    stopped = app.state.rewind.reports.get(gid)
+    assert stopped is not None and stopped.state == "interrupted"
+    assert stopped.to_json()["error"]["error"] == "Interrupted"
+    pipelines.BLOCK_RELEASE.set()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        forks = [r for r in store.list_runs(50) if r.parent_run_id == pid]
+        if forks and all(f.status != "running" for f in forks):
+            break
+        time.sleep(0.05)
+    assert stopped.state == "interrupted"  # the late finish does not overwrite it
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "field", "text"),
+    [
+        (
+            {"at": 9, "overrides": [param("draft", "temperature", 0.5)]},
+            404,
+            "UnknownNode",
+            "at",
+            "",
+        ),
+        ({"at": "draft", "overrides": []}, 422, "InvalidRequest", "overrides", ""),
+        ({"overrides": [param("draft", "temperature", 0.5)]}, 422, "InvalidRequest", "at", ""),
+        (
+            {"at": 2, "overrides": [param("draft", "temperature", 0.5), param("draft", "nope", 1)]},
+            422,
+            "InvalidOverride",
+            "overrides.1.param",
+            "no param 'nope'",
+        ),
+        (
+            {"at": 2, "overrides": [param("ghost", "temperature", 0.5)]},
+            422,
+            "InvalidOverride",
+            "overrides.0.node",
+            "'ghost'",
+        ),
+        (
+            {"at": 2, "overrides": [param("frame", "style", "fancy")]},
+            422,
+            "InvalidOverride",
+            "overrides.0.node",
+            "before the fork",
+        ),
+        (
+            {"at": 2, "overrides": [param("draft", "temperature", "hot")]},
+            422,
+            "InvalidOverride",
+            "overrides.0.param",
+            "recorded as a number",
+        ),
+        (
+            {"at": 2, "overrides": [{"node": "draft", "value": 1}]},
+            422,
+            "InvalidOverride",
+            "overrides.0.param",
+            "required",
+        ),
+        (
+            {
+                "at": 2,
+                "overrides": [{"kind": "output", "node": "draft", "field": "nope", "value": 1}],
+            },
+            422,
+            "InvalidOverride",
+            "overrides.0.field",
+            "no output field 'nope'",
+        ),
+        (
+            {
+                "at": 2,
+                "overrides": [{"kind": "output", "node": "gist", "field": "gist", "value": 1}],
+            },
+            422,
+            "InvalidOverride",
+            "overrides.0.node",
+            "not the fork node",
+        ),
+        (
+            {"at": 2, "overrides": [param("draft", "temperature", 0.5)], "workers": 0},
+            422,
+            "InvalidRequest",
+            "workers",
+            "",
+        ),
+        (
+            {"at": 2, "overrides": [param("draft", "temperature", 0.5)], "effects": "yolo"},
+            422,
+            "InvalidRequest",
+            "effects",
+            "",
+        ),
+        (
+            {"at": 2, "overrides": [param("draft", "temperature", 0.5)] * 33},
+            422,
+            "InvalidRequest",
+            "overrides",
+            "",
+        ),
+        (
+            {"at": 2, "overrides": [{"node": "draft"}]},
+            422,
+            "InvalidRequest",
+            "overrides.0.value",
+            "",
+        ),
+        (
+            {"at": 2, "overrides": [param("draft", "temperature", 0.5)], "k": 2},
+            422,
+            "InvalidRequest",
+            "k",
+            "Extra inputs",
+        ),
+    ],
+)
+def test_invalid_grids_are_refused_and_write_nothing(
+    client: TestClient,
+    store: Store,
+    body: dict[str, Any],
+    status: int,
+    kind: str,
+    field: str,
+    text: str,
+) -> None:
+    pid = record(client, "grid")["run_id"]
+    before = row_counts(store)
+    assert_error(client.post(f"/api/runs/{pid}/grid", json=body), status, kind, field, text)
+    assert row_counts(store) == before
+    assert client.get("/api/grids").json() == {"jobs": []}
+
+
+def test_stability_through_the_api(client: TestClient, store: Store) -> None:
+    from rewind.api.reports import StabilityJob
+
+    pid = record(client, "grid")["run_id"]
+    job = submit(client, f"/api/runs/{pid}/stability", {"k": 3, "from_node": "draft"})
+    StabilityJob.model_validate(job)
+    assert job["status"] == "completed" and job["kind"] == "stability"
+    assert job["request"]["from_node"] == "draft" and job["request"]["override"] is None
+    assert job["progress"]["done"] == job["progress"]["total"] == 3
+    report = job["report"]
+    assert report["k"] == 3 and report["from_number"] == 2
+    assert [n["label"] for n in report["nodes"]] == GRID_NODES[1:]
+    assert report["stable_share"] == 1.0 and report["first_spread"] is None
+    for n in report["nodes"]:
+        assert n["distinct"] == 1 and n["modal_share"] == 1.0 and n["matches_parent"] is True
+        assert len(n["hashes"]) == 3
+    samples = [s["run_id"] for s in report["samples"]]
+    assert [f["run_id"] for f in job["progress"]["forks"]] == samples
+    for i, sid in enumerate(samples):
+        run = client.get(f"/api/runs/{sid}").json()
+        assert run["parent_run_id"] == pid and run["change"] == f"stability sample {i + 1}/3"
+    assert report["path"] and Path(report["path"]).is_relative_to(store.root)
+
+    # The temperature shorthand samples the first LLM node from from_node on.
+    job = submit(client, f"/api/runs/{pid}/stability", {"k": 2, "temperature": 0.8})
+    assert job["status"] == "completed"
+    assert job["request"]["override"] == param("draft", "temperature", 0.8)
+    assert job["report"]["override"] == param("draft", "temperature", 0.8)
+    listed = client.get("/api/stability", params={"run_id": pid}).json()["jobs"]
+    assert len(listed) == 2 and listed[0]["id"] == job["id"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "field", "text"),
+    [
+        ({"k": 1}, 422, "InvalidRequest", "k", "greater than or equal to 2"),
+        ({"k": 51}, 422, "InvalidRequest", "k", "less than or equal to 50"),
+        ({"k": "many"}, 422, "InvalidRequest", "k", ""),
+        ({"k": 3, "from_node": "zz"}, 404, "UnknownNode", "from_node", "no node 'zz'"),
+        ({"k": 3, "from_node": 9}, 404, "UnknownNode", "from_node", ""),
+        (
+            {"k": 3, "override": param("draft", "nope", 1)},
+            422,
+            "InvalidOverride",
+            "override.param",
+            "no param 'nope'",
+        ),
+        (
+            {"k": 3, "from_node": 3, "override": param("draft", "temperature", 1.0)},
+            422,
+            "InvalidOverride",
+            "override.node",
+            "before the fork",
+        ),
+        (
+            {"k": 3, "temperature": 0.8, "override": param("draft", "temperature", 1.0)},
+            422,
+            "InvalidOverride",
+            "temperature",
+            "not both",
+        ),
+        ({"k": 3, "temperature": -1}, 422, "InvalidRequest", "temperature", ""),
+        ({"k": 3, "surprise": True}, 422, "InvalidRequest", "surprise", "Extra inputs"),
+    ],
+)
+def test_invalid_stability_requests_are_refused_and_write_nothing(
+    client: TestClient,
+    store: Store,
+    body: dict[str, Any],
+    status: int,
+    kind: str,
+    field: str,
+    text: str,
+) -> None:
+    pid = record(client, "grid")["run_id"]
+    before = row_counts(store)
+    assert_error(client.post(f"/api/runs/{pid}/stability", json=body), status, kind, field, text)
+    assert row_counts(store) == before
+    assert client.get("/api/stability").json() == {"jobs": []}
+
+
+def test_stability_temperature_needs_an_llm_node(client: TestClient, store: Store) -> None:
+    pid = record(client)["run_id"]
+    before = row_counts(store)
+    r = client.post(f"/api/runs/{pid}/stability", json={"k": 2, "temperature": 0.5})
+    assert_error(r, 422, "InvalidOverride", "temperature", "temperature param")
+    assert row_counts(store) == before
+
+
+def test_grid_stability_and_audit_of_unknown_or_busy_runs(client: TestClient, store: Store) -> None:
+    grid_body = {"at": 1, "overrides": [param("start", "offset", 1)]}
+    before = row_counts(store)
+    assert_error(client.post("/api/runs/nope/grid", json=grid_body), 404, "UnknownRun")
+    assert_error(client.post("/api/runs/nope/stability", json={"k": 2}), 404, "UnknownRun")
+    assert_error(client.get("/api/grids", params={"run_id": "nope"}), 404, "UnknownRun")
+    assert row_counts(store) == before
+    assert_error(client.get("/api/grids/nope"), 404, "UnknownJob", text="no grid 'nope'")
+    assert_error(client.get("/api/stability/nope"), 404, "UnknownJob", text="'nope'")
+
+    rid = start(client, "blocking")
+    assert pipelines.BLOCK_ENTERED.wait(10)
+    before = row_counts(store)
+    r = client.post(f"/api/runs/{rid}/grid", json={"at": 1, "overrides": [param("x", "y", 1)]})
+    assert_error(r, 409, "RunBusy", text="still running")
+    r = client.post(f"/api/runs/{rid}/stability", json={"k": 2})
+    assert_error(r, 409, "RunBusy", text="still running")
+    assert row_counts(store) == before
+    pipelines.BLOCK_RELEASE.set()
+    assert wait(client, rid)["status"] == "completed"
+
+    # A job id of one kind is unknown as the other.
+    tiny = record(client)["run_id"]
+    job = submit(client, f"/api/runs/{tiny}/grid", grid_body)
+    assert job["status"] == "completed"
+    assert_error(client.get(f"/api/stability/{job['id']}"), 404, "UnknownJob")

@@ -11,6 +11,7 @@ from Debian's ``chromium`` package. Screenshots of each view go to ``test-artifa
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -57,12 +58,18 @@ playwright_api.expect.set_options(timeout=TIMEOUT_MS)  # a loaded CI machine is 
 # -- a fake model whose every answer carries an HTML/script payload ----------------------------
 
 
+SAMPLES = itertools.count(1)
+
+
 def fake_model(request: httpx.Request) -> httpx.Response:
-    """Deterministic OpenAI-compatible answers: the same request gets the same bytes."""
+    """OpenAI-compatible answers: at temperature 0 the same request gets the same bytes; above 0
+    every answer differs (a sampling model), so a stability run at 0.8 spreads."""
     body = json.loads(request.content)
     prompt = json.dumps(body["messages"], sort_keys=True)
     digest = hashlib.sha256(prompt.encode()).hexdigest()[:10]
     content = f"{XSS} The data answers it ({digest})."
+    if (body.get("temperature") or 0) > 0:
+        content += f" Sample {next(SAMPLES)}."
     usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(content.split())}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     payload = {
@@ -417,6 +424,139 @@ def test_graph_updates_live(server: dict[str, Any], page: Any, transport: str) -
     expect(hold).to_have_attribute("data-status", "executed")
     expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-status", "completed")
     expect(page.get_by_test_id(f"run-item-{run_id}")).to_contain_text("completed")
+
+
+def wait_run(url: str, run_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = api_get(url, f"/api/runs/{run_id}")
+        if run["status"] not in ("queued", "running"):
+            return run
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} did not finish")
+
+
+def test_audit_tab_shows_the_verdicts(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    publish = research.NODES.index("publish") + 1
+
+    # The recorded demo run against the world as it is now: publish is faithful (green).
+    page.goto(f"{url}/#/runs/{parent}?tab=audit")
+    panel = page.get_by_test_id("audit-panel")
+    row = panel.get_by_test_id(f"audit-row-{publish}")
+    expect(row).to_have_attribute("data-verdict", "faithful")
+    badge = row.get_by_test_id("verdict")
+    expect(badge).to_have_text("faithful")
+    expect(badge).to_have_class(re.compile("emerald"))
+    expect(row).to_contain_text("publish")
+    api_report = api_get(url, f"/api/runs/{parent}/audit")
+    [verdict] = api_report["verdicts"]
+    assert verdict["verdict"] == "faithful" and verdict["node"] == "publish"
+    expect(row).to_contain_text(verdict["tool"])
+    expect(row).to_contain_text(verdict["resources"][0]["recorded"]["digest"][:12])
+    expect(panel.get_by_test_id("audit-summary")).to_have_attribute("data-passed", "true")
+    shot(page, "12-audit-faithful")
+
+    # An unchanged replay serves publish from the record: not re-executed (grey), fails closed.
+    r = httpx.post(f"{url}/api/runs/{parent}/replay", json={"at": 1}, trust_env=False)
+    assert r.status_code == 202, r.text
+    replay = wait_run(url, r.json()["run_id"])
+    assert replay["status"] == "completed", replay["error"]
+    page.goto(f"{url}/#/runs/{replay['run_id']}?tab=audit")
+    row = page.get_by_test_id(f"audit-row-{publish}")
+    expect(row).to_have_attribute("data-verdict", "not-re-executed")
+    expect(row.get_by_test_id("verdict")).to_have_class(re.compile("slate"))
+    expect(page.get_by_test_id("audit-summary")).to_have_attribute("data-passed", "false")
+    expect(page.get_by_test_id("audit-summary")).to_contain_text("fails closed")
+    shot(page, "13-audit-not-re-executed")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_what_if_grid_from_the_ui(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    page.goto(f"{url}/#/runs/{parent}?tab=grid")
+    form = page.get_by_test_id("grid-form")
+    form.get_by_test_id("grid-at").select_option("3")
+    form.get_by_test_id("grid-param").select_option("analyse.group_by")
+    recorded = api_get(url, f"/api/runs/{parent}/nodes/3")["node"]["params"]["group_by"]
+    other = "month" if recorded == "season" else "season"
+    form.get_by_test_id("grid-value-1").fill(json.dumps(recorded))
+    form.get_by_test_id("grid-value-2").fill(json.dumps(other))
+    expect(form.get_by_test_id("grid-run")).to_have_text("Run grid (2 variants)")
+    shot(page, "14-grid-form")
+    form.get_by_test_id("grid-run").click()
+
+    expect(page.get_by_test_id("job-status")).to_have_text("completed")
+    matrix = page.get_by_test_id("grid-matrix")
+    expect(matrix).to_be_visible()
+    jobs = api_get(url, "/api/grids", run_id=parent)["jobs"]
+    job = api_get(url, f"/api/grids/{jobs[0]['id']}")
+    report = job["report"]
+    assert job["status"] == "completed" and len(report["variants"]) == 2
+    assert [v["override"]["value"] for v in report["variants"]] == [recorded, other]
+    for v in report["variants"]:
+        expect(matrix.get_by_test_id(f"grid-variant-{v['index'] + 1}")).to_contain_text(v["label"])
+    # Rows are the nodes, columns the variants; a cell is a short hash and the changed fields.
+    assert [r["label"] for r in report["rows"]] == list(research.NODES)
+    for row in report["rows"]:
+        for v, cell in zip(report["variants"], row["cells"], strict=True):
+            td = matrix.get_by_test_id(f"grid-cell-{row['index'] + 1}-{v['index'] + 1}")
+            expect(td).to_have_attribute("data-status", cell["status"])
+            expect(td).to_contain_text(cell["short"])
+    same, changed = report["variants"]
+    assert same["first_divergence"] is None
+    assert changed["first_divergence"]["node"] == "analyse"
+    marked = matrix.get_by_test_id("grid-cell-3-2")
+    expect(marked.get_by_test_id("first-divergence")).to_be_visible()
+    expect(marked).to_contain_text(f"Δ{report['rows'][2]['cells'][1]['changed_fields']}")
+    expect(matrix.get_by_test_id("first-divergence")).to_have_count(1)
+    expect(matrix.get_by_test_id("grid-cell-1-1")).to_contain_text("=")
+    # Which variants change the artifact.
+    assert changed["changes_artifact"] is True and report["changes_artifact"] == [changed["label"]]
+    expect(matrix.get_by_test_id("grid-artifact-2")).to_have_attribute("data-changes", "true")
+    expect(matrix.get_by_test_id("grid-artifact-summary")).to_contain_text(changed["label"])
+    shot(page, "15-grid-matrix")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_stability_from_the_ui(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    critique = research.NODES.index("critique") + 1
+    page.goto(f"{url}/#/runs/{parent}?tab=stability")
+    form = page.get_by_test_id("stability-form")
+    form.get_by_test_id("stability-k").fill("3")
+    form.get_by_test_id("stability-from").select_option(str(critique))
+    # Sampled at temperature 0.8 the fake model answers differently every time: hashes spread.
+    form.get_by_test_id("stability-change").select_option("temperature")
+    form.get_by_test_id("stability-temperature").fill("0.8")
+    form.get_by_test_id("stability-run").click()
+    expect(page.get_by_test_id("job-status")).to_have_text("completed")
+    result = page.get_by_test_id("stability-result")
+    jobs = api_get(url, "/api/stability", run_id=parent)["jobs"]
+    report = api_get(url, f"/api/stability/{jobs[0]['id']}")["report"]
+    assert report["k"] == 3 and report["from_node"] == "critique"
+    assert report["override"]["param"] == "temperature" and report["override"]["value"] == 0.8
+    assert report["stable_share"] < 1.0 and report["first_spread"] is not None
+    share = f"{report['stable_nodes']}/{report['node_count']} nodes"
+    expect(result.get_by_test_id("stable-share")).to_contain_text(share)
+    for n in report["nodes"]:
+        row = result.get_by_test_id(f"stability-row-{n['index'] + 1}")
+        expect(row).to_have_attribute("data-stable", "true" if n["stable"] else "false")
+        expect(row.get_by_test_id("distinct")).to_contain_text(str(n["distinct"]))
+        expect(row.get_by_test_id("modal-share")).to_contain_text(f"{n['modal_count']}/3")
+        hashes = {h for h in n["hashes"] if h is not None}
+        segments = len(hashes) + (1 if None in n["hashes"] else 0)
+        expect(row.get_by_test_id("hash-segment")).to_have_count(segments)
+    first = report["first_spread"]
+    row = result.get_by_test_id(f"stability-row-{first['index'] + 1}")
+    expect(row.get_by_test_id("first-spread-marker")).to_be_visible()
+    expect(result.get_by_test_id("first-spread-marker")).to_have_count(1)
+    expect(result.get_by_test_id("first-spread")).to_contain_text(first["label"])
+    shot(page, "16-stability")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,7 +4,7 @@ import { useCallback, useEffect, useState } from "react";
 import { api, ApiError } from "./api";
 import type { RunsResponse } from "./types";
 import { RunsList } from "./components/RunsList";
-import { RunView, type Tab } from "./components/RunView";
+import { RunView, TABS, type Tab } from "./components/RunView";
 import { Settings } from "./components/Settings";
 
 interface Route {
@@ -17,7 +17,7 @@ interface Route {
 function parseRoute(hash: string): Route {
   const [path, query = ""] = hash.replace(/^#/, "").split("?");
   const params = new URLSearchParams(query);
-  const tab = (["graph", "diff", "raw"].includes(params.get("tab") ?? "") ? params.get("tab") : "graph") as Tab;
+  const tab = ((TABS as readonly string[]).includes(params.get("tab") ?? "") ? params.get("tab") : "graph") as Tab;
   const node = params.get("node") ? Number(params.get("node")) : null;
   if (path.startsWith("/settings")) return { view: "settings", runId: null, tab, node: null };
   const m = path.match(/^\/runs\/([0-9a-zA-Z_-]+)/);

@@ -84,7 +84,8 @@ export function followEvents(
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        buffer += value.replace(/\r\n/g, "\n");
+        // Normalise line ends over the whole buffer: a chunk may end between "\r" and "\n".
+        buffer = (buffer + value).replace(/\r\n/g, "\n");
         let cut: number;
         while ((cut = buffer.indexOf("\n\n")) >= 0) {
           const block = buffer.slice(0, cut);

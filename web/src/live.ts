@@ -17,8 +17,14 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
   const [state, setState] = useState<LiveRun>({ graph: null, detail: null, cost: null, error: null, version: 0, mode: "idle" });
   const finishedRef = useRef(onFinished);
   finishedRef.current = onFinished;
+  // Loads overlap while a run is live (a refresh per event, a final one when it finishes) and
+  // their answers can arrive out of order: only the answer of a later request may replace the
+  // state, so a slow answer from before the run finished never overwrites the final one.
+  const issued = useRef(0);
+  const applied = useRef(0);
 
   const load = useCallback(async (id: string): Promise<boolean> => {
+    const n = ++issued.current;
     try {
       const [graph, detail] = await Promise.all([
         api<Graph>(`/api/runs/${id}/graph`),
@@ -26,10 +32,13 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
       ]);
       let cost: Cost | null = null;
       if (detail.parent_run_id) cost = await api<Cost>(`/api/runs/${id}/cost`).catch(() => null);
+      if (n < applied.current) return graph.live;
+      applied.current = n;
       setState((s) => ({ ...s, graph, detail, cost, error: null, version: s.version + 1 }));
       return graph.live;
     } catch (e) {
-      setState((s) => ({ ...s, error: e instanceof ApiError ? e : new ApiError(0, String(e)) }));
+      if (n >= applied.current)
+        setState((s) => ({ ...s, error: e instanceof ApiError ? e : new ApiError(0, String(e)) }));
       return false;
     }
   }, []);
@@ -41,6 +50,7 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
     let pollTimer: number | undefined;
     let pending: number | undefined;
     setState({ graph: null, detail: null, cost: null, error: null, version: 0, mode: "idle" });
+    applied.current = issued.current + 1; // drop answers to loads of the previous run
 
     const refreshSoon = () => {
       if (pending !== undefined) return;
@@ -75,9 +85,15 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
           }
         },
         (failed) => {
-          if (failed && !stopped) {
+          if (stopped) return;
+          if (failed) {
             setState((s) => ({ ...s, mode: "polling" }));
             void poll();
+          } else {
+            // The stream ended (the run finished): one last refresh, even if its
+            // run_finished event was missed.
+            setState((s) => ({ ...s, mode: "idle" }));
+            void load(runId).then(() => finishedRef.current());
           }
         },
       );

@@ -220,3 +220,153 @@ export interface RunEvent {
   status?: string;
   [key: string]: unknown;
 }
+
+// -- audit, what-if grid, hash stability (src/rewind/api/reports.py) --------------------------
+
+export type Verdict = "faithful" | "divergent" | "audit-incomplete" | "not-re-executed";
+
+export interface Fingerprint {
+  digest: string | null;
+  epoch: string | null;
+}
+
+export interface AuditResource {
+  resource: string;
+  kind: string;
+  recorded: Fingerprint;
+  reference: string;
+  reference_post: Fingerprint;
+  epoch_delta: string;
+  status: "match" | "mismatch" | "missing";
+}
+
+export interface AuditVerdict {
+  run_id: string;
+  position: number;
+  node: string;
+  call_index: number;
+  tool: string;
+  verdict: Verdict;
+  resources: AuditResource[];
+  reason: string;
+  dependents: string[];
+}
+
+export interface AuditReport {
+  run_id: string;
+  against: string | null;
+  passed: boolean;
+  note: string;
+  counts: Record<Verdict, number>;
+  inherited_skipped: string[];
+  verdicts: AuditVerdict[];
+}
+
+export type JobStatus = "queued" | "running" | "completed" | "failed" | "interrupted";
+
+export interface JobFork {
+  index: number;
+  run_id: string | null;
+  status: string;
+  label: string;
+  error?: string | null;
+}
+
+export interface Job<R> {
+  id: string;
+  kind: "grid" | "stability";
+  run_id: string;
+  status: JobStatus;
+  request: Record<string, unknown>;
+  progress: { done: number; total: number; forks: JobFork[] };
+  error: { error: string; message: string; hint: string } | null;
+  submitted_at: number;
+  started_at: number | null;
+  finished_at: number | null;
+  report?: R | null;
+}
+
+export interface GridCell {
+  output_hash: string | null;
+  short: string;
+  status: "equal" | "changed" | "only_b" | "failed" | string;
+  changed_fields: number | null;
+  outcome: string;
+  tokens: number;
+}
+
+export interface GridRow {
+  index: number;
+  name: string;
+  occurrence: number;
+  label: string;
+  parent_hash: string | null;
+  cells: (GridCell | null)[];
+}
+
+export interface GridVariant {
+  index: number;
+  label: string;
+  override: Override;
+  run_id: string | null;
+  status: string;
+  error: string | null;
+  tokens: number;
+  first_divergence: { index: number; node: string | null } | null;
+  artifacts: Record<string, string>;
+  changes_artifact: boolean | null;
+  llm_requests: number;
+  llm_shared: number;
+  wall_ms: number;
+}
+
+export interface GridReport {
+  kind: "grid";
+  run_id: string;
+  at: string;
+  at_number: number;
+  effects: string;
+  workers: number;
+  wall_ms: number;
+  tokens: number;
+  parent: { tokens: number; artifacts: Record<string, string> };
+  new_llm_inputs: number;
+  llm_requests: number;
+  changes_artifact: string[];
+  variants: GridVariant[];
+  rows: GridRow[];
+}
+
+export interface StabilityNode {
+  index: number;
+  name: string;
+  occurrence: number;
+  label: string;
+  stable: boolean;
+  distinct: number;
+  modal_hash: string | null;
+  modal_count: number;
+  modal_share: number;
+  completed: number;
+  parent_hash: string | null;
+  matches_parent: boolean;
+  determinism: string;
+  hashes: (string | null)[];
+}
+
+export interface StabilityReport {
+  kind: "stability";
+  run_id: string;
+  from_node: string;
+  from_number: number;
+  k: number;
+  override: Override | null;
+  stable_share: number;
+  stable_nodes: number;
+  node_count: number;
+  first_spread: { index: number; label: string } | null;
+  tokens: number;
+  wall_ms: number;
+  samples: { run_id: string; status: string; tokens: number; error: string | null }[];
+  nodes: StabilityNode[];
+}

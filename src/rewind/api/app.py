@@ -34,7 +34,7 @@ from starlette.staticfiles import StaticFiles
 import rewind
 from rewind.api import views
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
-from rewind.api.runner import RunJob, RunManager
+from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.errors import (
     EndpointUnavailable,
@@ -61,8 +61,14 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 LAZY = "lazy"
 """``create_app(chat_client=LAZY)``: open the configured endpoint on the first cache miss."""
 
+
+class UnknownJob(RewindError):
+    """No grid or stability job of this server has this id."""
+
+
 _STATUS = {
     UnknownRun: 404,
+    UnknownJob: 404,
     UnknownNode: 404,
     InvalidOverride: 422,
     RunBusy: 409,
@@ -270,7 +276,8 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
 
 
 class ServerContext:
-    """What the routes share: store, run manager, pipelines, model client, settings."""
+    """What the routes share: store, run and report managers, pipelines, model client,
+    settings."""
 
     def __init__(
         self,
@@ -281,9 +288,11 @@ class ServerContext:
         *,
         token_required: bool,
         interrupted_at_start: list[str],
+        reports: ReportManager | None = None,
     ) -> None:
         self.store = store
         self.manager = manager
+        self.reports = reports or ReportManager(store, chat_client, pipelines=manager.pipelines)
         self.pipelines = pipelines
         self.chat_client = chat_client
         self.token_required = token_required
@@ -343,6 +352,7 @@ def create_app(
         with suppress(Exception):
             prebuilt.append(entry.build())
     manager = RunManager(st, chat_client, workers=workers, pipelines=prebuilt)
+    reports = ReportManager(st, chat_client, workers=1, pipelines=prebuilt)
     ctx = ServerContext(
         st,
         manager,
@@ -350,12 +360,15 @@ def create_app(
         chat_client,
         token_required=token is not None,
         interrupted_at_start=interrupted,
+        reports=reports,
     )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         manager.start()
+        reports.start()
         yield
+        await run_in_threadpool(reports.shutdown)
         await run_in_threadpool(manager.shutdown)
         if owns_client and hasattr(chat_client, "close"):
             await run_in_threadpool(chat_client.close)
@@ -374,6 +387,12 @@ def create_app(
     _install_error_handlers(app)
     _install_security(app, token, allowed_hosts)
     app.include_router(_api_routes(ctx))
+    from rewind.tracing.service import trace_router
+
+    app.include_router(trace_router(st))
+    from rewind.api.reports import report_routes  # imports this module: include it here
+
+    app.include_router(report_routes(ctx))
     _install_static(app, static_dir or STATIC_DIR)
     return app
 
@@ -500,6 +519,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "status": "ok",
             "version": rewind.__version__,
             "runs_in_flight": len(manager.active()),
+            "reports_in_flight": len(ctx.reports.active()),
             "interrupted_at_start": ctx.interrupted_at_start,
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }

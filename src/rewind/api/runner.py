@@ -14,6 +14,11 @@ in the store (a crash) is marked so on the next start.
 
 This is the "run execution" seam of DESIGN: an in-process pool by default; a distributed queue
 would replace this class and keep its interface (``submit``, ``job``, ``subscribe``).
+
+:class:`ReportManager` does the same for jobs that fork a run several times and end in a report
+(a what-if grid, a hash-stability run): the handler validates and answers with a job id, a
+worker thread runs the engine, and the job keeps its progress (one item per finished fork) and
+the report's JSON for the API to return.
 """
 
 from __future__ import annotations
@@ -316,3 +321,216 @@ class RunManager:
 
     def _drop(self, run_id: str, sub: _Subscriber) -> None:
         self.unsubscribe(run_id, sub.queue)
+
+
+# -- report jobs: what-if grids and stability runs ----------------------------------------------
+
+ReportFn = Callable[["ReportJob", Rewind], dict[str, Any]]
+KEEP_FINISHED_REPORTS = 200
+REPORT_STATES = ("queued", "running", "completed", "failed", "interrupted")
+
+
+@dataclass
+class ReportJob:
+    """A grid or stability job the server accepted: it forks a run several times and ends in a
+    report (the engine's ``to_json()``).
+
+    Attributes:
+        job_id: chosen when the job is accepted (returned to the client at once).
+        kind: ``grid`` or ``stability``.
+        run_id: the run the job forks.
+        request: the validated request as JSON (what the job will do).
+        total: how many forks the job makes (variants or samples).
+        fn: does the work on a worker thread; returns the report's JSON. It reports each fork
+            as it finishes with :meth:`add_progress`.
+        state: ``queued``, ``running``, ``completed`` (the report is ready; single variants or
+            samples may still have failed — the report says), ``failed`` (the engine raised:
+            ``error`` says why) or ``interrupted`` (the server stopped first).
+        progress: one item per finished fork: ``{"index", "run_id", "status", "label"}``.
+        report: the report's JSON once completed.
+        error: ``{"error", "message", "hint"}`` when failed or interrupted.
+    """
+
+    job_id: str
+    kind: str
+    run_id: str
+    request: dict[str, Any]
+    total: int
+    fn: ReportFn
+    submitted_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    state: str = "queued"
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_progress(self, item: dict[str, Any]) -> None:
+        """Record one finished fork (thread-safe)."""
+        with self._lock:
+            self.progress.append(dict(item))
+
+    @property
+    def done(self) -> bool:
+        """True once the job will change no more."""
+        return self.state in ("completed", "failed", "interrupted")
+
+    def to_json(self, *, with_report: bool = True) -> dict[str, Any]:
+        """The job as the API shows it (a consistent snapshot)."""
+        with self._lock:
+            progress = sorted((dict(p) for p in self.progress), key=lambda p: p.get("index", 0))
+            body: dict[str, Any] = {
+                "id": self.job_id,
+                "kind": self.kind,
+                "run_id": self.run_id,
+                "status": self.state,
+                "request": self.request,
+                "progress": {"done": len(progress), "total": self.total, "forks": progress},
+                "error": self.error,
+                "submitted_at": self.submitted_at,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+            }
+            if with_report:
+                body["report"] = self.report
+            return body
+
+
+class ReportManager:
+    """Worker threads executing grid and stability jobs in the background.
+
+    Each job runs on its own :class:`~rewind.replay.Rewind` sharing the server's store and model
+    client (a grid then runs its variants on a pool of its own). Jobs are kept in memory (the
+    newest :data:`KEEP_FINISHED_REPORTS` finished ones); the forks they make are ordinary runs in
+    the store, and a stability report is also saved under the store's ``reports/`` folder.
+
+    Args:
+        store: the server's store.
+        chat_client: the model client the forks use.
+        workers: jobs that may execute at once (a grid's variants run concurrently inside one).
+        pipelines: pipelines to register on every job's session.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        chat_client: Any = None,
+        *,
+        workers: int = 1,
+        pipelines: list[Pipeline] | None = None,
+    ) -> None:
+        self.store = store
+        self.chat_client = chat_client
+        self.pipelines = list(pipelines or [])
+        self._queue: queue.Queue[ReportJob | None] = queue.Queue()
+        self._jobs: dict[str, ReportJob] = {}
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"rewind-report-{i}", daemon=True)
+            for i in range(max(1, workers))
+        ]
+        self._started = False
+        self._stopping = False
+
+    def start(self) -> None:
+        """Start the worker threads (idempotent)."""
+        if not self._started:
+            self._started = True
+            for t in self._threads:
+                t.start()
+
+    def shutdown(self) -> list[str]:
+        """Stop taking jobs; mark unfinished ones ``interrupted``. Returns their ids.
+
+        Forks a job has in flight are left to the store's orphan handling (the next server
+        start marks runs of a dead process ``interrupted``).
+        """
+        self._stopping = True
+        for _ in self._threads:
+            self._queue.put(None)
+        marked = []
+        with self._lock:
+            pending = [j for j in self._jobs.values() if not j.done]
+        for job in pending:
+            with job._lock:
+                job.state = "interrupted"
+                job.finished_at = time.time()
+                job.error = {
+                    "error": "Interrupted",
+                    "message": "the server stopped before the job finished",
+                    "hint": "start it again",
+                }
+            marked.append(job.job_id)
+        return marked
+
+    def submit(self, job: ReportJob) -> ReportJob:
+        """Queue a job; it executes on a worker thread. Returns it."""
+        if self._stopping:
+            raise RewindError("the server is shutting down", "retry on the restarted server")
+        self.start()
+        with self._lock:
+            self._jobs[job.job_id] = job
+            done = sorted((j for j in self._jobs.values() if j.done), key=lambda j: j.submitted_at)
+            for old in done[: max(0, len(done) - KEEP_FINISHED_REPORTS)]:
+                del self._jobs[old.job_id]
+        self._queue.put(job)
+        return job
+
+    def get(self, job_id: str, kind: str | None = None) -> ReportJob | None:
+        """The job with this id (and kind, when given), or None."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        return job if job is not None and (kind is None or job.kind == kind) else None
+
+    def jobs(self, kind: str | None = None, run_id: str | None = None) -> list[ReportJob]:
+        """Jobs (newest first), optionally of one kind and one run."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        return sorted(
+            (
+                j
+                for j in jobs
+                if (kind is None or j.kind == kind) and (run_id is None or j.run_id == run_id)
+            ),
+            key=lambda j: j.submitted_at,
+            reverse=True,
+        )
+
+    def active(self) -> list[ReportJob]:
+        """Jobs queued or running."""
+        with self._lock:
+            return [j for j in self._jobs.values() if not j.done]
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None or self._stopping:
+                return
+            self._execute(job)
+
+    def _execute(self, job: ReportJob) -> None:
+        with job._lock:
+            if job.state != "queued":
+                return
+            job.state = "running"
+            job.started_at = time.time()
+        rw = Rewind(self.store, chat_client=self.chat_client)
+        for p in self.pipelines:
+            rw.register(p)
+        report: dict[str, Any] | None = None
+        error: dict[str, Any] | None = None
+        try:
+            report = job.fn(job, rw)
+        except RewindError as exc:
+            error = {"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+        except Exception as exc:  # a worker must survive any job
+            logger.exception("%s job %s failed", job.kind, job.job_id)
+            error = {"error": type(exc).__name__, "message": str(exc), "hint": ""}
+        with job._lock:
+            if job.state != "running":  # interrupted meanwhile: keep that verdict
+                return
+            job.report = report
+            job.error = error
+            job.state = "failed" if error else "completed"
+            job.finished_at = time.time()

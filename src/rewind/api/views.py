@@ -61,15 +61,25 @@ def run_json(run: RunRecord) -> dict[str, Any]:
 
 
 def change_text(run: RunRecord) -> str | None:
-    """One line saying what a fork changed (None for a recorded run)."""
+    """One line saying what a fork changed (None for a recorded run); a grid variant or a
+    stability sample says so."""
     if run.parent_run_id is None:
         return None
     o = run.override
     if not o:
-        return f"unchanged replay from {run.fork_node}"
-    name = o.get("param") if o.get("kind") == "param" else o.get("field")
-    kind = "param" if o.get("kind") == "param" else "output"
-    return f"{kind} {o.get('node')}.{name}"
+        text = f"unchanged replay from {run.fork_node}"
+    else:
+        name = o.get("param") if o.get("kind") == "param" else o.get("field")
+        kind = "param" if o.get("kind") == "param" else "output"
+        text = f"{kind} {o.get('node')}.{name}"
+    config = run.config or {}
+    purpose = config.get("purpose")
+    if purpose == "stability":
+        sample = f"stability sample {config.get('sample', '?')}/{config.get('k', '?')}"
+        return sample if not o else f"{sample} · {text}"
+    if purpose == "grid" and isinstance(config.get("grid_variant"), int):
+        return f"grid variant {config['grid_variant'] + 1} · {text}"
+    return text
 
 
 def node_json(n: NodeRecord, *, live: bool = False) -> dict[str, Any]:

@@ -1,19 +1,24 @@
-// One run: header, cost bar, and the Graph / Diff / Raw JSON tabs with the node editor.
+// One run: header, cost bar, and the Graph / Diff / Raw JSON / Audit / What-if grid / Stability
+// tabs with the node editor.
 import { useEffect, useState } from "react";
 import { api, fmtInt, fmtMs, shortId } from "../api";
 import type { NodeDetail, Run } from "../types";
 import { useLiveRun } from "../live";
+import { AuditPanel } from "./AuditPanel";
 import { CostBar } from "./CostBar";
 import { DiffPanel } from "./DiffPanel";
 import { Executions } from "./Executions";
 import { GraphView } from "./Graph";
+import { GridPanel } from "./GridPanel";
 import { NodeEditor } from "./NodeEditor";
 import { NodeInfo } from "./NodeInfo";
 import { RawJson } from "./RawJson";
+import { StabilityPanel } from "./StabilityPanel";
 import { RunBadge } from "./Status";
 import { CopyButton } from "./TextBlock";
 
-export type Tab = "graph" | "diff" | "raw";
+export const TABS = ["graph", "diff", "raw", "audit", "grid", "stability"] as const;
+export type Tab = (typeof TABS)[number];
 
 export function RunView({
   runId,
@@ -123,6 +128,9 @@ export function RunView({
         {tabButton("graph", "Graph")}
         {tabButton("diff", "Diff")}
         {tabButton("raw", "Raw JSON")}
+        {tabButton("audit", "Audit")}
+        {tabButton("grid", "What-if grid")}
+        {tabButton("stability", "Stability")}
       </div>
       {tab === "graph" && (
         <div className="grid grid-cols-1 gap-3 xl:grid-cols-[minmax(0,1fr)_26rem]">
@@ -140,6 +148,13 @@ export function RunView({
         </div>
       )}
       {tab === "diff" && <DiffPanel run={run} runs={runs} version={live.version} />}
+      {tab === "audit" && <AuditPanel run={run} runs={runs} version={live.version} />}
+      {tab === "grid" && (
+        <GridPanel run={run} executions={graph.executions} node={node} onOpenRun={(id) => navigate(id, "graph", null)} />
+      )}
+      {tab === "stability" && (
+        <StabilityPanel run={run} executions={graph.executions} node={node} onOpenRun={(id) => navigate(id, "graph", null)} />
+      )}
       {tab === "raw" &&
         (detail ? (
           <RawJson detail={detail} />
