@@ -1489,6 +1489,10 @@ def render_report(
             )
     unsupported = check.get("unsupported_numbers") or []
     checked = check.get("numbers_checked", 0)
+    lines.append(
+        "- A number counts as supported when the data produces that value; what the prose "
+        "attributes it to is not checked."
+    )
     if not unsupported:
         lines.append(
             f"- Result: every number in the prose is supported by the data ({checked} checked)."
