@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rewind.effects import FileTree, Fingerprinter, HttpResource, SQLiteTable
-from rewind.errors import RewindError
+from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
 
@@ -385,6 +385,11 @@ def audit_run(
     ref_run: RunRecord | None = None
     if against is not None and against != CURRENT:
         ref_run = rw.store.get_run(against)
+        if ref_run.run_id == run.run_id:
+            raise InvalidOverride(
+                "a run cannot be audited against itself",
+                "audit it against its parent, another run, or --against current",
+            )
     elif against is None and run.parent_run_id:
         ref_run = rw.store.get_run(run.parent_run_id)
     runs = _Runs(rw)
@@ -844,9 +849,9 @@ def render_audit(report: AuditReport) -> Table:
 
     t = Table(title=summary_line(report), title_justify="left")
     for col in ("#", "node", "call", "tool", "verdict", "resource", "recorded", "reference"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("#", "node", "call", "verdict"))
     for col in ("epoch Δ", "reason", "depends on it"):
-        t.add_column(col, overflow="fold")
+        t.add_column(col, overflow="fold", min_width=24 if col == "reason" else None)
     for v in report.verdicts:
         colour = _COLOURS.get(v.verdict, "white")
         rows: Sequence[ResourceAudit | None] = v.resources or (None,)

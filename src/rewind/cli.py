@@ -80,6 +80,11 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def _fail(exc: RewindError) -> None:
     line = exc.message + (f" — {exc.hint}" if exc.hint else "")
     err_console.print(f"[bold red]error:[/] {line}", soft_wrap=True)
+    run_id = getattr(exc, "run_id", None)
+    if run_id:
+        # Not bad input: the run started and was recorded as failed at that node.
+        err_console.print(f"(run {run_id} was recorded as failed; `rewind show {run_id[:12]}`)")
+        raise SystemExit(1)
     raise SystemExit(EXIT_BAD_INPUT)
 
 
@@ -209,7 +214,7 @@ def _node_json(n: NodeRecord) -> dict[str, Any]:
 def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
     t = Table(title=title, title_justify="left")
     t.add_column("#", justify="right")
-    t.add_column("node")
+    t.add_column("node", no_wrap=True, min_width=8)
     t.add_column("outcome", no_wrap=True)
     t.add_column("tokens", justify="right")
     t.add_column("ms", justify="right")

@@ -438,6 +438,7 @@ def grid(
     idx = resolve_node(parent, nodes, at)
     for o in overrides:
         validate_override(nodes, idx, o)
+        rw.check_param(parent, nodes, idx, o)  # the pipeline's own value checks, before any run
         if isinstance(o, OutputOverride):
             fields = rw.node_output(nodes[idx])
             if o.field not in fields:
@@ -726,8 +727,8 @@ def render_grid(report: GridReport, console: Console) -> None:
         ),
         title_justify="left",
     )
-    t.add_column("#", justify="right")
-    t.add_column("node")
+    t.add_column("#", justify="right", no_wrap=True, min_width=1)
+    t.add_column("node", no_wrap=True, min_width=8)
     t.add_column("parent", no_wrap=True)
     for v in report.variants:
         t.add_column(escape(f"{v.index + 1}: {v.label}"), no_wrap=True)

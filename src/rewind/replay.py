@@ -356,16 +356,7 @@ class Rewind:
         fork_node = nodes[idx]
         validate_override(nodes, idx, override)
         pipeline = self.pipeline_of(parent)
-        if isinstance(override, ParamOverride) and pipeline.param_check is not None:
-            target = next(n for n in nodes[idx:] if n.name == override.node)
-            problem = pipeline.param_check(
-                override.node, override.param, override.value, self.node_input(target)
-            )
-            if problem:
-                raise InvalidOverride(
-                    f"{override.node}.{override.param}={json.dumps(override.value)}: {problem}",
-                    "",
-                )
+        self.check_param(parent, nodes, idx, override)
         child_id = new_run_id or new_run_id_default()
         builder = ApplicationBuilder().with_graph(pipeline.graph).with_identifiers(app_id=child_id)
         burr_src: tuple[str | None, int | None] = (None, None)
@@ -449,6 +440,32 @@ class Rewind:
                 default_entrypoint=pipeline.entrypoint,
             )
         return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, first))
+
+    def check_param(
+        self,
+        parent: RunRecord,
+        nodes: Sequence[NodeRecord],
+        idx: int,
+        override: Override | None,
+    ) -> None:
+        """Ask the pipeline's ``param_check`` whether the node can use a param override's value.
+
+        Raises:
+            InvalidOverride: it cannot (the message is the pipeline's).
+        """
+        if not isinstance(override, ParamOverride):
+            return
+        pipeline = self.pipeline_of(parent)
+        if pipeline.param_check is None:
+            return
+        target = next(n for n in nodes[idx:] if n.name == override.node)
+        problem = pipeline.param_check(
+            override.node, override.param, override.value, self.node_input(target)
+        )
+        if problem:
+            raise InvalidOverride(
+                f"{override.node}.{override.param}={json.dumps(override.value)}: {problem}", ""
+            )
 
     def replay(self, run_id: str, *, at: str | int = 1, effects: str = "recorded") -> RunRecord:
         """Unchanged replay: a fork at ``at`` with no override (expected: all hits, 0 tokens)."""
@@ -625,6 +642,7 @@ class Rewind:
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
             # The environment, not the pipeline, is at fault: say what to set or install.
+            unavailable.run_id = run.run_id  # type: ignore[attr-defined]
             raise unavailable
         return run
 

@@ -485,8 +485,8 @@ def render_stability(report: StabilityReport, console: Console) -> None:
         ),
         title_justify="left",
     )
-    t.add_column("#", justify="right")
-    t.add_column("node")
+    t.add_column("#", justify="right", no_wrap=True, min_width=1)
+    t.add_column("node", no_wrap=True, min_width=8)
     for col in ("stable", "distinct", "modal share", "modal sha256", "= recorded", "determinism"):
         t.add_column(col, no_wrap=True)
     first = report.first_spread

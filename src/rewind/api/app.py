@@ -35,7 +35,7 @@ import rewind
 from rewind.api import views
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
-from rewind.canonical import CanonicalError, canonical_bytes
+from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.errors import (
     EndpointUnavailable,
     ForkError,
@@ -736,12 +736,17 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         root = store.root.resolve()
         if not path.is_relative_to(root) or not path.is_file():
             raise StoreError(f"artifact {name!r} is missing from the store folder", "")
-        return FileResponse(
-            path,
-            media_type="application/octet-stream",
-            filename=found["name"],
-            headers={"X-Content-SHA256": found["sha256"]},
-        )
+        data = path.read_bytes()
+        actual = sha256_hex(data)
+        headers = {
+            "X-Content-SHA256": actual,
+            "X-Recorded-SHA256": found["sha256"],
+            "Content-Disposition": f'attachment; filename="{found["name"]}"',
+        }
+        if actual != found["sha256"]:
+            # The file changed after the run wrote it: never vouch for it with the old hash.
+            headers["Warning"] = '199 rewind "artifact differs from what the run recorded"'
+        return Response(data, media_type="application/octet-stream", headers=headers)
 
     @r.get("/runs/{run_id}/events", tags=["runs"])
     async def events(run_id: str, request: Request) -> EventSourceResponse:
