@@ -181,8 +181,11 @@ class DebugSession:
         return handler(self, rest)
 
     def _help(self, _: str) -> list[str]:
-        listing = (__doc__ or "").split("::", 1)[1].lstrip("\n").split("\n\n")[0]
-        return [ln.strip() for ln in listing.splitlines() if ln.strip()]
+        doc = (__doc__ or "").replace("``", "")
+        parts = doc.split("::", 1)[1].lstrip("\n").split("\n\n")
+        listing = [ln.strip() for ln in parts[0].splitlines() if ln.strip()]
+        notes = " ".join(" ".join(parts[1].split()).split()) if len(parts) > 1 else ""
+        return listing + ([notes] if notes else [])
 
     def _list(self, _: str) -> list[str]:
         out = [

@@ -487,14 +487,22 @@ def _check_parse(step: StepView, s: InspectionSettings, out: list[Finding]) -> d
     if text is None and isinstance(step.input, Mapping):
         text = next((v for v in step.input.values() if isinstance(v, str)), None)
     if step.status == StepStatus.FAILED:
-        hints = parse_hints(text)
+        error = str(step.error or "")
+        # JSON advice only for a JSON/format error; another exception is the parser's own rule.
+        about_json = any(w in error for w in ("JSON", "json", "Expecting", "ValidationError"))
+        hints = parse_hints(text) if about_json else []
+        fallback = (
+            "ask for the exact output format (JSON mode or a schema) and parse leniently"
+            if about_json
+            else "the parser rejected its input on its own rule: compare the input shown here "
+            "with what the parser expects"
+        )
         out.append(
             Finding(
                 "parse_failure",
                 ERROR,
                 f"parsing failed: {step.error}",
-                "; ".join(hints)
-                or "ask for the exact output format (JSON mode or a schema) and parse leniently",
+                "; ".join(hints) or fallback,
             )
         )
     _check_slow(step, s, out)
