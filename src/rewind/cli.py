@@ -78,8 +78,9 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def _fail(exc: RewindError) -> None:
-    line = exc.message + (f" — {exc.hint}" if exc.hint else "")
-    err_console.print(f"[bold red]error:[/] {line}", soft_wrap=True)
+    from rewind.session import error_line
+
+    err_console.print(error_line(exc), soft_wrap=True)
     run_id = getattr(exc, "run_id", None)
     if run_id:
         # Not bad input: the run started and was recorded as failed at that node.

@@ -799,12 +799,10 @@ def grid_command(
         the exit status: 0 every variant completed, 1 some variant failed, 2 bad input or an
         unavailable endpoint (one ``error:`` line on stderr).
     """
-    from rewind.session import LazyChatClient
+    from rewind.session import command_session, error_line
 
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
-    client: LazyChatClient | None = None
-    rw: Rewind | None = None
 
     def progress(v: VariantResult) -> None:
         err.print(
@@ -814,28 +812,19 @@ def grid_command(
 
     try:
         overrides = [parse_override(spec) for spec in set_]
-        client = LazyChatClient()
-        rw = Rewind(store, chat_client=client)
-        report = grid(
-            rw,
-            run_id,
-            at=at,
-            overrides=overrides,
-            max_workers=workers,
-            effects=effects,
-            on_variant=progress,
-        )
+        with command_session(store) as rw:
+            report = grid(
+                rw,
+                run_id,
+                at=at,
+                overrides=overrides,
+                max_workers=workers,
+                effects=effects,
+                on_variant=progress,
+            )
     except RewindError as exc:
-        err.print(
-            f"[bold red]error:[/] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""),
-            soft_wrap=True,
-        )
+        err.print(error_line(exc), soft_wrap=True)
         return 2
-    finally:
-        if client is not None:
-            client.close()
-        if rw is not None:
-            rw.store.close()
     if as_json:
         out.file.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     else:

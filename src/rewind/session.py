@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rewind.errors import RewindError
 from rewind.llm import ChatClient, ChatResponse, Endpoint, llm_cache_key
 from rewind.localmodel import DEFAULT_MODEL_ALIAS, model_endpoint
+
+if TYPE_CHECKING:
+    from rewind.replay import Rewind
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,26 @@ class LazyChatClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextmanager
+def command_session(store: str, **rewind_kwargs: Any) -> Iterator[Rewind]:
+    """A :class:`Rewind` on ``store`` whose model endpoint opens on the first cache miss; the
+    endpoint (and the embedded server, if started) and the store are closed on exit.
+
+    Raises:
+        StoreError: the store cannot be opened.
+    """
+    from rewind.replay import Rewind
+
+    with LazyChatClient() as client:
+        rw = Rewind(store, chat_client=client, **rewind_kwargs)
+        try:
+            yield rw
+        finally:
+            rw.store.close()
+
+
+def error_line(exc: RewindError) -> str:
+    """The one line a command prints for a user-facing error: what is wrong — how to fix it."""
+    return "[bold red]error:[/] " + exc.message + (f" — {exc.hint}" if exc.hint else "")

@@ -541,12 +541,10 @@ def stability_command(
         the exit status: 0 every node stable, 1 some node spread or a sample failed, 2 bad input
         or an unavailable endpoint (one ``error:`` line on stderr).
     """
-    from rewind.session import LazyChatClient
+    from rewind.session import command_session, error_line
 
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
-    client: LazyChatClient | None = None
-    rw: Rewind | None = None
     try:
         if len(set_) > 1:
             raise InvalidOverride(
@@ -554,35 +552,26 @@ def stability_command(
                 "pass one --set (or --temperature)",
             )
         override = parse_override(set_[0]) if set_ else None
-        client = LazyChatClient()
-        rw = Rewind(store, chat_client=client)
+        with command_session(store) as rw:
 
-        def progress(i: int, run: RunRecord) -> None:
-            err.print(
-                f"  sample {i + 1}/{k}: {run.run_id[:12]} {run.status} · {run.tokens} tok · "
-                f"{run.latency_ms / 1000:.1f} s"
+            def progress(i: int, run: RunRecord) -> None:
+                err.print(
+                    f"  sample {i + 1}/{k}: {run.run_id[:12]} {run.status} · {run.tokens} tok · "
+                    f"{run.latency_ms / 1000:.1f} s"
+                )
+
+            report = stability(
+                rw,
+                run_id,
+                k=k,
+                from_node=from_node,
+                override=override,
+                temperature=temperature,
+                on_sample=progress,
             )
-
-        report = stability(
-            rw,
-            run_id,
-            k=k,
-            from_node=from_node,
-            override=override,
-            temperature=temperature,
-            on_sample=progress,
-        )
     except RewindError as exc:
-        err.print(
-            f"[bold red]error:[/] {exc.message}" + (f" — {exc.hint}" if exc.hint else ""),
-            soft_wrap=True,
-        )
+        err.print(error_line(exc), soft_wrap=True)
         return 2
-    finally:
-        if client is not None:
-            client.close()
-        if rw is not None:
-            rw.store.close()
     if as_json:
         out.file.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     else:
