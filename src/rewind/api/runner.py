@@ -110,7 +110,53 @@ class _Subscriber:
     queue: asyncio.Queue[dict[str, Any]]
 
 
-class RunManager:
+class _WorkerPool:
+    """Worker threads that take jobs from a queue: what both job managers share.
+
+    Subclasses implement ``_execute(job)``; ``_enqueue`` refuses new jobs once
+    ``_stop_workers`` has been called.
+    """
+
+    def __init__(self, name: str, workers: int) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(max(1, workers))
+        ]
+        self._started = False
+        self._stopping = False
+
+    def start(self) -> None:
+        """Start the worker threads (idempotent)."""
+        if not self._started:
+            self._started = True
+            for t in self._threads:
+                t.start()
+
+    def _stop_workers(self) -> None:
+        self._stopping = True
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def _enqueue(self, job: Any, register: Any) -> None:
+        if self._stopping:
+            raise RewindError("the server is shutting down", "retry on the restarted server")
+        self.start()
+        register()
+        self._queue.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None or self._stopping:
+                return
+            self._execute(job)
+
+    def _execute(self, job: Any) -> None:
+        raise NotImplementedError
+
+
+class RunManager(_WorkerPool):
     """A pool of worker threads executing recorded runs and forks.
 
     Args:
@@ -133,35 +179,20 @@ class RunManager:
         self.store = store
         self.chat_client = chat_client
         self.pipelines = list(pipelines or [])
-        self._queue: queue.Queue[RunJob | None] = queue.Queue()
         self._jobs: dict[str, RunJob] = {}
         self._subs: dict[str, list[_Subscriber]] = {}
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
-        self._threads = [
-            threading.Thread(target=self._work, name=f"rewind-worker-{i}", daemon=True)
-            for i in range(max(1, workers))
-        ]
-        self._started = False
-        self._stopping = False
+        super().__init__("rewind-worker", workers)
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the worker threads (idempotent)."""
-        if not self._started:
-            self._started = True
-            for t in self._threads:
-                t.start()
-
     def shutdown(self) -> list[str]:
         """Stop taking jobs; mark this process's queued and running runs ``interrupted``.
 
         Returns:
             the ids of the runs marked.
         """
-        self._stopping = True
-        for _ in self._threads:
-            self._queue.put(None)
+        self._stop_workers()
         marked = []
         with self._lock:
             pending = [j for j in self._jobs.values() if j.state != "done"]
@@ -175,13 +206,13 @@ class RunManager:
     # -- jobs ---------------------------------------------------------------------------------
     def submit(self, job: RunJob) -> RunJob:
         """Queue a job; it executes on a worker thread. Returns it."""
-        if self._stopping:
-            raise RewindError("the server is shutting down", "retry on the restarted server")
-        self.start()
-        with self._lock:
-            self._jobs[job.run_id] = job
-            self._prune()
-        self._queue.put(job)
+
+        def register() -> None:
+            with self._lock:
+                self._jobs[job.run_id] = job
+                self._prune()
+
+        self._enqueue(job, register)
         return job
 
     def job(self, run_id: str) -> RunJob | None:
@@ -225,13 +256,6 @@ class RunManager:
             : max(0, len(done) - KEEP_FINISHED_JOBS)
         ]:
             del self._jobs[j.run_id]
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None or self._stopping:
-                return
-            self._execute(job)
 
     def _execute(self, job: RunJob) -> None:
         job.state = "running"
@@ -397,7 +421,7 @@ class ReportJob:
             return body
 
 
-class ReportManager:
+class ReportManager(_WorkerPool):
     """Worker threads executing grid and stability jobs in the background.
 
     Each job runs on its own :class:`~rewind.replay.Rewind` sharing the server's store and model
@@ -423,22 +447,9 @@ class ReportManager:
         self.store = store
         self.chat_client = chat_client
         self.pipelines = list(pipelines or [])
-        self._queue: queue.Queue[ReportJob | None] = queue.Queue()
         self._jobs: dict[str, ReportJob] = {}
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"rewind-report-{i}", daemon=True)
-            for i in range(max(1, workers))
-        ]
-        self._started = False
-        self._stopping = False
-
-    def start(self) -> None:
-        """Start the worker threads (idempotent)."""
-        if not self._started:
-            self._started = True
-            for t in self._threads:
-                t.start()
+        super().__init__("rewind-report", workers)
 
     def shutdown(self) -> list[str]:
         """Stop taking jobs; mark unfinished ones ``interrupted``. Returns their ids.
@@ -446,9 +457,7 @@ class ReportManager:
         Forks a job has in flight are left to the store's orphan handling (the next server
         start marks runs of a dead process ``interrupted``).
         """
-        self._stopping = True
-        for _ in self._threads:
-            self._queue.put(None)
+        self._stop_workers()
         marked = []
         with self._lock:
             pending = [j for j in self._jobs.values() if not j.done]
@@ -466,15 +475,17 @@ class ReportManager:
 
     def submit(self, job: ReportJob) -> ReportJob:
         """Queue a job; it executes on a worker thread. Returns it."""
-        if self._stopping:
-            raise RewindError("the server is shutting down", "retry on the restarted server")
-        self.start()
-        with self._lock:
-            self._jobs[job.job_id] = job
-            done = sorted((j for j in self._jobs.values() if j.done), key=lambda j: j.submitted_at)
-            for old in done[: max(0, len(done) - KEEP_FINISHED_REPORTS)]:
-                del self._jobs[old.job_id]
-        self._queue.put(job)
+
+        def register() -> None:
+            with self._lock:
+                self._jobs[job.job_id] = job
+                done = sorted(
+                    (j for j in self._jobs.values() if j.done), key=lambda j: j.submitted_at
+                )
+                for old in done[: max(0, len(done) - KEEP_FINISHED_REPORTS)]:
+                    del self._jobs[old.job_id]
+
+        self._enqueue(job, register)
         return job
 
     def get(self, job_id: str, kind: str | None = None) -> ReportJob | None:
@@ -501,13 +512,6 @@ class ReportManager:
         """Jobs queued or running."""
         with self._lock:
             return [j for j in self._jobs.values() if not j.done]
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None or self._stopping:
-                return
-            self._execute(job)
 
     def _execute(self, job: ReportJob) -> None:
         with job._lock:
