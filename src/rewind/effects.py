@@ -53,6 +53,7 @@ class Fingerprint:
     epoch: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """``{"digest", "epoch"}``."""
         return {"digest": self.digest, "epoch": self.epoch}
 
 

@@ -131,9 +131,11 @@ class RewindPersister(BaseStatePersister):
         self.store = store
 
     def is_initialized(self) -> bool:
+        """Always True: the store creates its tables when it opens."""
         return True
 
     def list_app_ids(self, partition_key: str, **kwargs: Any) -> list[str]:
+        """App ids with state rows in a partition (Burr's persister interface)."""
         return self.store.state_app_ids(partition_key or PARTITION_KEY_DEFAULT)
 
     def load(

@@ -108,6 +108,8 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         inputs: dict[str, Any],
         **future_kwargs: Any,
     ) -> None:
+        """Open the node's scope and capture the hashes of the fields it reads and its inputs
+        (Burr's post hook receives no inputs)."""
         try:
             self.ctx.begin_node(action.name, self.position)
             values = state.get_all()
@@ -133,6 +135,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         exception: Exception | None,
         **future_kwargs: Any,
     ) -> None:
+        """Record the node (outputs, hashes, tokens, calls, state row); flush when due."""
         if exception is None:
             # Burr catches Exception only: a KeyboardInterrupt/SystemExit unwinding through its
             # step reaches this hook with exception=None. Record the node as failed, not as done.

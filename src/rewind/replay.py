@@ -128,6 +128,7 @@ class ParamOverride:
     value: Any
 
     def to_json(self) -> dict[str, Any]:
+        """The override as stored on the fork's run row."""
         return {"kind": "param", "node": self.node, "param": self.param, "value": self.value}
 
 
@@ -140,6 +141,7 @@ class OutputOverride:
     value: Any
 
     def to_json(self) -> dict[str, Any]:
+        """The override as stored on the fork's run row."""
         return {"kind": "output", "node": self.node, "field": self.field, "value": self.value}
 
 
