@@ -180,6 +180,32 @@ def test_openapi_lists_every_resource(client: TestClient) -> None:
     assert "ForkRequest" in spec["components"]["schemas"]
 
 
+def test_openapi_declares_every_error_with_the_one_envelope(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    envelope = "#/components/schemas/ErrorBody"
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            responses = op["responses"]
+            where = f"{method.upper()} {path}"
+            assert {"401", "421"} <= set(responses), where
+            if method != "get":
+                assert "403" in responses, where
+            if "{" in path:
+                assert "404" in responses, where
+            for status, response in responses.items():
+                if status.startswith(("4", "5")):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": envelope}, (where, status)
+    events = spec["paths"]["/api/runs/{run_id}/events"]["get"]["responses"]["200"]
+    assert list(events["content"]) == ["text/event-stream"]
+    artifact = spec["paths"]["/api/runs/{run_id}/artifacts/{name}"]["get"]["responses"]["200"]
+    assert list(artifact["content"]) == ["application/octet-stream"]
+    fork_202 = spec["paths"]["/api/runs/{run_id}/fork"]["post"]["responses"]["202"]
+    assert fork_202["content"]["application/json"]["schema"]["$ref"].endswith("/RunAccepted")
+    assert fork_202["headers"]["Location"]["required"] is True
+
+
 def test_health_and_settings_never_show_secrets(
     client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,7 @@ import rewind
 from rewind.api import views
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
+from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.errors import (
     EndpointUnavailable,
@@ -399,6 +400,54 @@ def create_app(
 
 # -- routes ------------------------------------------------------------------------------------
 
+_LOOKUP = error_responses(404, 422)
+_FORK = error_responses(400, 403, 404, 409, 422)
+_ACCEPTED: dict[int | str, dict[str, Any]] = {
+    202: {
+        "model": RunAccepted,
+        "description": "accepted: queued, executes in the background",
+        "headers": {"Location": response_header("the run's URL")},
+    }
+}
+_ARTIFACT: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the artifact's bytes",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "headers": {
+            "X-Content-SHA256": response_header("sha256 of the bytes sent"),
+            "X-Recorded-SHA256": response_header(
+                "sha256 the run recorded (differs: the file changed since)"
+            ),
+        },
+    }
+}
+_EVENTS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "server-sent events; the schema describes one event",
+        "content": {
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {
+                            "type": "string",
+                            "description": "hello, run_started, node_started, node_finished, "
+                            "refresh (a run another process executes), run_finished",
+                        },
+                        "id": {"type": "string", "description": "sequence number"},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "description": "one JSON object: the event's fields",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
 
 def _accepted(job: RunJob) -> JSONResponse:
     rid = job.run_id
@@ -507,7 +556,7 @@ def validate_fork(
 
 
 def _api_routes(ctx: ServerContext) -> APIRouter:
-    r = APIRouter(prefix="/api")
+    r = APIRouter(prefix="/api", responses=error_responses(*SERVER_ERRORS))
     store, manager = ctx.store, ctx.manager
 
     @r.get("/health", tags=["server"])
@@ -546,7 +595,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             )
         return {"pipelines": out}
 
-    @r.get("/runs", tags=["runs"])
+    @r.get("/runs", tags=["runs"], responses=error_responses(422))
     def list_runs(limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> dict[str, Any]:
         """Runs, newest first, and their fork tree (a run with a parent nests under it)."""
         records = store.list_runs(limit)
@@ -559,7 +608,12 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         runs = [views.run_json(x) for x in queued + records]
         return {"runs": runs, "tree": views.fork_tree(runs)}
 
-    @r.post("/runs", status_code=202, tags=["runs"])
+    @r.post(
+        "/runs",
+        status_code=202,
+        tags=["runs"],
+        responses=_ACCEPTED | error_responses(400, 403, 422),
+    )
     def start_run(req: StartRunRequest) -> JSONResponse:
         """Record a new run; answers 202 with its id at once, the run executes in the
         background (follow ``/api/runs/{id}/events`` or poll ``/api/runs/{id}/graph``)."""
@@ -590,7 +644,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
 
         return _accepted(manager.submit(RunJob(rid, "record", pipeline.name, job)))
 
-    @r.get("/runs/{run_id}", tags=["runs"])
+    @r.get("/runs/{run_id}", tags=["runs"], responses=_LOOKUP)
     def get_run(run_id: str) -> dict[str, Any]:
         """A run with its parent chain, children (forks) and artifacts."""
         run = manager.resolve(run_id)
@@ -609,7 +663,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "live": manager.is_active(run.run_id),
         }
 
-    @r.get("/runs/{run_id}/graph", tags=["runs"])
+    @r.get("/runs/{run_id}/graph", tags=["runs"], responses=_LOOKUP)
     def get_graph(run_id: str) -> dict[str, Any]:
         """The run's pipeline graph (nodes, edges) and node executions with status, cache
         outcome + reason, hashes, latency and tokens; poll it while the run is live."""
@@ -627,7 +681,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             run = manager.resolve(run.run_id)
         return views.graph_json(run, nodes, edges, live_finished=finished, running=running)
 
-    @r.get("/runs/{run_id}/nodes", tags=["nodes"])
+    @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP)
     def list_nodes(run_id: str) -> dict[str, Any]:
         """The run's node executions (no values; see the node routes for those)."""
         run = manager.resolve(run_id)
@@ -636,7 +690,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "nodes": [views.node_json(n) for n in store.nodes_of(run.run_id)],
         }
 
-    @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"])
+    @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP)
     def get_node(run_id: str, node: str) -> dict[str, Any]:
         """One node (name, ``name#k`` or 1-based number): its row, the inputs it read, the
         output it wrote and the semantic state after it."""
@@ -650,32 +704,32 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "state": _node_state(rw, n),
         }
 
-    @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"])
+    @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"], responses=_LOOKUP)
     def get_node_input(run_id: str, node: str) -> dict[str, Any]:
         """The node's input document: name, the state fields it read, Burr inputs, params."""
         _, n = _node_of(ctx, run_id, node)
         return {"input_hash": n.input_hash, "input": ctx.session().node_input(n)}
 
-    @r.get("/runs/{run_id}/nodes/{node}/output", tags=["nodes"])
+    @r.get("/runs/{run_id}/nodes/{node}/output", tags=["nodes"], responses=_LOOKUP)
     def get_node_output(run_id: str, node: str) -> dict[str, Any]:
         """The fields the node wrote."""
         _, n = _node_of(ctx, run_id, node)
         return {"output_hash": n.output_hash, "output": ctx.session().node_output(n)}
 
-    @r.get("/runs/{run_id}/nodes/{node}/state", tags=["nodes"])
+    @r.get("/runs/{run_id}/nodes/{node}/state", tags=["nodes"], responses=_LOOKUP)
     def get_node_state(run_id: str, node: str) -> dict[str, Any]:
         """The semantic state after the node (null for a failed node)."""
         _, n = _node_of(ctx, run_id, node)
         return {"state_hash": n.state_hash, "state": _node_state(ctx.session(), n)}
 
-    @r.post("/runs/{run_id}/fork", status_code=202, tags=["forks"])
+    @r.post("/runs/{run_id}/fork", status_code=202, tags=["forks"], responses=_ACCEPTED | _FORK)
     def fork(run_id: str, req: ForkRequest) -> JSONResponse:
         """Fork a finished run at ``at`` with one override (param or output) or none (an
         unchanged replay). Validated here; answers 202 with the new run's id at once."""
         parent, idx, fork_node, override = validate_fork(ctx, run_id, req)
         return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
 
-    @r.post("/runs/{run_id}/replay", status_code=202, tags=["forks"])
+    @r.post("/runs/{run_id}/replay", status_code=202, tags=["forks"], responses=_ACCEPTED | _FORK)
     def replay(run_id: str, req: ReplayRequest | None = None) -> JSONResponse:
         """Unchanged replay from ``at`` (default node 1): expected all cache hits, 0 tokens."""
         req = req or ReplayRequest()
@@ -683,7 +737,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         parent, idx, fork_node, override = validate_fork(ctx, run_id, body)
         return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
 
-    @r.get("/runs/{run_id}/cost", tags=["diff"])
+    @r.get("/runs/{run_id}/cost", tags=["diff"], responses=_LOOKUP)
     def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
         """Tokens and latency of the run vs ``against`` (default: its parent): original,
         replay, delta and saved."""
@@ -699,7 +753,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         original = manager.resolve(other_id)
         return views.cost_json(store, original, run)
 
-    @r.get("/diff", tags=["diff"])
+    @r.get("/diff", tags=["diff"], responses=_LOOKUP)
     def diff(
         a: Annotated[str, Query(description="reference run (e.g. the parent)")],
         b: Annotated[str, Query(description="compared run (e.g. the fork)")],
@@ -709,7 +763,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         ra, rb = manager.resolve(a), manager.resolve(b)
         return ctx.session().diff(ra.run_id, rb.run_id).to_json()
 
-    @r.get("/runs/{run_id}/artifacts", tags=["artifacts"])
+    @r.get("/runs/{run_id}/artifacts", tags=["artifacts"], responses=_LOOKUP)
     def list_artifacts(run_id: str) -> dict[str, Any]:
         """Files the run published (name, sha256, size, download URL)."""
         run = manager.resolve(run_id)
@@ -718,7 +772,12 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
         }
 
-    @r.get("/runs/{run_id}/artifacts/{name}", tags=["artifacts"])
+    @r.get(
+        "/runs/{run_id}/artifacts/{name}",
+        tags=["artifacts"],
+        response_class=Response,
+        responses=_ARTIFACT | _LOOKUP | error_responses(500),
+    )
     def download_artifact(run_id: str, name: str) -> FileResponse:
         """Download an artifact by name, looked up in the run's artifact records (the name is
         never used as a path)."""
@@ -748,7 +807,12 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             headers["Warning"] = '199 rewind "artifact differs from what the run recorded"'
         return Response(data, media_type="application/octet-stream", headers=headers)
 
-    @r.get("/runs/{run_id}/events", tags=["runs"])
+    @r.get(
+        "/runs/{run_id}/events",
+        tags=["runs"],
+        response_class=EventSourceResponse,
+        responses=_EVENTS | _LOOKUP,
+    )
     async def events(run_id: str, request: Request) -> EventSourceResponse:
         """Server-sent events of a run: ``node_started``, ``node_finished``, ``run_finished``.
 

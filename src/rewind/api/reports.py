@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rewind.api import views
 from rewind.api.app import NodeRef, UnknownJob, _check_value, _field_error
 from rewind.api.runner import ReportJob
+from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
 from rewind.errors import ForkError, InvalidOverride, RewindError, RunBusy, UnknownNode, UnknownRun
 from rewind.replay import (
     OutputOverride,
@@ -333,7 +334,13 @@ def _doc(model: type[BaseModel], description: str) -> dict[int | str, dict[str, 
 
 
 def _accepted_doc(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    return {202: {"model": model, "description": "accepted: queued (poll the Location)"}}
+    return {
+        202: {
+            "model": model,
+            "description": "accepted: queued (poll the Location)",
+            "headers": {"Location": response_header("the job's URL")},
+        }
+    }
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -444,7 +451,7 @@ def _variant_progress(v: VariantResult) -> dict[str, Any]:
 
 def report_routes(ctx: ServerContext) -> APIRouter:
     """The audit, grid and stability routes of the API (mounted under ``/api``)."""
-    r = APIRouter(prefix="/api")
+    r = APIRouter(prefix="/api", responses=error_responses(*SERVER_ERRORS))
     reports = ctx.reports
 
     @r.get(
@@ -452,7 +459,8 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["audit"],
         summary="Effect-equivalence audit of a run",
         response_model=None,
-        responses=_doc(AuditReportModel, "one verdict per side-effecting call"),
+        responses=_doc(AuditReportModel, "one verdict per side-effecting call")
+        | error_responses(404, 409, 422),
     )
     def audit(
         run_id: str,
@@ -491,7 +499,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["grid"],
         summary="Start a what-if grid",
         response_model=None,
-        responses=_accepted_doc(GridJob),
+        responses=_accepted_doc(GridJob) | error_responses(400, 403, 404, 409, 422),
     )
     def start_grid(run_id: str, req: GridRequest) -> JSONResponse:
         """Fork a finished run at ``at`` once per override (variants run concurrently on
@@ -540,7 +548,8 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["grid"],
         summary="List grid jobs",
         response_model=None,
-        responses=_doc(JobList, "grid jobs of this server, newest first"),
+        responses=_doc(JobList, "grid jobs of this server, newest first")
+        | error_responses(404, 422),
     )
     def list_grids(
         run_id: Annotated[str | None, Query(description="only grids of this run")] = None,
@@ -554,7 +563,8 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["grid"],
         summary="A grid's status and matrix",
         response_model=None,
-        responses=_doc(GridJob, "status, progress and, once completed, the report"),
+        responses=_doc(GridJob, "status, progress and, once completed, the report")
+        | error_responses(404, 422),
     )
     def get_grid(grid_id: str) -> dict[str, Any]:
         """Status (``queued``, ``running``, ``completed``, ``failed``, ``interrupted``),
@@ -572,7 +582,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["stability"],
         summary="Start a hash-stability run",
         response_model=None,
-        responses=_accepted_doc(StabilityJob),
+        responses=_accepted_doc(StabilityJob) | error_responses(400, 403, 404, 409, 422),
     )
     def start_stability(run_id: str, req: StabilityRequest) -> JSONResponse:
         """Run the branch from ``from_node`` K times live (LLM and tool caches bypassed; side
@@ -645,7 +655,8 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["stability"],
         summary="List stability jobs",
         response_model=None,
-        responses=_doc(JobList, "stability jobs of this server, newest first"),
+        responses=_doc(JobList, "stability jobs of this server, newest first")
+        | error_responses(404, 422),
     )
     def list_stability(
         run_id: Annotated[str | None, Query(description="only jobs of this run")] = None,
@@ -660,7 +671,8 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["stability"],
         summary="A stability run's status and report",
         response_model=None,
-        responses=_doc(StabilityJob, "status, progress and, once completed, the report"),
+        responses=_doc(StabilityJob, "status, progress and, once completed, the report")
+        | error_responses(404, 422),
     )
     def get_stability(job_id: str) -> dict[str, Any]:
         """Status, progress (finished samples) and, once completed, per node: distinct output

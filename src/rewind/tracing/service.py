@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
+from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.errors import InvalidOverride, UnknownNode
 from rewind.store import Store
@@ -248,11 +249,21 @@ class FailuresRequest(BaseModel):
 
 
 Kind = Literal["trace", "run", "any"]
+_LOOKUP = error_responses(404, 422)
+_OTLP: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "ExportTraceServiceResponse, in the request's encoding",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
 
 
 def trace_router(store: Store, *, settings: InspectionSettings | None = None) -> APIRouter:
     """The trace service's routes over ``store`` (see the module doc)."""
-    r = APIRouter(prefix="/api", tags=["traces"])
+    r = APIRouter(prefix="/api", tags=["traces"], responses=error_responses(*SERVER_ERRORS))
     receiver = OtlpReceiver(store)
     insp = settings or InspectionSettings()
 
@@ -262,7 +273,7 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
         stored; spans waiting for their trace's root span (OTLP receiver)."""
         return {"status": "ok"} | count_traces(store) | {"otlp_waiting_spans": receiver.waiting}
 
-    @r.post("/traces", status_code=201)
+    @r.post("/traces", status_code=201, responses=error_responses(400, 403, 409, 422))
     def store_trace(doc: TraceIn) -> dict[str, Any]:
         """Store a trace document; answers its id, step count and the link to read it back."""
         data = trace_data_of(doc)
@@ -276,7 +287,7 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
             "links": {"trace": f"/api/traces/{data.trace_id}"},
         }
 
-    @r.get("/traces")
+    @r.get("/traces", responses=error_responses(400, 422))
     def search_traces(
         name: Annotated[str | None, Query(description="chain (pipeline) name")] = None,
         status: Annotated[
@@ -312,7 +323,7 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
             "next_offset": nxt if nxt < total else None,
         }
 
-    @r.get("/traces/failures")
+    @r.get("/traces/failures", responses=error_responses(400, 422))
     def failures(
         name: Annotated[str | None, Query(description="chain (pipeline) name")] = None,
         since: Annotated[str | None, Query(description="start time ≥")] = None,
@@ -326,7 +337,7 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
         req = FailuresRequest(name=name, since=since, until=until, kind=kind, limit=limit)
         return _failures(req, examples)
 
-    @r.post("/traces/failures")
+    @r.post("/traces/failures", responses=error_responses(400, 403, 404, 422))
     def failures_of(
         req: FailuresRequest, examples: Annotated[int, Query(ge=1, le=100)] = 5
     ) -> dict[str, Any]:
@@ -348,13 +359,13 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
             ids = [x.run_id for x in runs]
         return analyze_failures(load_traces(store, ids)).to_json(examples)
 
-    @r.get("/traces/{trace_id}")
+    @r.get("/traces/{trace_id}", responses=_LOOKUP)
     def get_trace(trace_id: str) -> dict[str, Any]:
         """One trace (id or unique prefix) with every step's input, output, status, timing,
         tokens, attributes and hashes. A Burr run reads as a trace too."""
         return load_trace(store, trace_id).to_json()
 
-    @r.get("/traces/{trace_id}/inspect")
+    @r.get("/traces/{trace_id}/inspect", responses=_LOOKUP)
     def inspect(
         trace_id: str,
         step: Annotated[str | None, Query(description="one step: name, name#k or number")] = None,
@@ -368,19 +379,20 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
             err.field = "step"  # type: ignore[attr-defined]
             raise err from exc
 
-    @r.get("/traces/{trace_id}/root-cause")
+    @r.get("/traces/{trace_id}/root-cause", responses=_LOOKUP)
     def get_root_cause(trace_id: str) -> dict[str, Any]:
         """Why the trace failed: the failing step, its input, the steps before it, upstream
         causes, suggestions and the command that re-runs it."""
         return root_cause(load_trace(store, trace_id, payloads=True), insp).to_json()
 
-    @r.get("/traces/{trace_id}/compare/{other_id}")
+    @r.get("/traces/{trace_id}/compare/{other_id}", responses=_LOOKUP)
     def compare(trace_id: str, other_id: str) -> dict[str, Any]:
         """Step-by-step comparison: equal/changed steps, changed paths, similarities."""
         return compare_traces(load_trace(store, trace_id), load_trace(store, other_id))
 
     @r.post(
         "/otlp/v1/traces",
+        responses=_OTLP | error_responses(400, 403, 415),
         openapi_extra={
             "requestBody": {
                 "required": True,

@@ -1,0 +1,116 @@
+"""The JSON error envelope of the HTTP API and the OpenAPI ``responses=`` that declare it.
+
+Every error the API answers — a :class:`~rewind.errors.RewindError` from a route, an invalid
+request, a missing token, a refused cross-site request — has one shape, :class:`ErrorBody`. Each
+route lists the error statuses it can answer with :func:`error_responses`, so the OpenAPI
+document (and clients generated from it, like the browser UI's types) knows every status and its
+body; the conformance test (``tests/test_api_conformance.py``) holds the server to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "ERROR_DESCRIPTIONS",
+    "SERVER_ERRORS",
+    "STATE_CHANGING_ERRORS",
+    "ErrorBody",
+    "FieldProblem",
+    "RunAccepted",
+    "error_responses",
+    "response_header",
+]
+
+
+class FieldProblem(BaseModel):
+    """One problem of an invalid request: the request field and what is wrong with it."""
+
+    field: str = Field(description='dotted request field ("override.value"; "" for the body)')
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response: what is wrong, how to fix it, the field at fault."""
+
+    error: str = Field(
+        description="the error's type: UnknownRun, UnknownNode, InvalidOverride, RunBusy, "
+        "ForkError, InvalidRequest, Unauthorized, CrossSiteRequest, NotFound, …"
+    )
+    message: str = Field(description="one line saying what is wrong")
+    hint: str = Field(description="one line saying how to fix it (may be empty)")
+    field: str | None = Field(None, description="the request field at fault, when there is one")
+    details: list[FieldProblem] | None = Field(
+        None, description="every problem of an invalid request (422 InvalidRequest only)"
+    )
+
+
+class RunLinks(BaseModel):
+    """Where to follow an accepted run."""
+
+    run: str
+    graph: str
+    events: str
+
+
+class RunAccepted(BaseModel):
+    """A run or fork accepted for execution (``202``); it executes on a worker thread."""
+
+    run_id: str
+    status: str = Field(description="queued")
+    kind: str = Field(description="record or fork")
+    pipeline: str
+    parent_run_id: str | None
+    fork_node: str | None
+    fork_number: int | None = Field(description="1-based number of the fork node")
+    override: dict[str, Any] | None
+    effects: str | None
+    links: RunLinks
+
+
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "malformed request: a body that cannot be read, or input the route cannot use",
+    401: "the server needs a bearer token and the request has none or a wrong one",
+    403: "a state-changing request from another origin (a cross-site page): refused, "
+    "nothing is created",
+    404: "unknown run, node, trace, job or artifact",
+    409: "conflict: the run is still running, failed before the fork node, or the id exists",
+    415: "unsupported request content type",
+    421: "the Host header names a host this server does not serve (DNS-rebinding guard)",
+    422: "invalid request or override; `field` names the offending request field",
+    500: "the store holds something it should not (e.g. an artifact file is missing)",
+}
+
+SERVER_ERRORS = (401, 421)
+"""Statuses any route may answer, before the route runs: token and host checks."""
+STATE_CHANGING_ERRORS = (*SERVER_ERRORS, 403)
+"""Statuses any POST/PUT/PATCH/DELETE route may answer before it runs: also the origin check."""
+
+
+def response_header(description: str, *, required: bool = True) -> dict[str, Any]:
+    """An OpenAPI response header object: a string header with ``description``."""
+    return {"description": description, "required": required, "schema": {"type": "string"}}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries declaring ``statuses`` with the :class:`ErrorBody` model.
+
+    Args:
+        statuses: HTTP statuses, each a key of :data:`ERROR_DESCRIPTIONS`.
+    Returns:
+        ``{status: {"model": ErrorBody, "description": ...}}``; a 401 also declares its
+        ``WWW-Authenticate`` header.
+    Raises:
+        KeyError: a status without a description (declare what it means first).
+    """
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        entry: dict[str, Any] = {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[status]}
+        if status == 401:
+            entry["headers"] = {
+                "WWW-Authenticate": response_header("the scheme to authenticate with: Bearer")
+            }
+        out[status] = entry
+    return out
