@@ -803,6 +803,140 @@ def test_loopback_server_refuses_foreign_host_headers(store: Store) -> None:
         assert r.status_code == 421 and r.json()["error"] == "MisdirectedRequest"
 
 
+EVIL = "http://evil.example"
+SECURITY_HEADERS = {
+    "content-security-policy": "frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "x-frame-options": "DENY",
+}
+
+
+def assert_secured(r: Any, what: str) -> None:
+    for name, part in SECURITY_HEADERS.items():
+        assert part in r.headers.get(name, ""), (what, r.status_code, name, dict(r.headers))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": EVIL},
+        {"Origin": "null"},
+        {"Origin": "http://127.0.0.1:9999"},  # same host, another port: another origin
+        {"Origin": "https://127.0.0.1:8000"},  # another scheme
+        {"Origin": "http://127.0.0.1:8000.evil.example"},
+        {"Origin": "not a url"},
+        {"Referer": f"{EVIL}/page.html"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:8000"},
+        {"Origin": EVIL, "Referer": "http://127.0.0.1:8000/"},  # Origin decides
+        {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+    ],
+)
+def test_cross_site_state_changing_requests_are_refused_before_anything_is_created(
+    store: Store, chat_client: ChatClient, headers: dict[str, str]
+) -> None:
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        parent = record(c)["run_id"]
+        before = row_counts(store)
+        posts = [
+            ("/api/runs", {"pipeline": "tiny"}),
+            (f"/api/runs/{parent}/fork", {"at": 2}),
+            (f"/api/runs/{parent}/replay", {}),
+            (f"/api/runs/{parent}/grid", {"at": 2, "overrides": [param("double", "x", 1)]}),
+            (f"/api/runs/{parent}/stability", {"k": 2}),
+        ]
+        for path, body in posts:
+            r = c.post(path, json=body, headers=headers)
+            assert_error(r, 403, "CrossSiteRequest")
+            assert "another site" in r.json()["message"] and r.json()["hint"], r.json()
+            assert_secured(r, path)
+        for method in ("PUT", "PATCH", "DELETE"):
+            r = c.request(method, f"/api/runs/{parent}", headers=headers)
+            assert_error(r, 403, "CrossSiteRequest")
+        assert row_counts(store) == before
+        assert [x["run_id"] for x in c.get("/api/runs").json()["runs"]] == [parent]
+        assert c.get("/api/grids").json()["jobs"] == []
+        assert c.get("/api/stability").json()["jobs"] == []
+        # Reads are not refused: without CORS headers the page cannot read the answer anyway.
+        assert c.get(f"/api/runs/{parent}", headers=headers).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("base_url", "headers"),
+    [
+        ("http://127.0.0.1:8000", {}),  # curl, the CLI's client
+        ("http://127.0.0.1:8000", {"Origin": "http://127.0.0.1:8000"}),  # the UI
+        (
+            "http://127.0.0.1:8000",
+            {"Origin": "HTTP://127.0.0.1:8000", "Sec-Fetch-Site": "same-origin"},
+        ),
+        ("http://127.0.0.1:8000", {"Origin": "null", "Sec-Fetch-Site": "same-origin"}),
+        ("http://127.0.0.1:8000", {"Referer": "http://127.0.0.1:8000/runs?x=1"}),
+        ("http://127.0.0.1:8000", {"Sec-Fetch-Site": "none"}),
+        ("http://localhost:8000", {"Origin": "http://localhost:8000"}),
+        ("http://[::1]:8000", {"Origin": "http://[::1]:8000"}),
+        ("http://127.0.0.1", {"Origin": "http://127.0.0.1:80"}),  # default port
+        ("https://127.0.0.1", {"Origin": "https://127.0.0.1"}),
+    ],
+)
+def test_same_origin_and_non_browser_requests_still_start_runs(
+    store: Store, chat_client: ChatClient, base_url: str, headers: dict[str, str]
+) -> None:
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app, base_url=base_url) as c:
+        r = c.post("/api/runs", json={"pipeline": "tiny"}, headers=headers)
+        assert r.status_code == 202, r.text
+        assert wait(c, r.json()["run_id"])["status"] == "completed"
+
+
+def test_every_status_class_carries_the_security_headers(
+    store: Store, chat_client: ChatClient, tmp_path: Path
+) -> None:
+    static = tmp_path / "static"
+    (static / "assets").mkdir(parents=True)
+    (static / "index.html").write_text("<!doctype html><title>Rewind</title>")
+    (static / "assets" / "app.js").write_text("console.log('rewind')")
+    app = create_app(
+        store,
+        chat_client=chat_client,
+        pipelines=REGISTRY,
+        token="s3cret",
+        allowed_hosts=["127.0.0.1"],
+        static_dir=static,
+    )
+    anonymous = {"Authorization": ""}
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        c.headers["Authorization"] = "Bearer s3cret"
+        rid = record(c)["run_id"]
+        answers = {
+            "200 api": (c.get("/api/health"), 200),
+            "200 ui": (c.get("/", headers=anonymous), 200),
+            "200 static": (c.get("/assets/app.js", headers=anonymous), 200),
+            "202": (c.post(f"/api/runs/{rid}/replay"), 202),
+            "401": (c.get("/api/health", headers=anonymous), 401),
+            "401 post": (c.post("/api/runs", json={"pipeline": "tiny"}, headers=anonymous), 401),
+            "403": (c.post("/api/runs", headers={"Origin": EVIL}), 403),
+            "404 api": (c.get("/api/runs/nope"), 404),
+            "404 route": (c.get("/api/no-such-route"), 404),
+            "404 static": (c.get("/assets/missing.js", headers=anonymous), 404),
+            "405": (c.delete(f"/api/runs/{rid}"), 405),
+            "421": (c.get("/api/health", headers={"Host": "evil.example"}), 421),
+            "422": (c.get("/api/runs?limit=0"), 422),
+        }
+        for what, (r, status) in answers.items():
+            assert r.status_code == status, (what, r.text)
+            assert_secured(r, what)
+            if r.request.url.path.startswith("/api"):
+                assert r.headers["cache-control"] == "no-store", what
+        with c.stream("GET", f"/api/runs/{rid}/events") as events:
+            assert events.status_code == 200
+            assert events.headers["content-type"].startswith("text/event-stream")
+            assert_secured(events, "events")
+            assert "run_finished" in "".join(events.iter_lines())
+
+
 def test_serve_needs_a_token_beyond_loopback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

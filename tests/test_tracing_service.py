@@ -260,6 +260,44 @@ def test_token_protects_the_trace_routes(store: Store) -> None:
         assert c.get("/api/traces").status_code == 401
         ok = c.get("/api/traces", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+        refused = c.post("/api/otlp/v1/traces", json={})
+        assert refused.status_code == 401 and refused.json()["error"] == "Unauthorized"
+        for r in (refused, ok):
+            assert "default-src 'self'" in r.headers["content-security-policy"]
+            assert r.headers["x-content-type-options"] == "nosniff"
+            assert r.headers["cache-control"] == "no-store"
+
+
+def test_cross_site_posts_to_the_trace_service_store_nothing(
+    client: TestClient, store: Store, tmp_path: Path
+) -> None:
+    source = open_store(tmp_path / "source")
+    tid = traced(source)
+    mem = InMemorySpanExporter()
+    export_runs(source, [tid], mem)
+    source.close()
+    otlp = encode_spans(mem.get_finished_spans()).SerializeToString()
+    for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
+        stored = client.post("/api/traces", json=doc(), headers=headers)
+        received = client.post(
+            "/api/otlp/v1/traces",
+            content=otlp,
+            headers={**headers, "Content-Type": "application/x-protobuf"},
+        )
+        analysed = client.post("/api/traces/failures", json={"trace_ids": []}, headers=headers)
+        for r in (stored, received, analysed):
+            assert r.status_code == 403, r.text
+            assert r.json()["error"] == "CrossSiteRequest"
+            assert r.headers["x-frame-options"] == "DENY"
+    assert search_runs(store, kind="any")[1] == 0
+    # The same requests from the server's own origin (or from no browser) are served.
+    own = {"Origin": "http://127.0.0.1"}
+    assert client.post("/api/traces", json=doc(), headers=own).status_code == 201
+    r = client.post(
+        "/api/otlp/v1/traces", content=otlp, headers={"Content-Type": "application/x-protobuf"}
+    )
+    assert r.status_code == 200
+    assert search_runs(store, kind="any")[1] == 2
 
 
 # -- OTLP receiver -----------------------------------------------------------------------------

@@ -5,9 +5,12 @@ Every database call runs in a synchronous route (Starlette's thread pool) or on 
 fork validates the request in the handler (so bad input never creates a run), chooses the run id,
 queues the job and answers ``202`` with the id at once.
 
-Errors are JSON ``{"error": <type>, "message": <what>, "hint": <how to fix>, "field": <field>}``:
-404 unknown run/node/artifact, 422 invalid override or request (naming the field), 409 a fork of a
-run still running (or that failed before the fork node), 401 a missing/wrong bearer token.
+Errors are JSON ``{"error": <type>, "message": <what>, "hint": <how to fix>, "field": <field>}``
+(:class:`~rewind.api.schemas.ErrorBody`, declared on every route): 404 unknown run/node/artifact,
+422 invalid override or request (naming the field), 409 a fork of a run still running (or that
+failed before the fork node), 401 a missing/wrong bearer token, 403 a state-changing request from
+another origin (:mod:`rewind.api.security`), 421 a Host this server does not serve. Every
+response, refusals included, carries the same security headers.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from rewind.api import views
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
+from rewind.api.security import cross_site_reason
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.errors import (
     EndpointUnavailable,
@@ -83,6 +87,11 @@ CSP = (
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'self'"
 )
+
+REFERRER_POLICY = "same-origin"
+"""No URL (run ids, tokens in a fragment never leave anyway) is sent to other sites; the UI's own
+requests carry their origin, which the cross-site check (:mod:`rewind.api.security`) compares
+(under ``no-referrer`` a browser sends ``Origin: null`` even on a same-origin POST)."""
 
 
 # -- request bodies ----------------------------------------------------------------------------
@@ -243,8 +252,8 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
     expected = f"Bearer {token}".encode() if token else None
     hosts = {h.strip("[]").lower() for h in allowed_hosts} if allowed_hosts else None
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
+    def refusal(request: Request) -> Response | None:
+        """The answer for a request refused before any route runs, else None."""
         if hosts is not None:
             name = _host_name(request.headers.get("host", "")).lower()
             if name not in hosts:
@@ -252,6 +261,16 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
                 return _error(
                     421, "MisdirectedRequest", f"host {name!r} is not served here", "use the URL"
                 )
+        reason = cross_site_reason(request.method, request.url.scheme, request.headers)
+        if reason is not None:
+            # Checked before the token: a token-less loopback server is the one exposed.
+            return _error(
+                403,
+                "CrossSiteRequest",
+                f"refused a {request.method} from another site: {reason}",
+                "open the UI from this server's own URL, or send the request without a browser "
+                "(no Origin/Referer header)",
+            )
         if expected is not None and _protected(request.url.path):
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
@@ -263,10 +282,15 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
                 )
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return response
-        response = await call_next(request)
+        return None
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        response = refusal(request) or await call_next(request)
+        # Every answer, refusals and errors included, carries the same headers.
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("Referrer-Policy", REFERRER_POLICY)
         response.headers.setdefault("X-Frame-Options", "DENY")
         if _protected(request.url.path):
             response.headers.setdefault("Cache-Control", "no-store")
