@@ -20,6 +20,16 @@ from tests import pipelines
 FAKE_MODEL = "fake-model"
 FAKE_BASE_URL = "http://fake.test/v1"
 
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's ``chromium`` package (no browser is downloaded); Playwright for Python drives it."""
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
+
 COUNTED_TABLES = (
     "runs",
     "nodes",
@@ -140,3 +150,16 @@ def row_counts(store: Store) -> dict[str, int]:
         return {
             t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES
         }
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium for a module's browser tests (fails when Debian's chromium is missing)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (make installs it)")
+    import playwright.sync_api as playwright_api
+
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()

@@ -10,7 +10,6 @@ matching the documented schema, documented headers.
 from __future__ import annotations
 
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -29,10 +27,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from rewind.api import create_app
-from rewind.api.command import LOOPBACK_NAMES, bind_socket
+from rewind.api.command import LOOPBACK_NAMES
 from rewind.api.pipelines import PipelineEntry
 from rewind.store import open_store
 from tests import pipelines
+from tests.live_server import LiveServer
 
 CHECKS = [
     not_a_server_error,
@@ -56,60 +55,20 @@ REGISTRY = {
 }
 
 
-class LiveServer:
-    """The app served by uvicorn on a free loopback port, in a background thread."""
-
-    def __init__(self, store_path: Path) -> None:
-        self.store = open_store(store_path)
-        sock = bind_socket("127.0.0.1", 0)
-        self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(
-            self.store,
-            chat_client=None,
-            pipelines=REGISTRY,
-            allowed_hosts=list(LOOPBACK_NAMES),
-        )
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-        self.server = uvicorn.Server(config)
-        self._sock = sock
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]})
-
-    def __enter__(self) -> LiveServer:
-        self._thread.start()
-        while not self.server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("the server thread died before it started")
-            self._thread.join(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self._thread.join()
-        self._sock.close()
-        self.store.close()
-
-    def wait_finished(self, run_id: str) -> dict[str, Any]:
-        """The run once it is no longer queued or running (polls the API)."""
-        while True:
-            run: dict[str, Any] = httpx.get(f"{self.url}/api/runs/{run_id}", trust_env=False).json()
-            if run["status"] not in ("queued", "running"):
-                return run
-            threading.Event().wait(0.02)
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("conformance") / "store") as server:
-        r = httpx.post(f"{server.url}/api/runs", json={"pipeline": "tiny"}, trust_env=False)
-        parent = server.wait_finished(r.json()["run_id"])
+    store = open_store(tmp_path_factory.mktemp("conformance") / "store")
+    app = create_app(
+        store, chat_client=None, pipelines=REGISTRY, allowed_hosts=list(LOOPBACK_NAMES)
+    )
+    with LiveServer(app) as server:
+        parent = server.record("tiny")
         assert parent["status"] == "completed", parent
-        r = httpx.post(
-            f"{server.url}/api/runs/{parent['run_id']}/replay", json={"at": 2}, trust_env=False
-        )
-        assert server.wait_finished(r.json()["run_id"])["status"] == "completed"
+        path = f"/api/runs/{parent['run_id']}/replay"
+        assert server.record("tiny", path, {"at": 2})["status"] == "completed"
         server.parent_run_id = parent["run_id"]  # type: ignore[attr-defined]
         yield server
+    store.close()
 
 
 def _openapi_document() -> dict[str, Any]:

@@ -37,15 +37,8 @@ from rewind.replay import Pipeline, Rewind
 from rewind.store import open_store
 from rewind.tools import tool
 from tests import pipelines as test_pipelines
+from tests.conftest import CHROMIUM
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 STATIC_INDEX = ROOT / "src" / "rewind" / "static" / "index.html"
@@ -180,14 +173,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         yield {"url": srv.url, "parent": parent.run_id, "hostile": big.run_id}
     client.close()
     store.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -1,0 +1,58 @@
+"""A Rewind app served by real uvicorn on a free 127.0.0.1 port, in a thread of the test process
+(for tests that need real HTTP: schemathesis, a real browser)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import uvicorn
+
+from rewind.api.command import bind_socket
+
+
+class LiveServer:
+    """Serve ``app`` (lifespan on) until the ``with`` block ends; ``url`` has no trailing /."""
+
+    def __init__(self, app: Any) -> None:
+        sock = bind_socket("127.0.0.1", 0)
+        self.port: int = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self._sock = sock
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]})
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server thread died before it started")
+            self._thread.join(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join()
+        self._sock.close()
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run the server lists (queued ones included)."""
+        body: dict[str, Any] = httpx.get(f"{self.url}/api/runs", trust_env=False).json()
+        return list(body["runs"])
+
+    def record(self, pipeline: str, path: str = "/api/runs", body: Any = None) -> dict[str, Any]:
+        """POST ``body`` (default: start ``pipeline``) and wait for the run it starts to end."""
+        payload = {"pipeline": pipeline} if body is None else body
+        r = httpx.post(f"{self.url}{path}", json=payload, trust_env=False)
+        assert r.status_code == 202, r.text
+        return self.wait_finished(r.json()["run_id"])
+
+    def wait_finished(self, run_id: str) -> dict[str, Any]:
+        """The run once it is no longer queued or running (polls the API)."""
+        while True:
+            run: dict[str, Any] = httpx.get(f"{self.url}/api/runs/{run_id}", trust_env=False).json()
+            if run["status"] not in ("queued", "running"):
+                return run
+            threading.Event().wait(0.02)
