@@ -29,7 +29,8 @@ from schemathesis.specs.openapi.checks import (
 from rewind.api import create_app
 from rewind.api.command import LOOPBACK_NAMES
 from rewind.api.pipelines import PipelineEntry
-from rewind.store import open_store
+from rewind.api.security import STATE_CHANGING_METHODS
+from rewind.store import Store, open_store
 from tests import pipelines
 from tests.live_server import LiveServer
 
@@ -68,6 +69,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         assert server.record("tiny", path, {"at": 2})["status"] == "completed"
         server.parent_run_id = parent["run_id"]  # type: ignore[attr-defined]
         yield server
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Store]]:
+    """A server that needs a token, over an empty store."""
+    store = open_store(tmp_path_factory.mktemp("locked") / "store")
+    app = create_app(store, chat_client=None, pipelines=REGISTRY, token="s3cret")
+    with LiveServer(app) as server:
+        yield server, store
     store.close()
 
 
@@ -110,3 +121,16 @@ def test_operations_on_a_recorded_run_conform(case: Any, live: LiveServer) -> No
     if case.path == "/api/diff" and isinstance(case.query, dict):
         case.query["a"] = parent
     case.call_and_validate(base_url=live.url, checks=CHECKS)
+
+
+@schema.parametrize()
+@settings(BOUNDED, max_examples=2)
+def test_refusals_before_any_route_conform(case: Any, locked: tuple[LiveServer, Store]) -> None:
+    # From another site and without the token: writes are refused as cross-site (403), reads
+    # for the missing token (401); both as documented, and nothing is stored.
+    server, store = locked
+    response = case.call_and_validate(
+        base_url=server.url, headers={"Origin": "http://evil.example"}, checks=CHECKS
+    )
+    assert response.status_code == (403 if case.method in STATE_CHANGING_METHODS else 401)
+    assert store.list_runs(1) == []
