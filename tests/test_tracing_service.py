@@ -116,6 +116,13 @@ def test_store_get_and_conflict(client: TestClient, store: Store) -> None:
     assert client.get("/api/runs/" + T1).status_code == 200
     again = client.post("/api/traces", json=doc())
     assert again.status_code == 409 and "already stored" in again.json()["message"]
+    assert again.json()["error"] == "Conflict"
+    unreadable = client.post(
+        "/api/traces", content=b"\xff\xfe{", headers={"Content-Type": "application/json"}
+    )
+    assert unreadable.status_code == 400, unreadable.text
+    assert unreadable.json()["error"] == "BadRequest"
+    assert unreadable.json()["message"] and unreadable.json()["hint"]
     assert client.get("/api/traces/ffffffffffff").status_code == 404
 
 
@@ -343,8 +350,8 @@ def test_otlp_endpoint_json_and_protobuf(client: TestClient, store: Store, tmp_p
     assert (
         client.post(
             "/api/otlp/v1/traces", content=b"x", headers={"Content-Type": "text/plain"}
-        ).status_code
-        == 415
+        ).json()["error"]
+        == "UnsupportedMediaType"
     )
     bad = client.post(
         "/api/otlp/v1/traces",

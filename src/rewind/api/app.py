@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from http import HTTPStatus
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -89,9 +90,9 @@ CSP = (
 )
 
 REFERRER_POLICY = "same-origin"
-"""No URL (run ids, tokens in a fragment never leave anyway) is sent to other sites; the UI's own
-requests carry their origin, which the cross-site check (:mod:`rewind.api.security`) compares
-(under ``no-referrer`` a browser sends ``Origin: null`` even on a same-origin POST)."""
+"""Other sites get no Referer (no run id leaves the UI). Not ``no-referrer``: under it the Fetch
+standard sends ``Origin: null`` even on a same-origin POST, which the cross-site check
+(:mod:`rewind.api.security`) cannot tell from a sandboxed page's."""
 
 
 # -- request bodies ----------------------------------------------------------------------------
@@ -210,11 +211,22 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {404: "NotFound", 405: "MethodNotAllowed", 401: "Unauthorized"}.get(
-            exc.status_code, "HTTPError"
-        )
-        hint = "see /openapi.json for the API's routes" if exc.status_code in (404, 405) else ""
+        kind = _status_kind(exc.status_code)
+        hint = {
+            400: "see /openapi.json for the request's schema",
+            404: "see /openapi.json for the API's routes",
+            405: "see /openapi.json for the API's routes",
+        }.get(exc.status_code, "")
         return _error(exc.status_code, kind, str(exc.detail), hint)
+
+
+def _status_kind(status: int) -> str:
+    """``409`` → ``Conflict``, ``415`` → ``UnsupportedMediaType``: the error type of a plain HTTP
+    error (one a route raises as ``HTTPException``, or Starlette's routing answers)."""
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    except ValueError:
+        return "HTTPError"
 
 
 def _loc_field(loc: Sequence[Any]) -> str:
@@ -286,7 +298,9 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
-        response = refusal(request) or await call_next(request)
+        response = refusal(request)
+        if response is None:
+            response = await call_next(request)
         # Every answer, refusals and errors included, carries the same headers.
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")

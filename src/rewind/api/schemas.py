@@ -3,8 +3,8 @@
 Every error the API answers — a :class:`~rewind.errors.RewindError` from a route, an invalid
 request, a missing token, a refused cross-site request — has one shape, :class:`ErrorBody`. Each
 route lists the error statuses it can answer with :func:`error_responses`, so the OpenAPI
-document (and clients generated from it, like the browser UI's types) knows every status and its
-body; the conformance test (``tests/test_api_conformance.py``) holds the server to it.
+document (and any client built from it) knows every status and its body; the conformance test
+(``tests/test_api_conformance.py``) holds the served app to it.
 """
 
 from __future__ import annotations
