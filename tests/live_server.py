@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -49,10 +50,16 @@ class LiveServer:
         assert r.status_code == 202, r.text
         return self.wait_finished(r.json()["run_id"])
 
-    def wait_finished(self, run_id: str) -> dict[str, Any]:
-        """The run once it is no longer queued or running (polls the API)."""
-        while True:
+    def wait_finished(self, run_id: str, hang_s: float = 120.0) -> dict[str, Any]:
+        """The run once it is no longer queued or running (polls the API).
+
+        Raises:
+            AssertionError: still unfinished after ``hang_s`` seconds (a hang, not a slow run).
+        """
+        deadline = time.monotonic() + hang_s
+        while time.monotonic() < deadline:
             run: dict[str, Any] = httpx.get(f"{self.url}/api/runs/{run_id}", trust_env=False).json()
             if run["status"] not in ("queued", "running"):
                 return run
-            threading.Event().wait(0.02)
+            time.sleep(0.02)
+        raise AssertionError(f"run {run_id} did not finish")
