@@ -46,6 +46,7 @@ import dataclasses
 import datetime as dt
 import importlib
 import json
+import math
 import sys
 import uuid
 from collections import Counter, OrderedDict, defaultdict, deque
@@ -178,6 +179,14 @@ def _enc(value: Any, path: str, depth: int, view: bool) -> Any:
     """Document of ``value``; ``view`` keeps str-keyed dicts as objects (for :func:`display`)."""
     t = type(value)
     if t in _SCALARS:
+        if t is float and not math.isfinite(value):
+            raise _refuse(
+                path,
+                value,
+                f"{value!r} has no JSON form and Rewind refuses to hash it (canonical.py's rule); "
+                "replace it (e.g. with None) before writing it to state",
+                register=False,
+            )
         return value
     if depth >= MAX_DEPTH:
         raise _refuse(path, value, f"it nests deeper than {MAX_DEPTH} levels (a cycle?)")
