@@ -233,7 +233,9 @@ def similarity(a: Any, b: Any) -> float:
         if not keys:
             return 1.0
         scores = (similarity(a[k], b[k]) if k in a and k in b else 0.0 for k in keys)
-        return _mean_exact(scores, len(keys))
+        score = _mean_exact(scores, len(keys))
+        # Another key order is a change (diff_values reports it): never a perfect score.
+        return _BELOW_ONE if score == 1.0 and list(a) != list(b) else score
     if kind_a == "array":
         shared, longest = min(len(a), len(b)), max(len(a), len(b))
         if longest == 0:
