@@ -44,9 +44,10 @@ def _env(seed: int) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=path, PYTHONHASHSEED=str(seed), COLUMNS="160")
 
 
-def rewind_cli(store: Path, *args: str, seed: int = 1, cwd: Path = ROOT) -> Any:
+def python(*args: str, seed: int = 1, cwd: Path = ROOT) -> Any:
+    """Run ``python ARGS`` in a fresh process with this worktree's sources first on the path."""
     return subprocess.run(
-        [sys.executable, "-m", "rewind", "--store", str(store), *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         env=_env(seed),
@@ -56,20 +57,16 @@ def rewind_cli(store: Path, *args: str, seed: int = 1, cwd: Path = ROOT) -> Any:
     )
 
 
+def rewind_cli(store: Path, *args: str, seed: int = 1, cwd: Path = ROOT) -> Any:
+    return python("-m", "rewind", "--store", str(store), *args, seed=seed, cwd=cwd)
+
+
 def check_in_fresh_process(store: Path, run_id: str, field: str, seed: int) -> dict[str, Any]:
     code = (
         "import json, sys; from tests.typed_values import check_final_state; "
         "print(json.dumps(check_final_state(*sys.argv[1:])))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(store), run_id, field],
-        capture_output=True,
-        text=True,
-        env=_env(seed),
-        cwd=ROOT,
-        timeout=900,
-        check=False,
-    )
+    proc = python("-c", code, str(store), run_id, field, seed=seed)
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
