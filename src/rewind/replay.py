@@ -338,8 +338,10 @@ class Rewind:
             config: JSON-like settings stored on the fork's run row (default: the parent's).
         Raises:
             UnknownRun, UnknownNode, InvalidOverride, RunBusy, ForkError: nothing is written.
-            SideEffectBlocked, EffectPreconditionFailed: raised by the replay itself (the fork
-                is recorded as failed at that node).
+            SideEffectBlocked, EffectPreconditionFailed, UnstorableValue: raised by the replay
+                itself (the fork is recorded as failed at that node).
+            StateLoadError: the fork's starting state cannot be loaded in this process (a class
+                that no longer imports...); the fork run is recorded ``failed`` with the reason.
         """
         if cache_mode not in ("replay", "stability"):
             raise InvalidOverride(f"unknown cache mode {cache_mode!r}", "use replay or stability")
