@@ -442,8 +442,12 @@ def test_retrieval_tool_parse_and_validate_checks(tmp_path: Path) -> None:
 
 
 def test_compare_outputs_reuses_the_diff() -> None:
-    same = compare_outputs({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1})
+    same = compare_outputs({"a": 1, "b": [1, 2]}, {"a": 1, "b": [1, 2]})
     assert same.equal and same.similarity == 1.0 and not same.differences
+    # Key order is part of a stored dict (rewind.serde), so the hasher and the diff see it.
+    reordered = compare_outputs({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1})
+    assert not reordered.equal and 0.99 < reordered.similarity < 1.0
+    assert [c.kind for c in reordered.differences] == ["reordered"]
     typed = compare_outputs({"a": 1}, {"a": 1.0})
     assert not typed.equal and typed.differences[0].kind == "type_changed"
     text = compare_outputs("the quick brown fox", "the quick brown cat")

@@ -290,6 +290,8 @@ def _print_diff(d: TrajectoryDiff) -> None:
             console.print(f"  {c.path}:\n{c.text_diff}", markup=False)
         else:
             old, new = _short(c.old), _short(c.new)
+            if c.kind == "type_changed":
+                old, new = f"{old} ({_type_of(c.old)})", f"{new} ({_type_of(c.new)})"
             console.print(f"  {c.path or '(value)'}: {old} → {new} ({c.kind})", markup=False)
     if len(first.changes) > len(shown_changes):
         more = len(first.changes) - len(shown_changes)
@@ -311,8 +313,15 @@ def _headline_first(changes: Any) -> list[Any]:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    from rewind.serde import display
+
+    text = json.dumps(display(value), ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _type_of(value: Any) -> str:
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
 def _emit_json(value: Any) -> None:
@@ -475,6 +484,7 @@ def show(
 ) -> None:
     """Show a run's nodes: outcome and reason, tokens, latency, hashes."""
     from rewind.replay import resolve_node
+    from rewind.serde import display
 
     with _session(model=False) as rw:
         r = rw.store.get_run(run_id)
@@ -485,9 +495,9 @@ def show(
         n = nodes[resolve_node(r, nodes, node)]
         detail = {
             "node": _node_json(n),
-            "input": rw.node_input(n),
-            "output": rw.node_output(n),
-            "state": rw.node_state(n) if n.error is None else None,
+            "input": display(rw.node_input(n)),
+            "output": display(rw.node_output(n)),
+            "state": display(rw.node_state(n)) if n.error is None else None,
         }
         if as_json:
             _emit_json(detail)

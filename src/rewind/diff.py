@@ -11,11 +11,16 @@ which would hide exactly the differences a replay audit must show.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rewind.canonical import canonical_json
+from rewind.serde import display, encode
 
 __all__ = [
     "FieldChange",
@@ -32,6 +37,7 @@ CHANGED = "changed"
 ADDED = "added"
 REMOVED = "removed"
 TYPE_CHANGED = "type_changed"
+REORDERED = "reordered"
 
 EQUAL = "equal"
 ONLY_A = "only_a"
@@ -78,8 +84,9 @@ class FieldChange:
             with dots, other string keys as `['weird key']` (backslash and quote escaped), list
             indexes and non-string keys as `[3]`. `""` is the whole compared value.
         kind: `"changed"` (same type, different value), `"added"` (only in B), `"removed"`
-            (only in A) or `"type_changed"` (JSON types differ, including int vs float and
-            bool vs int).
+            (only in A), `"type_changed"` (exact types differ: int vs float, bool vs int, a
+            tuple vs a list, an `IntEnum` vs its int...) or `"reordered"` (a dict with the same
+            keys and values in another order; `old`/`new` are the two key lists).
         old: value in A; `None` when `kind == "added"` (read `kind`, not `old`, to tell an
             added field from a field whose old value was null).
         new: value in B; `None` when `kind == "removed"`.
@@ -154,7 +161,8 @@ class TrajectoryDiff:
 
         Values are made JSON-safe: NaN/inf become the strings `"NaN"`, `"Infinity"`,
         `"-Infinity"`; tuples become lists; dict keys become strings (non-string keys via
-        `str()`) and are sorted; any other non-JSON value is rendered with `str()`. The result
+        `str()`) and are sorted; any other non-JSON value is rendered as its tagged document
+        (:func:`rewind.serde.display`, which names its type). The result
         passes `json.dumps(..., allow_nan=False)`. Raises nothing for JSON-like outputs.
         """
         return {
@@ -185,12 +193,15 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
 
     Returns:
         Changes in a deterministic order (dict keys sorted, list indexes ascending). Dicts are
-        compared key by key regardless of key order, keys starting with `_`, `__` or `$`
-        included; keys on one side only are `added`/`removed`. Lists (and tuples, treated as
-        lists) are compared element-wise by index, so one edited field inside one element is
-        one change at e.g. `table[3].mean`; extra tail elements are `added`/`removed` at their
-        index. Scalars of different JSON types give one `type_changed`. Other objects are
-        compared with `==`, and differ in type when their Python types differ.
+        compared key by key, keys starting with `_`, `__` or `$` included; keys on one side
+        only are `added`/`removed`; when nothing else differs, another key order is one
+        `reordered` change (key order is part of a stored dict, see :mod:`rewind.serde`).
+        Lists (and tuples and deques, each against its own type) are compared element-wise by
+        index, so one edited field inside one element is one change at e.g. `table[3].mean`;
+        extra tail elements are `added`/`removed` at their index. Dataclass instances and
+        pydantic models of one class are compared field by field (`report.title`). Values of
+        different exact types give one `type_changed`. Other objects are equal when their
+        stored documents are (:func:`rewind.serde.encode`), so the diff agrees with the hash.
 
     Raises:
         RecursionError: nesting deeper than the interpreter's recursion limit (or a cycle).
@@ -222,7 +233,9 @@ def similarity(a: Any, b: Any) -> float:
         if not keys:
             return 1.0
         scores = (similarity(a[k], b[k]) if k in a and k in b else 0.0 for k in keys)
-        return _mean_exact(scores, len(keys))
+        score = _mean_exact(scores, len(keys))
+        # Another key order is a change (diff_values reports it): never a perfect score.
+        return _BELOW_ONE if score == 1.0 and list(a) != list(b) else score
     if kind_a == "array":
         shared, longest = min(len(a), len(b)), max(len(a), len(b))
         if longest == 0:
@@ -249,22 +262,26 @@ def _mean_exact(scores: Iterable[float], count: int) -> float:
     return min(math.fsum(values) / count, _BELOW_ONE)
 
 
+_JSON_KINDS = {
+    type(None): "null",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    dict: "object",
+    list: "array",
+}
+
+
 def _kind(value: Any) -> str:
-    """JSON type of `value`; bool is checked before int because bool subclasses int."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list | tuple):
-        return "array"
+    """JSON type of `value`, else `py:module.QualName` of its exact type.
+
+    Exact types, because outputs are loaded with their recorded types (:mod:`rewind.serde`): an
+    `IntEnum` member is not its int, a tuple is not a list, an `OrderedDict` is not a dict.
+    """
+    kind = _JSON_KINDS.get(type(value))
+    if kind is not None:
+        return kind
     return f"py:{type(value).__module__}.{type(value).__qualname__}"
 
 
@@ -274,7 +291,34 @@ def _scalar_equal(kind: str, old: Any, new: Any) -> bool:
             return True
         # The canonical hasher keeps -0.0 distinct from 0.0, so the diff must too.
         return old == new and math.copysign(1.0, old) == math.copysign(1.0, new)
+    if kind.startswith("py:"):
+        return _same_document(old, new)
     return bool(old == new)
+
+
+def _same_document(old: Any, new: Any) -> bool:
+    """Equal as stored: the same exact document (what the hash covers), else `==`."""
+    try:
+        return canonical_json(encode(old)) == canonical_json(encode(new))
+    except ValueError:  # not storable (UnstorableValue, CanonicalError): fall back to ==
+        try:
+            return bool(old == new)
+        except ValueError:  # e.g. numpy's ambiguous truth value
+            return False
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, list | tuple | deque)
+
+
+def _fields_of(value: Any) -> dict[str, Any] | None:
+    """Fields of a dataclass instance or pydantic model (walked like an object), else None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [f.name for f in dataclasses.fields(value)]
+        return {n: getattr(value, n) for n in names if hasattr(value, n)}
+    if hasattr(type(value), "model_fields") and hasattr(value, "__pydantic_private__"):
+        return dict(value.__dict__) | dict(value.__pydantic_private__ or {})
+    return None
 
 
 def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
@@ -284,7 +328,8 @@ def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
     if kind_old != kind_new:
         out.append(FieldChange(path, TYPE_CHANGED, old, new))
         return
-    if kind_old == "object":
+    if isinstance(old, dict):
+        before = len(out)
         for key in _sorted_keys(set(old) | set(new)):
             child = _key_path(path, key)
             if key not in new:
@@ -293,8 +338,25 @@ def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
                 out.append(FieldChange(child, ADDED, None, new[key]))
             else:
                 _walk(old[key], new[key], child, out)
+        if len(out) == before and list(old) != list(new):
+            # Key order is part of a stored dict (it loads back in that order): same keys and
+            # values in another order is a change, shown as the two key orders.
+            out.append(FieldChange(path, REORDERED, list(old), list(new)))
+        elif getattr(old, "default_factory", None) != getattr(new, "default_factory", None):
+            out.append(
+                FieldChange(
+                    f"{path}.default_factory", CHANGED, old.default_factory, new.default_factory
+                )
+            )
         return
-    if kind_old == "array":
+    fields_old = _fields_of(old)
+    if fields_old is not None:
+        _walk(fields_old, _fields_of(new) or {}, path, out)
+        return
+    if _is_sequence(old):
+        if getattr(old, "maxlen", None) != getattr(new, "maxlen", None):
+            out.append(FieldChange(f"{path}.maxlen", CHANGED, old.maxlen, new.maxlen))
+        old, new = list(old), list(new)
         shared = min(len(old), len(new))
         for i in range(shared):
             _walk(old[i], new[i], f"{path}[{i}]", out)
@@ -498,4 +560,4 @@ def _json_safe(value: Any) -> Any:
         return {k: _json_safe(items[k]) for k in sorted(items)}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
-    return str(value)
+    return display(value)

@@ -13,9 +13,11 @@ __all__ = [
     "ModelCallError",
     "RewindError",
     "RunBusy",
+    "StateLoadError",
     "StoreError",
     "UnknownNode",
     "UnknownRun",
+    "UnstorableValue",
 ]
 
 
@@ -68,3 +70,25 @@ class RunBusy(RewindError):
 
 class ForkError(RewindError):
     """A fork cannot start: its source row is missing or the parent failed before the fork node."""
+
+
+class UnstorableValue(RewindError):
+    """A state value (or Burr input) has a type Rewind cannot store exactly; refused at record
+    time, before it is written (see :mod:`rewind.serde`).
+
+    Attributes:
+        path: where the value sits, starting with its state field (``report.rows[3].when``).
+        type_name: the value's type as ``module.QualName``.
+    """
+
+    def __init__(
+        self, message: str, hint: str = "", *, path: str = "", type_name: str = ""
+    ) -> None:
+        super().__init__(message, hint)
+        self.path = path
+        self.type_name = type_name
+
+
+class StateLoadError(RewindError):
+    """A stored state value cannot be loaded back (its class no longer imports, its serializer
+    is not registered in this process...): the fork that needs it fails with this reason."""

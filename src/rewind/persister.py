@@ -15,17 +15,16 @@ from typing import Any, Literal
 
 from burr.core import State
 from burr.core.persistence import BaseStatePersister, PersistedStateData
-from burr.core.state import FIELD_SERIALIZATION
 
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
+from rewind.errors import UnstorableValue
+from rewind.serde import encode_field
 from rewind.store import Store
 from rewind.store.store import WriteBatch, state_row
 
 PARTITION_KEY_DEFAULT = ""
 BURR_INTERNAL_PREFIX = "__"
 """Burr keeps ``__PRIOR_STEP``/``__SEQUENCE_ID`` in state; semantic state drops them (rule 1)."""
-
-_PLAIN = (dict, list, str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
@@ -37,23 +36,27 @@ class EncodedField:
 
 
 def encode_value(key: str, value: Any) -> EncodedField:
-    """Canonical bytes of one state field, through Burr's serde where Burr would use it.
+    """Canonical bytes of one state field's exact document (:func:`rewind.serde.encode_field`).
 
-    Plain JSON values are encoded directly; a field with a registered Burr field serde, or a
-    value of another type (a pydantic model...), goes through Burr's serializer first so that
-    :meth:`State.deserialize` restores it.
+    Plain JSON values (str keys in canonical order) are hashed as they are, so their bytes and
+    hashes are the ones Rewind always wrote; any other value is hashed over its tagged document,
+    so two values that load back differently never share a hash.
 
     Raises:
-        CanonicalError: the value cannot be hashed canonically (NaN, bytes...).
+        UnstorableValue: the value cannot be stored exactly (the message names the path from
+            ``key``, the type and how to register a serializer).
+            NaN and ±Infinity are refused the same way (:mod:`rewind.canonical`'s rule).
     """
-    if key not in FIELD_SERIALIZATION and isinstance(value, _PLAIN):
-        try:
-            data = canonical_bytes(value)
-            return EncodedField(data, sha256_hex(data))
-        except CanonicalError:
-            if isinstance(value, str | int | float | bool | type(None)):
-                raise
-    data = canonical_bytes(State({key: value}).serialize()[key])
+    try:
+        data = canonical_bytes(encode_field(key, value))
+    except CanonicalError as exc:
+        where = key + exc.path[1:]
+        raise UnstorableValue(
+            f"state field {where} cannot be hashed: {exc.problem}",
+            "replace the value before the node writes it to state",
+            path=where,
+            type_name="",
+        ) from exc
     return EncodedField(data, sha256_hex(data))
 
 
@@ -145,7 +148,12 @@ class RewindPersister(BaseStatePersister):
         sequence_id: int | None = None,
         **kwargs: Any,
     ) -> PersistedStateData | None:
-        """Load a state row (the latest of ``app_id`` when ``sequence_id`` is None)."""
+        """Load a state row (the latest of ``app_id`` when ``sequence_id`` is None), every field
+        of its recorded type.
+
+        Raises:
+            StateLoadError: a field cannot be rebuilt in this process (the fork fails with it).
+        """
         if app_id is None:
             return None
         row = self.store.load_state_row(partition_key or PARTITION_KEY_DEFAULT, app_id, sequence_id)
@@ -156,7 +164,7 @@ class RewindPersister(BaseStatePersister):
             app_id=row["app_id"],
             sequence_id=row["sequence_id"],
             position=row["position"],
-            state=State.deserialize(row["values"]),
+            state=State(row["values"]),
             created_at=datetime.fromtimestamp(row["created_at"], UTC).isoformat(),
             status=row["status"],
         )

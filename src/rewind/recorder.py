@@ -31,6 +31,7 @@ from burr.lifecycle import PostRunStepHook, PreRunStepHook
 from rewind.cache import release_flights
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.context import NodeScope, RunContext
+from rewind.errors import UnstorableValue
 from rewind.persister import (
     BURR_INTERNAL_PREFIX,
     FieldEncoder,
@@ -39,6 +40,7 @@ from rewind.persister import (
     map_hash,
     split_internal,
 )
+from rewind.serde import encode
 from rewind.store.store import WriteBatch, call_rows, state_row
 
 logger = logging.getLogger(__name__)
@@ -54,11 +56,14 @@ def semantic_state(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not k.startswith(BURR_INTERNAL_PREFIX)}
 
 
-def _jsonable(value: Any) -> Any:
+def _input_doc(value: Any) -> Any:
+    """The exact document of a Burr input (:func:`rewind.serde.encode`), so that inputs of
+    different types hash differently."""
     try:
-        canonical_bytes(value)
-        return value
-    except CanonicalError:
+        doc = encode(value, path="input")
+        canonical_bytes(doc)
+        return doc
+    except (UnstorableValue, CanonicalError):
         # A live object (a client, a connection) passed as a Burr input: hash its type only.
         return {"$unhashable": type(value).__name__}
 
@@ -118,7 +123,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 for k in action.reads
                 if k in values and not k.startswith(BURR_INTERNAL_PREFIX)
             }
-            self._inputs = {k: _jsonable(v) for k, v in (inputs or {}).items()}
+            self._inputs = {k: _input_doc(v) for k, v in (inputs or {}).items()}
             self.ctx.emit("node_started", position=self.position, name=action.name)
         except Exception as exc:
             self._fail("before", action, exc)
@@ -142,8 +147,9 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             in_flight = sys.exc_info()[1]
             if in_flight is not None and not isinstance(in_flight, Exception):
                 exception = in_flight  # type: ignore[assignment]
+        refusal: UnstorableValue | None = None
         try:
-            self._record(app_id, partition_key, sequence_id, state, action, exception)
+            refusal = self._record(app_id, partition_key, sequence_id, state, action, exception)
             if (time.perf_counter() - self._last_flush) * 1000 >= self.flush_interval_ms:
                 self.flush()
         except Exception as exc:
@@ -151,6 +157,10 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         finally:
             self.position += 1
             self.ctx.node = None
+        if refusal is not None:
+            # The one exception this hook lets through: a state that cannot be stored exactly
+            # must stop the run here (Burr aborts on a raising hook), not flow into later nodes.
+            raise refusal
 
     def flush(self) -> None:
         """Commit the rows recorded so far (one transaction). Never raises."""
@@ -176,14 +186,21 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         state: State,
         action: Action,
         exception: Exception | None,
-    ) -> None:
+    ) -> UnstorableValue | None:
+        """Add the node's rows to the batch; returns the refusal when its state cannot be
+        stored exactly (the node is then recorded as failed, with no state row)."""
         scope = self.ctx.node
         if scope is None or scope.name != action.name:
             scope = self.ctx.begin_node(action.name, self.position)
         latency_ms = (time.perf_counter() - scope.started_perf) * 1000
         semantic, internal = split_internal(state.get_all())
         written = [] if exception is not None else list(action.writes)
-        fields, fresh = self.encoder.encode(semantic, written=written)
+        refusal: UnstorableValue | None = None
+        try:
+            fields, fresh = self.encoder.encode(semantic, written=written)
+        except UnstorableValue as exc:
+            refusal, fields, fresh = exc, {}, []
+            exception = exception or exc
         batch = self.batch
         for k in fresh:
             f = fields[k]
@@ -235,17 +252,18 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             if snapshot is not None and effect["snapshot_hash"]:
                 batch.blobs.setdefault(effect["snapshot_hash"], snapshot)
             batch.effects.append(effect)
-        batch.states.append(
-            state_row(
-                partition_key=partition_key or "",
-                app_id=app_id,
-                sequence_id=sequence_id,
-                position=action.name,
-                status="completed" if exception is None else "failed",
-                fields=field_map(fields),
-                internal=internal,
+        if refusal is None:
+            batch.states.append(
+                state_row(
+                    partition_key=partition_key or "",
+                    app_id=app_id,
+                    sequence_id=sequence_id,
+                    position=action.name,
+                    status="completed" if exception is None else "failed",
+                    fields=field_map(fields),
+                    internal=internal,
+                )
             )
-        )
         outcome, reason = node_outcome(scope, exception)
         prompt_tokens, completion_tokens = scope.tokens
         batch.nodes.append(
@@ -284,6 +302,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             latency_ms=latency_ms,
             output_hash=output_hash,
         )
+        return refusal
 
     def _fail(self, when: str, action: Action, exc: Exception) -> None:
         msg = f"recording {when} node {action.name!r} failed: {_error_line(exc)}"

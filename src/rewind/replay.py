@@ -41,7 +41,9 @@ from rewind.errors import (
     InvalidOverride,
     RewindError,
     RunBusy,
+    StateLoadError,
     UnknownNode,
+    UnstorableValue,
 )
 from rewind.persister import FieldEncoder, RewindPersister, encode_value, field_map, map_hash
 from rewind.recorder import Recorder, semantic_state
@@ -262,21 +264,24 @@ class Rewind:
 
         Args:
             pipeline: what to run.
-            state: the initial Burr state (JSON-like values).
+            state: the initial Burr state: field → any value :mod:`rewind.serde` stores
+                exactly (JSON values, tuples, sets, enums, dates, pydantic models...).
             run_id: the run id (= Burr app id); a new uuid when None.
             config: JSON-like settings shown with the run (model, endpoint...).
         Returns:
             the finished run (status ``completed`` or ``failed``; a failed run is recorded up
             to and including the failing node).
         Raises:
-            CanonicalError: ``state`` holds a value that cannot be hashed canonically.
+            UnstorableValue: ``state`` holds a value that cannot be stored exactly (nothing is
+                written); a node that writes one fails the run at that node with this error.
             EndpointUnavailable: the model endpoint cannot be reached (the run is recorded as
                 failed at the node that needed it first).
         """
         self.register(pipeline)
         run_id = run_id or new_run_id()
-        initial = json.loads(canonical_bytes(state))  # refuses what cannot be hashed, up front
-        fields, _ = FieldEncoder().encode(initial)
+        # Refuses, before anything is written, a value that could not be stored exactly; the
+        # run then starts from the caller's own values (typed, never round-tripped through JSON).
+        fields, _ = FieldEncoder().encode(dict(state))
         with self.store.write() as conn:
             for f in fields.values():
                 self.store.put_blob(conn, f.data)
@@ -295,7 +300,7 @@ class Rewind:
             ApplicationBuilder()
             .with_graph(pipeline.graph)
             .with_identifiers(app_id=run_id)
-            .with_state(**initial)
+            .with_state(**state)
             .with_entrypoint(pipeline.entrypoint)
         )
         return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, 0))
@@ -333,8 +338,10 @@ class Rewind:
             config: JSON-like settings stored on the fork's run row (default: the parent's).
         Raises:
             UnknownRun, UnknownNode, InvalidOverride, RunBusy, ForkError: nothing is written.
-            SideEffectBlocked, EffectPreconditionFailed: raised by the replay itself (the fork
-                is recorded as failed at that node).
+            SideEffectBlocked, EffectPreconditionFailed, UnstorableValue: raised by the replay
+                itself (the fork is recorded as failed at that node).
+            StateLoadError: the fork's starting state cannot be loaded in this process (a class
+                that no longer imports...); the fork run is recorded ``failed`` with the reason.
         """
         if cache_mode not in ("replay", "stability"):
             raise InvalidOverride(f"unknown cache mode {cache_mode!r}", "use replay or stability")
@@ -360,6 +367,7 @@ class Rewind:
         pipeline = self.pipeline_of(parent)
         self.check_param(parent, nodes, idx, override)
         child_id = new_run_id or new_run_id_default()
+        builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
         builder = ApplicationBuilder().with_graph(pipeline.graph).with_identifiers(app_id=child_id)
         burr_src: tuple[str | None, int | None] = (None, None)
         state_row_: dict[str, Any] | None = None
@@ -375,15 +383,25 @@ class Rewind:
                 canonical_bytes(override.value)
             except ValueError as exc:
                 raise InvalidOverride(f"the new value cannot be hashed: {exc}", "") from exc
-            state_row_ = self._state_row_of(fork_node)
+            state_row_ = self._state_row_of(fork_node, values=False)
         elif idx == 0:
             if parent.initial_state_hash is None:
                 raise ForkError(f"run {parent.run_id} has no recorded initial state", "")
-            initial = self.store.resolve_fields(self.store.get_json(parent.initial_state_hash))
-            builder = builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
+            initial_fields = self.store.get_json(parent.initial_state_hash)
+            first_builder = builder
+
+            def start_from_initial() -> ApplicationBuilder:
+                # Loaded when the fork starts, so a value that cannot be loaded fails the fork
+                # run (like a Burr load from the persister) instead of leaving no trace.
+                initial = self.store.resolve_fields(initial_fields)
+                return first_builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
+
+            builder = start_from_initial
         else:
             pred = nodes[idx - 1]
-            src_row = self.store.load_state_row("", pred.src_app_id, pred.src_sequence_id)
+            src_row = self.store.load_state_row(
+                "", pred.src_app_id, pred.src_sequence_id, values=False
+            )
             if src_row is None or src_row["status"] != "completed":
                 raise ForkError(
                     f"fork source row {pred.src_app_id}#{pred.src_sequence_id} (state after "
@@ -435,6 +453,7 @@ class Rewind:
                 self._write_output_override(conn, child_id, fork_node, override, state_row_)
         first = idx + 1 if isinstance(override, OutputOverride) else idx
         if isinstance(override, OutputOverride):
+            assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(
                 self.persister,
                 resume_at_next_action=True,
@@ -527,8 +546,8 @@ class Rewind:
             clock=self.clock,
         )
 
-    def _state_row_of(self, node: NodeRecord) -> dict[str, Any]:
-        row = self.store.load_state_row("", node.src_app_id, node.src_sequence_id)
+    def _state_row_of(self, node: NodeRecord, *, values: bool = True) -> dict[str, Any]:
+        row = self.store.load_state_row("", node.src_app_id, node.src_sequence_id, values=values)
         if row is None:
             raise ForkError(
                 f"state row {node.src_app_id}#{node.src_sequence_id} of node {node.name!r} is "
@@ -612,9 +631,37 @@ class Rewind:
         self.store.insert_node(conn, row)
 
     def _execute(
-        self, pipeline: Pipeline, builder: ApplicationBuilder, ctx: RunContext, recorder: Recorder
+        self,
+        pipeline: Pipeline,
+        builder: ApplicationBuilder | Callable[[], ApplicationBuilder],
+        ctx: RunContext,
+        recorder: Recorder,
     ) -> RunRecord:
-        app = builder.with_state_persister(recorder).build()
+        """Build the Burr app (``builder`` or a factory of it), run it to a halting node and
+        finish the run row; the run always ends ``completed``, ``failed`` or ``interrupted``.
+
+        Raises:
+            StateLoadError, or another RewindError: the app could not be built (its state could
+                not be loaded); the run is recorded ``failed`` with the reason first.
+            UnstorableValue, EndpointUnavailable, SideEffectBlocked, EffectPreconditionFailed:
+                the run stopped at a node for that reason and is recorded ``failed``.
+        """
+        try:
+            if not isinstance(builder, ApplicationBuilder):
+                builder = builder()
+            app = builder.with_state_persister(recorder).build()
+        except Exception as exc:
+            # Loading the fork's state happens here (Burr loads from the persister in build()):
+            # a failure must end the run, never leave it `running`.
+            failure = (
+                exc
+                if isinstance(exc, RewindError)
+                else ForkError(f"the run could not start: {_first_line(exc)}", "")
+            )
+            self.store.finish_run(ctx.run_id, "failed", error=failure.message)
+            ctx.emit("run_finished", run_id=ctx.run_id, status="failed", error=failure.message)
+            failure.run_id = ctx.run_id  # type: ignore[attr-defined]
+            raise failure from exc
         halt = list(pipeline.halt_after) or pipeline.terminal_nodes()
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
@@ -624,10 +671,17 @@ class Rewind:
                 app.run(halt_after=halt)
         except Exception as exc:
             recorder.flush()
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+            error = _first_line(exc)
             if isinstance(exc, RewindError):
                 error = exc.message
-            if isinstance(exc, EndpointUnavailable | SideEffectBlocked | EffectPreconditionFailed):
+            if isinstance(
+                exc,
+                EndpointUnavailable
+                | SideEffectBlocked
+                | EffectPreconditionFailed
+                | UnstorableValue
+                | StateLoadError,
+            ):
                 unavailable = exc
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run cannot finish
             recorder.flush()
@@ -650,6 +704,11 @@ class Rewind:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def new_run_id() -> str:

@@ -60,6 +60,7 @@ from rewind.replay import (
     resolve_node,
     validate_override,
 )
+from rewind.serde import display
 from rewind.store import NodeRecord, RunRecord, Store, open_store
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -518,7 +519,8 @@ def _node_state(rw: Rewind, n: NodeRecord) -> dict[str, Any] | None:
     if n.error is not None or n.state_hash is None:
         return None
     try:
-        return rw.node_state(n)
+        state: dict[str, Any] = display(rw.node_state(n))
+        return state
     except ForkError:
         return None
 
@@ -737,8 +739,8 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return {
             "run_id": run.run_id,
             "node": views.node_json(n),
-            "input": rw.node_input(n),
-            "output": rw.node_output(n),
+            "input": display(rw.node_input(n)),
+            "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),
         }
 
@@ -746,13 +748,13 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def get_node_input(run_id: str, node: str) -> dict[str, Any]:
         """The node's input document: name, the state fields it read, Burr inputs, params."""
         _, n = _node_of(ctx, run_id, node)
-        return {"input_hash": n.input_hash, "input": ctx.session().node_input(n)}
+        return {"input_hash": n.input_hash, "input": display(ctx.session().node_input(n))}
 
     @r.get("/runs/{run_id}/nodes/{node}/output", tags=["nodes"], responses=_LOOKUP)
     def get_node_output(run_id: str, node: str) -> dict[str, Any]:
         """The fields the node wrote."""
         _, n = _node_of(ctx, run_id, node)
-        return {"output_hash": n.output_hash, "output": ctx.session().node_output(n)}
+        return {"output_hash": n.output_hash, "output": display(ctx.session().node_output(n))}
 
     @r.get("/runs/{run_id}/nodes/{node}/state", tags=["nodes"], responses=_LOOKUP)
     def get_node_state(run_id: str, node: str) -> dict[str, Any]:

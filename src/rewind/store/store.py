@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
+from rewind.serde import decode_field
 from rewind.store import schema
 from rewind.store.engine import sqlite_engine, url_engine
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
@@ -504,13 +505,16 @@ class Store:
             ) from exc
 
     def load_state_row(
-        self, partition_key: str, app_id: str, sequence_id: int | None
+        self, partition_key: str, app_id: str, sequence_id: int | None, *, values: bool = True
     ) -> dict[str, Any] | None:
         """A state row (the latest when ``sequence_id`` is None), or None.
 
         Returns:
             the row's columns plus ``fields`` ({field: blob hash}), ``internal`` (Burr's ``__``
-            keys) and ``values`` (every field decoded, internal keys included).
+            keys) and ``values`` (every field loaded with its recorded type, internal keys
+            included; omitted when ``values`` is False, which only checks the row).
+        Raises:
+            StateLoadError: a field's value cannot be rebuilt in this process.
         """
         t = schema.burr_state
         cond = and_(t.c.partition_key == partition_key, t.c.app_id == app_id)
@@ -526,16 +530,23 @@ class Store:
             m = dict(row._mapping)
             fields = json.loads(m.pop("fields_json"))
             internal = json.loads(m.pop("internal_json") or "{}")
-            blobs = self.get_blobs(fields.values(), conn)
+            blobs = self.get_blobs(fields.values(), conn) if values else {}
         m["fields"] = fields
         m["internal"] = internal
-        m["values"] = {k: json.loads(blobs[h]) for k, h in fields.items()} | internal
+        if not values:
+            return m
+        m["values"] = {k: decode_field(k, blobs[h]) for k, h in fields.items()} | internal
         return m
 
     def resolve_fields(self, fields: dict[str, str]) -> dict[str, Any]:
-        """Decode a {field: blob hash} map into {field: value}."""
+        """Load a {field: blob hash} map into {field: value}, each value of its recorded type.
+
+        Raises:
+            StateLoadError: a value cannot be rebuilt (see :func:`rewind.serde.decode_field`).
+            StoreError: a blob is missing.
+        """
         blobs = self.get_blobs(fields.values())
-        return {k: json.loads(blobs[h]) for k, h in fields.items()}
+        return {k: decode_field(k, blobs[h]) for k, h in fields.items()}
 
     def state_app_ids(self, partition_key: str) -> list[str]:
         """App ids with state rows in a partition."""
