@@ -16,13 +16,15 @@ Include it in the app with ``app.include_router(trace_router(store))``. Routes (
   exporter's endpoint at ``http://HOST/api/otlp``.
 
 Errors use the app's JSON error shape (404 unknown trace or step, 409 a trace id already stored,
-422 invalid request, 415 an OTLP body that is neither JSON nor protobuf).
+422 invalid request; for OTLP: 400 a body that is not OTLP JSON/protobuf or nests too deeply,
+413 a body above ``MAX_OTLP_BYTES``, 415 a content type that is neither JSON nor protobuf).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -44,7 +46,7 @@ from rewind.tracing.model import (
     as_fields,
     jsonable,
 )
-from rewind.tracing.otel import OtlpReceiver
+from rewind.tracing.otel import MAX_OTLP_BYTES, OtlpReceiver
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import (
     count_traces,
@@ -392,10 +394,24 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
         },
     )
     async def otlp_traces(request: Request) -> Response:
-        """OTLP/HTTP trace receiver (``ExportTraceServiceRequest`` as JSON or protobuf). Spans
-        are buffered until their trace's root span arrives, then the trace is imported."""
-        body = await request.body()
+        """OTLP/HTTP trace receiver (``ExportTraceServiceRequest`` as JSON or protobuf,
+        optionally gzip-compressed; at most ``MAX_OTLP_BYTES`` before and after decompression).
+        Spans are buffered until their trace's root span arrives, then the trace is imported;
+        malformed spans are rejected one by one (``partialSuccess``). 400: not JSON/protobuf,
+        nested too deeply, or not a request; 413: too large; 415: another content type."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/x-protobuf", "application/json", ""):
+            raise HTTPException(
+                415, f"unsupported content type {ctype!r}: send OTLP JSON or protobuf"
+            )
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", "gzip"):
+            raise HTTPException(
+                415, f"unsupported content encoding {encoding!r}: send gzip or uncompressed"
+            )
+        body = await _bounded_body(request)
+        if encoding == "gzip":
+            body = _gunzip(body)
         if ctype == "application/x-protobuf":
             out = await run_in_threadpool(receiver.receive_protobuf, body)
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -412,11 +428,46 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
                 else None
             )
             return Response(message.SerializeToString(), media_type="application/x-protobuf")
-        if ctype in ("application/json", ""):
-            return JSONResponse(await run_in_threadpool(receiver.receive_json, body))
-        raise HTTPException(415, f"unsupported content type {ctype!r}: send OTLP JSON or protobuf")
+        return JSONResponse(await run_in_threadpool(receiver.receive_json, body))
 
     return r
+
+
+def _too_large() -> HTTPException:
+    return HTTPException(
+        413, f"the OTLP body is larger than {MAX_OTLP_BYTES} bytes: send smaller batches"
+    )
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request body, refused (413) as soon as it passes ``MAX_OTLP_BYTES``: a declared
+    ``Content-Length`` is checked before reading, and the stream is counted while read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_OTLP_BYTES:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_OTLP_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _gunzip(body: bytes) -> bytes:
+    """A gzip body decompressed, at most ``MAX_OTLP_BYTES`` of output (a small body that
+    inflates without end is refused with 413, not decompressed into memory)."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflate.decompress(body, MAX_OTLP_BYTES + 1)
+    except zlib.error as exc:
+        raise HTTPException(400, f"the body is not gzip data: {exc}") from exc
+    if len(out) > MAX_OTLP_BYTES or inflate.unconsumed_tail:
+        raise _too_large()
+    if not inflate.eof:
+        raise HTTPException(400, "the gzip body is truncated")
+    return out
 
 
 def _when(value: str | float | None, field: str) -> float | None:
