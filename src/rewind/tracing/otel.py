@@ -22,6 +22,12 @@ its descendants the steps in start order; ``llm.*`` (OpenInference) and ``gen_ai
 map to the step's model, tokens and finish reason, ``input.value``/``output.value`` (or the GenAI /
 OpenInference message attributes) to its input and output, ``exception`` events to its error. A
 trace whose id is already stored is skipped, so re-sending a file is harmless.
+
+Import is bounded and never trusts its input: :data:`MAX_OTLP_BYTES` and :data:`MAX_OTLP_DEPTH`
+refuse a request whole (:class:`InvalidOtlp`); a malformed span is rejected alone with the field
+at fault (:class:`SpanRejection`) and takes the rest of its trace with it (a trace is imported
+whole or not at all); parent cycles are broken deterministically and the span tree is walked
+without recursion.
 """
 
 from __future__ import annotations
@@ -1206,7 +1212,7 @@ def trace_from_spans(store: Store | None, trace_id: str, spans: list[_Span]) -> 
         parent_run_id=str(parent_run) if parent_run else None,
         fork_node=steps[0].name if parent_run and steps else None,
         fork_position=0 if parent_run else None,
-        override=override if isinstance(override, dict) else None,
+        override=jsonable(override) if isinstance(override, dict) else None,
         steps=steps,
     )
 
@@ -1226,11 +1232,11 @@ def _json_value(value: Any, mime: Any) -> Any:
 
 
 def _fields_of(value: Any) -> dict[str, Any]:
-    """A node document's ``inputs``/``reads``/``params``: a dict as is, nothing as ``{}``,
-    anything else wrapped by :func:`as_fields` (never dropped)."""
+    """A node document's ``inputs``/``reads``/``params``: a dict as plain JSON (NaN tagged, as
+    :func:`jsonable` does), nothing as ``{}``, anything else wrapped by :func:`as_fields`."""
     if value is None:
         return {}
-    return value if isinstance(value, dict) else as_fields(value)
+    return as_fields(value)
 
 
 def _exception(span: _Span) -> tuple[str | None, str | None]:
@@ -1367,7 +1373,7 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             inputs=inputs,
             reads=reads,
             params=params,
-            fields=fields if isinstance(fields, dict) else None,
+            fields=jsonable(fields) if isinstance(fields, dict) else None,
             error_type=err[0],
             error_message=err[1],
             parent_position=parent_position,
