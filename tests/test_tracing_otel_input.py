@@ -8,17 +8,22 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+import rewind
 from rewind.api import create_app
 from rewind.cli import app as cli_app
 from rewind.errors import UnknownRun
@@ -573,3 +578,73 @@ def test_any_json_imports_or_raises_the_import_error(tmp_path: Path) -> None:
     check()
     client.close()
     store.close()
+
+
+@settings(max_examples=40)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=6
+    ),  # (parent index or none, start)
+    st.randoms(use_true_random=False),
+    st.text("0123456789abcdef", min_size=32, max_size=32).filter(lambda t: int(t, 16) > 0),
+)
+def test_cycles_break_the_same_way_in_any_input_order(
+    links: list[tuple[int, int]], rnd: Any, tid: str
+) -> None:
+    """Any parent graph over unique span ids (self-parents, cycles, orphans) imports with every
+    span, and the stored trace does not depend on the order the spans arrive in."""
+    ids = [f"{i + 1:016x}" for i in range(len(links))]
+    spans = [
+        sp(tid, ids[i], ids[p] if p < len(ids) else None, f"s{i}", start)
+        for i, (p, start) in enumerate(links)
+    ]
+    shuffled = list(spans)
+    rnd.shuffle(shuffled)
+    seen = []
+    for order in (spans, shuffled):
+        with tempfile.TemporaryDirectory() as folder:
+            store = open_store(Path(folder) / "s")
+            result = import_otlp(store, [request(*order)])
+            assert result.imported == [tid] and result.rejected == 0
+            view = load_trace(store, tid)
+            assert set(ids) <= {s.span_id for s in view.steps} | {view.span_id}
+            seen.append(
+                [(s.name, s.parent_position, s.span_id) for s in view.steps]
+                + [(n.output_hash, n.state_hash) for n in store.nodes_of(tid)]
+            )
+            store.close()
+    assert seen[0] == seen[1]
+
+
+def test_an_oversized_chunked_body_is_cut_off_while_read(tmp_path: Path) -> None:
+    v = Via("http", tmp_path)
+    chunk = b" " * (1 << 20)
+
+    def body() -> Iterator[bytes]:  # no Content-Length: only counting the stream can stop it
+        for _ in range(MAX_OTLP_BYTES // len(chunk) + 2):
+            yield chunk
+
+    assert v.client is not None
+    r = v.client.post(
+        "/api/otlp/v1/traces", content=body(), headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 413 and "larger than" in r.json()["message"]
+    v.client.close()
+    v.store.close()
+
+
+def test_the_console_script_refuses_a_deep_file_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"resourceSpans": ' + "[" * 3000 + "]" * 3000 + "}")
+    folder = tmp_path / "store"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rewind.cli", "--store", str(folder), "otel", "import", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=os.environ | {"COLUMNS": "400", "PYTHONPATH": str(Path(rewind.__file__).parents[1])},
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"deeper than {MAX_OTLP_DEPTH} levels" in lines[0]
+    assert "Traceback" not in proc.stderr and not folder.exists()
