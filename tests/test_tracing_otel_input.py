@@ -648,3 +648,29 @@ def test_the_console_script_refuses_a_deep_file_in_one_line(tmp_path: Path) -> N
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"deeper than {MAX_OTLP_DEPTH} levels" in lines[0]
     assert "Traceback" not in proc.stderr and not folder.exists()
+
+
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"steps": [{"name": "a", "prompt_tokens": 10**30}]}, "steps.0.prompt_tokens"),
+        ({"steps": [{"name": "a", "start_time": 1e300}]}, "steps[0].start_time 1e+300 is not"),
+        ({"start_time": -5.0}, "start_time -5.0 is not a time"),
+        ({"steps": [{"name": "a", "start_time": 10.0, "end_time": 5.0}]}, "steps[0].end_time is"),
+        ({"start_time": "2024-05-01T12:00:00Z", "end_time": "2024-05-01T11:00:00Z"}, "end_time"),
+        ({"input": json.loads("[" * 500 + "]" * 500)}, "input cannot be hashed"),
+    ],
+)
+def test_trace_documents_with_impossible_values_are_refused(
+    doc: dict[str, Any], words: str, tmp_path: Path
+) -> None:
+    """``POST /api/traces`` (same router as the receiver): values the store cannot keep or a
+    reader cannot show are a 422 naming the field, never a 500 or a stored nonsense trace."""
+    v = Via("http", tmp_path)
+    assert v.client is not None
+    r = v.client.post("/api/traces", json={"name": "x"} | doc)
+    assert r.status_code == 422 and words in r.json()["message"], r.text
+    assert len(r.json()["message"]) < 400
+    assert counts(v.store)["runs"] == 0
+    v.client.close()
+    v.store.close()

@@ -72,6 +72,10 @@ When = Annotated[
     Field(description="ISO 8601 date-time or unix seconds"),
 ]
 MAX_STEPS = 10_000
+MAX_TOKENS = 2**63 - 1
+"""The largest token count a step may carry: the store keeps counts as 64-bit integers."""
+LATEST_UNIX_S = 253_402_300_799.0
+"""9999-12-31T23:59:59Z, the last instant a ``datetime`` (and so every reader) can show."""
 
 
 class ErrorIn(BaseModel):
@@ -98,8 +102,8 @@ class StepIn(BaseModel):
     start_time: When = None
     end_time: When = None
     duration_ms: float | None = Field(None, ge=0)
-    prompt_tokens: int = Field(0, ge=0)
-    completion_tokens: int = Field(0, ge=0)
+    prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
+    completion_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     model: str | None = Field(None, max_length=200)
     finish_reason: str | None = Field(None, max_length=64)
     params: dict[str, Any] = Field(default_factory=dict)
@@ -138,16 +142,33 @@ class TraceIn(BaseModel):
                 seen.add(s.span_id.lower())
             for field_name in ("input", "output", "params", "attributes"):
                 _hashable(getattr(s, field_name), f"steps[{i}].{field_name}")
+        _check_times(self, "")
+        for i, s in enumerate(self.steps):
+            _check_times(s, f"steps[{i}].")
         for field_name in ("input", "output", "attributes"):
             _hashable(getattr(self, field_name), field_name)
         return self
+
+
+def _check_times(doc: TraceIn | StepIn, where: str) -> None:
+    """Times are finite, within 1970..9999, and an end is not before its start."""
+    start, end = (
+        v.timestamp() if isinstance(v, datetime) else v for v in (doc.start_time, doc.end_time)
+    )
+    for name, t in (("start_time", start), ("end_time", end)):
+        if t is not None and not 0.0 <= t <= LATEST_UNIX_S:
+            raise ValueError(f"{where}{name} {t} is not a time between 1970 and 9999")
+    if start is not None and end is not None and end < start:
+        raise ValueError(f"{where}end_time is before {where}start_time")
 
 
 def _hashable(value: Any, where: str) -> None:
     try:
         canonical_bytes(value)
     except (CanonicalError, ValueError) as exc:
-        raise ValueError(f"{where} cannot be hashed: {exc}") from exc
+        reason = str(exc)
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."  # paths can be long
+        raise ValueError(f"{where} cannot be hashed: {reason}") from exc
 
 
 def _seconds(value: datetime | float | None) -> float | None:
