@@ -674,3 +674,22 @@ def test_trace_documents_with_impossible_values_are_refused(
     assert counts(v.store)["runs"] == 0
     v.client.close()
     v.store.close()
+
+
+def test_spans_waiting_for_their_root_are_bounded_in_bytes(tmp_path: Path) -> None:
+    """Orphan spans with large attributes cannot pile up in memory: past ``max_bytes`` the
+    oldest waiting trace is dropped and its spans counted as rejected."""
+    store = open_store(tmp_path / "s")
+    receiver = OtlpReceiver(store, max_bytes=250_000)
+    pad = [{"key": "pad", "value": {"stringValue": "x" * 100_000}}]
+    answers = [
+        receiver.receive_json(
+            json.dumps(request(sp(tid, A, ROOT, "orphan", attributes=pad))).encode()
+        )
+        for tid in (T1, T2, "3" * 32)
+    ]
+    assert answers[:2] == [{}, {}]
+    assert answers[2]["partialSuccess"]["rejectedSpans"] == 1
+    assert f"trace {T1}: dropped" in answers[2]["partialSuccess"]["errorMessage"]
+    assert receiver.waiting == 2
+    store.close()
