@@ -693,3 +693,31 @@ def test_spans_waiting_for_their_root_are_bounded_in_bytes(tmp_path: Path) -> No
     assert f"trace {T1}: dropped" in answers[2]["partialSuccess"]["errorMessage"]
     assert receiver.waiting == 2
     store.close()
+
+
+def test_otel_import_prints_each_rejection_and_exits_by_outcome(tmp_path: Path) -> None:
+    """Text output: one line per rejected span naming span and field; exit 1 when the rest was
+    imported, 2 when nothing could be, 0 when all was."""
+    bad = sp(T1, A, None, "bad", attributes=[{"key": "x", "value": {"doubleValue": None}}])
+    folder = tmp_path / "store"
+    cases = [
+        (request(bad, sp(T2, B, None, "clean")), 1),
+        (request(sp("3" * 32, A, None, "bad", endTimeUnixNano="1")), 2),
+        (request(sp("4" * 32, A, None, "fine")), 0),
+    ]
+    for n, (doc, code) in enumerate(cases):
+        path = tmp_path / f"{n}.json"
+        path.write_text(json.dumps(doc))
+        r = CliRunner().invoke(cli_app, ["--store", str(folder), "otel", "import", str(path)])
+        assert r.exit_code == code, r.output
+        rejected = [line for line in r.stdout.splitlines() if line.startswith("rejected:")]
+        assert len(rejected) == (0 if code == 0 else 1), r.stdout
+    assert (
+        'attributes["x"].value.doubleValue is null'
+        in CliRunner()
+        .invoke(
+            cli_app,
+            ["--store", str(tmp_path / "again"), "otel", "import", str(tmp_path / "0.json")],
+        )
+        .stdout
+    )
