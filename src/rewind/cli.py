@@ -884,11 +884,17 @@ def otel_import_cmd(
     file: Annotated[Path, typer.Argument(help="OTLP/JSON file (one request, or one per line).")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Import OTLP/JSON traces (trace ids kept) so they can be inspected, analysed, diffed."""
+    """Import OTLP/JSON traces (trace ids kept) so they can be inspected, analysed, diffed.
+    Malformed spans are rejected one by one (exit 1; 2 when nothing could be imported)."""
     from rewind.tracing import commands
+    from rewind.tracing.otel import read_otlp_file
 
+    try:  # a bad file is refused before the store is opened: nothing is written
+        docs = read_otlp_file(file)
+    except RewindError as exc:
+        _fail(exc)
     with _session(model=False) as rw:
-        code = commands.otel_import_command(rw, file, as_json=as_json, console=console)
+        code = commands.otel_import_command(rw, file, docs=docs, as_json=as_json, console=console)
     raise typer.Exit(code)
 
 

@@ -523,25 +523,42 @@ def otel_import_command(
     rw: Rewind,
     file: Path,
     *,
+    docs: list[dict[str, Any]] | None = None,
     as_json: bool = False,
     console: Console | None = None,
 ) -> int:
     """``rewind otel import FILE``: OTLP/JSON traces into the store (trace ids kept; traces
-    already stored are skipped). Exit 0."""
+    already stored are skipped). Malformed spans are rejected one by one, each printed with its
+    reason; the rest is imported.
+
+    Args:
+        docs: the file's request objects when already read (:func:`read_otlp_file`), so a
+            caller can refuse a bad file before it opens the store.
+    Returns:
+        the exit code: 0 all spans imported (or already stored); 1 some spans rejected, the
+        rest imported; 2 spans rejected and no trace imported.
+    Raises:
+        InvalidOtlp: the file is unreadable, too large, too deep or not OTLP/JSON (nothing
+            imported; the CLI exits 2).
+    """
     from rewind.tracing.otel import import_otlp, read_otlp_file
 
     con = _console(console)
-    result = import_otlp(rw.store, read_otlp_file(file))
+    result = import_otlp(rw.store, docs if docs is not None else read_otlp_file(file))
+    code = 0 if not result.rejected else (1 if result.imported else 2)
     if as_json:
         _emit_json(result.to_json())
-        return 0
+        return code
     con.print(
         f"imported {len(result.imported)} trace(s) from {escape(str(file))} "
-        f"({result.spans} spans); {len(result.skipped)} already stored"
+        f"({result.spans} spans); {len(result.skipped)} already stored; "
+        f"{result.rejected} span(s) rejected"
     )
     for tid in result.imported:
         view = load_trace(rw.store, tid)
         con.print(f"  {tid} {escape(view.name)} {_status(view.status)} {len(view.steps)} steps")
+    for note in result.notes:
+        con.print(f"[yellow]note:[/] {escape(note)}")
     for err in result.errors:
-        con.print(f"[red]error:[/] {escape(err)}")
-    return 0 if not result.errors else 1
+        con.print(f"[red]rejected:[/] {escape(err)}")
+    return code

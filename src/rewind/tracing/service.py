@@ -16,13 +16,15 @@ Include it in the app with ``app.include_router(trace_router(store))``. Routes (
   exporter's endpoint at ``http://HOST/api/otlp``.
 
 Errors use the app's JSON error shape (404 unknown trace or step, 409 a trace id already stored,
-422 invalid request, 415 an OTLP body that is neither JSON nor protobuf).
+422 invalid request; for OTLP: 400 a body that is not OTLP JSON/protobuf or nests too deeply,
+413 a body above ``MAX_OTLP_BYTES``, 415 a content type that is neither JSON nor protobuf).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -45,7 +47,7 @@ from rewind.tracing.model import (
     as_fields,
     jsonable,
 )
-from rewind.tracing.otel import OtlpReceiver
+from rewind.tracing.otel import MAX_OTLP_BYTES, OtlpReceiver
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import (
     count_traces,
@@ -71,6 +73,10 @@ When = Annotated[
     Field(description="ISO 8601 date-time or unix seconds"),
 ]
 MAX_STEPS = 10_000
+MAX_TOKENS = 2**63 - 1
+"""The largest token count a step may carry: the store keeps counts as 64-bit integers."""
+LATEST_UNIX_S = 253_402_300_799.0
+"""9999-12-31T23:59:59Z, the last instant a ``datetime`` (and so every reader) can show."""
 
 
 class ErrorIn(BaseModel):
@@ -97,8 +103,8 @@ class StepIn(BaseModel):
     start_time: When = None
     end_time: When = None
     duration_ms: float | None = Field(None, ge=0)
-    prompt_tokens: int = Field(0, ge=0)
-    completion_tokens: int = Field(0, ge=0)
+    prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
+    completion_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     model: str | None = Field(None, max_length=200)
     finish_reason: str | None = Field(None, max_length=64)
     params: dict[str, Any] = Field(default_factory=dict)
@@ -137,16 +143,33 @@ class TraceIn(BaseModel):
                 seen.add(s.span_id.lower())
             for field_name in ("input", "output", "params", "attributes"):
                 _hashable(getattr(s, field_name), f"steps[{i}].{field_name}")
+        _check_times(self, "")
+        for i, s in enumerate(self.steps):
+            _check_times(s, f"steps[{i}].")
         for field_name in ("input", "output", "attributes"):
             _hashable(getattr(self, field_name), field_name)
         return self
+
+
+def _check_times(doc: TraceIn | StepIn, where: str) -> None:
+    """Times are finite, within 1970..9999, and an end is not before its start."""
+    start, end = (
+        v.timestamp() if isinstance(v, datetime) else v for v in (doc.start_time, doc.end_time)
+    )
+    for name, t in (("start_time", start), ("end_time", end)):
+        if t is not None and not 0.0 <= t <= LATEST_UNIX_S:
+            raise ValueError(f"{where}{name} {t} is not a time between 1970 and 9999")
+    if start is not None and end is not None and end < start:
+        raise ValueError(f"{where}end_time is before {where}start_time")
 
 
 def _hashable(value: Any, where: str) -> None:
     try:
         canonical_bytes(value)
     except (CanonicalError, ValueError) as exc:
-        raise ValueError(f"{where} cannot be hashed: {exc}") from exc
+        reason = str(exc)
+        reason = reason if len(reason) <= 200 else reason[:197] + "..."  # paths can be long
+        raise ValueError(f"{where} cannot be hashed: {reason}") from exc
 
 
 def _seconds(value: datetime | float | None) -> float | None:
@@ -404,10 +427,24 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
         },
     )
     async def otlp_traces(request: Request) -> Response:
-        """OTLP/HTTP trace receiver (``ExportTraceServiceRequest`` as JSON or protobuf). Spans
-        are buffered until their trace's root span arrives, then the trace is imported."""
-        body = await request.body()
+        """OTLP/HTTP trace receiver (``ExportTraceServiceRequest`` as JSON or protobuf,
+        optionally gzip-compressed; at most ``MAX_OTLP_BYTES`` before and after decompression).
+        Spans are buffered until their trace's root span arrives, then the trace is imported;
+        malformed spans are rejected one by one (``partialSuccess``). 400: not JSON/protobuf,
+        nested too deeply, or not a request; 413: too large; 415: another content type."""
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/x-protobuf", "application/json", ""):
+            raise HTTPException(
+                415, f"unsupported content type {ctype!r}: send OTLP JSON or protobuf"
+            )
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", "gzip"):
+            raise HTTPException(
+                415, f"unsupported content encoding {encoding!r}: send gzip or uncompressed"
+            )
+        body = await _bounded_body(request)
+        if encoding == "gzip":
+            body = _gunzip(body)
         if ctype == "application/x-protobuf":
             out = await run_in_threadpool(receiver.receive_protobuf, body)
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -424,11 +461,46 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
                 else None
             )
             return Response(message.SerializeToString(), media_type="application/x-protobuf")
-        if ctype in ("application/json", ""):
-            return JSONResponse(await run_in_threadpool(receiver.receive_json, body))
-        raise HTTPException(415, f"unsupported content type {ctype!r}: send OTLP JSON or protobuf")
+        return JSONResponse(await run_in_threadpool(receiver.receive_json, body))
 
     return r
+
+
+def _too_large() -> HTTPException:
+    return HTTPException(
+        413, f"the OTLP body is larger than {MAX_OTLP_BYTES} bytes: send smaller batches"
+    )
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request body, refused (413) as soon as it passes ``MAX_OTLP_BYTES``: a declared
+    ``Content-Length`` is checked before reading, and the stream is counted while read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_OTLP_BYTES:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_OTLP_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _gunzip(body: bytes) -> bytes:
+    """A gzip body decompressed, at most ``MAX_OTLP_BYTES`` of output (a small body that
+    inflates without end is refused with 413, not decompressed into memory)."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflate.decompress(body, MAX_OTLP_BYTES + 1)
+    except zlib.error as exc:
+        raise HTTPException(400, f"the body is not gzip data: {exc}") from exc
+    if len(out) > MAX_OTLP_BYTES or inflate.unconsumed_tail:
+        raise _too_large()
+    if not inflate.eof:
+        raise HTTPException(400, "the gzip body is truncated")
+    return out
 
 
 def _when(value: str | float | None, field: str) -> float | None:
