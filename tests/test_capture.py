@@ -446,3 +446,51 @@ def test_an_event_stream_is_split_into_events_that_join_back_exactly() -> None:
     assert b"".join(events) == data
     recorded = recorded_from(200, [("content-type", "text/event-stream")], data)
     assert decode_envelope(encode_envelope(recorded)).events == events
+
+
+# -- the real embedded model (slow) --------------------------------------------------------------
+
+
+def _posts(log: Path) -> int:
+    """Model requests the embedded server logged (uvicorn's access log: one line a request)."""
+    return sum("POST /v1/chat/completions" in line for line in log.read_text().splitlines())
+
+
+@pytest.mark.slow
+def test_embedded_model_calls_replay_from_the_cache_after_a_restart_on_another_port(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    from rewind.localmodel import DEFAULT_MODEL_ALIAS, LocalModelServer
+
+    where: dict[str, str] = {}
+
+    def ask(state: State) -> str:
+        client = openai.OpenAI(base_url=where["url"], api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model=DEFAULT_MODEL_ALIAS,
+            messages=[{"role": "user", "content": state["question"]}],
+            temperature=0,
+            max_tokens=8,
+        )
+        return reply.choices[0].message.content or ""
+
+    pipeline = one_node("local", ask)
+    with LocalModelServer(log_path=tmp_path / "first.log") as server:
+        assert server.endpoint is not None
+        where["url"] = server.endpoint.base_url
+        parent = rw.record(pipeline, {"question": "Say hello."})
+    assert parent.status == "completed", parent.error
+    assert _posts(tmp_path / "first.log") == 1
+    recorded = node_row(rw, parent.run_id)
+    assert recorded.prompt_tokens > 0 and recorded.completion_tokens > 0
+
+    # A new server process on a new free port: the key names the model file, not the port.
+    with LocalModelServer(log_path=tmp_path / "second.log") as server:
+        assert server.endpoint is not None
+        where["url"] = server.endpoint.base_url
+        child = rw.replay(parent.run_id)
+    assert child.status == "completed", child.error
+    assert _posts(tmp_path / "second.log") == 0
+    node = node_row(rw, child.run_id)
+    assert (node.cache_outcome, node.prompt_tokens, node.completion_tokens) == ("hit", 0, 0)
+    assert node.output_hash == recorded.output_hash

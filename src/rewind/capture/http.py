@@ -91,6 +91,7 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
     described = _describe(request, request.read())
     if described is None:
         return send(request)
+    live: list[Recorded] = []
 
     def execute() -> Executed:
         response = send(request)
@@ -98,10 +99,11 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
             body = response.read()
         finally:
             response.close()
-        return _executed(recorded_from(response.status_code, response.headers.multi_items(), body))
+        live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
+        return _executed(live[0])
 
     data, _ = through_cache(ctx, execute=execute, **_call_of(described))
-    return _response(request, decode_envelope(data))
+    return _response(request, live[0] if live else decode_envelope(data))
 
 
 async def acapture(
@@ -114,6 +116,7 @@ async def acapture(
     described = _describe(request, await request.aread())
     if described is None:
         return await send(request)
+    live: list[Recorded] = []
 
     async def aexecute() -> Executed:
         response = await send(request)
@@ -121,10 +124,11 @@ async def acapture(
             body = await response.aread()
         finally:
             await response.aclose()
-        return _executed(recorded_from(response.status_code, response.headers.multi_items(), body))
+        live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
+        return _executed(live[0])
 
     data, _ = await athrough_cache(ctx, aexecute=aexecute, **_call_of(described))
-    return _response(request, decode_envelope(data))
+    return _response(request, live[0] if live else decode_envelope(data))
 
 
 def _matches(routes: ModelRoutes, request: Any) -> bool:
