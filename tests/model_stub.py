@@ -17,8 +17,9 @@ STUB_MODEL = "stub-model"
 
 
 class ModelStub:
-    """``POST /v1/chat/completions`` (JSON or SSE with ``stream``), ``/v1/embeddings`` and
-    ``/v1/messages`` (Anthropic, JSON or SSE) on ``127.0.0.1`` with a free port.
+    """``POST /v1/chat/completions`` (JSON or SSE with ``stream``; HTTP 400 when the last
+    message is ``"refuse"``), ``/v1/embeddings`` and ``/v1/messages`` (Anthropic, JSON or SSE)
+    on ``127.0.0.1`` with a free port.
 
     Use as a context manager; ``base_url`` is ``http://127.0.0.1:PORT/v1``.
     """
@@ -62,6 +63,9 @@ class ModelStub:
 
             def _chat(self, body: dict[str, Any], n: int) -> None:
                 question = body["messages"][-1]["content"]
+                if question == "refuse":
+                    self._json({"error": {"message": f"refused #{n}"}}, status=400)
+                    return
                 content = f"answer #{n} to {question}"
                 if not body.get("stream"):
                     self._json(

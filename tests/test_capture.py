@@ -216,6 +216,48 @@ def test_stream_and_non_stream_requests_are_different_calls(rw: Rewind, stub: Mo
     replay_unchanged(rw, parent.run_id, stub, sent=2)
 
 
+def test_an_error_answer_replays_on_its_run_but_never_becomes_a_shared_cache_entry(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def refused(state: State) -> str:
+        try:
+            client.chat.completions.create(
+                model=STUB_MODEL, messages=[{"role": "user", "content": "refuse"}]
+            )
+        except openai.BadRequestError as exc:
+            return f"{exc.status_code}: {exc.body}"
+        return "accepted"
+
+    parent, error = record_sent(rw, one_node("refused", refused), stub, sent=1)
+    assert error == "400: {'message': 'refused #1'}"
+    (call,) = node_row(rw, parent).calls
+    assert rw.store.llm_cache_get(call.key) is None
+    assert output(rw, replay_unchanged(rw, parent, stub, sent=1)) == error
+
+
+def test_a_fork_against_another_endpoint_misses_and_asks_that_endpoint(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    where = {"url": stub.base_url}
+
+    def ask(state: State) -> str:
+        client = openai.OpenAI(base_url=where["url"], api_key="k", max_retries=0)
+        messages = [{"role": "user", "content": state["question"]}]
+        reply = client.chat.completions.create(model=STUB_MODEL, messages=messages)
+        return f"{where['url']}: {reply.choices[0].message.content}"
+
+    parent, _ = record_sent(rw, one_node("where", ask), stub, sent=1)
+    with ModelStub() as other:
+        where["url"] = other.base_url
+        child = rw.replay(parent)
+        assert other.count == 1 and stub.count == 1
+    node = node_row(rw, child.run_id)
+    assert (node.cache_outcome, node.cache_reason) == ("miss", "new-input")
+    assert output(rw, child.run_id) == f"{other.base_url}: answer #1 to q"
+
+
 # -- async clients, asyncio tasks, threads -------------------------------------------------------
 
 
