@@ -7,6 +7,7 @@ carry its request number: a replayed answer is told from a fresh one by its cont
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,8 @@ import openai
 import pytest
 from burr.core import State, action, default, expr
 from burr.core.graph import GraphBuilder
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rewind
 from rewind.capture import Transport, register_endpoint, unregister_endpoint
@@ -536,3 +539,36 @@ def test_embedded_model_calls_replay_from_the_cache_after_a_restart_on_another_p
     node = node_row(rw, child.run_id)
     assert (node.cache_outcome, node.prompt_tokens, node.completion_tokens) == ("hit", 0, 0)
     assert node.output_hash == recorded.output_hash
+
+
+# -- properties ----------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.binary(max_size=300))
+def test_any_stream_splits_into_events_that_join_back_exactly(data: bytes) -> None:
+    assert b"".join(split_events(data)) == data
+
+
+@given(st.binary(max_size=300), st.sampled_from(["application/json", "text/event-stream"]))
+def test_any_recorded_body_round_trips_through_its_envelope(data: bytes, kind: str) -> None:
+    recorded = recorded_from(200, [("Content-Type", kind)], data)
+    back = decode_envelope(encode_envelope(recorded))
+    assert back == recorded
+    assert (back.body if back.events is None else b"".join(back.events)) == data
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6), st.text(max_size=10))
+def test_the_key_ignores_body_key_order_and_volatile_fields(body: dict[str, Any], user: str):
+    url = "https://api.example.com/v1/chat/completions"
+    forward = json.dumps(body).encode()
+    backward = json.dumps(dict(reversed(list(body.items()))) | {"user": user}).encode()
+    a, b = describe_request("POST", url, [], forward), describe_request("POST", url, [], backward)
+    assert a is not None and b is not None and a.key == b.key
