@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rewind
-from rewind.capture import Transport, register_endpoint, unregister_endpoint
+from rewind.capture import AsyncTransport, Transport, register_endpoint, unregister_endpoint
 from rewind.capture.exchange import (
     decode_envelope,
     describe_request,
@@ -394,6 +394,36 @@ def test_an_explicit_transport_captures_a_plain_httpx_client(rw: Rewind, stub: M
     child = replay_unchanged(rw, parent.run_id, stub, sent=1)
     assert output(rw, child) == output(rw, parent.run_id)
     http.close()
+
+
+def test_an_explicit_async_transport_captures_a_streamed_answer_without_install(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    rewind.capture.ensure_installed()  # what the first run does; then take it away again
+    rewind.capture.uninstall()
+
+    def stream(state: State) -> list[str]:
+        async def main() -> list[str]:
+            http = openai.DefaultAsyncHttpxClient(transport=AsyncTransport())
+            client = openai.AsyncOpenAI(
+                base_url=stub.base_url, api_key="k", max_retries=0, http_client=http
+            )
+            chunks = await client.chat.completions.create(
+                model=STUB_MODEL, messages=[{"role": "user", "content": "s"}], stream=True
+            )
+            events = [chunk.model_dump_json() async for chunk in chunks]
+            await client.close()
+            return events
+
+        return asyncio.run(main())
+
+    try:
+        assert not rewind.capture.installed()
+        parent, events = record_sent(rw, one_node("astream", stream), stub, sent=1)
+        assert len(events) == 5  # "answer #1 to s" word by word, then the usage chunk
+        assert output(rw, replay_unchanged(rw, parent, stub, sent=1)) == events
+    finally:
+        rewind.capture.install()
 
 
 def test_rewind_chat_is_cached_once_not_captured_twice(tmp_path: Path, stub: ModelStub) -> None:
