@@ -131,6 +131,24 @@ def test_openai_call_is_recorded_and_an_unchanged_replay_sends_nothing(
     assert output(rw, child) == {"text": "answer #1 to why?", "tokens": 4}
 
 
+def test_the_module_level_openai_client_is_captured(
+    rw: Rewind, stub: ModelStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai, "base_url", stub.base_url + "/")
+    monkeypatch.setattr(openai, "api_key", "module-key")
+    monkeypatch.setattr(openai, "max_retries", 0)
+    monkeypatch.setattr(openai, "_client", None)  # built on first use, from the settings above
+
+    def ask(state: State) -> str:
+        messages = [{"role": "user", "content": state["question"]}]
+        reply = openai.chat.completions.create(model=STUB_MODEL, messages=messages)
+        return reply.choices[0].message.content or ""
+
+    parent, answer = record_sent(rw, one_node("module", ask), stub, sent=1)
+    assert answer == "answer #1 to q"
+    assert output(rw, replay_unchanged(rw, parent, stub, sent=1)) == answer
+
+
 def test_a_node_that_samples_one_request_three_times_gets_three_answers_back_in_order(
     rw: Rewind, stub: ModelStub
 ) -> None:
