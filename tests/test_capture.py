@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -465,6 +468,21 @@ def test_requests_outside_a_run_pass_through_untouched(stub: ModelStub) -> None:
     texts = [client.chat.completions.create(**request).choices[0].message.content for _ in "ab"]
     assert texts == ["answer #1 to q", "answer #2 to q"]
     assert stub.count == 2
+
+
+@pytest.mark.parametrize(("setting", "captured"), [("off", False), ("", True)])
+def test_rewind_http_capture_off_leaves_httpx_alone(setting: str, captured: bool) -> None:
+    # A fresh interpreter: the setting is read when the first run of a process starts.
+    code = (
+        "import rewind.capture as c, concurrent.futures as f; c.ensure_installed(); "
+        "print(c.installed(), hasattr(f.ThreadPoolExecutor.submit, '__rewind_original__'))"
+    )
+    env = dict(os.environ, REWIND_HTTP_CAPTURE=setting)
+    env["PYTHONPATH"] = str(Path(rewind.__file__).parent.parent)  # this checkout's sources
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert result.stdout.split() == [str(captured), "True"]
 
 
 # -- keys and envelopes --------------------------------------------------------------------------
