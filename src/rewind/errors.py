@@ -7,6 +7,7 @@ render the same two lines (what, then how) without knowing which module raised i
 from __future__ import annotations
 
 __all__ = [
+    "ContextLost",
     "EndpointUnavailable",
     "ForkError",
     "InvalidOverride",
@@ -92,3 +93,8 @@ class UnstorableValue(RewindError):
 class StateLoadError(RewindError):
     """A stored state value cannot be loaded back (its class no longer imports, its serializer
     is not registered in this process...): the fork that needs it fails with this reason."""
+
+
+class ContextLost(RewindError):
+    """Code that must belong to a run (a side-effecting tool) runs in a thread or task that lost
+    the run context while the run is active."""
