@@ -28,7 +28,7 @@ def test_benchmark_prints_its_figure(script: str, figure: str) -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)])),
         timeout=600,
         check=False,
     )

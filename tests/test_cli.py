@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def rewind(store: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160")
+    # this tree's sources first, not whatever rewind the interpreter has installed
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), COLUMNS="160"
+    )
     return subprocess.run(
         [sys.executable, "-m", "rewind", "--store", str(store), *args],
         capture_output=True,
