@@ -93,6 +93,14 @@ class InputOverride:
 Override = ParamOverride | OutputOverride | InputOverride
 
 
+def override_target(doc: Mapping[str, Any]) -> tuple[str, str, str]:
+    """``(kind, node, name)`` of a stored override (``override.to_json()``): kind ``param``,
+    ``output`` or ``input``; name the param, output field or runtime input it changes."""
+    kind = str(doc.get("kind") or "output")
+    key = {"param": "param", "input": "name"}.get(kind, "field")
+    return kind, str(doc.get("node")), str(doc.get(key))
+
+
 def parse_override(spec: str, *, output: bool = False, input_: bool = False) -> Override:
     """Parse ``node.name=VALUE`` from the command line.
 

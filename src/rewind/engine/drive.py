@@ -74,6 +74,7 @@ def plan_launch(
 
     Raises:
         InvalidOverride: an input is not a JSON value or starts with ``__`` (Burr reserves those),
+            the entrypoint lacks a runtime input it requires (Burr would fail at the first step),
             a halt node is not in the graph, or the graph loops with no halt condition given.
     """
     inputs = dict(inputs or {})
@@ -90,6 +91,15 @@ def plan_launch(
                 f"runtime input {name!r} is not a JSON value ({exc})",
                 "pass JSON values (strings, numbers, lists, objects); forks replay them",
             ) from exc
+    entry = next((a for a in pipeline.graph.actions if a.name == pipeline.entrypoint), None)
+    required, _ = entry.optional_and_required_inputs if entry is not None else (set(), set())
+    missing = sorted(k for k in required if not k.startswith("__") and k not in inputs)
+    if missing:
+        example = ", ".join(f'"{k}": ...' for k in missing)
+        raise InvalidOverride(
+            f"node {pipeline.entrypoint!r} needs the runtime input(s) {', '.join(missing)}",
+            f"pass them as inputs={{{example}}} (CLI: --inputs '{{{example}}}')",
+        )
     names = set(pipeline.node_names())
     for flag, given in (("halt_after", halt_after), ("halt_before", halt_before)):
         unknown = [n for n in given or () if not n.startswith("@tag:") and n not in names]
