@@ -229,3 +229,40 @@ def test_attached_name_is_stable_for_the_same_graph() -> None:
 def test_set_input_parses_any_json_string(name: str, value: str) -> None:
     o = parse_override(f"ask.{name}={json.dumps(value)}", input_=True)
     assert o == InputOverride("ask", name, value)
+
+
+def test_cli_records_an_app_and_forks_it_with_a_changed_input(tmp_path: Path) -> None:
+    from tests.test_cli import ok_json, rewind
+
+    store = tmp_path / "store"
+    app = ["--app", "tests.burr_apps:pure_application", "--halt-after", "summarise"]
+    parent = ok_json(store, "run", *app, "--inputs", '{"question": "why?"}')
+    assert [n["name"] for n in parent["nodes"]] == ["ask", "answer", "summarise"]
+    rid = parent["run"]["run_id"]
+    child = ok_json(store, "fork", rid, "--at", "ask", "--set-input", 'ask.question="how?"')
+    assert child["nodes"][0]["output_hash"] != parent["nodes"][0]["output_hash"]
+    same = ok_json(store, "fork", rid, "--at", "2")
+    assert [n["output_hash"] for n in same["nodes"]] == [n["output_hash"] for n in parent["nodes"]]
+
+    before = row_counts_of(store)
+    for args, message in [
+        (["run", *app], "needs the runtime input(s) question"),
+        (["run", *app, "--inputs", "{bad"], "--inputs is not valid JSON"),
+        (["run", "--app", "tests.burr_apps:nope", "--inputs", "{}"], "cannot import pipeline"),
+        (["fork", rid, "--at", "ask", "--set-input", "ask.question=how"], "not valid JSON"),
+        (["fork", rid, "--at", "ask", "--set-input", 'ask.q="x"'], "has no input 'q'"),
+    ]:
+        proc = rewind(store, *args)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2
+    assert row_counts_of(store) == before
+
+
+def row_counts_of(store: Path) -> dict[str, int]:
+    from rewind.store import open_store
+
+    s = open_store(store)
+    try:
+        return row_counts(s)
+    finally:
+        s.close()
