@@ -14,8 +14,10 @@ from typing import Any
 from burr.core import Application, ApplicationBuilder, State, action, default
 from burr.core.action import streaming_action
 from burr.core.parallelism import MapStates, RunnableGraph
+from burr.integrations.pydantic import PydanticTypingSystem
 from burr.lifecycle import PostRunStepHook
 from burr.tracking import LocalTrackingClient
+from pydantic import BaseModel
 
 import rewind
 
@@ -163,5 +165,52 @@ def map_application() -> Application:
         .with_transitions(("choose", "notes", default), ("notes", "report", default))
         .with_entrypoint("choose")
         .with_hooks(StepLog())
+        .build()
+    )
+
+
+# -- typed state --------------------------------------------------------------------------------
+
+
+class Concept(BaseModel):
+    term: str
+    definition: str
+
+
+class TypedChatState(BaseModel):
+    question: str | None = None
+    concept: Concept | None = None
+    summary: str | None = None
+
+
+@action.pydantic(reads=[], writes=["question"])
+def typed_ask(state: TypedChatState, question: str) -> TypedChatState:
+    state.question = question
+    return state
+
+
+@action.pydantic(reads=["question"], writes=["concept"])
+def typed_define(state: TypedChatState) -> TypedChatState:
+    reply = rewind.chat([{"role": "user", "content": f"define: {state.question}"}])
+    state.concept = Concept(term=state.question or "", definition=reply.content)
+    return state
+
+
+@action.pydantic(reads=["concept"], writes=["summary"])
+def typed_summarise(state: TypedChatState) -> TypedChatState:
+    assert state.concept is not None
+    state.summary = f"{state.concept.term}: {state.concept.definition[:20]}"
+    return state
+
+
+def typed_application() -> Application:
+    """Burr's typed state: a pydantic model as the state, a nested model in one field."""
+    return (
+        ApplicationBuilder()
+        .with_actions(ask=typed_ask, define=typed_define, summarise=typed_summarise)
+        .with_transitions(("ask", "define"), ("define", "summarise"))
+        .with_typing(PydanticTypingSystem(TypedChatState))
+        .with_state(TypedChatState())
+        .with_entrypoint("ask")
         .build()
     )

@@ -266,3 +266,23 @@ def row_counts_of(store: Path) -> dict[str, int]:
         return row_counts(s)
     finally:
         s.close()
+
+
+@pytest.mark.filterwarnings("ignore::Warning:burr.core.serde")
+def test_typed_state_app_records_and_forks_with_pydantic_fields(
+    rw_llm: Rewind, fake_model: FakeModel
+) -> None:
+    parent = rw_llm.record(burr_apps.typed_application(), inputs={"question": "entropy"})
+    assert parent.status == "completed", parent.error
+    concept = rw_llm.node_output(rw_llm.store.nodes_of(parent.run_id)[1])["concept"]
+    assert concept["term"] == "entropy" and concept["__pydantic_class"].endswith(".Concept")
+    sent = fake_model.count
+    for at in (1, 2, 3):
+        child = rw_llm.fork(parent.run_id, at=at)
+        assert child.status == "completed", child.error
+        assert output_hashes(rw_llm, child.run_id) == output_hashes(rw_llm, parent.run_id)
+    assert fake_model.count == sent
+    changed = rw_llm.fork(parent.run_id, at=1, override=InputOverride("ask", "question", "gravity"))
+    assert rw_llm.node_state(rw_llm.store.nodes_of(changed.run_id)[-1])["summary"].startswith(
+        "gravity: "
+    )
