@@ -12,10 +12,11 @@ export type NodeStatus =
   | "skipped";
 
 export interface Override {
-  kind: "param" | "output";
+  kind: "param" | "output" | "input";
   node: string;
   param?: string;
   field?: string;
+  name?: string; // a runtime input (kind "input")
   value: unknown;
 }
 
