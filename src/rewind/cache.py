@@ -16,14 +16,22 @@ served from the shared cache and never silently re-executed on replay (see
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from rewind.canonical import sha256_hex
-from rewind.context import LineageEntry, NodeScope, PendingWrite, RunContext
+from rewind.canonical import key_of, sha256_hex
+from rewind.context import (
+    LineageEntry,
+    NodeScope,
+    PendingWrite,
+    RunContext,
+    current_lane,
+    executing_call,
+)
 from rewind.store.records import CallRecord
 
 DETERMINISM_FLAGS = ("deterministic", "time-bound", "side-effect", "non-deterministic")
@@ -45,12 +53,16 @@ def release_flights(store: object, keys: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class Executed:
-    """What executing a call live produced: result bytes, tokens spent, latency (ms)."""
+    """What executing a call live produced: result bytes, tokens spent, latency (ms), and
+    whether the result may become a shared cache entry."""
 
     result: bytes
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: float = 0.0
+    cacheable: bool = True
+    """False keeps the result on the run (an unchanged replay serves it from lineage) but writes
+    no shared cache entry: e.g. an HTTP error status, which must not answer other runs."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,11 @@ def through_cache(
 ) -> tuple[bytes, CallRecord]:
     """Serve a call from the cache or execute it, recording the call on the current node.
 
+    The k-th identical LLM (or time-bound tool) call of one node lane is its own sample: its
+    key is :func:`occurrence_key` of ``key``, so a node that sends one request three times gets
+    three live answers when recording and the three recorded answers, in order, on replay.
+    Deterministic tools share one entry (the same arguments give the same result by declaration).
+
     Args:
         ctx: the active run context (its ``node`` scope receives the call record).
         kind, name, key, request, execute, policy: see :class:`Call`.
@@ -187,24 +204,101 @@ def through_cache(
         SideEffectBlocked, EffectPreconditionFailed: see :mod:`rewind.effects`.
     """
     scope = ctx.node
-    call = Call(kind, name, key, request, execute, policy, len(scope.calls) if scope else 0)
+    call = _new_call(scope, kind, name, key, request, execute, policy)
     if policy.determinism == "side-effect":
         from rewind.effects import side_effect_call
 
-        return side_effect_call(ctx, call)
-    found, reason = _lookup(ctx, scope, kind, key, policy)
+        data, record = side_effect_call(ctx, call)
+        return data, record
+    found, reason = _lookup(ctx, scope, kind, call.key, policy)
     if found is not None:
-        result_hash, produced_at = found
-        data = _result_bytes(ctx, scope, key, result_hash)
-        record = call.record(result_hash, "hit", "hit", produced_at=produced_at)
+        data, record = _hit(ctx, scope, call, found)
     elif ctx.read_cache and ctx.write_cache:
         data, record = _single_flight(ctx, scope, call, reason)
     else:
         outcome = "bypass" if reason == "stability" else "miss"
         data, record = execute_call(ctx, scope, call, outcome, reason, cacheable=ctx.write_cache)
     if scope is not None:
-        scope.calls.append(record)
+        scope.add_call(record)
     return data, record
+
+
+async def athrough_cache(
+    ctx: RunContext,
+    *,
+    kind: str,
+    name: str,
+    key: str,
+    request: bytes,
+    aexecute: Callable[[], Awaitable[Executed]],
+    policy: CallPolicy = DEFAULT_POLICY,
+) -> tuple[bytes, CallRecord]:
+    """The async twin of :func:`through_cache`: ``aexecute`` is awaited on a miss.
+
+    Lookups read the store synchronously (a local index query). Side-effecting calls are not
+    supported here (``@rewind.tool`` is synchronous).
+
+    Raises:
+        ValueError: ``policy`` is ``side-effect``.
+    """
+    if policy.determinism == "side-effect":
+        raise ValueError("side-effecting calls go through the synchronous through_cache")
+    scope = ctx.node
+    call = _new_call(scope, kind, name, key, request, _no_sync_execute, policy)
+    found, reason = _lookup(ctx, scope, kind, call.key, policy)
+    if found is not None:
+        data, record = _hit(ctx, scope, call, found)
+    elif ctx.read_cache and ctx.write_cache:
+        data, record = await _asingle_flight(ctx, scope, call, reason, aexecute)
+    else:
+        outcome = "bypass" if reason == "stability" else "miss"
+        data, record = await aexecute_call(
+            ctx, scope, call, aexecute, outcome, reason, cacheable=ctx.write_cache
+        )
+    if scope is not None:
+        scope.add_call(record)
+    return data, record
+
+
+def occurrence_key(key: str, lane: tuple[int, ...], occurrence: int) -> str:
+    """The cache key of the ``occurrence``-th (0-based) identical call in a node's worker lane.
+
+    The first call on the node's own thread keeps ``key`` (so existing cache entries stay
+    valid); every other one gets ``key_of("occurrence/v1", key, lane, occurrence)``.
+    """
+    if not lane and occurrence == 0:
+        return key
+    return key_of("occurrence/v1", key, ".".join(map(str, lane)), str(occurrence))
+
+
+def _new_call(
+    scope: NodeScope | None,
+    kind: str,
+    name: str,
+    key: str,
+    request: bytes,
+    execute: Callable[[], Executed],
+    policy: CallPolicy,
+) -> Call:
+    if scope is None:
+        return Call(kind, name, key, request, execute, policy, 0)
+    sampled = kind == "llm" or policy.determinism == "time-bound"
+    if sampled:
+        lane = current_lane()
+        key = occurrence_key(key, lane, scope.occurrence(lane, key))
+    return Call(kind, name, key, request, execute, policy, scope.reserve_index())
+
+
+def _no_sync_execute() -> Executed:
+    raise RuntimeError("an async call is executed by athrough_cache")
+
+
+def _hit(
+    ctx: RunContext, scope: NodeScope | None, call: Call, found: tuple[str, float | None]
+) -> tuple[bytes, CallRecord]:
+    result_hash, produced_at = found
+    data = _result_bytes(ctx, scope, call.key, result_hash)
+    return data, call.record(result_hash, "hit", "hit", produced_at=produced_at)
 
 
 def _single_flight(
@@ -212,6 +306,44 @@ def _single_flight(
 ) -> tuple[bytes, CallRecord]:
     """Execute a missed call once even when concurrent replays (a what-if grid) need it at the
     same moment: the first executes, the others wait and record ``hit:in-flight`` (0 tokens)."""
+    flight, future, leader = _join_flight(ctx, call)
+    if not leader:
+        return _follow(scope, call, future.result())
+    try:
+        data, record = execute_call(ctx, scope, call, "miss", reason, cacheable=True)
+    except BaseException as exc:
+        _fail_flight(flight, future, exc)
+        raise
+    _land_flight(ctx, scope, call, future, data, record)
+    return data, record
+
+
+async def _asingle_flight(
+    ctx: RunContext,
+    scope: NodeScope | None,
+    call: Call,
+    reason: str,
+    aexecute: Callable[[], Awaitable[Executed]],
+) -> tuple[bytes, CallRecord]:
+    """The async twin of :func:`_single_flight` (followers await the leader's future)."""
+    flight, future, leader = _join_flight(ctx, call)
+    if not leader:
+        return _follow(scope, call, await asyncio.wrap_future(future))
+    try:
+        data, record = await aexecute_call(
+            ctx, scope, call, aexecute, "miss", reason, cacheable=True
+        )
+    except BaseException as exc:
+        _fail_flight(flight, future, exc)
+        raise
+    _land_flight(ctx, scope, call, future, data, record)
+    return data, record
+
+
+_Flight = Future[tuple[bytes, str | None, float | None]]
+
+
+def _join_flight(ctx: RunContext, call: Call) -> tuple[tuple[int, str], _Flight, bool]:
     flight = (id(ctx.store), call.key)
     with _INFLIGHT_LOCK:
         leader = flight not in _INFLIGHT
@@ -220,22 +352,34 @@ def _single_flight(
                 for k in [k for k, f in _INFLIGHT.items() if f.done()]:
                     del _INFLIGHT[k]
             _INFLIGHT[flight] = Future()
-        future = _INFLIGHT[flight]
-    if leader:
-        try:
-            data, record = execute_call(ctx, scope, call, "miss", reason, cacheable=True)
-        except BaseException as exc:
-            future.set_exception(exc)
-            with _INFLIGHT_LOCK:
-                _INFLIGHT.pop(flight, None)
-            raise
-        future.set_result((data, record.result_hash, record.produced_at))
-        if scope is None:  # nothing will commit it later: forget it now
-            release_flights(ctx.store, [call.key])
-        # Otherwise the entry stays until the recorder commits the cache row, so a replay that
-        # misses in between shares this result instead of executing the call again.
-        return data, record
-    data, result_hash, produced_at = future.result()
+        return flight, _INFLIGHT[flight], leader
+
+
+def _fail_flight(flight: tuple[int, str], future: _Flight, exc: BaseException) -> None:
+    future.set_exception(exc)
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.pop(flight, None)
+
+
+def _land_flight(
+    ctx: RunContext,
+    scope: NodeScope | None,
+    call: Call,
+    future: _Flight,
+    data: bytes,
+    record: CallRecord,
+) -> None:
+    future.set_result((data, record.result_hash, record.produced_at))
+    if scope is None:  # nothing will commit it later: forget it now
+        release_flights(ctx.store, [call.key])
+    # Otherwise the entry stays until the recorder commits the cache row, so a replay that
+    # misses in between shares this result instead of executing the call again.
+
+
+def _follow(
+    scope: NodeScope | None, call: Call, shared: tuple[bytes, str | None, float | None]
+) -> tuple[bytes, CallRecord]:
+    data, result_hash, produced_at = shared
     if scope is not None:
         scope.pending[call.key] = call.pending(
             result_hash or "", data, cacheable=False, produced_at=produced_at
@@ -253,10 +397,43 @@ def execute_call(
     cacheable: bool,
     pending_key: str | None = None,
 ) -> tuple[bytes, CallRecord]:
-    """Execute a call live and queue its result (and, if ``cacheable``, its cache entry) on the
-    node's scope under ``pending_key`` (default: the cache key)."""
+    """Execute a call live and queue its result (and, if ``cacheable`` and the result says it
+    may be cached, its cache entry) on the node's scope under ``pending_key`` (default: the
+    cache key). HTTP requests the call makes itself are not captured again."""
     started = time.perf_counter()
-    done = call.execute()
+    with executing_call():
+        done = call.execute()
+    return _executed(ctx, scope, call, done, started, outcome, reason, cacheable, pending_key)
+
+
+async def aexecute_call(
+    ctx: RunContext,
+    scope: NodeScope | None,
+    call: Call,
+    aexecute: Callable[[], Awaitable[Executed]],
+    outcome: str,
+    reason: str,
+    *,
+    cacheable: bool,
+) -> tuple[bytes, CallRecord]:
+    """The async twin of :func:`execute_call`: awaits ``aexecute`` instead of ``call.execute``."""
+    started = time.perf_counter()
+    with executing_call():
+        done = await aexecute()
+    return _executed(ctx, scope, call, done, started, outcome, reason, cacheable, None)
+
+
+def _executed(
+    ctx: RunContext,
+    scope: NodeScope | None,
+    call: Call,
+    done: Executed,
+    started: float,
+    outcome: str,
+    reason: str,
+    cacheable: bool,
+    pending_key: str | None,
+) -> tuple[bytes, CallRecord]:
     latency = done.latency_ms or (time.perf_counter() - started) * 1000
     produced_at = ctx.clock()
     result_hash = sha256_hex(done.result)
@@ -265,7 +442,11 @@ def execute_call(
     )
     if scope is not None:
         scope.pending[pending_key or call.key] = call.pending(
-            result_hash, done.result, cacheable=cacheable, produced_at=produced_at, done=done
+            result_hash,
+            done.result,
+            cacheable=cacheable and done.cacheable,
+            produced_at=produced_at,
+            done=done,
         )
     return done.result, record
 
@@ -290,7 +471,11 @@ def _lookup(
         return (pending.result_hash, pending.produced_at), ""
     if not ctx.read_cache:
         return None, ctx.bypass_reason
-    entry: LineageEntry | None = ctx.lineage.get(key)
+    entry: LineageEntry | None = None
+    if scope is not None and ctx.lineage_at:
+        entry = ctx.lineage_at.get((scope.position, key))
+    if entry is None:
+        entry = ctx.lineage.get(key)
     if entry is not None:
         found: tuple[str, float | None] = (entry.result_hash, entry.produced_at)
     else:
@@ -319,6 +504,9 @@ __all__ = [
     "Call",
     "CallPolicy",
     "Executed",
+    "aexecute_call",
+    "athrough_cache",
     "execute_call",
+    "occurrence_key",
     "through_cache",
 ]

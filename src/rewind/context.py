@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from rewind.store.records import CallRecord
 
@@ -21,9 +23,21 @@ if TYPE_CHECKING:
     from rewind.llm import ChatClient
     from rewind.store import Store
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 _CURRENT: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
     "rewind_run_context", default=None
 )
+# The worker lane of the code running now: () for a node's own thread and its asyncio tasks,
+# (k,) for the k-th task the node handed to a thread pool, (k, j) for a task that one handed on.
+# Identical requests are numbered per lane, so thread scheduling cannot reorder recorded samples.
+_LANE: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("rewind_lane", default=())
+# True while a cached call executes live: HTTP capture must not record the requests a call makes
+# itself (``rewind.chat``'s own POST, a tool's HTTP traffic) a second time.
+_EXECUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("rewind_executing", default=False)
+_ACTIVE: dict[str, int] = {}  # run id -> number of open activations, in any thread
+_ACTIVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -69,6 +83,36 @@ class NodeScope:
     calls: list[CallRecord] = field(default_factory=list)
     pending: dict[str, PendingWrite] = field(default_factory=dict)
     effects: list[dict[str, Any]] = field(default_factory=list)
+    occurrences: dict[tuple[tuple[int, ...], str], int] = field(default_factory=dict)
+    submits: dict[tuple[int, ...], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _next_index: int = 0
+
+    def reserve_index(self) -> int:
+        """The next call index of this node (0, 1, …); safe from worker threads."""
+        with self.lock:
+            index = self._next_index
+            self._next_index += 1
+            return index
+
+    def add_call(self, record: CallRecord) -> None:
+        """Append a finished call's record; safe from worker threads."""
+        with self.lock:
+            self.calls.append(record)
+
+    def occurrence(self, lane: tuple[int, ...], key: str) -> int:
+        """How many times this lane of the node sent ``key`` before (0 for the first time)."""
+        with self.lock:
+            n = self.occurrences.get((lane, key), 0)
+            self.occurrences[(lane, key)] = n + 1
+            return n
+
+    def next_lane(self, parent: tuple[int, ...]) -> tuple[int, ...]:
+        """A new worker lane under ``parent``: the node's k-th hand-off from that lane."""
+        with self.lock:
+            k = self.submits.get(parent, 0)
+            self.submits[parent] = k + 1
+        return (*parent, k)
 
     @property
     def tokens(self) -> tuple[int, int]:
@@ -94,6 +138,8 @@ class RunContext:
             replay serves these first, so an unchanged replay returns exactly the parent's results
             even if the cache holds a newer entry for the same key.
         lineage_blobs: the lineage's result bytes, fetched in one query when the fork starts.
+        lineage_at: ``{(node position, cache key): entry}`` over the same calls; served before
+            ``lineage`` so each execution of a looped node gets its own recorded answer.
         effects_mode: how a replay treats side-effecting calls: ``recorded`` (serve the record),
             ``dry-run`` (log, execute nothing) or ``live`` (re-execute after verifying the
             resource's pre-state); see :mod:`rewind.effects`.
@@ -117,6 +163,7 @@ class RunContext:
     node: NodeScope | None = None
     on_event: Any = None  # callable(event: str, payload: dict) for progress displays
     lineage_blobs: dict[str, bytes] = field(default_factory=dict)
+    lineage_at: dict[tuple[int, str], LineageEntry] = field(default_factory=dict)
     recent: dict[str, PendingWrite] = field(default_factory=dict)
     effects_mode: str = "recorded"
     write_cache: bool = True
@@ -155,12 +202,92 @@ def current() -> RunContext | None:
 
 @contextmanager
 def activate(ctx: RunContext) -> Iterator[RunContext]:
-    """Make ``ctx`` the active run context for the duration of the block."""
+    """Make ``ctx`` the active run context for the duration of the block.
+
+    The context follows asyncio tasks by itself (they copy contextvars) and follows work handed
+    to a ``concurrent.futures.ThreadPoolExecutor`` because the first activation installs
+    :func:`rewind.capture.threads.follow_thread_pools`; model requests of httpx-based SDKs are
+    captured once :func:`rewind.capture.install` ran (also done here unless
+    ``REWIND_HTTP_CAPTURE=off``).
+    """
+    from rewind.capture import ensure_installed
+
+    ensure_installed()
+    with _ACTIVE_LOCK:
+        _ACTIVE[ctx.run_id] = _ACTIVE.get(ctx.run_id, 0) + 1
     token = _CURRENT.set(ctx)
     try:
         yield ctx
     finally:
         _CURRENT.reset(token)
+        with _ACTIVE_LOCK:
+            left = _ACTIVE.pop(ctx.run_id, 1) - 1
+            if left > 0:
+                _ACTIVE[ctx.run_id] = left
+
+
+def active_runs() -> list[str]:
+    """Ids of the runs active in this process right now, in any thread (sorted)."""
+    with _ACTIVE_LOCK:
+        return sorted(_ACTIVE)
+
+
+def current_lane() -> tuple[int, ...]:
+    """The worker lane of the running code (``()`` on the node's own thread)."""
+    return _LANE.get()
+
+
+def executing() -> bool:
+    """True while a cached call executes live (its own HTTP requests are not captured again)."""
+    return _EXECUTING.get()
+
+
+@contextmanager
+def executing_call() -> Iterator[None]:
+    """Mark the block as the live execution of one cached call."""
+    token = _EXECUTING.set(True)
+    try:
+        yield
+    finally:
+        _EXECUTING.reset(token)
+
+
+def propagate(fn: Callable[P, R]) -> Callable[P, R]:
+    """Return ``fn`` bound to the current run context, to be called in another thread.
+
+    Calls ``fn`` makes there (LLM, tool, captured HTTP) belong to the current node: recorded,
+    counted and replayed. The returned function runs in a copy of the context taken now and in
+    a new worker lane numbered in hand-off order, so identical requests sent from different
+    threads are numbered per lane and an unchanged replay returns each thread its own recorded
+    answers whatever the scheduling. Work submitted to a ``ThreadPoolExecutor`` during a run is
+    propagated this way automatically (one lane per ``submit``); use this for
+    ``threading.Thread(target=propagate(work))`` and other kinds of pools, once per task.
+    Outside a run it returns ``fn`` unchanged.
+
+    Args:
+        fn: any callable.
+    Returns:
+        a callable with the same signature and result.
+    """
+    ctx = current()
+    if ctx is None or getattr(fn, "__rewind_propagated__", False):
+        return fn
+    parent = _LANE.get()
+    lane = ctx.node.next_lane(parent) if ctx.node is not None else parent
+    snapshot = contextvars.copy_context()
+
+    @functools.wraps(fn)
+    def bound(*args: P.args, **kwargs: P.kwargs) -> R:
+        # A Context can be entered by one thread at a time: run each call in its own copy.
+        return snapshot.copy().run(_in_lane, lane, fn, *args, **kwargs)
+
+    bound.__rewind_propagated__ = True  # type: ignore[attr-defined]
+    return bound
+
+
+def _in_lane(lane: tuple[int, ...], fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    _LANE.set(lane)
+    return fn(*args, **kwargs)
 
 
 def param(name: str, default: Any) -> Any:

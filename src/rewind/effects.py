@@ -362,7 +362,7 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
         post = {r.name: r.fingerprint() for r in resources}
         _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     if scope is not None:
-        scope.calls.append(record)
+        scope.add_call(record)
     return data, record
 
 

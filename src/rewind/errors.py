@@ -7,6 +7,7 @@ render the same two lines (what, then how) without knowing which module raised i
 from __future__ import annotations
 
 __all__ = [
+    "ContextLost",
     "EndpointUnavailable",
     "ForkError",
     "InvalidOverride",
@@ -68,3 +69,8 @@ class RunBusy(RewindError):
 
 class ForkError(RewindError):
     """A fork cannot start: its source row is missing or the parent failed before the fork node."""
+
+
+class ContextLost(RewindError):
+    """Code that must belong to a run (a side-effecting tool) runs in a thread or task that lost
+    the run context while the run is active."""

@@ -295,7 +295,9 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 "started_at": scope.started_at,
             }
         )
-        batch.calls.extend(call_rows(self.ctx.run_id, self.position, scope.calls))
+        # Calls from worker threads finish in any order; their indices were taken when they began.
+        calls = sorted(scope.calls, key=lambda c: c.call_index)
+        batch.calls.extend(call_rows(self.ctx.run_id, self.position, calls))
         self.ctx.remember(scope)
         self.executed.append(action.name)
         self.ctx.emit(

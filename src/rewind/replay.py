@@ -397,7 +397,7 @@ class Rewind:
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.input_overrides = input_overrides
-        ctx.lineage = self._lineage(parent)
+        ctx.lineage, ctx.lineage_at = self._lineages(parent)
         ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
         ctx.effects_mode = effects
         ctx.fork_node = fork_node.name
@@ -554,21 +554,31 @@ class Rewind:
         """Cache key → the call that produced its result, over the run and its ancestors
         (nearest wins; a side-effecting call served or dry-run does not replace the execution
         it was served from)."""
+        return self._lineages(run)[0]
+
+    def _lineages(
+        self, run: RunRecord
+    ) -> tuple[dict[str, LineageEntry], dict[tuple[int, str], LineageEntry]]:
+        """:meth:`_lineage`, and the same calls by (node position, cache key): a looped node
+        that sends one request in every execution gets each execution's own answer back."""
         chain: list[str] = []
         current: RunRecord | None = run
         while current is not None and current.run_id not in chain:
             chain.append(current.run_id)
             current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
         lineage: dict[str, LineageEntry] = {}
+        at: dict[tuple[int, str], LineageEntry] = {}
         for rid in reversed(chain):
             for node in self.store.nodes_of(rid):
                 for call in node.calls:
                     if not call.result_hash or call.outcome in ("served", "dry-run"):
                         continue
-                    lineage[call.key] = LineageEntry(
+                    entry = LineageEntry(
                         call.result_hash, call.produced_at, rid, node.position, call.call_index
                     )
-        return lineage
+                    lineage[call.key] = entry
+                    at[(node.position, call.key)] = entry
+        return lineage, at
 
     def _write_output_override(
         self,

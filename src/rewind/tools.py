@@ -17,8 +17,8 @@ from typing import Any
 
 from rewind.cache import CallPolicy, Executed, through_cache
 from rewind.canonical import canonical_bytes, key_of
-from rewind.context import current
-from rewind.errors import RewindError
+from rewind.context import active_runs, current
+from rewind.errors import ContextLost, RewindError
 
 TOOL_FLAGS = ("deterministic", "time-bound", "side-effect")
 
@@ -116,6 +116,8 @@ class Tool:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ctx = current()
         if ctx is None:
+            if self.determinism == "side-effect":
+                _refuse_unrecorded_effect(self.name)
             return self.fn(*args, **kwargs)
         bound = self.bind(*args, **kwargs)
         request = canonical_bytes(self.key_args(bound))
@@ -134,6 +136,19 @@ class Tool:
             policy=self.policy(bound),
         )
         return json.loads(data)
+
+
+def _refuse_unrecorded_effect(name: str) -> None:
+    """A side effect outside any run context while a run is active would escape the record
+    (and be repeated, unaudited, on every replay): refuse it."""
+    runs = active_runs()
+    if runs:
+        raise ContextLost(
+            f"side-effecting tool {name!r} was called outside the run context while run "
+            f"{runs[0][:12]} is active, so it would execute unrecorded",
+            "hand the work to a concurrent.futures.ThreadPoolExecutor (Rewind carries the run "
+            "context into it) or start the thread with target=rewind.context.propagate(fn)",
+        )
 
 
 def tool(

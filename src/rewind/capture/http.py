@@ -1,0 +1,333 @@
+"""HTTP-layer capture: model requests of any httpx-based SDK go through Rewind's call cache.
+
+While a run context is active (:mod:`rewind.context`), a request that :class:`ModelRoutes` calls a
+model request is keyed (:func:`rewind.capture.exchange.describe_request`) and served through
+:func:`rewind.cache.through_cache` — the same cache, lineage, single flight and node bookkeeping
+as ``rewind.chat`` — as an ``llm`` call: a hit returns the recorded status, kept headers and body
+bytes (or the same server-sent events in the same order) and counts 0 tokens; a miss sends the
+request, reads the whole response, records it and returns it rebuilt from the record, so a live
+call and its replay hand the SDK the same thing. Tokens come from the response's ``usage``.
+Outside a run, inside a call that is already being cached (``rewind.chat``'s own POST, a tool's
+traffic), and for every other request, the transport passes the request through untouched.
+
+Two ways in, both for ``httpx`` and for its fork ``httpx2`` (used by openai>=3 and anthropic>=2):
+
+* :func:`install` wraps ``HTTPTransport.handle_request`` and
+  ``AsyncHTTPTransport.handle_async_request`` of each library — the default transport of every
+  client those SDKs build (``OpenAI()``, ``AsyncOpenAI()``, the module-level ``openai`` client,
+  ``anthropic.Anthropic()``, LiteLLM's httpx path, instructor on top of them), whenever the
+  client was created. No SDK internals are touched. :func:`uninstall` restores them.
+* :class:`Transport` / :class:`AsyncTransport` wrap any transport explicitly:
+  ``OpenAI(http_client=httpx.Client(transport=rewind.capture.Transport()))``.
+
+Streams are read to the end before the SDK sees the first event while a call is recorded (a
+truncated stream is never cached); on a hit the events arrive at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+from rewind.cache import CallPolicy, Executed, athrough_cache, through_cache
+from rewind.capture.exchange import (
+    ModelRequest,
+    ModelRoutes,
+    Recorded,
+    decode_envelope,
+    describe_request,
+    encode_envelope,
+    recorded_from,
+    usage_tokens,
+)
+from rewind.context import current, executing
+
+__all__ = [
+    "AsyncTransport",
+    "Transport",
+    "acapture",
+    "capture",
+    "install",
+    "installed",
+    "uninstall",
+]
+
+_HTTP_LIBRARIES = ("httpx", "httpx2")
+_ORIGINAL = "__rewind_original__"
+_ROUTES = ModelRoutes()
+_INSTALL_LOCK = threading.Lock()
+
+_SAMPLED = CallPolicy("non-deterministic")
+_GREEDY = CallPolicy()
+
+
+# -- the capture itself ------------------------------------------------------------------------
+
+
+def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROUTES) -> Any:
+    """Send ``request`` through the current run's cache when it is a model request.
+
+    Args:
+        request: an ``httpx.Request`` (or ``httpx2.Request``).
+        send: sends it for real and returns the response (the wrapped transport).
+        routes: which requests are model requests.
+    Returns:
+        the response: rebuilt from the record for a captured request, else ``send``'s.
+    Raises:
+        whatever ``send`` raises (nothing is recorded then); RewindError subclasses from the
+        cache (see :func:`rewind.cache.through_cache`).
+    """
+    ctx = current()
+    if ctx is None or executing() or not _matches(routes, request):
+        return send(request)
+    described = _describe(request, request.read())
+    if described is None:
+        return send(request)
+
+    def execute() -> Executed:
+        response = send(request)
+        try:
+            body = response.read()
+        finally:
+            response.close()
+        return _executed(recorded_from(response.status_code, response.headers.multi_items(), body))
+
+    data, _ = through_cache(ctx, execute=execute, **_call_of(described))
+    return _response(request, decode_envelope(data))
+
+
+async def acapture(
+    request: Any, send: Callable[[Any], Awaitable[Any]], routes: ModelRoutes = _ROUTES
+) -> Any:
+    """The async twin of :func:`capture` (``send`` is awaited)."""
+    ctx = current()
+    if ctx is None or executing() or not _matches(routes, request):
+        return await send(request)
+    described = _describe(request, await request.aread())
+    if described is None:
+        return await send(request)
+
+    async def aexecute() -> Executed:
+        response = await send(request)
+        try:
+            body = await response.aread()
+        finally:
+            await response.aclose()
+        return _executed(recorded_from(response.status_code, response.headers.multi_items(), body))
+
+    data, _ = await athrough_cache(ctx, aexecute=aexecute, **_call_of(described))
+    return _response(request, decode_envelope(data))
+
+
+def _matches(routes: ModelRoutes, request: Any) -> bool:
+    url = request.url
+    return routes.matches(request.method, url.host, url.path)
+
+
+def _describe(request: Any, body: bytes) -> ModelRequest | None:
+    return describe_request(request.method, str(request.url), request.headers.multi_items(), body)
+
+
+def _call_of(described: ModelRequest) -> dict[str, Any]:
+    """The cache's view of a model request: an ``llm`` call named by its model; sampled unless
+    it asks for temperature 0 or is an embedding."""
+    return {
+        "kind": "llm",
+        "name": described.model,
+        "key": described.key,
+        "request": described.request,
+        "policy": _SAMPLED if described.sampled else _GREEDY,
+    }
+
+
+def _executed(recorded: Recorded) -> Executed:
+    prompt, completion = usage_tokens(recorded)
+    return Executed(encode_envelope(recorded), prompt, completion, cacheable=recorded.ok)
+
+
+def _response(request: Any, recorded: Recorded) -> Any:
+    """A response of the request's own library (httpx or httpx2) built from the record."""
+    library = _library_of(request)
+    headers = list(recorded.headers)
+    if recorded.events is None:
+        return library.Response(
+            recorded.status, headers=headers, content=recorded.body, request=request
+        )
+    stream = _event_stream_class(library)(recorded.events)
+    return library.Response(recorded.status, headers=headers, stream=stream, request=request)
+
+
+def _library_of(request: Any) -> ModuleType:
+    return sys.modules[type(request).__module__.partition(".")[0]]
+
+
+@functools.cache
+def _event_stream_class(library: ModuleType) -> type:
+    """A byte stream of the library's kind that yields the recorded events one by one."""
+
+    class RecordedEvents(library.SyncByteStream, library.AsyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, events: tuple[bytes, ...]) -> None:
+            self._events = events
+
+        def __iter__(self) -> Any:
+            yield from self._events
+
+        async def __aiter__(self) -> Any:
+            for event in self._events:
+                yield event
+
+    return RecordedEvents
+
+
+# -- explicit transports -----------------------------------------------------------------------
+
+
+class Transport(httpx.BaseTransport):
+    """A sync transport that captures model requests and passes everything else through.
+
+    ``httpx.Client(transport=rewind.capture.Transport())`` (or ``httpx2.Client(...)`` with
+    ``wrapped=httpx2.HTTPTransport()``), then hand the client to the SDK
+    (``OpenAI(http_client=...)``).
+
+    Args:
+        wrapped: the transport that really sends; ``httpx.HTTPTransport()`` when None.
+        routes: which requests are model requests (:class:`ModelRoutes` defaults).
+    """
+
+    def __init__(
+        self, wrapped: httpx.BaseTransport | None = None, *, routes: ModelRoutes | None = None
+    ) -> None:
+        self.wrapped = wrapped if wrapped is not None else httpx.HTTPTransport()
+        self.routes = routes or ModelRoutes()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Capture the request when a run is active and it is a model request; else send it."""
+        response: httpx.Response = capture(request, self.wrapped.handle_request, self.routes)
+        return response
+
+    def close(self) -> None:
+        """Close the wrapped transport."""
+        self.wrapped.close()
+
+
+class AsyncTransport(httpx.AsyncBaseTransport):
+    """The async twin of :class:`Transport`, for ``httpx.AsyncClient`` / ``AsyncOpenAI``.
+
+    Args:
+        wrapped: the transport that really sends; ``httpx.AsyncHTTPTransport()`` when None.
+        routes: which requests are model requests.
+    """
+
+    def __init__(
+        self,
+        wrapped: httpx.AsyncBaseTransport | None = None,
+        *,
+        routes: ModelRoutes | None = None,
+    ) -> None:
+        self.wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
+        self.routes = routes or ModelRoutes()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Capture the request when a run is active and it is a model request; else send it."""
+        response: httpx.Response = await acapture(
+            request, self.wrapped.handle_async_request, self.routes
+        )
+        return response
+
+    async def aclose(self) -> None:
+        """Close the wrapped transport."""
+        await self.wrapped.aclose()
+
+
+# -- process-wide installation -----------------------------------------------------------------
+
+
+def install(routes: ModelRoutes | None = None) -> None:
+    """Capture model requests of every httpx/httpx2 client in this process (idempotent).
+
+    Wraps ``HTTPTransport.handle_request`` and ``AsyncHTTPTransport.handle_async_request`` of
+    ``httpx`` and, when installed, ``httpx2``: the default transports every SDK client gets,
+    including clients created before this call. Requests still pass through untouched outside a
+    Rewind run. Not covered: clients built on other transports (``httpx.MockTransport``,
+    LiteLLM's aiohttp transport for async calls — set ``litellm.disable_aiohttp_transport =
+    True`` — or non-httpx SDKs such as ``requests``/``aiohttp``); wrap those in
+    :class:`Transport`/:class:`AsyncTransport` or use ``rewind.chat``.
+
+    Args:
+        routes: which requests are model requests (replaces the previous setting when given).
+    """
+    global _ROUTES
+    with _INSTALL_LOCK:
+        if routes is not None:
+            _ROUTES = routes
+        for library in _libraries():
+            _wrap(library.HTTPTransport, "handle_request", _sync_wrapper)
+            _wrap(library.AsyncHTTPTransport, "handle_async_request", _async_wrapper)
+
+
+def uninstall() -> None:
+    """Restore the libraries' own transport methods (idempotent)."""
+    with _INSTALL_LOCK:
+        for name in _HTTP_LIBRARIES:
+            library = sys.modules.get(name)
+            if library is None:
+                continue
+            for cls, method in (
+                (library.HTTPTransport, "handle_request"),
+                (library.AsyncHTTPTransport, "handle_async_request"),
+            ):
+                original = getattr(cls.__dict__.get(method), _ORIGINAL, None)
+                if original is not None:
+                    setattr(cls, method, original)
+
+
+def installed() -> bool:
+    """True when :func:`install` is in effect for httpx."""
+    return hasattr(httpx.HTTPTransport.__dict__.get("handle_request"), _ORIGINAL)
+
+
+def _libraries() -> list[ModuleType]:
+    found = []
+    for name in _HTTP_LIBRARIES:
+        if name in sys.modules or importlib.util.find_spec(name) is not None:
+            found.append(importlib.import_module(name))
+    return found
+
+
+def _wrap(cls: type, method: str, wrapper: Callable[[Any], Any]) -> None:
+    current_method = cls.__dict__.get(method)
+    if current_method is None or hasattr(current_method, _ORIGINAL):
+        return
+    wrapped = wrapper(current_method)
+    setattr(wrapped, _ORIGINAL, current_method)
+    setattr(cls, method, wrapped)
+
+
+def _sync_wrapper(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    @functools.wraps(original)
+    def handle_request(self: Any, request: Any) -> Any:
+        if current() is None:  # the fast path: no run, nothing to capture
+            return original(self, request)
+        return capture(request, functools.partial(original, self), _ROUTES)
+
+    return handle_request
+
+
+def _async_wrapper(
+    original: Callable[[Any, Any], Awaitable[Any]],
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    @functools.wraps(original)
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        if current() is None:
+            return await original(self, request)
+        return await acapture(request, functools.partial(original, self), _ROUTES)
+
+    return handle_async_request

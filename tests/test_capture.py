@@ -1,0 +1,448 @@
+"""HTTP-layer capture of model SDKs, threads/asyncio in a node, repeated identical samples.
+
+Every test counts requests at a real loopback HTTP server (:mod:`tests.model_stub`), whose answers
+carry its request number: a replayed answer is told from a fresh one by its content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from burr.core import State, action, default, expr
+from burr.core.graph import GraphBuilder
+
+import rewind
+from rewind.capture import Transport, register_endpoint, unregister_endpoint
+from rewind.capture.exchange import (
+    decode_envelope,
+    describe_request,
+    encode_envelope,
+    recorded_from,
+    split_events,
+)
+from rewind.context import propagate
+from rewind.errors import ContextLost
+from rewind.llm import ChatClient, Endpoint
+from rewind.replay import Pipeline, Rewind
+from tests.model_stub import STUB_MODEL, ModelStub
+
+
+@pytest.fixture
+def stub() -> Iterator[ModelStub]:
+    with ModelStub() as server:
+        yield server
+
+
+@pytest.fixture
+def rw(tmp_path: Path) -> Iterator[Rewind]:
+    session = Rewind(tmp_path / "store")
+    yield session
+    session.store.close()
+
+
+def one_node(name: str, body: Callable[[State], dict[str, Any]]) -> Pipeline:
+    """A one-node pipeline whose node writes what ``body`` returns under ``out``."""
+
+    @action(reads=["question"], writes=["out"])
+    def node(state: State) -> State:
+        return state.update(out=body(state))
+
+    graph = GraphBuilder().with_actions(**{name: node}).build()
+    return Pipeline(f"capture-{name}", graph, entrypoint=name)
+
+
+def node_row(rw: Rewind, run_id: str, position: int = 0) -> Any:
+    return rw.store.nodes_of(run_id)[position]
+
+
+def output(rw: Rewind, run_id: str, position: int = 0) -> Any:
+    return rw.node_output(node_row(rw, run_id, position))["out"]
+
+
+def record_sent(rw: Rewind, pipeline: Pipeline, stub: ModelStub, sent: int) -> tuple[str, Any]:
+    """Record ``pipeline`` on ``{"question": "q"}``; check it completed, made ``sent`` calls
+    and the server received ``sent`` requests. Returns (run id, the first node's ``out``)."""
+    run = rw.record(pipeline, {"question": "q"})
+    assert run.status == "completed", run.error
+    assert stub.count == sent
+    assert len(node_row(rw, run.run_id).calls) == sent
+    return run.run_id, output(rw, run.run_id)
+
+
+def replay_unchanged(rw: Rewind, parent: str, stub: ModelStub, sent: int) -> str:
+    """Replay ``parent`` unchanged from its first node and check the promise: every node with
+    calls hit, 0 tokens, every output hash and field kept, and the server (which had received
+    ``sent`` requests) received nothing new. Returns the fork's run id."""
+    child = rw.replay(parent).run_id
+    assert stub.count == sent
+    assert rw.store.get_run(child).status == "completed"
+    a, b = rw.store.nodes_of(parent), rw.store.nodes_of(child)
+    assert [n.output_hash for n in a] == [n.output_hash for n in b]
+    for node in b:
+        expected = ("hit", "hit") if node.calls else ("none", "no-calls")
+        assert (node.cache_outcome, node.cache_reason) == expected, node
+        assert node.prompt_tokens == node.completion_tokens == 0
+    assert rw.diff(parent, child).first_divergence is None
+    return child
+
+
+# -- OpenAI SDK, sync ----------------------------------------------------------------------------
+
+
+def test_openai_call_is_recorded_and_an_unchanged_replay_sends_nothing(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="sk-secret-1", max_retries=0)
+
+    def ask(state: State) -> dict[str, Any]:
+        r = client.chat.completions.create(
+            model=STUB_MODEL,
+            messages=[{"role": "user", "content": state["question"]}],
+            temperature=0.7,
+        )
+        return {"text": r.choices[0].message.content, "tokens": r.usage.completion_tokens}
+
+    parent = rw.record(one_node("ask", ask), {"question": "why?"})
+    assert parent.status == "completed", parent.error
+    assert stub.count == 1
+    node = node_row(rw, parent.run_id)
+    assert (node.cache_outcome, node.cache_reason) == ("miss", "bypass")
+    assert (node.prompt_tokens, node.completion_tokens) == (7, 4)
+    assert [(c.kind, c.name, c.determinism) for c in node.calls] == [
+        ("llm", STUB_MODEL, "non-deterministic")
+    ]
+    assert output(rw, parent.run_id) == {"text": "answer #1 to why?", "tokens": 4}
+
+    # A new API key (and SDK request ids/retry headers) must not change the key.
+    client = openai.OpenAI(base_url=stub.base_url, api_key="sk-other-2", max_retries=0)
+    child = replay_unchanged(rw, parent.run_id, stub, sent=1)
+    assert output(rw, child) == {"text": "answer #1 to why?", "tokens": 4}
+
+
+def test_a_node_that_samples_one_request_three_times_gets_three_answers_back_in_order(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def vote(state: State) -> list[str]:
+        request = {
+            "model": STUB_MODEL,
+            "messages": [{"role": "user", "content": state["question"]}],
+            "temperature": 1.0,
+        }
+        return [client.chat.completions.create(**request).choices[0].message.content for _ in "abc"]
+
+    parent, recorded = record_sent(rw, one_node("vote", vote), stub, sent=3)
+    assert recorded == ["answer #1 to q", "answer #2 to q", "answer #3 to q"]
+    assert node_row(rw, parent).completion_tokens == 12
+    assert len({c.key for c in node_row(rw, parent).calls}) == 3
+    assert output(rw, replay_unchanged(rw, parent, stub, sent=3)) == recorded
+
+
+def test_a_looped_node_gets_each_execution_its_own_recorded_answer(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    @action(reads=["question", "answers"], writes=["answers"])
+    def retry(state: State) -> State:
+        reply = client.chat.completions.create(
+            model=STUB_MODEL, messages=[{"role": "user", "content": state["question"]}]
+        )
+        return state.update(answers=[*state["answers"], reply.choices[0].message.content])
+
+    @action(reads=["answers"], writes=["final"])
+    def done(state: State) -> State:
+        return state.update(final=state["answers"][-1])
+
+    graph = (
+        GraphBuilder()
+        .with_actions(retry=retry, done=done)
+        .with_transitions(("retry", "retry", expr("len(answers) < 3")), ("retry", "done", default))
+        .build()
+    )
+    pipeline = Pipeline("capture-loop", graph, entrypoint="retry")
+    parent = rw.record(pipeline, {"question": "q", "answers": []})
+    assert stub.count == 3
+    child = replay_unchanged(rw, parent.run_id, stub, sent=3)
+    final = rw.node_output(rw.store.nodes_of(child)[-1])["final"]
+    assert final == "answer #3 to q"
+
+
+def test_a_streamed_answer_replays_the_same_events_in_the_same_order(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def stream(state: State) -> list[str]:
+        chunks = client.chat.completions.create(
+            model=STUB_MODEL,
+            messages=[{"role": "user", "content": state["question"]}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        return [chunk.model_dump_json() for chunk in chunks]
+
+    parent = rw.record(one_node("stream", stream), {"question": "tell me"})
+    events = output(rw, parent.run_id)
+    assert len(events) == 6 and '"answer ' in events[0]
+    node = node_row(rw, parent.run_id)
+    assert (node.prompt_tokens, node.completion_tokens) == (7, 5)
+    child = replay_unchanged(rw, parent.run_id, stub, sent=1)
+    assert output(rw, child) == events
+
+
+def test_stream_and_non_stream_requests_are_different_calls(rw: Rewind, stub: ModelStub) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def both(state: State) -> list[str]:
+        messages = [{"role": "user", "content": "same"}]
+        plain = client.chat.completions.create(model=STUB_MODEL, messages=messages)
+        streamed = client.chat.completions.create(model=STUB_MODEL, messages=messages, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        return [plain.choices[0].message.content, text.strip()]
+
+    parent = rw.record(one_node("both", both), {"question": ""})
+    assert output(rw, parent.run_id) == ["answer #1 to same", "answer #2 to same"]
+    replay_unchanged(rw, parent.run_id, stub, sent=2)
+
+
+# -- async clients, asyncio tasks, threads -------------------------------------------------------
+
+
+def test_async_client_calls_from_asyncio_gather_tasks_belong_to_the_node(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    def gather(state: State) -> list[str]:
+        async def main() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+            request = {
+                "model": STUB_MODEL,
+                "messages": [{"role": "user", "content": state["question"]}],
+                "temperature": 0.9,
+            }
+            replies = await asyncio.gather(
+                *(client.chat.completions.create(**request) for _ in range(3)),
+                client.chat.completions.create(**request | {"temperature": 0}),
+            )
+            await client.close()
+            return [r.choices[0].message.content for r in replies]
+
+        return asyncio.run(main())
+
+    parent, answers = record_sent(rw, one_node("gather", gather), stub, sent=4)
+    assert len(set(answers)) == 4
+    assert node_row(rw, parent).completion_tokens == 16
+    assert output(rw, replay_unchanged(rw, parent, stub, sent=4)) == answers
+
+
+def test_thread_pool_calls_are_recorded_and_each_thread_gets_its_own_answers_back(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def ask_twice(question: str) -> list[str]:
+        request = {"model": STUB_MODEL, "messages": [{"role": "user", "content": question}]}
+        return [client.chat.completions.create(**request).choices[0].message.content for _ in "ab"]
+
+    def fan_out(state: State) -> list[list[str]]:
+        # Four tasks, two of them with identical requests: scheduling must not swap answers.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return list(pool.map(ask_twice, ["x", "same", "same", "y"]))
+
+    parent, answers = record_sent(rw, one_node("fan_out", fan_out), stub, sent=8)
+    assert len({a for pair in answers for a in pair}) == 8
+    for _ in range(2):
+        assert output(rw, replay_unchanged(rw, parent, stub, sent=8)) == answers
+
+
+def test_a_side_effecting_tool_in_a_thread_without_the_run_context_refuses_to_run(
+    rw: Rewind,
+) -> None:
+    executed: list[str] = []
+
+    @rewind.tool("capture_fx_write", determinism="side-effect")
+    def write(line: str) -> str:
+        executed.append(line)
+        return line
+
+    def spawn(state: State) -> dict[str, Any]:
+        errors: list[BaseException] = []
+
+        def work(line: str) -> None:
+            try:
+                write(line)
+            except ContextLost as exc:
+                errors.append(exc)
+
+        plain = threading.Thread(target=work, args=("lost",))
+        plain.start()
+        plain.join()
+        carried = threading.Thread(target=propagate(work), args=("carried",))
+        carried.start()
+        carried.join()
+        return {"errors": [str(e) for e in errors]}
+
+    run = rw.record(one_node("spawn", spawn), {"question": ""})
+    assert run.status == "completed", run.error
+    errors = output(rw, run.run_id)["errors"]
+    assert len(errors) == 1
+    assert "outside the run context" in errors[0] and "propagate" in errors[0]
+    assert executed == ["carried"]
+    calls = node_row(rw, run.run_id).calls
+    assert [(c.name, c.determinism) for c in calls] == [("capture_fx_write", "side-effect")]
+    # With no run active anywhere, the tool is an ordinary function again.
+    assert write("free") == "free"
+
+
+# -- other SDKs and clients ----------------------------------------------------------------------
+
+
+def test_anthropic_messages_plain_and_streamed_replay_unchanged(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = anthropic.Anthropic(
+        base_url=stub.base_url.removesuffix("/v1"), api_key="a-key", max_retries=0
+    )
+
+    def claude(state: State) -> list[str]:
+        messages = [{"role": "user", "content": state["question"]}]
+        plain = client.messages.create(model="claude-x", max_tokens=20, messages=messages)
+        with client.messages.stream(model="claude-x", max_tokens=20, messages=messages) as s:
+            streamed = [event.type for event in s] + [s.get_final_text()]
+        return [plain.content[0].text, *streamed]
+
+    parent = rw.record(one_node("claude", claude), {"question": "hi"})
+    assert parent.status == "completed", parent.error
+    assert stub.count == 2
+    assert stub.paths == ["/v1/messages", "/v1/messages"]
+    answers = output(rw, parent.run_id)
+    assert answers[0] == "answer #1 to hi" and answers[-1] == "answer #2 to hi"
+    node = node_row(rw, parent.run_id)
+    assert (node.prompt_tokens, node.completion_tokens) == (10, 8)
+    child = replay_unchanged(rw, parent.run_id, stub, sent=2)
+    assert output(rw, child) == answers
+
+
+def test_an_explicit_transport_captures_a_plain_httpx_client(rw: Rewind, stub: ModelStub) -> None:
+    http = httpx.Client(transport=Transport())
+
+    def post(state: State) -> list[Any]:
+        body = {"model": STUB_MODEL, "input": "text"}
+        first = http.post(f"{stub.base_url}/embeddings", json=body).json()["data"][0]
+        health = http.get(f"{stub.base_url}/models").status_code  # not a model request
+        return [first["embedding"], health]
+
+    parent = rw.record(one_node("embed", post), {"question": ""})
+    assert stub.count == 1  # the GET went to the server too, but is no POST
+    node = node_row(rw, parent.run_id)
+    assert [c.determinism for c in node.calls] == ["deterministic"]
+    child = replay_unchanged(rw, parent.run_id, stub, sent=1)
+    assert output(rw, child) == output(rw, parent.run_id)
+    http.close()
+
+
+def test_rewind_chat_is_cached_once_not_captured_twice(tmp_path: Path, stub: ModelStub) -> None:
+    with ChatClient(Endpoint(base_url=stub.base_url, model=STUB_MODEL)) as client:
+        session = Rewind(tmp_path / "store", chat_client=client)
+
+        def chat(state: State) -> str:
+            return rewind.chat([{"role": "user", "content": "hi"}], temperature=0).content
+
+        run = session.record(one_node("chat", chat), {"question": ""})
+        assert stub.count == 1
+        calls = node_row(session, run.run_id).calls
+        assert [(c.kind, c.name) for c in calls] == [("llm", STUB_MODEL)]
+        session.store.close()
+
+
+def test_requests_outside_a_run_pass_through_untouched(stub: ModelStub) -> None:
+    rewind.capture.ensure_installed()
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+    request = {"model": STUB_MODEL, "messages": [{"role": "user", "content": "q"}]}
+    texts = [client.chat.completions.create(**request).choices[0].message.content for _ in "ab"]
+    assert texts == ["answer #1 to q", "answer #2 to q"]
+    assert stub.count == 2
+
+
+# -- keys and envelopes --------------------------------------------------------------------------
+
+
+BODY = b'{"model": "m", "messages": [{"role": "user", "content": "q"}], "user": "u-1"}'
+
+
+def test_the_key_names_the_endpoint_and_ignores_credentials_and_volatile_fields() -> None:
+    a = describe_request("POST", "http://127.0.0.1:1111/v1/chat/completions", [], BODY)
+    b = describe_request(
+        "POST",
+        "http://127.0.0.1:1111/v1/chat/completions?key=secret",
+        [("Authorization", "Bearer x"), ("X-Request-Id", "r-9"), ("User-Agent", "sdk/9")],
+        b'{"messages": [{"content": "q", "role": "user"}], "model": "m", "user": "u-2"}',
+    )
+    other_port = describe_request("POST", "http://127.0.0.1:2222/v1/chat/completions", [], BODY)
+    other_version = describe_request(
+        "POST", "http://127.0.0.1:1111/v1/chat/completions", [("anthropic-version", "2")], BODY
+    )
+    assert a is not None and b is not None and other_port is not None
+    assert other_version is not None
+    assert a.key == b.key
+    assert b"secret" not in b.request and b"Bearer" not in b.request
+    assert other_port.key != a.key  # a cached answer is never served for another endpoint
+    assert other_version.key != a.key
+    assert describe_request("POST", "http://h/v1/embeddings", [], b"not json") is None
+
+
+def test_a_registered_endpoint_is_keyed_by_its_identity_not_its_port() -> None:
+    register_endpoint("http://127.0.0.1:1111/v1", "local-model:sha256:abc")
+    try:
+        a = describe_request("POST", "http://127.0.0.1:1111/v1/chat/completions", [], BODY)
+    finally:
+        unregister_endpoint("http://127.0.0.1:1111/v1")
+    register_endpoint("http://127.0.0.1:2222/v1", "local-model:sha256:abc")
+    try:
+        b = describe_request("POST", "http://127.0.0.1:2222/v1/chat/completions", [], BODY)
+    finally:
+        unregister_endpoint("http://127.0.0.1:2222/v1")
+    assert a is not None and b is not None
+    assert a.key == b.key and b"local-model:sha256:abc/chat/completions" in a.request
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": 1}',
+        "caf\u00e9 \u2603".encode(),
+        b"\xff\xfe binary",
+        b"",
+    ],
+)
+def test_a_recorded_body_comes_back_byte_for_byte(body: bytes) -> None:
+    recorded = recorded_from(
+        201, [("Content-Type", "application/json"), ("X-Request-Id", "r"), ("Date", "now")], body
+    )
+    back = decode_envelope(encode_envelope(recorded))
+    assert back.body == body and back.status == 201
+    assert back.headers == (("content-type", "application/json"),)
+
+
+def test_an_event_stream_is_split_into_events_that_join_back_exactly() -> None:
+    data = b"event: a\ndata: 1\n\ndata: 2\r\n\r\ndata: [DONE]\n\ntrailing"
+    events = split_events(data)
+    assert events == (
+        b"event: a\ndata: 1\n\n",
+        b"data: 2\r\n\r\n",
+        b"data: [DONE]\n\n",
+        b"trailing",
+    )
+    assert b"".join(events) == data
+    recorded = recorded_from(200, [("content-type", "text/event-stream")], data)
+    assert decode_envelope(encode_envelope(recorded)).events == events
