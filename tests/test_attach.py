@@ -286,3 +286,27 @@ def test_typed_state_app_records_and_forks_with_pydantic_fields(
     assert rw_llm.node_state(rw_llm.store.nodes_of(changed.run_id)[-1])["summary"].startswith(
         "gravity: "
     )
+
+
+def test_parallel_map_sub_applications_replay_from_the_cache(
+    rw_llm: Rewind, fake_model: FakeModel
+) -> None:
+    parent = rw_llm.record(burr_apps.map_application(), inputs={"topics": ["rain", "sun", "fog"]})
+    assert parent.status == "completed", parent.error
+    nodes = rw_llm.store.nodes_of(parent.run_id)
+    # the sub-applications' steps belong to the map node: three calls, no rows of their own
+    assert [n.name for n in nodes] == ["choose", "notes", "report"]
+    assert len(nodes[1].calls) == 3 and fake_model.count == 3
+    assert "one fact about fog" in rw_llm.node_state(nodes[2])["report"]
+    for at in (1, 2, 3):
+        child = rw_llm.fork(parent.run_id, at=at)
+        assert output_hashes(rw_llm, child.run_id) == output_hashes(rw_llm, parent.run_id)
+        assert child.tokens == 0
+    assert fake_model.count == 3
+    changed = rw_llm.fork(
+        parent.run_id, at=1, override=InputOverride("choose", "topics", ["rain", "sun", "snow"])
+    )
+    assert changed.status == "completed", changed.error
+    assert fake_model.count == 4  # only the new topic's call is sent
+    notes = rw_llm.store.nodes_of(changed.run_id)[1]
+    assert sorted(c.outcome for c in notes.calls) == ["hit", "hit", "miss"]
