@@ -48,7 +48,7 @@ def echo(state: State, style: str) -> State:
     return state.update(answer=f"{style}: {state['question']}")
 
 
-@action(reads=["answer"], writes=["summary"])
+@action(reads=["answer"], writes=["summary"], tags=["final"])
 def summarise(state: State) -> State:
     return state.update(summary=state["answer"].upper())
 

@@ -161,6 +161,15 @@ def test_an_unbuilt_application_builder_is_recorded_too(rw_llm: Rewind) -> None:
     assert [n for n, _ in output_hashes(rw_llm, run.run_id)] == ["ask", "answer", "summarise"]
 
 
+def test_halt_after_a_tag_stops_like_burr(rw_llm: Rewind) -> None:
+    run = rw_llm.record(
+        burr_apps.application(), inputs={"question": "q"}, halt_after=["@tag:final"]
+    )
+    assert [n.name for n in rw_llm.store.nodes_of(run.run_id)] == ["ask", "answer", "summarise"]
+    with pytest.raises(InvalidOverride, match="its tags: final"):
+        rw_llm.record(burr_apps.application(), inputs={"question": "q"}, halt_after=["@tag:x"])
+
+
 def test_halt_before_stops_like_burr(rw_llm: Rewind) -> None:
     run = rw_llm.record(
         burr_apps.application(), inputs={"question": "q"}, halt_before=["summarise"]

@@ -195,8 +195,10 @@ class Rewind:
         if not run.pipeline_ref:
             raise RewindError(
                 f"run {run.run_id} used pipeline {run.pipeline!r}, which is not registered",
-                "call Rewind.register(pipeline) before forking it; a traced chain is replayed "
-                "with `rewind replay-trace RUN`",
+                "call Rewind.register(pipeline) before forking it, or record the app with a "
+                "reference (`rewind run --app module:attr`, or record "
+                "rewind.engine.attach(app, ref='module:attr')); a traced chain is replayed with "
+                "`rewind replay-trace RUN`",
             )
         return load_pipeline(run.pipeline_ref)
 

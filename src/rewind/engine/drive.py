@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,9 @@ from burr.core import Application
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.engine.attach import Pipeline
 from rewind.errors import InvalidOverride
+
+TAG_PREFIX = "@tag:"
+"""Burr's halt conditions name a node, or every node with a tag as ``@tag:NAME``."""
 
 
 @dataclass(frozen=True)
@@ -101,12 +104,18 @@ def plan_launch(
             f"pass them as inputs={{{example}}} (CLI: --inputs '{{{example}}}')",
         )
     names = set(pipeline.node_names())
+    tags = {t for a in pipeline.graph.actions for t in a.tags}
     for flag, given in (("halt_after", halt_after), ("halt_before", halt_before)):
-        unknown = [n for n in given or () if not n.startswith("@tag:") and n not in names]
+        unknown = [
+            n
+            for n in given or ()
+            if (n[len(TAG_PREFIX) :] not in tags if n.startswith(TAG_PREFIX) else n not in names)
+        ]
         if unknown:
             raise InvalidOverride(
                 f"{flag} names {', '.join(map(repr, unknown))}, which the graph does not have",
-                f"its nodes: {', '.join(pipeline.node_names())}",
+                f"its nodes: {', '.join(pipeline.node_names())}"
+                + (f"; its tags: {', '.join(sorted(tags))}" if tags else ""),
             )
     after = tuple(halt_after or ())
     before = tuple(halt_before or ())
@@ -159,7 +168,7 @@ async def _adrive(
             return
 
 
-def _run_coroutine_blocking(make: Any) -> None:
+def _run_coroutine_blocking(make: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a coroutine to completion from synchronous code, carrying the caller's contextvars
     (the run context) into it; in a thread of its own when this thread already runs a loop."""
     try:
@@ -182,8 +191,8 @@ def _halts(app: Application, launch: Launch) -> tuple[set[str], set[str]]:
     def expand(names: Sequence[str]) -> set[str]:
         out: set[str] = set()
         for n in names:
-            if n.startswith("@tag:"):
-                out.update(a.name for a in app.graph.get_actions_by_tag(n[len("@tag:") :]))
+            if n.startswith(TAG_PREFIX):
+                out.update(a.name for a in app.graph.get_actions_by_tag(n[len(TAG_PREFIX) :]))
             else:
                 out.add(n)
         return out
