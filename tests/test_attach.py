@@ -247,6 +247,7 @@ def test_cli_records_an_app_and_forks_it_with_a_changed_input(tmp_path: Path) ->
     app = ["--app", "tests.burr_apps:pure_application", "--halt-after", "summarise"]
     parent = ok_json(store, "run", *app, "--inputs", '{"question": "why?"}')
     assert [n["name"] for n in parent["nodes"]] == ["ask", "answer", "summarise"]
+    assert parent["run"]["launch"]["inputs"] == {"question": "why?"}
     rid = parent["run"]["run_id"]
     child = ok_json(store, "fork", rid, "--at", "ask", "--set-input", 'ask.question="how?"')
     assert child["nodes"][0]["output_hash"] != parent["nodes"][0]["output_hash"]

@@ -173,6 +173,7 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
         "created_at": run.created_at,
         "finished_at": run.finished_at,
         "error": run.error,
+        "launch": run.launch,
     }
 
 

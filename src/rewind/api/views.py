@@ -58,6 +58,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "error": run.error,
         "config": run.config,
+        "launch": run.launch,
     }
 
 
