@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burr.core import ApplicationBuilder
+from burr.core import Application, ApplicationBuilder
 
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.context import LineageEntry, RunContext, activate
@@ -205,7 +205,7 @@ class Rewind:
     # -- record -------------------------------------------------------------------------------
     def record(
         self,
-        target: Any,
+        target: Pipeline | Application | ApplicationBuilder,
         state: dict[str, Any] | None = None,
         *,
         inputs: dict[str, Any] | None = None,

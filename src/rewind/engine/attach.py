@@ -99,7 +99,7 @@ class Pipeline:
         return b
 
 
-def attach(target: Any, *, ref: str = "") -> Pipeline:
+def attach(target: object, *, ref: str = "") -> Pipeline:
     """The pipeline of a ``rewind.Pipeline``, a Burr ``ApplicationBuilder`` or a built
     ``Application``.
 
