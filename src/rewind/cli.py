@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -246,6 +247,8 @@ def _run_summary(run: RunRecord) -> str:
     if run.parent_run_id:
         change = _override_text(run.override) if run.override else "no override (unchanged replay)"
         parts.append(f"fork of {run.parent_run_id[:12]} at {run.fork_node}: {change}")
+    if run.launch.get("inputs"):
+        parts.append(f"inputs {escape(json.dumps(run.launch['inputs'])[:80])}")
     if run.error:
         parts.append(f"[red]{run.error}[/]")
     return " · ".join(parts)
