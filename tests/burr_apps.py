@@ -13,6 +13,7 @@ from typing import Any
 
 from burr.core import Application, ApplicationBuilder, State, action, default
 from burr.core.action import streaming_action
+from burr.core.application import ApplicationContext
 from burr.core.parallelism import MapStates, RunnableGraph
 from burr.integrations.pydantic import PydanticTypingSystem
 from burr.lifecycle import PostRunStepHook
@@ -211,6 +212,40 @@ def typed_application() -> Application:
         .with_transitions(("ask", "define"), ("define", "summarise"))
         .with_typing(PydanticTypingSystem(TypedChatState))
         .with_state(TypedChatState())
+        .with_entrypoint("ask")
+        .build()
+    )
+
+
+# -- recursive sub-applications -----------------------------------------------------------------
+
+
+@action(reads=["question"], writes=["answers"])
+def ask_in_two_styles(state: State, __context: ApplicationContext) -> State:
+    """Runs a sub-application per style, the way Burr's recursive example does."""
+    answers = []
+    for style in ("briefly", "in detail"):
+        child = (
+            ApplicationBuilder()
+            .with_actions(answer=answer.bind(style=style))
+            .with_transitions()
+            .with_state(question=state["question"])
+            .with_entrypoint("answer")
+            .with_spawning_parent(__context.app_id, __context.sequence_id)
+            .build()
+        )
+        _, _, child_state = child.run(halt_after=["answer"])
+        answers.append(child_state["answer"])
+    return state.update(answers=answers)
+
+
+def recursive_application() -> Application:
+    """question (runtime input) → two sub-applications answering it."""
+    return (
+        ApplicationBuilder()
+        .with_actions(ask=ask, both=ask_in_two_styles)
+        .with_transitions(("ask", "both"))
+        .with_state(history=[])
         .with_entrypoint("ask")
         .build()
     )

@@ -320,3 +320,19 @@ def test_parallel_map_sub_applications_replay_from_the_cache(
     assert fake_model.count == 4  # only the new topic's call is sent
     notes = rw_llm.store.nodes_of(changed.run_id)[1]
     assert sorted(c.outcome for c in notes.calls) == ["hit", "hit", "miss"]
+
+
+def test_recursive_sub_applications_replay_from_the_cache(
+    rw_llm: Rewind, fake_model: FakeModel
+) -> None:
+    parent = rw_llm.record(burr_apps.recursive_application(), inputs={"question": "why?"})
+    assert parent.status == "completed", parent.error
+    nodes = rw_llm.store.nodes_of(parent.run_id)
+    assert [n.name for n in nodes] == ["ask", "both"] and len(nodes[1].calls) == 2
+    assert fake_model.count == 2
+    for at in (1, 2):
+        child = rw_llm.fork(parent.run_id, at=at)
+        assert output_hashes(rw_llm, child.run_id) == output_hashes(rw_llm, parent.run_id)
+    assert fake_model.count == 2
+    rw_llm.fork(parent.run_id, at=1, override=InputOverride("ask", "question", "how?"))
+    assert fake_model.count == 4
