@@ -18,8 +18,9 @@ STUB_MODEL = "stub-model"
 
 
 class ModelStub:
-    """``POST /v1/chat/completions`` (JSON or SSE with ``stream``), ``/v1/embeddings`` and
-    ``/v1/messages`` (Anthropic, JSON or SSE) on ``127.0.0.1`` with a free port.
+    """``POST /v1/chat/completions`` (JSON or SSE with ``stream``; HTTP 400 when the last
+    message is ``"refuse"``), ``/v1/embeddings`` and ``/v1/messages`` (Anthropic, JSON or SSE)
+    on ``127.0.0.1`` with a free port.
 
     Use as a context manager; ``base_url`` is ``http://127.0.0.1:PORT/v1``. ``reply`` may choose
     a chat answer from (last message, request number); the default is ``answer #N to QUESTION``.
@@ -34,6 +35,9 @@ class ModelStub:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in separate writes: without this, Nagle's algorithm and
+            # delayed ACKs add ~40 ms to every loopback answer.
+            disable_nagle_algorithm = True
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
@@ -61,6 +65,9 @@ class ModelStub:
 
             def _chat(self, body: dict[str, Any], n: int) -> None:
                 question = body["messages"][-1]["content"]
+                if question == "refuse":
+                    self._json({"error": {"message": f"refused #{n}"}}, status=400)
+                    return
                 content = reply(question, n) if reply else f"answer #{n} to {question}"
                 if not body.get("stream"):
                     self._json(
@@ -199,3 +206,17 @@ class ModelStub:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join()
+
+
+def main() -> None:
+    """Serve until stdin closes, printing the base URL on the first line (for benchmarks that
+    keep the server out of their own process and its GIL)."""
+    import sys
+
+    with ModelStub() as stub:
+        print(stub.base_url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

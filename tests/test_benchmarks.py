@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("record_overhead.py", "record_overhead_ratio"),
         ("storage.py", "storage_ratio"),
         ("grid.py", "grid_vs_serial_ratio"),
+        ("capture_overhead.py", "hit_ms_per_call"),
     ],
 )
 def test_benchmark_prints_its_figure(script: str, figure: str) -> None:
@@ -28,6 +29,7 @@ def test_benchmark_prints_its_figure(script: str, figure: str) -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
+        # This checkout's sources first, whatever rewind the interpreter has installed.
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)])),
         timeout=600,
         check=False,

@@ -7,6 +7,7 @@ carry its request number: a replayed answer is told from a fresh one by its cont
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,9 +20,11 @@ import openai
 import pytest
 from burr.core import State, action, default, expr
 from burr.core.graph import GraphBuilder
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rewind
-from rewind.capture import Transport, register_endpoint, unregister_endpoint
+from rewind.capture import AsyncTransport, Transport, register_endpoint, unregister_endpoint
 from rewind.capture.exchange import (
     decode_envelope,
     describe_request,
@@ -128,6 +131,24 @@ def test_openai_call_is_recorded_and_an_unchanged_replay_sends_nothing(
     assert output(rw, child) == {"text": "answer #1 to why?", "tokens": 4}
 
 
+def test_the_module_level_openai_client_is_captured(
+    rw: Rewind, stub: ModelStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai, "base_url", stub.base_url + "/")
+    monkeypatch.setattr(openai, "api_key", "module-key")
+    monkeypatch.setattr(openai, "max_retries", 0)
+    monkeypatch.setattr(openai, "_client", None)  # built on first use, from the settings above
+
+    def ask(state: State) -> str:
+        messages = [{"role": "user", "content": state["question"]}]
+        reply = openai.chat.completions.create(model=STUB_MODEL, messages=messages)
+        return reply.choices[0].message.content or ""
+
+    parent, answer = record_sent(rw, one_node("module", ask), stub, sent=1)
+    assert answer == "answer #1 to q"
+    assert output(rw, replay_unchanged(rw, parent, stub, sent=1)) == answer
+
+
 def test_a_node_that_samples_one_request_three_times_gets_three_answers_back_in_order(
     rw: Rewind, stub: ModelStub
 ) -> None:
@@ -214,6 +235,48 @@ def test_stream_and_non_stream_requests_are_different_calls(rw: Rewind, stub: Mo
     parent = rw.record(one_node("both", both), {"question": ""})
     assert output(rw, parent.run_id) == ["answer #1 to same", "answer #2 to same"]
     replay_unchanged(rw, parent.run_id, stub, sent=2)
+
+
+def test_an_error_answer_replays_on_its_run_but_never_becomes_a_shared_cache_entry(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def refused(state: State) -> str:
+        try:
+            client.chat.completions.create(
+                model=STUB_MODEL, messages=[{"role": "user", "content": "refuse"}]
+            )
+        except openai.BadRequestError as exc:
+            return f"{exc.status_code}: {exc.body}"
+        return "accepted"
+
+    parent, error = record_sent(rw, one_node("refused", refused), stub, sent=1)
+    assert error == "400: {'message': 'refused #1'}"
+    (call,) = node_row(rw, parent).calls
+    assert rw.store.llm_cache_get(call.key) is None
+    assert output(rw, replay_unchanged(rw, parent, stub, sent=1)) == error
+
+
+def test_a_fork_against_another_endpoint_misses_and_asks_that_endpoint(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    where = {"url": stub.base_url}
+
+    def ask(state: State) -> str:
+        client = openai.OpenAI(base_url=where["url"], api_key="k", max_retries=0)
+        messages = [{"role": "user", "content": state["question"]}]
+        reply = client.chat.completions.create(model=STUB_MODEL, messages=messages)
+        return f"{where['url']}: {reply.choices[0].message.content}"
+
+    parent, _ = record_sent(rw, one_node("where", ask), stub, sent=1)
+    with ModelStub() as other:
+        where["url"] = other.base_url
+        child = rw.replay(parent)
+        assert other.count == 1 and stub.count == 1
+    node = node_row(rw, child.run_id)
+    assert (node.cache_outcome, node.cache_reason) == ("miss", "new-input")
+    assert output(rw, child.run_id) == f"{other.base_url}: answer #1 to q"
 
 
 # -- async clients, asyncio tasks, threads -------------------------------------------------------
@@ -351,6 +414,36 @@ def test_an_explicit_transport_captures_a_plain_httpx_client(rw: Rewind, stub: M
     http.close()
 
 
+def test_an_explicit_async_transport_captures_a_streamed_answer_without_install(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    rewind.capture.ensure_installed()  # what the first run does; then take it away again
+    rewind.capture.uninstall()
+
+    def stream(state: State) -> list[str]:
+        async def main() -> list[str]:
+            http = openai.DefaultAsyncHttpxClient(transport=AsyncTransport())
+            client = openai.AsyncOpenAI(
+                base_url=stub.base_url, api_key="k", max_retries=0, http_client=http
+            )
+            chunks = await client.chat.completions.create(
+                model=STUB_MODEL, messages=[{"role": "user", "content": "s"}], stream=True
+            )
+            events = [chunk.model_dump_json() async for chunk in chunks]
+            await client.close()
+            return events
+
+        return asyncio.run(main())
+
+    try:
+        assert not rewind.capture.installed()
+        parent, events = record_sent(rw, one_node("astream", stream), stub, sent=1)
+        assert len(events) == 5  # "answer #1 to s" word by word, then the usage chunk
+        assert output(rw, replay_unchanged(rw, parent, stub, sent=1)) == events
+    finally:
+        rewind.capture.install()
+
+
 def test_rewind_chat_is_cached_once_not_captured_twice(tmp_path: Path, stub: ModelStub) -> None:
     with ChatClient(Endpoint(base_url=stub.base_url, model=STUB_MODEL)) as client:
         session = Rewind(tmp_path / "store", chat_client=client)
@@ -446,3 +539,84 @@ def test_an_event_stream_is_split_into_events_that_join_back_exactly() -> None:
     assert b"".join(events) == data
     recorded = recorded_from(200, [("content-type", "text/event-stream")], data)
     assert decode_envelope(encode_envelope(recorded)).events == events
+
+
+# -- the real embedded model (slow) --------------------------------------------------------------
+
+
+def _posts(log: Path) -> int:
+    """Model requests the embedded server logged (uvicorn's access log: one line a request)."""
+    return sum("POST /v1/chat/completions" in line for line in log.read_text().splitlines())
+
+
+@pytest.mark.slow
+def test_embedded_model_calls_replay_from_the_cache_after_a_restart_on_another_port(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    from rewind.localmodel import DEFAULT_MODEL_ALIAS, LocalModelServer
+
+    where: dict[str, str] = {}
+
+    def ask(state: State) -> str:
+        client = openai.OpenAI(base_url=where["url"], api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model=DEFAULT_MODEL_ALIAS,
+            messages=[{"role": "user", "content": state["question"]}],
+            temperature=0,
+            max_tokens=8,
+        )
+        return reply.choices[0].message.content or ""
+
+    pipeline = one_node("local", ask)
+    with LocalModelServer(log_path=tmp_path / "first.log") as server:
+        assert server.endpoint is not None
+        where["url"] = server.endpoint.base_url
+        parent = rw.record(pipeline, {"question": "Say hello."})
+    assert parent.status == "completed", parent.error
+    assert _posts(tmp_path / "first.log") == 1
+    recorded = node_row(rw, parent.run_id)
+    assert recorded.prompt_tokens > 0 and recorded.completion_tokens > 0
+
+    # A new server process on a new free port: the key names the model file, not the port.
+    with LocalModelServer(log_path=tmp_path / "second.log") as server:
+        assert server.endpoint is not None
+        where["url"] = server.endpoint.base_url
+        child = rw.replay(parent.run_id)
+    assert child.status == "completed", child.error
+    assert _posts(tmp_path / "second.log") == 0
+    node = node_row(rw, child.run_id)
+    assert (node.cache_outcome, node.prompt_tokens, node.completion_tokens) == ("hit", 0, 0)
+    assert node.output_hash == recorded.output_hash
+
+
+# -- properties ----------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.binary(max_size=300))
+def test_any_stream_splits_into_events_that_join_back_exactly(data: bytes) -> None:
+    assert b"".join(split_events(data)) == data
+
+
+@given(st.binary(max_size=300), st.sampled_from(["application/json", "text/event-stream"]))
+def test_any_recorded_body_round_trips_through_its_envelope(data: bytes, kind: str) -> None:
+    recorded = recorded_from(200, [("Content-Type", kind)], data)
+    back = decode_envelope(encode_envelope(recorded))
+    assert back == recorded
+    assert (back.body if back.events is None else b"".join(back.events)) == data
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6), st.text(max_size=10))
+def test_the_key_ignores_body_key_order_and_volatile_fields(body: dict[str, Any], user: str):
+    url = "https://api.example.com/v1/chat/completions"
+    forward = json.dumps(body).encode()
+    backward = json.dumps(dict(reversed(list(body.items()))) | {"user": user}).encode()
+    a, b = describe_request("POST", url, [], forward), describe_request("POST", url, [], backward)
+    assert a is not None and b is not None and a.key == b.key

@@ -238,7 +238,12 @@ def recorded_from(status: int, headers: Iterable[tuple[str, str]], body: bytes) 
 
 
 def encode_envelope(recorded: Recorded) -> bytes:
-    """The canonical JSON bytes the cache stores for a response."""
+    """The JSON bytes the cache stores for a response: keys sorted, no spaces, UTF-8.
+
+    The envelope holds only strings, ints and lists of them, for which ``json.dumps`` with
+    sorted keys writes exactly what RFC 8785 does (same escapes) — at C speed, on the record
+    path of every captured call.
+    """
     doc: dict[str, Any] = {
         "v": ENVELOPE_VERSION,
         "status": recorded.status,
@@ -248,7 +253,7 @@ def encode_envelope(recorded: Recorded) -> bytes:
         doc["events"] = [_text_or_b64(e) for e in recorded.events]
     else:
         doc["body"] = _text_or_b64(recorded.body)
-    return canonical_bytes(doc)
+    return json.dumps(doc, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def decode_envelope(data: bytes) -> Recorded:

@@ -18,7 +18,7 @@ Two ways in, both for ``httpx`` and for its fork ``httpx2`` (used by openai>=3 a
   ``anthropic.Anthropic()``, LiteLLM's httpx path, instructor on top of them), whenever the
   client was created. No SDK internals are touched. :func:`uninstall` restores them.
 * :class:`Transport` / :class:`AsyncTransport` wrap any transport explicitly:
-  ``OpenAI(http_client=httpx.Client(transport=rewind.capture.Transport()))``.
+  ``OpenAI(http_client=openai.DefaultHttpxClient(transport=rewind.capture.Transport()))``.
 
 Streams are read to the end before the SDK sees the first event while a call is recorded (a
 truncated stream is never cached); on a hit the events arrive at once.
@@ -91,6 +91,7 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
     described = _describe(request, request.read())
     if described is None:
         return send(request)
+    live: list[Recorded] = []
 
     def execute() -> Executed:
         response = send(request)
@@ -98,10 +99,11 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
             body = response.read()
         finally:
             response.close()
-        return _executed(recorded_from(response.status_code, response.headers.multi_items(), body))
+        live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
+        return _executed(live[0])
 
     data, _ = through_cache(ctx, execute=execute, **_call_of(described))
-    return _response(request, decode_envelope(data))
+    return _response(request, live[0] if live else decode_envelope(data))
 
 
 async def acapture(
@@ -114,6 +116,7 @@ async def acapture(
     described = _describe(request, await request.aread())
     if described is None:
         return await send(request)
+    live: list[Recorded] = []
 
     async def aexecute() -> Executed:
         response = await send(request)
@@ -121,10 +124,11 @@ async def acapture(
             body = await response.aread()
         finally:
             await response.aclose()
-        return _executed(recorded_from(response.status_code, response.headers.multi_items(), body))
+        live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
+        return _executed(live[0])
 
     data, _ = await athrough_cache(ctx, aexecute=aexecute, **_call_of(described))
-    return _response(request, decode_envelope(data))
+    return _response(request, live[0] if live else decode_envelope(data))
 
 
 def _matches(routes: ModelRoutes, request: Any) -> bool:
@@ -193,36 +197,45 @@ def _event_stream_class(library: ModuleType) -> type:
 class Transport(httpx.BaseTransport):
     """A sync transport that captures model requests and passes everything else through.
 
-    ``httpx.Client(transport=rewind.capture.Transport())`` (or ``httpx2.Client(...)`` with
-    ``wrapped=httpx2.HTTPTransport()``), then hand the client to the SDK
-    (``OpenAI(http_client=...)``).
+    ``OpenAI(http_client=openai.DefaultHttpxClient(transport=rewind.capture.Transport()))``,
+    or ``httpx.Client(transport=...)`` / ``httpx2.Client(transport=...)`` for other SDKs. It
+    works without :func:`install`.
 
     Args:
-        wrapped: the transport that really sends; ``httpx.HTTPTransport()`` when None.
+        wrapped: the transport that really sends. When None, the ``HTTPTransport`` of the
+            library the first request comes from (httpx or httpx2), created on first use.
         routes: which requests are model requests (:class:`ModelRoutes` defaults).
     """
 
     def __init__(
         self, wrapped: httpx.BaseTransport | None = None, *, routes: ModelRoutes | None = None
     ) -> None:
-        self.wrapped = wrapped if wrapped is not None else httpx.HTTPTransport()
+        self.wrapped = wrapped
         self.routes = routes or ModelRoutes()
+        self._lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Capture the request when a run is active and it is a model request; else send it."""
+        if self.wrapped is None:
+            with self._lock:
+                if self.wrapped is None:
+                    self.wrapped = _library_of(request).HTTPTransport()
         response: httpx.Response = capture(request, self.wrapped.handle_request, self.routes)
         return response
 
     def close(self) -> None:
         """Close the wrapped transport."""
-        self.wrapped.close()
+        if self.wrapped is not None:
+            self.wrapped.close()
 
 
 class AsyncTransport(httpx.AsyncBaseTransport):
-    """The async twin of :class:`Transport`, for ``httpx.AsyncClient`` / ``AsyncOpenAI``.
+    """The async twin of :class:`Transport`, for ``AsyncOpenAI(http_client=...)`` and
+    ``httpx.AsyncClient`` / ``httpx2.AsyncClient``.
 
     Args:
-        wrapped: the transport that really sends; ``httpx.AsyncHTTPTransport()`` when None.
+        wrapped: the transport that really sends. When None, the ``AsyncHTTPTransport`` of the
+            library the first request comes from, created on first use.
         routes: which requests are model requests.
     """
 
@@ -232,11 +245,13 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         *,
         routes: ModelRoutes | None = None,
     ) -> None:
-        self.wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
+        self.wrapped = wrapped
         self.routes = routes or ModelRoutes()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Capture the request when a run is active and it is a model request; else send it."""
+        if self.wrapped is None:  # one event loop: no other task runs between check and set
+            self.wrapped = _library_of(request).AsyncHTTPTransport()
         response: httpx.Response = await acapture(
             request, self.wrapped.handle_async_request, self.routes
         )
@@ -244,7 +259,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
-        await self.wrapped.aclose()
+        if self.wrapped is not None:
+            await self.wrapped.aclose()
 
 
 # -- process-wide installation -----------------------------------------------------------------
