@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,10 +22,11 @@ class ModelStub:
     message is ``"refuse"``), ``/v1/embeddings`` and ``/v1/messages`` (Anthropic, JSON or SSE)
     on ``127.0.0.1`` with a free port.
 
-    Use as a context manager; ``base_url`` is ``http://127.0.0.1:PORT/v1``.
+    Use as a context manager; ``base_url`` is ``http://127.0.0.1:PORT/v1``. ``reply`` may choose
+    a chat answer from (last message, request number); the default is ``answer #N to QUESTION``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reply: Callable[[str, int], str] | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.headers: list[dict[str, str]] = []
@@ -66,7 +68,7 @@ class ModelStub:
                 if question == "refuse":
                     self._json({"error": {"message": f"refused #{n}"}}, status=400)
                     return
-                content = f"answer #{n} to {question}"
+                content = reply(question, n) if reply else f"answer #{n} to {question}"
                 if not body.get("stream"):
                     self._json(
                         {
@@ -99,16 +101,18 @@ class ModelStub:
                         "choices": [{"index": 0, "delta": {"content": word + " "}}],
                     }
                     events.append(chunk)
-                events.append(
-                    {
-                        "id": f"chatcmpl-{n}",
-                        "object": "chat.completion.chunk",
-                        "created": 1_700_000_000 + n,
-                        "model": body.get("model"),
-                        "choices": [],
-                        "usage": {"prompt_tokens": 7, "completion_tokens": len(events)},
-                    }
-                )
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    # like OpenAI: a last chunk with no choices carries the usage, on request only
+                    events.append(
+                        {
+                            "id": f"chatcmpl-{n}",
+                            "object": "chat.completion.chunk",
+                            "created": 1_700_000_000 + n,
+                            "model": body.get("model"),
+                            "choices": [],
+                            "usage": {"prompt_tokens": 7, "completion_tokens": len(events)},
+                        }
+                    )
                 self._sse([f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"])
 
             def _anthropic(self, body: dict[str, Any], n: int) -> None:

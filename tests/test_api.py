@@ -1412,3 +1412,30 @@ def test_grid_stability_and_audit_of_unknown_or_busy_runs(client: TestClient, st
     job = submit(client, f"/api/runs/{tiny}/grid", grid_body)
     assert job["status"] == "completed"
     assert_error(client.get(f"/api/stability/{job['id']}"), 404, "UnknownJob")
+
+
+def test_fork_of_a_burr_app_with_an_input_override(client: TestClient, store: Store) -> None:
+    from rewind.engine import load_pipeline
+    from rewind.replay import Rewind
+
+    app = load_pipeline("tests.burr_apps:pure_application")
+    parent = Rewind(store).record(app, inputs={"question": "why?"}, halt_after=["summarise"])
+    change = {"kind": "input", "node": "ask", "name": "question", "value": "how?"}
+    child = fork(client, parent.run_id, {"at": "ask", "override": change})
+    assert child["status"] == "completed"
+    assert child["override"] == change
+    nodes = client.get(f"/api/runs/{child['run_id']}/nodes").json()["nodes"]
+    parent_nodes = client.get(f"/api/runs/{parent.run_id}/nodes").json()["nodes"]
+    assert nodes[0]["output_hash"] != parent_nodes[0]["output_hash"]
+    assert nodes[1]["output_hash"] != parent_nodes[1]["output_hash"]
+    inputs = client.get(f"/api/runs/{child['run_id']}/nodes/ask/input").json()
+    assert inputs["input"]["inputs"] == {"question": "how?"}
+
+    before = row_counts(store)
+    bad = dict(change, name="questoin")
+    r = client.post(f"/api/runs/{parent.run_id}/fork", json={"at": "ask", "override": bad})
+    assert_error(r, 422, "InvalidOverride", "override.name", "has no input 'questoin'")
+    early = {"at": "answer", "override": change}
+    r = client.post(f"/api/runs/{parent.run_id}/fork", json=early)
+    assert_error(r, 422, "InvalidOverride", "override.node", "runs before the fork node")
+    assert row_counts(store) == before

@@ -430,7 +430,10 @@ def test_an_explicit_async_transport_captures_a_streamed_answer_without_install(
                 base_url=stub.base_url, api_key="k", max_retries=0, http_client=http
             )
             chunks = await client.chat.completions.create(
-                model=STUB_MODEL, messages=[{"role": "user", "content": "s"}], stream=True
+                model=STUB_MODEL,
+                messages=[{"role": "user", "content": "s"}],
+                stream=True,
+                stream_options={"include_usage": True},  # the stub, like OpenAI, sends usage then
             )
             events = [chunk.model_dump_json() async for chunk in chunks]
             await client.close()

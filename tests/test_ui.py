@@ -31,6 +31,7 @@ from burr.core.graph import GraphBuilder
 from rewind.api import create_app
 from rewind.api.command import bind_socket
 from rewind.api.pipelines import PipelineEntry, research_entry
+from rewind.engine import load_pipeline
 from rewind.examples import research
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Pipeline, Rewind
@@ -160,6 +161,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     assert parent.status == "completed", parent.error
     big = rw.record(hostile, {"size": BIG_CHARS})
     assert big.status == "completed", big.error
+    chat = rw.record(
+        load_pipeline("tests.burr_apps:pure_application"),
+        inputs={"question": "why?"},
+        halt_after=["summarise"],
+    )
+    assert chat.status == "completed", chat.error
     app = create_app(
         store,
         chat_client=client,
@@ -170,7 +177,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         },
     )
     with ThreadServer(app) as srv:
-        yield {"url": srv.url, "parent": parent.run_id, "hostile": big.run_id}
+        yield {"url": srv.url, "parent": parent.run_id, "hostile": big.run_id, "chat": chat.run_id}
     client.close()
     store.close()
 
@@ -316,6 +323,27 @@ def test_fork_at_node_3_from_the_ui(server: dict[str, Any], page: Any) -> None:
     expect(page.get_by_test_id("setting-model")).to_have_text(settings["model"])
     expect(page.get_by_test_id("setting-store")).to_have_text(settings["store"]["root"])
     shot(page, "7-settings")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_fork_a_burr_app_with_a_changed_runtime_input(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, parent = server["url"], server["chat"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph")
+    page.get_by_test_id("graph-node-ask").click()
+    editor = page.get_by_test_id("node-editor")
+    expect(editor).to_contain_text("Fork at node 1 · ask")
+    editor.get_by_test_id("editor-mode-input").click()
+    expect(editor.get_by_test_id("editor-name")).to_have_value("question")
+    expect(editor.get_by_test_id("editor-value")).to_have_value('"why?"')
+    editor.get_by_test_id("editor-value").fill('"how?"')
+    shot(page, "input-override")
+    editor.get_by_test_id("fork-button").click()
+    view = page.get_by_test_id("run-view")
+    expect(view).not_to_have_attribute("data-run-id", parent)
+    expect(view).to_have_attribute("data-run-status", "completed")
+    fork = api_get(url, f"/api/runs/{view.get_attribute('data-run-id')}")
+    assert fork["override"] == {"kind": "input", "node": "ask", "name": "question", "value": "how?"}
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 

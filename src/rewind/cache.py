@@ -491,7 +491,7 @@ def _lookup(
 
 
 def _miss_reason(ctx: RunContext, scope: NodeScope | None) -> str:
-    if scope is not None and scope.param_overrides:
+    if scope is not None and (scope.param_overrides or scope.input_overrides):
         return "override"
     if not ctx.lineage:
         return "no-entry"

@@ -21,12 +21,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from rewind.diff import TrajectoryDiff
 from rewind.errors import InvalidOverride, RewindError
-from rewind.replay import Override, Rewind, load_pipeline, parse_override
+from rewind.replay import Override, Rewind, load_pipeline, override_target, parse_override
 from rewind.store import NodeRecord, RunRecord
 
 DEFAULT_STORE = ".rewind"
@@ -173,6 +174,7 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
         "created_at": run.created_at,
         "finished_at": run.finished_at,
         "error": run.error,
+        "launch": run.launch,
     }
 
 
@@ -245,16 +247,17 @@ def _run_summary(run: RunRecord) -> str:
     if run.parent_run_id:
         change = _override_text(run.override) if run.override else "no override (unchanged replay)"
         parts.append(f"fork of {run.parent_run_id[:12]} at {run.fork_node}: {change}")
+    if run.launch.get("inputs"):
+        parts.append(f"inputs {escape(json.dumps(run.launch['inputs'])[:80])}")
     if run.error:
         parts.append(f"[red]{run.error}[/]")
     return " · ".join(parts)
 
 
 def _override_text(override: dict[str, Any]) -> str:
-    name = override.get("param") or override.get("field")
+    kind, node, name = override_target(override)
     value = json.dumps(override.get("value"))
-    kind = "param" if override.get("kind") == "param" else "output"
-    return f"{kind} {override['node']}.{name}={value[:60]}"
+    return f"{kind} {node}.{name}={value[:60]}"
 
 
 def _print_diff(d: TrajectoryDiff) -> None:
@@ -397,38 +400,78 @@ def run(
     pipeline: Annotated[
         str | None, typer.Option(help="Another pipeline as module:attribute.")
     ] = None,
-    state: Annotated[str | None, typer.Option(help="Initial state JSON (with --pipeline).")] = None,
+    app_ref: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="Your Burr app as module:attribute: an Application, an ApplicationBuilder or "
+            "a zero-argument factory of either.",
+        ),
+    ] = None,
+    state: Annotated[
+        str | None, typer.Option(help="Initial state JSON (default: the app's own).")
+    ] = None,
+    inputs: Annotated[
+        str | None, typer.Option(help="Burr runtime inputs JSON, as app.run(inputs=...).")
+    ] = None,
+    halt_after: Annotated[
+        list[str] | None, typer.Option("--halt-after", help="Stop after this node (repeatable).")
+    ] = None,
+    halt_before: Annotated[
+        list[str] | None,
+        typer.Option("--halt-before", help="Stop before this node (repeatable)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Record one run (the demo research pipeline unless --pipeline is given)."""
+    """Record one run: the demo research pipeline, or your app (--app) / pipeline (--pipeline)."""
     from rewind.examples import research
 
-    if pipeline and (csv or question):
+    if pipeline and app_ref:
+        raise InvalidOverride("--pipeline and --app name the same thing", "pass one of them")
+    ref = app_ref or pipeline
+    if ref and (csv or question):
         raise InvalidOverride("--csv and --question belong to the demo pipeline", "drop them")
-    if state is not None and not pipeline:
-        raise InvalidOverride("--state needs --pipeline", "pass --pipeline module:attribute")
+    if not ref and (state is not None or inputs is not None or halt_after or halt_before):
+        raise InvalidOverride(
+            "--state, --inputs, --halt-after and --halt-before need --app",
+            "pass --app module:attribute",
+        )
     with _session() as rw:
-        if pipeline:
-            p = load_pipeline(pipeline)
-            try:
-                initial = json.loads(state or "{}")
-            except json.JSONDecodeError as exc:
-                raise InvalidOverride(
-                    f"--state is not valid JSON: {exc.msg}", "pass a JSON object"
-                ) from exc
-            if not isinstance(initial, dict):
-                raise InvalidOverride(
-                    "--state must be a JSON object (field → value)", "e.g. --state '{\"x\": 5}'"
-                )
+        initial: dict[str, Any] | None = None
+        if ref:
+            p = load_pipeline(ref)
+            initial = _json_object("--state", state) if state is not None else None
+            run_inputs = _json_object("--inputs", inputs) if inputs is not None else None
         else:
             p = research.build()
-            initial = _demo_state(csv, question)
+            initial, run_inputs = _demo_state(csv, question), None
             rw.chat_client.open()  # fail before recording anything if the model is unreachable
         model = rw.chat_client.endpoint.model if rw.chat_client is not None else None
-        result = rw.record(p, initial, config={"model": model})
+        result = rw.record(
+            p,
+            initial,
+            inputs=run_inputs,
+            halt_after=halt_after or None,
+            halt_before=halt_before or None,
+            config={"model": model},
+        )
         _show_run(rw, result, as_json)
         if result.status != "completed":
             raise SystemExit(1)
+
+
+def _json_object(flag: str, raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidOverride(
+            f"{flag} is not valid JSON: {exc.msg} at column {exc.colno}", "pass a JSON object"
+        ) from exc
+    if not isinstance(value, dict):
+        raise InvalidOverride(
+            f"{flag} must be a JSON object (name → value)", f"e.g. {flag} '{{\"x\": 5}}'"
+        )
+    return value
 
 
 def _demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
@@ -540,6 +583,10 @@ def fork(
         list[str] | None,
         typer.Option("--set-output", help="Replace a node's output field: node.field=JSON"),
     ] = None,
+    set_input: Annotated[
+        list[str] | None,
+        typer.Option("--set-input", help="Change a node's Burr runtime input: node.input=JSON"),
+    ] = None,
     effects: Annotated[
         str,
         typer.Option(help="Side-effecting calls: recorded (serve the record), dry-run, or live."),
@@ -547,13 +594,20 @@ def fork(
     as_json: JsonOpt = False,
 ) -> None:
     """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream."""
-    specs = [(s, False) for s in set_ or []] + [(s, True) for s in set_output or []]
+    specs = (
+        [(s, "param") for s in set_ or []]
+        + [(s, "output") for s in set_output or []]
+        + [(s, "input") for s in set_input or []]
+    )
     if len(specs) > 1:
         raise InvalidOverride(
             f"a fork carries exactly one change, got {len(specs)}",
-            "pass one --set or one --set-output (use several forks for several changes)",
+            "pass one --set, --set-output or --set-input (use several forks for several changes)",
         )
-    override: Override | None = parse_override(specs[0][0], output=specs[0][1]) if specs else None
+    override: Override | None = None
+    if specs:
+        spec, kind = specs[0]
+        override = parse_override(spec, output=kind == "output", input_=kind == "input")
     with _session() as rw:
         _warn_model_change(rw, run_id)
         child = rw.fork(run_id, at=at, override=override, effects=effects)

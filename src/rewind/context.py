@@ -78,6 +78,7 @@ class NodeScope:
     started_at: float
     started_perf: float
     param_overrides: dict[str, Any]
+    input_overrides: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     calls: list[CallRecord] = field(default_factory=list)
     pending: dict[str, PendingWrite] = field(default_factory=dict)
@@ -132,6 +133,7 @@ class RunContext:
         read_cache: False when recording a new run (calls execute live, reason ``bypass``);
             True when replaying a fork.
         param_overrides: ``{node: {param: value}}`` (the one change a fork carries).
+        input_overrides: ``{node: {input: value}}``: Burr runtime inputs a fork changes.
         lineage: ``{cache key: result blob hash}`` of the calls the source trajectory made; a
             replay serves these first, so an unchanged replay returns exactly the parent's results
             even if the cache holds a newer entry for the same key.
@@ -154,6 +156,7 @@ class RunContext:
     run_id: str
     read_cache: bool = False
     param_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    input_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     lineage: dict[str, LineageEntry] = field(default_factory=dict)
     chat_client: ChatClient | None = None
     fork_node: str | None = None
@@ -180,6 +183,7 @@ class RunContext:
             started_at=time.time(),
             started_perf=time.perf_counter(),
             param_overrides=dict(self.param_overrides.get(name, {})),
+            input_overrides=dict(self.input_overrides.get(name, {})),
         )
         return self.node
 

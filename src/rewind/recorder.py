@@ -56,6 +56,29 @@ def semantic_state(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if not k.startswith(BURR_INTERNAL_PREFIX)}
 
 
+def runtime_inputs(action: Action, inputs: dict[str, Any] | None) -> dict[str, Any]:
+    """The Burr runtime inputs ``action`` receives out of ``inputs``: the ones it declares,
+    without the ``__`` inputs Burr injects (``__context``, ``__tracer``).
+
+    Burr's ``step`` hands hooks the inputs already filtered, ``astep`` the raw ones; filtering
+    here makes a node's input hash the same either way.
+    """
+    required, optional = action.optional_and_required_inputs
+    declared = required | optional
+    return {
+        k: _input_doc(v)
+        for k, v in (inputs or {}).items()
+        if k in declared and not k.startswith(BURR_INTERNAL_PREFIX)
+    }
+
+
+def bound_params(action: Action) -> dict[str, Any]:
+    """Values bound to a function action with ``.bind(...)`` (they shape its output as much as
+    its inputs do, so they enter its input hash)."""
+    bound = getattr(action, "_bound_params", None) or {}  # FunctionBasedAction's, Burr 0.43
+    return {k: _input_doc(v) for k, v in bound.items()}
+
+
 def _input_doc(value: Any) -> Any:
     """The exact document of a Burr input (:func:`rewind.serde.encode`), so that inputs of
     different types hash differently."""
@@ -115,6 +138,8 @@ class Recorder(PreRunStepHook, PostRunStepHook):
     ) -> None:
         """Open the node's scope and capture the hashes of the fields it reads and its inputs
         (Burr's post hook receives no inputs)."""
+        if app_id != self.ctx.run_id:
+            return  # a sub-application's step (MapStates, recursion): part of the parent node
         try:
             self.ctx.begin_node(action.name, self.position)
             values = state.get_all()
@@ -123,7 +148,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 for k in action.reads
                 if k in values and not k.startswith(BURR_INTERNAL_PREFIX)
             }
-            self._inputs = {k: _input_doc(v) for k, v in (inputs or {}).items()}
+            self._inputs = runtime_inputs(action, inputs)
             self.ctx.emit("node_started", position=self.position, name=action.name)
         except Exception as exc:
             self._fail("before", action, exc)
@@ -141,6 +166,8 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         **future_kwargs: Any,
     ) -> None:
         """Record the node (outputs, hashes, tokens, calls, state row); flush when due."""
+        if app_id != self.ctx.run_id:
+            return  # a sub-application's step: its calls belong to the parent's node
         if exception is None:
             # Burr catches Exception only: a KeyboardInterrupt/SystemExit unwinding through its
             # step reaches this hook with exception=None. Record the node as failed, not as done.
@@ -206,14 +233,11 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             f = fields[k]
             if not self.ctx.store.knows_blob(f.digest):
                 batch.blobs.setdefault(f.digest, f.data)
-        input_doc = canonical_bytes(
-            {
-                "node": action.name,
-                "reads": self._reads,
-                "inputs": self._inputs,
-                "params": scope.params,
-            }
-        )
+        doc = {"node": action.name, "reads": self._reads, "inputs": self._inputs}
+        bound = bound_params(action)
+        if bound:
+            doc["bound"] = bound
+        input_doc = canonical_bytes(doc | {"params": scope.params})
         input_hash = sha256_hex(input_doc)
         batch.blobs.setdefault(input_hash, input_doc)
         output_hash: str | None = None

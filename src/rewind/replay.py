@@ -17,24 +17,22 @@ trajectories. Burr's fork traps (DESIGN, measured on apache-burr 0.43.0) are han
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burr.core import ApplicationBuilder
-from burr.core.graph import Graph
+from burr.core import Application, ApplicationBuilder
 
 from rewind.canonical import canonical_bytes
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.effects import EFFECT_MODES, EffectPreconditionFailed, SideEffectBlocked
+from rewind.engine.attach import Pipeline, attach, load_pipeline
+from rewind.engine.drive import Launch, drive, plan_launch
 from rewind.errors import (
     EndpointUnavailable,
     ForkError,
@@ -49,74 +47,6 @@ from rewind.persister import FieldEncoder, RewindPersister, encode_value, field_
 from rewind.recorder import Recorder, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
 from rewind.store.store import state_row
-
-# -- pipelines ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """A Burr application graph Rewind can record, fork and replay.
-
-    Args:
-        name: pipeline name stored on every run.
-        graph: the Burr graph (``GraphBuilder().with_actions(…).with_transitions(…).build()``).
-        entrypoint: name of the first node.
-        ref: ``"package.module:attribute"`` that re-imports this pipeline (an instance or a
-            zero-argument factory); lets ``rewind fork`` rebuild the graph of a stored run.
-        halt_after: nodes after which a run stops; defaults to the graph's terminal nodes.
-        param_check: optional ``(node, param, value, node_input) -> error message | None``;
-            a fork calls it before anything is written, so a param value the node cannot use is
-            refused up front (``node_input`` is the node's recorded input document, decoded).
-    """
-
-    name: str
-    graph: Graph
-    entrypoint: str
-    ref: str = ""
-    halt_after: tuple[str, ...] = ()
-    param_check: Callable[[str, str, Any, dict[str, Any]], str | None] | None = None
-
-    def node_names(self) -> list[str]:
-        """Names of the graph's nodes."""
-        return [a.name for a in self.graph.actions]
-
-    def edges(self) -> list[tuple[str, str, str]]:
-        """(src, dst, condition) for every transition."""
-        return [(t.from_.name, t.to.name, t.condition.name) for t in self.graph.transitions]
-
-    def terminal_nodes(self) -> list[str]:
-        """Nodes with no outgoing transition (where a run ends)."""
-        sources = {t.from_.name for t in self.graph.transitions}
-        return [n for n in self.node_names() if n not in sources]
-
-
-def load_pipeline(ref: str) -> Pipeline:
-    """Import a pipeline from ``"module:attribute"``.
-
-    Raises:
-        RewindError: the module or attribute cannot be imported or is not a Pipeline.
-    """
-    module_name, colon, attr = ref.partition(":")
-    if not colon or not module_name or not attr:
-        raise RewindError(
-            f"pipeline reference {ref!r} is not module:attribute",
-            "e.g. --pipeline myapp.pipelines:pipeline",
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # like `python -m`: the current folder's modules import
-    try:
-        obj: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise RewindError(
-            f"cannot import pipeline {ref!r}: {exc}",
-            "make the module importable (installed or on PYTHONPATH)",
-        ) from exc
-    if callable(obj) and not isinstance(obj, Pipeline):
-        obj = obj()
-    if not isinstance(obj, Pipeline):
-        raise RewindError(f"{ref!r} is not a rewind Pipeline", "point it at a Pipeline instance")
-    return obj
-
 
 # -- overrides ---------------------------------------------------------------------------------
 
@@ -147,35 +77,59 @@ class OutputOverride:
         return {"kind": "output", "node": self.node, "field": self.field, "value": self.value}
 
 
-Override = ParamOverride | OutputOverride
+@dataclass(frozen=True)
+class InputOverride:
+    """Change one Burr runtime input of one node (``app.run(inputs=...)``), e.g.
+    ``prompt.prompt``; the other nodes keep the recorded inputs. Carried in the run context,
+    never in state."""
+
+    node: str
+    name: str
+    value: Any
+
+    def to_json(self) -> dict[str, Any]:
+        """The override as stored on the fork's run row."""
+        return {"kind": "input", "node": self.node, "name": self.name, "value": self.value}
 
 
-def parse_override(spec: str, *, output: bool = False) -> Override:
+Override = ParamOverride | OutputOverride | InputOverride
+
+
+def override_target(doc: Mapping[str, Any]) -> tuple[str, str, str]:
+    """``(kind, node, name)`` of a stored override (``override.to_json()``): kind ``param``,
+    ``output`` or ``input``; name the param, output field or runtime input it changes."""
+    kind = str(doc.get("kind") or "output")
+    key = {"param": "param", "input": "name"}.get(kind, "field")
+    return kind, str(doc.get("node")), str(doc.get(key))
+
+
+def parse_override(spec: str, *, output: bool = False, input_: bool = False) -> Override:
     """Parse ``node.name=VALUE`` from the command line.
 
     For a param (``--set``) VALUE is JSON when it parses as JSON, else a plain string. For an
-    output field (``--set-output``) VALUE must be JSON.
+    output field (``--set-output``) or a runtime input (``--set-input``, ``input_=True``) VALUE
+    must be JSON.
 
     Raises:
-        InvalidOverride: the spec is malformed or an output value is not valid JSON.
+        InvalidOverride: the spec is malformed or an output/input value is not valid JSON.
     """
-    flag = "--set-output" if output else "--set"
+    flag = "--set-output" if output else "--set-input" if input_ else "--set"
     left, sep, raw = spec.partition("=")
     node, dot, name = left.strip().partition(".")
     if not sep or not dot or not node or not name:
         raise InvalidOverride(
             f"malformed override {spec!r}", f"write it as {flag} node.field=VALUE"
         )
-    if output:
+    if output or input_:
         try:
             value = json.loads(raw, parse_constant=_no_constant)
             _finite(value, left)
         except json.JSONDecodeError as exc:
             raise InvalidOverride(
                 f"the value of {left} is not valid JSON: {exc.msg} at column {exc.colno}",
-                "quote strings as JSON, e.g. --set-output compose.prose='\"new text\"'",
+                f"quote strings as JSON, e.g. {flag} {left}='\"new text\"'",
             ) from exc
-        return OutputOverride(node, name, value)
+        return InputOverride(node, name, value) if input_ else OutputOverride(node, name, value)
     try:
         value = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError:
@@ -243,29 +197,42 @@ class Rewind:
         if not run.pipeline_ref:
             raise RewindError(
                 f"run {run.run_id} used pipeline {run.pipeline!r}, which is not registered",
-                "call Rewind.register(pipeline) before forking it; a traced chain is replayed "
-                "with `rewind replay-trace RUN`",
+                "call Rewind.register(pipeline) before forking it, or record the app with a "
+                "reference (`rewind run --app module:attr`, or record "
+                "rewind.engine.attach(app, ref='module:attr')); a traced chain is replayed with "
+                "`rewind replay-trace RUN`",
             )
         return load_pipeline(run.pipeline_ref)
 
     # -- record -------------------------------------------------------------------------------
     def record(
         self,
-        pipeline: Pipeline,
-        state: dict[str, Any],
+        target: Pipeline | Application | ApplicationBuilder,
+        state: dict[str, Any] | None = None,
         *,
+        inputs: dict[str, Any] | None = None,
+        halt_after: Sequence[str] | None = None,
+        halt_before: Sequence[str] | None = None,
         run_id: str | None = None,
         config: dict[str, Any] | None = None,
     ) -> RunRecord:
-        """Execute ``pipeline`` from ``state`` and record every node.
+        """Execute a pipeline or a user's Burr app and record every node.
 
         Calls execute live (the cache is written, not read: reason ``bypass``), so a recorded run
         reflects the model and tools as they are now.
 
         Args:
-            pipeline: what to run.
+            target: a :class:`Pipeline`, a Burr ``ApplicationBuilder`` or a built Burr
+                ``Application`` (see :func:`rewind.engine.attach`); its hooks and tracker keep
+                working, its state persister is replaced by Rewind's.
             state: the initial Burr state: field → any value :mod:`rewind.serde` stores
-                exactly (JSON values, tuples, sets, enums, dates, pydantic models...).
+                exactly (JSON values, tuples, sets, enums, dates, pydantic models...); None: the
+                app's own initial state.
+            inputs: Burr runtime inputs (``app.run(inputs=...)``), JSON values; each node gets
+                the ones it declares, they enter its input hash, and forks replay them.
+            halt_after: stop after one of these nodes (Burr's ``halt_after``); default: the
+                pipeline's ``halt_after`` or its terminal nodes.
+            halt_before: stop before one of these nodes (Burr's ``halt_before``).
             run_id: the run id (= Burr app id); a new uuid when None.
             config: JSON-like settings shown with the run (model, endpoint...).
         Returns:
@@ -274,9 +241,18 @@ class Rewind:
         Raises:
             UnstorableValue: ``state`` holds a value that cannot be stored exactly (nothing is
                 written); a node that writes one fails the run at that node with this error.
+            RewindError: ``target`` is not something Rewind can attach to.
+            InvalidOverride: an input is not JSON, a halt node is unknown, or a looping graph
+                has no halt condition (nothing is written).
             EndpointUnavailable: the model endpoint cannot be reached (the run is recorded as
                 failed at the node that needed it first).
         """
+        pipeline = attach(target)
+        launch = plan_launch(
+            pipeline, inputs=inputs, halt_after=halt_after, halt_before=halt_before
+        )
+        if state is None:
+            state = dict(pipeline.initial_state or {})
         self.register(pipeline)
         run_id = run_id or new_run_id()
         # Refuses, before anything is written, a value that could not be stored exactly; the
@@ -293,17 +269,12 @@ class Rewind:
                 pipeline_ref=pipeline.ref,
                 initial_state_hash=initial_hash,
                 config=config or {},
+                launch=launch.to_json(),
             )
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
-        builder = (
-            ApplicationBuilder()
-            .with_graph(pipeline.graph)
-            .with_identifiers(app_id=run_id)
-            .with_state(**state)
-            .with_entrypoint(pipeline.entrypoint)
-        )
-        return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, 0))
+        builder = pipeline.builder(run_id).with_state(**state).with_entrypoint(pipeline.entrypoint)
+        return self._execute(builder, ctx, Recorder(ctx, self.persister, 0), launch)
 
     # -- fork ---------------------------------------------------------------------------------
     def fork(
@@ -356,19 +327,29 @@ class Rewind:
                 "wait for it to finish (rewind show RUN), then fork it",
             )
         nodes = self.store.nodes_of(parent.run_id)
-        if override is not None and not isinstance(override, ParamOverride | OutputOverride):
+        if override is not None and not isinstance(
+            override, ParamOverride | OutputOverride | InputOverride
+        ):
             raise InvalidOverride(
-                f"override must be a ParamOverride or an OutputOverride, not {type(override)}",
+                "override must be a ParamOverride, an OutputOverride or an InputOverride, not "
+                f"{type(override)}",
                 "e.g. ParamOverride('analyse', 'group_by', 'season')",
             )
         idx = resolve_node(parent, nodes, at)
         fork_node = nodes[idx]
-        validate_override(nodes, idx, override)
+        validate_override(nodes, idx, override, node_inputs=self.node_runtime_inputs)
         pipeline = self.pipeline_of(parent)
         self.check_param(parent, nodes, idx, override)
+        recorded = Launch.from_json(parent.launch)
+        launch = plan_launch(
+            pipeline,
+            inputs=recorded.inputs,
+            halt_after=recorded.halt_after,
+            halt_before=recorded.halt_before,
+        )
         child_id = new_run_id or new_run_id_default()
         builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
-        builder = ApplicationBuilder().with_graph(pipeline.graph).with_identifiers(app_id=child_id)
+        builder = pipeline.builder(child_id)
         burr_src: tuple[str | None, int | None] = (None, None)
         state_row_: dict[str, Any] | None = None
 
@@ -418,15 +399,19 @@ class Rewind:
                 fork_from_sequence_id=pred.src_sequence_id,
             )
 
-        # A fork of a fork keeps the params its ancestors changed, plus its own change.
-        param_overrides = self._ancestor_params(parent)
+        # A fork of a fork keeps the params and inputs its ancestors changed, plus its own change.
+        param_overrides = self._ancestor_overrides(parent, "param")
+        input_overrides = self._ancestor_overrides(parent, "input")
         if isinstance(override, ParamOverride):
             param_overrides.setdefault(override.node, {})[override.param] = override.value
+        if isinstance(override, InputOverride):
+            input_overrides.setdefault(override.node, {})[override.name] = override.value
         ctx = self._context(child_id, read_cache=cache_mode == "replay")
         if cache_mode == "stability":
             ctx.write_cache = False
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
+        ctx.input_overrides = input_overrides
         ctx.lineage, ctx.lineage_at = self._lineages(parent)
         ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
         ctx.effects_mode = effects
@@ -446,6 +431,7 @@ class Rewind:
                 burr_fork_app_id=burr_src[0],
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
+                launch=launch.to_json(),
             )
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
@@ -460,7 +446,9 @@ class Rewind:
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
             )
-        return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, first))
+        return self._execute(
+            builder, ctx, Recorder(ctx, self.persister, first), launch, input_overrides
+        )
 
     def check_param(
         self,
@@ -530,6 +518,11 @@ class Rewind:
         doc: dict[str, Any] = self.store.get_json(node.input_hash)
         return doc | {"reads": self.store.resolve_fields(doc.get("reads", {}))}
 
+    def node_runtime_inputs(self, node: NodeRecord) -> dict[str, Any]:
+        """The Burr runtime inputs a node received, as recorded in its input document."""
+        inputs: dict[str, Any] = self.store.get_json(node.input_hash).get("inputs", {})
+        return inputs
+
     def node_state(self, node: NodeRecord) -> dict[str, Any]:
         """Semantic state after the node (Burr's ``__`` keys removed)."""
         row = self._state_row_of(node)
@@ -556,8 +549,9 @@ class Rewind:
             )
         return row
 
-    def _ancestor_params(self, run: RunRecord) -> dict[str, dict[str, Any]]:
-        """The param overrides ``run`` executed with: its own and its ancestors' (nearest wins)."""
+    def _ancestor_overrides(self, run: RunRecord, kind: str) -> dict[str, dict[str, Any]]:
+        """The ``param`` or ``input`` overrides ``run`` executed with, ``{node: {name: value}}``:
+        its own and its ancestors' (nearest wins)."""
         chain: list[RunRecord] = []
         current: RunRecord | None = run
         while current is not None and all(r.run_id != current.run_id for r in chain):
@@ -566,8 +560,10 @@ class Rewind:
         merged: dict[str, dict[str, Any]] = {}
         for r in reversed(chain):
             o = r.override or {}
-            if o.get("kind") == "param":
-                merged.setdefault(o["node"], {})[o["param"]] = o["value"]
+            if o.get("kind") == kind:
+                merged.setdefault(o["node"], {})[o["param" if kind == "param" else "name"]] = o[
+                    "value"
+                ]
         return merged
 
     def _lineage(self, run: RunRecord) -> dict[str, LineageEntry]:
@@ -642,12 +638,14 @@ class Rewind:
 
     def _execute(
         self,
-        pipeline: Pipeline,
         builder: ApplicationBuilder | Callable[[], ApplicationBuilder],
         ctx: RunContext,
         recorder: Recorder,
+        launch: Launch,
+        input_overrides: dict[str, dict[str, Any]] | None = None,
     ) -> RunRecord:
-        """Build the Burr app (``builder`` or a factory of it), run it to a halting node and
+        """Build the Burr app (``builder`` or a factory of it), drive it as ``launch`` says
+        (inputs, halt conditions; ``input_overrides``: node → input → value) and
         finish the run row; the run always ends ``completed``, ``failed`` or ``interrupted``.
 
         Raises:
@@ -672,13 +670,12 @@ class Rewind:
             ctx.emit("run_finished", run_id=ctx.run_id, status="failed", error=failure.message)
             failure.run_id = ctx.run_id  # type: ignore[attr-defined]
             raise failure from exc
-        halt = list(pipeline.halt_after) or pipeline.terminal_nodes()
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
         unavailable: RewindError | None = None
         try:
             with activate(ctx):
-                app.run(halt_after=halt)
+                drive(app, launch, input_overrides)
         except Exception as exc:
             recorder.flush()
             error = _first_line(exc)
@@ -772,9 +769,19 @@ def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> 
     raise UnknownNode(f"run {run.run_id[:12]} has no node {str(at)!r}", f"its nodes: {listing}")
 
 
-def validate_override(nodes: Sequence[NodeRecord], idx: int, override: Override | None) -> None:
-    """Check an override names a param/field the target node has, at or after the fork point.
+def validate_override(
+    nodes: Sequence[NodeRecord],
+    idx: int,
+    override: Override | None,
+    *,
+    node_inputs: Callable[[NodeRecord], Mapping[str, Any]] | None = None,
+) -> None:
+    """Check an override names a param/input/field the target node has, at or after the fork
+    point. The one check the CLI, the API and :meth:`Rewind.fork` share.
 
+    Args:
+        node_inputs: a node's recorded Burr runtime inputs (``Rewind.node_runtime_inputs``);
+            required to check an :class:`InputOverride`.
     Raises:
         InvalidOverride: it does not (the message names the field and lists the valid ones).
     """
@@ -788,32 +795,43 @@ def validate_override(nodes: Sequence[NodeRecord], idx: int, override: Override 
                 f"fork at {override.node} to replace its output",
             )
         return
+    what = "param" if isinstance(override, ParamOverride) else "input"
     later = [n for n in nodes[idx:] if n.name == override.node]
     if not later:
         if any(n.name == override.node for n in nodes[:idx]):
             raise InvalidOverride(
                 f"node {override.node!r} runs before the fork node {fork_node.name!r}, so "
-                "changing its param would have no effect",
+                f"changing its {what} would have no effect",
                 f"fork at {override.node} instead",
             )
         raise InvalidOverride(
             f"the run has no node {override.node!r}",
             f"nodes from the fork point on: {', '.join(n.name for n in nodes[idx:])}",
         )
-    params = sorted({p for n in later for p in n.params})
-    if override.param not in params:
+    if isinstance(override, ParamOverride):
+        name, known = override.param, [n.params for n in later]
+    else:
+        if node_inputs is None:
+            raise TypeError("validate_override needs node_inputs to check an InputOverride")
+        name, known = override.name, [node_inputs(n) for n in later]
+    names = sorted({k for doc in known for k in doc})
+    if name not in names:
         raise InvalidOverride(
-            f"node {override.node!r} has no param {override.param!r}",
-            f"its params: {', '.join(params) or 'none'}",
+            f"node {override.node!r} has no {what} {name!r}",
+            f"its {what}s: {', '.join(names) or 'none'}",
         )
-    recorded = next(n.params[override.param] for n in later if override.param in n.params)
+    recorded = next(doc[name] for doc in known if name in doc)
     was, now = _json_type(recorded), _json_type(override.value)
     if recorded is not None and override.value is not None and was != now:
         raise InvalidOverride(
-            f"{override.node}.{override.param} was recorded as a {was} "
+            f"{override.node}.{name} was recorded as a {was} "
             f"({json.dumps(recorded)[:40]}); the new value is a {now}",
             f"pass a {was}"
-            + (" (JSON strings need quotes only with --set-output)" if was == "string" else ""),
+            + (
+                " (JSON strings need quotes only with --set-output/--set-input)"
+                if was == "string" and what == "param"
+                else ""
+            ),
         )
 
 

@@ -12,10 +12,11 @@ export type NodeStatus =
   | "skipped";
 
 export interface Override {
-  kind: "param" | "output";
+  kind: "param" | "output" | "input";
   node: string;
   param?: string;
   field?: string;
+  name?: string; // a runtime input (kind "input")
   value: unknown;
 }
 
@@ -36,6 +37,8 @@ export interface Run {
   finished_at: number | null;
   error: string | null;
   config: Record<string, unknown>;
+  // how a Burr app run was launched: runtime inputs and halt conditions (forks replay them)
+  launch?: { inputs?: Record<string, unknown>; halt_after?: string[]; halt_before?: string[] };
 }
 
 export interface Artifact {

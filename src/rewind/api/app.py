@@ -53,7 +53,9 @@ from rewind.errors import (
     UnknownRun,
 )
 from rewind.replay import (
+    InputOverride,
     OutputOverride,
+    Override,
     ParamOverride,
     Rewind,
     new_run_id,
@@ -119,7 +121,20 @@ class OutputOverrideBody(BaseModel):
     value: Any = Field(description="the new value of the field (any JSON)")
 
 
-OverrideBody = Annotated[ParamOverrideBody | OutputOverrideBody, Field(discriminator="kind")]
+class InputOverrideBody(BaseModel):
+    """Change one Burr runtime input of one node (``prompt.prompt``); the node re-executes with
+    it, the other nodes keep the recorded inputs."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["input"]
+    node: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    value: Any = Field(description="the new value of the input (any JSON)")
+
+
+OverrideBody = Annotated[
+    ParamOverrideBody | OutputOverrideBody | InputOverrideBody, Field(discriminator="kind")
+]
 NodeRef = Annotated[
     str | int,
     Field(description='node name ("analyse", "analyse#2") or 1-based number (3)'),
@@ -536,7 +551,7 @@ def _check_value(value: Any, field: str) -> None:
 
 def validate_fork(
     ctx: ServerContext, run_id: str, req: ForkRequest
-) -> tuple[RunRecord, int, NodeRecord, ParamOverride | OutputOverride | None]:
+) -> tuple[RunRecord, int, NodeRecord, Override | None]:
     """Everything :meth:`Rewind.fork` checks before it writes, done in the request handler.
 
     Raises:
@@ -556,7 +571,7 @@ def validate_fork(
         raise _field_error(exc, "at") from exc
     fork_node = nodes[idx]
     o = req.override
-    override: ParamOverride | OutputOverride | None = None
+    override: Override | None = None
     rw = ctx.session()
     if isinstance(o, OutputOverrideBody):
         override = OutputOverride(o.node, o.field, o.value)
@@ -578,13 +593,16 @@ def validate_fork(
                 "override.field",
             )
         _check_value(o.value, "override.value")
-    elif isinstance(o, ParamOverrideBody):
-        override = ParamOverride(o.node, o.param, o.value)
+    elif isinstance(o, ParamOverrideBody | InputOverrideBody):
+        if isinstance(o, ParamOverrideBody):
+            override, name_field = ParamOverride(o.node, o.param, o.value), "override.param"
+        else:
+            override, name_field = InputOverride(o.node, o.name, o.value), "override.name"
         later = [n for n in nodes[idx:] if n.name == o.node]
         try:
-            validate_override(nodes, idx, override)
+            validate_override(nodes, idx, override, node_inputs=rw.node_runtime_inputs)
         except InvalidOverride as exc:
-            raise _field_error(exc, "override.param" if later else "override.node") from exc
+            raise _field_error(exc, name_field if later else "override.node") from exc
         _check_value(o.value, "override.value")
     try:
         rw.pipeline_of(parent)
@@ -881,7 +899,7 @@ def _submit_fork(
     parent: RunRecord,
     idx: int,
     fork_node: NodeRecord,
-    override: ParamOverride | OutputOverride | None,
+    override: Override | None,
     effects: str,
 ) -> JSONResponse:
     rid = new_run_id()

@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from rewind.replay import override_target
 from rewind.store import NodeRecord, RunRecord, Store
 
 # Display status of a node execution (one colour each in the UI).
@@ -57,6 +58,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "error": run.error,
         "config": run.config,
+        "launch": run.launch,
     }
 
 
@@ -69,9 +71,8 @@ def change_text(run: RunRecord) -> str | None:
     if not o:
         text = f"unchanged replay from {run.fork_node}"
     else:
-        name = o.get("param") if o.get("kind") == "param" else o.get("field")
-        kind = "param" if o.get("kind") == "param" else "output"
-        text = f"{kind} {o.get('node')}.{name}"
+        kind, node, name = override_target(o)
+        text = f"{kind} {node}.{name}"
     config = run.config or {}
     purpose = config.get("purpose")
     if purpose == "stability":

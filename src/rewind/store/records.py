@@ -39,6 +39,9 @@ class RunRecord:
     completion_tokens: int
     latency_ms: float
     error: str | None
+    launch: dict[str, Any] = field(default_factory=dict)
+    """How the run was launched: ``{"inputs": {...}, "halt_after": [...], "halt_before": [...]}``
+    (Burr runtime inputs and halt conditions; a fork replays them, with its input override)."""
 
     @property
     def tokens(self) -> int:
@@ -67,6 +70,7 @@ class RunRecord:
             completion_tokens=m["completion_tokens"],
             latency_ms=m["latency_ms"],
             error=m["error"],
+            launch=json.loads(m["launch_json"] or "{}"),
         )
 
 

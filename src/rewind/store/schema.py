@@ -22,7 +22,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped on any incompatible change; a store with another version is refused, never migrated
 silently."""
 
@@ -50,6 +50,8 @@ runs = Table(
     Column("burr_fork_app_id", String(64), nullable=True),
     Column("burr_fork_sequence_id", Integer, nullable=True),
     Column("config_json", Text, nullable=False, default="{}"),
+    # how a Burr app was launched: runtime inputs, halt_after, halt_before (forks replay them)
+    Column("launch_json", Text, nullable=False, default="{}"),
     Column("created_at", Float, nullable=False),  # unix seconds
     Column("finished_at", Float, nullable=True),
     Column("prompt_tokens", Integer, nullable=False, default=0),

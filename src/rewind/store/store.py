@@ -256,7 +256,7 @@ class Store:
         values.setdefault("created_at", time.time())
         values.setdefault("status", "running")
         values.setdefault("owner", OWNER)
-        for key in ("override", "config"):
+        for key in ("override", "config", "launch"):
             if key in values:
                 v = values.pop(key)
                 values[f"{key}_json"] = None if v is None else json.dumps(v, sort_keys=True)

@@ -1,10 +1,12 @@
-// Pick a node, change one param or one output field (JSON checked before submit), fork there.
+// Pick a node, change one param, one Burr runtime input or one output field (JSON checked before
+// submit), fork there.
 import { useEffect, useMemo, useState } from "react";
 import { api, ApiError } from "../api";
 import type { NodeDetail, Run } from "../types";
 import { toText } from "./TextBlock";
 
-type Mode = "param" | "output" | "replay";
+type Mode = "param" | "input" | "output" | "replay";
+type ChangeMode = Exclude<Mode, "replay">;
 type Effects = "recorded" | "dry-run" | "live";
 
 const EFFECTS_HELP: Record<Effects, string> = {
@@ -34,10 +36,16 @@ export function NodeEditor({
   onForked: (runId: string) => void;
 }) {
   const node = detail.node;
-  const params = Object.keys(node.params ?? {});
-  const fields = Object.keys(detail.output ?? {});
-  const [mode, setMode] = useState<Mode>(params.length ? "param" : fields.length ? "output" : "replay");
-  const [name, setName] = useState<string>(params[0] ?? fields[0] ?? "");
+  const recordedInputs = (detail.input?.inputs ?? {}) as Record<string, unknown>;
+  const values: Record<ChangeMode, Record<string, unknown>> = {
+    param: node.params ?? {},
+    input: recordedInputs,
+    output: detail.output ?? {},
+  };
+  const names = (m: Mode): string[] => (m === "replay" ? [] : Object.keys(values[m]));
+  const firstMode = (): Mode => (["param", "input", "output"] as const).find((m) => names(m).length > 0) ?? "replay";
+  const [mode, setMode] = useState<Mode>(firstMode());
+  const [name, setName] = useState<string>(names(firstMode())[0] ?? "");
   const [text, setText] = useState("");
   const [tooBig, setTooBig] = useState(0);
   const [effects, setEffects] = useState<Effects>("live");
@@ -46,15 +54,15 @@ export function NodeEditor({
 
   // Reset when another node is picked.
   useEffect(() => {
-    const m: Mode = params.length ? "param" : fields.length ? "output" : "replay";
+    const m = firstMode();
     setMode(m);
-    setName(m === "param" ? params[0] : m === "output" ? fields[0] : "");
+    setName(names(m)[0] ?? "");
     setEffects(m === "replay" ? "recorded" : "live");
     setError(null);
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [run.run_id, node.number]);
 
-  const current = mode === "param" ? node.params[name] : mode === "output" ? detail.output[name] : undefined;
+  const current = mode === "replay" ? undefined : values[mode][name];
   useEffect(() => {
     if (mode === "replay" || !name) {
       setText("");
@@ -77,10 +85,8 @@ export function NodeEditor({
     setError(null);
     let override: Record<string, unknown> | null = null;
     if (mode !== "replay" && parsed?.ok) {
-      override =
-        mode === "param"
-          ? { kind: "param", node: node.name, param: name, value: parsed.value }
-          : { kind: "output", node: node.name, field: name, value: parsed.value };
+      const key = { param: "param", input: "name", output: "field" }[mode];
+      override = { kind: mode, node: node.name, [key]: name, value: parsed.value };
     }
     try {
       const res = await api<{ run_id: string }>(`/api/runs/${run.run_id}/fork`, {
@@ -102,7 +108,7 @@ export function NodeEditor({
       disabled={disabled}
       onClick={() => {
         setMode(m);
-        setName(m === "param" ? params[0] : m === "output" ? fields[0] : "");
+        setName(names(m)[0] ?? "");
         setEffects(m === "replay" ? "recorded" : "live");
       }}
       className={`rounded px-2 py-1 text-xs ${mode === m ? "bg-slate-800 text-white" : "bg-slate-100 text-slate-700"} disabled:opacity-40`}
@@ -117,22 +123,25 @@ export function NodeEditor({
         Fork at node {node.number} · {node.name}
       </h3>
       <div className="flex gap-1">
-        {tab("param", "change a param", params.length === 0)}
-        {tab("output", "replace output", fields.length === 0)}
+        {tab("param", "change a param", names("param").length === 0)}
+        {tab("input", "change an input", names("input").length === 0)}
+        {tab("output", "replace output", names("output").length === 0)}
         {tab("replay", "unchanged replay", false)}
       </div>
-      {mode === "param" && params.length === 0 && <p className="text-xs text-slate-500">This node read no params.</p>}
+      {mode === "param" && names("param").length === 0 && (
+        <p className="text-xs text-slate-500">This node read no params.</p>
+      )}
       {mode !== "replay" && (
         <>
           <label className="block text-xs text-slate-600">
-            {mode === "param" ? "param" : "output field"}
+            {{ param: "param", input: "runtime input", output: "output field" }[mode]}
             <select
               data-testid="editor-name"
               className="ml-2 rounded border border-slate-300 px-1 py-0.5 text-xs"
               value={name}
               onChange={(e) => setName(e.target.value)}
             >
-              {(mode === "param" ? params : fields).map((p) => (
+              {names(mode).map((p) => (
                 <option key={p} value={p}>
                   {p}
                 </option>
@@ -148,7 +157,7 @@ export function NodeEditor({
             className={`h-28 w-full rounded border p-2 font-mono text-xs ${parsed && !parsed.ok ? "border-red-400" : "border-slate-300"}`}
             value={text}
             onChange={(e) => setText(e.target.value)}
-            placeholder={mode === "param" ? '"season"' : "JSON value"}
+            placeholder={mode === "param" ? '"season"' : mode === "input" ? '"a new prompt"' : "JSON value"}
           />
           {tooBig > 0 && !text && (
             <p className="text-xs text-slate-500">

@@ -1,0 +1,1 @@
+"""Burr's own example applications, vendored to test Rewind on apps it was not written for."""

@@ -1,0 +1,251 @@
+"""Burr apps written the way Burr's users write them (no Rewind Pipeline), for the attach tests.
+
+Each factory returns what a user's ``application()`` returns: a built Burr ``Application`` (or
+its ``ApplicationBuilder``) with runtime inputs, ``.bind(...)``, a lifecycle hook and optionally a
+local tracker. ``STEPS`` collects what the user's own hook saw, so a test can tell it kept working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from typing import Any
+
+from burr.core import Application, ApplicationBuilder, State, action, default
+from burr.core.action import streaming_action
+from burr.core.application import ApplicationContext
+from burr.core.parallelism import MapStates, RunnableGraph
+from burr.integrations.pydantic import PydanticTypingSystem
+from burr.lifecycle import PostRunStepHook
+from burr.tracking import LocalTrackingClient
+from pydantic import BaseModel
+
+import rewind
+
+STEPS: list[tuple[str, str]] = []
+"""(app_id, node) of every step the user's own hook saw."""
+
+
+class StepLog(PostRunStepHook):
+    """The user's own hook: it must keep seeing every step of a recorded or forked run."""
+
+    def post_run_step(self, *, app_id: str, action: Any, **future_kwargs: Any) -> None:
+        STEPS.append((app_id, action.name))
+
+
+@action(reads=[], writes=["question", "history"])
+def ask(state: State, question: str) -> State:
+    return state.update(question=question).append(history=question)
+
+
+@action(reads=["question"], writes=["answer"])
+def answer(state: State, style: str) -> State:
+    reply = rewind.chat([{"role": "user", "content": f"{style}: {state['question']}"}])
+    return state.update(answer=reply.content)
+
+
+@action(reads=["question"], writes=["answer"])
+def echo(state: State, style: str) -> State:
+    return state.update(answer=f"{style}: {state['question']}")
+
+
+@action(reads=["answer"], writes=["summary"], tags=["final"])
+def summarise(state: State) -> State:
+    return state.update(summary=state["answer"].upper())
+
+
+def _builder(answer_node: Any, tracker_dir: str | None) -> ApplicationBuilder:
+    b = (
+        ApplicationBuilder()
+        .with_actions(ask=ask, answer=answer_node.bind(style="briefly"), summarise=summarise)
+        .with_transitions(("ask", "answer"), ("answer", "summarise"), ("summarise", "ask"))
+        .with_state(history=[])
+        .with_entrypoint("ask")
+        .with_hooks(StepLog())
+    )
+    if tracker_dir is not None:
+        b = b.with_tracker(LocalTrackingClient(project="rewind-test", storage_dir=tracker_dir))
+    return b
+
+
+def application(tracker_dir: str | None = None) -> Application:
+    """A looping question → model answer → summary chat; the model through ``rewind.chat``."""
+    return _builder(answer, tracker_dir).build()
+
+
+def builder() -> ApplicationBuilder:
+    """The same app, unbuilt."""
+    return _builder(answer, None)
+
+
+def pure_application() -> Application:
+    """The same graph with no model call (for the CLI, which has no fake model)."""
+    return _builder(echo, None).build()
+
+
+# -- async --------------------------------------------------------------------------------------
+
+
+@action(reads=["question"], writes=["answer"])
+async def answer_async(state: State, style: str) -> State:
+    await asyncio.sleep(0)
+    reply = rewind.chat([{"role": "user", "content": f"{style}: {state['question']}"}])
+    return state.update(answer=reply.content)
+
+
+def async_application() -> Application:
+    """The chat with an ``async`` model node between two synchronous ones."""
+    return _builder(answer_async, None).build()
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+@streaming_action(reads=["question"], writes=["answer"])
+def answer_streamed(state: State, style: str) -> Generator[tuple[dict, State | None], None, None]:
+    reply = rewind.chat([{"role": "user", "content": f"{style}: {state['question']}"}])
+    words = reply.content.split()
+    for word in words:
+        yield {"token": word}, None
+    yield {"answer": reply.content}, state.update(answer=reply.content)
+
+
+def streaming_application() -> Application:
+    """The chat with a streaming model node."""
+    return _builder(answer_streamed, None).build()
+
+
+# -- parallel map -------------------------------------------------------------------------------
+
+
+@action(reads=["topic"], writes=["note"])
+def take_note(state: State) -> State:
+    reply = rewind.chat([{"role": "user", "content": f"one fact about {state['topic']}"}])
+    return state.update(note=reply.content)
+
+
+class NoteEachTopic(MapStates):
+    """Burr's parallel map: one sub-application per topic, notes joined in order."""
+
+    def action(self, state: State, inputs: dict[str, Any]) -> Any:
+        return RunnableGraph.create(take_note)
+
+    def states(
+        self, state: State, context: Any, inputs: dict[str, Any]
+    ) -> Generator[State, None, None]:
+        for topic in state["topics"]:
+            yield state.update(topic=topic)
+
+    def reduce(self, state: State, states: Any) -> State:
+        return state.update(notes=[s["note"] for s in states])
+
+    @property
+    def reads(self) -> list[str]:
+        return ["topics"]
+
+    @property
+    def writes(self) -> list[str]:
+        return ["notes"]
+
+
+@action(reads=["notes"], writes=["report"])
+def report(state: State) -> State:
+    return state.update(report=" | ".join(state["notes"]))
+
+
+@action(reads=[], writes=["topics"])
+def choose_topics(state: State, topics: list[str]) -> State:
+    return state.update(topics=topics)
+
+
+def map_application() -> Application:
+    """topics (runtime input) → a parallel map of model calls → report."""
+    return (
+        ApplicationBuilder()
+        .with_actions(choose=choose_topics, notes=NoteEachTopic(), report=report)
+        .with_transitions(("choose", "notes", default), ("notes", "report", default))
+        .with_entrypoint("choose")
+        .with_hooks(StepLog())
+        .build()
+    )
+
+
+# -- typed state --------------------------------------------------------------------------------
+
+
+class Concept(BaseModel):
+    term: str
+    definition: str
+
+
+class TypedChatState(BaseModel):
+    question: str | None = None
+    concept: Concept | None = None
+    summary: str | None = None
+
+
+@action.pydantic(reads=[], writes=["question"])
+def typed_ask(state: TypedChatState, question: str) -> TypedChatState:
+    state.question = question
+    return state
+
+
+@action.pydantic(reads=["question"], writes=["concept"])
+def typed_define(state: TypedChatState) -> TypedChatState:
+    reply = rewind.chat([{"role": "user", "content": f"define: {state.question}"}])
+    state.concept = Concept(term=state.question or "", definition=reply.content)
+    return state
+
+
+@action.pydantic(reads=["concept"], writes=["summary"])
+def typed_summarise(state: TypedChatState) -> TypedChatState:
+    assert state.concept is not None
+    state.summary = f"{state.concept.term}: {state.concept.definition[:20]}"
+    return state
+
+
+def typed_application() -> Application:
+    """Burr's typed state: a pydantic model as the state, a nested model in one field."""
+    return (
+        ApplicationBuilder()
+        .with_actions(ask=typed_ask, define=typed_define, summarise=typed_summarise)
+        .with_transitions(("ask", "define"), ("define", "summarise"))
+        .with_typing(PydanticTypingSystem(TypedChatState))
+        .with_state(TypedChatState())
+        .with_entrypoint("ask")
+        .build()
+    )
+
+
+# -- recursive sub-applications -----------------------------------------------------------------
+
+
+@action(reads=["question"], writes=["answers"])
+def ask_in_two_styles(state: State, __context: ApplicationContext) -> State:
+    """Runs a sub-application per style, the way Burr's recursive example does."""
+    answers = []
+    for style in ("briefly", "in detail"):
+        child = (
+            ApplicationBuilder()
+            .with_actions(answer=answer.bind(style=style))
+            .with_transitions()
+            .with_state(question=state["question"])
+            .with_entrypoint("answer")
+            .with_spawning_parent(__context.app_id, __context.sequence_id)
+            .build()
+        )
+        _, _, child_state = child.run(halt_after=["answer"])
+        answers.append(child_state["answer"])
+    return state.update(answers=answers)
+
+
+def recursive_application() -> Application:
+    """question (runtime input) → two sub-applications answering it."""
+    return (
+        ApplicationBuilder()
+        .with_actions(ask=ask, both=ask_in_two_styles)
+        .with_transitions(("ask", "both"))
+        .with_state(history=[])
+        .with_entrypoint("ask")
+        .build()
+    )
