@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +142,13 @@ def row_counts(store: Store) -> dict[str, int]:
         return {
             t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar_one() for t in COUNTED_TABLES
         }
+
+
+def orphan_run(root: Path, run_id: str) -> None:
+    """Leave a run ``running`` in the store at ``root``, owned by a process that has ended."""
+    code = (
+        "import sys\nfrom rewind.store import open_store\ns = open_store(sys.argv[1])\n"
+        "with s.write() as c:\n"
+        "    s.create_run(c, run_id=sys.argv[2], pipeline='p', pipeline_ref='')\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(root), run_id], check=True)

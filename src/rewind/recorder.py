@@ -3,11 +3,15 @@
 The recorder is handed to Burr as its state persister in "lifecycle adapter" mode, so the node
 row, its calls, the cache entries they produced and the content-addressed state row are written
 together, in one transaction: a crash can never leave a node without its state or the other way
-round. Rows are batched: a batch is flushed when ``flush_interval_ms`` has passed since the last
-flush (so a slow LLM node is written as soon as it finishes, while a chain of cheap nodes shares
-one commit) and always when the run ends. Hooks never raise into Burr (a raising hook aborts the
-run before the state is saved); failures are collected in :attr:`Recorder.errors` and fail the
-run afterwards.
+round. Rows are batched (group commit): a node that finishes ``flush_interval_ms`` or more after
+the last commit is committed at once, inside its hook (a slow LLM node is written as soon as it
+finishes); otherwise its rows wait, and a flusher thread commits them when the oldest waiting node
+is ``flush_interval_ms`` old, even while the next node is still running. So a chain of cheap
+nodes shares one commit, and a process killed at any moment (``kill -9``) loses at most the nodes
+that finished in the last ``flush_interval_ms`` plus the duration of the commit under way (see
+README, "How it works" → Record). Hooks never raise into Burr (a raising hook aborts the run
+before the state is saved); failures are collected in :attr:`Recorder.errors` and fail the run
+afterwards.
 
 Hashes (all sha256 hex of canonical JSON): every semantic state field is hashed once as a blob;
 a node's ``output_hash`` is the hash of the map {written field: field hash} and ``state_hash`` the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -44,7 +49,10 @@ from rewind.store.store import WriteBatch, call_rows, state_row
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_MS = 50.0
-"""Longest time recorded rows wait in memory before they are committed (ms)."""
+"""Longest time a finished node's rows wait in memory before their commit starts (ms)."""
+FLUSHER_IDLE_S = 5.0
+"""The flusher thread ends after this long with nothing to commit (s); the next deferred node
+starts a new one, so a recorder that is never closed leaves no thread behind."""
 
 __all__ = ["BURR_INTERNAL_PREFIX", "Recorder", "node_outcome", "semantic_state"]
 
@@ -90,6 +98,13 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         self.encoder = FieldEncoder()
         self.batch = WriteBatch()
         self._last_flush = time.perf_counter()
+        # _cond guards batch, _due, _flusher and _closed; _write_lock keeps commits one at a time
+        # and in order (taken before _cond, never while holding it).
+        self._cond = threading.Condition(threading.Lock())
+        self._write_lock = threading.Lock()
+        self._due: float | None = None  # perf_counter time the waiting rows must be committed by
+        self._flusher: threading.Thread | None = None
+        self._closed = False
         self._reads: dict[str, str] = {}
         self._inputs: dict[str, Any] = {}
 
@@ -143,9 +158,8 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             if in_flight is not None and not isinstance(in_flight, Exception):
                 exception = in_flight  # type: ignore[assignment]
         try:
-            self._record(app_id, partition_key, sequence_id, state, action, exception)
-            if (time.perf_counter() - self._last_flush) * 1000 >= self.flush_interval_ms:
-                self.flush()
+            rows = self._record(app_id, partition_key, sequence_id, state, action, exception)
+            self._queue(rows)
         except Exception as exc:
             self._fail("after", action, exc)
         finally:
@@ -153,20 +167,73 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             self.ctx.node = None
 
     def flush(self) -> None:
-        """Commit the rows recorded so far (one transaction). Never raises."""
-        batch, self.batch = self.batch, WriteBatch()
-        self._last_flush = time.perf_counter()
-        if not batch:
-            return
+        """Commit the rows recorded so far (one transaction). Never raises; thread-safe."""
+        with self._write_lock:
+            with self._cond:
+                batch, self.batch = self.batch, WriteBatch()
+                self._due = None
+                self._last_flush = time.perf_counter()
+            if not batch:
+                return
+            try:
+                self.ctx.store.write_batch(batch)
+            except Exception as exc:
+                msg = f"writing recorded nodes failed: {_error_line(exc)}"
+                logger.error("%s\n%s", msg, traceback.format_exc())
+                self.errors.append(msg)
+            finally:
+                keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
+                release_flights(self.ctx.store, keys)
+
+    def close(self) -> None:
+        """Commit what is waiting and stop the flusher thread (at the end of the run). Never
+        raises. Rows recorded after this are committed inside their hook."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            flusher = self._flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
+        self.flush()
+
+    def _queue(self, rows: WriteBatch) -> None:
+        """Add a finished node's rows to the batch; commit now, or arm the deadline flush."""
+        now = time.perf_counter()
+        with self._cond:
+            self.batch.absorb(rows)
+            commit_now = self._closed or (now - self._last_flush) * 1000 >= self.flush_interval_ms
+            if not commit_now and self._due is None:
+                self._due = now + self.flush_interval_ms / 1000
+                if self._flusher is None:
+                    self._flusher = threading.Thread(
+                        target=self._flush_loop, name="rewind-flusher", daemon=True
+                    )
+                    self._flusher.start()
+                else:
+                    self._cond.notify()
+        if commit_now:
+            self.flush()
+
+    def _flush_loop(self) -> None:
+        """The flusher thread: commit the waiting rows when their deadline comes."""
         try:
-            self.ctx.store.write_batch(batch)
-        except Exception as exc:
-            msg = f"writing recorded nodes failed: {_error_line(exc)}"
-            logger.error("%s\n%s", msg, traceback.format_exc())
-            self.errors.append(msg)
-        finally:
-            keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
-            release_flights(self.ctx.store, keys)
+            while True:
+                with self._cond:
+                    while self._due is None or self._due > time.perf_counter():
+                        if self._closed:
+                            self._flusher = None
+                            return
+                        if self._due is None:
+                            if not self._cond.wait(FLUSHER_IDLE_S) and self._due is None:
+                                self._flusher = None
+                                return
+                        else:
+                            self._cond.wait(self._due - time.perf_counter())
+                self.flush()
+        except BaseException as exc:  # a flush never raises; this is the last line of defence
+            with self._cond:
+                self._flusher = None
+            self.errors.append(f"the flusher thread failed: {_error_line(exc)}")
 
     def _record(
         self,
@@ -176,7 +243,8 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         state: State,
         action: Action,
         exception: Exception | None,
-    ) -> None:
+    ) -> WriteBatch:
+        """The node's rows (node, calls, cache entries, effects, state row, new blobs)."""
         scope = self.ctx.node
         if scope is None or scope.name != action.name:
             scope = self.ctx.begin_node(action.name, self.position)
@@ -184,7 +252,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         semantic, internal = split_internal(state.get_all())
         written = [] if exception is not None else list(action.writes)
         fields, fresh = self.encoder.encode(semantic, written=written)
-        batch = self.batch
+        batch = WriteBatch()
         for k in fresh:
             f = fields[k]
             if not self.ctx.store.knows_blob(f.digest):
@@ -284,6 +352,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             latency_ms=latency_ms,
             output_hash=output_hash,
         )
+        return batch
 
     def _fail(self, when: str, action: Action, exc: Exception) -> None:
         msg = f"recording {when} node {action.name!r} failed: {_error_line(exc)}"
