@@ -98,10 +98,14 @@ def test_an_interrupted_run_is_marked_interrupted_and_can_be_forked(tmp_path: Pa
 
     rw = Rewind(tmp_path / "store")
 
-    def interrupt_soon() -> None:
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    def interrupt_once_napping() -> None:
+        # Not a timer: on a loaded machine one could fire before the run (or its node) started.
+        pipelines.NAP_ENTERED.wait()
+        os.kill(os.getpid(), signal.SIGINT)
 
-    interrupt_soon()
+    pipelines.NAP_ENTERED.clear()
+    pipelines.NAP_ARMED.set()
+    threading.Thread(target=interrupt_once_napping, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         rw.record(pipelines.sleepy, {"x": 1})
     run = rw.store.list_runs()[0]
