@@ -170,9 +170,7 @@ def flusher_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "rewind-flusher"]
 
 
-def test_a_failing_commit_fails_the_run_and_leaves_no_flusher_thread(
-    rw: Rewind, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failing_commit_fails_the_run(rw: Rewind, monkeypatch: pytest.MonkeyPatch) -> None:
     def disk_full(batch: WriteBatch) -> None:
         raise StoreError("disk full", "free some space")
 
@@ -180,11 +178,18 @@ def test_a_failing_commit_fails_the_run_and_leaves_no_flusher_thread(
     run = rw.record(pipelines.pipeline, {"x": 1})
     assert run.status == "failed"
     assert run.error == "writing recorded nodes failed: StoreError: disk full"
-    assert flusher_threads() == []
     monkeypatch.undo()
     run = rw.record(pipelines.pipeline, {"x": 1})
     assert run.status == "completed" and len(rw.store.nodes_of(run.run_id)) == 3
-    assert flusher_threads() == []
+
+
+def test_one_flusher_thread_serves_every_run(rw: Rewind) -> None:
+    assert rw.record(pipelines.pipeline, {"x": 0}).status == "completed"
+    threads = flusher_threads()  # its quick nodes waited for a deadline flush
+    assert len(threads) == 1
+    for x in range(1, 6):
+        assert rw.record(pipelines.pipeline, {"x": x}).status == "completed"
+    assert flusher_threads() == threads  # no thread per run (its start-up would cost every run)
 
 
 # -- kill -9 at random moments: committed within the flush bound ---------------------------------

@@ -22,7 +22,10 @@ its Burr inputs and its params.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -50,9 +53,6 @@ logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_MS = 50.0
 """Longest time a finished node's rows wait in memory before their commit starts (ms)."""
-FLUSHER_IDLE_S = 5.0
-"""The flusher thread ends after this long with nothing to commit (s); the next deferred node
-starts a new one, so a recorder that is never closed leaves no thread behind."""
 
 __all__ = ["BURR_INTERNAL_PREFIX", "Recorder", "node_outcome", "semantic_state"]
 
@@ -98,12 +98,11 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         self.encoder = FieldEncoder()
         self.batch = WriteBatch()
         self._last_flush = time.perf_counter()
-        # _cond guards batch, _due, _flusher and _closed; _write_lock keeps commits one at a time
-        # and in order (taken before _cond, never while holding it).
-        self._cond = threading.Condition(threading.Lock())
+        # _lock guards batch, _due and _closed; _write_lock keeps commits one at a time and in
+        # order (taken before _lock, never while holding it).
+        self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._due: float | None = None  # perf_counter time the waiting rows must be committed by
-        self._flusher: threading.Thread | None = None
         self._closed = False
         self._reads: dict[str, str] = {}
         self._inputs: dict[str, Any] = {}
@@ -169,7 +168,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
     def flush(self) -> None:
         """Commit the rows recorded so far (one transaction). Never raises; thread-safe."""
         with self._write_lock:
-            with self._cond:
+            with self._lock:
                 batch, self.batch = self.batch, WriteBatch()
                 self._due = None
                 self._last_flush = time.perf_counter()
@@ -186,54 +185,33 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 release_flights(self.ctx.store, keys)
 
     def close(self) -> None:
-        """Commit what is waiting and stop the flusher thread (at the end of the run). Never
-        raises. Rows recorded after this are committed inside their hook."""
-        with self._cond:
+        """Commit what is waiting (at the end of the run). Never raises. Rows recorded after
+        this are committed inside their hook."""
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
-            flusher = self._flusher
-        if flusher is not None and flusher is not threading.current_thread():
-            flusher.join()
         self.flush()
+
+    def flush_if_due(self, now: float) -> None:
+        """Commit the waiting rows if their deadline (``time.perf_counter()`` s) is ``now`` or
+        earlier; the flusher thread calls this. Never raises."""
+        with self._lock:
+            due = self._due
+        if due is not None and due <= now:
+            self.flush()
 
     def _queue(self, rows: WriteBatch) -> None:
         """Add a finished node's rows to the batch; commit now, or arm the deadline flush."""
         now = time.perf_counter()
-        with self._cond:
+        armed: float | None = None
+        with self._lock:
             self.batch.absorb(rows)
             commit_now = self._closed or (now - self._last_flush) * 1000 >= self.flush_interval_ms
             if not commit_now and self._due is None:
-                self._due = now + self.flush_interval_ms / 1000
-                if self._flusher is None:
-                    self._flusher = threading.Thread(
-                        target=self._flush_loop, name="rewind-flusher", daemon=True
-                    )
-                    self._flusher.start()
-                else:
-                    self._cond.notify()
+                armed = self._due = now + self.flush_interval_ms / 1000
         if commit_now:
             self.flush()
-
-    def _flush_loop(self) -> None:
-        """The flusher thread: commit the waiting rows when their deadline comes."""
-        try:
-            while True:
-                with self._cond:
-                    while self._due is None or self._due > time.perf_counter():
-                        if self._closed:
-                            self._flusher = None
-                            return
-                        if self._due is None:
-                            if not self._cond.wait(FLUSHER_IDLE_S) and self._due is None:
-                                self._flusher = None
-                                return
-                        else:
-                            self._cond.wait(self._due - time.perf_counter())
-                self.flush()
-        except BaseException as exc:  # a flush never raises; this is the last line of defence
-            with self._cond:
-                self._flusher = None
-            self.errors.append(f"the flusher thread failed: {_error_line(exc)}")
+        elif armed is not None:
+            _FLUSHER.schedule(armed, self)
 
     def _record(
         self,
@@ -358,6 +336,61 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         msg = f"recording {when} node {action.name!r} failed: {_error_line(exc)}"
         logger.error("%s\n%s", msg, traceback.format_exc())
         self.errors.append(msg)
+
+
+class _DeadlineFlusher:
+    """One daemon thread per process that commits recorders' waiting rows at their deadlines.
+
+    Shared by every recorder: a thread per run would add its start-up to every run
+    (``Thread.start`` waits until the new thread runs, which takes long on a loaded machine).
+    Deadlines sit in a heap; an entry whose rows were committed meanwhile (inside a hook, or at
+    the end of the run) is a no-op.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Recorder]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, due: float, recorder: Recorder) -> None:
+        """Call ``recorder.flush_if_due`` at ``due`` (``time.perf_counter()`` s)."""
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._order), recorder))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rewind-flusher", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][2] is recorder:  # a new earliest deadline: wake the thread
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.perf_counter()
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, recorder = heapq.heappop(self._heap)
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            try:
+                recorder.flush_if_due(now)
+            except BaseException:  # flush never raises; keep the thread for the other recorders
+                logger.exception("the flusher thread could not commit recorded nodes")
+
+
+_FLUSHER = _DeadlineFlusher()
+
+
+def _new_flusher_in_child() -> None:
+    # Threads do not survive fork(): a forked worker gets its own flusher when it first needs one.
+    global _FLUSHER
+    _FLUSHER = _DeadlineFlusher()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_flusher_in_child)
 
 
 def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, str]:
