@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,3 +165,13 @@ def browser() -> Iterator[Any]:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
+
+
+def orphan_run(root: Path, run_id: str) -> None:
+    """Leave a run ``running`` in the store at ``root``, owned by a process that has ended."""
+    code = (
+        "import sys\nfrom rewind.store import open_store\ns = open_store(sys.argv[1])\n"
+        "with s.write() as c:\n"
+        "    s.create_run(c, run_id=sys.argv[2], pipeline='p', pipeline_ref='')\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(root), run_id], check=True)

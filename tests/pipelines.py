@@ -470,11 +470,19 @@ def fx_use(state: State) -> State:
 ttl_pipeline = _linear("ttl", "tests.pipelines:ttl_pipeline", look=fx_look, use=fx_use)
 
 
+# ``nap`` naps (until the test interrupts it) once each time the test arms it.
+NAP_ARMED = threading.Event()
+NAP_ENTERED = threading.Event()
+
+
 @action(reads=["x"], writes=["y"])
 def nap(state: State) -> State:
     import time as _time
 
-    _time.sleep(5)
+    if NAP_ARMED.is_set():
+        NAP_ARMED.clear()
+        NAP_ENTERED.set()
+        _time.sleep(60)
     return state.update(y=t_add(state["x"], 1))
 
 

@@ -547,11 +547,13 @@ def test_demo_publish_audit_record_replay_tamper(rw_llm: Rewind, demo: Any) -> N
     assert res.reference_digest == FileTree(art.parent).fingerprint().digest
     assert res.recorded_digest != res.reference_digest
     art.write_bytes(original)  # same bytes, another mtime: faithful again
-    st = art.stat()
-    os.utime(art, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    # The mtime is set from the recorded epoch, not from now: the delta must not include the
+    # time the test took to get here (it once read '+9.911 s' on a loaded machine).
+    recorded_epoch = int(rw.store.effects_of(parent.run_id)[0].post_epoch or 0)
+    os.utime(art, ns=(art.stat().st_atime_ns, recorded_epoch + 5_000_000_000))
     v = only(audit_run(rw, parent.run_id))
     assert v.verdict == "faithful"
-    assert v.resources[0].epoch_delta.startswith("+5.")
+    assert v.resources[0].epoch_delta == "+5.000 s"
     assert "digests are what count" in v.reason
 
 

@@ -79,7 +79,7 @@ def _run_python(code: str, *args: str, hashseed: str | None = None) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,
         check=True,
     )
     return result.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from rewind.demo import demo_override, run_demo
 from rewind.errors import InvalidOverride
 from rewind.examples import research, weather
 from rewind.replay import ParamOverride, Rewind
-from tests.conftest import row_counts
+from tests.conftest import orphan_run, row_counts
 
 
 @pytest.fixture
@@ -100,10 +98,14 @@ def test_an_interrupted_run_is_marked_interrupted_and_can_be_forked(tmp_path: Pa
 
     rw = Rewind(tmp_path / "store")
 
-    def interrupt_soon() -> None:
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    def interrupt_once_napping() -> None:
+        # Not a timer: on a loaded machine one could fire before the run (or its node) started.
+        pipelines.NAP_ENTERED.wait()
+        os.kill(os.getpid(), signal.SIGINT)
 
-    interrupt_soon()
+    pipelines.NAP_ENTERED.clear()
+    pipelines.NAP_ARMED.set()
+    threading.Thread(target=interrupt_once_napping, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         rw.record(pipelines.sleepy, {"x": 1})
     run = rw.store.list_runs()[0]
@@ -115,11 +117,6 @@ def test_an_interrupted_run_is_marked_interrupted_and_can_be_forked(tmp_path: Pa
 
 
 def test_a_run_whose_process_died_is_reaped_as_interrupted(tmp_path: Path) -> None:
-    code = (
-        "import sys\nfrom rewind.store import open_store\ns = open_store(sys.argv[1])\n"
-        "with s.write() as c:\n"
-        "    s.create_run(c, run_id='orphan00', pipeline='p', pipeline_ref='')\n"
-    )
-    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
+    orphan_run(tmp_path, "orphan00")
     rw = Rewind(tmp_path)
     assert rw.store.get_run("orphan00").status == "interrupted"

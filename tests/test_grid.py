@@ -8,6 +8,7 @@ and 0.9 write different drafts but hand ``review`` the same input: it must run o
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -37,9 +38,12 @@ class SlowModel(FakeModel):
     def __init__(self, delay_s: float = 0.05) -> None:
         super().__init__()
         self.delay_s = delay_s
+        self.gate: threading.Event | None = None  # when set up: no answer until it opens
         self._lock = threading.Lock()
 
     def handler(self, request: httpx.Request) -> httpx.Response:
+        if self.gate is not None:
+            assert self.gate.wait(300), "the gate never opened"
         time.sleep(self.delay_s)
         with self._lock:
             return super().handler(request)
@@ -342,7 +346,21 @@ def test_many_copies_of_one_variant_send_each_request_once(
 def test_engine_alone_shares_concurrent_identical_calls(
     rw: Rewind, parent: RunRecord, model: SlowModel
 ) -> None:
-    report = grid(rw, parent.run_id, at="draft", overrides=FIVE, share_llm=False)
+    # The twin 0.7 variants must overlap on any machine, not only when the delay suffices: no
+    # answer until every variant of the first wave (one per worker) has started its draft.
+    workers = 4
+    drafts_started = itertools.count(1)
+    gate = model.gate = threading.Event()
+
+    def open_gate(event: str, payload: dict[str, Any]) -> None:
+        draft = event == "node_started" and payload["name"] == "draft"
+        if draft and next(drafts_started) == workers:
+            gate.set()
+
+    rw.on_event = open_gate
+    report = grid(
+        rw, parent.run_id, at="draft", overrides=FIVE, share_llm=False, max_workers=workers
+    )
     assert model.count == report.new_llm_inputs == 5
     labels = {
         c.label for v in report.variants for n in rw.store.nodes_of(v.run.run_id) for c in n.calls

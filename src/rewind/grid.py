@@ -44,7 +44,7 @@ from rich.table import Table
 from rewind.canonical import canonical_bytes
 from rewind.context import current
 from rewind.diff import NodeDiff, NodeSide, TrajectoryDiff, diff_trajectories
-from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError, RunBusy
+from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import ChatResponse
 from rewind.replay import (
     OutputOverride,
@@ -428,12 +428,7 @@ def grid(
         raise InvalidOverride(
             f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
         )
-    parent = rw.store.get_run(run_id)
-    if parent.status == "running":
-        raise RunBusy(
-            f"run {parent.run_id} is still running",
-            "wait for it to finish (rewind show RUN), then fork it",
-        )
+    parent = rw.finished_run(run_id)
     nodes = rw.store.nodes_of(parent.run_id)
     idx = resolve_node(parent, nodes, at)
     for o in overrides:

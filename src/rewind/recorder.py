@@ -3,11 +3,15 @@
 The recorder is handed to Burr as its state persister in "lifecycle adapter" mode, so the node
 row, its calls, the cache entries they produced and the content-addressed state row are written
 together, in one transaction: a crash can never leave a node without its state or the other way
-round. Rows are batched: a batch is flushed when ``flush_interval_ms`` has passed since the last
-flush (so a slow LLM node is written as soon as it finishes, while a chain of cheap nodes shares
-one commit) and always when the run ends. Hooks never raise into Burr (a raising hook aborts the
-run before the state is saved); failures are collected in :attr:`Recorder.errors` and fail the
-run afterwards.
+round. Rows are batched (group commit): a node that finishes ``flush_interval_ms`` or more after
+the last commit is committed at once, inside its hook (a slow LLM node is written as soon as it
+finishes); otherwise its rows wait, and a flusher thread commits them when the oldest waiting node
+is ``flush_interval_ms`` old, even while the next node is still running. So a chain of cheap
+nodes shares one commit, and a process killed at any moment (``kill -9``) loses at most the nodes
+that finished in the last ``flush_interval_ms`` plus the duration of the commit under way (see
+README, "How it works" → Record). Hooks never raise into Burr (a raising hook aborts the run
+before the state is saved); failures are collected in :attr:`Recorder.errors` and fail the run
+afterwards.
 
 Hashes (all sha256 hex of canonical JSON): every semantic state field is hashed once as a blob;
 a node's ``output_hash`` is the hash of the map {written field: field hash} and ``state_hash`` the
@@ -18,8 +22,12 @@ its Burr inputs and its params.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -46,7 +54,7 @@ from rewind.store.store import WriteBatch, call_rows, state_row
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_MS = 50.0
-"""Longest time recorded rows wait in memory before they are committed (ms)."""
+"""Longest time a finished node's rows wait in memory before their commit starts (ms)."""
 
 __all__ = ["BURR_INTERNAL_PREFIX", "Recorder", "node_outcome", "semantic_state"]
 
@@ -118,6 +126,12 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         self.encoder = FieldEncoder()
         self.batch = WriteBatch()
         self._last_flush = time.perf_counter()
+        # _lock guards batch, _due and _closed; _write_lock keeps commits one at a time and in
+        # order (taken before _lock, never while holding it).
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._due: float | None = None  # perf_counter time the waiting rows must be committed by
+        self._closed = False
         self._reads: dict[str, str] = {}
         self._inputs: dict[str, Any] = {}
 
@@ -176,9 +190,10 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 exception = in_flight  # type: ignore[assignment]
         refusal: UnstorableValue | None = None
         try:
-            refusal = self._record(app_id, partition_key, sequence_id, state, action, exception)
-            if (time.perf_counter() - self._last_flush) * 1000 >= self.flush_interval_ms:
-                self.flush()
+            rows, refusal = self._record(
+                app_id, partition_key, sequence_id, state, action, exception
+            )
+            self._queue(rows)
         except Exception as exc:
             self._fail("after", action, exc)
         finally:
@@ -190,20 +205,52 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             raise refusal
 
     def flush(self) -> None:
-        """Commit the rows recorded so far (one transaction). Never raises."""
-        batch, self.batch = self.batch, WriteBatch()
-        self._last_flush = time.perf_counter()
-        if not batch:
-            return
-        try:
-            self.ctx.store.write_batch(batch)
-        except Exception as exc:
-            msg = f"writing recorded nodes failed: {_error_line(exc)}"
-            logger.error("%s\n%s", msg, traceback.format_exc())
-            self.errors.append(msg)
-        finally:
-            keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
-            release_flights(self.ctx.store, keys)
+        """Commit the rows recorded so far (one transaction). Never raises; thread-safe."""
+        with self._write_lock:
+            with self._lock:
+                batch, self.batch = self.batch, WriteBatch()
+                self._due = None
+                self._last_flush = time.perf_counter()
+            if not batch:
+                return
+            try:
+                self.ctx.store.write_batch(batch)
+            except Exception as exc:
+                msg = f"writing recorded nodes failed: {_error_line(exc)}"
+                logger.error("%s\n%s", msg, traceback.format_exc())
+                self.errors.append(msg)
+            finally:
+                keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
+                release_flights(self.ctx.store, keys)
+
+    def close(self) -> None:
+        """Commit what is waiting (at the end of the run). Never raises. Rows recorded after
+        this are committed inside their hook."""
+        with self._lock:
+            self._closed = True
+        self.flush()
+
+    def flush_if_due(self, now: float) -> None:
+        """Commit the waiting rows if their deadline (``time.perf_counter()`` s) is ``now`` or
+        earlier; the flusher thread calls this. Never raises."""
+        with self._lock:
+            due = self._due
+        if due is not None and due <= now:
+            self.flush()
+
+    def _queue(self, rows: WriteBatch) -> None:
+        """Add a finished node's rows to the batch; commit now, or arm the deadline flush."""
+        now = time.perf_counter()
+        armed: float | None = None
+        with self._lock:
+            self.batch.absorb(rows)
+            commit_now = self._closed or (now - self._last_flush) * 1000 >= self.flush_interval_ms
+            if not commit_now and self._due is None:
+                armed = self._due = now + self.flush_interval_ms / 1000
+        if commit_now:
+            self.flush()
+        elif armed is not None:
+            _FLUSHER.schedule(armed, self)
 
     def _record(
         self,
@@ -213,9 +260,10 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         state: State,
         action: Action,
         exception: Exception | None,
-    ) -> UnstorableValue | None:
-        """Add the node's rows to the batch; returns the refusal when its state cannot be
-        stored exactly (the node is then recorded as failed, with no state row)."""
+    ) -> tuple[WriteBatch, UnstorableValue | None]:
+        """The node's rows (node, calls, cache entries, effects, state row, new blobs), and the
+        refusal when its state cannot be stored exactly (the node is then recorded as failed,
+        with no state row)."""
         scope = self.ctx.node
         if scope is None or scope.name != action.name:
             scope = self.ctx.begin_node(action.name, self.position)
@@ -228,7 +276,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         except UnstorableValue as exc:
             refusal, fields, fresh = exc, {}, []
             exception = exception or exc
-        batch = self.batch
+        batch = WriteBatch()
         for k in fresh:
             f = fields[k]
             if not self.ctx.store.knows_blob(f.digest):
@@ -328,12 +376,67 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             latency_ms=latency_ms,
             output_hash=output_hash,
         )
-        return refusal
+        return batch, refusal
 
     def _fail(self, when: str, action: Action, exc: Exception) -> None:
         msg = f"recording {when} node {action.name!r} failed: {_error_line(exc)}"
         logger.error("%s\n%s", msg, traceback.format_exc())
         self.errors.append(msg)
+
+
+class _DeadlineFlusher:
+    """One daemon thread per process that commits recorders' waiting rows at their deadlines.
+
+    Shared by every recorder: a thread per run would add its start-up to every run
+    (``Thread.start`` waits until the new thread runs, which takes long on a loaded machine).
+    Deadlines sit in a heap; an entry whose rows were committed meanwhile (inside a hook, or at
+    the end of the run) is a no-op.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Recorder]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, due: float, recorder: Recorder) -> None:
+        """Call ``recorder.flush_if_due`` at ``due`` (``time.perf_counter()`` s)."""
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._order), recorder))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="rewind-flusher", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][2] is recorder:  # a new earliest deadline: wake the thread
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.perf_counter()
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, recorder = heapq.heappop(self._heap)
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            try:
+                recorder.flush_if_due(now)
+            except BaseException:  # flush never raises; keep the thread for the other recorders
+                logger.exception("the flusher thread could not commit recorded nodes")
+
+
+_FLUSHER = _DeadlineFlusher()
+
+
+def _new_flusher_in_child() -> None:
+    # Threads do not survive fork(): a forked worker gets its own flusher when it first needs one.
+    global _FLUSHER
+    _FLUSHER = _DeadlineFlusher()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_flusher_in_child)
 
 
 def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, str]:

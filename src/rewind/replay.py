@@ -204,6 +204,27 @@ class Rewind:
             )
         return load_pipeline(run.pipeline_ref)
 
+    def finished_run(self, run_id: str) -> RunRecord:
+        """The run ``run_id`` (id or unique prefix) once it can be forked: not ``running``.
+
+        A run still listed as ``running`` whose process has died since this session opened the
+        store (a killed worker) is marked ``interrupted`` first, so a fork says where it stopped
+        instead of waiting for a run that can never finish.
+
+        Raises:
+            UnknownRun: no such run.
+            RunBusy: a live process is still executing the run.
+        """
+        run = self.store.get_run(run_id)
+        if run.status == "running" and self.store.reap_orphans([run.run_id]):
+            run = self.store.get_run(run.run_id)
+        if run.status == "running":
+            raise RunBusy(
+                f"run {run.run_id} is still running",
+                "wait for it to finish (rewind show RUN), then fork it",
+            )
+        return run
+
     # -- record -------------------------------------------------------------------------------
     def record(
         self,
@@ -320,12 +341,7 @@ class Rewind:
             raise InvalidOverride(
                 f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
             )
-        parent = self.store.get_run(run_id)
-        if parent.status == "running":
-            raise RunBusy(
-                f"run {parent.run_id} is still running",
-                "wait for it to finish (rewind show RUN), then fork it",
-            )
+        parent = self.finished_run(run_id)
         nodes = self.store.nodes_of(parent.run_id)
         if override is not None and not isinstance(
             override, ParamOverride | OutputOverride | InputOverride
@@ -677,7 +693,7 @@ class Rewind:
             with activate(ctx):
                 drive(app, launch, input_overrides)
         except Exception as exc:
-            recorder.flush()
+            recorder.close()
             error = _first_line(exc)
             if isinstance(exc, RewindError):
                 error = exc.message
@@ -691,13 +707,13 @@ class Rewind:
             ):
                 unavailable = exc
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run cannot finish
-            recorder.flush()
+            recorder.close()
             self.store.finish_run(
                 ctx.run_id, "interrupted", error=f"interrupted ({type(exc).__name__})"
             )
             ctx.emit("run_finished", run_id=ctx.run_id, status="interrupted", error=None)
             raise
-        recorder.flush()
+        recorder.close()
         if error is None and recorder.errors:
             error = recorder.errors[0]
         self.store.finish_run(ctx.run_id, "failed" if error else "completed", error=error)
@@ -733,8 +749,13 @@ def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> 
         at: a node name, ``"name#k"`` (k-th execution, 1-based), or a 1-based node number.
     Raises:
         UnknownNode: no such node in the run.
-        ForkError: the run failed before reaching that node.
+        ForkError: the run failed or was interrupted before reaching that node (or before any).
     """
+    if not nodes and run.status in ("failed", "interrupted"):
+        raise ForkError(
+            f"run {run.run_id[:12]} {run.status} before any node was recorded",
+            "there is nothing to fork; record the run again",
+        )
     names = [n.name for n in nodes]
     listing = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(names)) or "none"
     if isinstance(at, int) or (isinstance(at, str) and at.strip().isdigit()):

@@ -13,6 +13,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from sqlalchemy import Connection, Engine, and_, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -32,8 +34,11 @@ from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
 
 DB_FILENAME = "rewind.db"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
-OWNER = f"{socket.gethostname()}:{os.getpid()}"
-"""Written on every run this process executes, so a crashed process's runs can be recognised."""
+_HOST = socket.gethostname()
+_owner_of_pid: tuple[int, str] | None = None
+OWNER_START_TOLERANCE_S = 1.0
+"""Largest difference between a recorded and a live process start time (s) still taken as the same
+process: start times are read from the kernel at 10 ms resolution, pid reuse takes far longer."""
 MIN_PREFIX = 4
 """Shortest run id prefix accepted in place of a full id."""
 COMPRESS_MIN_BYTES = 1024
@@ -59,6 +64,17 @@ class WriteBatch:
 
     def __bool__(self) -> bool:
         return bool(self.blobs or self.states or self.nodes or self.llm_cache or self.tool_cache)
+
+    def absorb(self, other: WriteBatch) -> None:
+        """Append ``other``'s rows and blobs to this batch (``other`` is left as it was)."""
+        for digest, data in other.blobs.items():
+            self.blobs.setdefault(digest, data)
+        self.llm_cache.extend(other.llm_cache)
+        self.tool_cache.extend(other.tool_cache)
+        self.states.extend(other.states)
+        self.nodes.extend(other.nodes)
+        self.calls.extend(other.calls)
+        self.effects.extend(other.effects)
 
 
 def _pack(data: bytes) -> tuple[str, bytes]:
@@ -117,6 +133,7 @@ class Store:
         self._insert_state = insert(schema.burr_state)
         self._insert_node = insert(schema.nodes)
         self._insert_call = insert(schema.calls)
+        _OPEN_STORES.add(self)
 
     # -- transactions -------------------------------------------------------------------------
     @contextmanager
@@ -255,7 +272,7 @@ class Store:
         """Insert a run row (``status`` running). Raises StoreError if the id exists."""
         values.setdefault("created_at", time.time())
         values.setdefault("status", "running")
-        values.setdefault("owner", OWNER)
+        values.setdefault("owner", current_owner())
         for key in ("override", "config", "launch"):
             if key in values:
                 v = values.pop(key)
@@ -297,23 +314,27 @@ class Store:
                 )
             )
 
-    def reap_orphans(self) -> list[str]:
+    def reap_orphans(self, run_ids: Iterable[str] | None = None) -> list[str]:
         """Mark ``running`` runs whose executing process (on this host) is gone as ``interrupted``.
 
         A run whose process was killed can never finish; without this it would stay ``running``
-        forever and could never be forked. Returns the ids marked.
+        forever and could never be forked. A process counts as gone when its pid no longer
+        exists, is a zombie (a killed worker its parent has not waited for yet: it still
+        answers ``kill(pid, 0)``), or now belongs to a process started at another time (the pid
+        was reused). Runs owned by another host are left alone: their process cannot be seen.
+
+        Args:
+            run_ids: only look at these runs (None: every running run).
+        Returns:
+            the ids marked.
         """
-        host = OWNER.rsplit(":", 1)[0]
         t = schema.runs
+        query = select(t.c.run_id, t.c.owner).where(t.c.status == "running")
+        if run_ids is not None:
+            query = query.where(t.c.run_id.in_(list(run_ids)))
         with self.read() as conn:
-            rows = conn.execute(select(t.c.run_id, t.c.owner).where(t.c.status == "running")).all()
-        dead = [
-            r.run_id
-            for r in rows
-            if r.owner
-            and r.owner.rsplit(":", 1)[0] == host
-            and not _alive(int(r.owner.rsplit(":", 1)[1]))
-        ]
+            rows = conn.execute(query).all()
+        dead = [r.run_id for r in rows if r.owner and owner_is_gone(r.owner)]
         if dead:
             with self.write() as conn:
                 conn.execute(
@@ -665,14 +686,64 @@ def _upsert_stmt(dialect: str, table: Any, keys: list[str]) -> Any:
     return stmt.on_conflict_do_update(index_elements=keys, set_=rest)
 
 
-def _alive(pid: int) -> bool:
+_OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _forget_connections_in_child() -> None:
+    # A forked worker must not use the parent's pooled database connections (SQLite: "do not
+    # carry an open connection across fork()"); dispose(close=False) leaves them to the parent and
+    # makes the child's pool open its own.
+    for store in list(_OPEN_STORES):
+        store.engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_connections_in_child)
+
+
+def current_owner() -> str:
+    """The owner id written on the runs this process starts: ``host:pid:start`` (start = the
+    process's start time, unix seconds with 2 decimals).
+
+    Taken when a run starts, never at import: a worker forked from the importing process (a
+    ``multiprocessing`` fork, a Celery or gunicorn prefork child) has another pid, and a run
+    recorded there must be reaped when that worker dies while its parent lives on. The start time
+    tells a reused pid from the original process.
+    """
+    global _owner_of_pid
+    pid = os.getpid()
+    cached = _owner_of_pid
+    if cached is not None and cached[0] == pid:
+        return cached[1]
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        started = f":{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
+        started = ""
+    owner = f"{_HOST}:{pid}{started}"
+    _owner_of_pid = (pid, owner)
+    return owner
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True when ``owner`` (``host:pid[:start]``, see :func:`current_owner`) names a process of
+    this host that no longer runs: no such pid, a zombie, or the pid now belongs to a process
+    started at another time. False for another host's process (it cannot be seen from here) and
+    for an owner that cannot be parsed."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, started_text = rest.partition(":")
+    if host != _HOST or not pid_text.isdigit():
         return False
-    except (PermissionError, OSError):
+    try:
+        proc = psutil.Process(int(pid_text))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        if started_text:
+            return abs(proc.create_time() - float(started_text)) > OWNER_START_TOLERANCE_S
+    except psutil.NoSuchProcess:  # includes ZombieProcess on platforms that raise it
         return True
-    return True
+    except (psutil.Error, ValueError):
+        return False
+    return False
 
 
 def _first_line(exc: BaseException) -> str:

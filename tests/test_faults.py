@@ -1,0 +1,323 @@
+"""Fault windows: processes killed while recording (forked workers, kill -9 at random moments).
+
+None of these tests asserts on elapsed time. The kill -9 trials compare ages computed from the
+timestamps the killed child reported with the documented flush bound; a loaded machine makes them
+slower, not different.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+
+from rewind.errors import ForkError, RunBusy, StoreError
+from rewind.recorder import FLUSH_INTERVAL_MS
+from rewind.replay import Pipeline, Rewind
+from rewind.store import open_store
+from rewind.store.store import WriteBatch, current_owner, owner_is_gone
+from tests import kill_child, pipelines
+from tests.conftest import orphan_run, row_counts
+
+REPO = Path(__file__).resolve().parents[1]
+
+# -- owners: which process is executing a run ----------------------------------------------------
+
+
+@pytest.fixture
+def exited_child() -> Iterator[subprocess.Popen[bytes]]:
+    """A child process that has exited but is not yet waited for (a zombie)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, left un-reaped
+    yield proc
+    proc.wait()
+
+
+def test_the_owner_is_this_process_taken_when_asked() -> None:
+    host, pid, started = current_owner().split(":")
+    assert (host, int(pid)) == (socket.gethostname(), os.getpid())
+    assert abs(float(started) - psutil.Process().create_time()) < 0.01
+    assert owner_is_gone(current_owner()) is False
+
+
+def test_an_owner_is_gone_when_its_pid_is_a_zombie_dead_or_reused(
+    exited_child: subprocess.Popen[bytes],
+) -> None:
+    host = socket.gethostname()
+    assert psutil.Process(exited_child.pid).status() == psutil.STATUS_ZOMBIE
+    # kill(pid, 0) still succeeds for a zombie: the old liveness check called it alive.
+    os.kill(exited_child.pid, 0)
+    assert owner_is_gone(f"{host}:{exited_child.pid}") is True
+    me = psutil.Process()
+    assert owner_is_gone(f"{host}:{me.pid}:{me.create_time() - 3600:.2f}") is True  # reused pid
+    assert owner_is_gone(f"{host}:{me.pid}") is False  # an owner written before start times
+
+
+def test_an_owner_of_another_host_or_unreadable_is_never_gone() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert owner_is_gone(f"{socket.gethostname()}:{dead.pid}") is True
+    assert owner_is_gone(f"another-host.example:{dead.pid}") is False
+    for garbage in ("", "host-only", f"{socket.gethostname()}:pid", ":::"):
+        assert owner_is_gone(garbage) is False
+
+
+# -- a forked worker killed mid-run --------------------------------------------------------------
+
+
+@action(reads=["total"], writes=["held"])
+def stuck(state: State, store: str) -> State:
+    """In a forked worker: waits until the previous node is committed (the flusher does that
+    while this node runs), says so, then never finishes (the test kills the worker here). In the
+    test's own process (a fork of the killed run) it finishes at once."""
+    if os.getpid() == _TEST_PID:
+        return state.update(held=state["total"])
+    db = sqlite3.connect(Path(store) / "rewind.db")
+    while db.execute("SELECT COUNT(*) FROM nodes WHERE name = 'prepare'").fetchone()[0] == 0:
+        time.sleep(0.01)
+    db.close()
+    _ENTERED.set()
+    time.sleep(3600)
+    return state.update(held=state["total"])
+
+
+_ENTERED = multiprocessing.get_context("fork").Event()
+_TEST_PID = os.getpid()
+
+
+def killed_worker_pipeline(store: Path) -> Pipeline:
+    graph = (
+        GraphBuilder()
+        .with_actions(prepare=pipelines.prepare, stuck=stuck.bind(store=str(store)))
+        .with_transitions(("prepare", "stuck", default))
+        .build()
+    )
+    return Pipeline(name="killed-worker", graph=graph, entrypoint="prepare")
+
+
+@pytest.mark.parametrize("reaped_by", ["opening the store", "the next fork"])
+def test_a_forked_worker_killed_mid_run_is_reaped_and_its_fork_says_where_it_stopped(
+    tmp_path: Path, reaped_by: str
+) -> None:
+    root = tmp_path / "store"
+    rw = Rewind(root)  # opened before the fork, like a prefork server's parent
+    rw.record(pipelines.pipeline, {"x": 1})  # its pool now holds a connection the child inherits
+    pipeline = killed_worker_pipeline(root)
+    rw.register(pipeline)
+    _ENTERED.clear()
+    worker = multiprocessing.get_context("fork").Process(
+        target=lambda: rw.record(pipeline, {"x": 2}, run_id="worker-run"), daemon=True
+    )
+    worker.start()
+    try:
+        assert _ENTERED.wait(300), "the worker never reached its 2nd node"
+        assert rw.store.get_run("worker-run").status == "running"
+        with pytest.raises(RunBusy, match="still running"):
+            rw.fork("worker-run", at=1)  # the worker is alive: nothing to reap
+        os.kill(worker.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)
+        # Dead but not yet waited for, while this (its parent) process lives on.
+        assert psutil.Process(worker.pid).status() == psutil.STATUS_ZOMBIE
+
+        session = Rewind(root) if reaped_by == "opening the store" else rw
+        session.register(pipeline)
+        with pytest.raises(ForkError) as err:
+            session.fork("worker-run", at="stuck")
+        run = session.store.get_run("worker-run")
+        assert run.status == "interrupted" and "process ended" in (run.error or "")
+        assert err.value.message == (
+            "run worker-run interrupted at node 'prepare' (#1) before reaching 'stuck'"
+        )
+        assert "fork at a node it reached: 1:prepare" in err.value.hint
+        assert session.fork("worker-run", at="prepare").status == "completed"
+    finally:
+        worker.kill()
+        worker.join()
+    assert [r.status for r in rw.store.list_runs()].count("running") == 0
+    with sqlite3.connect(root / "rewind.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_fork_of_a_run_killed_before_its_first_node_says_so(tmp_path: Path) -> None:
+    orphan_run(tmp_path, "orphan01")
+    rw = Rewind(tmp_path)
+    before = row_counts(rw.store)
+    for at in (1, "prepare"):
+        with pytest.raises(ForkError, match="interrupted before any node was recorded"):
+            rw.fork("orphan01", at=at)
+    assert row_counts(rw.store) == before
+
+
+# -- the flusher thread ----------------------------------------------------------------------------
+
+
+def flusher_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rewind-flusher"]
+
+
+def test_a_failing_commit_fails_the_run(rw: Rewind, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(batch: WriteBatch) -> None:
+        raise StoreError("disk full", "free some space")
+
+    monkeypatch.setattr(rw.store, "write_batch", disk_full)
+    run = rw.record(pipelines.pipeline, {"x": 1})
+    assert run.status == "failed"
+    assert run.error == "writing recorded nodes failed: StoreError: disk full"
+    monkeypatch.undo()
+    run = rw.record(pipelines.pipeline, {"x": 1})
+    assert run.status == "completed" and len(rw.store.nodes_of(run.run_id)) == 3
+
+
+def test_one_flusher_thread_serves_every_run(rw: Rewind) -> None:
+    assert rw.record(pipelines.pipeline, {"x": 0}).status == "completed"
+    threads = flusher_threads()  # its quick nodes waited for a deadline flush
+    assert len(threads) == 1
+    for x in range(1, 6):
+        assert rw.record(pipelines.pipeline, {"x": x}).status == "completed"
+    assert flusher_threads() == threads  # no thread per run (its start-up would cost every run)
+
+
+# -- kill -9 at random moments: committed within the flush bound ---------------------------------
+
+TRIALS = 20
+SCHEDULING_ALLOWANCE_MS = 450.0
+"""Allowance for the flusher thread to get the CPU and for the SQLite commit to run on a loaded
+machine; the bound checked is ``FLUSH_INTERVAL_MS`` plus this (README: "How it works" → Record)."""
+BOUND_MS = FLUSH_INTERVAL_MS + SCHEDULING_ALLOWANCE_MS
+
+
+@dataclass
+class ChildReport:
+    """What a killed child reported through its pipe (unix seconds)."""
+
+    run_id: str | None = None
+    started: float | None = None
+    nodes: dict[int, float] = field(default_factory=dict)
+    commit_started: dict[tuple[int, ...], float] = field(default_factory=dict)
+    committed: set[int] = field(default_factory=set)
+    status: str | None = None
+
+    def read(self, text: str) -> None:
+        for line in text.splitlines():
+            kind, *rest = line.split()
+            if kind == "run":
+                self.run_id, self.started = rest[0], float(rest[1])
+            elif kind == "node":
+                self.nodes[int(rest[0])] = float(rest[1])
+            elif kind in ("commit-start", "commit-end") and rest[1] != "-":
+                positions = tuple(int(p) for p in rest[1].split(","))
+                if kind == "commit-start":
+                    self.commit_started[positions] = float(rest[0])
+                else:
+                    self.committed.update(positions)
+            elif kind == "done":
+                self.status = rest[0]
+
+    def in_commit_under_way(self, position: int) -> bool:
+        """The node was in a commit that had started but not ended when the child died."""
+        return any(position in ps and position not in self.committed for ps in self.commit_started)
+
+
+def read_until_started(fd: int, report: ChildReport) -> str:
+    """Read the child's pipe until it reports the run started (or closes the pipe)."""
+    text = ""
+    while report.run_id is None:
+        chunk = os.read(fd, 65536).decode()
+        if not chunk:
+            break
+        text += chunk
+        if "\n" in chunk:
+            report.read(text[: text.rindex("\n") + 1])
+    return text
+
+
+def read_to_end(fd: int) -> str:
+    parts = []
+    while chunk := os.read(fd, 65536):
+        parts.append(chunk.decode())
+    return "".join(parts)
+
+
+def run_killed_child(store: Path, seed: int, kill_after_s: float) -> tuple[ChildReport, float]:
+    """Run ``tests.kill_child``; SIGKILL it ``kill_after_s`` after its run started.
+
+    Returns the report and the kill time (unix s, taken just before the signal is sent, so ages
+    computed from it are never larger than the true ones).
+    """
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.kill_child", str(store), str(write_fd), str(seed)],
+        pass_fds=[write_fd],
+        cwd=REPO,
+        env=env,
+    )
+    os.close(write_fd)
+    report = ChildReport()
+    try:
+        head = read_until_started(read_fd, report)
+        time.sleep(kill_after_s)
+        killed_at = time.time()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        report = ChildReport()
+        report.read(head + read_to_end(read_fd))
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_fd)
+    return report, killed_at
+
+
+def test_kill_9_at_random_moments_loses_no_node_older_than_the_flush_bound(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(8)
+    old_nodes_checked = 0
+    lost_old: list[str] = []
+    for trial in range(TRIALS):
+        store = tmp_path / f"trial-{trial}"
+        span_s = kill_child.SLOW_NODE_S + kill_child.NODES * kill_child.SHORT_NODE_MAX_S
+        report, killed_at = run_killed_child(store, trial, rng.uniform(0, span_s))
+        assert report.run_id is not None, f"trial {trial}: the child never started its run"
+
+        st = open_store(store)
+        try:
+            with st.read() as conn:
+                assert conn.exec_driver_sql("PRAGMA integrity_check").scalar_one() == "ok"
+            Rewind(st)  # reaps the killed child's run
+            for run in st.list_runs():
+                st.nodes_of(run.run_id)  # every run stays readable
+            run = st.get_run(report.run_id)
+            stored = {n.position for n in st.nodes_of(run.run_id)}
+        finally:
+            st.close()
+        if report.status is None:
+            assert run.status == "interrupted", f"trial {trial}: {run.status}"
+        else:
+            assert run.status == report.status == "completed"
+        assert report.committed <= stored, f"trial {trial}: a committed node is missing"
+        for position, finished_at in report.nodes.items():
+            age_ms = (killed_at - finished_at) * 1000
+            if age_ms <= BOUND_MS or report.in_commit_under_way(position):
+                continue
+            old_nodes_checked += 1
+            if position not in stored:
+                lost_old.append(f"trial {trial}: node {position} finished {age_ms:.0f} ms before")
+    assert lost_old == [], f"nodes older than {BOUND_MS:.0f} ms lost: {lost_old}"
+    assert old_nodes_checked > 0  # the trials did kill runs with nodes older than the bound
