@@ -59,6 +59,9 @@ class NodeSide:
         output_hash: SHA-256 hex of the output, as recorded; never recomputed here.
         tokens: tokens spent by this node in this run (0 for a cache hit).
         outcome: cache outcome label, passed through untouched (e.g. "hit", "miss:override").
+        code: fingerprint (SHA-256 hex) of the code that produced the node, from the graph its
+            producing run recorded (`rewind.drift`); `""` when unknown (a run recorded before
+            graphs were, or a traced chain).
     """
 
     position: int
@@ -67,6 +70,7 @@ class NodeSide:
     output_hash: str
     tokens: int
     outcome: str = ""
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,9 @@ class NodeDiff:
         changes: field changes from A's output to B's; empty unless status is `"changed"`.
         token_delta: `b.tokens - a.tokens` in tokens, a missing side counting 0.
         hash_equal: both sides present and their recorded output hashes are equal.
+        code_changed: both sides present, both code fingerprints known, and they differ: the
+            node ran other code in B than in A, so a difference here may come from the code
+            rather than from the fork's override.
     """
 
     index: int
@@ -119,6 +126,7 @@ class NodeDiff:
     changes: tuple[FieldChange, ...]
     token_delta: int
     hash_equal: bool
+    code_changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,10 +155,11 @@ class TrajectoryDiff:
         """Return a JSON-safe, deterministic dict for `--json` output.
 
         Shape: `{"run_a", "run_b", "tokens_a", "tokens_b", "token_delta",
-        "first_divergence": <row index> | None, "counts": {status: n}, "nodes": [row...]}`;
-        a row is `{"index", "name", "status", "token_delta", "hash_equal", "a", "b", "changes"}`
-        with `a`/`b` either `None` or `{"position", "name", "output_hash", "tokens", "outcome",
-        "output"}` and each change `{"path", "kind", "old", "new", "text_diff"}`.
+        "first_divergence": <row index> | None, "counts": {status: n}, "code_changed":
+        [node name...], "nodes": [row...]}`; a row is `{"index", "name", "status",
+        "token_delta", "hash_equal", "code_changed", "a", "b", "changes"}` with `a`/`b` either
+        `None` or `{"position", "name", "output_hash", "tokens", "outcome", "code", "output"}`
+        and each change `{"path", "kind", "old", "new", "text_diff"}`.
 
         Values are made JSON-safe: NaN/inf become the strings `"NaN"`, `"Infinity"`,
         `"-Infinity"`; tuples become lists; dict keys become strings (non-string keys via
@@ -167,6 +176,7 @@ class TrajectoryDiff:
                 None if self.first_divergence is None else self.first_divergence.index
             ),
             "counts": {s: sum(n.status == s for n in self.nodes) for s in _STATUSES},
+            "code_changed": [n.name for n in self.nodes if n.code_changed],
             "nodes": [_node_json(node) for node in self.nodes],
         }
 
@@ -184,13 +194,16 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
         path: path prefix for the reported changes; `""` means the values are the root.
 
     Returns:
-        Changes in a deterministic order (dict keys sorted, list indexes ascending). Dicts are
+        Changes in a deterministic order (dict keys sorted, lists in item order). Dicts are
         compared key by key regardless of key order, keys starting with `_`, `__` or `$`
         included; keys on one side only are `added`/`removed`. Lists (and tuples, treated as
-        lists) are compared element-wise by index, so one edited field inside one element is
-        one change at e.g. `table[3].mean`; extra tail elements are `added`/`removed` at their
-        index. Scalars of different JSON types give one `type_changed`. Other objects are
-        compared with `==`, and differ in type when their Python types differ.
+        lists) are aligned by content where they differ index-wise: an item inserted at the
+        front is one `added` at `[0]`, not every later item changed; an item removed is one
+        `removed` at its index in A. Items left unaligned between two aligned ones compare in
+        place, so one edited field inside one element is one change at e.g. `table[3].mean`
+        (the index in B); extra tail elements are `added`/`removed` at their index. Scalars of
+        different JSON types give one `type_changed`. Other objects are compared with `==`, and
+        differ in type when their Python types differ.
 
     Raises:
         RecursionError: nesting deeper than the interpreter's recursion limit (or a cycle).
@@ -295,18 +308,154 @@ def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
                 _walk(old[key], new[key], child, out)
         return
     if kind_old == "array":
-        shared = min(len(old), len(new))
-        for i in range(shared):
-            _walk(old[i], new[i], f"{path}[{i}]", out)
-        for i in range(shared, len(old)):
-            out.append(FieldChange(f"{path}[{i}]", REMOVED, old[i], None))
-        for i in range(shared, len(new)):
-            out.append(FieldChange(f"{path}[{i}]", ADDED, None, new[i]))
+        _walk_list(old, new, path, out)
         return
     if _scalar_equal(kind_old, old, new):
         return
     text_diff = _text_diff(old, new, path) if kind_old == "str" else None
     out.append(FieldChange(path, CHANGED, old, new, text_diff))
+
+
+def _walk_list(old: Sequence[Any], new: Sequence[Any], path: str, out: list[FieldChange]) -> None:
+    """Diff two lists: equal items aligned by content, the gaps between them item by item.
+
+    A gap with as many items on both sides compares in place (an in-place change, at B's index);
+    a gap with more items on one side pairs its items by similarity (`_gap_pairs`), and what is
+    left over is `removed` at A's index or `added` at B's.
+    """
+    prev_i, prev_j = 0, 0
+    for i, j in [*_aligned_items(old, new), (len(old), len(new))]:
+        gap_old, gap_new = old[prev_i:i], new[prev_j:j]
+        a, b = 0, 0
+        for x, y in [*_gap_pairs(gap_old, gap_new), (len(gap_old), len(gap_new))]:
+            for k in range(prev_i + a, prev_i + x):
+                out.append(FieldChange(f"{path}[{k}]", REMOVED, old[k], None))
+            for k in range(prev_j + b, prev_j + y):
+                out.append(FieldChange(f"{path}[{k}]", ADDED, None, new[k]))
+            if x < len(gap_old):
+                _walk(gap_old[x], gap_new[y], f"{path}[{prev_j + y}]", out)
+            a, b = x + 1, y + 1
+        if i < len(old):
+            _walk(old[i], new[j], f"{path}[{j}]", out)
+        prev_i, prev_j = i + 1, j + 1
+
+
+GAP_CELLS = 2_500
+"""Largest gap (items in A × items in B) paired by similarity; a larger one pairs in place."""
+
+
+def _gap_pairs(old: Sequence[Any], new: Sequence[Any]) -> list[tuple[int, int]]:
+    """Pairs of items compared in place inside a gap between two aligned items.
+
+    Equal-length gaps pair by index. Otherwise a weighted longest-common-subsequence over
+    `similarity` keeps the order and maximises the summed similarity (items with nothing in
+    common are never paired), so a row inserted next to an edited row is one `added` plus the
+    edit, not a changed row plus an added one. The pairing is used only when it is the same
+    computed from either side (so the diff mirrors when A and B swap); otherwise by index.
+    """
+    by_index = [(k, k) for k in range(min(len(old), len(new)))]
+    if len(old) == len(new) or not old or not new or len(old) * len(new) > GAP_CELLS:
+        return by_index
+    forward = _best_pairs(old, new)
+    backward = sorted((i, j) for j, i in _best_pairs(new, old))
+    return forward if forward == backward else by_index
+
+
+def _best_pairs(old: Sequence[Any], new: Sequence[Any]) -> list[tuple[int, int]]:
+    score = [[similarity(x, y) for y in new] for x in old]
+    best = [[0.0] * (len(new) + 1) for _ in range(len(old) + 1)]
+    for i in range(len(old) - 1, -1, -1):
+        for j in range(len(new) - 1, -1, -1):
+            pair = best[i + 1][j + 1] + score[i][j] if score[i][j] > 0 else -1.0
+            best[i][j] = max(pair, best[i + 1][j], best[i][j + 1])
+    pairs: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(old) and j < len(new):
+        if score[i][j] > 0 and best[i][j] == best[i + 1][j + 1] + score[i][j]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif best[i][j] == best[i + 1][j]:
+            i += 1
+        else:
+            j += 1
+    return pairs
+
+
+def _aligned_items(old: Sequence[Any], new: Sequence[Any]) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)`` of equal items that a content alignment of the two lists keeps.
+
+    Equal items at the head and tail align first (so one insertion or removal anywhere is
+    exactly one change); between them `difflib.SequenceMatcher` (no junk heuristic) matches
+    items by an equality key that agrees with `diff_values`; the pairs kept are those found both
+    from A to B and from B to A, so that `diff_values(b, a)` mirrors `diff_values(a, b)`
+    (SequenceMatcher breaks ties by position, e.g. on swapped items, and would otherwise pick a
+    different pairing each way). Between lists
+    of equal length the content alignment is used only when it reports fewer changes than
+    comparing index by index, so an in-place edit stays one change at its index.
+    """
+    shared = min(len(old), len(new))
+    try:
+        keys_old = [_item_key(v) for v in old]
+        keys_new = [_item_key(v) for v in new]
+    except TypeError:  # an unhashable non-JSON object: compare by index
+        return [(i, i) for i in range(shared)]
+    by_index = [(i, i) for i in range(shared)]
+    if keys_old[:shared] == keys_new[:shared]:
+        return by_index
+    head = 0
+    while head < shared and keys_old[head] == keys_new[head]:
+        head += 1
+    tail = 0
+    while tail < shared - head and keys_old[-1 - tail] == keys_new[-1 - tail]:
+        tail += 1
+    mid_old, mid_new = keys_old[head : len(old) - tail], keys_new[head : len(new) - tail]
+    forward = _matched_pairs(mid_old, mid_new)
+    backward = {(i, j) for j, i in _matched_pairs(mid_new, mid_old)}
+    by_content = [
+        *((k, k) for k in range(head)),
+        *((i + head, j + head) for i, j in sorted(forward & backward)),
+        *((len(old) - tail + k, len(new) - tail + k) for k in range(tail)),
+    ]
+    if len(old) != len(new) or _cost(by_content, keys_old, keys_new) < _cost(
+        by_index, keys_old, keys_new
+    ):
+        return by_content
+    return by_index
+
+
+def _cost(pairs: list[tuple[int, int]], old: list[Any], new: list[Any]) -> int:
+    """How many changes an alignment reports at its top level: a pair of unequal items, and per
+    gap between pairs, its larger side (items paired in place, the rest added or removed)."""
+    total, prev_i, prev_j = 0, 0, 0
+    for i, j in [*pairs, (len(old), len(new))]:
+        total += max(i - prev_i, j - prev_j)
+        if i < len(old):
+            total += old[i] != new[j]
+        prev_i, prev_j = i + 1, j + 1
+    return total
+
+
+def _matched_pairs(a: list[Any], b: list[Any]) -> set[tuple[int, int]]:
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return {(m.a + k, m.b + k) for m in matcher.get_matching_blocks() for k in range(m.size)}
+
+
+def _item_key(value: Any) -> Any:
+    """A hashable key equal for two values exactly when `diff_values` finds no change.
+
+    Floats key on `float.hex` (so `-0.0` differs from `0.0`) and every NaN on one key; dict items
+    key as a frozenset, so key order does not matter. Raises TypeError for an unhashable object
+    that is not JSON-like.
+    """
+    kind = _kind(value)
+    if kind == "float":
+        return (kind, "nan" if math.isnan(value) else value.hex())
+    if kind == "object":
+        return (kind, frozenset((k, _item_key(v)) for k, v in value.items()))
+    if kind == "array":
+        return (kind, tuple(_item_key(v) for v in value))
+    hash(value)
+    return (kind, value)
 
 
 def _sorted_keys(keys: Iterable[Any]) -> list[Any]:
@@ -412,8 +561,9 @@ def diff_trajectories(
     Returns:
         A `TrajectoryDiff`. A row is `"equal"` only when `diff_values` finds no change, even if
         the recorded hashes differ (and `"changed"` even if they match): `hash_equal` exposes
-        the hash verdict separately so a caller can flag a hasher/diff disagreement. One-sided
-        rows carry no field changes.
+        the hash verdict separately so a caller can flag a hasher/diff disagreement, and
+        `code_changed` says the node's code differs between the runs (its changes are then not
+        the override's doing alone). One-sided rows carry no field changes.
 
     Raises:
         RecursionError: an output nested deeper than the interpreter's recursion limit.
@@ -422,7 +572,7 @@ def diff_trajectories(
     for index, (side_a, side_b) in enumerate(align_nodes(a, b)):
         tokens = (side_b.tokens if side_b else 0) - (side_a.tokens if side_a else 0)
         changes: tuple[FieldChange, ...] = ()
-        hash_equal = False
+        hash_equal = code_changed = False
         if side_a is None:
             assert side_b is not None  # align_nodes never yields (None, None)
             name, status = side_b.name, ONLY_B
@@ -432,7 +582,10 @@ def diff_trajectories(
             changes = tuple(diff_values(side_a.output, side_b.output))
             name, status = side_a.name, CHANGED if changes else EQUAL
             hash_equal = side_a.output_hash == side_b.output_hash
-        rows.append(NodeDiff(index, name, side_a, side_b, status, changes, tokens, hash_equal))
+            code_changed = bool(side_a.code and side_b.code and side_a.code != side_b.code)
+        rows.append(
+            NodeDiff(index, name, side_a, side_b, status, changes, tokens, hash_equal, code_changed)
+        )
 
     tokens_a = sum(n.tokens for n in a)
     tokens_b = sum(n.tokens for n in b)
@@ -458,6 +611,7 @@ def _node_json(node: NodeDiff) -> dict[str, Any]:
         "status": node.status,
         "token_delta": node.token_delta,
         "hash_equal": node.hash_equal,
+        "code_changed": node.code_changed,
         "a": _side_json(node.a),
         "b": _side_json(node.b),
         "changes": [
@@ -482,6 +636,7 @@ def _side_json(side: NodeSide | None) -> dict[str, Any] | None:
         "output_hash": side.output_hash,
         "tokens": side.tokens,
         "outcome": side.outcome,
+        "code": side.code,
         "output": _json_safe(side.output),
     }
 
