@@ -7,6 +7,7 @@ render the same two lines (what, then how) without knowing which module raised i
 from __future__ import annotations
 
 __all__ = [
+    "CodeDrift",
     "EndpointUnavailable",
     "ForkError",
     "InvalidOverride",
@@ -68,3 +69,12 @@ class RunBusy(RewindError):
 
 class ForkError(RewindError):
     """A fork cannot start: its source row is missing or the parent failed before the fork node."""
+
+
+class CodeDrift(ForkError):
+    """The pipeline's graph changed since the run was recorded, where the fork would run it
+    (a node renamed, removed or inserted; a transition changed). ``differences`` lists them."""
+
+    def __init__(self, message: str, hint: str = "", differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint)
+        self.differences = differences

@@ -28,14 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from burr.core import ApplicationBuilder
+from burr.core import Application, ApplicationBuilder
 from burr.core.graph import Graph
 
 from rewind.canonical import canonical_bytes
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
+from rewind.drift import GraphDrift, compare_graphs, graph_document
 from rewind.effects import EFFECT_MODES, EffectPreconditionFailed, SideEffectBlocked
 from rewind.errors import (
+    CodeDrift,
     EndpointUnavailable,
     ForkError,
     InvalidOverride,
@@ -86,6 +88,11 @@ class Pipeline:
         """Nodes with no outgoing transition (where a run ends)."""
         sources = {t.from_.name for t in self.graph.transitions}
         return [n for n in self.node_names() if n not in sources]
+
+    def graph_document(self) -> dict[str, Any]:
+        """The graph a run of this pipeline records: nodes with code fingerprints, transitions,
+        entrypoint, param check (see :func:`rewind.drift.graph_document`)."""
+        return graph_document(self.graph, self.entrypoint, self.param_check)
 
 
 def load_pipeline(ref: str) -> Pipeline:
@@ -289,16 +296,20 @@ class Rewind:
                 initial_state_hash=initial_hash,
                 config=config or {},
             )
+            self.store.put_run_graph(conn, run_id, pipeline.graph_document())
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
-        builder = (
+        recorder = Recorder(ctx, self.persister, 0)
+        app = (
             ApplicationBuilder()
             .with_graph(pipeline.graph)
             .with_identifiers(app_id=run_id)
             .with_state(**initial)
             .with_entrypoint(pipeline.entrypoint)
+            .with_state_persister(recorder)
+            .build()
         )
-        return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, 0))
+        return self._execute(pipeline, app, ctx, recorder)
 
     # -- fork ---------------------------------------------------------------------------------
     def fork(
@@ -311,6 +322,7 @@ class Rewind:
         effects: str = "recorded",
         cache_mode: str = "replay",
         config: dict[str, Any] | None = None,
+        allow_code_change: bool = False,
     ) -> RunRecord:
         """Fork a finished run at a node with at most one override and replay downstream.
 
@@ -331,8 +343,15 @@ class Rewind:
                 tool call runs live, results never become cache entries: reason
                 ``bypass:stability``; side effects are served from record).
             config: JSON-like settings stored on the fork's run row (default: the parent's).
+            allow_code_change: fork even when the re-imported pipeline's graph differs from the
+                recording where the fork runs it (a node renamed, removed or inserted; a
+                transition changed). Changed code of a node is always allowed; either way the
+                differences are stored with the fork (:meth:`Store.run_graph`).
         Raises:
             UnknownRun, UnknownNode, InvalidOverride, RunBusy, ForkError: nothing is written.
+            CodeDrift: (a ForkError) the graph drifted and ``allow_code_change`` is False.
+            ForkError: after the fork Burr's next action would not be the fork node (a graph
+                that drifted with ``allow_code_change``, or one recorded without its graph).
             SideEffectBlocked, EffectPreconditionFailed: raised by the replay itself (the fork
                 is recorded as failed at that node).
         """
@@ -359,6 +378,15 @@ class Rewind:
         validate_override(nodes, idx, override)
         pipeline = self.pipeline_of(parent)
         self.check_param(parent, nodes, idx, override)
+        current_graph = pipeline.graph_document()
+        drift = self.check_drift(
+            parent,
+            nodes,
+            idx,
+            current_graph,
+            output_override=isinstance(override, OutputOverride),
+            allow_code_change=allow_code_change,
+        )
         child_id = new_run_id or new_run_id_default()
         builder = ApplicationBuilder().with_graph(pipeline.graph).with_identifiers(app_id=child_id)
         burr_src: tuple[str | None, int | None] = (None, None)
@@ -413,6 +441,20 @@ class Rewind:
         ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
         ctx.effects_mode = effects
         ctx.fork_node = fork_node.name
+        first = idx + 1 if isinstance(override, OutputOverride) else idx
+        recorder = Recorder(ctx, self.persister, first)
+        app: Application | None = None
+        if not isinstance(override, OutputOverride):
+            # Built before anything is written: its first action is checked, never assumed.
+            app = builder.with_state_persister(recorder).build()
+            _check_next_action(app, fork_node.name, nodes[idx - 1].name if idx else None)
+        if drift is None:
+            ctx.emit(
+                "warning",
+                run_id=child_id,
+                message=f"run {parent.run_id[:12]} was recorded without its graph, so code "
+                "and graph drift cannot be checked for this fork",
+            )
 
         with self.store.write() as conn:
             self.store.create_run(
@@ -429,19 +471,80 @@ class Rewind:
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
             )
+            drift_doc = (drift or GraphDrift()).to_json() | {
+                "checked": drift is not None,
+                "allowed": bool(drift is not None and drift.structural),
+            }
+            self.store.put_run_graph(conn, child_id, current_graph, drift_doc)
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
             if isinstance(override, OutputOverride) and state_row_ is not None:
                 self._write_output_override(conn, child_id, fork_node, override, state_row_)
-        first = idx + 1 if isinstance(override, OutputOverride) else idx
-        if isinstance(override, OutputOverride):
-            builder = builder.initialize_from(
-                self.persister,
-                resume_at_next_action=True,
-                default_state={},
-                default_entrypoint=pipeline.entrypoint,
+        if app is None:
+            app = (
+                builder.initialize_from(
+                    self.persister,
+                    resume_at_next_action=True,
+                    default_state={},
+                    default_entrypoint=pipeline.entrypoint,
+                )
+                .with_state_persister(recorder)
+                .build()
             )
-        return self._execute(pipeline, builder, ctx, Recorder(ctx, self.persister, first))
+        return self._execute(pipeline, app, ctx, recorder)
+
+    def check_drift(
+        self,
+        parent: RunRecord,
+        nodes: Sequence[NodeRecord],
+        idx: int,
+        current_graph: dict[str, Any],
+        *,
+        output_override: bool = False,
+        allow_code_change: bool = False,
+    ) -> GraphDrift | None:
+        """Compare the pipeline as re-imported now with what ``parent`` recorded, for a fork at
+        ``nodes[idx]``.
+
+        Covers the nodes the fork inherits, the node Burr resumes from and every node reachable
+        after it (see :func:`rewind.drift.compare_graphs`); a node's code is compared with the
+        code of the run that produced its row (an inherited row's producer is an ancestor).
+
+        Args:
+            current_graph: :meth:`Pipeline.graph_document` of the re-imported pipeline.
+            output_override: the fork replaces the fork node's output (Burr resumes after it).
+        Returns:
+            the drift (falsy when nothing changed), or None when ``parent`` was recorded
+            without its graph (a store older than graph recording): drift cannot be checked.
+        Raises:
+            CodeDrift: structural drift and ``allow_code_change`` is False; nothing is written.
+        """
+        graphs = self.store.run_graphs([parent.run_id, *(n.src_app_id for n in nodes)])
+        recorded = graphs.get(parent.run_id)
+        if recorded is None:
+            return None
+        produced: dict[str, str] = {}
+        for n in nodes[idx:]:
+            g = graphs.get(n.src_app_id)
+            if g is not None and n.name in g.document["nodes"]:
+                produced.setdefault(n.name, g.document["nodes"][n.name])
+        upto = idx + 1 if output_override else idx
+        drift = compare_graphs(
+            recorded.document,
+            current_graph,
+            inherited=[n.name for n in nodes[:upto]],
+            resume_from=nodes[upto - 1].name if upto else None,
+            produced_code=produced,
+        )
+        if drift.structural and not allow_code_change:
+            raise CodeDrift(
+                f"pipeline {parent.pipeline!r} changed since run {parent.run_id[:12]} was "
+                f"recorded: {'; '.join(drift.structural)}",
+                "restore the pipeline as recorded, or fork anyway with --allow-code-change "
+                "(allow_code_change=True)",
+                drift.structural,
+            )
+        return drift
 
     def check_param(
         self,
@@ -482,7 +585,10 @@ class Rewind:
         )
 
     def node_sides(self, run_id: str) -> list[NodeSide]:
-        """A run's nodes as the diff sees them (outputs loaded from blobs)."""
+        """A run's nodes as the diff sees them (outputs loaded from blobs; ``code`` is the
+        fingerprint recorded by the run that produced each row, "" when it recorded none)."""
+        nodes = self.store.nodes_of(run_id, with_calls=False)
+        graphs = self.store.run_graphs({n.src_app_id for n in nodes})
         return [
             NodeSide(
                 position=n.position,
@@ -491,8 +597,11 @@ class Rewind:
                 output_hash=n.output_hash or "",
                 tokens=n.tokens,
                 outcome=n.cache_outcome,
+                code=graphs[n.src_app_id].document["nodes"].get(n.name, "")
+                if n.src_app_id in graphs
+                else "",
             )
-            for n in self.store.nodes_of(run_id, with_calls=False)
+            for n in nodes
         ]
 
     def node_output(self, node: NodeRecord) -> dict[str, Any]:
@@ -612,9 +721,8 @@ class Rewind:
         self.store.insert_node(conn, row)
 
     def _execute(
-        self, pipeline: Pipeline, builder: ApplicationBuilder, ctx: RunContext, recorder: Recorder
+        self, pipeline: Pipeline, app: Application, ctx: RunContext, recorder: Recorder
     ) -> RunRecord:
-        app = builder.with_state_persister(recorder).build()
         halt = list(pipeline.halt_after) or pipeline.terminal_nodes()
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
@@ -658,6 +766,28 @@ def new_run_id() -> str:
 
 
 new_run_id_default = new_run_id
+
+
+def _check_next_action(app: Application, fork_node: str, resumed_after: str | None) -> None:
+    """Refuse a fork whose first action is not the fork node.
+
+    Burr picks the next action from the persisted prior step and the *current* transitions, so a
+    pipeline edited since the recording can silently resume elsewhere: report ``completed``
+    without running the node asked for, or run one nobody asked for.
+
+    Raises:
+        ForkError: the next action is another node (or none).
+    """
+    nxt = app.get_next_action()
+    if nxt is not None and nxt.name == fork_node:
+        return
+    where = f"after {resumed_after!r}" if resumed_after else "from the entrypoint"
+    found = f"node {nxt.name!r}" if nxt is not None else "no node at all"
+    raise ForkError(
+        f"resuming {where}, the pipeline would run {found} next, not the fork node {fork_node!r}",
+        "the pipeline's graph changed since the run was recorded: restore it, or fork at the "
+        "node it now runs",
+    )
 
 
 def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> int:
