@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from burr.core import Action, State, action, default
 from burr.core.graph import GraphBuilder
 
 from rewind.drift import action_fingerprint, callable_fingerprint, compare_graphs, graph_document
+from rewind.replay import Pipeline
+from rewind.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -433,3 +436,83 @@ def test_cli_run_recorded_without_a_graph_forks_with_a_warning(folder: Path) -> 
     # Unchecked, a renamed fork node is still caught by the next-action check.
     write_pipeline(folder, [("start", "start"), ("widen", "expand"), ("finish", "finish")])
     assert "not the fork node 'expand'" in refused(folder, run_id, "--at", "expand")
+
+
+# -- the API -----------------------------------------------------------------------------------
+
+
+@action(reads=["x"], writes=["y"])
+def api_one(state: State) -> State:
+    return state.update(y=state["x"] + 1)
+
+
+@action(reads=["y"], writes=["z"])
+def api_two(state: State) -> State:
+    return state.update(z=[state["y"], 0])
+
+
+@action(reads=["z"], writes=["z"])
+def api_extra(state: State) -> State:
+    return state.update(z=[-1, *state["z"]])
+
+
+@action(reads=["z"], writes=["total"])
+def api_three(state: State) -> State:
+    return state.update(total=len(state["z"]))
+
+
+def _api_pipeline(**nodes: Any) -> Pipeline:
+    names = list(nodes)
+    graph = (
+        GraphBuilder()
+        .with_actions(**nodes)
+        .with_transitions(*[(a, b, default) for a, b in itertools.pairwise(names)])
+        .build()
+    )
+    return Pipeline("api-drift", graph, entrypoint=names[0])
+
+
+def test_api_fork_refuses_drift_with_409_unless_allowed(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from rewind.api import create_app
+    from rewind.api.pipelines import PipelineEntry
+
+    def server(pipeline: Pipeline) -> TestClient:
+        entry = PipelineEntry.of(pipeline, {"x": 1})
+        app = create_app(store, chat_client=None, pipelines={"api-drift": entry})
+        return TestClient(app, base_url="http://127.0.0.1")
+
+    store = open_store(tmp_path / "store")
+    with server(_api_pipeline(one=api_one, two=api_two, three=api_three)) as client:
+        started = client.post("/api/runs", json={"pipeline": "api-drift"})
+        assert started.status_code == 202, started.text
+        pid = _wait(client, started.json()["run_id"])["run_id"]
+
+    # The server restarts with edited code: a node inserted after 'two'.
+    edited = _api_pipeline(one=api_one, two=api_two, extra=api_extra, three=api_three)
+    with server(edited) as client:
+        before = len(store.list_runs())
+        r = client.post(f"/api/runs/{pid}/fork", json={"at": "two"})
+        assert r.status_code == 409, r.text
+        assert r.json()["error"] == "CodeDrift"
+        assert "node 'extra' inserted after 'two'" in r.json()["message"]
+        assert len(store.list_runs()) == before
+
+        r = client.post(f"/api/runs/{pid}/fork", json={"at": "two", "allow_code_change": True})
+        assert r.status_code == 202, r.text
+        child = _wait(client, r.json()["run_id"])
+        assert child["status"] == "completed"
+        assert child["drift"]["structural"] == ["node 'extra' inserted after 'two'"]
+        d = client.get("/api/diff", params={"a": pid, "b": child["run_id"]}).json()
+        assert [n["status"] for n in d["nodes"]] == ["equal", "equal", "only_b", "changed"]
+    store.close()
+
+
+def _wait(client: Any, run_id: str) -> dict[str, Any]:
+    for _ in range(3000):
+        run: dict[str, Any] = client.get(f"/api/runs/{run_id}").json()
+        if run["status"] not in ("queued", "running"):
+            return run
+        time.sleep(0.02)
+    raise AssertionError(f"run {run_id} did not finish")
