@@ -93,6 +93,15 @@ function Row({ row, first }: { row: DiffRow; first: boolean }) {
         <td className="pr-2 font-medium">{row.name}</td>
         <td className="pr-2">
           <span className={`rounded px-1.5 py-0.5 ${ROW_COLOUR[row.status]}`}>{row.status.replace("_", " ")}</span>
+          {row.code_changed && (
+            <span
+              className="ml-2 rounded bg-fuchsia-100 px-1.5 py-0.5 text-fuchsia-800"
+              data-testid={`code-changed-${row.index + 1}`}
+              title="this node ran other code than in the original: its changes are not the override's alone"
+            >
+              code changed
+            </span>
+          )}
           {first && (
             <span className="ml-2 font-semibold text-orange-700" data-testid="first-divergence">
               ◀ first divergence
