@@ -516,3 +516,51 @@ def _wait(client: Any, run_id: str) -> dict[str, Any]:
             return run
         time.sleep(0.02)
     raise AssertionError(f"run {run_id} did not finish")
+
+
+# -- stores written before graphs were recorded ------------------------------------------------
+
+
+def test_a_store_without_the_run_graphs_table_opens_and_forks_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    from sqlalchemy import text
+
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store")
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    assert rw.store.run_graph(parent.run_id) is not None
+    with rw.store.write() as conn:
+        conn.execute(text("DROP TABLE run_graphs"))  # as the store looked before this feature
+    rw.store.close()
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    again = Rewind(tmp_path / "store", on_event=lambda e, p: events.append((e, p)))
+    assert again.store.run_graph(parent.run_id) is None
+    child = again.fork(parent.run_id, at="expand")
+    assert child.status == "completed"
+    warnings = [p["message"] for e, p in events if e == "warning"]
+    assert len(warnings) == 1 and "drift cannot be checked" in warnings[0]
+    graph = again.store.run_graph(child.run_id)
+    assert graph is not None and graph.drift is not None and graph.drift["checked"] is False
+    d = again.diff(parent.run_id, child.run_id)
+    assert d.first_divergence is None and not any(n.code_changed for n in d.nodes)
+    again.store.close()
+
+
+def test_recorded_run_graphs_are_immutable(tmp_path: Path) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store")
+    run = rw.record(pipelines.pipeline, {"x": 5})
+    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+        conn.execute(text("UPDATE run_graphs SET graph_hash = 'x'"))
+    graph = rw.store.run_graph(run.run_id)
+    assert graph is not None and graph.document == pipelines.pipeline.graph_document()
+    rw.store.close()
