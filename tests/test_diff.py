@@ -6,7 +6,6 @@ import ast
 import dataclasses
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +122,13 @@ def set_at(value: Any, steps: list[Any], new: Any) -> Any:
     return copy
 
 
-def shape(change: FieldChange) -> str:
-    """A change's path with list indexes blanked (`a[3].b` → `a[].b`)."""
-    return re.sub(r"\[\d+\]", "[]", change.path)
+def where(change: FieldChange) -> tuple[str, str]:
+    """(path in A, path in B) of a change; an added value has no A path, a removed none in B."""
+    if change.kind == "added":
+        return ("", change.path)
+    if change.kind == "removed":
+        return (change.path, "")
+    return (change.old_path or change.path, change.path)
 
 
 def node(position: int, name: str, output: dict[str, Any] | None = None, **kw: Any) -> NodeSide:
@@ -185,11 +188,10 @@ def test_property_diff_is_symmetric(a: Any, b: Any) -> None:
     assert len(forward) == len(backward)
     mirror = {"added": "removed", "removed": "added", "changed": "changed"}
     mirror["type_changed"] = "type_changed"
-    # An item compared in place after an insertion sits at another index in A than in B (a
-    # change's path names B's), so the mirror is checked with list indexes blanked; the exact
-    # indexes of insertions are checked by the insertion properties below.
-    assert sorted((shape(c), mirror[c.kind]) for c in forward) == sorted(
-        (shape(c), c.kind) for c in backward
+    # An item compared in place after an insertion sits at another index in A than in B: a
+    # change names B's in `path` and A's in `old_path`, which swap when the arguments do.
+    assert sorted((where(c), mirror[c.kind]) for c in forward) == sorted(
+        (where(c)[::-1], c.kind) for c in backward
     )
 
 
@@ -271,7 +273,7 @@ def test_insertion_and_an_in_place_edit_keep_the_edit_at_its_index() -> None:
 
     assert diff_values(old, new) == [
         FieldChange("[0]", "added", None, "new"),
-        FieldChange("[3].mean", "changed", 2.5, 9.0),
+        FieldChange("[3].mean", "changed", 2.5, 9.0, old_path="[2].mean"),
     ]
 
 
@@ -286,7 +288,7 @@ def test_content_alignment_keeps_float_and_nan_rules() -> None:
     nan = float("nan")
     assert diff_values([nan, 0.0, 1], [7, nan, -0.0, 1]) == [
         FieldChange("[0]", "added", None, 7),
-        FieldChange("[2]", "changed", 0.0, -0.0),
+        FieldChange("[2]", "changed", 0.0, -0.0, old_path="[1]"),
     ]
 
 
@@ -344,6 +346,8 @@ def test_property_insert_then_edit_is_two_changes(items: list[int], data: st.Dat
     assert sorted((c.path, c.kind) for c in changes) == sorted(
         [(f"[{at}]", "added"), (f"[{edited_at}].v", "type_changed")]
     )
+    (edited,) = [c for c in changes if c.kind == "type_changed"]
+    assert (edited.old_path or edited.path) == f"[{edit}].v"  # where it was in A
 
 
 def test_dict_keys_on_one_side_and_key_order_irrelevant() -> None:
@@ -700,8 +704,16 @@ def test_to_json_with_nan_and_infinities() -> None:
             "old": "Infinity",
             "new": "-Infinity",
             "text_diff": None,
+            "old_path": None,
         },
-        {"path": "mean", "kind": "changed", "old": "NaN", "new": 1.0, "text_diff": None},
+        {
+            "path": "mean",
+            "kind": "changed",
+            "old": "NaN",
+            "new": 1.0,
+            "text_diff": None,
+            "old_path": None,
+        },
     ]
     assert payload["first_divergence"] == 0
     assert payload["counts"] == {"equal": 0, "changed": 1, "only_a": 0, "only_b": 0}
@@ -747,7 +759,7 @@ def test_to_json_shape_and_determinism() -> None:
     assert first["nodes"][1]["b"] is None
     assert first["nodes"][1]["status"] == "only_a"
     assert row["changes"] == [
-        {"path": "a.y", "kind": "changed", "old": 2, "new": 3, "text_diff": None}
+        {"path": "a.y", "kind": "changed", "old": 2, "new": 3, "text_diff": None, "old_path": None}
     ]
 
 

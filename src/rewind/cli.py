@@ -323,7 +323,8 @@ def _print_diff(d: TrajectoryDiff) -> None:
             console.print(f"  {c.path}:\n{c.text_diff}", markup=False)
         else:
             old, new = _short(c.old), _short(c.new)
-            console.print(f"  {c.path or '(value)'}: {old} → {new} ({c.kind})", markup=False)
+            moved = f" (was {c.old_path})" if c.old_path else ""
+            console.print(f"  {c.path or '(value)'}{moved}: {old} → {new} ({c.kind})", markup=False)
     if len(first.changes) > len(shown_changes):
         more = len(first.changes) - len(shown_changes)
         console.print(f"  … and {more} more (rewind diff A B --json lists every change)")

@@ -90,6 +90,10 @@ class FieldChange:
         text_diff: unified diff (labels `a/<path>`, `b/<path>`, lines without terminators,
             joined by newlines) when both values are strings and either is longer than 120
             characters or contains a newline; otherwise `None`.
+        old_path: where the old value sits in A when that differs from `path` (a list item
+            compared in place after an insertion or removal before it moved: `table[4].mean` in
+            B was `table[3].mean` in A); `None` when `path` addresses both sides. A `removed`
+            change's `path` is always A's, an `added` one's always B's.
     """
 
     path: str
@@ -97,6 +101,7 @@ class FieldChange:
     old: Any
     new: Any
     text_diff: str | None = None
+    old_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ class TrajectoryDiff:
         [node name...], "nodes": [row...]}`; a row is `{"index", "name", "status",
         "token_delta", "hash_equal", "code_changed", "a", "b", "changes"}` with `a`/`b` either
         `None` or `{"position", "name", "output_hash", "tokens", "outcome", "code", "output"}`
-        and each change `{"path", "kind", "old", "new", "text_diff"}`.
+        and each change `{"path", "kind", "old", "new", "text_diff", "old_path"}`.
 
         Values are made JSON-safe: NaN/inf become the strings `"NaN"`, `"Infinity"`,
         `"-Infinity"`; tuples become lists; dict keys become strings (non-string keys via
@@ -201,7 +206,8 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
         front is one `added` at `[0]`, not every later item changed; an item removed is one
         `removed` at its index in A. Items left unaligned between two aligned ones compare in
         place, so one edited field inside one element is one change at e.g. `table[3].mean`
-        (the index in B); extra tail elements are `added`/`removed` at their index. Scalars of
+        (the index in B; `old_path` names A's when it differs); extra tail elements are
+        `added`/`removed` at their index. Scalars of
         different JSON types give one `type_changed`. Other objects are compared with `==`, and
         differ in type when their Python types differ.
 
@@ -209,7 +215,7 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
         RecursionError: nesting deeper than the interpreter's recursion limit (or a cycle).
     """
     changes: list[FieldChange] = []
-    _walk(old, new, path, changes)
+    _walk(old, new, path, path, changes)
     return changes
 
 
@@ -290,38 +296,48 @@ def _scalar_equal(kind: str, old: Any, new: Any) -> bool:
     return bool(old == new)
 
 
-def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
+def _walk(old: Any, new: Any, path_a: str, path_b: str, out: list[FieldChange]) -> None:
+    """Append the changes from `old` (at `path_a` in A) to `new` (at `path_b` in B); the two
+    paths differ only below a list item that moved (an insertion or removal before it)."""
     if old is new:
         return
     kind_old, kind_new = _kind(old), _kind(new)
     if kind_old != kind_new:
-        out.append(FieldChange(path, TYPE_CHANGED, old, new))
+        out.append(_pair_change(path_a, path_b, TYPE_CHANGED, old, new))
         return
     if kind_old == "object":
         for key in _sorted_keys(set(old) | set(new)):
-            child = _key_path(path, key)
+            child_a, child_b = _key_path(path_a, key), _key_path(path_b, key)
             if key not in new:
-                out.append(FieldChange(child, REMOVED, old[key], None))
+                out.append(FieldChange(child_a, REMOVED, old[key], None))
             elif key not in old:
-                out.append(FieldChange(child, ADDED, None, new[key]))
+                out.append(FieldChange(child_b, ADDED, None, new[key]))
             else:
-                _walk(old[key], new[key], child, out)
+                _walk(old[key], new[key], child_a, child_b, out)
         return
     if kind_old == "array":
-        _walk_list(old, new, path, out)
+        _walk_list(old, new, path_a, path_b, out)
         return
     if _scalar_equal(kind_old, old, new):
         return
-    text_diff = _text_diff(old, new, path) if kind_old == "str" else None
-    out.append(FieldChange(path, CHANGED, old, new, text_diff))
+    text_diff = _text_diff(old, new, path_a, path_b) if kind_old == "str" else None
+    out.append(_pair_change(path_a, path_b, CHANGED, old, new, text_diff))
 
 
-def _walk_list(old: Sequence[Any], new: Sequence[Any], path: str, out: list[FieldChange]) -> None:
+def _pair_change(
+    path_a: str, path_b: str, kind: str, old: Any, new: Any, text_diff: str | None = None
+) -> FieldChange:
+    return FieldChange(path_b, kind, old, new, text_diff, None if path_a == path_b else path_a)
+
+
+def _walk_list(
+    old: Sequence[Any], new: Sequence[Any], path_a: str, path_b: str, out: list[FieldChange]
+) -> None:
     """Diff two lists: equal items aligned by content, the gaps between them item by item.
 
-    A gap with as many items on both sides compares in place (an in-place change, at B's index);
-    a gap with more items on one side pairs its items by similarity (`_gap_pairs`), and what is
-    left over is `removed` at A's index or `added` at B's.
+    A gap with as many items on both sides compares in place (an in-place change); a gap with
+    more items on one side pairs its items by similarity (`_gap_pairs`), and what is left over is
+    `removed` at its index in A or `added` at its index in B.
     """
     prev_i, prev_j = 0, 0
     for i, j in [*_aligned_items(old, new), (len(old), len(new))]:
@@ -329,14 +345,15 @@ def _walk_list(old: Sequence[Any], new: Sequence[Any], path: str, out: list[Fiel
         a, b = 0, 0
         for x, y in [*_gap_pairs(gap_old, gap_new), (len(gap_old), len(gap_new))]:
             for k in range(prev_i + a, prev_i + x):
-                out.append(FieldChange(f"{path}[{k}]", REMOVED, old[k], None))
+                out.append(FieldChange(f"{path_a}[{k}]", REMOVED, old[k], None))
             for k in range(prev_j + b, prev_j + y):
-                out.append(FieldChange(f"{path}[{k}]", ADDED, None, new[k]))
+                out.append(FieldChange(f"{path_b}[{k}]", ADDED, None, new[k]))
             if x < len(gap_old):
-                _walk(gap_old[x], gap_new[y], f"{path}[{prev_j + y}]", out)
+                ia, jb = prev_i + x, prev_j + y
+                _walk(old[ia], new[jb], f"{path_a}[{ia}]", f"{path_b}[{jb}]", out)
             a, b = x + 1, y + 1
         if i < len(old):
-            _walk(old[i], new[j], f"{path}[{j}]", out)
+            _walk(old[i], new[j], f"{path_a}[{i}]", f"{path_b}[{j}]", out)
         prev_i, prev_j = i + 1, j + 1
 
 
@@ -472,7 +489,7 @@ def _key_path(path: str, key: Any) -> str:
     return f"{path}[{key}]"
 
 
-def _text_diff(old: str, new: str, path: str) -> str | None:
+def _text_diff(old: str, new: str, path_a: str, path_b: str) -> str | None:
     long = max(len(old), len(new)) > LONG_TEXT_CHARS or "\n" in old or "\n" in new
     if not long:
         return None
@@ -480,8 +497,8 @@ def _text_diff(old: str, new: str, path: str) -> str | None:
     lines = difflib.unified_diff(
         old.split("\n"),
         new.split("\n"),
-        fromfile=f"a/{path}",
-        tofile=f"b/{path}",
+        fromfile=f"a/{path_a}",
+        tofile=f"b/{path_b}",
         lineterm="",
     )
     return "\n".join(lines)
@@ -621,6 +638,7 @@ def _node_json(node: NodeDiff) -> dict[str, Any]:
                 "old": _json_safe(c.old),
                 "new": _json_safe(c.new),
                 "text_diff": c.text_diff,
+                "old_path": c.old_path,
             }
             for c in node.changes
         ],

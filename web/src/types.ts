@@ -131,6 +131,8 @@ export interface DiffChange {
   old: unknown;
   new: unknown;
   text_diff: string | null;
+  /** where the old value sat in A when a list item moved (insertion/removal before it) */
+  old_path: string | null;
 }
 
 export interface DiffSide {

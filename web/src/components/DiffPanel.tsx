@@ -53,6 +53,7 @@ function Change({ c }: { c: DiffChange }) {
         <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
           {c.path || "(whole value)"}
         </code>
+        {c.old_path && <span className="text-slate-500">(was {c.old_path})</span>}
         <span className="text-slate-500">{c.kind.replace("_", " ")}</span>
       </div>
       {c.text_diff ? (
