@@ -284,6 +284,7 @@ class Rewind:
         run_id = run_id or new_run_id()
         initial = json.loads(canonical_bytes(state))  # refuses what cannot be hashed, up front
         fields, _ = FieldEncoder().encode(initial)
+        graph = pipeline.graph_document()  # reads source files: outside the write lock
         with self.store.write() as conn:
             for f in fields.values():
                 self.store.put_blob(conn, f.data)
@@ -296,7 +297,7 @@ class Rewind:
                 initial_state_hash=initial_hash,
                 config=config or {},
             )
-            self.store.put_run_graph(conn, run_id, pipeline.graph_document())
+            self.store.put_run_graph(conn, run_id, graph)
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
         recorder = Recorder(ctx, self.persister, 0)
