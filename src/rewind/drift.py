@@ -206,15 +206,6 @@ class GraphDrift:
             "param_check_changed": self.param_check_changed,
         }
 
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> GraphDrift:
-        """Inverse of :meth:`to_json`."""
-        return cls(
-            tuple(doc.get("structural", ())),
-            tuple(doc.get("code_changed", ())),
-            bool(doc.get("param_check_changed", False)),
-        )
-
 
 def compare_graphs(
     recorded: Mapping[str, Any],
