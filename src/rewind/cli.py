@@ -292,7 +292,7 @@ def _print_diff(d: TrajectoryDiff) -> None:
         colour = {"equal": "green", "changed": "dark_orange"}.get(nd.status, "red")
         marker = " ◀ first divergence" if d.first_divergence is nd else ""
         inherited = nd.b is not None and nd.b.outcome == "inherited"
-        code = " [magenta]code changed[/]" if nd.code_changed else ""
+        code = " · [magenta]code changed[/]" if nd.code_changed else ""
         t.add_row(
             str(nd.index + 1),
             nd.name,
