@@ -122,6 +122,15 @@ def set_at(value: Any, steps: list[Any], new: Any) -> Any:
     return copy
 
 
+def where(change: FieldChange) -> tuple[str, str]:
+    """(path in A, path in B) of a change; an added value has no A path, a removed none in B."""
+    if change.kind == "added":
+        return ("", change.path)
+    if change.kind == "removed":
+        return (change.path, "")
+    return (change.old_path or change.path, change.path)
+
+
 def node(position: int, name: str, output: dict[str, Any] | None = None, **kw: Any) -> NodeSide:
     output = {"v": name} if output is None else output
     kw.setdefault("output_hash", f"h-{name}-{json.dumps(output, sort_keys=True)}")
@@ -179,8 +188,10 @@ def test_property_diff_is_symmetric(a: Any, b: Any) -> None:
     assert len(forward) == len(backward)
     mirror = {"added": "removed", "removed": "added", "changed": "changed"}
     mirror["type_changed"] = "type_changed"
-    assert sorted((c.path, mirror[c.kind]) for c in forward) == sorted(
-        (c.path, c.kind) for c in backward
+    # An item compared in place after an insertion sits at another index in A than in B: a
+    # change names B's in `path` and A's in `old_path`, which swap when the arguments do.
+    assert sorted((where(c), mirror[c.kind]) for c in forward) == sorted(
+        (where(c)[::-1], c.kind) for c in backward
     )
 
 
@@ -237,7 +248,9 @@ def test_list_tail_elements_are_added_or_removed_at_their_index() -> None:
     ]
 
 
-def test_lists_compare_by_index_not_by_content() -> None:
+def test_swapped_items_compare_in_place() -> None:
+    # Aligning by content would report a removal and an insertion; in place is as short and
+    # mirrors exactly when the arguments are swapped.
     changes = diff_values({"xs": ["a", "b"]}, {"xs": ["b", "a"]})
     assert [(c.path, c.kind) for c in changes] == [("xs[0]", "changed"), ("xs[1]", "changed")]
 
@@ -248,6 +261,105 @@ def test_dict_keys_on_one_side_and_key_order_is_one_reordered_change() -> None:
         FieldChange("", "reordered", ["a", "b"], ["b", "a"])
     ]
     assert diff_values({"a": 1, "b": 2}, {"a": 1, "b": 2}) == []
+
+
+def test_item_inserted_at_the_front_is_one_insertion() -> None:
+    table = [{"month": m, "mean": float(m)} for m in range(1, 13)]
+    grown = [{"month": 0, "mean": -1.0}, *[dict(row) for row in table]]
+
+    assert diff_values({"table": table}, {"table": grown}) == [
+        FieldChange("table[0]", "added", None, {"month": 0, "mean": -1.0})
+    ]
+    assert diff_values({"table": grown}, {"table": table}) == [
+        FieldChange("table[0]", "removed", {"month": 0, "mean": -1.0}, None)
+    ]
+
+
+def test_insertion_and_an_in_place_edit_keep_the_edit_at_its_index() -> None:
+    old = ["intro", {"month": 1, "mean": 1.5}, {"month": 2, "mean": 2.5}, "outro"]
+    new = ["new", "intro", {"month": 1, "mean": 1.5}, {"month": 2, "mean": 9.0}, "outro"]
+
+    assert diff_values(old, new) == [
+        FieldChange("[0]", "added", None, "new"),
+        FieldChange("[3].mean", "changed", 2.5, 9.0, old_path="[2].mean"),
+    ]
+
+
+def test_item_removed_from_the_middle_is_one_removal() -> None:
+    assert diff_values(list(range(10)), [0, 1, 2, 4, 5, 6, 7, 8, 9]) == [
+        FieldChange("[3]", "removed", 3, None)
+    ]
+
+
+def test_content_alignment_keeps_float_and_nan_rules() -> None:
+    # -0.0 and 0.0 are different items; NaN equals NaN (as everywhere in the diff).
+    nan = float("nan")
+    assert diff_values([nan, 0.0, 1], [7, nan, -0.0, 1]) == [
+        FieldChange("[0]", "added", None, 7),
+        FieldChange("[2]", "changed", 0.0, -0.0, old_path="[1]"),
+    ]
+
+
+def test_lists_of_unhashable_objects_compare_by_index() -> None:
+    class Box:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Box)
+
+    changes = diff_values([1, Box()], [0, 1, Box()])
+    assert [(c.path, c.kind) for c in changes] == [
+        ("[0]", "changed"),
+        ("[1]", "type_changed"),
+        ("[2]", "added"),
+    ]
+
+
+LISTS = st.lists(JSON, max_size=8)
+
+
+@settings(max_examples=400)
+@given(LISTS, JSON, st.data())
+def test_property_one_inserted_item_is_one_insertion(
+    items: list[Any], extra: Any, data: st.DataObject
+) -> None:
+    at = data.draw(st.integers(min_value=0, max_value=len(items)))
+    grown = [*items[:at], extra, *items[at:]]
+
+    changes = diff_values({"xs": items}, {"xs": grown})
+
+    assert len(changes) == 1
+    (change,) = changes
+    assert change.kind == "added"
+    index = int(change.path.removeprefix("xs[").removesuffix("]"))
+    assert diff_values(grown[index], extra) == []  # an item equal to the one inserted
+    assert diff_values([*grown[:index], *grown[index + 1 :]], items) == []
+    backward = diff_values({"xs": grown}, {"xs": items})
+    assert [(c.path, c.kind) for c in backward] == [(change.path, "removed")]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(), min_size=1, max_size=12, unique=True), st.data())
+def test_property_insert_then_edit_is_two_changes(items: list[int], data: st.DataObject) -> None:
+    rows = [{"id": i, "v": i} for i in items]
+    at = data.draw(st.integers(min_value=0, max_value=len(rows)))
+    edit = data.draw(st.integers(min_value=0, max_value=len(rows) - 1))
+    new_rows = [dict(r) for r in rows]
+    new_rows[edit]["v"] = "edited"
+    new_rows.insert(at, {"id": "new"})
+
+    changes = diff_values(rows, new_rows)
+
+    edited_at = edit + (1 if at <= edit else 0)
+    assert sorted((c.path, c.kind) for c in changes) == sorted(
+        [(f"[{at}]", "added"), (f"[{edited_at}].v", "type_changed")]
+    )
+    (edited,) = [c for c in changes if c.kind == "type_changed"]
+    assert (edited.old_path or edited.path) == f"[{edit}].v"  # where it was in A
+
+
+def test_dict_keys_on_one_side_and_key_order_irrelevant() -> None:
+    assert diff_values({"a": 1, "b": 2}, {"b": 2, "a": 1}) == []
     assert diff_values({"a": 1, "gone": [1]}, {"a": 1, "new": {"x": None}}) == [
         FieldChange("gone", "removed", [1], None),
         FieldChange("new", "added", None, {"x": None}),
@@ -603,8 +715,16 @@ def test_to_json_with_nan_and_infinities() -> None:
             "old": "Infinity",
             "new": "-Infinity",
             "text_diff": None,
+            "old_path": None,
         },
-        {"path": "mean", "kind": "changed", "old": "NaN", "new": 1.0, "text_diff": None},
+        {
+            "path": "mean",
+            "kind": "changed",
+            "old": "NaN",
+            "new": 1.0,
+            "text_diff": None,
+            "old_path": None,
+        },
     ]
     assert payload["first_divergence"] == 0
     assert payload["counts"] == {"equal": 0, "changed": 1, "only_a": 0, "only_b": 0}
@@ -631,6 +751,7 @@ def test_to_json_shape_and_determinism() -> None:
         "token_delta",
         "first_divergence",
         "counts",
+        "code_changed",
         "nodes",
     ]
     row = first["nodes"][0]
@@ -640,15 +761,16 @@ def test_to_json_shape_and_determinism() -> None:
         "status",
         "token_delta",
         "hash_equal",
+        "code_changed",
         "a",
         "b",
         "changes",
     ]
-    assert list(row["a"]) == ["position", "name", "tokens", "outcome", "output"]
+    assert list(row["a"]) == ["position", "name", "tokens", "outcome", "code", "output"]
     assert first["nodes"][1]["b"] is None
     assert first["nodes"][1]["status"] == "only_a"
     assert row["changes"] == [
-        {"path": "a.y", "kind": "changed", "old": 2, "new": 3, "text_diff": None}
+        {"path": "a.y", "kind": "changed", "old": 2, "new": 3, "text_diff": None, "old_path": None}
     ]
 
 

@@ -111,6 +111,23 @@ hostile = Pipeline(
 )
 
 
+@action(reads=["payload"], writes=["echo"])
+def echo_edited(state: State) -> State:
+    html = state["payload"]["html"]
+    return state.update(echo=html)
+
+
+# The same pipeline after its 'echo' node's code was edited (same behaviour, other code).
+hostile_edited = Pipeline(
+    name="hostile",
+    graph=GraphBuilder()
+    .with_actions(emit=emit, echo=echo_edited)
+    .with_transitions(("emit", "echo", default))
+    .build(),
+    entrypoint="emit",
+)
+
+
 # -- the server ----------------------------------------------------------------------------------
 
 
@@ -177,7 +194,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         },
     )
     with ThreadServer(app) as srv:
-        yield {"url": srv.url, "parent": parent.run_id, "hostile": big.run_id, "chat": chat.run_id}
+        yield {
+            "url": srv.url,
+            "parent": parent.run_id,
+            "hostile": big.run_id,
+            "chat": chat.run_id,
+            "store": store,
+        }
     client.close()
     store.close()
 
@@ -579,3 +602,15 @@ def _clean_old_screenshots() -> None:
             old.unlink()
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.disk_usage(ARTIFACTS)  # fails early if the folder is not writable
+
+
+def test_diff_panel_labels_a_node_whose_code_changed(server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    rw = Rewind(server["store"])
+    rw.register(hostile_edited)
+    child = rw.fork(server["hostile"], at="echo")
+    assert child.status == "completed", child.error
+    page.goto(f"{server['url']}/#/runs/{child.run_id}")
+    page.get_by_test_id("tab-diff").click()
+    expect(page.get_by_test_id("code-changed-2")).to_have_text("code changed")
+    expect(page.get_by_test_id("code-changed-1")).to_have_count(0)

@@ -119,6 +119,10 @@ class _Progress:
         self.status: Any = None
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        if event == "warning":
+            self._status(None)
+            err_console.print(f"[yellow]warning:[/] {payload['message']}")
+            return
         if not sys.stderr.isatty() and event == "node_started":
             return
         if event == "node_started":
@@ -254,6 +258,27 @@ def _run_summary(run: RunRecord) -> str:
     return " · ".join(parts)
 
 
+def _drift_lines(drift: dict[str, Any] | None) -> list[str]:
+    """What a fork's run record says about the code it ran (``RunGraph.drift``)."""
+    if drift is None:
+        return []
+    if not drift.get("checked", True):
+        return [
+            "[yellow]drift not checked:[/] the parent was recorded without its graph, so code "
+            "changes cannot be detected"
+        ]
+    lines = []
+    if drift.get("code_changed"):
+        names = ", ".join(drift["code_changed"])
+        lines.append(f"[magenta]code changed[/] since the parent's recording: {names}")
+    if drift.get("param_check_changed"):
+        lines.append("[magenta]code changed[/]: the pipeline's param check")
+    if drift.get("structural"):
+        accepted = "; ".join(drift["structural"])
+        lines.append(f"[magenta]graph changed[/] (accepted with --allow-code-change): {accepted}")
+    return lines
+
+
 def _override_text(override: dict[str, Any]) -> str:
     kind, node, name = override_target(override)
     value = json.dumps(override.get("value"))
@@ -270,22 +295,30 @@ def _print_diff(d: TrajectoryDiff) -> None:
         colour = {"equal": "green", "changed": "dark_orange"}.get(nd.status, "red")
         marker = " ◀ first divergence" if d.first_divergence is nd else ""
         inherited = nd.b is not None and nd.b.outcome == "inherited"
+        code = " · [magenta]code changed[/]" if nd.code_changed else ""
         t.add_row(
             str(nd.index + 1),
             nd.name,
-            f"[{colour}]{nd.status}[/]{marker}",
+            f"[{colour}]{nd.status}[/]{code}{marker}",
             "=" if nd.hash_equal else "≠",
             "inherited" if inherited else f"{nd.token_delta:+d}",
             shown,
         )
     console.print(t)
     first = d.first_divergence
+    code_changed = [nd.name for nd in d.nodes if nd.code_changed]
+    if code_changed:
+        console.print(
+            f"[magenta]code changed[/] between the runs in: {', '.join(code_changed)} — "
+            "differences there may come from the code, not from the override"
+        )
     if first is None:
         console.print("[green]no divergence: every node output is equal[/]")
         return
+    cause = " — [magenta]code changed[/], not only the override" if first.code_changed else ""
     console.print(
         f"first divergence: node {first.index + 1} [bold]{first.name}[/] "
-        f"({len(first.changes)} changed field{'s' if len(first.changes) != 1 else ''})"
+        f"({len(first.changes)} changed field{'s' if len(first.changes) != 1 else ''}){cause}"
     )
     shown_changes = _headline_first(first.changes)[:DIFF_LINES]
     for c in shown_changes:
@@ -295,7 +328,8 @@ def _print_diff(d: TrajectoryDiff) -> None:
             old, new = _short(c.old), _short(c.new)
             if c.kind == "type_changed":
                 old, new = f"{old} ({_type_of(c.old)})", f"{new} ({_type_of(c.new)})"
-            console.print(f"  {c.path or '(value)'}: {old} → {new} ({c.kind})", markup=False)
+            moved = f" (was {c.old_path})" if c.old_path else ""
+            console.print(f"  {c.path or '(value)'}{moved}: {old} → {new} ({c.kind})", markup=False)
     if len(first.changes) > len(shown_changes):
         more = len(first.changes) - len(shown_changes)
         console.print(f"  … and {more} more (rewind diff A B --json lists every change)")
@@ -563,11 +597,16 @@ def _abridge(value: Any, depth: int = 0) -> Any:
 
 def _show_run(rw: Rewind, r: RunRecord, as_json: bool) -> None:
     nodes = rw.store.nodes_of(r.run_id)
+    graph = rw.store.run_graph(r.run_id)
+    drift = graph.drift if graph is not None else None
     if as_json:
-        _emit_json({"run": _run_json(r), "nodes": [_node_json(n) for n in nodes]})
+        code = {"graph_hash": graph.graph_hash if graph else None, "drift": drift}
+        _emit_json({"run": _run_json(r) | code, "nodes": [_node_json(n) for n in nodes]})
         return
     console.print(_nodes_table(nodes, f"run {r.run_id}"))
     console.print(_run_summary(r))
+    for line in _drift_lines(drift):
+        console.print(line)
     for art in rw.store.artifacts_of(r.run_id):
         console.print(f"artifact {art['name']}: {art['path']} (sha256 {art['sha256'][:16]})")
 
@@ -591,9 +630,22 @@ def fork(
         str,
         typer.Option(help="Side-effecting calls: recorded (serve the record), dry-run, or live."),
     ] = "recorded",
+    allow_code_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-code-change",
+            help="Fork even if the pipeline's graph changed since the recording (a node renamed, "
+            "removed or inserted after the fork point); the differences are kept on the fork.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream."""
+    """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream.
+
+    The pipeline is re-imported and compared with the graph the run recorded: a node renamed,
+    removed or inserted where the fork runs refuses the fork (exit 2) unless --allow-code-change;
+    a node whose code changed is allowed and labelled "code changed" (show, diff).
+    """
     specs = (
         [(s, "param") for s in set_ or []]
         + [(s, "output") for s in set_output or []]
@@ -610,7 +662,13 @@ def fork(
         override = parse_override(spec, output=kind == "output", input_=kind == "input")
     with _session() as rw:
         _warn_model_change(rw, run_id)
-        child = rw.fork(run_id, at=at, override=override, effects=effects)
+        child = rw.fork(
+            run_id,
+            at=at,
+            override=override,
+            effects=effects,
+            allow_code_change=allow_code_change,
+        )
         if as_json:
             _show_run(rw, child, True)
             return
@@ -618,7 +676,17 @@ def fork(
         if child.parent_run_id:
             d = rw.diff(child.parent_run_id, child.run_id)
             _print_diff(d)
-            if override is None and d.first_divergence is not None:
+            if (
+                override is None
+                and d.first_divergence is not None
+                and any(n.code_changed for n in d.nodes)
+            ):
+                err_console.print(
+                    "[yellow]warning:[/] this unchanged replay diverged, and the code of "
+                    f"{', '.join(n.name for n in d.nodes if n.code_changed)} changed since the "
+                    "recording: the divergence may come from the code"
+                )
+            elif override is None and d.first_divergence is not None:
                 node = d.first_divergence
                 err_console.print(
                     f"[yellow]warning:[/] this unchanged replay diverged at node "

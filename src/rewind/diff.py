@@ -65,6 +65,9 @@ class NodeSide:
         output_hash: SHA-256 hex of the output, as recorded; never recomputed here.
         tokens: tokens spent by this node in this run (0 for a cache hit).
         outcome: cache outcome label, passed through untouched (e.g. "hit", "miss:override").
+        code: fingerprint (SHA-256 hex) of the code that produced the node, from the graph its
+            producing run recorded (`rewind.drift`); `""` when unknown (a run recorded before
+            graphs were, or a traced chain).
     """
 
     position: int
@@ -73,6 +76,7 @@ class NodeSide:
     output_hash: str
     tokens: int
     outcome: str = ""
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class FieldChange:
         text_diff: unified diff (labels `a/<path>`, `b/<path>`, lines without terminators,
             joined by newlines) when both values are strings and either is longer than 120
             characters or contains a newline; otherwise `None`.
+        old_path: where the old value sits in A when that differs from `path` (a list item
+            compared in place after an insertion or removal before it moved: `table[4].mean` in
+            B was `table[3].mean` in A); `None` when `path` addresses both sides. A `removed`
+            change's `path` is always A's, an `added` one's always B's.
     """
 
     path: str
@@ -100,6 +108,7 @@ class FieldChange:
     old: Any
     new: Any
     text_diff: str | None = None
+    old_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,9 @@ class NodeDiff:
         changes: field changes from A's output to B's; empty unless status is `"changed"`.
         token_delta: `b.tokens - a.tokens` in tokens, a missing side counting 0.
         hash_equal: both sides present and their recorded output hashes are equal.
+        code_changed: both sides present, both code fingerprints known, and they differ: the
+            node ran other code in B than in A, so a difference here may come from the code
+            rather than from the fork's override.
     """
 
     index: int
@@ -126,6 +138,7 @@ class NodeDiff:
     changes: tuple[FieldChange, ...]
     token_delta: int
     hash_equal: bool
+    code_changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,10 +167,11 @@ class TrajectoryDiff:
         """Return a JSON-safe, deterministic dict for `--json` output.
 
         Shape: `{"run_a", "run_b", "tokens_a", "tokens_b", "token_delta",
-        "first_divergence": <row index> | None, "counts": {status: n}, "nodes": [row...]}`;
-        a row is `{"index", "name", "status", "token_delta", "hash_equal", "a", "b", "changes"}`
-        with `a`/`b` either `None` or `{"position", "name", "output_hash", "tokens", "outcome",
-        "output"}` and each change `{"path", "kind", "old", "new", "text_diff"}`.
+        "first_divergence": <row index> | None, "counts": {status: n}, "code_changed":
+        [node name...], "nodes": [row...]}`; a row is `{"index", "name", "status",
+        "token_delta", "hash_equal", "code_changed", "a", "b", "changes"}` with `a`/`b` either
+        `None` or `{"position", "name", "output_hash", "tokens", "outcome", "code", "output"}`
+        and each change `{"path", "kind", "old", "new", "text_diff", "old_path"}`.
 
         Values are made JSON-safe: NaN/inf become the strings `"NaN"`, `"Infinity"`,
         `"-Infinity"`; tuples become lists; dict keys become strings (non-string keys via
@@ -175,6 +189,7 @@ class TrajectoryDiff:
                 None if self.first_divergence is None else self.first_divergence.index
             ),
             "counts": {s: sum(n.status == s for n in self.nodes) for s in _STATUSES},
+            "code_changed": [n.name for n in self.nodes if n.code_changed],
             "nodes": [_node_json(node) for node in self.nodes],
         }
 
@@ -192,22 +207,26 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
         path: path prefix for the reported changes; `""` means the values are the root.
 
     Returns:
-        Changes in a deterministic order (dict keys sorted, list indexes ascending). Dicts are
+        Changes in a deterministic order (dict keys sorted, lists in item order). Dicts are
         compared key by key, keys starting with `_`, `__` or `$` included; keys on one side
         only are `added`/`removed`; when nothing else differs, another key order is one
         `reordered` change (key order is part of a stored dict, see :mod:`rewind.serde`).
-        Lists (and tuples and deques, each against its own type) are compared element-wise by
-        index, so one edited field inside one element is one change at e.g. `table[3].mean`;
-        extra tail elements are `added`/`removed` at their index. Dataclass instances and
-        pydantic models of one class are compared field by field (`report.title`). Values of
-        different exact types give one `type_changed`. Other objects are equal when their
-        stored documents are (:func:`rewind.serde.encode`), so the diff agrees with the hash.
+        Lists (and tuples and deques, each against its own type) are aligned by content where
+        they differ index-wise: an item inserted at the front is one `added` at `[0]`, not every
+        later item changed; an item removed is one `removed` at its index in A. Items left
+        unaligned between two aligned ones compare in place, so one edited field inside one
+        element is one change at e.g. `table[3].mean` (the index in B; `old_path` names A's when
+        it differs); extra tail elements are `added`/`removed` at their index. Dataclass
+        instances and pydantic models of one class are compared field by field
+        (`report.title`). Values of different exact types give one `type_changed`. Other objects
+        are equal when their stored documents are (:func:`rewind.serde.encode`), so the diff
+        agrees with the hash.
 
     Raises:
         RecursionError: nesting deeper than the interpreter's recursion limit (or a cycle).
     """
     changes: list[FieldChange] = []
-    _walk(old, new, path, changes)
+    _walk(old, new, path, path, changes)
     return changes
 
 
@@ -321,54 +340,220 @@ def _fields_of(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def _walk(old: Any, new: Any, path: str, out: list[FieldChange]) -> None:
+def _walk(old: Any, new: Any, path_a: str, path_b: str, out: list[FieldChange]) -> None:
+    """Append the changes from `old` (at `path_a` in A) to `new` (at `path_b` in B); the two
+    paths differ only below a list item that moved (an insertion or removal before it)."""
     if old is new:
         return
     kind_old, kind_new = _kind(old), _kind(new)
     if kind_old != kind_new:
-        out.append(FieldChange(path, TYPE_CHANGED, old, new))
+        out.append(_pair_change(path_a, path_b, TYPE_CHANGED, old, new))
         return
     if isinstance(old, dict):
         before = len(out)
         for key in _sorted_keys(set(old) | set(new)):
-            child = _key_path(path, key)
+            child_a, child_b = _key_path(path_a, key), _key_path(path_b, key)
             if key not in new:
-                out.append(FieldChange(child, REMOVED, old[key], None))
+                out.append(FieldChange(child_a, REMOVED, old[key], None))
             elif key not in old:
-                out.append(FieldChange(child, ADDED, None, new[key]))
+                out.append(FieldChange(child_b, ADDED, None, new[key]))
             else:
-                _walk(old[key], new[key], child, out)
+                _walk(old[key], new[key], child_a, child_b, out)
         if len(out) == before and list(old) != list(new):
             # Key order is part of a stored dict (it loads back in that order): same keys and
             # values in another order is a change, shown as the two key orders.
-            out.append(FieldChange(path, REORDERED, list(old), list(new)))
+            out.append(_pair_change(path_a, path_b, REORDERED, list(old), list(new)))
         elif getattr(old, "default_factory", None) != getattr(new, "default_factory", None):
             out.append(
-                FieldChange(
-                    f"{path}.default_factory", CHANGED, old.default_factory, new.default_factory
+                _pair_change(
+                    f"{path_a}.default_factory",
+                    f"{path_b}.default_factory",
+                    CHANGED,
+                    old.default_factory,
+                    new.default_factory,
                 )
             )
         return
     fields_old = _fields_of(old)
     if fields_old is not None:
-        _walk(fields_old, _fields_of(new) or {}, path, out)
+        _walk(fields_old, _fields_of(new) or {}, path_a, path_b, out)
         return
     if _is_sequence(old):
         if getattr(old, "maxlen", None) != getattr(new, "maxlen", None):
-            out.append(FieldChange(f"{path}.maxlen", CHANGED, old.maxlen, new.maxlen))
-        old, new = list(old), list(new)
-        shared = min(len(old), len(new))
-        for i in range(shared):
-            _walk(old[i], new[i], f"{path}[{i}]", out)
-        for i in range(shared, len(old)):
-            out.append(FieldChange(f"{path}[{i}]", REMOVED, old[i], None))
-        for i in range(shared, len(new)):
-            out.append(FieldChange(f"{path}[{i}]", ADDED, None, new[i]))
+            out.append(
+                _pair_change(
+                    f"{path_a}.maxlen", f"{path_b}.maxlen", CHANGED, old.maxlen, new.maxlen
+                )
+            )
+        _walk_list(list(old), list(new), path_a, path_b, out)
         return
     if _scalar_equal(kind_old, old, new):
         return
-    text_diff = _text_diff(old, new, path) if kind_old == "str" else None
-    out.append(FieldChange(path, CHANGED, old, new, text_diff))
+    text_diff = _text_diff(old, new, path_a, path_b) if kind_old == "str" else None
+    out.append(_pair_change(path_a, path_b, CHANGED, old, new, text_diff))
+
+
+def _pair_change(
+    path_a: str, path_b: str, kind: str, old: Any, new: Any, text_diff: str | None = None
+) -> FieldChange:
+    return FieldChange(path_b, kind, old, new, text_diff, None if path_a == path_b else path_a)
+
+
+def _walk_list(
+    old: Sequence[Any], new: Sequence[Any], path_a: str, path_b: str, out: list[FieldChange]
+) -> None:
+    """Diff two lists: equal items aligned by content, the gaps between them item by item.
+
+    A gap with as many items on both sides compares in place (an in-place change); a gap with
+    more items on one side pairs its items by similarity (`_gap_pairs`), and what is left over is
+    `removed` at its index in A or `added` at its index in B.
+    """
+    prev_i, prev_j = 0, 0
+    for i, j in [*_aligned_items(old, new), (len(old), len(new))]:
+        gap_old, gap_new = old[prev_i:i], new[prev_j:j]
+        a, b = 0, 0
+        for x, y in [*_gap_pairs(gap_old, gap_new), (len(gap_old), len(gap_new))]:
+            for k in range(prev_i + a, prev_i + x):
+                out.append(FieldChange(f"{path_a}[{k}]", REMOVED, old[k], None))
+            for k in range(prev_j + b, prev_j + y):
+                out.append(FieldChange(f"{path_b}[{k}]", ADDED, None, new[k]))
+            if x < len(gap_old):
+                ia, jb = prev_i + x, prev_j + y
+                _walk(old[ia], new[jb], f"{path_a}[{ia}]", f"{path_b}[{jb}]", out)
+            a, b = x + 1, y + 1
+        if i < len(old):
+            _walk(old[i], new[j], f"{path_a}[{i}]", f"{path_b}[{j}]", out)
+        prev_i, prev_j = i + 1, j + 1
+
+
+GAP_CELLS = 2_500
+"""Largest gap (items in A × items in B) paired by similarity; a larger one pairs in place."""
+
+
+def _gap_pairs(old: Sequence[Any], new: Sequence[Any]) -> list[tuple[int, int]]:
+    """Pairs of items compared in place inside a gap between two aligned items.
+
+    Equal-length gaps pair by index. Otherwise a weighted longest-common-subsequence over
+    `similarity` keeps the order and maximises the summed similarity (items with nothing in
+    common are never paired), so a row inserted next to an edited row is one `added` plus the
+    edit, not a changed row plus an added one. The pairing is used only when it is the same
+    computed from either side (so the diff mirrors when A and B swap); otherwise by index.
+    """
+    by_index = [(k, k) for k in range(min(len(old), len(new)))]
+    if len(old) == len(new) or not old or not new or len(old) * len(new) > GAP_CELLS:
+        return by_index
+    forward = _best_pairs(old, new)
+    backward = sorted((i, j) for j, i in _best_pairs(new, old))
+    return forward if forward == backward else by_index
+
+
+def _best_pairs(old: Sequence[Any], new: Sequence[Any]) -> list[tuple[int, int]]:
+    score = [[similarity(x, y) for y in new] for x in old]
+    best = [[0.0] * (len(new) + 1) for _ in range(len(old) + 1)]
+    for i in range(len(old) - 1, -1, -1):
+        for j in range(len(new) - 1, -1, -1):
+            pair = best[i + 1][j + 1] + score[i][j] if score[i][j] > 0 else -1.0
+            best[i][j] = max(pair, best[i + 1][j], best[i][j + 1])
+    pairs: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(old) and j < len(new):
+        if score[i][j] > 0 and best[i][j] == best[i + 1][j + 1] + score[i][j]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif best[i][j] == best[i + 1][j]:
+            i += 1
+        else:
+            j += 1
+    return pairs
+
+
+def _aligned_items(old: Sequence[Any], new: Sequence[Any]) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)`` of equal items that a content alignment of the two lists keeps.
+
+    Equal items at the head and tail align first (so one insertion or removal anywhere is
+    exactly one change); between them `difflib.SequenceMatcher` (no junk heuristic) matches
+    items by an equality key that agrees with `diff_values`; the pairs kept are those found both
+    from A to B and from B to A, so that `diff_values(b, a)` mirrors `diff_values(a, b)`
+    (SequenceMatcher breaks ties by position, e.g. on swapped items, and would otherwise pick a
+    different pairing each way). Between lists
+    of equal length the content alignment is used only when it reports fewer changes than
+    comparing index by index, so an in-place edit stays one change at its index.
+    """
+    shared = min(len(old), len(new))
+    try:
+        keys_old = [_item_key(v) for v in old]
+        keys_new = [_item_key(v) for v in new]
+    except TypeError:  # an unhashable non-JSON object: compare by index
+        return [(i, i) for i in range(shared)]
+    by_index = [(i, i) for i in range(shared)]
+    if keys_old[:shared] == keys_new[:shared]:
+        return by_index
+    head = 0
+    while head < shared and keys_old[head] == keys_new[head]:
+        head += 1
+    tail = 0
+    while tail < shared - head and keys_old[-1 - tail] == keys_new[-1 - tail]:
+        tail += 1
+    mid_old, mid_new = keys_old[head : len(old) - tail], keys_new[head : len(new) - tail]
+    forward = _matched_pairs(mid_old, mid_new)
+    backward = {(i, j) for j, i in _matched_pairs(mid_new, mid_old)}
+    by_content = [
+        *((k, k) for k in range(head)),
+        *((i + head, j + head) for i, j in sorted(forward & backward)),
+        *((len(old) - tail + k, len(new) - tail + k) for k in range(tail)),
+    ]
+    if len(old) != len(new) or _cost(by_content, keys_old, keys_new) < _cost(
+        by_index, keys_old, keys_new
+    ):
+        return by_content
+    return by_index
+
+
+def _cost(pairs: list[tuple[int, int]], old: list[Any], new: list[Any]) -> int:
+    """How many changes an alignment reports at its top level: a pair of unequal items, and per
+    gap between pairs, its larger side (items paired in place, the rest added or removed)."""
+    total, prev_i, prev_j = 0, 0, 0
+    for i, j in [*pairs, (len(old), len(new))]:
+        total += max(i - prev_i, j - prev_j)
+        if i < len(old):
+            total += old[i] != new[j]
+        prev_i, prev_j = i + 1, j + 1
+    return total
+
+
+def _matched_pairs(a: list[Any], b: list[Any]) -> set[tuple[int, int]]:
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return {(m.a + k, m.b + k) for m in matcher.get_matching_blocks() for k in range(m.size)}
+
+
+def _item_key(value: Any) -> Any:
+    """A hashable key equal for two values exactly when `diff_values` finds no change.
+
+    Keys carry the exact type (`_kind`): floats key on `float.hex` (so `-0.0` differs from
+    `0.0`) and every NaN on one key; dict items key in their order (another key order is a
+    change); sequences with their `maxlen`; dataclasses and pydantic models by their fields;
+    other objects by their stored document (:func:`rewind.serde.encode`). Raises TypeError for
+    an object that is neither storable nor hashable.
+    """
+    kind = _kind(value)
+    if kind == "float":
+        return (kind, "nan" if math.isnan(value) else value.hex())
+    if isinstance(value, dict):
+        factory = getattr(value, "default_factory", None)
+        items = tuple((_item_key(k), _item_key(v)) for k, v in value.items())
+        return (kind, repr(factory), items)
+    fields = _fields_of(value)
+    if fields is not None:
+        return (kind, _item_key(fields))
+    if _is_sequence(value):
+        return (kind, getattr(value, "maxlen", None), tuple(_item_key(v) for v in value))
+    if kind.startswith("py:"):
+        try:
+            return (kind, canonical_json(encode(value)))
+        except ValueError:
+            pass
+    hash(value)
+    return (kind, value)
 
 
 def _sorted_keys(keys: Iterable[Any]) -> list[Any]:
@@ -385,7 +570,7 @@ def _key_path(path: str, key: Any) -> str:
     return f"{path}[{key}]"
 
 
-def _text_diff(old: str, new: str, path: str) -> str | None:
+def _text_diff(old: str, new: str, path_a: str, path_b: str) -> str | None:
     long = max(len(old), len(new)) > LONG_TEXT_CHARS or "\n" in old or "\n" in new
     if not long:
         return None
@@ -393,8 +578,8 @@ def _text_diff(old: str, new: str, path: str) -> str | None:
     lines = difflib.unified_diff(
         old.split("\n"),
         new.split("\n"),
-        fromfile=f"a/{path}",
-        tofile=f"b/{path}",
+        fromfile=f"a/{path_a}",
+        tofile=f"b/{path_b}",
         lineterm="",
     )
     return "\n".join(lines)
@@ -474,8 +659,9 @@ def diff_trajectories(
     Returns:
         A `TrajectoryDiff`. A row is `"equal"` only when `diff_values` finds no change, even if
         the recorded hashes differ (and `"changed"` even if they match): `hash_equal` exposes
-        the hash verdict separately so a caller can flag a hasher/diff disagreement. One-sided
-        rows carry no field changes.
+        the hash verdict separately so a caller can flag a hasher/diff disagreement, and
+        `code_changed` says the node's code differs between the runs (its changes are then not
+        the override's doing alone). One-sided rows carry no field changes.
 
     Raises:
         RecursionError: an output nested deeper than the interpreter's recursion limit.
@@ -484,7 +670,7 @@ def diff_trajectories(
     for index, (side_a, side_b) in enumerate(align_nodes(a, b)):
         tokens = (side_b.tokens if side_b else 0) - (side_a.tokens if side_a else 0)
         changes: tuple[FieldChange, ...] = ()
-        hash_equal = False
+        hash_equal = code_changed = False
         if side_a is None:
             assert side_b is not None  # align_nodes never yields (None, None)
             name, status = side_b.name, ONLY_B
@@ -494,7 +680,10 @@ def diff_trajectories(
             changes = tuple(diff_values(side_a.output, side_b.output))
             name, status = side_a.name, CHANGED if changes else EQUAL
             hash_equal = side_a.output_hash == side_b.output_hash
-        rows.append(NodeDiff(index, name, side_a, side_b, status, changes, tokens, hash_equal))
+            code_changed = bool(side_a.code and side_b.code and side_a.code != side_b.code)
+        rows.append(
+            NodeDiff(index, name, side_a, side_b, status, changes, tokens, hash_equal, code_changed)
+        )
 
     tokens_a = sum(n.tokens for n in a)
     tokens_b = sum(n.tokens for n in b)
@@ -520,6 +709,7 @@ def _node_json(node: NodeDiff) -> dict[str, Any]:
         "status": node.status,
         "token_delta": node.token_delta,
         "hash_equal": node.hash_equal,
+        "code_changed": node.code_changed,
         "a": _side_json(node.a),
         "b": _side_json(node.b),
         "changes": [
@@ -529,6 +719,7 @@ def _node_json(node: NodeDiff) -> dict[str, Any]:
                 "old": _json_safe(c.old),
                 "new": _json_safe(c.new),
                 "text_diff": c.text_diff,
+                "old_path": c.old_path,
             }
             for c in node.changes
         ],
@@ -544,6 +735,7 @@ def _side_json(side: NodeSide | None) -> dict[str, Any] | None:
         "output_hash": side.output_hash,
         "tokens": side.tokens,
         "outcome": side.outcome,
+        "code": side.code,
         "output": _json_safe(side.output),
     }
 

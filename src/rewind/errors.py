@@ -7,6 +7,7 @@ render the same two lines (what, then how) without knowing which module raised i
 from __future__ import annotations
 
 __all__ = [
+    "CodeDrift",
     "ContextLost",
     "EndpointUnavailable",
     "ForkError",
@@ -98,3 +99,12 @@ class StateLoadError(RewindError):
 class ContextLost(RewindError):
     """Code that must belong to a run (a side-effecting tool) runs in a thread or task that lost
     the run context while the run is active."""
+
+
+class CodeDrift(ForkError):
+    """The pipeline's graph changed since the run was recorded, where the fork would run it
+    (a node renamed, removed or inserted; a transition changed). ``differences`` lists them."""
+
+    def __init__(self, message: str, hint: str = "", differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint)
+        self.differences = differences

@@ -30,10 +30,12 @@ from burr.core import Application, ApplicationBuilder
 from rewind.canonical import canonical_bytes
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
+from rewind.drift import GraphDrift, compare_graphs
 from rewind.effects import EFFECT_MODES, EffectPreconditionFailed, SideEffectBlocked
 from rewind.engine.attach import Pipeline, attach, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
 from rewind.errors import (
+    CodeDrift,
     EndpointUnavailable,
     ForkError,
     InvalidOverride,
@@ -279,6 +281,7 @@ class Rewind:
         # Refuses, before anything is written, a value that could not be stored exactly; the
         # run then starts from the caller's own values (typed, never round-tripped through JSON).
         fields, _ = FieldEncoder().encode(dict(state))
+        graph = pipeline.graph_document()  # reads source files: outside the write lock
         with self.store.write() as conn:
             for f in fields.values():
                 self.store.put_blob(conn, f.data)
@@ -292,6 +295,7 @@ class Rewind:
                 config=config or {},
                 launch=launch.to_json(),
             )
+            self.store.put_run_graph(conn, run_id, graph)
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
         builder = pipeline.builder(run_id).with_state(**state).with_entrypoint(pipeline.entrypoint)
@@ -308,6 +312,7 @@ class Rewind:
         effects: str = "recorded",
         cache_mode: str = "replay",
         config: dict[str, Any] | None = None,
+        allow_code_change: bool = False,
     ) -> RunRecord:
         """Fork a finished run at a node with at most one override and replay downstream.
 
@@ -328,12 +333,19 @@ class Rewind:
                 tool call runs live, results never become cache entries: reason
                 ``bypass:stability``; side effects are served from record).
             config: JSON-like settings stored on the fork's run row (default: the parent's).
+            allow_code_change: fork even when the re-imported pipeline's graph differs from the
+                recording where the fork runs it (a node renamed, removed or inserted; a
+                transition changed). Changed code of a node is always allowed; either way the
+                differences are stored with the fork (:meth:`Store.run_graph`).
         Raises:
             UnknownRun, UnknownNode, InvalidOverride, RunBusy, ForkError: nothing is written.
             SideEffectBlocked, EffectPreconditionFailed, UnstorableValue: raised by the replay
                 itself (the fork is recorded as failed at that node).
             StateLoadError: the fork's starting state cannot be loaded in this process (a class
                 that no longer imports...); the fork run is recorded ``failed`` with the reason.
+            CodeDrift: (a ForkError) the graph drifted and ``allow_code_change`` is False.
+            ForkError: after the fork Burr's next action would not be the fork node (a graph
+                that drifted with ``allow_code_change``, or one recorded without its graph).
         """
         if cache_mode not in ("replay", "stability"):
             raise InvalidOverride(f"unknown cache mode {cache_mode!r}", "use replay or stability")
@@ -362,6 +374,15 @@ class Rewind:
             inputs=recorded.inputs,
             halt_after=recorded.halt_after,
             halt_before=recorded.halt_before,
+        )
+        current_graph = pipeline.graph_document()
+        drift = self.check_drift(
+            parent,
+            nodes,
+            idx,
+            current_graph,
+            output_override=isinstance(override, OutputOverride),
+            allow_code_change=allow_code_change,
         )
         child_id = new_run_id or new_run_id_default()
         builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
@@ -432,6 +453,26 @@ class Rewind:
         ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
         ctx.effects_mode = effects
         ctx.fork_node = fork_node.name
+        first = idx + 1 if isinstance(override, OutputOverride) else idx
+        recorder = Recorder(ctx, self.persister, first)
+        start: Application | ApplicationBuilder | Callable[[], ApplicationBuilder] = builder
+        if not isinstance(override, OutputOverride):
+            # Built before anything is written, so its first action is checked, never assumed.
+            # A state that cannot be loaded is not refused here: the fork run records it as its
+            # failure (a run that fails to start ends `failed`, never stays `running`).
+            try:
+                start = _build(builder, recorder)
+            except Exception as exc:
+                start = _raise_on_start(exc)
+            else:
+                _check_next_action(start, fork_node.name, nodes[idx - 1].name if idx else None)
+        if drift is None:
+            ctx.emit(
+                "warning",
+                run_id=child_id,
+                message=f"run {parent.run_id[:12]} was recorded without its graph, so code "
+                "and graph drift cannot be checked for this fork",
+            )
 
         with self.store.write() as conn:
             self.store.create_run(
@@ -449,11 +490,15 @@ class Rewind:
                 config=parent.config if config is None else config,
                 launch=launch.to_json(),
             )
+            drift_doc = (drift or GraphDrift()).to_json() | {
+                "checked": drift is not None,
+                "allowed": bool(drift is not None and drift.structural),
+            }
+            self.store.put_run_graph(conn, child_id, current_graph, drift_doc)
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
             if isinstance(override, OutputOverride) and state_row_ is not None:
                 self._write_output_override(conn, child_id, fork_node, override, state_row_)
-        first = idx + 1 if isinstance(override, OutputOverride) else idx
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(
@@ -462,9 +507,60 @@ class Rewind:
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
             )
-        return self._execute(
-            builder, ctx, Recorder(ctx, self.persister, first), launch, input_overrides
+        return self._execute(start, ctx, recorder, launch, input_overrides)
+
+    def check_drift(
+        self,
+        parent: RunRecord,
+        nodes: Sequence[NodeRecord],
+        idx: int,
+        current_graph: dict[str, Any],
+        *,
+        output_override: bool = False,
+        allow_code_change: bool = False,
+    ) -> GraphDrift | None:
+        """Compare the pipeline as re-imported now with what ``parent`` recorded, for a fork at
+        ``nodes[idx]``.
+
+        Covers the nodes the fork inherits, the node Burr resumes from and every node reachable
+        after it (see :func:`rewind.drift.compare_graphs`); a node's code is compared with the
+        code of the run that produced its row (an inherited row's producer is an ancestor).
+
+        Args:
+            current_graph: :meth:`Pipeline.graph_document` of the re-imported pipeline.
+            output_override: the fork replaces the fork node's output (Burr resumes after it).
+        Returns:
+            the drift (falsy when nothing changed), or None when ``parent`` was recorded
+            without its graph (a store older than graph recording): drift cannot be checked.
+        Raises:
+            CodeDrift: structural drift and ``allow_code_change`` is False; nothing is written.
+        """
+        graphs = self.store.run_graphs([parent.run_id, *(n.src_app_id for n in nodes)])
+        recorded = graphs.get(parent.run_id)
+        if recorded is None:
+            return None
+        produced: dict[str, str] = {}
+        for n in nodes[idx:]:
+            g = graphs.get(n.src_app_id)
+            if g is not None and n.name in g.document["nodes"]:
+                produced.setdefault(n.name, g.document["nodes"][n.name])
+        upto = idx + 1 if output_override else idx
+        drift = compare_graphs(
+            recorded.document,
+            current_graph,
+            inherited=[n.name for n in nodes[:upto]],
+            resume_from=nodes[upto - 1].name if upto else None,
+            produced_code=produced,
         )
+        if drift.structural and not allow_code_change:
+            raise CodeDrift(
+                f"pipeline {parent.pipeline!r} changed since run {parent.run_id[:12]} was "
+                f"recorded: {'; '.join(drift.structural)}",
+                "restore the pipeline as recorded, or fork anyway with --allow-code-change "
+                "(allow_code_change=True)",
+                drift.structural,
+            )
+        return drift
 
     def check_param(
         self,
@@ -505,7 +601,10 @@ class Rewind:
         )
 
     def node_sides(self, run_id: str) -> list[NodeSide]:
-        """A run's nodes as the diff sees them (outputs loaded from blobs)."""
+        """A run's nodes as the diff sees them (outputs loaded from blobs; ``code`` is the
+        fingerprint recorded by the run that produced each row, "" when it recorded none)."""
+        nodes = self.store.nodes_of(run_id, with_calls=False)
+        graphs = self.store.run_graphs({n.src_app_id for n in nodes})
         return [
             NodeSide(
                 position=n.position,
@@ -514,8 +613,11 @@ class Rewind:
                 output_hash=n.output_hash or "",
                 tokens=n.tokens,
                 outcome=n.cache_outcome,
+                code=graphs[n.src_app_id].document["nodes"].get(n.name, "")
+                if n.src_app_id in graphs
+                else "",
             )
-            for n in self.store.nodes_of(run_id, with_calls=False)
+            for n in nodes
         ]
 
     def node_output(self, node: NodeRecord) -> dict[str, Any]:
@@ -654,13 +756,14 @@ class Rewind:
 
     def _execute(
         self,
-        builder: ApplicationBuilder | Callable[[], ApplicationBuilder],
+        start: Application | ApplicationBuilder | Callable[[], ApplicationBuilder],
         ctx: RunContext,
         recorder: Recorder,
         launch: Launch,
         input_overrides: dict[str, dict[str, Any]] | None = None,
     ) -> RunRecord:
-        """Build the Burr app (``builder`` or a factory of it), drive it as ``launch`` says
+        """Build the Burr app (``start``: the app, a builder or a factory of one), drive it as
+        ``launch`` says
         (inputs, halt conditions; ``input_overrides``: node → input → value) and
         finish the run row; the run always ends ``completed``, ``failed`` or ``interrupted``.
 
@@ -671,9 +774,7 @@ class Rewind:
                 the run stopped at a node for that reason and is recorded ``failed``.
         """
         try:
-            if not isinstance(builder, ApplicationBuilder):
-                builder = builder()
-            app = builder.with_state_persister(recorder).build()
+            app = start if isinstance(start, Application) else _build(start, recorder)
         except Exception as exc:
             # Loading the fork's state happens here (Burr loads from the persister in build()):
             # a failure must end the run, never leave it `running`.
@@ -740,6 +841,48 @@ def new_run_id() -> str:
 
 
 new_run_id_default = new_run_id
+
+
+def _build(
+    builder: ApplicationBuilder | Callable[[], ApplicationBuilder], recorder: Recorder
+) -> Application:
+    """Build the Burr app from a builder (or a factory of one) with ``recorder`` attached; Burr
+    loads a fork's starting state here."""
+    if not isinstance(builder, ApplicationBuilder):
+        builder = builder()
+    return builder.with_state_persister(recorder).build()
+
+
+def _raise_on_start(exc: Exception) -> Callable[[], ApplicationBuilder]:
+    """A builder factory that raises ``exc``: the failure of an app built ahead of time,
+    surfaced where the run starts (so it is recorded on the run)."""
+
+    def start() -> ApplicationBuilder:
+        raise exc
+
+    return start
+
+
+def _check_next_action(app: Application, fork_node: str, resumed_after: str | None) -> None:
+    """Refuse a fork whose first action is not the fork node.
+
+    Burr picks the next action from the persisted prior step and the *current* transitions, so a
+    pipeline edited since the recording can silently resume elsewhere: report ``completed``
+    without running the node asked for, or run one nobody asked for.
+
+    Raises:
+        ForkError: the next action is another node (or none).
+    """
+    nxt = app.get_next_action()
+    if nxt is not None and nxt.name == fork_node:
+        return
+    where = f"after {resumed_after!r}" if resumed_after else "from the entrypoint"
+    found = f"node {nxt.name!r}" if nxt is not None else "no node at all"
+    raise ForkError(
+        f"resuming {where}, the pipeline would run {found} next, not the fork node {fork_node!r}",
+        "the pipeline's graph changed since the run was recorded: restore it, or fork at the "
+        "node it now runs",
+    )
 
 
 def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> int:

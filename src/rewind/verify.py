@@ -100,7 +100,7 @@ def run_checks(rw: Rewind, demo: DemoResult, store_location: str) -> list[Check]
         a_out, b_out = rw.node_output(pn[k]), rw.node_output(fn[k])
         paths = [c.path for c in first.changes]
         exact = all(
-            _resolve(a_out, c.path, c.old) and _resolve(b_out, c.path, c.new)
+            _resolve(a_out, c.old_path or c.path, c.old) and _resolve(b_out, c.path, c.new)
             for c in first.changes
             if c.kind in ("changed", "type_changed")
         )

@@ -134,6 +134,8 @@ export interface DiffChange {
   old: unknown;
   new: unknown;
   text_diff: string | null;
+  /** where the old value sat in A when a list item moved (insertion/removal before it) */
+  old_path: string | null;
 }
 
 export interface DiffSide {
@@ -142,6 +144,8 @@ export interface DiffSide {
   output_hash: string;
   tokens: number;
   outcome: string;
+  /** sha256 of the code that produced the node ("" when its run recorded no graph) */
+  code: string;
   output: Record<string, unknown>;
 }
 
@@ -151,6 +155,8 @@ export interface DiffRow {
   status: "equal" | "changed" | "only_a" | "only_b";
   token_delta: number;
   hash_equal: boolean;
+  /** the node ran other code in B than in A: its changes are not the override's alone */
+  code_changed: boolean;
   a: DiffSide | null;
   b: DiffSide | null;
   changes: DiffChange[];
@@ -164,6 +170,7 @@ export interface Diff {
   token_delta: number;
   first_divergence: number | null;
   counts: Record<string, number>;
+  code_changed: string[];
   nodes: DiffRow[];
 }
 

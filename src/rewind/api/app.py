@@ -150,6 +150,16 @@ EffectsMode = Annotated[
 ]
 
 
+AllowCodeChange = Annotated[
+    bool,
+    Field(
+        description="fork even if the pipeline's graph changed since the recording where the "
+        "fork runs it (a node renamed, removed or inserted; a transition changed): refused with "
+        "409 otherwise. Changed code of a node is always allowed and labelled."
+    ),
+]
+
+
 class ForkRequest(BaseModel):
     """Fork a finished run at a node with at most one change (none: an unchanged replay)."""
 
@@ -157,6 +167,7 @@ class ForkRequest(BaseModel):
     at: NodeRef
     override: OverrideBody | None = None
     effects: EffectsMode = "recorded"
+    allow_code_change: AllowCodeChange = False
 
 
 class ReplayRequest(BaseModel):
@@ -165,6 +176,7 @@ class ReplayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at: NodeRef = 1
     effects: EffectsMode = "recorded"
+    allow_code_change: AllowCodeChange = False
 
 
 class StartRunRequest(BaseModel):
@@ -605,11 +617,19 @@ def validate_fork(
             raise _field_error(exc, name_field if later else "override.node") from exc
         _check_value(o.value, "override.value")
     try:
-        rw.pipeline_of(parent)
+        pipeline = rw.pipeline_of(parent)
     except RewindError as exc:
         raise ForkError(
             f"cannot rebuild pipeline {parent.pipeline!r}: {exc.message}", exc.hint
         ) from exc
+    rw.check_drift(
+        parent,
+        nodes,
+        idx,
+        pipeline.graph_document(),
+        output_override=isinstance(override, OutputOverride),
+        allow_code_change=req.allow_code_change,
+    )
     return parent, idx, fork_node, override
 
 
@@ -719,6 +739,9 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "children": [views.run_json(c) for c in store.children(run.run_id)],
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
             "live": manager.is_active(run.run_id),
+            # A fork's code drift from its parent's recording (code changed, graph changes
+            # accepted, or unchecked); None for a recorded run or one stored before graphs.
+            "drift": graph.drift if (graph := store.run_graph(run.run_id)) else None,
         }
 
     @r.get("/runs/{run_id}/graph", tags=["runs"], responses=_LOOKUP)
@@ -785,15 +808,21 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         """Fork a finished run at ``at`` with one override (param or output) or none (an
         unchanged replay). Validated here; answers 202 with the new run's id at once."""
         parent, idx, fork_node, override = validate_fork(ctx, run_id, req)
-        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
+        return _submit_fork(
+            ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change
+        )
 
     @r.post("/runs/{run_id}/replay", status_code=202, tags=["forks"], responses=_ACCEPTED | _FORK)
     def replay(run_id: str, req: ReplayRequest | None = None) -> JSONResponse:
         """Unchanged replay from ``at`` (default node 1): expected all cache hits, 0 tokens."""
         req = req or ReplayRequest()
-        body = ForkRequest(at=req.at, override=None, effects=req.effects)
+        body = ForkRequest(
+            at=req.at, override=None, effects=req.effects, allow_code_change=req.allow_code_change
+        )
         parent, idx, fork_node, override = validate_fork(ctx, run_id, body)
-        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
+        return _submit_fork(
+            ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change
+        )
 
     @r.get("/runs/{run_id}/cost", tags=["diff"], responses=_LOOKUP)
     def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
@@ -901,12 +930,18 @@ def _submit_fork(
     fork_node: NodeRecord,
     override: Override | None,
     effects: str,
+    allow_code_change: bool = False,
 ) -> JSONResponse:
     rid = new_run_id()
 
     def job(rw: Rewind) -> RunRecord:
         return rw.fork(
-            parent.run_id, at=idx + 1, override=override, new_run_id=rid, effects=effects
+            parent.run_id,
+            at=idx + 1,
+            override=override,
+            new_run_id=rid,
+            effects=effects,
+            allow_code_change=allow_code_change,
         )
 
     return _accepted(

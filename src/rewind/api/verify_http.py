@@ -206,7 +206,8 @@ def run_http_checks(
         a_out, b_out = output(pid, FORK_NUMBER), output(fid, FORK_NUMBER)
         paths = [c["path"] for c in row["changes"]]
         exact = all(
-            _resolve(a_out, c["path"], c["old"]) and _resolve(b_out, c["path"], c["new"])
+            _resolve(a_out, c["old_path"] or c["path"], c["old"])
+            and _resolve(b_out, c["path"], c["new"])
             for c in row["changes"]
             if c["kind"] in ("changed", "type_changed")
         )

@@ -25,6 +25,7 @@ from burr.core.graph import Graph
 from burr.core.persistence import PersisterHook
 
 from rewind.canonical import sha256_hex
+from rewind.drift import graph_document
 from rewind.errors import RewindError
 
 
@@ -75,6 +76,11 @@ class Pipeline:
         """Nodes with no outgoing transition (where a run ends)."""
         sources = {t.from_.name for t in self.graph.transitions}
         return [n for n in self.node_names() if n not in sources]
+
+    def graph_document(self) -> dict[str, Any]:
+        """The graph a run of this pipeline records: nodes with code fingerprints, transitions,
+        entrypoint, param check (see :func:`rewind.drift.graph_document`)."""
+        return graph_document(self.graph, self.entrypoint, self.param_check)
 
     def is_async(self) -> bool:
         """True when some node is an ``async`` Burr action (the run is driven with ``astep``)."""

@@ -219,3 +219,19 @@ class NodeRecord:
             calls=calls,
             determinism=m["determinism"],
         )
+
+
+@dataclass(frozen=True)
+class RunGraph:
+    """What a run ran: its graph document and, for a fork, the drift it ran with.
+
+    ``document`` is the graph document of :func:`rewind.drift.graph_document` (nodes → code
+    sha256, transitions, entrypoint, param check); ``drift`` is ``GraphDrift.to_json()`` of a
+    fork (``{"structural": [...], "code_changed": [...], "param_check_changed": bool}``), or
+    None for a recorded run.
+    """
+
+    run_id: str
+    graph_hash: str
+    document: dict[str, Any]
+    drift: dict[str, Any] | None = None

@@ -132,6 +132,19 @@ edges = Table(
     Column("condition", Text, nullable=False, default="default"),
 )
 
+run_graphs = Table(
+    # What each run ran: its graph document (rewind.drift: nodes with code fingerprints,
+    # transitions, entrypoint) as a blob, and for a fork the drift from its parent's recording
+    # that it ran with (code changed, structural differences accepted). A table of its own, so a
+    # store written before it existed opens unchanged (create_all adds it; no version bump): runs
+    # without a row fork as before, with a warning that drift cannot be checked.
+    "run_graphs",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id"), primary_key=True),
+    Column("graph_hash", String(64), nullable=False),  # blob: canonical JSON graph document
+    Column("drift_json", Text, nullable=True),  # forks: GraphDrift.to_json(); None otherwise
+)
+
 llm_cache = Table(
     "llm_cache",
     metadata,
@@ -199,6 +212,8 @@ IMMUTABLE_TRIGGERS = (
        BEGIN SELECT RAISE(ABORT, 'recorded effect rows are immutable'); END""",
     """CREATE TRIGGER IF NOT EXISTS state_immutable_update BEFORE UPDATE ON burr_state
        BEGIN SELECT RAISE(ABORT, 'persisted state rows are immutable'); END""",
+    """CREATE TRIGGER IF NOT EXISTS run_graphs_immutable_update BEFORE UPDATE ON run_graphs
+       BEGIN SELECT RAISE(ABORT, 'recorded run graphs are immutable'); END""",
 )
 
 spans = Table(

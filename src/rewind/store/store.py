@@ -30,7 +30,7 @@ from rewind.errors import RewindError, StoreError
 from rewind.serde import decode_field
 from rewind.store import schema
 from rewind.store.engine import sqlite_engine, url_engine
-from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
+from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
 
 DB_FILENAME = "rewind.db"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
@@ -509,6 +509,50 @@ class Store:
                 (r.src, r.dst, r.condition)
                 for r in conn.execute(select(t).where(t.c.pipeline == pipeline))
             ]
+
+    # -- run graphs ---------------------------------------------------------------------------
+    def put_run_graph(
+        self,
+        conn: Connection,
+        run_id: str,
+        document: dict[str, Any],
+        drift: dict[str, Any] | None = None,
+    ) -> str:
+        """Record the graph document a run ran (a blob) and a fork's drift; returns its hash."""
+        digest = self.put_json(conn, document)
+        conn.execute(
+            insert(schema.run_graphs).values(
+                run_id=run_id,
+                graph_hash=digest,
+                drift_json=None if drift is None else json.dumps(drift, sort_keys=True),
+            )
+        )
+        return digest
+
+    def run_graphs(self, run_ids: Iterable[str]) -> dict[str, RunGraph]:
+        """The recorded graphs of these runs, by run id; runs recorded without one are absent
+        (a store written before graphs were recorded)."""
+        wanted = list(dict.fromkeys(run_ids))
+        t = schema.run_graphs
+        rows: list[Any] = []
+        with self.read() as conn:
+            for i in range(0, len(wanted), _IN_CHUNK):
+                chunk = wanted[i : i + _IN_CHUNK]
+                rows += conn.execute(select(t).where(t.c.run_id.in_(chunk))).all()
+            docs = self.get_blobs({r.graph_hash for r in rows}, conn)
+        return {
+            r.run_id: RunGraph(
+                run_id=r.run_id,
+                graph_hash=r.graph_hash,
+                document=json.loads(docs[r.graph_hash]),
+                drift=json.loads(r.drift_json) if r.drift_json else None,
+            )
+            for r in rows
+        }
+
+    def run_graph(self, run_id: str) -> RunGraph | None:
+        """The recorded graph of one run, or None (recorded before graphs were)."""
+        return self.run_graphs([run_id]).get(run_id)
 
     # -- Burr state rows ----------------------------------------------------------------------
     def save_state(self, conn: Connection, row: dict[str, Any]) -> None:

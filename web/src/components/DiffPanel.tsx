@@ -53,6 +53,7 @@ function Change({ c }: { c: DiffChange }) {
         <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
           {c.path || "(whole value)"}
         </code>
+        {c.old_path && <span className="text-slate-500">(was {c.old_path})</span>}
         <span className="text-slate-500">{c.kind.replace("_", " ")}</span>
       </div>
       {c.text_diff ? (
@@ -93,6 +94,15 @@ function Row({ row, first }: { row: DiffRow; first: boolean }) {
         <td className="pr-2 font-medium">{row.name}</td>
         <td className="pr-2">
           <span className={`rounded px-1.5 py-0.5 ${ROW_COLOUR[row.status]}`}>{row.status.replace("_", " ")}</span>
+          {row.code_changed && (
+            <span
+              className="ml-2 rounded bg-fuchsia-100 px-1.5 py-0.5 text-fuchsia-800"
+              data-testid={`code-changed-${row.index + 1}`}
+              title="this node ran other code than in the original: its changes are not the override's alone"
+            >
+              code changed
+            </span>
+          )}
           {first && (
             <span className="ml-2 font-semibold text-orange-700" data-testid="first-divergence">
               ◀ first divergence

@@ -1,0 +1,357 @@
+"""Code and graph drift: what a run ran, and whether the pipeline a fork re-imports still matches.
+
+A run records its *graph document* (:func:`graph_document`): the nodes with a fingerprint of each
+node's code, the transitions in Burr's order with their conditions, the entrypoint, and a
+fingerprint of the pipeline's ``param_check``. Before a fork runs anything,
+:func:`compare_graphs` compares the recorded document with the re-imported pipeline's, over what
+the fork touches: the nodes it inherits, the node it resumes from and everything reachable after
+it. A node renamed, removed or inserted there, or a transition changed there, is *structural*
+drift (it would make the fork skip the node it was asked to fork or run one nobody asked for): the
+fork is refused unless the caller accepts it. Changed code of a node that keeps its name is
+allowed and labelled.
+
+The module is pure apart from reading source files through :mod:`inspect`.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import textwrap
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from burr.core.action import Action
+from burr.core.graph import Graph
+
+from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
+
+__all__ = [
+    "GRAPH_FORMAT",
+    "GraphDrift",
+    "action_fingerprint",
+    "callable_fingerprint",
+    "compare_graphs",
+    "graph_document",
+]
+
+GRAPH_FORMAT = 1
+"""Version of the graph document's shape, stored in it."""
+
+
+# -- fingerprints ------------------------------------------------------------------------------
+
+
+def callable_fingerprint(fn: Callable[..., Any], bound: Mapping[str, Any] | None = None) -> str:
+    """SHA-256 hex of a function's code and of the parameters bound to it.
+
+    The code is the function's source, parsed and dumped as an AST (so comments, blank lines and
+    indentation do not count, while the decorator line, e.g. an ``@action(reads=…)``, does);
+    when the source cannot be read (a REPL, a frozen app), the code object's bytecode, constants
+    and names. Bound values (Burr's ``.bind(…)``) are hashed canonically; a value that cannot be
+    (a client object) counts by its type only. Only the function's own body is covered: a helper
+    it calls can change unnoticed.
+
+    Args:
+        fn: a function (decorator wrappers are unwrapped through ``__wrapped__``).
+        bound: keyword arguments bound to it, if any.
+    """
+    fn = inspect.unwrap(fn)
+    return sha256_hex(canonical_bytes({"code": _code_text(fn), "bound": _bound_json(bound or {})}))
+
+
+def action_fingerprint(action: Action | Callable[..., Any]) -> str:
+    """SHA-256 hex of the code a Burr action runs.
+
+    A function-based action (``@action``, or the decorated function itself) hashes its
+    originating function and its bound params (:func:`callable_fingerprint`); any other action
+    hashes its class's source. Reads Burr
+    0.43's ``_originating_fn``/``_bound_params`` (the version is pinned).
+    """
+    action = getattr(action, "action_function", action)  # an @action-decorated function
+    fn = getattr(action, "_originating_fn", None)
+    if callable(fn):
+        return callable_fingerprint(fn, getattr(action, "_bound_params", None))
+    cls = type(action)
+    try:
+        text = _normalised(inspect.getsource(cls))
+    except (OSError, TypeError):
+        members = sorted(
+            (name, _code_text(value))
+            for name, value in vars(cls).items()
+            if isinstance(value, types.FunctionType)
+        )
+        text = _join_members(f"{cls.__module__}.{cls.__qualname__}", members)
+    return sha256_hex(canonical_bytes({"class": text}))
+
+
+def _join_members(name: str, members: Iterable[tuple[str, str]]) -> str:
+    """One text from a class name and its methods' code texts (length-prefixed, rule 5)."""
+    return name + "".join(f"\n{m}:{len(t)}:{t}" for m, t in members)
+
+
+def _code_text(fn: Callable[..., Any]) -> str:
+    try:
+        return _normalised(inspect.getsource(fn))
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            return f"{type(fn).__module__}.{type(fn).__qualname__}"
+        return "bytecode:" + hashlib.sha256(canonical_bytes(_code_json(code))).hexdigest()
+
+
+def _normalised(source: str) -> str:
+    text = textwrap.dedent(source)
+    try:
+        return ast.dump(ast.parse(text))
+    except SyntaxError:  # a lambda's line cut out of an expression: hash the text itself
+        return text
+
+
+def _code_json(code: types.CodeType) -> dict[str, Any]:
+    return {
+        "bytecode": code.co_code.hex(),
+        "names": list(code.co_names),
+        "consts": [_const_json(c) for c in code.co_consts],
+    }
+
+
+def _const_json(value: Any) -> Any:
+    if isinstance(value, types.CodeType):
+        return _code_json(value)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return {"float": value.hex()}
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, tuple):
+        return [_const_json(v) for v in value]
+    if isinstance(value, frozenset):
+        items = [_const_json(v) for v in value]
+        return {"set": sorted(items, key=lambda v: canonical_bytes(v))}
+    return {"type": f"{type(value).__module__}.{type(value).__qualname__}"}
+
+
+def _bound_json(bound: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in bound.items():
+        try:
+            canonical_bytes(value)
+            out[str(key)] = value
+        except (CanonicalError, ValueError, TypeError):
+            out[str(key)] = {"$object": f"{type(value).__module__}.{type(value).__qualname__}"}
+    return out
+
+
+# -- the graph document ------------------------------------------------------------------------
+
+
+def graph_document(
+    graph: Graph,
+    entrypoint: str,
+    param_check: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """What a run records about the pipeline it ran.
+
+    Returns:
+        ``{"format": 1, "entrypoint": name, "nodes": {name: code sha256},
+        "transitions": [[src, dst, condition name, [keys read]], …] (Burr's order, which decides
+        which transition fires first), "param_check": sha256 | None}``; JSON-like.
+    """
+    transitions = [
+        [t.from_.name, t.to.name, t.condition.name, sorted(t.condition.reads)]
+        for t in graph.transitions
+    ]
+    return {
+        "format": GRAPH_FORMAT,
+        "entrypoint": entrypoint,
+        "nodes": {a.name: action_fingerprint(a) for a in graph.actions},
+        "transitions": transitions,
+        "param_check": None if param_check is None else callable_fingerprint(param_check),
+    }
+
+
+# -- comparison --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphDrift:
+    """How a re-imported pipeline differs from a recording, over what a fork touches.
+
+    Attributes:
+        structural: differences that change which nodes the fork runs, one sentence each (node
+            renamed, removed or inserted; transition added, removed or reordered; entrypoint
+            changed). A fork refuses them unless told to accept them.
+        code_changed: names of nodes the fork will execute whose code fingerprint differs from
+            the code that produced their recorded rows (allowed, labelled).
+        param_check_changed: the pipeline's ``param_check`` code differs.
+    """
+
+    structural: tuple[str, ...] = ()
+    code_changed: tuple[str, ...] = ()
+    param_check_changed: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.structural or self.code_changed or self.param_check_changed)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"structural": [...], "code_changed": [...], "param_check_changed": bool}``."""
+        return {
+            "structural": list(self.structural),
+            "code_changed": list(self.code_changed),
+            "param_check_changed": self.param_check_changed,
+        }
+
+
+def compare_graphs(
+    recorded: Mapping[str, Any],
+    current: Mapping[str, Any],
+    *,
+    inherited: Sequence[str],
+    resume_from: str | None,
+    produced_code: Mapping[str, str] | None = None,
+) -> GraphDrift:
+    """Compare a recorded graph document with the current pipeline's, for one fork.
+
+    Args:
+        recorded: the graph document the parent run recorded (:func:`graph_document`).
+        current: the re-imported pipeline's graph document.
+        inherited: names of the nodes the fork inherits (not executed): each must still exist.
+        resume_from: the last inherited node (Burr resumes after it), or None when the fork
+            starts at the first node (from the entrypoint).
+        produced_code: node name → fingerprint of the code that actually produced its recorded
+            row, where that differs from ``recorded`` (a fork's rows come from several runs).
+    Returns:
+        the drift; falsy when nothing the fork touches changed. A rename is a node gone and a
+        node new with identical code; renames anywhere in the graph are paired first so a
+        renamed inherited node reads as a rename, not as a removal.
+    """
+    rec_nodes: dict[str, str] = dict(recorded["nodes"]) | dict(produced_code or {})
+    cur_nodes: dict[str, str] = dict(current["nodes"])
+    gone = sorted(set(rec_nodes) - set(cur_nodes))
+    new = sorted(set(cur_nodes) - set(rec_nodes))
+    renames: dict[str, str] = {}
+    for old in gone:
+        match = next(
+            (n for n in new if n not in renames.values() and cur_nodes[n] == rec_nodes[old]), None
+        )
+        if match is not None:
+            renames[old] = match
+
+    def translate(name: str) -> str:
+        return renames.get(name, name)
+
+    rec_edges = [tuple(t[:3]) for t in recorded["transitions"]]
+    cur_edges = [tuple(t[:3]) for t in current["transitions"]]
+    structural: list[str] = []
+    if resume_from is None:
+        if translate(recorded["entrypoint"]) != current["entrypoint"]:
+            structural.append(
+                f"entrypoint changed from {recorded['entrypoint']!r} to {current['entrypoint']!r}"
+            )
+        rec_region = {recorded["entrypoint"]} | _reachable(rec_edges, recorded["entrypoint"])
+        cur_region = {current["entrypoint"]} | _reachable(cur_edges, current["entrypoint"])
+        rec_sources, cur_sources = rec_region, cur_region
+    else:
+        rec_region = _reachable(rec_edges, resume_from)
+        cur_region = _reachable(cur_edges, translate(resume_from))
+        rec_sources = rec_region | {resume_from}
+        cur_sources = cur_region | {translate(resume_from)}
+
+    touched = set(rec_region) | set(inherited) | ({resume_from} if resume_from else set())
+    for old, now in sorted(renames.items()):
+        if old in touched or now in cur_region:
+            where = " (inherited)" if old in inherited else ""
+            structural.append(f"node {old!r}{where} renamed to {now!r}")
+    removed = [n for n in sorted(touched) if n in gone and n not in renames]
+    inserted = [n for n in sorted(cur_region) if n in new and n not in renames.values()]
+    for n in removed:
+        where = "inherited node" if n in inherited else "node"
+        structural.append(f"{where} {n!r} removed")
+    for n in inserted:
+        before = sorted(s for s, d, _ in cur_edges if d == n and s in cur_sources)
+        after = f" after {', '.join(repr(b) for b in before)}" if before else ""
+        structural.append(f"node {n!r} inserted{after}")
+    structural.extend(
+        _transition_changes(
+            [(translate(s), translate(d), c) for s, d, c in rec_edges if s in rec_sources],
+            [e for e in cur_edges if e[0] in cur_sources],
+            removed=set(removed),
+            inserted=set(inserted),
+        )
+    )
+    executed = sorted({translate(n) for n in rec_region} & cur_region)
+    inverse = {v: k for k, v in renames.items()}
+    code_changed = tuple(
+        n for n in executed if rec_nodes.get(inverse.get(n, n), cur_nodes[n]) != cur_nodes[n]
+    )
+    return GraphDrift(
+        structural=tuple(structural),
+        code_changed=code_changed,
+        param_check_changed=recorded.get("param_check") != current.get("param_check"),
+    )
+
+
+def _reachable(edges: Sequence[tuple[Any, ...]], start: str) -> set[str]:
+    """Nodes reachable from ``start`` through at least one transition."""
+    seen: set[str] = set()
+    frontier = [start]
+    while frontier:
+        node = frontier.pop()
+        for src, dst, _ in edges:
+            if src == node and dst not in seen:
+                seen.add(dst)
+                frontier.append(dst)
+    return seen
+
+
+def _transition_changes(
+    recorded: Sequence[tuple[Any, ...]],
+    current: Sequence[tuple[Any, ...]],
+    *,
+    removed: set[str],
+    inserted: set[str],
+) -> list[str]:
+    """Sentences for transitions added, removed or reordered (per source node, Burr's order
+    decides which condition is checked first). A transition that only reflects a node removed
+    or inserted (``a → c`` now that ``b`` between them is gone) is already explained by it."""
+    skip = removed | inserted
+    rec = [e for e in recorded if e[0] not in skip and e[1] not in skip]
+    cur = [e for e in current if e[0] not in skip and e[1] not in skip]
+    out = [
+        f"transition {s!r} → {d!r} ({c}) removed"
+        for s, d, c in rec
+        if (s, d, c) not in cur and not _through(current, s, d, inserted)
+    ]
+    out += [
+        f"transition {s!r} → {d!r} ({c}) added"
+        for s, d, c in cur
+        if (s, d, c) not in rec and not _through(recorded, s, d, removed)
+    ]
+    for src in sorted({e[0] for e in rec}):
+        if [e for e in rec if e[0] == src and e in cur] != [
+            e for e in cur if e[0] == src and e in rec
+        ]:
+            out.append(f"transitions out of {src!r} reordered")
+    return out
+
+
+def _through(edges: Sequence[tuple[Any, ...]], src: str, dst: str, via: set[str]) -> bool:
+    """True when ``edges`` lead from ``src`` to ``dst`` through one or more ``via`` nodes."""
+    seen: set[str] = set()
+    frontier = [d for s, d, _ in edges if s == src and d in via]
+    while frontier:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for s, d, _ in edges:
+            if s == node and d == dst:
+                return True
+            if s == node and d in via:
+                frontier.append(d)
+    return False
