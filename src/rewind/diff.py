@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewind.canonical import canonical_json
-from rewind.serde import display, encode
+from rewind.serde import UnstorableValue, display, encode
 
 __all__ = [
     "FieldChange",
@@ -319,7 +319,7 @@ def _same_document(old: Any, new: Any) -> bool:
     """Equal as stored: the same exact document (what the hash covers), else `==`."""
     try:
         return canonical_json(encode(old)) == canonical_json(encode(new))
-    except ValueError:  # not storable (UnstorableValue, CanonicalError): fall back to ==
+    except (ValueError, UnstorableValue):  # not storable (or CanonicalError): fall back to ==
         try:
             return bool(old == new)
         except ValueError:  # e.g. numpy's ambiguous truth value
@@ -550,7 +550,7 @@ def _item_key(value: Any) -> Any:
     if kind.startswith("py:"):
         try:
             return (kind, canonical_json(encode(value)))
-        except ValueError:
+        except (ValueError, UnstorableValue):
             pass
     hash(value)
     return (kind, value)

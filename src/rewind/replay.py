@@ -368,13 +368,6 @@ class Rewind:
         validate_override(nodes, idx, override, node_inputs=self.node_runtime_inputs)
         pipeline = self.pipeline_of(parent)
         self.check_param(parent, nodes, idx, override)
-        recorded = Launch.from_json(parent.launch)
-        launch = plan_launch(
-            pipeline,
-            inputs=recorded.inputs,
-            halt_after=recorded.halt_after,
-            halt_before=recorded.halt_before,
-        )
         current_graph = pipeline.graph_document()
         drift = self.check_drift(
             parent,
@@ -383,6 +376,13 @@ class Rewind:
             current_graph,
             output_override=isinstance(override, OutputOverride),
             allow_code_change=allow_code_change,
+        )
+        recorded = Launch.from_json(parent.launch)
+        launch = plan_launch(
+            pipeline,
+            inputs=recorded.inputs,
+            halt_after=recorded.halt_after,
+            halt_before=recorded.halt_before,
         )
         child_id = new_run_id or new_run_id_default()
         builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
