@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rewind.canonical import canonical_bytes
@@ -50,6 +49,7 @@ from rewind.replay import (
     validate_override,
 )
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import inert
 
 __all__ = [
     "NodeStability",
@@ -477,11 +477,11 @@ def render_stability(report: StabilityReport, console: Console) -> None:
     if report.override:
         o = report.override
         name = o.get("param") or o.get("field")
-        change = escape(f" · {o['node']}.{name}={json.dumps(o['value'])}")
+        change = inert(f" · {o['node']}.{name}={json.dumps(o['value'])}")
     t = Table(
         title=(
-            f"stability of {report.run_id[:12]} from node {report.from_number} "
-            f"({report.from_node}) · K={report.k}{change}"
+            f"stability of {inert(report.run_id[:12])} from node {report.from_number} "
+            f"({inert(report.from_node)}) · K={report.k}{change}"
         ),
         title_justify="left",
     )
@@ -494,19 +494,19 @@ def render_stability(report: StabilityReport, console: Console) -> None:
         marker = " ◀ first spread" if n is first else ""
         t.add_row(
             str(report.from_number + n.index),
-            n.label,
+            inert(n.label),
             ("[green]yes[/]" if n.stable else "[dark_orange]no[/]") + marker,
             str(n.distinct) + ("" if n.completed == report.k else f" ({report.k - n.completed}∅)"),
             f"{n.modal_count}/{report.k} ({n.modal_share:.0%})",
             (n.modal_hash or "—")[:16],
             "=" if n.matches_parent else "≠",
-            n.determinism,
+            inert(n.determinism),
         )
     console.print(t)
     console.print(
         f"stable share: [bold]{report.stable_nodes}/{len(report.nodes)}[/] nodes "
         f"({report.stable_share:.0%}) · first spread: "
-        + (f"node {report.from_number + first.index} {first.label}" if first else "none")
+        + (f"node {report.from_number + first.index} {inert(first.label)}" if first else "none")
         + f" · {report.tokens} tokens · {report.wall_ms / 1000:.1f} s"
     )
     failures: dict[str, list[str]] = {}
@@ -515,11 +515,11 @@ def render_stability(report: StabilityReport, console: Console) -> None:
             failures.setdefault(s.error or s.status, []).append(s.run_id[:12])
     for error, runs in failures.items():
         console.print(
-            f"[dark_orange]{len(runs)}/{report.k} samples failed[/] ({', '.join(runs)}): "
-            + escape(error)
+            f"[dark_orange]{len(runs)}/{report.k} samples failed[/] ({inert(', '.join(runs))}): "
+            + inert(error)
         )
     if report.path is not None:
-        console.print(f"report: {report.path}")
+        console.print(f"report: {inert(report.path)}")
 
 
 def stability_command(
@@ -556,7 +556,8 @@ def stability_command(
 
             def progress(i: int, run: RunRecord) -> None:
                 err.print(
-                    f"  sample {i + 1}/{k}: {run.run_id[:12]} {run.status} · {run.tokens} tok · "
+                    f"  sample {i + 1}/{k}: {inert(run.run_id[:12])} {run.status} · "
+                    f"{run.tokens} tok · "
                     f"{run.latency_ms / 1000:.1f} s"
                 )
 
