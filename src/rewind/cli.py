@@ -24,10 +24,12 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from rewind.canonical import canonical_bytes
 from rewind.diff import TrajectoryDiff
-from rewind.errors import InvalidOverride, RewindError
+from rewind.errors import InvalidOverride, RewindError, StoreError
 from rewind.replay import Override, Rewind, load_pipeline, parse_override
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import InertLogFormatter, inert, json_text, visible
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
@@ -40,28 +42,85 @@ app = typer.Typer(
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
-StoreOpt = Annotated[
-    str,
-    typer.Option("--store", envvar="REWIND_STORE", help="Store folder, .db file or database URL."),
-]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+STORE_ENV = "REWIND_STORE"
 
-_state: dict[str, str] = {"store": DEFAULT_STORE}
+_state: dict[str, str | None] = {"store": None}
+
+
+def _take_store(value: str | None) -> str | None:
+    if value is not None:
+        _state["store"] = value
+    return value
+
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        callback=_take_store,
+        help=f"Store folder, .db file or database URL (default {DEFAULT_STORE}, or ${STORE_ENV}); "
+        "accepted before or after the command.",
+        show_default=False,
+    ),
+]
 
 
 @app.callback()
-def _root(store: StoreOpt = DEFAULT_STORE) -> None:
+def _root(store: StoreOpt = None) -> None:
     _state["store"] = store
 
 
+# Click's usage error (unknown option, a value of the wrong type): Typer ≥ 0.20 raises it from its
+# own copy of Click, older Typer from Click itself; typer.BadParameter derives from it in both.
+_UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+def _store() -> str:
+    """The store location: ``--store`` (before or after the command), else ``$REWIND_STORE``,
+    else ``.rewind``.
+
+    Raises:
+        StoreError: ``REWIND_STORE`` is set but empty (Click would silently ignore it, and the
+            command would use another store than the user meant).
+    """
+    if _state["store"] is not None:
+        return _state["store"]
+    env = os.environ.get(STORE_ENV)
+    if env is None:
+        return DEFAULT_STORE
+    if not env.strip():
+        raise StoreError(
+            f"the environment variable {STORE_ENV} is set but empty",
+            f"set it to a store folder, .db file or URL, or unset it (default {DEFAULT_STORE})",
+        )
+    return env
+
+
 def main() -> None:
-    """Entry point of the ``rewind`` console script."""
+    """Entry point of the ``rewind`` console script.
+
+    Exit status: 0 done; 1 a run, replay or check failed (or another failure the command
+    reports); 2 bad input — one ``error:`` line on stderr saying what is wrong and how to fix
+    it, nothing written to the store; 130 interrupted.
+    """
     logging.getLogger("burr").setLevel(logging.CRITICAL)
+    _log_inertly()
     # SIGTERM (timeout, kill) unwinds like Ctrl-C: the run is marked interrupted and the
     # embedded model server is stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # `rewind` (or `rewind otel`) alone: Typer printed the help while raising this.
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        _fail(_usage_error(exc))
+    except typer.Abort:  # Click turns Ctrl-C while parsing or prompting into Abort
+        err_console.print("[bold red]interrupted[/]")
+        raise SystemExit(130) from None
     except RewindError as exc:
         _fail(exc)
     except SQLAlchemyError as exc:
@@ -71,6 +130,22 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/] — the run in progress is marked interrupted")
         raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Any) -> RewindError:
+    """Click's usage error (unknown option, a value of the wrong type...) as Rewind's one line."""
+    command = exc.ctx.command_path if exc.ctx is not None else "rewind"
+    return InvalidOverride(exc.format_message().rstrip("."), f"see `{command} --help`")
+
+
+def _log_inertly() -> None:
+    """Log lines (warnings and errors of Rewind and its libraries) reach stderr through
+    :class:`rewind.terminal.InertLogFormatter`, like the lines Python prints without a handler."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(InertLogFormatter("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -84,22 +159,30 @@ def _fail(exc: RewindError) -> None:
     run_id = getattr(exc, "run_id", None)
     if run_id:
         # Not bad input: the run started and was recorded as failed at that node.
-        err_console.print(f"(run {run_id} was recorded as failed; `rewind show {run_id[:12]}`)")
+        err_console.print(
+            f"(run {inert(run_id)} was recorded as failed; `rewind show {inert(run_id[:12])}`)"
+        )
         raise SystemExit(1)
     raise SystemExit(EXIT_BAD_INPUT)
 
 
 @contextmanager
-def _session(store: str | None = None, *, model: bool = True) -> Iterator[Rewind]:
+def _session(
+    store: str | None = None, *, model: bool = True, read_only: bool = False
+) -> Iterator[Rewind]:
+    """A :class:`Rewind` on the command's store; ``read_only`` for commands that only read (the
+    store is then neither created nor written, so it may live on read-only media)."""
     from rewind.session import LazyChatClient
+    from rewind.store import open_store
 
+    opened = open_store(store or _store(), read_only=read_only)
     client = LazyChatClient() if model else None
     if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
         err_console.print(
             "[yellow]warning:[/] REWIND_MODEL is set but REWIND_BASE_URL is not, so the embedded "
             "model is used; set REWIND_BASE_URL too, or unset REWIND_MODEL"
         )
-    rw = Rewind(store or _state["store"], chat_client=client, on_event=_Progress().on_event)
+    rw = Rewind(opened, chat_client=client, on_event=_Progress().on_event)
     try:
         yield rw
     except RewindError as exc:
@@ -121,11 +204,13 @@ class _Progress:
         if not sys.stderr.isatty() and event == "node_started":
             return
         if event == "node_started":
-            self._status(f"node {payload['position'] + 1} [bold]{payload['name']}[/] running…")
+            self._status(
+                f"node {payload['position'] + 1} [bold]{inert(payload['name'])}[/] running…"
+            )
         elif event == "node_finished":
             self._status(None)
             err_console.print(
-                f"  {payload['position'] + 1:>2} {payload['name']:<10} "
+                f"  {payload['position'] + 1:>2} {inert(payload['name']):<10} "
                 f"{_outcome(payload['outcome'], payload['reason'])}  "
                 f"{payload['tokens']:>5} tok  {payload['latency_ms']:>8.1f} ms"
             )
@@ -152,7 +237,7 @@ def _outcome(outcome: str, reason: str) -> str:
         "override": "magenta",
     }.get(outcome, "white")
     label = outcome if reason in ("", outcome, "hit") else f"{outcome}:{reason}"
-    return f"[{colour}]{label:<17}[/]"
+    return f"[{colour}]{inert(label):<17}[/]"
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -213,7 +298,7 @@ def _node_json(n: NodeRecord) -> dict[str, Any]:
 
 
 def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=inert(title), title_justify="left")
     t.add_column("#", justify="right")
     t.add_column("node", no_wrap=True, min_width=8)
     t.add_column("outcome", no_wrap=True)
@@ -227,7 +312,7 @@ def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
     for n in nodes:
         row = [
             str(n.position + 1),
-            n.name,
+            inert(n.name),
             _outcome(n.cache_outcome, n.cache_reason),
             str(n.tokens),
             f"{n.latency_ms:.1f}",
@@ -235,18 +320,21 @@ def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
             "" if n.determinism == "deterministic" else n.determinism,
         ]
         if errors:
-            row.append(n.error or "")
+            row.append(inert(n.error or ""))
         t.add_row(*row)
     return t
 
 
 def _run_summary(run: RunRecord) -> str:
-    parts = [f"run [bold]{run.run_id}[/] ({run.pipeline}) {run.status}", f"{run.tokens} tokens"]
+    parts = [
+        f"run [bold]{inert(run.run_id)}[/] ({inert(run.pipeline)}) {inert(run.status)}",
+        f"{run.tokens} tokens",
+    ]
     if run.parent_run_id:
         change = _override_text(run.override) if run.override else "no override (unchanged replay)"
-        parts.append(f"fork of {run.parent_run_id[:12]} at {run.fork_node}: {change}")
+        parts.append(f"fork of {inert(run.parent_run_id[:12])} at {inert(run.fork_node)}: {change}")
     if run.error:
-        parts.append(f"[red]{run.error}[/]")
+        parts.append(f"[red]{inert(run.error)}[/]")
     return " · ".join(parts)
 
 
@@ -254,11 +342,11 @@ def _override_text(override: dict[str, Any]) -> str:
     name = override.get("param") or override.get("field")
     value = json.dumps(override.get("value"))
     kind = "param" if override.get("kind") == "param" else "output"
-    return f"{kind} {override['node']}.{name}={value[:60]}"
+    return inert(f"{kind} {override['node']}.{name}={value[:60]}")
 
 
 def _print_diff(d: TrajectoryDiff) -> None:
-    t = Table(title=f"diff {d.run_a[:12]} → {d.run_b[:12]}", title_justify="left")
+    t = Table(title=inert(f"diff {d.run_a[:12]} → {d.run_b[:12]}"), title_justify="left")
     for col in ("#", "node", "status", "hash", "tokens Δ", "changed fields"):
         t.add_column(col)
     for nd in d.nodes:
@@ -269,11 +357,11 @@ def _print_diff(d: TrajectoryDiff) -> None:
         inherited = nd.b is not None and nd.b.outcome == "inherited"
         t.add_row(
             str(nd.index + 1),
-            nd.name,
+            inert(nd.name),
             f"[{colour}]{nd.status}[/]{marker}",
             "=" if nd.hash_equal else "≠",
             "inherited" if inherited else f"{nd.token_delta:+d}",
-            shown,
+            inert(shown),
         )
     console.print(t)
     first = d.first_divergence
@@ -281,22 +369,25 @@ def _print_diff(d: TrajectoryDiff) -> None:
         console.print("[green]no divergence: every node output is equal[/]")
         return
     console.print(
-        f"first divergence: node {first.index + 1} [bold]{first.name}[/] "
+        f"first divergence: node {first.index + 1} [bold]{inert(first.name)}[/] "
         f"({len(first.changes)} changed field{'s' if len(first.changes) != 1 else ''})"
     )
     shown_changes = _headline_first(first.changes)[:DIFF_LINES]
     for c in shown_changes:
         if c.text_diff:
-            console.print(f"  {c.path}:\n{c.text_diff}", markup=False)
+            console.print(
+                f"  {visible(c.path)}:\n{visible(c.text_diff, multiline=True)}", markup=False
+            )
         else:
             old, new = _short(c.old), _short(c.new)
-            console.print(f"  {c.path or '(value)'}: {old} → {new} ({c.kind})", markup=False)
+            line = f"  {c.path or '(value)'}: {old} → {new} ({c.kind})"
+            console.print(visible(line), markup=False)
     if len(first.changes) > len(shown_changes):
         more = len(first.changes) - len(shown_changes)
         console.print(f"  … and {more} more (rewind diff A B --json lists every change)")
     executed_b = sum(n.b.tokens for n in (x for x in d.nodes) if n.b and n.b.outcome != "inherited")
     console.print(
-        f"tokens spent: {d.run_a[:12]} {d.tokens_a} · {d.run_b[:12]} {d.tokens_b} "
+        f"tokens spent: {inert(d.run_a[:12])} {d.tokens_a} · {inert(d.run_b[:12])} {d.tokens_b} "
         f"(its executed nodes: {executed_b}; inherited nodes cost nothing)"
     )
 
@@ -328,12 +419,14 @@ def demo(
         Path | None, typer.Option(help="CSV to analyse (default: Seattle weather).")
     ] = None,
     question: Annotated[str | None, typer.Option(help="Question to answer.")] = None,
+    store: StoreOpt = None,
 ) -> None:
     """Record the 8-node research pipeline, fork it at node 3, replay unchanged, and diff."""
     from rewind.demo import run_demo
 
+    _demo_state(csv, question)  # validate before the store is opened
     with _session() as rw:
-        console.print(f"store: {rw.store.root}")
+        console.print(f"store: {inert(rw.store.root)}")
         stages = {
             "record": "1/4 recording the research pipeline with the model (takes a minute)…",
             "fork": "2/4 forking at node 3 (analyse) with one param changed (effects: live, so "
@@ -341,7 +434,6 @@ def demo(
             "replay": "3/4 unchanged replay from node 3…",
             "diff": "4/4 diffing…",
         }
-        _demo_state(csv, question)  # validate before anything is recorded
         rw.chat_client.open()
         result = run_demo(
             rw, csv_path=csv, question=question, on_stage=lambda s: console.print(stages[s])
@@ -378,7 +470,7 @@ def _print_proof(rw: Rewind, result: Any) -> None:
     for claim, value, passed in rows:
         t.add_row(claim, value, ok if passed else bad)
     console.print(t)
-    console.print(f"artifact: {arts[parent.run_id][0]['path']}")
+    console.print(f"artifact: {inert(arts[parent.run_id][0]['path'])}")
 
 
 @app.command()
@@ -390,6 +482,7 @@ def run(
     ] = None,
     state: Annotated[str | None, typer.Option(help="Initial state JSON (with --pipeline).")] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Record one run (the demo research pipeline unless --pipeline is given)."""
     from rewind.examples import research
@@ -398,28 +491,76 @@ def run(
         raise InvalidOverride("--csv and --question belong to the demo pipeline", "drop them")
     if state is not None and not pipeline:
         raise InvalidOverride("--state needs --pipeline", "pass --pipeline module:attribute")
+    # Everything the user typed is checked before the store is opened: bad input writes nothing.
+    if pipeline:
+        p = load_pipeline(pipeline)
+        initial = _initial_state(state)
+    else:
+        p = research.build()
+        initial = _demo_state(csv, question)
     with _session() as rw:
-        if pipeline:
-            p = load_pipeline(pipeline)
-            try:
-                initial = json.loads(state or "{}")
-            except json.JSONDecodeError as exc:
-                raise InvalidOverride(
-                    f"--state is not valid JSON: {exc.msg}", "pass a JSON object"
-                ) from exc
-            if not isinstance(initial, dict):
-                raise InvalidOverride(
-                    "--state must be a JSON object (field → value)", "e.g. --state '{\"x\": 5}'"
-                )
-        else:
-            p = research.build()
-            initial = _demo_state(csv, question)
+        if not pipeline:
             rw.chat_client.open()  # fail before recording anything if the model is unreachable
         model = rw.chat_client.endpoint.model if rw.chat_client is not None else None
         result = rw.record(p, initial, config={"model": model})
         _show_run(rw, result, as_json)
         if result.status != "completed":
             raise SystemExit(1)
+
+
+def _initial_state(text: str | None) -> dict[str, Any]:
+    """``--state`` as the initial state: a JSON object whose values Rewind can hash.
+
+    Raises:
+        InvalidOverride: not JSON, not an object, nested too deeply, or holding NaN/±Infinity
+            (Python's JSON accepts them; canonical hashing refuses them, DESIGN rule 2).
+    """
+    try:
+        initial = json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        raise InvalidOverride(
+            f"--state is not valid JSON: {exc.msg}", "pass a JSON object"
+        ) from exc
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
+        raise InvalidOverride(f"--state cannot be read: {exc}", "pass a JSON object") from exc
+    except RecursionError:
+        raise InvalidOverride(
+            "--state is nested too deeply", "pass a flatter JSON object"
+        ) from None
+    if not isinstance(initial, dict):
+        raise InvalidOverride(
+            "--state must be a JSON object (field → value)", "e.g. --state '{\"x\": 5}'"
+        )
+    try:
+        canonical_bytes(initial)
+    except ValueError as exc:  # CanonicalError: NaN/Infinity, a lone surrogate
+        raise InvalidOverride(
+            f"--state cannot be recorded: {str(exc).split(';')[0]}",
+            "use plain JSON values there (null, a finite number, a string)",
+        ) from exc
+    except RecursionError:
+        raise InvalidOverride(
+            "--state is nested too deeply", "pass a flatter JSON object"
+        ) from None
+    return initial
+
+
+MAX_COUNT = 1_000_000_000
+"""Largest --limit/--examples/-k/--workers accepted (SQLite's LIMIT is a signed 64-bit int;
+nothing Rewind lists or runs comes near a billion)."""
+
+
+def _count(option: str, value: int, low: int = 1, high: int = MAX_COUNT) -> int:
+    """``value`` if ``low <= value <= high``.
+
+    Raises:
+        InvalidOverride: out of range (a huge --limit made SQLite raise OverflowError).
+    """
+    if not low <= value <= high:
+        raise InvalidOverride(
+            f"{option} {value} is out of range", f"pass a whole number from {low} to {high:_}"
+        )
+    return value
 
 
 def _demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
@@ -437,28 +578,30 @@ def _demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
 def runs(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 50,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """List recorded runs, newest first."""
-    with _session(model=False) as rw:
+    _count("--limit", limit)
+    with _session(model=False, read_only=True) as rw:
         items = rw.store.list_runs(limit)
         if as_json:
             _emit_json([_run_json(r) for r in items])
             return
-        t = Table(title=f"runs in {rw.store.root}", title_justify="left")
+        t = Table(title=f"runs in {inert(rw.store.root)}", title_justify="left")
         for col in ("run", "pipeline", "status", "tokens", "parent", "fork", "created"):
             t.add_column(col)
         for r in items:
             fork = (
-                f"{r.fork_node}: {_override_text(r.override)}"
+                f"{inert(r.fork_node)}: {_override_text(r.override)}"
                 if r.override
-                else (f"{r.fork_node} (replay)" if r.fork_node else "")
+                else (f"{inert(r.fork_node)} (replay)" if r.fork_node else "")
             )
             t.add_row(
-                r.run_id[:12],
-                r.pipeline,
-                r.status,
+                inert(r.run_id[:12]),
+                inert(r.pipeline),
+                inert(r.status),
                 str(r.tokens),
-                (r.parent_run_id or "")[:12],
+                inert((r.parent_run_id or "")[:12]),
                 fork,
                 time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
             )
@@ -472,11 +615,12 @@ def show(
         str | None, typer.Option(help="Show one node's input, output and state.")
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Show a run's nodes: outcome and reason, tokens, latency, hashes."""
     from rewind.replay import resolve_node
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         r = rw.store.get_run(run_id)
         if node is None:
             _show_run(rw, r, as_json)
@@ -492,7 +636,7 @@ def show(
         if as_json:
             _emit_json(detail)
         else:
-            console.print_json(json.dumps(_abridge(detail), default=str))
+            console.print(json_text(_abridge(detail)), soft_wrap=True)
             console.print("[dim](long values abridged; --json prints everything)[/]")
 
 
@@ -516,7 +660,9 @@ def _show_run(rw: Rewind, r: RunRecord, as_json: bool) -> None:
     console.print(_nodes_table(nodes, f"run {r.run_id}"))
     console.print(_run_summary(r))
     for art in rw.store.artifacts_of(r.run_id):
-        console.print(f"artifact {art['name']}: {art['path']} (sha256 {art['sha256'][:16]})")
+        console.print(
+            f"artifact {inert(art['name'])}: {inert(art['path'])} (sha256 {art['sha256'][:16]})"
+        )
 
 
 @app.command()
@@ -535,6 +681,7 @@ def fork(
         typer.Option(help="Side-effecting calls: recorded (serve the record), dry-run, or live."),
     ] = "recorded",
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream."""
     specs = [(s, False) for s in set_ or []] + [(s, True) for s in set_output or []]
@@ -558,9 +705,9 @@ def fork(
                 node = d.first_divergence
                 err_console.print(
                     f"[yellow]warning:[/] this unchanged replay diverged at node "
-                    f"{node.index + 1} ({node.name}): something it does is not routed through "
-                    "rewind.tool / rewind.calls.chat (time, randomness, a live service), or the "
-                    "model differs from the recorded one"
+                    f"{node.index + 1} ({inert(node.name)}): something it does is not routed "
+                    "through rewind.tool / rewind.calls.chat (time, randomness, a live service), "
+                    "or the model differs from the recorded one"
                 )
         if child.status != "completed":
             raise SystemExit(1)
@@ -571,8 +718,8 @@ def _warn_model_change(rw: Rewind, run_id: str) -> None:
     current = rw.chat_client.endpoint.model if rw.chat_client is not None else None
     if recorded and current and recorded != current:
         err_console.print(
-            f"[yellow]warning:[/] the run was recorded with model {recorded!r} but the current "
-            f"endpoint serves {current!r}: its LLM calls will miss the cache"
+            f"[yellow]warning:[/] the run was recorded with model {inert(repr(recorded))} but the "
+            f"current endpoint serves {inert(repr(current))}: its LLM calls will miss the cache"
         )
 
 
@@ -581,9 +728,10 @@ def diff(
     run_a: Annotated[str, typer.Argument(help="First run (id or prefix).")],
     run_b: Annotated[str, typer.Argument(help="Second run (id or prefix).")],
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Field-level diff of two runs: per node equal/changed, changed paths, first divergence."""
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         d = rw.diff(run_a, run_b)
         if as_json:
             _emit_json(d.to_json())
@@ -603,13 +751,14 @@ def audit(
         ),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Effect-equivalence audit: one verdict per side-effecting call (exit 0 only if all are
     faithful)."""
     from rewind.audit import audit_command
 
     try:
-        code = audit_command(_state["store"], run_id, against, as_json)
+        code = audit_command(_store(), run_id, against, as_json, read_only=True)
     except RewindError as exc:
         _fail(exc)
     raise SystemExit(code)
@@ -633,6 +782,7 @@ def stability_cmd(
         typer.Option(help="Sample the first LLM node from --from on at this temperature."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Run a branch K times live (caches neither read nor written) and report per-node hash
     spread: distinct hashes, modal share, first spread, stable share. Exit 0 when every node is
@@ -641,7 +791,7 @@ def stability_cmd(
 
     try:
         code = stability_command(
-            _state["store"], run_id, k, from_node, set_ or [], as_json, temperature=temperature
+            _store(), run_id, k, from_node, set_ or [], as_json, temperature=temperature
         )
     except RewindError as exc:
         _fail(exc)
@@ -663,6 +813,7 @@ def grid_cmd(
         typer.Option(help="Side-effecting calls: live (default), recorded, or dry-run."),
     ] = "live",
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Fork a run at one node N ways (one --set per variant), run the variants concurrently, and
     print the node × variant matrix, first divergences and artifact changes. Exit 1 when a
@@ -670,9 +821,7 @@ def grid_cmd(
     from rewind.grid import grid_command
 
     try:
-        code = grid_command(
-            _state["store"], run_id, at, set_ or [], workers, as_json, effects=effects
-        )
+        code = grid_command(_store(), run_id, at, set_ or [], workers, as_json, effects=effects)
     except RewindError as exc:
         _fail(exc)
     if code:
@@ -689,11 +838,12 @@ def serve(
         str | None, typer.Option(envvar="REWIND_TOKEN", help="Bearer token for every request.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Runs that may execute at once.")] = 2,
+    store: StoreOpt = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) and the browser UI at /."""
     from rewind.api.command import serve as serve_api
 
-    serve_api(_state["store"], host, port, token, workers=workers)
+    serve_api(_store(), host, port, token, workers=workers)
 
 
 @app.command()
@@ -723,7 +873,7 @@ def verify(
         t.add_column(col)
     for c in checks:
         verdict = "[green]PASS[/]" if c.passed else "[red]FAIL[/]"
-        t.add_row(str(c.number), c.claim, verdict, c.detail)
+        t.add_row(str(c.number), c.claim, verdict, inert(c.detail))
     console.print(t)
     passed = sum(c.passed for c in checks)
     console.print(f"{passed}/{len(checks)} checks passed")
@@ -747,6 +897,7 @@ def replay_trace_cmd(
         typer.Option("--set", help="One change: input.FIELD=VALUE or STEP.PARAM=VALUE."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Replay a traced chain with its recorded LLM answers and one change; diff the two."""
     from rewind.tracing import commands
@@ -767,11 +918,12 @@ def inspect_cmd(
         typer.Option("--setting", help="Override a threshold: name=value (slow_llm_ms=5000)."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Findings per step (severity, message, suggestion) of a trace or run."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.inspect_command(
             rw, trace, step, settings=setting, as_json=as_json, console=console
         )
@@ -789,11 +941,12 @@ def failures_cmd(
     limit: Annotated[int, typer.Option(help="How many of the newest traces to analyse.")] = 1000,
     examples: Annotated[int, typer.Option(help="Example trace ids per pattern.")] = 5,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Failure patterns across traces and runs: counts, example ids, suggested fixes."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.failures_command(
             rw,
             since=since,
@@ -812,11 +965,12 @@ def failures_cmd(
 def root_cause_cmd(
     trace: Annotated[str, typer.Argument(help="Trace or run id (or a unique prefix).")],
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Why a trace or run failed: failing step, its input, earlier steps, fixes, fork command."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.root_cause_command(rw, trace, as_json=as_json, console=console)
     raise typer.Exit(code)
 
@@ -824,6 +978,7 @@ def root_cause_cmd(
 @app.command("debug")
 def debug_cmd(
     run: Annotated[str, typer.Argument(help="Run or trace id (or a unique prefix).")],
+    store: StoreOpt = None,
 ) -> None:
     """Step through a recorded run or trace (commands from stdin when it is not a terminal)."""
     from rewind.tracing import commands
@@ -851,11 +1006,12 @@ def otel_export_cmd(
     ] = None,
     service_name: Annotated[str, typer.Option(help="The exported service.name.")] = "rewind",
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Export runs and traces as OTel spans (GenAI semantic conventions)."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.otel_export_command(
             rw,
             runs,
@@ -873,6 +1029,7 @@ def otel_export_cmd(
 def otel_import_cmd(
     file: Annotated[Path, typer.Argument(help="OTLP/JSON file (one request, or one per line).")],
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Import OTLP/JSON traces (trace ids kept) so they can be inspected, analysed, diffed."""
     from rewind.tracing import commands

@@ -100,6 +100,13 @@ def load_pipeline(ref: str) -> Pipeline:
             f"pipeline reference {ref!r} is not module:attribute",
             "e.g. --pipeline myapp.pipelines:pipeline",
         )
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        # import_module would take "../x" as a relative import and raise a TypeError.
+        raise RewindError(
+            f"pipeline reference {ref!r}: {module_name!r} is not a module name",
+            "name a dotted module (myapp.pipelines:pipeline), not a file path; run from the "
+            "folder that contains it or put that folder on PYTHONPATH",
+        )
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # like `python -m`: the current folder's modules import
     try:
@@ -108,6 +115,12 @@ def load_pipeline(ref: str) -> Pipeline:
         raise RewindError(
             f"cannot import pipeline {ref!r}: {exc}",
             "make the module importable (installed or on PYTHONPATH)",
+        ) from exc
+    except Exception as exc:  # the module itself raised (or has a syntax error) on import
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise RewindError(
+            f"importing pipeline {ref!r} raised {type(exc).__name__}: {first}",
+            "fix the module so it imports (python -c 'import MODULE' shows the traceback)",
         ) from exc
     if callable(obj) and not isinstance(obj, Pipeline):
         obj = obj()
@@ -669,9 +682,21 @@ def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> 
         UnknownNode: no such node in the run.
         ForkError: the run failed before reaching that node.
     """
+    if not nodes:
+        # A run whose process died (or that was stopped) before its first node finished: "has
+        # no node number 1" would send the user hunting for a node that was never recorded.
+        why = {
+            "interrupted": ": it was interrupted before its first node finished",
+            "failed": ": it failed before its first node finished",
+            "running": ": it is still running",
+        }.get(run.status, f" ({run.status})")
+        raise ForkError(
+            f"run {run.run_id[:12]} recorded no nodes{why}",
+            "record it again (rewind run …), or pick a run that has nodes (rewind runs)",
+        )
     names = [n.name for n in nodes]
-    listing = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(names)) or "none"
-    if isinstance(at, int) or (isinstance(at, str) and at.strip().isdigit()):
+    listing = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(names))
+    if isinstance(at, int) or (isinstance(at, str) and at.strip().isdecimal()):
         number = int(at)
         if 1 <= number <= len(nodes):
             return number - 1
