@@ -62,6 +62,7 @@ from rewind.effects import FileTree, Fingerprinter, HttpResource, SQLiteTable
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
+from rewind.terminal import console as make_console
 from rewind.terminal import inert
 
 if TYPE_CHECKING:
@@ -895,7 +896,6 @@ def audit_command(
     Raises:
         UnknownRun: the run or the reference does not exist (the CLI turns it into exit 2).
     """
-    from rich.console import Console
 
     from rewind.replay import Rewind
     from rewind.store import open_store
@@ -908,7 +908,7 @@ def audit_command(
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     else:
-        console = Console(highlight=False)
+        console = make_console()
         console.print(render_audit(report))
         for v in report.verdicts:
             if v.dependents:

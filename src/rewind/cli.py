@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -30,6 +29,7 @@ from rewind.errors import InvalidOverride, RewindError, StoreError
 from rewind.replay import Override, Rewind, load_pipeline, parse_override
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import InertLogFormatter, inert, json_text, visible
+from rewind.terminal import console as make_console
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
@@ -39,8 +39,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Rewind: record, fork, replay and diff LLM agent runs (Apache Burr).",
 )
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = make_console()
+err_console = make_console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 STORE_ENV = "REWIND_STORE"
@@ -789,6 +789,7 @@ def stability_cmd(
     stable, 1 when some node spread."""
     from rewind.stability import stability_command
 
+    _count("-k", k)
     try:
         code = stability_command(
             _store(), run_id, k, from_node, set_ or [], as_json, temperature=temperature
@@ -820,6 +821,7 @@ def grid_cmd(
     variant failed."""
     from rewind.grid import grid_command
 
+    _count("--workers", workers)
     try:
         code = grid_command(_store(), run_id, at, set_ or [], workers, as_json, effects=effects)
     except RewindError as exc:
@@ -946,6 +948,8 @@ def failures_cmd(
     """Failure patterns across traces and runs: counts, example ids, suggested fixes."""
     from rewind.tracing import commands
 
+    _count("--limit", limit)
+    _count("--examples", examples, low=0)
     with _session(model=False, read_only=True) as rw:
         code = commands.failures_command(
             rw,

@@ -56,6 +56,7 @@ from rewind.replay import (
 )
 from rewind.stability import merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import console as make_console
 from rewind.terminal import inert
 
 __all__ = [
@@ -804,8 +805,8 @@ def grid_command(
     """
     from rewind.session import command_session, error_line
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
 
     def progress(v: VariantResult) -> None:
         err.print(

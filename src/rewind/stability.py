@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 import uuid
 from collections import Counter
@@ -49,6 +50,7 @@ from rewind.replay import (
     validate_override,
 )
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import console as make_console
 from rewind.terminal import inert
 
 __all__ = [
@@ -445,7 +447,7 @@ def save_report(root: Path, kind: str, run_id: str, batch: str, body: dict[str, 
     from rewind.errors import StoreError
 
     folder = Path(root) / REPORTS_DIR
-    path = folder / f"{kind}-{run_id[:12]}-{batch}.json"
+    path = folder / f"{kind}-{_file_part(run_id)}-{batch}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
@@ -465,7 +467,13 @@ def saved_reports(root: Path, kind: str = "stability", run_id: str = "") -> list
     folder = Path(root) / REPORTS_DIR
     if not folder.is_dir():
         return []
-    return sorted(folder.glob(f"{kind}-{run_id[:12]}*.json"))
+    return sorted(folder.glob(f"{kind}-{_file_part(run_id)}*.json"))
+
+
+def _file_part(run_id: str) -> str:
+    """The first 12 characters of a run id, safe in a file name and a glob pattern: a run id is
+    any string a user or a trace chose (``/``, ``[``, control characters), not always a uuid."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id[:12])
 
 
 # -- rendering and the CLI entry -------------------------------------------------------------
@@ -543,8 +551,8 @@ def stability_command(
     """
     from rewind.session import command_session, error_line
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
     try:
         if len(set_) > 1:
             raise InvalidOverride(

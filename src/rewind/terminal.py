@@ -10,8 +10,10 @@ terminal, so it can never change how anything else on the screen is rendered:
 
 - :func:`visible` writes every control, bidi and invisible formatting character as an escape
   (``\\u001b``, ``\\r``, ``\\u202e``), in the notation JSON uses, so the user sees it.
-- :func:`inert` is :func:`visible` plus Rich's markup escaping: safe inside a markup string.
+- :func:`inert` is :func:`visible` plus markup escaping: safe inside a Rich markup string.
 - :func:`json_text` is Rich's ``print_json`` rendering with :func:`visible` applied.
+- :func:`console` makes the consoles commands print through (no emoji codes: ``:skull:`` in a
+  node name stays ``:skull:``; no highlighting).
 - :class:`InertLogFormatter` does the same for log lines.
 """
 
@@ -19,14 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import unicodedata
 from typing import Any
 
+from rich.console import Console
 from rich.highlighter import JSONHighlighter
-from rich.markup import escape
 from rich.text import Text
 
-__all__ = ["InertLogFormatter", "inert", "json_text", "visible"]
+__all__ = ["InertLogFormatter", "console", "inert", "json_text", "visible"]
 
 _SHORT = {"\n": "\\n", "\r": "\\r"}
 _JOINERS = frozenset("\u200c\u200d")
@@ -74,14 +77,43 @@ def visible(text: object, *, multiline: bool = False) -> str:
     return "".join(out)
 
 
+_BRACKETS = re.compile(r"(\\*)(\[[a-z#/@][^[]*?]|\[|\Z)")
+"""Backslashes, then a tag-shaped bracket (Rich's own tag pattern), any other ``[``, or the end."""
+_SEAL = "[b][/b]"
+"""An empty styled span: trailing backslashes stay literal whatever markup follows them."""
+
+
+def _escape_bracket(match: re.Match[str]) -> str:
+    backslashes, what = match.groups()
+    if what == "":  # the end: halved if a tag follows, so double them and end with a tag
+        return backslashes * 2 + _SEAL if backslashes else ""
+    if what == "[":  # Rich turns "\[" outside a tag into "[": give it one more backslash
+        return backslashes + "\\["
+    return backslashes * 2 + "\\" + what  # Rich halves them and shows the escaped tag
+
+
 def inert(text: object, *, multiline: bool = False) -> str:
-    """``text`` made safe to interpolate into a Rich markup string: :func:`visible`, then Rich's
-    markup escaping (``[red]`` is shown as ``[red]``, never applied; ``[/x]`` cannot crash).
+    """``text`` made safe to interpolate into a Rich markup string: :func:`visible`, then markup
+    escaping, so it renders as exactly ``visible(text)``: ``[red]`` is shown, never applied;
+    ``[/x]`` cannot crash; backslashes cannot escape the markup around it.
+
+    Rich's ``escape`` covers tags only; ``\\[`` outside a tag and trailing backslashes before
+    a following tag still lose a backslash with it, hence this version of it.
 
     Args:
         text: any value (``str()`` of it); see :func:`visible` for ``multiline``.
     """
-    return escape(visible(text, multiline=multiline))
+    shown = visible(text, multiline=multiline)
+    if "[" not in shown and not shown.endswith("\\"):
+        return shown
+    return _BRACKETS.sub(_escape_bracket, shown)
+
+
+def console(*, stderr: bool = False) -> Console:
+    """The Rich console a command prints through: no highlighting and no ``:emoji:`` codes (a
+    node named ``:skull:`` is printed as typed). Untrusted text still goes through
+    :func:`inert` (markup) or :func:`visible` (``markup=False``)."""
+    return Console(stderr=stderr, highlight=False, emoji=False)
 
 
 def json_text(value: Any) -> Text:

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from rewind.errors import InvalidOverride, RewindError, UnknownNode
 from rewind.replay import Rewind, parse_override
+from rewind.terminal import console as make_console
 from rewind.terminal import inert, visible
 from rewind.tracing.debug import DebugError, DebugQuit, DebugSession, run_script
 from rewind.tracing.failures import analyze_failures
@@ -64,7 +65,7 @@ def _emit_json(value: Any) -> None:
 
 
 def _console(console: Console | None) -> Console:
-    return console or Console(highlight=False)
+    return console or make_console()
 
 
 def settings_from(specs: Iterable[str] | None) -> InspectionSettings:
@@ -509,7 +510,10 @@ def otel_export_command(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         if not endpoint.startswith(("http://", "https://")):
-            raise InvalidOverride(f"--endpoint {endpoint!r} is not an http(s) URL", "")
+            raise InvalidOverride(
+                f"--endpoint {endpoint!r} is not an http(s) URL",
+                "pass the collector's OTLP/HTTP address, e.g. http://localhost:4318",
+            )
         url = endpoint.rstrip("/")
         url = url if url.endswith("/v1/traces") else url + "/v1/traces"
         pairs = {}
