@@ -57,9 +57,10 @@ def sqlite_read_only_engine(db_path: Path) -> Engine:
 
     Read commands (``rewind runs``, ``show``, ``diff``...) use it so a store on read-only media
     (a mounted snapshot, a CI artifact, another user's folder) can be listed, and so reading
-    never writes. A WAL database normally needs its ``-shm`` file to be creatable even for
-    reading; when the folder is not writable the file is opened ``immutable`` instead (SQLite
-    then assumes nobody changes it while it is open — true of read-only media).
+    never changes the database. A WAL reader needs the ``-shm`` index beside the file (SQLite
+    creates it when the folder is writable, so readers see a concurrent writer's commits); when
+    the folder is not writable the file is opened ``immutable`` instead (SQLite then assumes
+    nobody changes it while it is open — true of read-only media).
 
     Raises:
         FileNotFoundError: ``db_path`` does not exist (read-only never creates it).
