@@ -117,6 +117,9 @@ class Store:
                 f"cannot open the store at {root}: {_first_line(exc)}",
                 "pass a writable --store folder (or a reachable database URL)",
             ) from exc
+        except StoreError:
+            engine.dispose()
+            raise
         # Statements are built once: constructing one costs more than executing it (measured
         # ~150 µs vs ~40 µs per blob insert on the record hot path).
         dialect = engine.dialect.name
