@@ -80,7 +80,8 @@ def visible(text: object, *, multiline: bool = False) -> str:
 _BRACKETS = re.compile(r"(\\*)(\[[a-z#/@][^[]*?]|\[|\Z)")
 """Backslashes, then a tag-shaped bracket (Rich's own tag pattern), any other ``[``, or the end."""
 _SEAL = "[b][/b]"
-"""An empty styled span: trailing backslashes stay literal whatever markup follows them."""
+"""An empty styled span ending inert text: its trailing backslashes, or an unclosed ``[a`` at its
+end, stay literal whatever markup or text follows them."""
 
 
 def _escape_bracket(match: re.Match[str]) -> str:
@@ -106,7 +107,11 @@ def inert(text: object, *, multiline: bool = False) -> str:
     shown = visible(text, multiline=multiline)
     if "[" not in shown and not shown.endswith("\\"):
         return shown
-    return _BRACKETS.sub(_escape_bracket, shown)
+    escaped = _BRACKETS.sub(_escape_bracket, shown)
+    if shown.rfind("[") > shown.rfind("]") and not escaped.endswith(_SEAL):
+        # An unclosed "[a" at the end must not become a tag with what follows it ("red]...").
+        escaped += _SEAL
+    return escaped
 
 
 def console(*, stderr: bool = False) -> Console:
