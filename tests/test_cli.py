@@ -10,29 +10,18 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cli_process import run_rewind
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def rewind(store: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    # This checkout's sources first: an editable install elsewhere must not answer instead.
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), COLUMNS="160"
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "rewind", "--store", str(store), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=timeout,
-        check=False,
-    )
+    return run_rewind("--store", str(store), *args, timeout=timeout)
 
 
 def ok_json(store: Path, *args: str) -> Any:

@@ -62,6 +62,8 @@ from rewind.effects import FileTree, Fingerprinter, HttpResource, SQLiteTable
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
+from rewind.terminal import console as make_console
+from rewind.terminal import inert
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -847,7 +849,7 @@ def render_audit(report: AuditReport) -> Table:
     """
     from rich.table import Table
 
-    t = Table(title=summary_line(report), title_justify="left")
+    t = Table(title=inert(summary_line(report)), title_justify="left")
     for col in ("#", "node", "call", "tool", "verdict", "resource", "recorded", "reference"):
         t.add_column(col, no_wrap=col in ("#", "node", "call", "verdict"))
     for col in ("epoch Δ", "reason", "depends on it"):
@@ -859,16 +861,16 @@ def render_audit(report: AuditReport) -> Table:
             first = i == 0
             t.add_row(
                 str(v.position + 1) if first else "",
-                v.node if first else "",
+                inert(v.node) if first else "",
                 str(v.call_index) if first else "",
-                v.tool if first else "",
+                inert(v.tool) if first else "",
                 f"[{colour}]{v.verdict}[/]" if first else "",
-                "" if r is None else _shorten_name(r.resource),
+                "" if r is None else inert(_shorten_name(r.resource)),
                 "" if r is None else _short(r.recorded_digest),
                 "" if r is None or not r.reference else _short(r.reference_digest),
                 "" if r is None else r.epoch_delta,
-                v.reason if first else "",
-                ", ".join(v.dependents) if first else "",
+                inert(v.reason) if first else "",
+                inert(", ".join(v.dependents)) if first else "",
             )
     return t
 
@@ -877,7 +879,9 @@ def _shorten_name(name: str, limit: int = 48) -> str:
     return name if len(name) <= limit else "…" + name[-(limit - 1) :]
 
 
-def audit_command(store: str, run_id: str, against: str | None, as_json: bool) -> int:
+def audit_command(
+    store: str, run_id: str, against: str | None, as_json: bool, *, read_only: bool = False
+) -> int:
     """``rewind audit RUN [--against PARENT] [--json]``: print the audit, return the exit code.
 
     Args:
@@ -885,16 +889,18 @@ def audit_command(store: str, run_id: str, against: str | None, as_json: bool) -
         run_id: the run to audit (id or unique prefix).
         against: reference run, ``"current"``, or None (parent, else current state).
         as_json: print :meth:`AuditReport.to_json` instead of a table.
+        read_only: open the store read-only (the audit reads runs and re-fingerprints
+            resources; it writes nothing), so a store on read-only media can be audited.
     Returns:
         0 only when every side-effecting call is ``faithful`` (or there is none), else 1.
     Raises:
         UnknownRun: the run or the reference does not exist (the CLI turns it into exit 2).
     """
-    from rich.console import Console
 
     from rewind.replay import Rewind
+    from rewind.store import open_store
 
-    rw = Rewind(store)
+    rw = Rewind(open_store(store, read_only=read_only))
     try:
         report = audit_run(rw, run_id, against)
     finally:
@@ -902,16 +908,19 @@ def audit_command(store: str, run_id: str, against: str | None, as_json: bool) -
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     else:
-        console = Console(highlight=False)
+        console = make_console()
         console.print(render_audit(report))
         for v in report.verdicts:
             if v.dependents:
                 console.print(
-                    f"#{v.position + 1} {v.node} is {v.verdict}: conclusions of "
-                    f"{', '.join(v.dependents)} depend on it"
+                    inert(
+                        f"#{v.position + 1} {v.node} is {v.verdict}: conclusions of "
+                        f"{', '.join(v.dependents)} depend on it"
+                    )
                 )
         if report.inherited_skipped:
-            console.print("inherited, not audited here: " + ", ".join(report.inherited_skipped))
+            skipped = ", ".join(report.inherited_skipped)
+            console.print("inherited, not audited here: " + inert(skipped))
     return 0 if report.passed else 1
 
 

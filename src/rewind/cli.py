@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from rewind.canonical import canonical_bytes
 from rewind.diff import TrajectoryDiff
-from rewind.errors import InvalidOverride, RewindError
+from rewind.errors import InvalidOverride, RewindError, StoreError
 from rewind.replay import Override, Rewind, load_pipeline, override_target, parse_override
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import InertLogFormatter, inert, json_text, visible
+from rewind.terminal import console as make_console
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
@@ -38,31 +39,88 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Rewind: record, fork, replay and diff LLM agent runs (Apache Burr).",
 )
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = make_console()
+err_console = make_console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+STORE_ENV = "REWIND_STORE"
+
+_state: dict[str, str | None] = {"store": None}
+
+
+def _take_store(value: str | None) -> str | None:
+    if value is not None:
+        _state["store"] = value
+    return value
+
 
 StoreOpt = Annotated[
-    str,
-    typer.Option("--store", envvar="REWIND_STORE", help="Store folder, .db file or database URL."),
+    str | None,
+    typer.Option(
+        "--store",
+        callback=_take_store,
+        help=f"Store folder, .db file or database URL (default {DEFAULT_STORE}, or ${STORE_ENV}); "
+        "accepted before or after the command.",
+        show_default=False,
+    ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
-
-_state: dict[str, str] = {"store": DEFAULT_STORE}
 
 
 @app.callback()
-def _root(store: StoreOpt = DEFAULT_STORE) -> None:
+def _root(store: StoreOpt = None) -> None:
     _state["store"] = store
 
 
+# Click's usage error (unknown option, a value of the wrong type): Typer ≥ 0.20 raises it from its
+# own copy of Click, older Typer from Click itself; typer.BadParameter derives from it in both.
+_UsageError: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+def _store() -> str:
+    """The store location: ``--store`` (before or after the command), else ``$REWIND_STORE``,
+    else ``.rewind``.
+
+    Raises:
+        StoreError: ``REWIND_STORE`` is set but empty (Click would silently ignore it, and the
+            command would use another store than the user meant).
+    """
+    if _state["store"] is not None:
+        return _state["store"]
+    env = os.environ.get(STORE_ENV)
+    if env is None:
+        return DEFAULT_STORE
+    if not env.strip():
+        raise StoreError(
+            f"the environment variable {STORE_ENV} is set but empty",
+            f"set it to a store folder, .db file or URL, or unset it (default {DEFAULT_STORE})",
+        )
+    return env
+
+
 def main() -> None:
-    """Entry point of the ``rewind`` console script."""
+    """Entry point of the ``rewind`` console script.
+
+    Exit status: 0 done; 1 a run, replay or check failed (or another failure the command
+    reports); 2 bad input — one ``error:`` line on stderr saying what is wrong and how to fix
+    it, nothing written to the store; 130 interrupted.
+    """
     logging.getLogger("burr").setLevel(logging.CRITICAL)
+    _log_inertly()
     # SIGTERM (timeout, kill) unwinds like Ctrl-C: the run is marked interrupted and the
     # embedded model server is stopped.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # `rewind` (or `rewind otel`) alone: Typer printed the help while raising this.
+            raise SystemExit(EXIT_BAD_INPUT) from None
+        _fail(_usage_error(exc))
+    except typer.Abort:  # Click turns Ctrl-C while parsing or prompting into Abort
+        err_console.print("[bold red]interrupted[/]")
+        raise SystemExit(130) from None
     except RewindError as exc:
         _fail(exc)
     except SQLAlchemyError as exc:
@@ -72,6 +130,22 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/] — the run in progress is marked interrupted")
         raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Any) -> RewindError:
+    """Click's usage error (unknown option, a value of the wrong type...) as Rewind's one line."""
+    command = exc.ctx.command_path if exc.ctx is not None else "rewind"
+    return InvalidOverride(exc.format_message().rstrip("."), f"see `{command} --help`")
+
+
+def _log_inertly() -> None:
+    """Log lines (warnings and errors of Rewind and its libraries) reach stderr through
+    :class:`rewind.terminal.InertLogFormatter`, like the lines Python prints without a handler."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(InertLogFormatter("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -85,22 +159,30 @@ def _fail(exc: RewindError) -> None:
     run_id = getattr(exc, "run_id", None)
     if run_id:
         # Not bad input: the run started and was recorded as failed at that node.
-        err_console.print(f"(run {run_id} was recorded as failed; `rewind show {run_id[:12]}`)")
+        err_console.print(
+            f"(run {inert(run_id)} was recorded as failed; `rewind show {inert(run_id[:12])}`)"
+        )
         raise SystemExit(1)
     raise SystemExit(EXIT_BAD_INPUT)
 
 
 @contextmanager
-def _session(store: str | None = None, *, model: bool = True) -> Iterator[Rewind]:
+def _session(
+    store: str | None = None, *, model: bool = True, read_only: bool = False
+) -> Iterator[Rewind]:
+    """A :class:`Rewind` on the command's store; ``read_only`` for commands that only read (the
+    store is then neither created nor written, so it may live on read-only media)."""
     from rewind.session import LazyChatClient
+    from rewind.store import open_store
 
+    opened = open_store(store or _store(), read_only=read_only)
     client = LazyChatClient() if model else None
     if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
         err_console.print(
             "[yellow]warning:[/] REWIND_MODEL is set but REWIND_BASE_URL is not, so the embedded "
             "model is used; set REWIND_BASE_URL too, or unset REWIND_MODEL"
         )
-    rw = Rewind(store or _state["store"], chat_client=client, on_event=_Progress().on_event)
+    rw = Rewind(opened, chat_client=client, on_event=_Progress().on_event)
     try:
         yield rw
     except RewindError as exc:
@@ -126,11 +208,13 @@ class _Progress:
         if not sys.stderr.isatty() and event == "node_started":
             return
         if event == "node_started":
-            self._status(f"node {payload['position'] + 1} [bold]{payload['name']}[/] running…")
+            self._status(
+                f"node {payload['position'] + 1} [bold]{inert(payload['name'])}[/] running…"
+            )
         elif event == "node_finished":
             self._status(None)
             err_console.print(
-                f"  {payload['position'] + 1:>2} {payload['name']:<10} "
+                f"  {payload['position'] + 1:>2} {inert(payload['name']):<10} "
                 f"{_outcome(payload['outcome'], payload['reason'])}  "
                 f"{payload['tokens']:>5} tok  {payload['latency_ms']:>8.1f} ms"
             )
@@ -157,7 +241,7 @@ def _outcome(outcome: str, reason: str) -> str:
         "override": "magenta",
     }.get(outcome, "white")
     label = outcome if reason in ("", outcome, "hit") else f"{outcome}:{reason}"
-    return f"[{colour}]{label:<17}[/]"
+    return f"[{colour}]{inert(label):<17}[/]"
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -219,7 +303,7 @@ def _node_json(n: NodeRecord) -> dict[str, Any]:
 
 
 def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=inert(title), title_justify="left")
     t.add_column("#", justify="right")
     t.add_column("node", no_wrap=True, min_width=8)
     t.add_column("outcome", no_wrap=True)
@@ -233,7 +317,7 @@ def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
     for n in nodes:
         row = [
             str(n.position + 1),
-            n.name,
+            inert(n.name),
             _outcome(n.cache_outcome, n.cache_reason),
             str(n.tokens),
             f"{n.latency_ms:.1f}",
@@ -241,20 +325,23 @@ def _nodes_table(nodes: list[NodeRecord], title: str) -> Table:
             "" if n.determinism == "deterministic" else n.determinism,
         ]
         if errors:
-            row.append(n.error or "")
+            row.append(inert(n.error or ""))
         t.add_row(*row)
     return t
 
 
 def _run_summary(run: RunRecord) -> str:
-    parts = [f"run [bold]{run.run_id}[/] ({run.pipeline}) {run.status}", f"{run.tokens} tokens"]
+    parts = [
+        f"run [bold]{inert(run.run_id)}[/] ({inert(run.pipeline)}) {inert(run.status)}",
+        f"{run.tokens} tokens",
+    ]
     if run.parent_run_id:
         change = _override_text(run.override) if run.override else "no override (unchanged replay)"
-        parts.append(f"fork of {run.parent_run_id[:12]} at {run.fork_node}: {change}")
+        parts.append(f"fork of {inert(run.parent_run_id[:12])} at {inert(run.fork_node)}: {change}")
     if run.launch.get("inputs"):
-        parts.append(f"inputs {escape(json.dumps(run.launch['inputs'])[:80])}")
+        parts.append(f"inputs {inert(json.dumps(run.launch['inputs'])[:80])}")
     if run.error:
-        parts.append(f"[red]{run.error}[/]")
+        parts.append(f"[red]{inert(run.error)}[/]")
     return " · ".join(parts)
 
 
@@ -269,12 +356,12 @@ def _drift_lines(drift: dict[str, Any] | None) -> list[str]:
         ]
     lines = []
     if drift.get("code_changed"):
-        names = ", ".join(drift["code_changed"])
+        names = inert(", ".join(drift["code_changed"]))
         lines.append(f"[magenta]code changed[/] since the parent's recording: {names}")
     if drift.get("param_check_changed"):
         lines.append("[magenta]code changed[/]: the pipeline's param check")
     if drift.get("structural"):
-        accepted = "; ".join(drift["structural"])
+        accepted = inert("; ".join(drift["structural"]))
         lines.append(f"[magenta]graph changed[/] (accepted with --allow-code-change): {accepted}")
     return lines
 
@@ -282,11 +369,11 @@ def _drift_lines(drift: dict[str, Any] | None) -> list[str]:
 def _override_text(override: dict[str, Any]) -> str:
     kind, node, name = override_target(override)
     value = json.dumps(override.get("value"))
-    return f"{kind} {node}.{name}={value[:60]}"
+    return inert(f"{kind} {node}.{name}={value[:60]}")
 
 
 def _print_diff(d: TrajectoryDiff) -> None:
-    t = Table(title=f"diff {d.run_a[:12]} → {d.run_b[:12]}", title_justify="left")
+    t = Table(title=inert(f"diff {d.run_a[:12]} → {d.run_b[:12]}"), title_justify="left")
     for col in ("#", "node", "status", "hash", "tokens Δ", "changed fields"):
         t.add_column(col)
     for nd in d.nodes:
@@ -298,11 +385,11 @@ def _print_diff(d: TrajectoryDiff) -> None:
         code = " · [magenta]code changed[/]" if nd.code_changed else ""
         t.add_row(
             str(nd.index + 1),
-            nd.name,
+            inert(nd.name),
             f"[{colour}]{nd.status}[/]{code}{marker}",
             "=" if nd.hash_equal else "≠",
             "inherited" if inherited else f"{nd.token_delta:+d}",
-            shown,
+            inert(shown),
         )
     console.print(t)
     first = d.first_divergence
@@ -317,25 +404,28 @@ def _print_diff(d: TrajectoryDiff) -> None:
         return
     cause = " — [magenta]code changed[/], not only the override" if first.code_changed else ""
     console.print(
-        f"first divergence: node {first.index + 1} [bold]{first.name}[/] "
+        f"first divergence: node {first.index + 1} [bold]{inert(first.name)}[/] "
         f"({len(first.changes)} changed field{'s' if len(first.changes) != 1 else ''}){cause}"
     )
     shown_changes = _headline_first(first.changes)[:DIFF_LINES]
     for c in shown_changes:
         if c.text_diff:
-            console.print(f"  {c.path}:\n{c.text_diff}", markup=False)
+            console.print(
+                f"  {visible(c.path)}:\n{visible(c.text_diff, multiline=True)}", markup=False
+            )
         else:
             old, new = _short(c.old), _short(c.new)
             if c.kind == "type_changed":
                 old, new = f"{old} ({_type_of(c.old)})", f"{new} ({_type_of(c.new)})"
             moved = f" (was {c.old_path})" if c.old_path else ""
-            console.print(f"  {c.path or '(value)'}{moved}: {old} → {new} ({c.kind})", markup=False)
+            line = f"  {c.path or '(value)'}{moved}: {old} → {new} ({c.kind})"
+            console.print(visible(line), markup=False)
     if len(first.changes) > len(shown_changes):
         more = len(first.changes) - len(shown_changes)
         console.print(f"  … and {more} more (rewind diff A B --json lists every change)")
     executed_b = sum(n.b.tokens for n in (x for x in d.nodes) if n.b and n.b.outcome != "inherited")
     console.print(
-        f"tokens spent: {d.run_a[:12]} {d.tokens_a} · {d.run_b[:12]} {d.tokens_b} "
+        f"tokens spent: {inert(d.run_a[:12])} {d.tokens_a} · {inert(d.run_b[:12])} {d.tokens_b} "
         f"(its executed nodes: {executed_b}; inherited nodes cost nothing)"
     )
 
@@ -374,12 +464,14 @@ def demo(
         Path | None, typer.Option(help="CSV to analyse (default: Seattle weather).")
     ] = None,
     question: Annotated[str | None, typer.Option(help="Question to answer.")] = None,
+    store: StoreOpt = None,
 ) -> None:
     """Record the 8-node research pipeline, fork it at node 3, replay unchanged, and diff."""
     from rewind.demo import run_demo
 
+    _demo_state(csv, question)  # validate before the store is opened
     with _session() as rw:
-        console.print(f"store: {rw.store.root}")
+        console.print(f"store: {inert(rw.store.root)}")
         stages = {
             "record": "1/4 recording the research pipeline with the model (takes a minute)…",
             "fork": "2/4 forking at node 3 (analyse) with one param changed (effects: live, so "
@@ -387,7 +479,6 @@ def demo(
             "replay": "3/4 unchanged replay from node 3…",
             "diff": "4/4 diffing…",
         }
-        _demo_state(csv, question)  # validate before anything is recorded
         rw.chat_client.open()
         result = run_demo(
             rw, csv_path=csv, question=question, on_stage=lambda s: console.print(stages[s])
@@ -424,7 +515,7 @@ def _print_proof(rw: Rewind, result: Any) -> None:
     for claim, value, passed in rows:
         t.add_row(claim, value, ok if passed else bad)
     console.print(t)
-    console.print(f"artifact: {arts[parent.run_id][0]['path']}")
+    console.print(f"artifact: {inert(arts[parent.run_id][0]['path'])}")
 
 
 @app.command()
@@ -456,6 +547,7 @@ def run(
         typer.Option("--halt-before", help="Stop before this node (repeatable)."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Record one run: the demo research pipeline, or your app (--app) / pipeline (--pipeline)."""
     from rewind.examples import research
@@ -470,15 +562,18 @@ def run(
             "--state, --inputs, --halt-after and --halt-before need --app",
             "pass --app module:attribute",
         )
+    # Everything the user typed is checked before the store is opened: bad input writes nothing.
+    initial: dict[str, Any] | None = None
+    run_inputs: dict[str, Any] | None = None
+    if ref:
+        p = load_pipeline(ref)
+        initial = _json_object("--state", state) if state is not None else None
+        run_inputs = _json_object("--inputs", inputs) if inputs is not None else None
+    else:
+        p = research.build()
+        initial = _demo_state(csv, question)
     with _session() as rw:
-        initial: dict[str, Any] | None = None
-        if ref:
-            p = load_pipeline(ref)
-            initial = _json_object("--state", state) if state is not None else None
-            run_inputs = _json_object("--inputs", inputs) if inputs is not None else None
-        else:
-            p = research.build()
-            initial, run_inputs = _demo_state(csv, question), None
+        if not ref:
             rw.chat_client.open()  # fail before recording anything if the model is unreachable
         model = rw.chat_client.endpoint.model if rw.chat_client is not None else None
         result = rw.record(
@@ -494,16 +589,57 @@ def run(
             raise SystemExit(1)
 
 
-def _json_object(flag: str, raw: str) -> dict[str, Any]:
+def _json_object(flag: str, text: str | None) -> dict[str, Any]:
+    """``--state``/``--inputs`` (``flag``): a JSON object whose values Rewind can hash.
+
+    Raises:
+        InvalidOverride: not JSON, not an object, nested too deeply, or holding NaN/±Infinity
+            (Python's JSON accepts them; canonical hashing refuses them, DESIGN rule 2).
+    """
     try:
-        value = json.loads(raw)
+        initial = json.loads(text or "{}")
     except json.JSONDecodeError as exc:
         raise InvalidOverride(
             f"{flag} is not valid JSON: {exc.msg} at column {exc.colno}", "pass a JSON object"
         ) from exc
-    if not isinstance(value, dict):
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
+        raise InvalidOverride(f"{flag} cannot be read: {exc}", "pass a JSON object") from exc
+    except RecursionError:
+        raise InvalidOverride(
+            f"{flag} is nested too deeply", "pass a flatter JSON object"
+        ) from None
+    if not isinstance(initial, dict):
         raise InvalidOverride(
             f"{flag} must be a JSON object (name → value)", f"e.g. {flag} '{{\"x\": 5}}'"
+        )
+    try:
+        canonical_bytes(initial)
+    except ValueError as exc:  # CanonicalError: NaN/Infinity, a lone surrogate
+        raise InvalidOverride(
+            f"{flag} cannot be recorded: {str(exc).split(';')[0]}",
+            "use plain JSON values there (null, a finite number, a string)",
+        ) from exc
+    except RecursionError:
+        raise InvalidOverride(
+            f"{flag} is nested too deeply", "pass a flatter JSON object"
+        ) from None
+    return initial
+
+
+MAX_COUNT = 1_000_000_000
+"""Largest --limit/--examples/-k/--workers accepted (SQLite's LIMIT is a signed 64-bit int;
+nothing Rewind lists or runs comes near a billion)."""
+
+
+def _count(option: str, value: int, low: int = 1, high: int = MAX_COUNT) -> int:
+    """``value`` if ``low <= value <= high``.
+
+    Raises:
+        InvalidOverride: out of range (a huge --limit made SQLite raise OverflowError).
+    """
+    if not low <= value <= high:
+        raise InvalidOverride(
+            f"{option} {value} is out of range", f"pass a whole number from {low} to {high:_}"
         )
     return value
 
@@ -523,28 +659,30 @@ def _demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
 def runs(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 50,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """List recorded runs, newest first."""
-    with _session(model=False) as rw:
+    _count("--limit", limit)
+    with _session(model=False, read_only=True) as rw:
         items = rw.store.list_runs(limit)
         if as_json:
             _emit_json([_run_json(r) for r in items])
             return
-        t = Table(title=f"runs in {rw.store.root}", title_justify="left")
+        t = Table(title=f"runs in {inert(rw.store.root)}", title_justify="left")
         for col in ("run", "pipeline", "status", "tokens", "parent", "fork", "created"):
             t.add_column(col)
         for r in items:
             fork = (
-                f"{r.fork_node}: {_override_text(r.override)}"
+                f"{inert(r.fork_node)}: {_override_text(r.override)}"
                 if r.override
-                else (f"{r.fork_node} (replay)" if r.fork_node else "")
+                else (f"{inert(r.fork_node)} (replay)" if r.fork_node else "")
             )
             t.add_row(
-                r.run_id[:12],
-                r.pipeline,
-                r.status,
+                inert(r.run_id[:12]),
+                inert(r.pipeline),
+                inert(r.status),
                 str(r.tokens),
-                (r.parent_run_id or "")[:12],
+                inert((r.parent_run_id or "")[:12]),
                 fork,
                 time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
             )
@@ -558,12 +696,13 @@ def show(
         str | None, typer.Option(help="Show one node's input, output and state.")
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Show a run's nodes: outcome and reason, tokens, latency, hashes."""
     from rewind.replay import resolve_node
     from rewind.serde import display
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         r = rw.store.get_run(run_id)
         if node is None:
             _show_run(rw, r, as_json)
@@ -579,7 +718,7 @@ def show(
         if as_json:
             _emit_json(detail)
         else:
-            console.print_json(json.dumps(_abridge(detail), default=str))
+            console.print(json_text(_abridge(detail)), soft_wrap=True)
             console.print("[dim](long values abridged; --json prints everything)[/]")
 
 
@@ -608,7 +747,9 @@ def _show_run(rw: Rewind, r: RunRecord, as_json: bool) -> None:
     for line in _drift_lines(drift):
         console.print(line)
     for art in rw.store.artifacts_of(r.run_id):
-        console.print(f"artifact {art['name']}: {art['path']} (sha256 {art['sha256'][:16]})")
+        console.print(
+            f"artifact {inert(art['name'])}: {inert(art['path'])} (sha256 {art['sha256'][:16]})"
+        )
 
 
 @app.command()
@@ -639,6 +780,7 @@ def fork(
         ),
     ] = False,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream.
 
@@ -690,9 +832,9 @@ def fork(
                 node = d.first_divergence
                 err_console.print(
                     f"[yellow]warning:[/] this unchanged replay diverged at node "
-                    f"{node.index + 1} ({node.name}): something it does is not routed through "
-                    "rewind.tool / rewind.calls.chat (time, randomness, a live service), or the "
-                    "model differs from the recorded one"
+                    f"{node.index + 1} ({inert(node.name)}): something it does is not routed "
+                    "through rewind.tool / rewind.calls.chat (time, randomness, a live service), "
+                    "or the model differs from the recorded one"
                 )
         if child.status != "completed":
             raise SystemExit(1)
@@ -703,8 +845,8 @@ def _warn_model_change(rw: Rewind, run_id: str) -> None:
     current = rw.chat_client.endpoint.model if rw.chat_client is not None else None
     if recorded and current and recorded != current:
         err_console.print(
-            f"[yellow]warning:[/] the run was recorded with model {recorded!r} but the current "
-            f"endpoint serves {current!r}: its LLM calls will miss the cache"
+            f"[yellow]warning:[/] the run was recorded with model {inert(repr(recorded))} but the "
+            f"current endpoint serves {inert(repr(current))}: its LLM calls will miss the cache"
         )
 
 
@@ -713,9 +855,10 @@ def diff(
     run_a: Annotated[str, typer.Argument(help="First run (id or prefix).")],
     run_b: Annotated[str, typer.Argument(help="Second run (id or prefix).")],
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Field-level diff of two runs: per node equal/changed, changed paths, first divergence."""
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         d = rw.diff(run_a, run_b)
         if as_json:
             _emit_json(d.to_json())
@@ -735,13 +878,14 @@ def audit(
         ),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Effect-equivalence audit: one verdict per side-effecting call (exit 0 only if all are
     faithful)."""
     from rewind.audit import audit_command
 
     try:
-        code = audit_command(_state["store"], run_id, against, as_json)
+        code = audit_command(_store(), run_id, against, as_json, read_only=True)
     except RewindError as exc:
         _fail(exc)
     raise SystemExit(code)
@@ -765,15 +909,17 @@ def stability_cmd(
         typer.Option(help="Sample the first LLM node from --from on at this temperature."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Run a branch K times live (caches neither read nor written) and report per-node hash
     spread: distinct hashes, modal share, first spread, stable share. Exit 0 when every node is
     stable, 1 when some node spread."""
     from rewind.stability import stability_command
 
+    _count("-k", k)
     try:
         code = stability_command(
-            _state["store"], run_id, k, from_node, set_ or [], as_json, temperature=temperature
+            _store(), run_id, k, from_node, set_ or [], as_json, temperature=temperature
         )
     except RewindError as exc:
         _fail(exc)
@@ -795,16 +941,16 @@ def grid_cmd(
         typer.Option(help="Side-effecting calls: live (default), recorded, or dry-run."),
     ] = "live",
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Fork a run at one node N ways (one --set per variant), run the variants concurrently, and
     print the node × variant matrix, first divergences and artifact changes. Exit 1 when a
     variant failed."""
     from rewind.grid import grid_command
 
+    _count("--workers", workers)
     try:
-        code = grid_command(
-            _state["store"], run_id, at, set_ or [], workers, as_json, effects=effects
-        )
+        code = grid_command(_store(), run_id, at, set_ or [], workers, as_json, effects=effects)
     except RewindError as exc:
         _fail(exc)
     if code:
@@ -821,11 +967,12 @@ def serve(
         str | None, typer.Option(envvar="REWIND_TOKEN", help="Bearer token for every request.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Runs that may execute at once.")] = 2,
+    store: StoreOpt = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) and the browser UI at /."""
     from rewind.api.command import serve as serve_api
 
-    serve_api(_state["store"], host, port, token, workers=workers)
+    serve_api(_store(), host, port, token, workers=workers)
 
 
 @app.command()
@@ -855,7 +1002,7 @@ def verify(
         t.add_column(col)
     for c in checks:
         verdict = "[green]PASS[/]" if c.passed else "[red]FAIL[/]"
-        t.add_row(str(c.number), c.claim, verdict, c.detail)
+        t.add_row(str(c.number), c.claim, verdict, inert(c.detail))
     console.print(t)
     passed = sum(c.passed for c in checks)
     console.print(f"{passed}/{len(checks)} checks passed")
@@ -879,6 +1026,7 @@ def replay_trace_cmd(
         typer.Option("--set", help="One change: input.FIELD=VALUE or STEP.PARAM=VALUE."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Replay a traced chain with its recorded LLM answers and one change; diff the two."""
     from rewind.tracing import commands
@@ -899,11 +1047,12 @@ def inspect_cmd(
         typer.Option("--setting", help="Override a threshold: name=value (slow_llm_ms=5000)."),
     ] = None,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Findings per step (severity, message, suggestion) of a trace or run."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.inspect_command(
             rw, trace, step, settings=setting, as_json=as_json, console=console
         )
@@ -921,11 +1070,14 @@ def failures_cmd(
     limit: Annotated[int, typer.Option(help="How many of the newest traces to analyse.")] = 1000,
     examples: Annotated[int, typer.Option(help="Example trace ids per pattern.")] = 5,
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Failure patterns across traces and runs: counts, example ids, suggested fixes."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    _count("--limit", limit)
+    _count("--examples", examples, low=0)
+    with _session(model=False, read_only=True) as rw:
         code = commands.failures_command(
             rw,
             since=since,
@@ -944,11 +1096,12 @@ def failures_cmd(
 def root_cause_cmd(
     trace: Annotated[str, typer.Argument(help="Trace or run id (or a unique prefix).")],
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Why a trace or run failed: failing step, its input, earlier steps, fixes, fork command."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.root_cause_command(rw, trace, as_json=as_json, console=console)
     raise typer.Exit(code)
 
@@ -956,6 +1109,7 @@ def root_cause_cmd(
 @app.command("debug")
 def debug_cmd(
     run: Annotated[str, typer.Argument(help="Run or trace id (or a unique prefix).")],
+    store: StoreOpt = None,
 ) -> None:
     """Step through a recorded run or trace (commands from stdin when it is not a terminal)."""
     from rewind.tracing import commands
@@ -983,11 +1137,12 @@ def otel_export_cmd(
     ] = None,
     service_name: Annotated[str, typer.Option(help="The exported service.name.")] = "rewind",
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Export runs and traces as OTel spans (GenAI semantic conventions)."""
     from rewind.tracing import commands
 
-    with _session(model=False) as rw:
+    with _session(model=False, read_only=True) as rw:
         code = commands.otel_export_command(
             rw,
             runs,
@@ -1005,6 +1160,7 @@ def otel_export_cmd(
 def otel_import_cmd(
     file: Annotated[Path, typer.Argument(help="OTLP/JSON file (one request, or one per line).")],
     as_json: JsonOpt = False,
+    store: StoreOpt = None,
 ) -> None:
     """Import OTLP/JSON traces (trace ids kept) so they can be inspected, analysed, diffed.
     Malformed spans are rejected one by one (exit 1; 2 when nothing could be imported)."""

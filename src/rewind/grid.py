@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rewind.canonical import canonical_bytes
@@ -57,6 +56,8 @@ from rewind.replay import (
 )
 from rewind.stability import merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import console as make_console
+from rewind.terminal import inert
 
 __all__ = [
     "GridCell",
@@ -716,7 +717,8 @@ def render_grid(report: GridReport, console: Console) -> None:
     """Print the matrix (rows = nodes, columns = variants), then one line per variant."""
     t = Table(
         title=(
-            f"grid of {report.run_id[:12]} at node {report.at_number} ({report.at}) · "
+            f"grid of {inert(report.run_id[:12])} at node {report.at_number} "
+            f"({inert(report.at)}) · "
             f"{len(report.variants)} variants · {report.workers} workers · effects "
             f"{report.effects}"
         ),
@@ -726,18 +728,20 @@ def render_grid(report: GridReport, console: Console) -> None:
     t.add_column("node", no_wrap=True, min_width=8)
     t.add_column("parent", no_wrap=True)
     for v in report.variants:
-        t.add_column(escape(f"{v.index + 1}: {v.label}"), no_wrap=True)
+        t.add_column(inert(f"{v.index + 1}: {v.label}"), no_wrap=True)
     for row in report.rows:
         cells = []
         for v, cell in zip(report.variants, row.cells, strict=True):
             marker = " ◀" if v.first_divergence == row.index else ""
             cells.append(_cell_text(cell) + marker)
-        t.add_row(str(row.index + 1), row.label, (row.parent_hash or "—")[:SHORT_HASH], *cells)
+        t.add_row(
+            str(row.index + 1), inert(row.label), (row.parent_hash or "—")[:SHORT_HASH], *cells
+        )
     console.print(t)
     console.print("cell: output sha256 prefix · = equal to the parent, Δn = n fields changed")
     for v in report.variants:
         first = (
-            f"first divergence: node {v.first_divergence + 1} {v.first_divergence_node}"
+            f"first divergence: node {v.first_divergence + 1} {inert(v.first_divergence_node)}"
             if v.first_divergence is not None
             else "no divergence"
         )
@@ -746,16 +750,16 @@ def render_grid(report: GridReport, console: Console) -> None:
         else:
             artifact = "[magenta]changes the artifact[/]" if v.changes_artifact else "same artifact"
         line = (
-            f"{v.index + 1}: [bold]{escape(v.label)}[/] · {v.status} · {first} · {artifact} · "
+            f"{v.index + 1}: [bold]{inert(v.label)}[/] · {v.status} · {first} · {artifact} · "
             f"{v.tokens} tok · {v.llm_requests} LLM requests"
         )
         if v.llm_shared:
             line += f" (+{v.llm_shared} shared)"
         if v.run is not None:
-            line += f" · run {v.run.run_id[:12]}"
+            line += f" · run {inert(v.run.run_id[:12])}"
         console.print(line)
         if v.error:
-            console.print(f"   [red]{escape(v.error)}[/]")
+            console.print(f"   [red]{inert(v.error)}[/]")
     console.print(
         f"{report.llm_requests} LLM requests for {report.new_llm_inputs} new LLM inputs · "
         f"{report.tokens} tokens · {report.wall_ms / 1000:.1f} s"
@@ -766,7 +770,7 @@ def _cell_text(cell: GridCell | None) -> str:
     if cell is None:
         return "[grey50]—[/]"
     if cell.status == "failed":
-        return f"[red]failed[/] [grey50]{cell.outcome}[/]"
+        return f"[red]failed[/] [grey50]{inert(cell.outcome)}[/]"
     if cell.status == "equal":
         colour = "grey50" if cell.outcome == "inherited" else "green"
         return f"[{colour}]{cell.short} =[/]"
@@ -796,12 +800,12 @@ def grid_command(
     """
     from rewind.session import command_session, error_line
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
 
     def progress(v: VariantResult) -> None:
         err.print(
-            f"  variant {v.index + 1} {v.label}: {v.status} · {v.tokens} tok · "
+            f"  variant {v.index + 1} {inert(v.label)}: {v.status} · {v.tokens} tok · "
             f"{v.wall_ms / 1000:.1f} s"
         )
 

@@ -894,14 +894,21 @@ def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> 
         UnknownNode: no such node in the run.
         ForkError: the run failed or was interrupted before reaching that node (or before any).
     """
-    if not nodes and run.status in ("failed", "interrupted"):
+    if not nodes:
+        # A run whose process died (or that was stopped) before its first node finished: "has
+        # no node number 1" would send the user hunting for a node that was never recorded.
+        why = {
+            "interrupted": ": it was interrupted before its first node finished",
+            "failed": ": it failed before its first node finished",
+            "running": ": it is still running",
+        }.get(run.status, f" ({run.status})")
         raise ForkError(
-            f"run {run.run_id[:12]} {run.status} before any node was recorded",
-            "there is nothing to fork; record the run again",
+            f"run {run.run_id[:12]} recorded no nodes{why}",
+            "record it again (rewind run …), or pick a run that has nodes (rewind runs)",
         )
     names = [n.name for n in nodes]
-    listing = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(names)) or "none"
-    if isinstance(at, int) or (isinstance(at, str) and at.strip().isdigit()):
+    listing = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(names))
+    if isinstance(at, int) or (isinstance(at, str) and at.strip().isdecimal()):
         number = int(at)
         if 1 <= number <= len(nodes):
             return number - 1

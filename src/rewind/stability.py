@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 import uuid
 from collections import Counter
@@ -34,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rewind.canonical import canonical_bytes
@@ -50,6 +50,8 @@ from rewind.replay import (
     validate_override,
 )
 from rewind.store import NodeRecord, RunRecord
+from rewind.terminal import console as make_console
+from rewind.terminal import inert
 
 __all__ = [
     "NodeStability",
@@ -445,7 +447,7 @@ def save_report(root: Path, kind: str, run_id: str, batch: str, body: dict[str, 
     from rewind.errors import StoreError
 
     folder = Path(root) / REPORTS_DIR
-    path = folder / f"{kind}-{run_id[:12]}-{batch}.json"
+    path = folder / f"{kind}-{_file_part(run_id)}-{batch}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
@@ -465,7 +467,13 @@ def saved_reports(root: Path, kind: str = "stability", run_id: str = "") -> list
     folder = Path(root) / REPORTS_DIR
     if not folder.is_dir():
         return []
-    return sorted(folder.glob(f"{kind}-{run_id[:12]}*.json"))
+    return sorted(folder.glob(f"{kind}-{_file_part(run_id)}*.json"))
+
+
+def _file_part(run_id: str) -> str:
+    """The first 12 characters of a run id, safe in a file name and a glob pattern: a run id is
+    any string a user or a trace chose (``/``, ``[``, control characters), not always a uuid."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id[:12])
 
 
 # -- rendering and the CLI entry -------------------------------------------------------------
@@ -477,11 +485,11 @@ def render_stability(report: StabilityReport, console: Console) -> None:
     if report.override:
         o = report.override
         name = o.get("param") or o.get("field")
-        change = escape(f" · {o['node']}.{name}={json.dumps(o['value'])}")
+        change = inert(f" · {o['node']}.{name}={json.dumps(o['value'])}")
     t = Table(
         title=(
-            f"stability of {report.run_id[:12]} from node {report.from_number} "
-            f"({report.from_node}) · K={report.k}{change}"
+            f"stability of {inert(report.run_id[:12])} from node {report.from_number} "
+            f"({inert(report.from_node)}) · K={report.k}{change}"
         ),
         title_justify="left",
     )
@@ -494,19 +502,19 @@ def render_stability(report: StabilityReport, console: Console) -> None:
         marker = " ◀ first spread" if n is first else ""
         t.add_row(
             str(report.from_number + n.index),
-            n.label,
+            inert(n.label),
             ("[green]yes[/]" if n.stable else "[dark_orange]no[/]") + marker,
             str(n.distinct) + ("" if n.completed == report.k else f" ({report.k - n.completed}∅)"),
             f"{n.modal_count}/{report.k} ({n.modal_share:.0%})",
             (n.modal_hash or "—")[:16],
             "=" if n.matches_parent else "≠",
-            n.determinism,
+            inert(n.determinism),
         )
     console.print(t)
     console.print(
         f"stable share: [bold]{report.stable_nodes}/{len(report.nodes)}[/] nodes "
         f"({report.stable_share:.0%}) · first spread: "
-        + (f"node {report.from_number + first.index} {first.label}" if first else "none")
+        + (f"node {report.from_number + first.index} {inert(first.label)}" if first else "none")
         + f" · {report.tokens} tokens · {report.wall_ms / 1000:.1f} s"
     )
     failures: dict[str, list[str]] = {}
@@ -515,11 +523,11 @@ def render_stability(report: StabilityReport, console: Console) -> None:
             failures.setdefault(s.error or s.status, []).append(s.run_id[:12])
     for error, runs in failures.items():
         console.print(
-            f"[dark_orange]{len(runs)}/{report.k} samples failed[/] ({', '.join(runs)}): "
-            + escape(error)
+            f"[dark_orange]{len(runs)}/{report.k} samples failed[/] ({inert(', '.join(runs))}): "
+            + inert(error)
         )
     if report.path is not None:
-        console.print(f"report: {report.path}")
+        console.print(f"report: {inert(report.path)}")
 
 
 def stability_command(
@@ -543,8 +551,8 @@ def stability_command(
     """
     from rewind.session import command_session, error_line
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
     try:
         if len(set_) > 1:
             raise InvalidOverride(
@@ -556,7 +564,8 @@ def stability_command(
 
             def progress(i: int, run: RunRecord) -> None:
                 err.print(
-                    f"  sample {i + 1}/{k}: {run.run_id[:12]} {run.status} · {run.tokens} tok · "
+                    f"  sample {i + 1}/{k}: {inert(run.run_id[:12])} {run.status} · "
+                    f"{run.tokens} tok · "
                     f"{run.latency_ms / 1000:.1f} s"
                 )
 

@@ -185,6 +185,13 @@ def load_pipeline(ref: str) -> Pipeline:
             f"pipeline reference {ref!r} is not module:attribute",
             "e.g. --app myapp.application:application",
         )
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        # import_module would take "../x" as a relative import and raise a TypeError.
+        raise RewindError(
+            f"pipeline reference {ref!r}: {module_name!r} is not a module name",
+            "name a dotted module (myapp.pipelines:pipeline), not a file path; run from the "
+            "folder that contains it or put that folder on PYTHONPATH",
+        )
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
@@ -193,6 +200,12 @@ def load_pipeline(ref: str) -> Pipeline:
         raise RewindError(
             f"cannot import pipeline {ref!r}: {exc}",
             "make the module importable (installed or on PYTHONPATH)",
+        ) from exc
+    except Exception as exc:  # the module itself raised (or has a syntax error) on import
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise RewindError(
+            f"importing pipeline {ref!r} raised {type(exc).__name__}: {first}",
+            "fix the module so it imports (python -c 'import MODULE' shows the traceback)",
         ) from exc
     if callable(obj) and not isinstance(obj, Pipeline | Application | ApplicationBuilder):
         try:

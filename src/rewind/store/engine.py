@@ -6,8 +6,11 @@ SQLite (a file in the store's folder) is the default; any SQLAlchemy URL selects
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
 
@@ -45,6 +48,47 @@ def sqlite_engine(db_path: Path) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         else:
             conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def sqlite_read_only_engine(db_path: Path) -> Engine:
+    """Create an engine that only reads an existing SQLite file: ``mode=ro``, ``query_only``.
+
+    Read commands (``rewind runs``, ``show``, ``diff``...) use it so a store on read-only media
+    (a mounted snapshot, a CI artifact, another user's folder) can be listed, and so reading
+    never changes the database. A WAL reader needs the ``-shm`` index beside the file (SQLite
+    creates it when the folder is writable, so readers see a concurrent writer's commits); when
+    the folder is not writable the file is opened ``immutable`` instead (SQLite then assumes
+    nobody changes it while it is open — true of read-only media).
+
+    Raises:
+        FileNotFoundError: ``db_path`` does not exist (read-only never creates it).
+    """
+    if not db_path.is_file():
+        raise FileNotFoundError(db_path)
+    uri = f"file:{quote(str(db_path))}?mode=ro"
+    if not os.access(db_path.parent, os.W_OK):
+        uri += "&immutable=1"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(
+            uri, uri=True, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000
+        )
+
+    engine = create_engine("sqlite+pysqlite://", creator=connect)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA query_only=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
 
     return engine
 

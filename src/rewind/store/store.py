@@ -7,6 +7,7 @@ artifacts are files under the store's folder, referenced by hash and relative pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
 from rewind.serde import decode_field
 from rewind.store import schema
-from rewind.store.engine import sqlite_engine, url_engine
+from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
 
 DB_FILENAME = "rewind.db"
@@ -45,6 +46,7 @@ COMPRESS_MIN_BYTES = 1024
 """Blobs at least this large are stored zlib-compressed when that saves 10% or more; the hash
 is always taken over the uncompressed bytes."""
 _IN_CHUNK = 500
+_ORPHAN_ERROR = "interrupted: its process ended before the run finished"
 
 
 @dataclass
@@ -106,24 +108,35 @@ class Store:
     Args:
         root: the store's folder (artifacts are written below it; the SQLite file lives in it).
         engine: a SQLAlchemy engine; see :func:`open_store` for the usual way to get one.
+        read_only: only read: the schema is checked, never created, :meth:`write` refuses, and
+            :meth:`reap_orphans` reports dead runs as ``interrupted`` without writing.
 
     Raises:
-        StoreError: the database has another schema version than this code.
+        StoreError: the database has another schema version than this code (or, read-only,
+            holds no Rewind store).
     """
 
-    def __init__(self, root: Path, engine: Engine) -> None:
+    def __init__(self, root: Path, engine: Engine, *, read_only: bool = False) -> None:
         self.root = root
         self.engine = engine
+        self.read_only = read_only
+        self._orphans: frozenset[str] = frozenset()
         self._known_blobs: set[str] = set()
         self._known_lock = threading.Lock()
         try:
-            self._init_schema()
+            if read_only:
+                self._check_schema()
+            else:
+                self._init_schema()
         except SQLAlchemyError as exc:
             engine.dispose()
             raise StoreError(
                 f"cannot open the store at {root}: {_first_line(exc)}",
                 "pass a writable --store folder (or a reachable database URL)",
             ) from exc
+        except StoreError:
+            engine.dispose()
+            raise
         # Statements are built once: constructing one costs more than executing it (measured
         # ~150 µs vs ~40 µs per blob insert on the record hot path).
         dialect = engine.dialect.name
@@ -138,7 +151,16 @@ class Store:
     # -- transactions -------------------------------------------------------------------------
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite); commits on success."""
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite); commits on success.
+
+        Raises:
+            StoreError: the store was opened read-only.
+        """
+        if self.read_only:
+            raise StoreError(
+                f"the store at {self.root} is open read-only",
+                "run a command that records (or open the store without read_only)",
+            )
         with self.engine.connect().execution_options(immediate=True) as conn, conn.begin():
             yield conn
 
@@ -147,6 +169,27 @@ class Store:
         """A read-only transaction."""
         with self.engine.connect() as conn, conn.begin():
             yield conn
+
+    def _check_schema(self) -> None:
+        with self.read() as conn:
+            try:
+                row = conn.execute(
+                    select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
+                ).first()
+            except SQLAlchemyError as exc:
+                raise StoreError(
+                    f"{self.root} holds no Rewind store ({_first_line(exc)})",
+                    "pass --store with a store Rewind recorded into",
+                ) from exc
+        self._check_version(row[0] if row is not None else None)
+
+    def _check_version(self, version: str | None) -> None:
+        if version is not None and int(version) != schema.SCHEMA_VERSION:
+            raise StoreError(
+                f"store {self.root} has schema version {version}, this Rewind expects "
+                f"{schema.SCHEMA_VERSION}",
+                "use a new store folder (--store) or the Rewind version that wrote it",
+            )
 
     def _init_schema(self) -> None:
         with self.write() as conn:
@@ -163,12 +206,8 @@ class Store:
                         key="schema_version", value=str(schema.SCHEMA_VERSION)
                     )
                 )
-            elif int(row[0]) != schema.SCHEMA_VERSION:
-                raise StoreError(
-                    f"store {self.root} has schema version {row[0]}, this Rewind expects "
-                    f"{schema.SCHEMA_VERSION}",
-                    "use a new store folder (--store) or the Rewind version that wrote it",
-                )
+            else:
+                self._check_version(row[0])
 
     def close(self) -> None:
         """Release the engine's connections."""
@@ -326,7 +365,8 @@ class Store:
         Args:
             run_ids: only look at these runs (None: every running run).
         Returns:
-            the ids marked.
+            the ids marked. A read-only store writes nothing: it remembers them and reports
+            them as ``interrupted`` when it reads runs.
         """
         t = schema.runs
         query = select(t.c.run_id, t.c.owner).where(t.c.status == "running")
@@ -335,7 +375,9 @@ class Store:
         with self.read() as conn:
             rows = conn.execute(query).all()
         dead = [r.run_id for r in rows if r.owner and owner_is_gone(r.owner)]
-        if dead:
+        if dead and self.read_only:
+            self._orphans = frozenset(dead)
+        elif dead:
             with self.write() as conn:
                 conn.execute(
                     update(t)
@@ -343,7 +385,7 @@ class Store:
                     .values(
                         status="interrupted",
                         finished_at=time.time(),
-                        error="interrupted: its process ended before the run finished",
+                        error=_ORPHAN_ERROR,
                     )
                 )
         return dead
@@ -394,7 +436,7 @@ class Store:
                     )
         if row is None:
             raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
-        return RunRecord.from_row(row)
+        return self._run_record(row)
 
     def list_runs(self, limit: int = 100) -> list[RunRecord]:
         """Most recent runs first."""
@@ -402,7 +444,13 @@ class Store:
             rows = conn.execute(
                 select(schema.runs).order_by(schema.runs.c.created_at.desc()).limit(limit)
             ).all()
-        return [RunRecord.from_row(r) for r in rows]
+        return [self._run_record(r) for r in rows]
+
+    def _run_record(self, row: Any) -> RunRecord:
+        record = RunRecord.from_row(row)
+        if record.run_id in self._orphans and record.status == "running":
+            return dataclasses.replace(record, status="interrupted", error=_ORPHAN_ERROR)
+        return record
 
     def children(self, run_id: str) -> list[RunRecord]:
         """Forks whose parent is ``run_id``, oldest first."""
@@ -412,7 +460,7 @@ class Store:
                 .where(schema.runs.c.parent_run_id == run_id)
                 .order_by(schema.runs.c.created_at)
             ).all()
-        return [RunRecord.from_row(r) for r in rows]
+        return [self._run_record(r) for r in rows]
 
     # -- nodes and calls ----------------------------------------------------------------------
     def insert_node(
@@ -796,22 +844,25 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(orig).__name__
 
 
-def open_store(location: str | Path) -> Store:
+def open_store(location: str | Path, *, read_only: bool = False) -> Store:
     """Open (creating if needed) a store.
 
     Args:
         location: a folder (the SQLite file ``rewind.db`` is created in it), a path ending in
             ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``; artifacts then
             go to ``./.rewind``).
+        read_only: only read an existing store (what ``rewind runs``/``show``/``diff``... do):
+            nothing is created or written, so a store on read-only media can be read; SQLite
+            opens with ``mode=ro`` (see :func:`rewind.store.engine.sqlite_read_only_engine`).
     Raises:
-        StoreError: the location cannot be created or holds another schema version.
+        StoreError: the location is empty, cannot be created (or, read-only, holds no store),
+            or holds another schema version. Nothing is created on disk when this is raised.
     """
     loc = str(location)
     if not loc.strip():
         raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
     if "://" in loc:
         root = Path(".rewind").resolve()
-        root.mkdir(parents=True, exist_ok=True)
         try:
             engine = url_engine(loc)
         except ModuleNotFoundError as exc:
@@ -824,7 +875,10 @@ def open_store(location: str | Path) -> Store:
                 f"cannot use the store URL {loc!r}: {_first_line(exc)}",
                 "pass a folder, a .db file, or a URL like postgresql+psycopg://user@host/db",
             ) from exc
-        return Store(root, engine)
+        store = Store(root, engine, read_only=read_only)
+        if not read_only:  # the artifact folder, once the database is known to work
+            _make_folder(root)
+        return store
     path = Path(loc).expanduser()
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         root, db = path.parent, path
@@ -832,10 +886,23 @@ def open_store(location: str | Path) -> Store:
         root, db = path, path / DB_FILENAME
     if root.exists() and not root.is_dir():
         raise StoreError(f"the store location {root} is a file", "pass a folder or a .db path")
+    if read_only:
+        try:
+            engine = sqlite_read_only_engine(db.resolve())
+        except FileNotFoundError:
+            raise StoreError(
+                f"no store at {root.resolve()} (nothing was recorded there)",
+                "pass --store with the folder you recorded into, or record a run first",
+            ) from None
+        return Store(root.resolve(), engine, read_only=True)
+    _make_folder(root)
+    return Store(root.resolve(), sqlite_engine(db.resolve()))
+
+
+def _make_folder(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(
             f"cannot create store folder {root}: {exc}", "pass a writable --store"
         ) from exc
-    return Store(root.resolve(), sqlite_engine(db.resolve()))

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rewind.errors import InvalidOverride, RewindError, UnknownNode
 from rewind.replay import Rewind, parse_override
+from rewind.terminal import console as make_console
+from rewind.terminal import inert, visible
 from rewind.tracing.debug import DebugError, DebugQuit, DebugSession, run_script
 from rewind.tracing.failures import analyze_failures
 from rewind.tracing.inspect import (
@@ -64,7 +65,7 @@ def _emit_json(value: Any) -> None:
 
 
 def _console(console: Console | None) -> Console:
-    return console or Console(highlight=False)
+    return console or make_console()
 
 
 def settings_from(specs: Iterable[str] | None) -> InspectionSettings:
@@ -83,12 +84,14 @@ def settings_from(specs: Iterable[str] | None) -> InspectionSettings:
 
 
 def _status(status: str) -> str:
-    return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
+    return f"[{_STATUS_STYLE.get(status, 'white')}]{inert(status)}[/]"
 
 
 def trace_table(view: TraceView, title: str | None = None) -> Table:
     """A trace's steps as a Rich table (nesting shown by indentation)."""
-    t = Table(title=title or f"{view.kind} {view.trace_id} ({view.name})", title_justify="left")
+    t = Table(
+        title=inert(title or f"{view.kind} {view.trace_id} ({view.name})"), title_justify="left"
+    )
     for col, justify in (
         ("#", "right"),
         ("step", "left"),
@@ -104,20 +107,21 @@ def trace_table(view: TraceView, title: str | None = None) -> Table:
         reason = s.cache_reason if s.cache_reason not in ("", s.cache_outcome) else ""
         t.add_row(
             str(s.number),
-            "  " * view.depth(s) + escape(s.name),
-            s.step_type,
+            "  " * view.depth(s) + inert(s.name),
+            inert(s.step_type),
             _status(s.status),
-            s.cache_outcome + (f":{reason}" if reason else ""),
+            inert(s.cache_outcome + (f":{reason}" if reason else "")),
             str(s.tokens),
             f"{s.duration_ms:.1f}",
-            escape(s.error or ""),
+            inert(s.error or ""),
         )
     return t
 
 
 def _summary_line(view: TraceView) -> str:
     parts = [
-        f"{view.kind} [bold]{view.trace_id}[/] ({escape(view.name)}) {_status(view.status)}",
+        f"{inert(view.kind)} [bold]{inert(view.trace_id)}[/] ({inert(view.name)}) "
+        f"{_status(view.status)}",
         f"{len(view.steps)} steps",
         f"{view.tokens} tokens",
         f"{view.duration_ms:.1f} ms",
@@ -130,9 +134,9 @@ def _summary_line(view: TraceView) -> str:
             if change
             else "no change (unchanged replay)"
         )
-        parts.append(f"replay of {view.parent_run_id[:12]}: {escape(what)}")
+        parts.append(f"replay of {inert(view.parent_run_id[:12])}: {inert(what)}")
     if view.error:
-        parts.append(f"[red]{escape(view.error)}[/]")
+        parts.append(f"[red]{inert(view.error)}[/]")
     return " · ".join(parts)
 
 
@@ -180,7 +184,7 @@ def replay_trace_command(
 
 def _print_comparison(out: Console, comparison: dict[str, Any]) -> None:
     t = Table(
-        title=f"diff {comparison['run_a'][:12]} → {comparison['run_b'][:12]}",
+        title=inert(f"diff {comparison['run_a'][:12]} → {comparison['run_b'][:12]}"),
         title_justify="left",
     )
     for col in ("#", "step", "status", "hash", "similarity", "tokens Δ", "changed fields"):
@@ -192,12 +196,12 @@ def _print_comparison(out: Console, comparison: dict[str, Any]) -> None:
         mark = " ◀ first divergence" if comparison["first_divergence"] == row["index"] else ""
         t.add_row(
             str(row["index"] + 1),
-            escape(row["name"]),
+            inert(row["name"]),
             f"[{colour}]{row['status']}[/]{mark}",
             "=" if row["hash_equal"] else "≠",
             f"{row['similarity']:.3f}",
             f"{row['token_delta']:+d}",
-            escape(shown),
+            inert(shown),
         )
     out.print(t)
     if comparison["first_divergence"] is None:
@@ -234,7 +238,7 @@ def inspect_command(
         _emit_json(report.to_json())
         return 0
     t = Table(
-        title=f"inspect {view.kind} {view.trace_id} ({escape(view.name)})", title_justify="left"
+        title=inert(f"inspect {view.kind} {view.trace_id} ({view.name})"), title_justify="left"
     )
     for col in ("#", "step", "type", "status", "ms", "tokens", "findings"):
         t.add_column(col)
@@ -246,8 +250,8 @@ def inspect_command(
         )
         t.add_row(
             str(s.number),
-            "  " * view.depth(s) + escape(s.name),
-            s.step_type,
+            "  " * view.depth(s) + inert(s.name),
+            inert(s.step_type),
             _status(s.status),
             f"{s.duration_ms:.1f}",
             str(s.tokens),
@@ -258,8 +262,8 @@ def inspect_command(
         for f in si.findings:
             style = _SEVERITY_STYLE[f.severity]
             out.print(
-                f"[{style}]{f.severity:<7}[/] step {si.step.number} [bold]{escape(si.step.name)}"
-                f"[/]: {escape(f.message)}\n          → {escape(f.suggestion)}",
+                f"[{style}]{f.severity:<7}[/] step {si.step.number} [bold]{inert(si.step.name)}"
+                f"[/]: {inert(f.message)}\n          → {inert(f.suggestion)}",
                 soft_wrap=True,
             )
     counts = report.counts()
@@ -314,12 +318,12 @@ def failures_command(
         label = p.pattern if p.signature is None else f"{p.pattern}: {p.signature}"
         steps = ", ".join(f"{k}×{v}" for k, v in p.steps.most_common(3))
         t.add_row(
-            escape(label),
+            inert(label),
             str(p.count),
             f"{p.count / report.failed_traces:.0%}",
-            escape(steps),
-            "\n".join(i[:12] for i in p.examples(min(examples, 3))),
-            escape(p.suggested_fix),
+            inert(steps),
+            "\n".join(inert(i[:12]) for i in p.examples(min(examples, 3))),
+            inert(p.suggested_fix),
         )
     out.print(t)
     out.print("see one example: rewind root-cause TRACE")
@@ -345,28 +349,28 @@ def root_cause_command(
         _emit_json(rc.to_json())
         return 0
     if not rc.failed:
-        out.print(f"{rc.kind} {rc.trace_id} ({escape(rc.name)}) did not fail ({rc.status})")
+        out.print(inert(f"{rc.kind} {rc.trace_id} ({rc.name}) did not fail ({rc.status})"))
         return 0
-    out.print(f"{rc.kind} [bold]{rc.trace_id}[/] ({escape(rc.name)}) [red]failed[/]")
+    out.print(f"{inert(rc.kind)} [bold]{inert(rc.trace_id)}[/] ({inert(rc.name)}) [red]failed[/]")
     out.print(
         f"pattern: [bold]{rc.pattern}[/]"
-        + (f" ({escape(rc.signature or '')})" if rc.pattern == "cluster" else "")
+        + (f" ({inert(rc.signature or '')})" if rc.pattern == "cluster" else "")
     )
     if rc.failing_step:
         f = rc.failing_step
         out.print(
-            f"failing step: {f['number']} [bold]{escape(f['name'])}[/] ({f['type']}, "
-            f"{f['duration_ms']:.1f} ms): [red]{escape(rc.error or '')}[/]",
+            f"failing step: {f['number']} [bold]{inert(f['name'])}[/] ({inert(f['type'])}, "
+            f"{f['duration_ms']:.1f} ms): [red]{inert(rc.error or '')}[/]",
             soft_wrap=True,
         )
     else:
-        out.print(f"the chain failed outside any step: [red]{escape(rc.error or '')}[/]")
+        out.print(f"the chain failed outside any step: [red]{inert(rc.error or '')}[/]")
     if rc.input_summary:
         s = rc.input_summary
         extra = f", keys: {', '.join(s['keys'])}" if s.get("keys") else ""
         size = f"{s['chars']} chars (~{s['approx_tokens']} tokens)"
-        out.print(f"its input: {s['type']}, {size}{escape(extra)}")
-        out.print(f"  {escape(s['preview']) or '(empty)'}", soft_wrap=True)
+        out.print(f"its input: {inert(s['type'])}, {size}{inert(extra)}")
+        out.print(f"  {inert(s['preview']) or '(empty)'}", soft_wrap=True)
     if rc.previous_steps:
         t = Table(title="steps before it", title_justify="left")
         for col in ("#", "step", "type", "status", "ms"):
@@ -374,21 +378,21 @@ def root_cause_command(
         for p in rc.previous_steps:
             t.add_row(
                 str(p["number"]),
-                "  " * p["depth"] + escape(p["name"]),
-                p["type"],
+                "  " * p["depth"] + inert(p["name"]),
+                inert(p["type"]),
                 _status(p["status"]),
                 f"{p['duration_ms']:.1f}",
             )
         out.print(t)
     for note in rc.upstream:
-        out.print(f"[dark_orange]upstream:[/] {escape(note)}", soft_wrap=True)
+        out.print(f"[dark_orange]upstream:[/] {inert(note)}", soft_wrap=True)
     out.print("suggestions:")
     for s in rc.suggestions:
-        out.print(f"  • {escape(s)}", soft_wrap=True)
+        out.print(f"  • {inert(s)}", soft_wrap=True)
     if rc.fork_command:
-        out.print(f"re-run from the failing node: [bold]{rc.fork_command}[/]")
+        out.print(f"re-run from the failing node: [bold]{inert(rc.fork_command)}[/]")
     if rc.replay_command:
-        out.print(f"replay with a change: [bold]{rc.replay_command}[/]")
+        out.print(f"replay with a change: [bold]{inert(rc.replay_command)}[/]")
     return 0
 
 
@@ -414,7 +418,7 @@ def debug_command(
     )
 
     def write(text: str) -> None:
-        out.print(text, markup=False, highlight=False, soft_wrap=True)
+        out.print(visible(text, multiline=True), markup=False, highlight=False, soft_wrap=True)
 
     if lines is None and sys.stdin.isatty():
         write(f"debugging {view.kind} {view.trace_id} ({view.name}); type help, quit to leave")
@@ -490,12 +494,26 @@ def otel_export_command(
     if out is not None:
         if out.exists() and out.is_dir():
             raise InvalidOverride(f"--out {out} is a folder", "give a file name")
-        exported = export_to_file(rw.store, runs, out, service_name=service_name)
+        if not out.parent.is_dir():
+            raise InvalidOverride(
+                f"--out {out}: the folder {out.parent} does not exist",
+                "create it first, or pass a file in an existing folder",
+            )
+        try:
+            exported = export_to_file(rw.store, runs, out, service_name=service_name)
+        except OSError as exc:
+            raise RewindError(
+                f"cannot write --out {out}: {exc.strerror or exc}",
+                "pass a file in a folder you can write to",
+            ) from exc
     if endpoint is not None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         if not endpoint.startswith(("http://", "https://")):
-            raise InvalidOverride(f"--endpoint {endpoint!r} is not an http(s) URL", "")
+            raise InvalidOverride(
+                f"--endpoint {endpoint!r} is not an http(s) URL",
+                "pass the collector's OTLP/HTTP address, e.g. http://localhost:4318",
+            )
         url = endpoint.rstrip("/")
         url = url if url.endswith("/v1/traces") else url + "/v1/traces"
         pairs = {}
@@ -513,9 +531,9 @@ def otel_export_command(
         _emit_json({"trace_ids": exported, "out": str(out) if out else None, "endpoint": endpoint})
         return 0
     where = " and ".join(x for x in (str(out) if out else "", endpoint or "") if x)
-    con.print(f"exported {len(exported)} trace(s) to {escape(where)}")
+    con.print(f"exported {len(exported)} trace(s) to {inert(where)}")
     for tid in exported:
-        con.print(f"  {tid}")
+        con.print(f"  {inert(tid)}")
     return 0
 
 
@@ -550,15 +568,15 @@ def otel_import_command(
         _emit_json(result.to_json())
         return code
     con.print(
-        f"imported {len(result.imported)} trace(s) from {escape(str(file))} "
+        f"imported {len(result.imported)} trace(s) from {inert(str(file))} "
         f"({result.spans} spans); {len(result.skipped)} already stored; "
         f"{result.rejected} span(s) rejected"
     )
     for tid in result.imported:
         view = load_trace(rw.store, tid)
-        con.print(f"  {tid} {escape(view.name)} {_status(view.status)} {len(view.steps)} steps")
+        con.print(f"  {tid} {inert(view.name)} {_status(view.status)} {len(view.steps)} steps")
     for note in result.notes:
-        con.print(f"[yellow]note:[/] {escape(note)}")
+        con.print(f"[yellow]note:[/] {inert(note)}")
     for err in result.errors:
-        con.print(f"[red]rejected:[/] {escape(err)}")
+        con.print(f"[red]rejected:[/] {inert(err)}")
     return code
