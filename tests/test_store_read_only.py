@@ -13,7 +13,7 @@ from sqlalchemy import select
 from rewind.errors import StoreError
 from rewind.replay import Rewind
 from rewind.store import open_store, schema
-from rewind.store.store import OWNER
+from rewind.store.store import current_owner
 from tests import pipelines
 from tests.conftest import row_counts
 
@@ -53,7 +53,7 @@ def test_read_only_store_reports_a_dead_process_run_as_interrupted_without_writi
         ).stdout
     )
     store = open_store(tmp_path)
-    host = OWNER.rsplit(":", 1)[0]
+    host = current_owner().split(":", 1)[0]
     with store.write() as conn:
         store.create_run(conn, run_id="orphan00", pipeline="tiny", owner=f"{host}:{pid}")
     counts = row_counts(store)
