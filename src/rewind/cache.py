@@ -309,6 +309,9 @@ def _single_flight(
     flight, future, leader = _join_flight(ctx, call)
     if not leader:
         return _follow(scope, call, future.result())
+    late = _landed_meanwhile(ctx, scope, call, flight, future)
+    if late is not None:
+        return late
     try:
         data, record = execute_call(ctx, scope, call, "miss", reason, cacheable=True)
     except BaseException as exc:
@@ -329,6 +332,9 @@ async def _asingle_flight(
     flight, future, leader = _join_flight(ctx, call)
     if not leader:
         return _follow(scope, call, await asyncio.wrap_future(future))
+    late = _landed_meanwhile(ctx, scope, call, flight, future)
+    if late is not None:
+        return late
     try:
         data, record = await aexecute_call(
             ctx, scope, call, aexecute, "miss", reason, cacheable=True
@@ -353,6 +359,21 @@ def _join_flight(ctx: RunContext, call: Call) -> tuple[tuple[int, str], _Flight,
                     del _INFLIGHT[k]
             _INFLIGHT[flight] = Future()
         return flight, _INFLIGHT[flight], leader
+
+
+def _landed_meanwhile(
+    ctx: RunContext, scope: NodeScope | None, call: Call, flight: tuple[int, str], future: _Flight
+) -> tuple[bytes, CallRecord] | None:
+    """A new leader looks once more: another run may have executed the call and committed it
+    (then released its flight) between this run's cache lookup and its joining the flight."""
+    found, _ = _lookup(ctx, scope, call.kind, call.key, call.policy)
+    if found is None:
+        return None
+    data, record = _hit(ctx, scope, call, found)
+    future.set_result((data, record.result_hash, record.produced_at))
+    with _INFLIGHT_LOCK:
+        _INFLIGHT.pop(flight, None)
+    return data, record
 
 
 def _fail_flight(flight: tuple[int, str], future: _Flight, exc: BaseException) -> None:

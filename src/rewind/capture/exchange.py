@@ -141,6 +141,8 @@ def endpoint_identity(url: str) -> str:
         ``local-model:sha256:…/chat/completions``; query parameters sorted, auth ones dropped.
     """
     base, _, query = url.partition("?")
+    if not query and not _IDENTITIES:  # the common case, on every captured call
+        return base
     with _IDENTITIES_LOCK:
         for prefix, identity in _IDENTITIES.items():
             if base == prefix or base.startswith(prefix + "/"):
