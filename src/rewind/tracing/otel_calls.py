@@ -48,7 +48,7 @@ from typing import Any
 
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.context import PendingWrite
-from rewind.llm import llm_cache_key, normalize_request
+from rewind.llm import llm_cache_key
 from rewind.store.records import CallRecord
 
 __all__ = [
@@ -171,8 +171,8 @@ def entries_of(
     """The call rows and cache entries of a step's replayable recorded calls.
 
     Keys: :func:`rewind.llm.llm_cache_key` of the request for a model call, ``key_of("tool/v1",
-    name, canonical args)`` for a tool call. Request bytes: the normalized request (model call)
-    or canonical args; result bytes: canonical JSON of the response / result.
+    name, canonical args)`` for a tool call. Request bytes: canonical JSON of the request as
+    recorded (model call) or of the args; result bytes: canonical JSON of the response / result.
 
     Raises:
         rewind.canonical.CanonicalError: a value cannot be hashed (NaN...).
@@ -183,7 +183,7 @@ def entries_of(
         if not c.replayable:
             continue
         if c.kind == "llm":
-            request = canonical_bytes(normalize_request(c.request))
+            request = canonical_bytes(c.request)  # as sent; the key fills in the defaults
             key = llm_cache_key(c.request)
         else:
             request = canonical_bytes(c.request)

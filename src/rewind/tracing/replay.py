@@ -18,7 +18,9 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +29,12 @@ from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
+from rewind.tracing.recorded import recorded_params, replay_recorded
 from rewind.tracing.store import lineage_of, load_trace
 from rewind.tracing.tracer import Trace, new_trace_id
+
+CHAIN_MODE = "chain"
+"""The ``replay_mode`` of a replay that ran the chain's code."""
 
 __all__ = ["TraceChange", "load_chain", "parse_change", "replay_trace"]
 
@@ -53,17 +59,20 @@ class TraceChange:
         }
 
 
-def parse_change(spec: str, view: TraceView) -> TraceChange:
+def parse_change(
+    spec: str, view: TraceView, extra_params: Mapping[str, Sequence[str]] | None = None
+) -> TraceChange:
     """Parse ``input.field=VALUE`` or ``step.param=VALUE`` against a recorded trace.
 
-    VALUE is JSON when it parses as JSON, else a plain string.
+    VALUE is JSON when it parses as JSON, else a plain string. ``extra_params`` adds settable
+    params per step name (a replay of recorded calls may set any recorded request field).
 
     Raises:
         InvalidOverride: malformed, an input field the chain's input does not have, a step or
             param the trace does not have, or a value that cannot be hashed (NaN...).
     """
     left, sep, raw = spec.partition("=")
-    target, dot, rest = left.strip().partition(".")
+    target, dot, rest = _split_target(left.strip(), view)
     if not sep or not dot or not target or not rest:
         raise InvalidOverride(
             f"malformed change {spec!r}",
@@ -99,20 +108,37 @@ def parse_change(spec: str, view: TraceView) -> TraceChange:
                     "set the whole field instead",
                 )
         return TraceChange(INPUT_KEY, path, value)
-    steps = [s for s in view.steps if s.name == target]
+    name, _, occ = target.partition("#")
+    steps = [s for s in view.steps if s.name == name]
+    if occ and steps:
+        try:
+            steps = [view.find(target)] if occ.isdigit() else []
+        except LookupError:
+            steps = []
     if not steps:
         names = sorted({s.name for s in view.steps})
         raise InvalidOverride(
             f"trace {view.trace_id[:12]} has no step {target!r}",
             f"change input.FIELD, or a param of: {', '.join(names) or 'no step'}",
         )
-    params = sorted({p for s in steps for p in s.params})
+    params = sorted({p for s in steps for p in s.params} | set((extra_params or {}).get(name, ())))
     if len(path) != 1 or path[0] not in params:
         raise InvalidOverride(
             f"step {target!r} has no param {'.'.join(path)!r}",
             f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
         )
     return TraceChange(target, path, value)
+
+
+def _split_target(left: str, view: TraceView) -> tuple[str, str, str]:
+    """(target, ".", path) of ``target.path``: the longest step name (``name`` or ``name#k``)
+    the left side starts with, so that step names holding dots (``openai.chat``) parse."""
+    names = sorted({s.name for s in view.steps}, key=len, reverse=True)
+    for name in names:
+        m = re.match(rf"^({re.escape(name)}(?:#[0-9]+)?)\.(.+)$", left)
+        if m:
+            return m.group(1), ".", m.group(2)
+    return left.partition(".")
 
 
 def _no_constant(name: str) -> Any:
@@ -153,6 +179,7 @@ def replay_trace(
     change: TraceChange | str | None = None,
     chat_client: Any = None,
     new_id: str | None = None,
+    chain: str | None = None,
 ) -> RunRecord:
     """Replay a recorded trace: re-run its chain with the recorded input (plus one change), LLM
     calls served from the recorded answers where the request is unchanged.
@@ -164,8 +191,12 @@ def replay_trace(
             replay (expected: every LLM call a hit, 0 tokens, identical hashes).
         chat_client: the model client for calls that miss (a changed prompt).
         new_id: the replay's trace id (default: a new one).
+        chain: ``module:function`` of the chain's code, for a trace recorded without one (an
+            import); default: the trace's recorded ``chain_ref``. With neither, the recorded
+            steps are replayed as a chain of recorded calls (:mod:`rewind.tracing.recorded`).
     Returns:
-        the replay's run row (``failed`` if the chain raised; the exception is recorded on it).
+        the replay's run row (``failed`` if the chain raised; the exception is recorded on it);
+        its ``config["replay_mode"]`` says which mode ran: ``chain`` or ``recorded-calls``.
     Raises:
         UnknownRun, InvalidOverride, RunBusy, RewindError: nothing is written.
         EndpointUnavailable: a call missed and no model endpoint answers (the replay is written,
@@ -180,11 +211,19 @@ def replay_trace(
         )
     if run.status == "running":
         raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
-    ref = run.config.get("chain_ref")
+    ref = chain or run.config.get("chain_ref")
     if not ref:
-        raise RewindError(
-            f"trace {run.run_id[:12]} was not recorded from a chain function that can be imported",
-            "decorate a module-level function with @tracer.chain to make its traces replayable",
+        view = load_trace(store, run.run_id, payloads=True)
+        if isinstance(change, str):
+            change = parse_change(change, view, recorded_params(store, view))
+        return replay_recorded(
+            store,
+            run,
+            view,
+            change=change,
+            chat_client=chat_client,
+            new_id=new_id or new_trace_id(),
+            override=change.to_json() if change is not None else None,
         )
     if isinstance(change, str):
         change = parse_change(change, view)
@@ -220,6 +259,7 @@ def replay_trace(
         parent_run_id=run.run_id,
         override=change.to_json() if change is not None else None,
         raise_on_write_error=True,
+        config={"replay_mode": CHAIN_MODE},
     )
     unavailable: EndpointUnavailable | None = None
     try:

@@ -492,9 +492,11 @@ class Trace:
         parent_run_id: str | None = None,
         override: dict[str, Any] | None = None,
         raise_on_write_error: bool = False,
+        config: dict[str, Any] | None = None,
     ) -> None:
         if not name or len(name) > 200:
             raise ValueError("a trace needs a name of 1 to 200 characters")
+        self.config = dict(config or {})
         self.name = name
         self.trace_id = trace_id or new_trace_id()
         self.span_id = new_span_id()
@@ -589,7 +591,7 @@ class Trace:
 
     def data(self) -> TraceData:
         """The trace as the store writes it."""
-        config: dict[str, Any] = {"source": "tracer"}
+        config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
         steps = [s.data() for s in self.steps]
