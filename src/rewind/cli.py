@@ -756,13 +756,22 @@ def replay_trace_cmd(
         list[str] | None,
         typer.Option("--set", help="One change: input.FIELD=VALUE or STEP.PARAM=VALUE."),
     ] = None,
+    chain: Annotated[
+        str | None,
+        typer.Option(
+            help="The chain's code as module:function (default: the recorded one; without "
+            "any, the recorded calls are replayed)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a traced chain with its recorded LLM answers and one change; diff the two."""
     from rewind.tracing import commands
 
     with _session() as rw:
-        code = commands.replay_trace_command(rw, trace, set_, as_json=as_json, console=console)
+        code = commands.replay_trace_command(
+            rw, trace, set_, as_json=as_json, console=console, chain=chain
+        )
     raise typer.Exit(code)
 
 

@@ -146,9 +146,11 @@ def replay_trace_command(
     *,
     as_json: bool = False,
     console: Console | None = None,
+    chain: str | None = None,
 ) -> int:
-    """``rewind replay-trace TRACE [--set input.field=VALUE | --set step.param=VALUE]``: re-run a
-    traced chain with its recorded LLM answers and at most one change, then diff it against the
+    """``rewind replay-trace TRACE [--set input.field=VALUE | --set step.param=VALUE]
+    [--chain module:function]``: re-run a traced chain (its code, or its recorded calls when no
+    code is known) with its recorded LLM answers and at most one change, then diff it against the
     original. Exit 0 when the replay completed, 1 when it failed."""
     out = _console(console)
     if changes and len(changes) > 1:
@@ -157,15 +159,21 @@ def replay_trace_command(
             "pass one --set (replay several times for several changes)",
         )
     record = replay_trace(
-        rw.store, trace, change=changes[0] if changes else None, chat_client=rw.chat_client
+        rw.store,
+        trace,
+        change=changes[0] if changes else None,
+        chat_client=rw.chat_client,
+        chain=chain,
     )
+    mode = str(record.config.get("replay_mode") or "chain")
     parent = record.parent_run_id
     assert parent is not None
     a, b = load_trace(rw.store, parent), load_trace(rw.store, record.run_id)
     comparison = compare_traces(a, b)
     if as_json:
-        _emit_json({"trace": b.to_json(), "diff": comparison})
+        _emit_json({"mode": mode, "trace": b.to_json(), "diff": comparison})
     else:
+        out.print(f"mode: {_MODES.get(mode, mode)}")
         out.print(trace_table(b, f"replay {b.trace_id}"))
         out.print(_summary_line(b))
         _print_comparison(out, comparison)
@@ -176,6 +184,13 @@ def replay_trace_command(
                 "model differs from the recorded one"
             )
     return 0 if record.status == "completed" else 1
+
+
+_MODES = {
+    "chain": "chain (the chain's code ran again)",
+    "recorded-calls": "recorded calls (no chain code: the recorded model calls were re-sent "
+    "through the cache; pass --chain module:function to run code)",
+}
 
 
 def _print_comparison(out: Console, comparison: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from rewind.cache import CallPolicy, Executed, through_cache
 from rewind.calls import send
 from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
+from rewind.llm import PROVIDER_DEFAULTS
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, StepView, TraceView
 from rewind.tracing.store import lineage_of
@@ -51,14 +52,16 @@ class NotReplayable(RewindError):
 
 def recorded_params(store: Store, view: TraceView) -> dict[str, list[str]]:
     """Step name → the request fields a change may set on its model calls (every recorded
-    request field but ``messages``), for the steps whose calls were recorded."""
+    request field but ``messages``, and every output-affecting parameter Rewind keys:
+    :data:`rewind.llm.PROVIDER_DEFAULTS`), for the steps whose calls were recorded."""
     blobs = _request_blobs(store, view)
     out: dict[str, set[str]] = {}
     for s in view.steps:
         for c in s.calls:
             if c.kind == "llm" and c.request_hash in blobs:
                 request = json.loads(blobs[c.request_hash])
-                out.setdefault(s.name, set()).update(k for k in request if k != "messages")
+                fields = out.setdefault(s.name, set(PROVIDER_DEFAULTS))
+                fields.update(k for k in request if k != "messages")
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -252,7 +255,11 @@ def _substituted(value: Any, subs: list[tuple[str, str]]) -> Any:
     if not subs:
         return value
     if isinstance(value, str):
-        for old, new in subs:
+        for old, new in reversed(subs):
+            if value == old:
+                return new
+        # Longest first: a recorded answer usually contains the text it was asked about.
+        for old, new in sorted(subs, key=lambda pair: -len(pair[0])):
             value = value.replace(old, new)
         return value
     if isinstance(value, Mapping):
