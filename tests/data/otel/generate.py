@@ -58,7 +58,6 @@ def main(convention: str, out: str) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     from tests.model_stub import ModelStub
 
     exporter = InMemorySpanExporter()
