@@ -24,7 +24,7 @@ from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.store import Store, open_store
 from rewind.tracing import Tracer, step
 from rewind.tracing.otel import export_to_file, import_otlp, read_otlp_file
-from rewind.tracing.replay import replay_trace
+from rewind.tracing.replay import ReplaySwitches, replay_trace
 from rewind.tracing.store import load_trace
 from tests.model_stub import STUB_MODEL, ModelStub
 
@@ -326,3 +326,87 @@ def test_replay_trace_command_on_an_imported_file(
         app, ["--store", folder, "replay-trace", run.run_id, "--set", "openai.chat.nope=1"]
     )
     assert out.exit_code == 2 and "no param 'nope'" in out.output
+
+
+# -- replay switches (seed 003) ------------------------------------------------------------------
+
+
+def test_switch_cached_llm_off_re_sends_every_model_call(
+    store: Store, stub: ModelStub, client: ChatClient
+) -> None:
+    tid = imported(store, REPLAYABLE[1])
+    record = replay_trace(store, tid, chat_client=client, switches=ReplaySwitches(cached_llm=False))
+    assert len(stub.requests) == 2
+    steps = load_trace(store, record.run_id).steps
+    assert [(s.calls[0].outcome, s.calls[0].reason) for s in steps if s.calls] == [
+        ("miss", "bypass"),
+        ("miss", "bypass"),
+    ]
+    assert record.config["switches"]["cached_llm"] is False
+
+
+def test_switch_cached_tools_off_refuses_a_tool_without_code(store: Store) -> None:
+    import_otlp(store, [_tool_span_doc({"city": "Seattle"}, {"rain_mm": 120})])
+    record = replay_trace(store, "ab" * 16, switches=ReplaySwitches(cached_tools=False))
+    (s,) = load_trace(store, record.run_id).steps
+    assert s.status == "failed" and "cannot run again" in (s.error_message or "")
+    served = replay_trace(store, "ab" * 16, switches=ReplaySwitches(cached_llm=False))
+    assert load_trace(store, served.run_id).steps[0].status == "success"
+
+
+def test_switch_stop_at_divergence_recorded_calls(
+    store: Store, stub: ModelStub, client: ChatClient
+) -> None:
+    tid = imported(store, REPLAYABLE[0])
+    record = replay_trace(
+        store,
+        tid,
+        change="input.question=Other?",
+        chat_client=client,
+        switches=ReplaySwitches(stop_at_divergence=True),
+    )
+    view = load_trace(store, record.run_id)
+    assert len(stub.requests) == 1  # the second call was never sent
+    assert view.status == "failed" and view.error_type == "StoppedAtDivergence"
+    assert "step 'ChatCompletion' (#1) changed its output" in (view.error_message or "")
+    assert len(view.steps) == 1
+    unchanged = replay_trace(
+        store, tid, chat_client=client, switches=ReplaySwitches(stop_at_divergence=True)
+    )
+    assert unchanged.status == "completed" and len(stub.requests) == 1
+
+
+def test_switch_stop_at_divergence_chain_and_command(
+    tmp_path: Path, stub: ModelStub, client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rewind.cli import app
+
+    folder = tmp_path / "s"
+    with closing(open_store(folder)) as st:
+        EXPORTED.configure(store=st, chat_client=client)
+        exported_chain("Is it raining?")
+        (run,) = st.list_runs()
+    monkeypatch.setattr(
+        "rewind.session.LazyChatClient",
+        lambda: ChatClient(
+            Endpoint(base_url=stub.base_url, model=STUB_MODEL), retry=RetryPolicy(attempts=1)
+        ),
+    )
+    out = CliRunner().invoke(
+        app,
+        [
+            "--store",
+            str(folder),
+            "replay-trace",
+            run.run_id,
+            "--set",
+            "input.question=Snow?",
+            "--stop-at-divergence",
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["stopped"] is True and doc["mode"] == "chain"
+    assert [s["name"] for s in doc["trace"]["steps"]] == ["draft"]
+    assert len(stub.requests) == 3  # two recorded, one re-sent before the stop

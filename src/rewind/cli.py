@@ -763,14 +763,36 @@ def replay_trace_cmd(
             "any, the recorded calls are replayed)."
         ),
     ] = None,
+    cached_llm: Annotated[
+        bool,
+        typer.Option(
+            "--cached-llm/--no-cached-llm",
+            help="Serve unchanged model calls from the recorded answers (off: re-send them all).",
+        ),
+    ] = True,
+    cached_tools: Annotated[
+        bool,
+        typer.Option(
+            "--cached-tools/--no-cached-tools",
+            help="Serve unchanged tool calls from their recorded results (off: run them again).",
+        ),
+    ] = True,
+    stop_at_divergence: Annotated[
+        bool,
+        typer.Option(
+            "--stop-at-divergence", help="Stop after the first step whose output differs."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Replay a traced chain with its recorded LLM answers and one change; diff the two."""
     from rewind.tracing import commands
+    from rewind.tracing.replay import ReplaySwitches
 
+    switches = ReplaySwitches(cached_llm, cached_tools, stop_at_divergence)
     with _session() as rw:
         code = commands.replay_trace_command(
-            rw, trace, set_, as_json=as_json, console=console, chain=chain
+            rw, trace, set_, as_json=as_json, console=console, chain=chain, switches=switches
         )
     raise typer.Exit(code)
 

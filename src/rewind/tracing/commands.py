@@ -33,9 +33,10 @@ from rewind.tracing.inspect import (
     inspect_trace,
 )
 from rewind.tracing.model import StepView, TraceView
-from rewind.tracing.replay import replay_trace
+from rewind.tracing.replay import ReplaySwitches, replay_trace
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import load_trace, load_traces, parse_time, search_runs, state_at
+from rewind.tracing.tracer import StoppedAtDivergence
 
 __all__ = [
     "debug_command",
@@ -147,11 +148,13 @@ def replay_trace_command(
     as_json: bool = False,
     console: Console | None = None,
     chain: str | None = None,
+    switches: ReplaySwitches | None = None,
 ) -> int:
     """``rewind replay-trace TRACE [--set input.field=VALUE | --set step.param=VALUE]
     [--chain module:function]``: re-run a traced chain (its code, or its recorded calls when no
     code is known) with its recorded LLM answers and at most one change, then diff it against the
-    original. Exit 0 when the replay completed, 1 when it failed."""
+    original. ``switches``: :class:`ReplaySwitches`. Exit 0 when the replay completed or stopped
+    at the first divergence as asked, 1 when it failed."""
     out = _console(console)
     if changes and len(changes) > 1:
         raise InvalidOverride(
@@ -164,16 +167,28 @@ def replay_trace_command(
         change=changes[0] if changes else None,
         chat_client=rw.chat_client,
         chain=chain,
+        switches=switches,
     )
     mode = str(record.config.get("replay_mode") or "chain")
+    stopped = (record.error or "").startswith(f"{StoppedAtDivergence.__name__}:")
     parent = record.parent_run_id
     assert parent is not None
     a, b = load_trace(rw.store, parent), load_trace(rw.store, record.run_id)
     comparison = compare_traces(a, b)
     if as_json:
-        _emit_json({"mode": mode, "trace": b.to_json(), "diff": comparison})
+        _emit_json(
+            {
+                "mode": mode,
+                "switches": record.config.get("switches"),
+                "stopped": stopped,
+                "trace": b.to_json(),
+                "diff": comparison,
+            }
+        )
     else:
         out.print(f"mode: {_MODES.get(mode, mode)}")
+        if stopped:
+            out.print(f"[yellow]{escape(b.error_message or '')}[/]")
         out.print(trace_table(b, f"replay {b.trace_id}"))
         out.print(_summary_line(b))
         _print_comparison(out, comparison)
@@ -183,7 +198,7 @@ def replay_trace_command(
                 "not routed through rewind.calls.chat (time, randomness, a live service), or the "
                 "model differs from the recorded one"
             )
-    return 0 if record.status == "completed" else 1
+    return 0 if record.status == "completed" or stopped else 1
 
 
 _MODES = {

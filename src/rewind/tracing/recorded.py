@@ -37,7 +37,7 @@ from rewind.llm import PROVIDER_DEFAULTS
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, StepView, TraceView
 from rewind.tracing.store import lineage_of
-from rewind.tracing.tracer import Step, Trace
+from rewind.tracing.tracer import Step, StoppedAtDivergence, Trace
 
 __all__ = ["RECORDED_MODE", "recorded_params", "replay_recorded"]
 
@@ -74,6 +74,7 @@ def replay_recorded(
     chat_client: Any,
     new_id: str,
     override: dict[str, Any] | None,
+    switches: Any = None,
 ) -> RunRecord:
     """Replay ``view`` as its recorded calls (see the module doc) into a new trace ``new_id``.
 
@@ -84,6 +85,7 @@ def replay_recorded(
         chat_client: the model client for calls that miss (None: a miss fails the step).
         new_id: the replay's trace id.
         override: the change as the run row keeps it.
+        switches: :class:`rewind.tracing.replay.ReplaySwitches` (None: the defaults).
     Returns:
         the replay's run row; ``config.replay_mode`` is :data:`RECORDED_MODE`.
     Raises:
@@ -118,6 +120,10 @@ def replay_recorded(
         chat_client=chat_client,
         fork_node=view.steps[0].name if view.steps else None,
     )
+    from rewind.tracing.replay import ReplaySwitches, divergence_check
+
+    switches = switches or ReplaySwitches()
+    ctx.cached_kinds = switches.cached_kinds
     ctx.lineage = lineage_of(store, run)
     ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
     requests = _request_blobs(store, view)
@@ -131,11 +137,34 @@ def replay_recorded(
         parent_run_id=run.run_id,
         override=override,
         raise_on_write_error=True,
-        config={"replay_mode": RECORDED_MODE},
+        config={"replay_mode": RECORDED_MODE, "switches": switches.to_json()},
     )
+    if switches.stop_at_divergence:
+        trace.stop_after = divergence_check(view)
     unavailable: EndpointUnavailable | None = None
-    stack: list[tuple[StepView, Step]] = []
-    with trace:
+    try:
+        with trace:
+            unavailable = _replay_steps(trace, view, requests, subs, overrides, [])
+    except StoppedAtDivergence:
+        pass  # written on the replay as its failure
+    if unavailable is not None:
+        raise unavailable
+    assert trace.record is not None
+    return trace.record
+
+
+def _replay_steps(
+    trace: Trace,
+    view: TraceView,
+    requests: Mapping[str, bytes],
+    subs: list[tuple[str, str]],
+    overrides: Mapping[str, Mapping[str, Any]],
+    stack: list[tuple[StepView, Step]],
+) -> EndpointUnavailable | None:
+    """Replay the recorded steps in order; returns the first EndpointUnavailable a missed call
+    met (the step failed with it), else None."""
+    unavailable: EndpointUnavailable | None = None
+    try:
         for s in view.steps:
             while stack and stack[-1][0].position != s.parent_position:
                 _close(*stack.pop(), subs)
@@ -149,15 +178,17 @@ def replay_recorded(
             except EndpointUnavailable as exc:
                 unavailable = unavailable or exc
                 step.finish(exc)
-            except (NotReplayable, RewindError) as exc:
+            except RewindError as exc:  # NotReplayable, ModelCallError...
                 step.finish(exc)
         while stack:
             _close(*stack.pop(), subs)
-        trace.set_output(_substituted(view.output, subs))
-    if unavailable is not None:
-        raise unavailable
-    assert trace.record is not None
-    return trace.record
+    except StoppedAtDivergence as stop:
+        trace.stop_after = None
+        while stack:
+            stack.pop()[1].finish(stop)
+        raise
+    trace.set_output(_substituted(view.output, subs))
+    return unavailable
 
 
 def _inputs(s: StepView) -> dict[str, Any]:
@@ -227,7 +258,8 @@ def _serve_tool(name: str, key: str, request: bytes, changed: bool) -> None:
 
     def refuse() -> Executed:
         raise NotReplayable(
-            f"tool {name!r} has no recorded result to serve", "import the trace with its results"
+            f"tool {name!r} cannot run again: its code is not here",
+            "serve its recorded result (--cached-tools) or pass --chain module:function",
         )
 
     ctx = current()

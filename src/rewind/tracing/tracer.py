@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rewind.context import NodeScope, RunContext, activate
+from rewind.errors import RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
 from rewind.tracing.model import (
@@ -66,6 +67,7 @@ from rewind.tracing.store import write_trace
 
 __all__ = [
     "Step",
+    "StoppedAtDivergence",
     "Trace",
     "TraceCallbacks",
     "Tracer",
@@ -230,10 +232,15 @@ class Step:
                 except ValueError:  # finished in another context than it started in
                     _STEP.set(None)
                 self._token = None
-        if self.trace is not None and self.trace.callbacks.step_end:
+        if self.trace is not None and (self.trace.callbacks.step_end or self.trace.stop_after):
             data = self.data()
             for fn in self.trace.callbacks.step_end:
                 self.trace._notify(fn, step=data, trace_id=self.trace.trace_id)
+            reason = self.trace.stop_after(data) if self.trace.stop_after else None
+            if reason:
+                raise StoppedAtDivergence(
+                    reason, "the replay stopped as asked (--stop-at-divergence)"
+                )
 
     def _collect(self) -> None:
         self._snapshot = jsonable(self.output)
@@ -472,6 +479,12 @@ def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatR
 # -- traces ------------------------------------------------------------------------------------
 
 
+class StoppedAtDivergence(RewindError):
+    """Raised at the end of a replayed step that diverged from the recorded one when the replay
+    was asked to stop at the first divergence (:attr:`Trace.stop_after`); the replay is written
+    with this as its failure, so it shows where it stopped."""
+
+
 @dataclasses.dataclass
 class TraceCallbacks:
     """Functions called as steps and chains end (see :meth:`Tracer.on_step_end`)."""
@@ -513,6 +526,7 @@ class Trace:
         self.config = dict(config or {})
         self.callbacks = callbacks or TraceCallbacks()
         self.callback_errors: list[str] = []
+        self.stop_after: Callable[[StepData], str | None] | None = None
         self.name = name
         self.trace_id = trace_id or new_trace_id()
         self.span_id = new_span_id()
