@@ -829,6 +829,14 @@ def failures_cmd(
     kind: Annotated[str, typer.Option(help="trace, run (Burr runs) or any.")] = "any",
     limit: Annotated[int, typer.Option(help="How many of the newest traces to analyse.")] = 1000,
     examples: Annotated[int, typer.Option(help="Example trace ids per pattern.")] = 5,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Also give failure rates by input_length, step_type, model or params "
+            "(repeatable).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Failure patterns across traces and runs: counts, example ids, suggested fixes."""
@@ -843,6 +851,7 @@ def failures_cmd(
             kind=kind,
             limit=limit,
             examples=examples,
+            by=by,
             as_json=as_json,
             console=console,
         )

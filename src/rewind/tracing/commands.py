@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from rich.table import Table
 
 from rewind.errors import InvalidOverride, RewindError, UnknownNode
 from rewind.replay import Rewind, parse_override
+from rewind.tracing.correlation import Correlation, correlate_failures
 from rewind.tracing.debug import DebugError, DebugQuit, DebugSession, run_script
 from rewind.tracing.failures import analyze_failures
 from rewind.tracing.inspect import (
@@ -201,6 +202,28 @@ def replay_trace_command(
     return 0 if record.status == "completed" or stopped else 1
 
 
+def _print_correlation(out: Console, c: Correlation, examples: int) -> None:
+    t = Table(
+        title=f"failure rate by {c.dimension} ({c.failed}/{c.total} {c.unit}, {c.rate:.0%})",
+        title_justify="left",
+    )
+    for col in ("group", c.unit, "failed", "rate", "examples"):
+        t.add_column(col)
+    hot = {g.key for g in c.findings()}
+    for g in c.groups:
+        colour = "red" if g.key in hot else "default"
+        t.add_row(
+            f"[{colour}]{escape(g.key)}[/]",
+            str(g.total),
+            str(g.failed),
+            f"{g.rate:.0%}",
+            " ".join(e[:12] for e in g.examples[: min(examples, 3)]),
+        )
+    out.print(t)
+    for line in c.to_json()["findings"]:
+        out.print(f"[red]failures concentrate:[/] {escape(line)}")
+
+
 _MODES = {
     "chain": "chain (the chain's code ran again)",
     "recorded-calls": "recorded calls (no chain code: the recorded model calls were re-sent "
@@ -311,10 +334,13 @@ def failures_command(
     examples: int = 5,
     as_json: bool = False,
     console: Console | None = None,
+    by: Sequence[str] | None = None,
 ) -> int:
-    """``rewind failures [--since 24h|DATE] [--until …] [--name CHAIN] [--kind trace|run|any]``:
-    failure patterns across traces and runs, each with its count, example trace ids and a
-    suggested fix. Exit 0."""
+    """``rewind failures [--since 24h|DATE] [--until …] [--name CHAIN] [--kind trace|run|any]
+    [--by input_length|step_type|model|params ...]``: failure patterns across traces and runs,
+    each with its count, example trace ids and a suggested fix; with ``--by``, failure rates per
+    group of each dimension and the groups where failures concentrate
+    (:mod:`rewind.tracing.correlation`). Exit 0."""
     out = _console(console)
     if limit < 1:
         raise InvalidOverride("--limit must be at least 1", "e.g. --limit 1000")
@@ -326,10 +352,17 @@ def failures_command(
         kind=kind,
         limit=limit,
     )
-    report = analyze_failures(load_traces(rw.store, [r.run_id for r in runs]))
+    views = load_traces(rw.store, [r.run_id for r in runs], payloads=bool(by))
+    correlations = correlate_failures(views, by, examples=examples) if by else []
+    report = analyze_failures(views)
     if as_json:
-        _emit_json(report.to_json(examples) | {"matched": total, "analysed": len(runs)})
+        extra = {"matched": total, "analysed": len(runs)}
+        if by:
+            extra["correlations"] = [c.to_json() for c in correlations]
+        _emit_json(report.to_json(examples) | extra)
         return 0
+    for c in correlations:
+        _print_correlation(out, c, examples)
     scope = f"{report.total_traces} traces" + (
         f" (newest {len(runs)} of {total})" if total > len(runs) else ""
     )

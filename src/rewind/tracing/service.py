@@ -37,6 +37,7 @@ from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.errors import InvalidOverride, UnknownNode
 from rewind.store import Store
+from rewind.tracing.correlation import correlate_failures
 from rewind.tracing.failures import analyze_failures
 from rewind.tracing.inspect import InspectionSettings, compare_traces, inspect_trace
 from rewind.tracing.model import (
@@ -269,6 +270,10 @@ class FailuresRequest(BaseModel):
     until: str | float | None = None
     kind: Literal["trace", "run", "any"] = "any"
     limit: int = Field(1000, ge=1, le=10_000)
+    by: list[Literal["input_length", "step_type", "model", "params"]] = Field(
+        default_factory=list,
+        description="also give failure rates per group of these dimensions (correlations)",
+    )
 
 
 Kind = Literal["trace", "run", "any"]
@@ -354,10 +359,18 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
         kind: Annotated[Kind, Query()] = "any",
         limit: Annotated[int, Query(ge=1, le=10_000, description="newest traces analysed")] = 1000,
         examples: Annotated[int, Query(ge=1, le=100)] = 5,
+        by: Annotated[
+            list[Literal["input_length", "step_type", "model", "params"]] | None,
+            Query(description="failure rates per group of these dimensions (repeatable)"),
+        ] = None,
     ) -> dict[str, Any]:
         """Failure patterns over the matching traces: each pattern with its count, example
-        trace ids and a suggested fix; counts add up to the failed traces."""
-        req = FailuresRequest(name=name, since=since, until=until, kind=kind, limit=limit)
+        trace ids and a suggested fix; counts add up to the failed traces. With ``by``, also
+        ``correlations``: per dimension, each group's count, failures, rate and examples, and
+        the groups where failures concentrate."""
+        req = FailuresRequest(
+            name=name, since=since, until=until, kind=kind, limit=limit, by=by or []
+        )
         return _failures(req, examples)
 
     @r.post("/traces/failures", responses=error_responses(400, 403, 404, 422))
@@ -380,7 +393,12 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
                 limit=req.limit,
             )
             ids = [x.run_id for x in runs]
-        return analyze_failures(load_traces(store, ids)).to_json(examples)
+        views = load_traces(store, ids, payloads=bool(req.by))
+        out = analyze_failures(views).to_json(examples)
+        if req.by:
+            correlations = correlate_failures(views, req.by, examples=examples)
+            out["correlations"] = [c.to_json() for c in correlations]
+        return out
 
     @r.get("/traces/{trace_id}", responses=_LOOKUP)
     def get_trace(trace_id: str) -> dict[str, Any]:
