@@ -75,6 +75,7 @@ from rewind.tracing.otel_calls import (
     entries_of,
     exported_calls,
     exported_calls_attribute,
+    indexed_attributes,
 )
 from rewind.tracing.store import load_traces, trace_exists, write_trace
 
@@ -1288,13 +1289,7 @@ def _foreign_type(a: Mapping[str, Any]) -> str:
 
 def _flattened(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
     """``prefix.0.message.role`` / ``prefix.0.role`` style attributes as a list of dicts."""
-    items: dict[int, dict[str, Any]] = {}
-    pat = re.compile(rf"^{re.escape(prefix)}\.([0-9]{{1,9}})\.(?:message\.|document\.)?(.+)$")
-    for k, v in a.items():
-        m = pat.match(k)
-        if m:
-            items.setdefault(int(m.group(1)), {})[m.group(2)] = v
-    return [items[i] for i in sorted(items)]
+    return indexed_attributes(a, prefix, strip=("message.", "document."))
 
 
 def _foreign_io(a: Mapping[str, Any], step_type: str) -> tuple[Any, Any]:

@@ -57,6 +57,7 @@ __all__ = [
     "entries_of",
     "exported_calls",
     "exported_calls_attribute",
+    "indexed_attributes",
     "response_body",
 ]
 
@@ -423,12 +424,12 @@ def _messages(
 ) -> tuple[str, list[dict[str, Any]], _Output | None]:
     """(convention, request messages, (content, finish reason, tool calls) or None)."""
     if any(k.startswith("llm.input_messages.") for k in a) or "llm.invocation_parameters" in a:
-        ins = [_oi_message(m, problems) for m in _indexed(a, "llm.input_messages")]
-        outs = [_oi_message(m, problems) for m in _indexed(a, "llm.output_messages")]
+        ins = [_oi_message(m, problems) for m in indexed_attributes(a, "llm.input_messages")]
+        outs = [_oi_message(m, problems) for m in indexed_attributes(a, "llm.output_messages")]
         return "openinference", ins, _answer(outs[0]) if outs else None
     if any(k.startswith("gen_ai.prompt.") for k in a):
-        ins = [_plain_message(m) for m in _indexed(a, "gen_ai.prompt")]
-        outs = _indexed(a, "gen_ai.completion")
+        ins = [_plain_message(m) for m in indexed_attributes(a, "gen_ai.prompt")]
+        outs = indexed_attributes(a, "gen_ai.completion")
         if outs:
             first = outs[0]
             answer = _answer(_plain_message(first))
@@ -471,10 +472,14 @@ def _messages(
     return "genai", ins, output
 
 
-def _indexed(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
-    """``prefix.N.rest`` attributes as one dict per N (in N order), keys ``rest``."""
+def indexed_attributes(
+    a: Mapping[str, Any], prefix: str, *, strip: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """``prefix.N.rest`` attributes as one dict per N (in N order), keys ``rest`` (minus a
+    leading ``strip`` part such as ``message.``): how the conventions flatten message lists."""
     items: dict[int, dict[str, Any]] = {}
-    pat = re.compile(rf"^{re.escape(prefix)}\.([0-9]{{1,9}})\.(.+)$")
+    skip = f"(?:{'|'.join(re.escape(x) for x in strip)})?" if strip else ""
+    pat = re.compile(rf"^{re.escape(prefix)}\.([0-9]{{1,9}})\.{skip}(.+)$")
     for k, v in a.items():
         m = pat.match(k)
         if m:
@@ -488,12 +493,12 @@ def _oi_message(flat: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
     if "content" in inner:
         msg["content"] = inner["content"]
     else:
-        parts = _indexed(inner, "contents")
+        parts = indexed_attributes(inner, "contents")
         texts = [p.get("message_content.text") for p in parts]
         if any(t is None for t in texts):
             problems.append("a message holds non-text content (images...) not recorded whole")
         msg["content"] = "".join(t or "" for t in texts) if parts else None
-    calls = _indexed(inner, "tool_calls")
+    calls = indexed_attributes(inner, "tool_calls")
     if calls:
         msg["tool_calls"] = [
             {
@@ -515,7 +520,7 @@ def _oi_message(flat: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
 
 def _plain_message(flat: Mapping[str, Any]) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": flat.get("role"), "content": flat.get("content")}
-    calls = _indexed(flat, "tool_calls")
+    calls = indexed_attributes(flat, "tool_calls")
     if calls:
         msg["tool_calls"] = [
             {

@@ -31,12 +31,11 @@ from typing import Any
 
 from rewind.cache import CallPolicy, Executed, through_cache
 from rewind.calls import send
-from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import PROVIDER_DEFAULTS
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, StepView, TraceView
-from rewind.tracing.store import lineage_of
+from rewind.tracing.switches import ReplaySwitches, replay_context, replay_trace_of
 from rewind.tracing.tracer import Step, StoppedAtDivergence, Trace
 
 __all__ = ["RECORDED_MODE", "recorded_params", "replay_recorded"]
@@ -74,7 +73,7 @@ def replay_recorded(
     chat_client: Any,
     new_id: str,
     override: dict[str, Any] | None,
-    switches: Any = None,
+    switches: ReplaySwitches | None = None,
 ) -> RunRecord:
     """Replay ``view`` as its recorded calls (see the module doc) into a new trace ``new_id``.
 
@@ -85,7 +84,7 @@ def replay_recorded(
         chat_client: the model client for calls that miss (None: a miss fails the step).
         new_id: the replay's trace id.
         override: the change as the run row keeps it.
-        switches: :class:`rewind.tracing.replay.ReplaySwitches` (None: the defaults).
+        switches: :class:`ReplaySwitches` (None: the defaults).
     Returns:
         the replay's run row; ``config.replay_mode`` is :data:`RECORDED_MODE`.
     Raises:
@@ -112,35 +111,27 @@ def replay_recorded(
         subs.append((old, change.value))
     elif change is not None:
         overrides = {change.target: {change.path[0]: change.value}}
-    ctx = RunContext(
-        store=store,
+    switches = switches or ReplaySwitches()
+    ctx = replay_context(
+        store,
+        run,
+        view,
         run_id=new_id,
-        read_cache=True,
         param_overrides={k.partition("#")[0]: v for k, v in overrides.items()},
         chat_client=chat_client,
-        fork_node=view.steps[0].name if view.steps else None,
+        switches=switches,
     )
-    from rewind.tracing.replay import ReplaySwitches, divergence_check
-
-    switches = switches or ReplaySwitches()
-    ctx.cached_kinds = switches.cached_kinds
-    ctx.lineage = lineage_of(store, run)
-    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
     requests = _request_blobs(store, view)
-    trace = Trace(
-        view.name,
-        input=chain_input,
-        store=lambda: store,
-        run_context=ctx,
-        trace_id=new_id,
-        attributes=dict(view.attributes),
-        parent_run_id=run.run_id,
+    trace = replay_trace_of(
+        store,
+        run,
+        view,
+        ctx,
+        chain_input=chain_input,
         override=override,
-        raise_on_write_error=True,
-        config={"replay_mode": RECORDED_MODE, "switches": switches.to_json()},
+        mode=RECORDED_MODE,
+        switches=switches,
     )
-    if switches.stop_at_divergence:
-        trace.stop_after = divergence_check(view)
     unavailable: EndpointUnavailable | None = None
     try:
         with trace:

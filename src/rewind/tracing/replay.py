@@ -20,18 +20,23 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rewind.canonical import canonical_bytes
-from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
-from rewind.tracing.model import INPUT_KEY, StepData, TraceView, jsonable
+from rewind.tracing.model import INPUT_KEY, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
-from rewind.tracing.store import lineage_of, load_trace
-from rewind.tracing.tracer import Trace, new_trace_id
+from rewind.tracing.store import load_trace
+from rewind.tracing.switches import (
+    ReplaySwitches,
+    divergence_check,
+    replay_context,
+    replay_trace_of,
+)
+from rewind.tracing.tracer import new_trace_id
 
 CHAIN_MODE = "chain"
 """The ``replay_mode`` of a replay that ran the chain's code."""
@@ -64,64 +69,6 @@ class TraceChange:
             "value": self.value,
             "target": "trace-input" if self.target == INPUT_KEY else "step-param",
         }
-
-
-@dataclass(frozen=True)
-class ReplaySwitches:
-    """The replay switches of seed 003.
-
-    Attributes:
-        cached_llm: serve unchanged model calls from the recorded answers (default). False
-            re-sends every model call (spends tokens; shows how much a model's answers vary).
-        cached_tools: serve unchanged tool calls from their recorded results (default). False
-            runs every tool again (in a replay of recorded calls, a tool without its code then
-            fails its step, saying so).
-        stop_at_divergence: end the replay right after the first step whose status or output
-            differs from the recorded step at the same position; the replay is written failed
-            with :class:`rewind.tracing.tracer.StoppedAtDivergence` naming that step.
-    """
-
-    cached_llm: bool = True
-    cached_tools: bool = True
-    stop_at_divergence: bool = False
-
-    @property
-    def cached_kinds(self) -> frozenset[str]:
-        """The call kinds served from the cache (:attr:`rewind.context.RunContext.cached_kinds`)."""
-        return frozenset(
-            k for k, on in (("llm", self.cached_llm), ("tool", self.cached_tools)) if on
-        )
-
-    def to_json(self) -> dict[str, bool]:
-        """The switches as the replay's run config keeps them."""
-        return {
-            "cached_llm": self.cached_llm,
-            "cached_tools": self.cached_tools,
-            "stop_at_divergence": self.stop_at_divergence,
-        }
-
-
-def divergence_check(view: TraceView) -> Callable[[StepData], str | None]:
-    """A :attr:`Trace.stop_after` predicate: the reason to stop after a replayed step whose name,
-    status or output differs from the recorded step at its position, else None."""
-    recorded = {s.position: s for s in view.steps}
-
-    def check(data: StepData) -> str | None:
-        before = recorded.get(data.position)
-        where = f"step {data.name!r} (#{data.position + 1})"
-        if before is None or before.name != data.name:
-            return f"stopped at the first divergence: {where} is not the recorded step"
-        if str(data.status) != str(before.status):
-            return (
-                f"stopped at the first divergence: {where} {data.status}, recorded {before.status}"
-            )
-        if data.fields is not None and canonical_bytes(jsonable(data.fields)) != canonical_bytes(
-            jsonable(before.output_fields)
-        ):
-            return f"stopped at the first divergence: {where} changed its output"
-        return None
-
-    return check
 
 
 def parse_change(
@@ -306,33 +253,27 @@ def replay_trace(
     elif change is not None:
         overrides = {change.target: {change.path[0]: change.value}}
     new_id = new_id or new_trace_id()
-    ctx = RunContext(
-        store=store,
+    switches = switches or ReplaySwitches()
+    ctx = replay_context(
+        store,
+        run,
+        view,
         run_id=new_id,
-        read_cache=True,
         param_overrides=overrides,
         chat_client=chat_client,
-        fork_node=view.steps[0].name if view.steps else None,
+        switches=switches,
     )
-    switches = switches or ReplaySwitches()
-    ctx.cached_kinds = switches.cached_kinds
-    ctx.lineage = lineage_of(store, run)
-    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
-    trace = Trace(
-        view.name,
-        input=chain_input,
-        store=lambda: store,
-        run_context=ctx,
-        trace_id=new_id,
-        chain_ref=ref,
-        attributes=dict(view.attributes),
-        parent_run_id=run.run_id,
+    trace = replay_trace_of(
+        store,
+        run,
+        view,
+        ctx,
+        chain_input=chain_input,
         override=change.to_json() if change is not None else None,
-        raise_on_write_error=True,
-        config={"replay_mode": CHAIN_MODE, "switches": switches.to_json()},
+        mode=CHAIN_MODE,
+        switches=switches,
+        chain_ref=ref,
     )
-    if switches.stop_at_divergence:
-        trace.stop_after = divergence_check(view)
     unavailable: EndpointUnavailable | None = None
     try:
         with trace:
