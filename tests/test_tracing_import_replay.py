@@ -410,3 +410,23 @@ def test_switch_stop_at_divergence_chain_and_command(
     assert doc["stopped"] is True and doc["mode"] == "chain"
     assert [s["name"] for s in doc["trace"]["steps"]] == ["draft"]
     assert len(stub.requests) == 3  # two recorded, one re-sent before the stop
+
+
+def test_the_http_receiver_seeds_the_caches_too(
+    store: Store, stub: ModelStub, client: ChatClient
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from rewind.api import create_app
+
+    body = (DATA / REPLAYABLE[2]).read_bytes()
+    app = create_app(store, chat_client=None, pipelines={}, token=None)
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        r = http.post(
+            "/api/otlp/v1/traces", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 200, r.text
+    (run,) = store.list_runs()
+    record = replay_trace(store, run.run_id, chat_client=client)
+    assert record.status == "completed" and stub.requests == []
+    assert load_trace(store, record.run_id).tokens == 0
