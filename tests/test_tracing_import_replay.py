@@ -430,3 +430,34 @@ def test_the_http_receiver_seeds_the_caches_too(
     record = replay_trace(store, run.run_id, chat_client=client)
     assert record.status == "completed" and stub.requests == []
     assert load_trace(store, record.run_id).tokens == 0
+
+
+def fixture_chain(question: str) -> str:
+    """The chain the third-party fixtures recorded, written against rewind.chat (``--chain``)."""
+    with step("draft", "llm_call") as s:
+        messages = [
+            {"role": "system", "content": "Answer in one sentence."},
+            {"role": "user", "content": question},
+        ]
+        draft = chat(messages, temperature=0, max_tokens=64).content
+        s.set_output(draft)
+    with step("polish", "llm_call") as s:
+        polish = [{"role": "user", "content": f"Polish: {draft}"}]
+        final = chat(polish, temperature=0, max_tokens=64).content
+        s.set_output(final)
+    return final
+
+
+@pytest.mark.parametrize("name", REPLAYABLE)
+def test_chain_code_replays_an_imported_trace_from_the_seeded_cache(
+    store: Store, stub: ModelStub, client: ChatClient, name: str
+) -> None:
+    tid = imported(store, name)
+    ref = f"{__name__}:fixture_chain"
+    record = replay_trace(store, tid, chat_client=client, chain=ref)
+    assert record.config["replay_mode"] == "chain" and record.status == "completed"
+    assert stub.requests == [] and load_trace(store, record.run_id).tokens == 0
+    changed = replay_trace(
+        store, tid, chat_client=client, chain=ref, change="input.question=Which is driest?"
+    )
+    assert changed.status == "completed" and len(stub.requests) == 2
