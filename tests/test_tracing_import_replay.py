@@ -285,11 +285,17 @@ def test_export_import_into_an_empty_store_replays_for_zero_tokens(
     with closing(open_store(tmp_path / "b")) as target:
         result = import_otlp(target, read_otlp_file(tmp_path / "trace.json"))
         assert result.imported == [run.run_id]
-        record = replay_trace(target, run.run_id, chat_client=client)
-        assert record.config["replay_mode"] == "chain"
-        before, after = load_trace(target, run.run_id), load_trace(target, record.run_id)
-        assert after.tokens == 0 and len(stub.requests) == sent
-        assert [s.output_hash for s in after.steps] == [s.output_hash for s in before.steps]
+        ref = target.get_run(run.run_id).config["chain_ref"]
+        before = load_trace(target, run.run_id)
+        # The imported chain_ref is not run on the file's say-so: recorded calls replay...
+        recorded = replay_trace(target, run.run_id, chat_client=client)
+        # ...and the code runs when the person replaying names it.
+        coded = replay_trace(target, run.run_id, chat_client=client, chain=ref)
+        for record, mode in ((recorded, "recorded-calls"), (coded, "chain")):
+            assert record.config["replay_mode"] == mode
+            after = load_trace(target, record.run_id)
+            assert after.tokens == 0 and len(stub.requests) == sent
+            assert [s.output_hash for s in after.steps] == [s.output_hash for s in before.steps]
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -407,7 +413,7 @@ def test_switch_stop_at_divergence_chain_and_command(
     )
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
-    assert doc["stopped"] is True and doc["mode"] == "chain"
+    assert doc["stopped"] is True and doc["mode"] == "chain"  # recorded here: its chain runs
     assert [s["name"] for s in doc["trace"]["steps"]] == ["draft"]
     assert len(stub.requests) == 3  # two recorded, one re-sent before the stop
 
@@ -461,3 +467,41 @@ def test_chain_code_replays_an_imported_trace_from_the_seeded_cache(
         store, tid, chat_client=client, chain=ref, change="input.question=Which is driest?"
     )
     assert changed.status == "completed" and len(stub.requests) == 2
+
+
+def test_replay_api_with_switches_and_no_code_from_the_trace(
+    store: Store, stub: ModelStub, client: ChatClient
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from rewind.api import create_app
+
+    doc = json.loads((DATA / REPLAYABLE[0]).read_text())
+    root = next(
+        sp
+        for rs in doc["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for sp in ss["spans"]
+        if sp["name"] == "qa"
+    )
+    root["attributes"].append({"key": "rewind.chain_ref", "value": {"stringValue": "os:system"}})
+    result = import_otlp(store, [doc])
+    tid = result.imported[0]
+    app = create_app(store, chat_client=client, pipelines={}, token=None)
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        r = http.post(f"/api/traces/{tid}/replay", json={})
+        assert r.status_code == 200, r.text
+        assert r.json()["mode"] == "recorded-calls" and stub.requests == []
+        r = http.post(
+            f"/api/traces/{tid}/replay",
+            json={"change": "input.question=Why?", "stop_at_divergence": True},
+        )
+        body = r.json()
+        assert body["stopped"] is True and len(stub.requests) == 1
+        r = http.post(f"/api/traces/{tid}/replay", json={"cached_llm": False})
+        assert r.json()["trace"]["status"] == "success" and len(stub.requests) == 3
+        assert (
+            http.post(f"/api/traces/{tid}/replay", json={"chain": "os:system"}).status_code == 422
+        )
+        r = http.post(f"/api/traces/{tid}/replay", json={"change": "input.nope=1"})
+        assert r.status_code == 422 and "no field 'nope'" in r.text

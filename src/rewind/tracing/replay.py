@@ -204,9 +204,11 @@ def replay_trace(
             replay (expected: every LLM call a hit, 0 tokens, identical hashes).
         chat_client: the model client for calls that miss (a changed prompt).
         new_id: the replay's trace id (default: a new one).
-        chain: ``module:function`` of the chain's code, for a trace recorded without one (an
-            import); default: the trace's recorded ``chain_ref``. With neither, the recorded
-            steps are replayed as a chain of recorded calls (:mod:`rewind.tracing.recorded`).
+        chain: ``module:function`` of the chain's code; default: the ``chain_ref`` recorded by
+            Rewind's tracer in this store. An imported trace's ``chain_ref`` is never used on its
+            own (a trace file must not choose code to run): pass it here. Without code, the
+            recorded steps are replayed as a chain of recorded calls
+            (:mod:`rewind.tracing.recorded`).
         switches: :class:`ReplaySwitches` (default: everything cached, no stop).
     Returns:
         the replay's run row (``failed`` if the chain raised; the exception is recorded on it);
@@ -225,7 +227,10 @@ def replay_trace(
         )
     if run.status == "running":
         raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
-    ref = chain or run.config.get("chain_ref")
+    # A chain reference read from an imported trace names code to import and call: only the
+    # person replaying may name it (``chain``), never the trace file.
+    trusted = run.config.get("source") != "otlp"
+    ref = chain or (run.config.get("chain_ref") if trusted else None)
     if not ref:
         view = load_trace(store, run.run_id, payloads=True)
         if isinstance(change, str):
