@@ -505,3 +505,15 @@ def test_replay_api_with_switches_and_no_code_from_the_trace(
         )
         r = http.post(f"/api/traces/{tid}/replay", json={"change": "input.nope=1"})
         assert r.status_code == 422 and "no field 'nope'" in r.text
+
+
+def test_an_import_never_replaces_an_existing_cache_entry(store: Store, client: ChatClient) -> None:
+    first = load_trace(store, imported(store, REPLAYABLE[0]))
+    key = first.steps[0].calls[0].key
+    before = store.llm_cache_get(key)
+    doc = json.loads((DATA / REPLAYABLE[1]).read_text().replace("answer #1", "answer #9"))
+    second = load_trace(store, import_otlp(store, [doc]).imported[0])
+    assert second.steps[0].calls[0].key == key  # the same request, another recorded answer
+    assert store.llm_cache_get(key) == before
+    record = replay_trace(store, second.trace_id, chat_client=client)  # served from its lineage
+    assert load_trace(store, record.run_id).steps[0].output_hash == second.steps[0].output_hash

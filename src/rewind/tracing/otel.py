@@ -1036,7 +1036,7 @@ def import_otlp(
             result.skipped.append(trace_id)
             continue
         try:
-            write_trace(store, trace_from_spans(store, trace_id, group))
+            write_trace(store, _without_overwrites(store, trace_from_spans(store, trace_id, group)))
         except (RewindError, CanonicalError, ValueError, TypeError, OverflowError) as exc:
             reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             result.reject(
@@ -1045,6 +1045,21 @@ def import_otlp(
             continue
         result.imported.append(trace_id)
     return result
+
+
+def _without_overwrites(store: Store, data: TraceData) -> TraceData:
+    """``data`` with the cache entries whose key the store already holds kept on the trace only
+    (its lineage): an imported answer never replaces one recorded or imported before."""
+    for s in data.steps:
+        s.pending = [
+            replace(pw, cacheable=False)
+            if pw.cacheable
+            and (store.llm_cache_get if pw.kind == "llm" else store.tool_cache_get)(pw.key)
+            is not None
+            else pw
+            for pw in s.pending
+        ]
+    return data
 
 
 def _whole_trace(trace_id: str, spans: int) -> SpanRejection:

@@ -281,7 +281,7 @@ def exported_calls(value: Any) -> tuple[list[CallRecord], list[PendingWrite]]:
         result_hash = sha256_hex(response) if response is not None else None
         records.append(
             CallRecord(
-                int(item.get("index") or len(records)),
+                item["index"] if isinstance(item.get("index"), int) else len(records),
                 item["kind"],
                 name,
                 key,
