@@ -517,3 +517,66 @@ def test_an_import_never_replaces_an_existing_cache_entry(store: Store, client: 
     assert store.llm_cache_get(key) == before
     record = replay_trace(store, second.trace_id, chat_client=client)  # served from its lineage
     assert load_trace(store, record.run_id).steps[0].output_hash == second.steps[0].output_hash
+
+
+def test_genai_message_span_events_seed_the_same_key(store: Store) -> None:
+    """The earlier GenAI convention: messages as span events (``gen_ai.user.message``...,
+    ``gen_ai.choice``) with the ``gen_ai.request.*`` attributes — hand-written from the
+    semantic conventions, since the instrumentations in tests/data send them as log records."""
+
+    def s(k: str, v: str) -> dict[str, Any]:
+        return {"key": k, "value": {"stringValue": v}}
+
+    def n(k: str, v: int) -> dict[str, Any]:
+        return {"key": k, "value": {"intValue": str(v)}}
+
+    event = {"timeUnixNano": "1700000000000000000"}
+    span = {
+        "traceId": "ef" * 16,
+        "spanId": "12" * 8,
+        "name": "chat stub-model",
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000200000000",
+        "attributes": [
+            s("gen_ai.operation.name", "chat"),
+            s("gen_ai.system", "openai"),
+            s("gen_ai.request.model", STUB_MODEL),
+            n("gen_ai.request.temperature", 0),
+            n("gen_ai.request.max_tokens", 64),
+        ],
+        "events": [
+            event
+            | {
+                "name": "gen_ai.system.message",
+                "attributes": [s("content", "Answer in one sentence.")],
+            },
+            event
+            | {
+                "name": "gen_ai.user.message",
+                "attributes": [s("content", "Which month is the wettest in Seattle?")],
+            },
+            event
+            | {
+                "name": "gen_ai.choice",
+                "attributes": [
+                    s(
+                        "gen_ai.event.content",
+                        json.dumps(
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"content": "answer #1 to Which month?"},
+                            }
+                        ),
+                    )
+                ],
+            },
+        ],
+    }
+    import_otlp(store, [{"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}])
+    view = load_trace(store, "ef" * 16, payloads=True)
+    (call,) = view.steps[0].calls
+    reference = load_trace(store, imported(store, REPLAYABLE[0]))
+    assert call.key == reference.steps[0].calls[0].key
+    assert view.steps[0].llm_calls[0].content == "answer #1 to Which month?"
+    assert view.steps[0].attributes["provider"] == "openai"
