@@ -35,7 +35,7 @@ from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import PROVIDER_DEFAULTS
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, StepView, TraceView
-from rewind.tracing.switches import ReplaySwitches, replay_context, replay_trace_of
+from rewind.tracing.switches import ReplaySwitches, replay_context, replay_trace_of, run_replay
 from rewind.tracing.tracer import Step, StoppedAtDivergence, Trace
 
 __all__ = ["RECORDED_MODE", "recorded_params", "replay_recorded"]
@@ -132,16 +132,7 @@ def replay_recorded(
         mode=RECORDED_MODE,
         switches=switches,
     )
-    unavailable: EndpointUnavailable | None = None
-    try:
-        with trace:
-            unavailable = _replay_steps(trace, view, requests, subs, overrides, [])
-    except StoppedAtDivergence:
-        pass  # written on the replay as its failure
-    if unavailable is not None:
-        raise unavailable
-    assert trace.record is not None
-    return trace.record
+    return run_replay(trace, lambda: _replay_steps(trace, view, requests, subs, overrides, []))
 
 
 def _replay_steps(

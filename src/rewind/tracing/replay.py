@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewind.canonical import canonical_bytes
-from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError, RunBusy
+from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
@@ -35,6 +35,7 @@ from rewind.tracing.switches import (
     divergence_check,
     replay_context,
     replay_trace_of,
+    run_replay,
 )
 from rewind.tracing.tracer import new_trace_id
 
@@ -279,19 +280,11 @@ def replay_trace(
         switches=switches,
         chain_ref=ref,
     )
-    unavailable: EndpointUnavailable | None = None
-    try:
-        with trace:
-            out = _call(fn, chain_input)
-            trace.set_output(out)
-    except EndpointUnavailable as exc:
-        unavailable = exc
-    except Exception:  # recorded on the trace as its failure
-        pass
-    if unavailable is not None:
-        raise unavailable
-    assert trace.record is not None
-    return trace.record
+
+    def body() -> None:
+        trace.set_output(_call(fn, chain_input))
+
+    return run_replay(trace, body)
 
 
 def _call(fn: Any, values: dict[str, Any]) -> Any:

@@ -12,12 +12,19 @@ from typing import Any
 
 from rewind.canonical import canonical_bytes
 from rewind.context import RunContext
+from rewind.errors import EndpointUnavailable, RewindError
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import StepData, TraceView, jsonable
 from rewind.tracing.store import lineage_of
 from rewind.tracing.tracer import Trace
 
-__all__ = ["ReplaySwitches", "divergence_check", "replay_context", "replay_trace_of"]
+__all__ = [
+    "ReplaySwitches",
+    "divergence_check",
+    "replay_context",
+    "replay_trace_of",
+    "run_replay",
+]
 
 
 @dataclass(frozen=True)
@@ -135,3 +142,32 @@ def replay_trace_of(
     if switches.stop_at_divergence:
         trace.stop_after = divergence_check(view)
     return trace
+
+
+def run_replay(trace: Trace, body: Callable[[], EndpointUnavailable | None]) -> RunRecord:
+    """Run a replay's ``body`` inside ``trace`` and write it.
+
+    What the body raises is written on the replay as its failure (a chain's exception,
+    :class:`rewind.tracing.tracer.StoppedAtDivergence`). ``body`` returns (or raises) the
+    :class:`EndpointUnavailable` a missed call met; it is raised once the replay is written, so
+    the caller learns that the model endpoint is down.
+
+    Raises:
+        EndpointUnavailable: as above. RewindError: the replay could not be written.
+    """
+    unavailable: EndpointUnavailable | None = None
+    try:
+        with trace:
+            unavailable = body()
+    except EndpointUnavailable as exc:
+        unavailable = exc
+    except Exception:  # written on the replay as its failure
+        pass
+    if trace.record is None:
+        raise RewindError(
+            f"the replay {trace.trace_id} could not be written: {trace.write_error}",
+            "check that the store is writable",
+        )
+    if unavailable is not None:
+        raise unavailable
+    return trace.record
