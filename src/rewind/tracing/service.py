@@ -418,7 +418,7 @@ def trace_router(
             out["correlations"] = [c.to_json() for c in correlations]
         return out
 
-    @r.post("/traces/{trace_id}/replay", responses=error_responses(403, 404, 409, 422, 503))
+    @r.post("/traces/{trace_id}/replay", responses=error_responses(400, 403, 404, 409, 422, 503))
     def replay(trace_id: str, req: ReplayRequest) -> dict[str, Any]:
         """Replay a trace (its chain's code, or its recorded calls) with at most one change and
         the replay switches; answers the mode used, whether it stopped at the first divergence,
