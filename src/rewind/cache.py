@@ -492,6 +492,8 @@ def _lookup(
         return (pending.result_hash, pending.produced_at), ""
     if not ctx.read_cache:
         return None, ctx.bypass_reason
+    if kind not in ctx.cached_kinds:
+        return None, "bypass"
     entry: LineageEntry | None = None
     if scope is not None and ctx.lineage_at:
         entry = ctx.lineage_at.get((scope.position, key))

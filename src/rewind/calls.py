@@ -16,7 +16,7 @@ from rewind.cache import DEFAULT_POLICY, CallPolicy, Executed, through_cache
 from rewind.canonical import canonical_bytes
 from rewind.context import current
 from rewind.errors import EndpointUnavailable
-from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, normalize_request
+from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, llm_cache_key, normalize_request
 
 
 def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
@@ -42,10 +42,43 @@ def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
         )
     body: dict[str, Any] = {"messages": [dict(m) for m in messages]}
     body.update({k: v for k, v in params.items() if v is not None})
-    key = client.cache_key(body)
-    request = canonical_bytes(normalize_request(body, default_model=client.endpoint.model))
+    return send(body, default_model=client.endpoint.model)
+
+
+def send(body: Mapping[str, Any], *, default_model: str | None = None) -> ChatResponse:
+    """Send a whole chat-completions request body through the current run's LLM cache.
+
+    :func:`chat` builds the body; a replay of recorded calls (:mod:`rewind.tracing.recorded`)
+    sends the body it recorded. The model endpoint is needed only when the call misses: a replay
+    served wholly from the cache runs without one.
+
+    Args:
+        body: ``messages``, ``model`` and parameters; ``None`` values are not sent.
+        default_model: the model keyed (and sent) when the body names none.
+    Returns:
+        the response (rebuilt from the recorded bytes on a hit).
+    Raises:
+        EndpointUnavailable: no run is active; or the call misses and no endpoint is configured
+            or reachable. ModelCallError: the endpoint refused the request.
+        ValueError: the body names no model and there is no ``default_model``.
+    """
+    ctx = current()
+    if ctx is None:
+        raise EndpointUnavailable(
+            "no Rewind run is active", "call it inside a traced step or a Rewind run"
+        )
+    body = {k: v for k, v in body.items() if v is not None}
+    key = llm_cache_key(body, default_model=default_model)
+    request = canonical_bytes(normalize_request(body, default_model=default_model))
+    client = ctx.chat_client
 
     def execute() -> Executed:
+        if client is None:
+            raise EndpointUnavailable(
+                f"the call to {body.get('model') or default_model} is not in the cache and no "
+                "model endpoint is configured",
+                "set REWIND_BASE_URL and REWIND_MODEL to an endpoint serving that model",
+            )
         response = client.complete(body)
         return Executed(
             response.raw, response.prompt_tokens, response.completion_tokens, response.latency_ms
@@ -57,7 +90,7 @@ def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
     data, record = through_cache(
         ctx,
         kind="llm",
-        name=client.endpoint.model,
+        name=str(body.get("model") or default_model),
         key=key,
         request=request,
         execute=execute,

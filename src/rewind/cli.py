@@ -1025,14 +1025,45 @@ def replay_trace_cmd(
         list[str] | None,
         typer.Option("--set", help="One change: input.FIELD=VALUE or STEP.PARAM=VALUE."),
     ] = None,
+    chain: Annotated[
+        str | None,
+        typer.Option(
+            help="The chain's code as module:function (default: the recorded one; without "
+            "any, the recorded calls are replayed)."
+        ),
+    ] = None,
+    cached_llm: Annotated[
+        bool,
+        typer.Option(
+            "--cached-llm/--no-cached-llm",
+            help="Serve unchanged model calls from the recorded answers (off: re-send them all).",
+        ),
+    ] = True,
+    cached_tools: Annotated[
+        bool,
+        typer.Option(
+            "--cached-tools/--no-cached-tools",
+            help="Serve unchanged tool calls from their recorded results (off: run them again).",
+        ),
+    ] = True,
+    stop_at_divergence: Annotated[
+        bool,
+        typer.Option(
+            "--stop-at-divergence", help="Stop after the first step whose output differs."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
     """Replay a traced chain with its recorded LLM answers and one change; diff the two."""
     from rewind.tracing import commands
+    from rewind.tracing.replay import ReplaySwitches
 
+    switches = ReplaySwitches(cached_llm, cached_tools, stop_at_divergence)
     with _session() as rw:
-        code = commands.replay_trace_command(rw, trace, set_, as_json=as_json, console=console)
+        code = commands.replay_trace_command(
+            rw, trace, set_, as_json=as_json, console=console, chain=chain, switches=switches
+        )
     raise typer.Exit(code)
 
 
@@ -1069,6 +1100,14 @@ def failures_cmd(
     kind: Annotated[str, typer.Option(help="trace, run (Burr runs) or any.")] = "any",
     limit: Annotated[int, typer.Option(help="How many of the newest traces to analyse.")] = 1000,
     examples: Annotated[int, typer.Option(help="Example trace ids per pattern.")] = 5,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by",
+            help="Also give failure rates by input_length, step_type, model or params "
+            "(repeatable).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
@@ -1086,6 +1125,7 @@ def failures_cmd(
             kind=kind,
             limit=limit,
             examples=examples,
+            by=by,
             as_json=as_json,
             console=console,
         )

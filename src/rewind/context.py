@@ -145,6 +145,9 @@ class RunContext:
             resource's pre-state); see :mod:`rewind.effects`.
         write_cache: False for stability runs: results are recorded on the run but never
             become canonical cache entries.
+        cached_kinds: the call kinds a replay may serve from the cache (``llm``, ``tool``); a
+            kind left out executes live, reason ``bypass`` (the replay switches "use cached LLM
+            answers" and "use cached tool results").
         bypass_reason: the reason a call that skips cache reads records (``bypass`` when
             recording, ``stability`` in hash-stability mode).
         clock: unix seconds now; injectable so TTL rules can be tested.
@@ -168,6 +171,7 @@ class RunContext:
     effects_mode: str = "recorded"
     write_cache: bool = True
     bypass_reason: str = "bypass"
+    cached_kinds: frozenset[str] = frozenset({"llm", "tool"})
     clock: Callable[[], float] = time.time
 
     def remember(self, scope: NodeScope) -> None:

@@ -456,7 +456,7 @@ def create_app(
     app.include_router(_api_routes(ctx))
     from rewind.tracing.service import trace_router
 
-    app.include_router(trace_router(st))
+    app.include_router(trace_router(st, chat_client=chat_client))
     from rewind.api.reports import report_routes  # imports this module: include it here
 
     app.include_router(report_routes(ctx))

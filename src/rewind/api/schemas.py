@@ -81,6 +81,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     421: "the Host header names a host this server does not serve (DNS-rebinding guard)",
     422: "invalid request or override; `field` names the offending request field",
     500: "the store holds something it should not (e.g. an artifact file is missing)",
+    503: "a call missed the cache and the model endpoint cannot be reached",
 }
 
 SERVER_ERRORS = (401, 421)

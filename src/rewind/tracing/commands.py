@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from rewind.errors import InvalidOverride, RewindError, UnknownNode
 from rewind.replay import Rewind, parse_override
 from rewind.terminal import console as make_console
 from rewind.terminal import inert, visible
+from rewind.tracing.correlation import Correlation, correlate_failures
 from rewind.tracing.debug import DebugError, DebugQuit, DebugSession, run_script
 from rewind.tracing.failures import analyze_failures
 from rewind.tracing.inspect import (
@@ -34,9 +35,10 @@ from rewind.tracing.inspect import (
     inspect_trace,
 )
 from rewind.tracing.model import StepView, TraceView
-from rewind.tracing.replay import replay_trace
+from rewind.tracing.replay import ReplaySwitches, replay_trace
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import load_trace, load_traces, parse_time, search_runs, state_at
+from rewind.tracing.tracer import StoppedAtDivergence
 
 __all__ = [
     "debug_command",
@@ -150,10 +152,14 @@ def replay_trace_command(
     *,
     as_json: bool = False,
     console: Console | None = None,
+    chain: str | None = None,
+    switches: ReplaySwitches | None = None,
 ) -> int:
-    """``rewind replay-trace TRACE [--set input.field=VALUE | --set step.param=VALUE]``: re-run a
-    traced chain with its recorded LLM answers and at most one change, then diff it against the
-    original. Exit 0 when the replay completed, 1 when it failed."""
+    """``rewind replay-trace TRACE [--set input.field=VALUE | --set step.param=VALUE]
+    [--chain module:function]``: re-run a traced chain (its code, or its recorded calls when no
+    code is known) with its recorded LLM answers and at most one change, then diff it against the
+    original. ``switches``: :class:`ReplaySwitches`. Exit 0 when the replay completed or stopped
+    at the first divergence as asked, 1 when it failed."""
     out = _console(console)
     if changes and len(changes) > 1:
         raise InvalidOverride(
@@ -161,15 +167,33 @@ def replay_trace_command(
             "pass one --set (replay several times for several changes)",
         )
     record = replay_trace(
-        rw.store, trace, change=changes[0] if changes else None, chat_client=rw.chat_client
+        rw.store,
+        trace,
+        change=changes[0] if changes else None,
+        chat_client=rw.chat_client,
+        chain=chain,
+        switches=switches,
     )
+    mode = str(record.config.get("replay_mode") or "chain")
+    stopped = (record.error or "").startswith(f"{StoppedAtDivergence.__name__}:")
     parent = record.parent_run_id
     assert parent is not None
     a, b = load_trace(rw.store, parent), load_trace(rw.store, record.run_id)
     comparison = compare_traces(a, b)
     if as_json:
-        _emit_json({"trace": b.to_json(), "diff": comparison})
+        _emit_json(
+            {
+                "mode": mode,
+                "switches": record.config.get("switches"),
+                "stopped": stopped,
+                "trace": b.to_json(),
+                "diff": comparison,
+            }
+        )
     else:
+        out.print(f"mode: {_MODES.get(mode, mode)}")
+        if stopped:
+            out.print(f"[yellow]{inert(b.error_message or '')}[/]")
         out.print(trace_table(b, f"replay {b.trace_id}"))
         out.print(_summary_line(b))
         _print_comparison(out, comparison)
@@ -179,7 +203,36 @@ def replay_trace_command(
                 "not routed through rewind.calls.chat (time, randomness, a live service), or the "
                 "model differs from the recorded one"
             )
-    return 0 if record.status == "completed" else 1
+    return 0 if record.status == "completed" or stopped else 1
+
+
+def _print_correlation(out: Console, c: Correlation, examples: int) -> None:
+    t = Table(
+        title=f"failure rate by {c.dimension} ({c.failed}/{c.total} {c.unit}, {c.rate:.0%})",
+        title_justify="left",
+    )
+    for col in ("group", c.unit, "failed", "rate", "examples"):
+        t.add_column(col)
+    hot = {g.key for g in c.findings()}
+    for g in c.groups:
+        colour = "red" if g.key in hot else "default"
+        t.add_row(
+            f"[{colour}]{inert(g.key)}[/]",
+            str(g.total),
+            str(g.failed),
+            f"{g.rate:.0%}",
+            " ".join(e[:12] for e in g.examples[: min(examples, 3)]),
+        )
+    out.print(t)
+    for line in c.to_json()["findings"]:
+        out.print(f"[red]failures concentrate:[/] {inert(line)}")
+
+
+_MODES = {
+    "chain": "chain (the chain's code ran again)",
+    "recorded-calls": "recorded calls (no chain code: the recorded model calls were re-sent "
+    "through the cache; pass --chain module:function to run code)",
+}
 
 
 def _print_comparison(out: Console, comparison: dict[str, Any]) -> None:
@@ -285,10 +338,13 @@ def failures_command(
     examples: int = 5,
     as_json: bool = False,
     console: Console | None = None,
+    by: Sequence[str] | None = None,
 ) -> int:
-    """``rewind failures [--since 24h|DATE] [--until …] [--name CHAIN] [--kind trace|run|any]``:
-    failure patterns across traces and runs, each with its count, example trace ids and a
-    suggested fix. Exit 0."""
+    """``rewind failures [--since 24h|DATE] [--until …] [--name CHAIN] [--kind trace|run|any]
+    [--by input_length|step_type|model|params ...]``: failure patterns across traces and runs,
+    each with its count, example trace ids and a suggested fix; with ``--by``, failure rates per
+    group of each dimension and the groups where failures concentrate
+    (:mod:`rewind.tracing.correlation`). Exit 0."""
     out = _console(console)
     if limit < 1:
         raise InvalidOverride("--limit must be at least 1", "e.g. --limit 1000")
@@ -300,10 +356,17 @@ def failures_command(
         kind=kind,
         limit=limit,
     )
-    report = analyze_failures(load_traces(rw.store, [r.run_id for r in runs]))
+    views = load_traces(rw.store, [r.run_id for r in runs], payloads=bool(by))
+    correlations = correlate_failures(views, by, examples=examples) if by else []
+    report = analyze_failures(views)
     if as_json:
-        _emit_json(report.to_json(examples) | {"matched": total, "analysed": len(runs)})
+        extra = {"matched": total, "analysed": len(runs)}
+        if by:
+            extra["correlations"] = [c.to_json() for c in correlations]
+        _emit_json(report.to_json(examples) | extra)
         return 0
+    for c in correlations:
+        _print_correlation(out, c, examples)
     scope = f"{report.total_traces} traces" + (
         f" (newest {len(runs)} of {total})" if total > len(runs) else ""
     )

@@ -70,6 +70,13 @@ from rewind.tracing.model import (
     as_fields,
     jsonable,
 )
+from rewind.tracing.otel_calls import (
+    calls_of_span,
+    entries_of,
+    exported_calls,
+    exported_calls_attribute,
+    indexed_attributes,
+)
 from rewind.tracing.store import load_traces, trace_exists, write_trace
 
 __all__ = [
@@ -154,6 +161,16 @@ def export_runs(
     """
     ids = [store.get_run(r).run_id for r in run_ids]
     views = load_traces(store, ids, payloads=True)
+    payload = store.get_blobs(
+        {
+            h
+            for v in views
+            for s in v.steps
+            for c in s.calls
+            for h in (c.request_hash, c.result_hash)
+            if h
+        }
+    )
     gen = _RecordedIds()
     provider = TracerProvider(
         resource=Resource.create({"service.name": service_name}),
@@ -166,7 +183,7 @@ def export_runs(
     collect = _Collect()
     provider.add_span_processor(SimpleSpanProcessor(collect))
     tracer = provider.get_tracer("rewind.tracing", rewind.__version__)
-    out = [_emit(tracer, gen, view) for view in views]
+    out = [_emit(tracer, gen, view, payload) for view in views]
     provider.force_flush()
     if collect.spans:
         result = exporter.export(collect.spans)
@@ -178,7 +195,7 @@ def export_runs(
     return out
 
 
-def _emit(tracer: Any, gen: _RecordedIds, view: TraceView) -> str:
+def _emit(tracer: Any, gen: _RecordedIds, view: TraceView, payload: Mapping[str, bytes]) -> str:
     trace_hex = _trace_hex(view.trace_id)
     gen.trace_id = int(trace_hex, 16)
     root_id = view.span_id or _derived(f"{view.trace_id}:root", 16)
@@ -204,7 +221,7 @@ def _emit(tracer: Any, gen: _RecordedIds, view: TraceView) -> str:
             s.name,
             context=set_span_in_context(parent),
             kind=SpanKind.CLIENT if s.step_type in ("llm_call", "tool_call") else SpanKind.INTERNAL,
-            attributes=_step_attributes(view, s),
+            attributes=_step_attributes(view, s, payload),
             start_time=_ns(start),
         )
         if s.status == StepStatus.FAILED:
@@ -258,7 +275,7 @@ def _root_attributes(view: TraceView) -> dict[str, Any]:
     return attrs
 
 
-def _step_attributes(view: TraceView, s: StepView) -> dict[str, Any]:
+def _step_attributes(view: TraceView, s: StepView, payload: Mapping[str, bytes]) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "rewind.node": s.name,
         "rewind.position": s.position,
@@ -280,6 +297,8 @@ def _step_attributes(view: TraceView, s: StepView) -> dict[str, Any]:
         attrs["rewind.state_hash"] = s.state_hash
     if s.attributes:
         attrs["rewind.attributes"] = _dumps(s.attributes)
+    if s.calls:
+        attrs["rewind.calls"] = exported_calls_attribute(s.calls, payload)
     model = s.model
     tokens = s.prompt_tokens or s.completion_tokens
     if s.step_type == "llm_call" or model:
@@ -1017,7 +1036,7 @@ def import_otlp(
             result.skipped.append(trace_id)
             continue
         try:
-            write_trace(store, trace_from_spans(store, trace_id, group))
+            write_trace(store, _without_overwrites(store, trace_from_spans(store, trace_id, group)))
         except (RewindError, CanonicalError, ValueError, TypeError, OverflowError) as exc:
             reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             result.reject(
@@ -1026,6 +1045,21 @@ def import_otlp(
             continue
         result.imported.append(trace_id)
     return result
+
+
+def _without_overwrites(store: Store, data: TraceData) -> TraceData:
+    """``data`` with the cache entries whose key the store already holds kept on the trace only
+    (its lineage): an imported answer never replaces one recorded or imported before."""
+    for s in data.steps:
+        s.pending = [
+            replace(pw, cacheable=False)
+            if pw.cacheable
+            and (store.llm_cache_get if pw.kind == "llm" else store.tool_cache_get)(pw.key)
+            is not None
+            else pw
+            for pw in s.pending
+        ]
+    return data
 
 
 def _whole_trace(trace_id: str, spans: int) -> SpanRejection:
@@ -1270,13 +1304,7 @@ def _foreign_type(a: Mapping[str, Any]) -> str:
 
 def _flattened(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
     """``prefix.0.message.role`` / ``prefix.0.role`` style attributes as a list of dicts."""
-    items: dict[int, dict[str, Any]] = {}
-    pat = re.compile(rf"^{re.escape(prefix)}\.([0-9]{{1,9}})\.(?:message\.|document\.)?(.+)$")
-    for k, v in a.items():
-        m = pat.match(k)
-        if m:
-            items.setdefault(int(m.group(1)), {})[m.group(2)] = v
-    return [items[i] for i in sorted(items)]
+    return indexed_attributes(a, prefix, strip=("message.", "document."))
 
 
 def _foreign_io(a: Mapping[str, Any], step_type: str) -> tuple[Any, Any]:
@@ -1365,6 +1393,7 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
         if step_type not in STEP_TYPES:
             step_type = "transform"
         err = _exception(s) if status == StepStatus.FAILED else (None, None)
+        calls, pending = exported_calls(a.get("rewind.calls"))
         return StepData(
             position=position,
             name=str(a["rewind.node"])[:200],
@@ -1384,6 +1413,8 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             prompt_tokens=_first_int(a, "gen_ai.usage.input_tokens"),
             completion_tokens=_first_int(a, "gen_ai.usage.output_tokens"),
             attributes=_extra(a) if "rewind.attributes" in a else {},
+            calls=calls,
+            pending=pending,
             cache_outcome=str(a.get("rewind.cache.outcome") or "none"),
             cache_reason=str(a.get("rewind.cache.reason") or "imported"),
         )
@@ -1407,6 +1438,15 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             attributes["scores"] = scores
     err = _exception(s) if failed else (None, None)
     name = str(a.get("gen_ai.tool.name") or s.name) if step_type == "tool_call" else s.name
+    recorded = [] if failed else calls_of_span(a, s.events, step_type)
+    problems = [p for c in recorded for p in c.problems]
+    if problems:
+        attributes["replayable"] = False
+        attributes["not_replayable"] = "; ".join(problems)
+    providers = [c.provider for c in recorded if c.provider]
+    if providers:
+        attributes["provider"] = providers[0]
+    calls, pending = entries_of(recorded, start)
     return StepData(
         position=position,
         name=name[:200],
@@ -1431,6 +1471,8 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             "llm.token_count.completion",
         ),
         attributes=attributes,
+        calls=calls,
+        pending=pending,
         cache_outcome="none",
         cache_reason="imported",
     )

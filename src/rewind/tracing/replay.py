@@ -18,19 +18,38 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rewind.canonical import canonical_bytes
-from rewind.context import RunContext
-from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError, RunBusy
+from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
-from rewind.tracing.store import lineage_of, load_trace
-from rewind.tracing.tracer import Trace, new_trace_id
+from rewind.tracing.recorded import recorded_params, replay_recorded
+from rewind.tracing.store import load_trace
+from rewind.tracing.switches import (
+    ReplaySwitches,
+    divergence_check,
+    replay_context,
+    replay_trace_of,
+    run_replay,
+)
+from rewind.tracing.tracer import new_trace_id
 
-__all__ = ["TraceChange", "load_chain", "parse_change", "replay_trace"]
+CHAIN_MODE = "chain"
+"""The ``replay_mode`` of a replay that ran the chain's code."""
+
+__all__ = [
+    "ReplaySwitches",
+    "TraceChange",
+    "divergence_check",
+    "load_chain",
+    "parse_change",
+    "replay_trace",
+]
 
 
 @dataclass(frozen=True)
@@ -53,17 +72,20 @@ class TraceChange:
         }
 
 
-def parse_change(spec: str, view: TraceView) -> TraceChange:
+def parse_change(
+    spec: str, view: TraceView, extra_params: Mapping[str, Sequence[str]] | None = None
+) -> TraceChange:
     """Parse ``input.field=VALUE`` or ``step.param=VALUE`` against a recorded trace.
 
-    VALUE is JSON when it parses as JSON, else a plain string.
+    VALUE is JSON when it parses as JSON, else a plain string. ``extra_params`` adds settable
+    params per step name (a replay of recorded calls may set any recorded request field).
 
     Raises:
         InvalidOverride: malformed, an input field the chain's input does not have, a step or
             param the trace does not have, or a value that cannot be hashed (NaN...).
     """
     left, sep, raw = spec.partition("=")
-    target, dot, rest = left.strip().partition(".")
+    target, dot, rest = _split_target(left.strip(), view)
     if not sep or not dot or not target or not rest:
         raise InvalidOverride(
             f"malformed change {spec!r}",
@@ -99,20 +121,37 @@ def parse_change(spec: str, view: TraceView) -> TraceChange:
                     "set the whole field instead",
                 )
         return TraceChange(INPUT_KEY, path, value)
-    steps = [s for s in view.steps if s.name == target]
+    name, _, occ = target.partition("#")
+    steps = [s for s in view.steps if s.name == name]
+    if occ and steps:
+        try:
+            steps = [view.find(target)] if occ.isdigit() else []
+        except LookupError:
+            steps = []
     if not steps:
         names = sorted({s.name for s in view.steps})
         raise InvalidOverride(
             f"trace {view.trace_id[:12]} has no step {target!r}",
             f"change input.FIELD, or a param of: {', '.join(names) or 'no step'}",
         )
-    params = sorted({p for s in steps for p in s.params})
+    params = sorted({p for s in steps for p in s.params} | set((extra_params or {}).get(name, ())))
     if len(path) != 1 or path[0] not in params:
         raise InvalidOverride(
             f"step {target!r} has no param {'.'.join(path)!r}",
             f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
         )
     return TraceChange(target, path, value)
+
+
+def _split_target(left: str, view: TraceView) -> tuple[str, str, str]:
+    """(target, ".", path) of ``target.path``: the longest step name (``name`` or ``name#k``)
+    the left side starts with, so that step names holding dots (``openai.chat``) parse."""
+    names = sorted({s.name for s in view.steps}, key=len, reverse=True)
+    for name in names:
+        m = re.match(rf"^({re.escape(name)}(?:#[0-9]+)?)\.(.+)$", left)
+        if m:
+            return m.group(1), ".", m.group(2)
+    return left.partition(".")
 
 
 def _no_constant(name: str) -> Any:
@@ -153,6 +192,8 @@ def replay_trace(
     change: TraceChange | str | None = None,
     chat_client: Any = None,
     new_id: str | None = None,
+    chain: str | None = None,
+    switches: ReplaySwitches | None = None,
 ) -> RunRecord:
     """Replay a recorded trace: re-run its chain with the recorded input (plus one change), LLM
     calls served from the recorded answers where the request is unchanged.
@@ -164,8 +205,15 @@ def replay_trace(
             replay (expected: every LLM call a hit, 0 tokens, identical hashes).
         chat_client: the model client for calls that miss (a changed prompt).
         new_id: the replay's trace id (default: a new one).
+        chain: ``module:function`` of the chain's code; default: the ``chain_ref`` recorded by
+            Rewind's tracer in this store. An imported trace's ``chain_ref`` is never used on its
+            own (a trace file must not choose code to run): pass it here. Without code, the
+            recorded steps are replayed as a chain of recorded calls
+            (:mod:`rewind.tracing.recorded`).
+        switches: :class:`ReplaySwitches` (default: everything cached, no stop).
     Returns:
-        the replay's run row (``failed`` if the chain raised; the exception is recorded on it).
+        the replay's run row (``failed`` if the chain raised; the exception is recorded on it);
+        its ``config["replay_mode"]`` says which mode ran: ``chain`` or ``recorded-calls``.
     Raises:
         UnknownRun, InvalidOverride, RunBusy, RewindError: nothing is written.
         EndpointUnavailable: a call missed and no model endpoint answers (the replay is written,
@@ -180,11 +228,23 @@ def replay_trace(
         )
     if run.status == "running":
         raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
-    ref = run.config.get("chain_ref")
+    # A chain reference read from an imported trace names code to import and call: only the
+    # person replaying may name it (``chain``), never the trace file.
+    trusted = run.config.get("source") != "otlp"
+    ref = chain or (run.config.get("chain_ref") if trusted else None)
     if not ref:
-        raise RewindError(
-            f"trace {run.run_id[:12]} was not recorded from a chain function that can be imported",
-            "decorate a module-level function with @tracer.chain to make its traces replayable",
+        view = load_trace(store, run.run_id, payloads=True)
+        if isinstance(change, str):
+            change = parse_change(change, view, recorded_params(store, view))
+        return replay_recorded(
+            store,
+            run,
+            view,
+            change=change,
+            chat_client=chat_client,
+            new_id=new_id or new_trace_id(),
+            override=change.to_json() if change is not None else None,
+            switches=switches,
         )
     if isinstance(change, str):
         change = parse_change(change, view)
@@ -199,41 +259,32 @@ def replay_trace(
     elif change is not None:
         overrides = {change.target: {change.path[0]: change.value}}
     new_id = new_id or new_trace_id()
-    ctx = RunContext(
-        store=store,
+    switches = switches or ReplaySwitches()
+    ctx = replay_context(
+        store,
+        run,
+        view,
         run_id=new_id,
-        read_cache=True,
         param_overrides=overrides,
         chat_client=chat_client,
-        fork_node=view.steps[0].name if view.steps else None,
+        switches=switches,
     )
-    ctx.lineage = lineage_of(store, run)
-    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
-    trace = Trace(
-        view.name,
-        input=chain_input,
-        store=lambda: store,
-        run_context=ctx,
-        trace_id=new_id,
-        chain_ref=ref,
-        attributes=dict(view.attributes),
-        parent_run_id=run.run_id,
+    trace = replay_trace_of(
+        store,
+        run,
+        view,
+        ctx,
+        chain_input=chain_input,
         override=change.to_json() if change is not None else None,
-        raise_on_write_error=True,
+        mode=CHAIN_MODE,
+        switches=switches,
+        chain_ref=ref,
     )
-    unavailable: EndpointUnavailable | None = None
-    try:
-        with trace:
-            out = _call(fn, chain_input)
-            trace.set_output(out)
-    except EndpointUnavailable as exc:
-        unavailable = exc
-    except Exception:  # recorded on the trace as its failure
-        pass
-    if unavailable is not None:
-        raise unavailable
-    assert trace.record is not None
-    return trace.record
+
+    def body() -> None:
+        trace.set_output(_call(fn, chain_input))
+
+    return run_replay(trace, body)
 
 
 def _call(fn: Any, values: dict[str, Any]) -> Any:

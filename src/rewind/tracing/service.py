@@ -37,6 +37,7 @@ from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.errors import InvalidOverride, UnknownNode
 from rewind.store import Store
+from rewind.tracing.correlation import correlate_failures
 from rewind.tracing.failures import analyze_failures
 from rewind.tracing.inspect import InspectionSettings, compare_traces, inspect_trace
 from rewind.tracing.model import (
@@ -48,6 +49,7 @@ from rewind.tracing.model import (
     jsonable,
 )
 from rewind.tracing.otel import MAX_OTLP_BYTES, OtlpReceiver
+from rewind.tracing.replay import ReplaySwitches, replay_trace
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import (
     count_traces,
@@ -58,7 +60,7 @@ from rewind.tracing.store import (
     trace_exists,
     write_trace,
 )
-from rewind.tracing.tracer import new_span_id, new_trace_id
+from rewind.tracing.tracer import StoppedAtDivergence, new_span_id, new_trace_id
 
 __all__ = ["ErrorIn", "FailuresRequest", "StepIn", "TraceIn", "trace_data_of", "trace_router"]
 
@@ -269,6 +271,10 @@ class FailuresRequest(BaseModel):
     until: str | float | None = None
     kind: Literal["trace", "run", "any"] = "any"
     limit: int = Field(1000, ge=1, le=10_000)
+    by: list[Literal["input_length", "step_type", "model", "params"]] = Field(
+        default_factory=list,
+        description="also give failure rates per group of these dimensions (correlations)",
+    )
 
 
 Kind = Literal["trace", "run", "any"]
@@ -284,8 +290,25 @@ _OTLP: dict[int | str, dict[str, Any]] = {
 }
 
 
-def trace_router(store: Store, *, settings: InspectionSettings | None = None) -> APIRouter:
-    """The trace service's routes over ``store`` (see the module doc)."""
+class ReplayRequest(BaseModel):
+    """A trace replay: at most one change and the replay switches. No chain reference is taken
+    over HTTP (importing and calling a named function is code execution): a trace recorded here
+    runs its recorded chain, any other replays its recorded calls."""
+
+    model_config = ConfigDict(extra="forbid")
+    change: str | None = Field(
+        None, description="input.FIELD=VALUE or STEP.PARAM=VALUE (STEP may be name#k)"
+    )
+    cached_llm: bool = Field(True, description="serve unchanged model calls from the record")
+    cached_tools: bool = Field(True, description="serve unchanged tool calls from the record")
+    stop_at_divergence: bool = Field(False, description="stop after the first divergent step")
+
+
+def trace_router(
+    store: Store, *, settings: InspectionSettings | None = None, chat_client: Any = None
+) -> APIRouter:
+    """The trace service's routes over ``store`` (see the module doc); ``chat_client`` answers
+    the model calls a trace replay misses."""
     r = APIRouter(prefix="/api", tags=["traces"], responses=error_responses(*SERVER_ERRORS))
     receiver = OtlpReceiver(store)
     insp = settings or InspectionSettings()
@@ -354,10 +377,18 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
         kind: Annotated[Kind, Query()] = "any",
         limit: Annotated[int, Query(ge=1, le=10_000, description="newest traces analysed")] = 1000,
         examples: Annotated[int, Query(ge=1, le=100)] = 5,
+        by: Annotated[
+            list[Literal["input_length", "step_type", "model", "params"]] | None,
+            Query(description="failure rates per group of these dimensions (repeatable)"),
+        ] = None,
     ) -> dict[str, Any]:
         """Failure patterns over the matching traces: each pattern with its count, example
-        trace ids and a suggested fix; counts add up to the failed traces."""
-        req = FailuresRequest(name=name, since=since, until=until, kind=kind, limit=limit)
+        trace ids and a suggested fix; counts add up to the failed traces. With ``by``, also
+        ``correlations``: per dimension, each group's count, failures, rate and examples, and
+        the groups where failures concentrate."""
+        req = FailuresRequest(
+            name=name, since=since, until=until, kind=kind, limit=limit, by=by or []
+        )
         return _failures(req, examples)
 
     @r.post("/traces/failures", responses=error_responses(400, 403, 404, 422))
@@ -380,7 +411,35 @@ def trace_router(store: Store, *, settings: InspectionSettings | None = None) ->
                 limit=req.limit,
             )
             ids = [x.run_id for x in runs]
-        return analyze_failures(load_traces(store, ids)).to_json(examples)
+        views = load_traces(store, ids, payloads=bool(req.by))
+        out = analyze_failures(views).to_json(examples)
+        if req.by:
+            correlations = correlate_failures(views, req.by, examples=examples)
+            out["correlations"] = [c.to_json() for c in correlations]
+        return out
+
+    @r.post("/traces/{trace_id}/replay", responses=error_responses(400, 403, 404, 409, 422, 503))
+    def replay(trace_id: str, req: ReplayRequest) -> dict[str, Any]:
+        """Replay a trace (its chain's code, or its recorded calls) with at most one change and
+        the replay switches; answers the mode used, whether it stopped at the first divergence,
+        the replay trace and its step-by-step diff against the original."""
+        switches = ReplaySwitches(req.cached_llm, req.cached_tools, req.stop_at_divergence)
+        record = replay_trace(
+            store,
+            trace_id,
+            change=req.change,
+            chat_client=chat_client,
+            switches=switches,
+        )
+        assert record.parent_run_id is not None
+        a, b = load_trace(store, record.parent_run_id), load_trace(store, record.run_id)
+        return {
+            "mode": record.config.get("replay_mode"),
+            "switches": switches.to_json(),
+            "stopped": b.error_type == StoppedAtDivergence.__name__,
+            "trace": b.to_json(),
+            "diff": compare_traces(a, b),
+        }
 
     @r.get("/traces/{trace_id}", responses=_LOOKUP)
     def get_trace(trace_id: str) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rewind.context import NodeScope, RunContext, activate
+from rewind.errors import RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
 from rewind.tracing.model import (
@@ -66,7 +67,9 @@ from rewind.tracing.store import write_trace
 
 __all__ = [
     "Step",
+    "StoppedAtDivergence",
     "Trace",
+    "TraceCallbacks",
     "Tracer",
     "chat_step",
     "current_step",
@@ -229,6 +232,15 @@ class Step:
                 except ValueError:  # finished in another context than it started in
                     _STEP.set(None)
                 self._token = None
+        if self.trace is not None and (self.trace.callbacks.step_end or self.trace.stop_after):
+            data = self.data()
+            for fn in self.trace.callbacks.step_end:
+                self.trace._notify(fn, step=data, trace_id=self.trace.trace_id)
+            reason = self.trace.stop_after(data) if self.trace.stop_after else None
+            if reason:
+                raise StoppedAtDivergence(
+                    reason, "the replay stopped as asked (--stop-at-divergence)"
+                )
 
     def _collect(self) -> None:
         self._snapshot = jsonable(self.output)
@@ -467,6 +479,20 @@ def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatR
 # -- traces ------------------------------------------------------------------------------------
 
 
+class StoppedAtDivergence(RewindError):
+    """Raised at the end of a replayed step that diverged from the recorded one when the replay
+    was asked to stop at the first divergence (:attr:`Trace.stop_after`); the replay is written
+    with this as its failure, so it shows where it stopped."""
+
+
+@dataclasses.dataclass
+class TraceCallbacks:
+    """Functions called as steps and chains end (see :meth:`Tracer.on_step_end`)."""
+
+    step_end: list[Callable[..., Any]] = dataclasses.field(default_factory=list)
+    chain_end: list[Callable[..., Any]] = dataclasses.field(default_factory=list)
+
+
 class Trace:
     """One execution of a chain. Use as a context manager (``with tracer.trace(...) as t``).
 
@@ -492,9 +518,15 @@ class Trace:
         parent_run_id: str | None = None,
         override: dict[str, Any] | None = None,
         raise_on_write_error: bool = False,
+        config: dict[str, Any] | None = None,
+        callbacks: TraceCallbacks | None = None,
     ) -> None:
         if not name or len(name) > 200:
             raise ValueError("a trace needs a name of 1 to 200 characters")
+        self.config = dict(config or {})
+        self.callbacks = callbacks or TraceCallbacks()
+        self.callback_errors: list[str] = []
+        self.stop_after: Callable[[StepData], str | None] | None = None
         self.name = name
         self.trace_id = trace_id or new_trace_id()
         self.span_id = new_span_id()
@@ -578,18 +610,31 @@ class Trace:
             except ValueError:
                 token.var.set(None)
         self._tokens = []
+        data = self.data()
         try:
-            self.record = write_trace(self.run_context.store, self.data())
+            self.record = write_trace(self.run_context.store, data)
         except Exception as exc_write:
             self.write_error = f"{type(exc_write).__name__}: {exc_write}"
             logger.error("writing trace %s failed: %s", self.trace_id, self.write_error)
             if self.raise_on_write_error:
                 raise
+        finally:
+            for fn in self.callbacks.chain_end:
+                self._notify(fn, trace=data, record=self.record)
         return self.record
+
+    def _notify(self, fn: Callable[..., Any], **kwargs: Any) -> None:
+        """Call a callback; what it raises is logged and kept, never raised into the chain."""
+        try:
+            fn(**kwargs)
+        except Exception as exc:  # a callback must never break the traced chain
+            text = f"{getattr(fn, '__name__', fn)!s}: {type(exc).__name__}: {exc}"
+            self.callback_errors.append(text[:MAX_ERROR_CHARS])
+            logger.warning("trace callback failed (%s)", text)
 
     def data(self) -> TraceData:
         """The trace as the store writes it."""
-        config: dict[str, Any] = {"source": "tracer"}
+        config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
         steps = [s.data() for s in self.steps]
@@ -690,6 +735,7 @@ class Tracer:
             and their answers are recorded, reason ``bypass``, as when recording a Burr run).
         clock: unix seconds now (injectable for tests).
         raise_on_write_error: raise when a trace cannot be written (default: log it).
+        on_step_end, on_chain_end: callbacks (see :meth:`on_step_end`, :meth:`on_chain_end`).
     """
 
     def __init__(
@@ -700,7 +746,14 @@ class Tracer:
         read_cache: bool = False,
         clock: Callable[[], float] = time.time,
         raise_on_write_error: bool = False,
+        on_step_end: Callable[..., Any] | None = None,
+        on_chain_end: Callable[..., Any] | None = None,
     ) -> None:
+        self.callbacks = TraceCallbacks()
+        if on_step_end is not None:
+            self.on_step_end(on_step_end)
+        if on_chain_end is not None:
+            self.on_chain_end(on_chain_end)
         self._store = store if isinstance(store, Store) else None
         self._location = None if isinstance(store, Store) else store
         self._lock = threading.Lock()
@@ -737,6 +790,22 @@ class Tracer:
             self.read_cache = read_cache
         return self
 
+    def on_step_end(self, fn: F) -> F:
+        """Register ``fn(*, step: StepData, trace_id: str, **future_kwargs)``, called when any
+        step of this tracer's traces ends (success, failure or skip), in the thread that ended
+        it. Usable as a decorator. What ``fn`` raises is logged and kept on
+        :attr:`Trace.callback_errors`; it never breaks the traced chain (seed 003: callbacks
+        observe, they do not steer)."""
+        self.callbacks.step_end.append(fn)
+        return fn
+
+    def on_chain_end(self, fn: F) -> F:
+        """Register ``fn(*, trace: TraceData, record: RunRecord | None, **future_kwargs)``,
+        called when a trace ends, after it was written (``record`` is None when writing failed).
+        Usable as a decorator; exceptions are kept, never raised (as :meth:`on_step_end`)."""
+        self.callbacks.chain_end.append(fn)
+        return fn
+
     def close(self) -> None:
         """Close the store if this tracer opened it."""
         if self._store is not None and self._location is not None:
@@ -765,6 +834,7 @@ class Tracer:
             chain_ref=chain_ref,
             attributes=attributes,
             raise_on_write_error=self.raise_on_write_error,
+            callbacks=self.callbacks,
         )
 
     def chain(self, name: str | None = None, **attributes: Any) -> Callable[[F], F]:
