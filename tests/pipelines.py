@@ -277,6 +277,30 @@ effects_pipeline = _linear(
 )
 
 
+# A tool that writes one note into a folder the user owns (issue 12: restore must keep files the
+# tool never wrote, unless the user asks for replace).
+
+
+def _folder_resources(folder: str, name: str, text: str) -> list[FileTree]:
+    return [FileTree(folder)]
+
+
+@tool("fx_write_note", determinism="side-effect", resources=_folder_resources)
+def fx_write_note(folder: str, name: str, text: str) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_write_note", (name, text)))
+    (Path(folder) / name).write_text(text + "\n", encoding="utf-8")
+    return {"status": "ok"}
+
+
+@action(reads=["folder", "text"], writes=["receipt"])
+def fx_note(state: State) -> State:
+    name = rewind.param("name", "note.txt")
+    return state.update(receipt=fx_write_note(state["folder"], name, state["text"]))
+
+
+folder_pipeline = _linear("folder", "tests.pipelines:folder_pipeline", note=fx_note)
+
+
 @action(reads=["path"], writes=["receipts"])
 def fx_double(state: State) -> State:
     first = fx_append_line(state["path"], "first")
