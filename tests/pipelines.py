@@ -301,6 +301,43 @@ def fx_note(state: State) -> State:
 folder_pipeline = _linear("folder", "tests.pipelines:folder_pipeline", note=fx_note)
 
 
+# Several side-effecting calls in one node (issue 12: a fork that re-executes 1 of the
+# parent's 3 calls must not pass the audit).
+
+
+@action(reads=["path"], writes=["receipts"])
+def fx_append_many(state: State) -> State:
+    times = rewind.param("times", 3)
+    return state.update(receipts=[fx_append_line(state["path"], f"line {i}") for i in range(times)])
+
+
+repeat_pipeline = _linear("repeat", "tests.pipelines:repeat_pipeline", many=fx_append_many)
+
+# A tool that always leaves the same file content but answers something new every time
+# (issue 12: the audit compares (output, post-state) pairs and says which half differs).
+
+STAMPS = itertools.count(1)
+
+
+def _stamp_resources(path: str) -> list[FileTree]:
+    return [FileTree(path)]
+
+
+@tool("fx_stamp", determinism="side-effect", resources=_stamp_resources)
+def fx_stamp(path: str) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_stamp", path))
+    Path(path).write_text("stamped\n", encoding="utf-8")
+    return {"ticket": next(STAMPS)}
+
+
+@action(reads=["path"], writes=["ticket"])
+def fx_stamp_node(state: State) -> State:
+    return state.update(ticket=fx_stamp(state["path"]))
+
+
+stamp_pipeline = _linear("stamp", "tests.pipelines:stamp_pipeline", stamp=fx_stamp_node)
+
+
 @action(reads=["path"], writes=["receipts"])
 def fx_double(state: State) -> State:
     first = fx_append_line(state["path"], "first")

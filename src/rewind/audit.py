@@ -56,9 +56,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rewind.effects import FileTree, Fingerprinter, HttpResource, SQLiteTable
+from rewind.effects import (
+    FileTree,
+    Fingerprinter,
+    FingerprintUnavailable,
+    HttpResource,
+    SQLiteTable,
+)
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
@@ -157,6 +163,11 @@ class CallVerdict:
         reason: one line saying which rule decided.
         dependents: ``"<number>:<name>"`` of the later nodes that read, directly or through other
             nodes, a field the call's node wrote; empty when the verdict is ``faithful``.
+        output: the output half of the (output, post-state) pair (seed 004, condition 4):
+            ``match`` / ``mismatch`` against the reference call's result hash, or ``""`` when
+            there is no reference output (compared with the world as it is now, or nothing).
+        differs: which halves differ for a ``divergent`` verdict: ``("output",)``,
+            ``("post-state",)`` or both; empty otherwise.
     """
 
     run_id: str
@@ -168,6 +179,8 @@ class CallVerdict:
     resources: tuple[ResourceAudit, ...]
     reason: str
     dependents: tuple[str, ...] = ()
+    output: str = ""
+    differs: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -186,6 +199,8 @@ class CallVerdict:
             "resources": [r.to_json() for r in self.resources],
             "reason": self.reason,
             "dependents": list(self.dependents),
+            "output": self.output,
+            "differs": list(self.differs),
         }
 
 
@@ -200,18 +215,31 @@ class AuditReport:
         verdicts: in call order.
         inherited_skipped: side-effecting nodes the run inherited from its parent (not executed
             by this run, so not audited here: audit the run that produced them).
+        run_status: the audited run's status; only a ``completed`` run can pass.
     """
 
     run_id: str
     against: str | None
     verdicts: tuple[CallVerdict, ...]
     inherited_skipped: tuple[str, ...] = field(default=())
+    run_status: str = "completed"
+
+    @property
+    def completed(self) -> bool:
+        """Whether the audited run completed (a failed or running run fails the audit)."""
+        return self.run_status == "completed"
+
+    @property
+    def vacuous(self) -> bool:
+        """A completed run whose reference has no side-effecting call (and that made none
+        itself): the only pass without a ``faithful`` verdict, and :attr:`note` says so."""
+        return self.completed and not self.verdicts
 
     @property
     def passed(self) -> bool:
-        """True only when every call is ``faithful`` (fails closed). A run with no
-        side-effecting call passes vacuously; :attr:`note` says so."""
-        return all(v.verdict == FAITHFUL for v in self.verdicts)
+        """True only for a completed run whose every call — its own and every reference call
+        it should have re-executed — is ``faithful``, or a vacuous pass (fails closed)."""
+        return self.completed and all(v.verdict == FAITHFUL for v in self.verdicts)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -221,6 +249,16 @@ class AuditReport:
     @property
     def note(self) -> str:
         """One line: why the report passes or fails."""
+        if not self.completed:
+            done = (
+                f"; {self.counts[FAITHFUL]}/{len(self.verdicts)} calls faithful"
+                if self.verdicts
+                else ""
+            )
+            return (
+                f"the run did not complete (status {self.run_status}): its effects cannot be "
+                f"audited as a whole, fails closed{done}"
+            )
         if not self.verdicts:
             inherited = (
                 f"; {len(self.inherited_skipped)} inherited side-effecting node(s) belong to the "
@@ -228,7 +266,10 @@ class AuditReport:
                 if self.inherited_skipped
                 else ""
             )
-            return f"no side-effecting call: nothing to audit (passes vacuously){inherited}"
+            return (
+                "no side-effecting call in the run nor in its reference: nothing to audit "
+                f"(passes vacuously){inherited}"
+            )
         c = self.counts
         if self.passed:
             return f"all {len(self.verdicts)} side-effecting calls faithful"
@@ -241,6 +282,8 @@ class AuditReport:
             "run_id": self.run_id,
             "against": self.against,
             "passed": self.passed,
+            "vacuous": self.vacuous,
+            "run_status": self.run_status,
             "note": self.note,
             "counts": self.counts,
             "inherited_skipped": list(self.inherited_skipped),
@@ -328,6 +371,13 @@ class _Runs:
             self._effects[run_id] = grouped
         return self._effects[run_id].get((position, call_index), [])
 
+    def call_at(self, run_id: str, position: int, call_index: int) -> CallRecord | None:
+        """The call recorded at (position, call index) of a run, None when there is none."""
+        for node in self._nodes_or_empty(run_id):
+            if node.position == position:
+                return next((c for c in node.calls if c.call_index == call_index), None)
+        return None
+
     def side_effect_calls(self, run_id: str) -> list[_Call]:
         """Side-effecting calls at every node of the run, inherited nodes resolved to the run
         that produced them (nodes are numbered by name occurrence like ``name#k``)."""
@@ -413,8 +463,8 @@ def audit_run(
     graph = _Dataflow(rw, nodes)
     verdicts = []
     for c in own:
-        verdict, details, reason = judge.judge(c)
-        deps = () if verdict == FAITHFUL else graph.dependents(c.position)
+        d = _Decision(*judge.judge(c))
+        deps = () if d.verdict == FAITHFUL else graph.dependents(c.position)
         verdicts.append(
             CallVerdict(
                 run_id=run.run_id,
@@ -422,17 +472,59 @@ def audit_run(
                 node=c.node,
                 call_index=c.call.call_index,
                 tool=c.call.name,
-                verdict=verdict,
-                resources=tuple(details),
-                reason=reason,
+                verdict=d.verdict,
+                resources=tuple(d.details),
+                reason=d.reason,
                 dependents=deps,
+                output=d.output,
+                differs=d.differs,
             )
         )
-    return AuditReport(run.run_id, label, tuple(verdicts), skipped)
+    if ref_run is not None:
+        verdicts.extend(_not_re_executed(runs, run, ref_run))
+    return AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
+
+
+def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVerdict]:
+    """A ``not-re-executed`` verdict for every side-effecting call of the reference that the run
+    neither made nor inherited (a fork that failed, or whose path skipped the call): absence of
+    a re-execution is not evidence of a faithful one (seed 004)."""
+    made = {(c.node, c.occurrence, c.call.call_index) for c in runs.side_effect_calls(run.run_id)}
+    out = []
+    for c in runs.side_effect_calls(ref.run_id):
+        if (c.node, c.occurrence, c.call.call_index) in made:
+            continue
+        out.append(
+            CallVerdict(
+                run_id=run.run_id,
+                position=c.position,
+                node=c.node,
+                call_index=c.call.call_index,
+                tool=c.call.name,
+                verdict=NOT_RE_EXECUTED,
+                resources=(),
+                reason=(
+                    f"run {ref.run_id[:12]} made this call at #{c.position + 1}; this run "
+                    f"(status {run.status}) never re-executed it"
+                ),
+            )
+        )
+    return out
+
+
+class _Decision(NamedTuple):
+    """What a judge decided for one call (see :class:`CallVerdict` for the fields)."""
+
+    verdict: str
+    details: list[ResourceAudit]
+    reason: str
+    output: str = ""
+    differs: tuple[str, ...] = ()
 
 
 class _Judge:
-    def judge(self, c: _Call) -> tuple[str, list[ResourceAudit], str]:
+    def judge(self, c: _Call) -> tuple[Any, ...]:
+        """The fields of a :class:`_Decision` for one call."""
         raise NotImplementedError
 
     @staticmethod
@@ -592,6 +684,10 @@ class _AgainstRun(_Judge):
                 )
             )
         extra = "" if how == "same cache key" else f" ({how}: a new call, not a replay)"
+        ref_call = self.runs.call_at(*at)
+        output = ""
+        if ref_call is not None and ref_call.result_hash and c.call.result_hash:
+            output = "match" if ref_call.result_hash == c.call.result_hash else "mismatch"
         collided = [
             e.idempotency_key
             for e, r in pairs
@@ -606,6 +702,17 @@ class _AgainstRun(_Judge):
                 "(salt it with rewind.effects.idempotency_key)",
             )
         decided = _decide(details, where, extra)
+        if output == "mismatch" and ref_call is not None:
+            post = decided[0] == DIVERGENT
+            said = (
+                f"output differs from {where}: result {_short(c.call.result_hash)} vs "
+                f"{_short(ref_call.result_hash)}"
+            )
+            halves = ("output", "post-state") if post else ("output",)
+            tail = decided[2] if post else f"post-state: {decided[2]}"
+            return _Decision(DIVERGENT, details, f"{said}; {tail}", output, halves)
+        if decided[0] == DIVERGENT:
+            return _Decision(*decided, output, ("post-state",))
         compared = [(e, r) for e, r in pairs if r is not None]
         if (
             decided[0] == FAITHFUL
@@ -619,8 +726,9 @@ class _AgainstRun(_Judge):
                 details,
                 f"the call changed nothing while {where} changed its resource: its matching "
                 "post-state cannot be told from an answer served by an idempotency cache",
+                output,
             )
-        return decided
+        return _Decision(*decided, output)
 
 
 def _pair(
@@ -720,8 +828,12 @@ class _AgainstCurrent(_Judge):
             if fp is None:
                 self._now[e.resource] = (None, None, why)
             else:
-                now = fp.fingerprint()
-                self._now[e.resource] = (now.digest, now.epoch, "")
+                try:
+                    now = fp.fingerprint()
+                except FingerprintUnavailable as exc:
+                    self._now[e.resource] = (None, None, exc.message)
+                else:
+                    self._now[e.resource] = (now.digest, now.epoch, "")
         return self._now[e.resource]
 
     def _fingerprinter(self, e: EffectRecord, call: CallRecord) -> tuple[Fingerprinter | None, str]:
