@@ -285,17 +285,31 @@ def _folder_resources(folder: str, name: str, text: str) -> list[FileTree]:
     return [FileTree(folder)]
 
 
+NOTE_WRITERS = {"now": 0, "max": 0}
+"""How many fx_write_note calls are inside the tool at once (now) and at most (max)."""
+_NOTE_LOCK = threading.Lock()
+
+
 @tool("fx_write_note", determinism="side-effect", resources=_folder_resources)
 def fx_write_note(folder: str, name: str, text: str) -> dict[str, Any]:
     EFFECT_CALLS.append(("fx_write_note", (name, text)))
-    (Path(folder) / name).write_text(text + "\n", encoding="utf-8")
+    with _NOTE_LOCK:
+        NOTE_WRITERS["now"] += 1
+        NOTE_WRITERS["max"] = max(NOTE_WRITERS["max"], NOTE_WRITERS["now"])
+    try:
+        threading.Event().wait(0.05)  # a slow write: concurrent writers would overlap here
+        (Path(folder) / name).write_text(text + "\n", encoding="utf-8")
+    finally:
+        with _NOTE_LOCK:
+            NOTE_WRITERS["now"] -= 1
     return {"status": "ok"}
 
 
 @action(reads=["folder", "text"], writes=["receipt"])
 def fx_note(state: State) -> State:
     name = rewind.param("name", "note.txt")
-    return state.update(receipt=fx_write_note(state["folder"], name, state["text"]))
+    text = state["text"] + rewind.param("suffix", "")
+    return state.update(receipt=fx_write_note(state["folder"], name, text))
 
 
 folder_pipeline = _linear("folder", "tests.pipelines:folder_pipeline", note=fx_note)

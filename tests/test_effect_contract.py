@@ -302,3 +302,47 @@ def test_5_a_live_replay_refuses_when_the_resource_cannot_be_fingerprinted(
     with pytest.raises(EffectPreconditionFailed, match="HTTP 500"):
         rw.replay(run.run_id, effects="live")
     assert executed("fx_contract_put") == ["abc"]
+
+
+def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
+    from tests.test_cli import ok_json, rewind
+
+    store, folder = tmp_path / "store", tmp_path / "notes"
+    folder.mkdir()
+    state = json.dumps({"folder": str(folder), "text": "v1"})
+    run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
+    run_id = run["run"]["run_id"]
+    (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    refused = rewind(store, "fork", run_id, "--at", "1", "--effects", "live")
+    assert refused.returncode != 0
+    assert "mine.txt" in refused.stderr and "--restore=replace" in refused.stderr
+    assert (folder / "mine.txt").exists()
+    bad = rewind(store, "fork", run_id, "--at", "1", "--restore", "replace")
+    assert bad.returncode == 2 and "--effects live" in bad.stderr
+    done = ok_json(store, "fork", run_id, "--at", "1", "--effects", "live", "--restore", "replace")
+    assert done["run"]["status"] == "completed"
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
+def test_1_live_grid_variants_on_one_folder_never_interleave(rw: Rewind, tmp_path: Path) -> None:
+    from rewind.effects import FileTree
+    from rewind.grid import grid
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "note.txt").write_text("v0\n", encoding="utf-8")
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (recorded,) = rw.store.effects_of(parent.run_id)
+    pipelines.NOTE_WRITERS.update(now=0, max=0)
+    overrides = [ParamOverride("note", "suffix", s) for s in ("!", "?", "~")]
+    report = grid(rw, parent.run_id, at="note", overrides=overrides, max_workers=3, effects="live")
+    assert pipelines.NOTE_WRITERS["max"] == 1  # one writer at a time on the folder
+    for variant, suffix in zip(report.variants, ("!", "?", "~"), strict=True):
+        assert variant.error is None and variant.run is not None, variant.error
+        (effect,) = rw.store.effects_of(variant.run.run_id)
+        # Every variant ran against the recorded pre-state, whatever ran before it.
+        assert effect.pre_digest == recorded.pre_digest
+        expected = tmp_path / f"expected{suffix}"
+        expected.mkdir()
+        (expected / "note.txt").write_text(f"v1{suffix}\n", encoding="utf-8")
+        assert effect.post_digest == FileTree(expected).fingerprint().digest

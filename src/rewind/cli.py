@@ -581,6 +581,13 @@ def fork(
         str,
         typer.Option(help="Side-effecting calls: recorded (serve the record), dry-run, or live."),
     ] = "recorded",
+    restore: Annotated[
+        str,
+        typer.Option(
+            help="With --effects live: refuse (default) to delete files a pinned snapshot does "
+            "not hold when restoring it, or replace them."
+        ),
+    ] = "refuse",
     as_json: JsonOpt = False,
 ) -> None:
     """Fork a run at a node with one change (or none: an unchanged replay) and replay downstream."""
@@ -600,7 +607,7 @@ def fork(
         override = parse_override(spec, output=kind == "output", input_=kind == "input")
     with _session() as rw:
         _warn_model_change(rw, run_id)
-        child = rw.fork(run_id, at=at, override=override, effects=effects)
+        child = rw.fork(run_id, at=at, override=override, effects=effects, restore=restore)
         if as_json:
             _show_run(rw, child, True)
             return

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
 import json
 import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -399,8 +401,6 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
     Side-effect results are kept as blobs on the run but never become shared cache entries, and
     hash-stability runs always serve them from record.
     """
-    from rewind.cache import execute_call
-
     scope = ctx.node
     policy, key, index = call.policy, call.key, call.index
     entry = ctx.lineage.get(key) if ctx.read_cache or not ctx.write_cache else None
@@ -443,31 +443,59 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
                 record.result_hash or "", data, cacheable=False, produced_at=None
             )
     else:
-        reason = "bypass" if mode == "record" else "side-effect-live"
-        if mode == "live":
-            slot = ctx.lineage_slots.get((scope.position, index)) if scope is not None else None
-            pre, drift = _verify_pre_state(ctx, slot, resources, where, call.name, index)
-            if drift:
-                reason = "side-effect-live-restored"
-                ctx.emit("effect-drift", tool=call.name, call_index=index, drift=drift)
-        else:
-            pre = _observe(resources)
-        # Pinned after any restore: the snapshot is the pre-state this call really ran against.
-        snapshots = {r.name: r.snapshot() for r in resources}
-        # Two identical side-effecting calls are two effects: keep both results.
-        data, record = execute_call(
-            ctx,
-            scope,
-            call,
-            "miss",
-            reason,
-            cacheable=False,
-            pending_key=f"effect:{key}:{index}",
-        )
-        post = _observe(resources)
-        _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
+        with _holding(resources):
+            data, record = _execute_effect(ctx, call, resources, mode, where)
     if scope is not None:
         scope.add_call(record)
+    return data, record
+
+
+_RESOURCE_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _holding(resources: list[Fingerprinter]) -> Iterator[None]:
+    """Hold every resource's lock (by name, in name order, so two calls never deadlock) for a
+    whole verify → restore → execute → fingerprint sequence: what-if grid variants and parallel
+    forks in this process touching one resource run one after the other, never interleaved."""
+    with _LOCKS_GUARD:
+        locks = [
+            _RESOURCE_LOCKS.setdefault(n, threading.Lock())
+            for n in sorted({r.name for r in resources})
+        ]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
+
+
+def _execute_effect(
+    ctx: RunContext, call: Call, resources: list[Fingerprinter], mode: str, where: str
+) -> tuple[bytes, CallRecord]:
+    """Execute one side-effecting call (``record`` or ``live``) between pre and post
+    fingerprints, with its pre-state pinned; ``live`` verifies (or restores) the slot's recorded
+    pre-state first."""
+    from rewind.cache import execute_call
+
+    scope, key, index, policy = ctx.node, call.key, call.index, call.policy
+    reason = "bypass" if mode == "record" else "side-effect-live"
+    if mode == "live":
+        slot = ctx.lineage_slots.get((scope.position, index)) if scope is not None else None
+        pre, drift = _verify_pre_state(ctx, slot, resources, where, call.name, index)
+        if drift:
+            reason = "side-effect-live-restored"
+            ctx.emit("effect-drift", tool=call.name, call_index=index, drift=drift)
+    else:
+        pre = _observe(resources)
+    # Pinned after any restore: the snapshot is the pre-state this call really ran against.
+    snapshots = {r.name: r.snapshot() for r in resources}
+    # Two identical side-effecting calls are two effects: keep both results.
+    data, record = execute_call(
+        ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
+    )
+    post = _observe(resources)
+    _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     return data, record
 
 
