@@ -346,3 +346,58 @@ def test_1_live_grid_variants_on_one_folder_never_interleave(rw: Rewind, tmp_pat
         expected.mkdir()
         (expected / "note.txt").write_text(f"v1{suffix}\n", encoding="utf-8")
         assert effect.post_digest == FileTree(expected).fingerprint().digest
+
+
+# -- side effects from worker threads inside a node --------------------------------------------
+
+_LEDGER_LOCK = threading.Lock()
+
+
+def _ledger(ledger: str, account: str) -> list[Any]:
+    from rewind.effects import FileTree
+
+    return [FileTree(ledger)]
+
+
+@tool("fx_contract_charge", determinism="side-effect", resources=_ledger)
+def charge(ledger: str, account: str) -> dict[str, Any]:
+    pipelines.EFFECT_CALLS.append(("fx_contract_charge", account))
+    with _LEDGER_LOCK, open(ledger, "a", encoding="utf-8") as fh:
+        fh.write(f"charge {account}\n")
+    return {"charged": account}
+
+
+@action(reads=["ledger"], writes=["receipts"])
+def charge_all(state: State) -> State:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        receipts = list(pool.map(lambda a: charge(state["ledger"], a), ["acct-1", "acct-2"]))
+    return state.update(receipts=receipts)
+
+
+threads_pipeline = pipelines._linear(
+    "threads", "tests.test_effect_contract:threads_pipeline", charge_all=charge_all
+)
+
+
+def test_side_effects_from_worker_threads_are_recorded_and_never_repeated(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ledger.write_text("", encoding="utf-8")
+    run = rw.record(threads_pipeline, {"ledger": str(ledger)})
+    assert run.status == "completed", run.error
+    assert sorted(executed("fx_contract_charge")) == ["acct-1", "acct-2"]
+    effects = rw.store.effects_of(run.run_id)
+    assert sorted(e.call_index for e in effects) == [0, 1]
+    assert all(e.post_digest is not None for e in effects)
+    charged = ledger.read_bytes()
+
+    replay = rw.replay(run.run_id)  # unchanged, effects recorded
+    assert replay.status == "completed", replay.error
+    assert ledger.read_bytes() == charged  # the ledger was not charged again
+    assert len(executed("fx_contract_charge")) == 2
+    report = audit_run(rw, replay.run_id)
+    assert [v.verdict for v in report.verdicts] == ["not-re-executed", "not-re-executed"]
+    assert not report.passed
