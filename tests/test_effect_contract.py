@@ -322,6 +322,12 @@ def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
     done = ok_json(store, "fork", run_id, "--at", "1", "--effects", "live", "--restore", "replace")
     assert done["run"]["status"] == "completed"
     assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+    # Point 8: the run record shows its effects mode and its last audit's label.
+    fork_id = done["run"]["run_id"]
+    assert done["run"]["effects_mode"] == "live" and done["run"]["admissible"] is None
+    assert rewind(store, "audit", fork_id, "--json").returncode == 0
+    shown = " ".join(rewind(store, "show", fork_id).stdout.split())
+    assert "effects live" in shown and "audit admissible" in shown
 
 
 def test_1_live_grid_variants_on_one_folder_never_interleave(rw: Rewind, tmp_path: Path) -> None:

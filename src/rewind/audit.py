@@ -96,6 +96,7 @@ __all__ = [
     "audit_command",
     "audit_run",
     "epoch_delta",
+    "live_fork_resources",
     "render_audit",
     "summary_line",
     "verify_effects_check",
@@ -242,6 +243,15 @@ class AuditReport:
         return self.completed and all(v.verdict == FAITHFUL for v in self.verdicts)
 
     @property
+    def label(self) -> str:
+        """The run's admissibility (seed 004, "Operational Effect"): ``admissible`` (every call
+        faithful), ``vacuous`` (nothing to audit) or ``not-admissible`` (a hypothesis, not
+        evidence)."""
+        if not self.passed:
+            return "not-admissible"
+        return "vacuous" if self.vacuous else "admissible"
+
+    @property
     def counts(self) -> dict[str, int]:
         """Number of calls per verdict (every verdict present, zeros included)."""
         return {k: sum(1 for v in self.verdicts if v.verdict == k) for k in VERDICTS}
@@ -283,6 +293,7 @@ class AuditReport:
             "against": self.against,
             "passed": self.passed,
             "vacuous": self.vacuous,
+            "label": self.label,
             "run_status": self.run_status,
             "note": self.note,
             "counts": self.counts,
@@ -415,6 +426,7 @@ def audit_run(
     against: str | None = None,
     *,
     resources: Mapping[str, Fingerprinter] | Sequence[Fingerprinter] | None = None,
+    record: bool = True,
 ) -> AuditReport:
     """Audit every side-effecting call a run executed or served (see the module docstring).
 
@@ -426,6 +438,8 @@ def audit_run(
         resources: fingerprinters to use when re-fingerprinting a resource's current state, by
             name (needed for a resource whose parameters the store does not record, e.g. a
             :class:`~rewind.effects.SQLiteTable` whose tool is not importable here).
+        record: store the verdict as the run's last audit (its ``admissible`` label, shown by
+            ``rewind show`` and the run API); False for a look that leaves no trace.
     Returns:
         the report; ``report.passed`` only when every call is ``faithful``.
     Raises:
@@ -482,7 +496,16 @@ def audit_run(
         )
     if ref_run is not None:
         verdicts.extend(_not_re_executed(runs, run, ref_run))
-    return AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
+    report = AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
+    if record:
+        rw.store.record_audit(
+            run.run_id,
+            against=label,
+            label=report.label,
+            note=report.note,
+            counts=report.counts,
+        )
+    return report
 
 
 def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVerdict]:
@@ -520,6 +543,51 @@ class _Decision(NamedTuple):
     reason: str
     output: str = ""
     differs: tuple[str, ...] = ()
+
+
+def live_fork_resources(rw: Rewind, run_id: str, at: str | int) -> list[dict[str, Any]]:
+    """The resources a ``live`` fork of a run at node ``at`` would re-execute side-effecting
+    calls against (what a person must confirm before choosing ``live``).
+
+    Args:
+        rw: the session whose store holds the run.
+        run_id: the run to fork (id or unique prefix).
+        at: the fork node (name, ``name#k`` or 1-based number).
+    Returns:
+        ``[{"number", "node", "call_index", "tool", "resource", "kind"}]`` for every effect row
+        of the side-effecting calls at or after the fork node (calls of inherited nodes resolved
+        to the run that executed them), in call order; resources of a call that declared none
+        are listed with ``resource`` None.
+    Raises:
+        UnknownRun, UnknownNode, ForkError: as :meth:`Rewind.fork`.
+    """
+    from rewind.replay import resolve_node
+
+    run = rw.store.get_run(run_id)
+    runs = _Runs(rw)
+    nodes = runs.nodes(run.run_id)
+    idx = resolve_node(run, nodes, at)
+    first = nodes[idx].position
+    out: list[dict[str, Any]] = []
+    for c in runs.side_effect_calls(run.run_id):
+        if c.position < first:
+            continue
+        base = {
+            "number": c.position + 1,
+            "node": c.node,
+            "call_index": c.call.call_index,
+            "tool": c.call.name,
+        }
+        rows = runs.effects(c.run_id, c.position, c.call.call_index)
+        for e in rows or [None]:
+            out.append(
+                base
+                | {
+                    "resource": None if e is None else e.resource,
+                    "kind": None if e is None else e.kind,
+                }
+            )
+    return out
 
 
 class _Judge:

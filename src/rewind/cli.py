@@ -175,6 +175,8 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "error": run.error,
         "launch": run.launch,
+        "effects_mode": run.effects_mode,
+        "admissible": run.admissible,
     }
 
 
@@ -249,6 +251,11 @@ def _run_summary(run: RunRecord) -> str:
         parts.append(f"fork of {run.parent_run_id[:12]} at {run.fork_node}: {change}")
     if run.launch.get("inputs"):
         parts.append(f"inputs {escape(json.dumps(run.launch['inputs'])[:80])}")
+    if run.parent_run_id:
+        parts.append(f"effects {run.effects_mode}")
+    if run.admissible is not None:
+        colour = "red" if run.admissible == "not-admissible" else "green"
+        parts.append(f"audit [{colour}]{run.admissible}[/]")
     if run.error:
         parts.append(f"[red]{run.error}[/]")
     return " · ".join(parts)

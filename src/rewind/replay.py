@@ -433,7 +433,7 @@ class Rewind:
                 burr_fork_app_id=burr_src[0],
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
-                launch=launch.to_json(),
+                launch=launch.to_json() | {"effects": effects},
             )
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
