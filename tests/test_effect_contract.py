@@ -407,3 +407,36 @@ def test_side_effects_from_worker_threads_are_recorded_and_never_repeated(
     report = audit_run(rw, replay.run_id)
     assert [v.verdict for v in report.verdicts] == ["not-re-executed", "not-re-executed"]
     assert not report.passed
+
+
+# -- 6. one write path: a traced chain records its effects like a Burr run ---------------------
+
+
+def test_6_a_traced_chain_records_effect_rows_and_audits_like_a_burr_run(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    from rewind.tracing import Tracer, step
+    from rewind.tracing.store import search_runs
+
+    tracer = Tracer()
+    tracer.configure(store=rw.store)
+    folder = tmp_path / "notes"
+    folder.mkdir()
+
+    @tracer.chain("notes")
+    def write_notes(text: str) -> str:
+        with step("write", "tool_call", input=text) as s:
+            s.set_output(pipelines.fx_write_note(str(folder), "note.txt", text))
+        return text
+
+    write_notes("traced")
+    trace = search_runs(rw.store, kind="trace", limit=1)[0][0]
+    (effect,) = rw.store.effects_of(trace.run_id)
+    assert (effect.resource, effect.mode) == (f"file:{folder}", "record")
+    assert effect.pre_digest and effect.post_digest and effect.snapshot_hash
+    assert rw.store.get_blob(effect.snapshot_hash)  # the pinned snapshot went in too
+    report = audit_run(rw, trace.run_id)
+    (v,) = report.verdicts
+    assert (v.node, v.verdict) == ("write", "faithful") and report.passed
+    (folder / "note.txt").write_text("changed\n", encoding="utf-8")
+    assert audit_run(rw, trace.run_id).verdicts[0].verdict == "divergent"

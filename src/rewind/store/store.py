@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,16 +211,28 @@ class Store:
         """A JSON value stored with :meth:`put_json`."""
         return json.loads(self.get_blob(digest, conn))
 
-    def write_batch(self, batch: WriteBatch) -> None:
+    def write_batch(
+        self, batch: WriteBatch, *, before: Callable[[Connection], None] | None = None
+    ) -> None:
         """Write a batch in one ``BEGIN IMMEDIATE`` transaction (all or nothing).
 
-        Blob hashes are remembered as present only after the commit, so a rolled-back batch
-        never makes a later write skip a blob that is not there.
+        The one write path of node, call, cache and effect rows, for Burr runs (the recorder's
+        flushes) and traced chains alike. Blob hashes are remembered as present only after the
+        commit, so a rolled-back batch never makes a later write skip a blob that is not there.
+
+        Args:
+            batch: the rows.
+            before: writes that must precede the rows in the same transaction (a traced chain's
+                run row and spans).
+        Raises:
+            StoreError: a state row of the app id already exists (nothing is written).
         """
-        if not batch:
+        if not batch and before is None:
             return
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
         with self.write() as conn:
+            if before is not None:
+                before(conn)
             if new:
                 rows = []
                 for digest, data in new.items():
