@@ -440,3 +440,55 @@ def test_6_a_traced_chain_records_effect_rows_and_audits_like_a_burr_run(
     assert (v.node, v.verdict) == ("write", "faithful") and report.passed
     (folder / "note.txt").write_text("changed\n", encoding="utf-8")
     assert audit_run(rw, trace.run_id).verdicts[0].verdict == "divergent"
+
+
+# -- 7. OpenTelemetry export → import keeps calls, flags and effect fingerprints ---------------
+
+
+def _shape(report: Any) -> list[tuple[Any, ...]]:
+    return [
+        (
+            v.node,
+            v.call_index,
+            v.tool,
+            v.verdict,
+            v.output,
+            v.differs,
+            tuple((r.resource, r.recorded_digest, r.reference_digest) for r in v.resources),
+        )
+        for v in report.verdicts
+    ]
+
+
+def test_7_the_audit_of_an_imported_run_equals_the_originals(rw: Rewind, tmp_path: Path) -> None:
+    from rewind.tracing.otel import export_to_file, import_otlp, read_otlp_file
+
+    path = tmp_path / "out.txt"
+    path.write_text("start\n", encoding="utf-8")
+    parent = rw.record(pipelines.effects_pipeline, {"text": "hi", "path": str(path)})
+    served = rw.replay(parent.run_id, at="write")  # not re-executed: must not pass after import
+    stamp = tmp_path / "stamp.txt"
+    stamped = rw.record(pipelines.stamp_pipeline, {"path": str(stamp)})
+    live = rw.replay(stamped.run_id, effects="live")  # output differs, post-state equal
+    runs = [parent, served, stamped, live]
+    originals = [audit_run(rw, r.run_id, record=False) for r in runs]
+    assert [o.passed for o in originals] == [True, False, True, False]
+
+    exported = tmp_path / "runs.otlp.json"
+    export_to_file(rw.store, [r.run_id for r in runs], exported)
+    attrs = json.dumps(read_otlp_file(exported))
+    assert "rewind.effects" in attrs and "rewind.determinism" in attrs
+    other = Rewind(tmp_path / "other-store")
+    try:
+        result = import_otlp(other.store, read_otlp_file(exported))
+        assert sorted(result.imported) == sorted(r.run_id for r in runs), result.errors
+        write = next(n for n in other.store.nodes_of(parent.run_id) if n.name == "write")
+        assert write.determinism == "side-effect"
+        assert [c.determinism for c in write.calls if c.kind == "tool"] == ["side-effect"]
+        for run, original in zip(runs, originals, strict=True):
+            imported = audit_run(other, run.run_id, record=False)
+            assert imported.against == original.against
+            assert _shape(imported) == _shape(original)
+            assert imported.passed == original.passed
+    finally:
+        other.store.close()

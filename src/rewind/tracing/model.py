@@ -29,7 +29,7 @@ from typing import Any
 
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.context import PendingWrite
-from rewind.store.records import CallRecord
+from rewind.store.records import CallRecord, EffectRecord
 
 __all__ = [
     "CHAIN_TYPE",
@@ -324,6 +324,10 @@ class StepView:
     inherited: bool = False
     calls: tuple[CallRecord, ...] = ()
     llm_calls: tuple[LlmCallView, ...] = ()
+    determinism: str = "deterministic"
+    effects: tuple[EffectRecord, ...] = ()
+    """Effect rows of the step's side-effecting calls (empty for inherited nodes: they belong
+    to the run that executed them)."""
 
     @property
     def number(self) -> int:

@@ -61,6 +61,11 @@ from rewind.tracing.model import (
     as_fields,
     jsonable,
 )
+from rewind.tracing.otel_effects import (
+    EFFECTS_ATTRIBUTE,
+    effects_attribute,
+    effects_from_attribute,
+)
 from rewind.tracing.store import load_traces, trace_exists, write_trace
 
 __all__ = [
@@ -251,6 +256,7 @@ def _step_attributes(view: TraceView, s: StepView) -> dict[str, Any]:
         "rewind.step.status": s.status,
         "rewind.cache.outcome": s.cache_outcome,
         "rewind.cache.reason": s.cache_reason,
+        "rewind.determinism": s.determinism,
         "rewind.duration_ms": float(s.duration_ms),
         "rewind.input_hash": s.input_hash,
         "openinference.span.kind": _OI_KIND.get(s.step_type, "CHAIN"),
@@ -263,6 +269,9 @@ def _step_attributes(view: TraceView, s: StepView) -> dict[str, Any]:
         attrs["output.mime_type"] = JSON
     if s.state_hash:
         attrs["rewind.state_hash"] = s.state_hash
+    effects = effects_attribute(s.calls, s.effects)
+    if effects is not None:
+        attrs[EFFECTS_ATTRIBUTE] = effects
     if s.attributes:
         attrs["rewind.attributes"] = _dumps(s.attributes)
     model = s.model
@@ -806,6 +815,7 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             attributes=_extra(a) if "rewind.attributes" in a else {},
             cache_outcome=str(a.get("rewind.cache.outcome") or "none"),
             cache_reason=str(a.get("rewind.cache.reason") or "imported"),
+            effects=effects_from_attribute(a.get(EFFECTS_ATTRIBUTE)),
         )
     step_type = _foreign_type(a)
     failed = s.status_code == 2

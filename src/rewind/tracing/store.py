@@ -26,6 +26,7 @@ from rewind.llm import ChatResponse
 from rewind.persister import encode_value, map_hash
 from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sorted_calls
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
+from rewind.store.records import EffectRecord
 from rewind.store.store import WriteBatch, call_rows, state_row
 from rewind.tracing.model import (
     CHAIN_TYPE,
@@ -129,7 +130,7 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
         )
         scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
         scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
-        scope.effects = list(s.effects)
+        scope.effects = _effect_rows(data.trace_id, s, scope.calls)
         add_scope_rows(batch, scope)
         outcome, reason = _outcome(s, scope)
         error = error_line(s.error_type, s.error_message) if failed else None
@@ -231,6 +232,22 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
     return store.get_run(data.trace_id)
 
 
+def _effect_rows(run_id: str, s: StepData, calls: list[CallRecord]) -> list[dict[str, Any]]:
+    """The step's effect rows for this trace; a side-effecting call known only from its effect
+    record (an OpenTelemetry import without ``rewind.calls``) is added to ``calls``."""
+    have = {c.call_index for c in calls}
+    rows = []
+    for e in s.effects:
+        e = dict(e)
+        call = e.pop("_call", None)
+        if isinstance(call, CallRecord) and call.call_index not in have:
+            calls.append(call)
+            have.add(call.call_index)
+        if "resource" in e:
+            rows.append(e | {"run_id": run_id, "position": s.position})
+    return rows
+
+
 def _outcome(s: StepData, scope: NodeScope) -> tuple[str, str]:
     if s.cache_outcome is not None:
         return s.cache_outcome, s.cache_reason or ""
@@ -312,6 +329,14 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
         ):
             m = r._mapping
             calls.setdefault((m["run_id"], m["position"]), []).append(CallRecord.from_row(r))
+        effects: dict[tuple[str, int], list[EffectRecord]] = {}
+        for r in conn.execute(
+            select(schema.effects)
+            .where(schema.effects.c.run_id.in_(ids))
+            .order_by(schema.effects.c.call_index, schema.effects.c.resource)
+        ):
+            e = EffectRecord.from_row(r)
+            effects.setdefault((e.run_id, e.position), []).append(e)
         spans: dict[tuple[str, int], dict[str, Any]] = {}
         for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
             m = dict(r._mapping)
@@ -356,7 +381,7 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
     out = {}
     for run in runs:
         out[run.run_id] = _view(
-            run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload
+            run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload, effects
         )
     return out
 
@@ -369,6 +394,7 @@ def _view(
     docs: dict[str, Any],
     values: dict[str, Any],
     payload: dict[str, bytes],
+    effects: dict[tuple[str, int], list[EffectRecord]],
 ) -> TraceView:
     root = spans.get((run.run_id, ROOT_POSITION))
     kind = "trace" if root is not None else "run"
@@ -446,6 +472,8 @@ def _view(
                 inherited=n.inherited,
                 calls=n.calls,
                 llm_calls=llm,
+                determinism=n.determinism,
+                effects=() if n.inherited else tuple(effects.get((run.run_id, n.position), ())),
             )
         )
     if root is not None:
