@@ -429,26 +429,6 @@ def test_changed_arguments_run_live_against_the_slots_recorded_pre_state(
     assert text_file.read_text(encoding="utf-8") == "start\nhello!\n"
 
 
-def test_changed_arguments_live_refuse_a_drifted_resource_without_snapshot(
-    rw: Rewind, tmp_path: Path
-) -> None:
-    db = tmp_path / "limits.db"
-    create_limits_db(db)
-    parent = rw.record(pipelines.limits_pipeline, {"db": str(db)})
-    assert parent.status == "completed", parent.error
-    con = sqlite3.connect(db)
-    with con:
-        con.execute("INSERT INTO limits VALUES ('other', 1)")  # the world drifted
-    con.close()
-    before = db.read_bytes()
-    override = ParamOverride("store_limit", "value", 7)
-    with pytest.raises(EffectPreconditionFailed) as err:
-        rw.fork(parent.run_id, at="store_limit", override=override, effects="live")
-    assert f"sqlite:{db}#limits" in err.value.message
-    assert executed("fx_upsert_limit") == [("rate", 5)]  # never executed with the new value
-    assert db.read_bytes() == before
-
-
 def test_side_effect_results_never_become_shared_cache_entries(rw: Rewind, text_file: Path) -> None:
     parent = record_effects(rw, text_file)
     call = side_call(rw, parent.run_id, "write")

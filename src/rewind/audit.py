@@ -479,21 +479,7 @@ def audit_run(
     for c in own:
         d = _Decision(*judge.judge(c))
         deps = () if d.verdict == FAITHFUL else graph.dependents(c.position)
-        verdicts.append(
-            CallVerdict(
-                run_id=run.run_id,
-                position=c.position,
-                node=c.node,
-                call_index=c.call.call_index,
-                tool=c.call.name,
-                verdict=d.verdict,
-                resources=tuple(d.details),
-                reason=d.reason,
-                dependents=deps,
-                output=d.output,
-                differs=d.differs,
-            )
-        )
+        verdicts.append(_verdict(run.run_id, c, d, deps))
     if ref_run is not None:
         verdicts.extend(_not_re_executed(runs, run, ref_run))
     report = AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
@@ -517,22 +503,28 @@ def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVe
     for c in runs.side_effect_calls(ref.run_id):
         if (c.node, c.occurrence, c.call.call_index) in made:
             continue
-        out.append(
-            CallVerdict(
-                run_id=run.run_id,
-                position=c.position,
-                node=c.node,
-                call_index=c.call.call_index,
-                tool=c.call.name,
-                verdict=NOT_RE_EXECUTED,
-                resources=(),
-                reason=(
-                    f"run {ref.run_id[:12]} made this call at #{c.position + 1}; this run "
-                    f"(status {run.status}) never re-executed it"
-                ),
-            )
+        why = (
+            f"run {ref.run_id[:12]} made this call at #{c.position + 1}; this run "
+            f"(status {run.status}) never re-executed it"
         )
+        out.append(_verdict(run.run_id, c, _Decision(NOT_RE_EXECUTED, [], why)))
     return out
+
+
+def _verdict(run_id: str, c: _Call, d: _Decision, dependents: tuple[str, ...] = ()) -> CallVerdict:
+    return CallVerdict(
+        run_id=run_id,
+        position=c.position,
+        node=c.node,
+        call_index=c.call.call_index,
+        tool=c.call.name,
+        verdict=d.verdict,
+        resources=tuple(d.details),
+        reason=d.reason,
+        dependents=dependents,
+        output=d.output,
+        differs=d.differs,
+    )
 
 
 class _Decision(NamedTuple):
