@@ -962,6 +962,14 @@ def test_run_records_show_effects_mode_admissible_label_and_live_fork_resources(
         422,
     )
 
+    # restore=replace only with effects=live: refused before anything is written.
+    children = len(client.get(f"/api/runs/{pid}").json()["children"])
+    r = client.post(f"/api/runs/{pid}/fork", json={"at": 1, "restore": "replace"})
+    assert_error(r, 422, "InvalidOverride", text="effects=live")
+    assert len(client.get(f"/api/runs/{pid}").json()["children"]) == children
+    live = fork(client, pid, {"at": 1, "effects": "live", "restore": "replace"})
+    assert (live["status"], live["effects_mode"]) == ("completed", "live")
+
 
 def test_grid_through_the_api(client: TestClient, fake_model: FakeModel) -> None:
     from rewind.api.reports import GridJob

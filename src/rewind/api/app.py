@@ -136,6 +136,13 @@ EffectsMode = Annotated[
         "nothing (dry-run), or re-execute against a verified pre-state (live)"
     ),
 ]
+RestoreMode = Annotated[
+    Literal["refuse", "replace"],
+    Field(
+        description="effects=live only: when restoring a pinned snapshot, refuse (default) or "
+        "replace (delete) files the snapshot does not hold"
+    ),
+]
 
 
 class ForkRequest(BaseModel):
@@ -145,6 +152,7 @@ class ForkRequest(BaseModel):
     at: NodeRef
     override: OverrideBody | None = None
     effects: EffectsMode = "recorded"
+    restore: RestoreMode = "refuse"
 
 
 class ReplayRequest(BaseModel):
@@ -153,6 +161,7 @@ class ReplayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     at: NodeRef = 1
     effects: EffectsMode = "recorded"
+    restore: RestoreMode = "refuse"
 
 
 class StartRunRequest(BaseModel):
@@ -691,15 +700,15 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         """Fork a finished run at ``at`` with one override (param or output) or none (an
         unchanged replay). Validated here; answers 202 with the new run's id at once."""
         parent, idx, fork_node, override = validate_fork(ctx, run_id, req)
-        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
+        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects, req.restore)
 
     @r.post("/runs/{run_id}/replay", status_code=202, tags=["forks"])
     def replay(run_id: str, req: ReplayRequest | None = None) -> JSONResponse:
         """Unchanged replay from ``at`` (default node 1): expected all cache hits, 0 tokens."""
         req = req or ReplayRequest()
-        body = ForkRequest(at=req.at, override=None, effects=req.effects)
+        body = ForkRequest(at=req.at, override=None, effects=req.effects, restore=req.restore)
         parent, idx, fork_node, override = validate_fork(ctx, run_id, body)
-        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects)
+        return _submit_fork(ctx, parent, idx, fork_node, override, req.effects, req.restore)
 
     @r.get("/runs/{run_id}/cost", tags=["diff"])
     def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
@@ -797,12 +806,23 @@ def _submit_fork(
     fork_node: NodeRecord,
     override: Override | None,
     effects: str,
+    restore: str = "refuse",
 ) -> JSONResponse:
+    if restore == "replace" and effects != "live":
+        raise InvalidOverride(
+            "restore=replace deletes files a pinned snapshot does not hold: it needs effects=live",
+            'send "effects": "live" with "restore": "replace", or leave restore out',
+        )
     rid = new_run_id()
 
     def job(rw: Rewind) -> RunRecord:
         return rw.fork(
-            parent.run_id, at=idx + 1, override=override, new_run_id=rid, effects=effects
+            parent.run_id,
+            at=idx + 1,
+            override=override,
+            new_run_id=rid,
+            effects=effects,
+            restore=restore,
         )
 
     return _accepted(
