@@ -492,3 +492,16 @@ def test_7_the_audit_of_an_imported_run_equals_the_originals(rw: Rewind, tmp_pat
             assert imported.passed == original.passed
     finally:
         other.store.close()
+
+
+def test_8_rewind_runs_lists_effects_mode_and_audit_label(tmp_path: Path) -> None:
+    from tests.test_cli import ok_json, rewind
+
+    store = tmp_path / "store"
+    run = ok_json(store, "run", "--pipeline", "tests.pipelines:pipeline", "--state", '{"x": 5}')
+    run_id = run["run"]["run_id"]
+    assert rewind(store, "audit", run_id).returncode == 0
+    listed = {r["run_id"]: r for r in ok_json(store, "runs")}
+    assert (listed[run_id]["effects_mode"], listed[run_id]["admissible"]) == ("record", "vacuous")
+    table = rewind(store, "runs").stdout
+    assert "vacuous" in table and "record" in table

@@ -495,7 +495,8 @@ def runs(
             _emit_json([_run_json(r) for r in items])
             return
         t = Table(title=f"runs in {rw.store.root}", title_justify="left")
-        for col in ("run", "pipeline", "status", "tokens", "parent", "fork", "created"):
+        columns = ("run", "pipeline", "status", "tokens", "parent", "fork", "effects", "audit")
+        for col in (*columns, "created"):
             t.add_column(col)
         for r in items:
             fork = (
@@ -510,6 +511,8 @@ def runs(
                 str(r.tokens),
                 (r.parent_run_id or "")[:12],
                 fork,
+                r.effects_mode,
+                r.admissible or "",
                 time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
             )
         console.print(t)
