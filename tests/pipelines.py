@@ -277,6 +277,81 @@ effects_pipeline = _linear(
 )
 
 
+# A tool that writes one note into a folder the user owns (issue 12: restore must keep files the
+# tool never wrote, unless the user asks for replace).
+
+
+def _folder_resources(folder: str, name: str, text: str) -> list[FileTree]:
+    return [FileTree(folder)]
+
+
+NOTE_WRITERS = {"now": 0, "max": 0}
+"""How many fx_write_note calls are inside the tool at once (now) and at most (max)."""
+_NOTE_LOCK = threading.Lock()
+
+
+@tool("fx_write_note", determinism="side-effect", resources=_folder_resources)
+def fx_write_note(folder: str, name: str, text: str) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_write_note", (name, text)))
+    with _NOTE_LOCK:
+        NOTE_WRITERS["now"] += 1
+        NOTE_WRITERS["max"] = max(NOTE_WRITERS["max"], NOTE_WRITERS["now"])
+    try:
+        threading.Event().wait(0.05)  # a slow write: concurrent writers would overlap here
+        (Path(folder) / name).write_text(text + "\n", encoding="utf-8")
+    finally:
+        with _NOTE_LOCK:
+            NOTE_WRITERS["now"] -= 1
+    return {"status": "ok"}
+
+
+@action(reads=["folder", "text"], writes=["receipt"])
+def fx_note(state: State) -> State:
+    name = rewind.param("name", "note.txt")
+    text = state["text"] + rewind.param("suffix", "")
+    return state.update(receipt=fx_write_note(state["folder"], name, text))
+
+
+folder_pipeline = _linear("folder", "tests.pipelines:folder_pipeline", note=fx_note)
+
+
+# Several side-effecting calls in one node (issue 12: a fork that re-executes 1 of the
+# parent's 3 calls must not pass the audit).
+
+
+@action(reads=["path"], writes=["receipts"])
+def fx_append_many(state: State) -> State:
+    times = rewind.param("times", 3)
+    return state.update(receipts=[fx_append_line(state["path"], f"line {i}") for i in range(times)])
+
+
+repeat_pipeline = _linear("repeat", "tests.pipelines:repeat_pipeline", many=fx_append_many)
+
+# A tool that always leaves the same file content but answers something new every time
+# (issue 12: the audit compares (output, post-state) pairs and says which half differs).
+
+STAMPS = itertools.count(1)
+
+
+def _stamp_resources(path: str) -> list[FileTree]:
+    return [FileTree(path)]
+
+
+@tool("fx_stamp", determinism="side-effect", resources=_stamp_resources)
+def fx_stamp(path: str) -> dict[str, Any]:
+    EFFECT_CALLS.append(("fx_stamp", path))
+    Path(path).write_text("stamped\n", encoding="utf-8")
+    return {"ticket": next(STAMPS)}
+
+
+@action(reads=["path"], writes=["ticket"])
+def fx_stamp_node(state: State) -> State:
+    return state.update(ticket=fx_stamp(state["path"]))
+
+
+stamp_pipeline = _linear("stamp", "tests.pipelines:stamp_pipeline", stamp=fx_stamp_node)
+
+
 @action(reads=["path"], writes=["receipts"])
 def fx_double(state: State) -> State:
     first = fx_append_line(state["path"], "first")

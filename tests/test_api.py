@@ -1104,6 +1104,44 @@ def test_audit_verdicts_through_the_api(client: TestClient, store: Store) -> Non
     assert_error(r, 404, "UnknownRun", "against", "0000ffff")
 
 
+def test_run_records_show_effects_mode_admissible_label_and_live_fork_resources(
+    client: TestClient,
+) -> None:
+    from rewind.api.reports import LiveForkResource
+
+    pid = record(client, "grid")["run_id"]
+    run = client.get(f"/api/runs/{pid}").json()
+    assert (run["effects_mode"], run["admissible"], run["last_audit"]) == ("record", None, None)
+    assert client.get(f"/api/runs/{pid}/audit").json()["label"] == "admissible"
+    run = client.get(f"/api/runs/{pid}").json()
+    assert run["admissible"] == "admissible" and run["last_audit"]["against"] == "current"
+
+    replay = fork(client, pid, {"at": 1})
+    assert client.get(f"/api/runs/{replay['run_id']}/audit").json()["label"] == "not-admissible"
+    child = client.get(f"/api/runs/{replay['run_id']}").json()
+    assert (child["effects_mode"], child["admissible"]) == ("recorded", "not-admissible")
+    listed = client.get("/api/runs").json()
+    listed = listed["runs"] if isinstance(listed, dict) else listed
+    assert {r["run_id"]: r["admissible"] for r in listed}[pid] == "admissible"
+
+    touched = client.get(f"/api/runs/{pid}/live-fork-resources", params={"at": 1}).json()
+    [res] = [LiveForkResource.model_validate(t) for t in touched]
+    assert (res.node, res.tool, res.kind) == ("publish_note", "rewind.publish", "file-tree")
+    assert res.resource and pid in res.resource
+    assert client.get(f"/api/runs/{pid}/live-fork-resources", params={"at": 99}).status_code in (
+        404,
+        422,
+    )
+
+    # restore=replace only with effects=live: refused before anything is written.
+    children = len(client.get(f"/api/runs/{pid}").json()["children"])
+    r = client.post(f"/api/runs/{pid}/fork", json={"at": 1, "restore": "replace"})
+    assert_error(r, 422, "InvalidOverride", text="effects=live")
+    assert len(client.get(f"/api/runs/{pid}").json()["children"]) == children
+    live = fork(client, pid, {"at": 1, "effects": "live", "restore": "replace"})
+    assert (live["status"], live["effects_mode"]) == ("completed", "live")
+
+
 def test_grid_through_the_api(client: TestClient, fake_model: FakeModel) -> None:
     from rewind.api.reports import GridJob
 

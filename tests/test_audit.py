@@ -341,8 +341,12 @@ def test_missing_reference_fingerprint_is_audit_incomplete(rw: Rewind, tmp_path:
     path.write_text("", encoding="utf-8")
     plain = rw.record(pipelines.notify_pipeline, {"message": "hi"})
     run = rw.record(pipelines.effects_pipeline, {"text": "x", "path": str(path)})
-    v = assert_fails(audit_run(rw, run.run_id, against=plain.run_id), "audit-incomplete")
-    assert "no corresponding call" in v.reason
+    report = audit_run(rw, run.run_id, against=plain.run_id)
+    assert not report.passed
+    own, theirs = report.verdicts
+    assert own.verdict == "audit-incomplete" and "no corresponding call" in own.reason
+    # The reference's own side-effecting call was never re-executed by the audited run.
+    assert (theirs.node, theirs.verdict) == ("ping", "not-re-executed")
 
 
 def test_a_run_audited_against_its_served_replay_is_not_compared_with_itself(
@@ -482,6 +486,8 @@ def test_report_json_and_table(rw: Rewind, tmp_path: Path) -> None:
         "resources",
         "reason",
         "dependents",
+        "output",
+        "differs",
     }
     assert v["resources"][0]["recorded"] == {"digest": None, "epoch": None}
     table = render_audit(report)

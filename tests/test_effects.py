@@ -23,6 +23,7 @@ from rewind.effects import (
     ABSENT,
     EffectPreconditionFailed,
     FileTree,
+    FingerprintUnavailable,
     HttpResource,
     SideEffectBlocked,
     SQLiteTable,
@@ -410,14 +411,22 @@ def test_changed_arguments_in_recorded_mode_stop_with_the_fix(rw: Rewind, text_f
     assert [n.name for n in rw.store.nodes_of(fork.run_id)][-1] == "write"
 
 
-def test_changed_arguments_run_live_as_a_new_call(rw: Rewind, text_file: Path) -> None:
+def test_changed_arguments_run_live_against_the_slots_recorded_pre_state(
+    rw: Rewind, text_file: Path
+) -> None:
+    # Issue 12, point 1: the slot (node position, call index) is verified, not the arguments.
     parent = record_effects(rw, text_file)
+    (recorded,) = rw.store.effects_of(parent.run_id)
     fork = rw.fork(
         parent.run_id, at="prep", override=ParamOverride("prep", "suffix", "!"), effects="live"
     )
     assert fork.status == "completed", fork.error
-    assert side_call(rw, fork.run_id, "write").key != side_call(rw, parent.run_id, "write").key
-    assert text_file.read_text(encoding="utf-8") == "start\nhello\nhello!\n"
+    call = side_call(rw, fork.run_id, "write")
+    assert call.key != side_call(rw, parent.run_id, "write").key
+    # The file held the parent's write (drift from the recorded pre-state): restored, reported.
+    assert call.reason == "side-effect-live-restored"
+    assert only_effect(rw, fork.run_id).pre_digest == recorded.pre_digest
+    assert text_file.read_text(encoding="utf-8") == "start\nhello!\n"
 
 
 def test_side_effect_results_never_become_shared_cache_entries(rw: Rewind, text_file: Path) -> None:
@@ -557,6 +566,69 @@ def test_file_tree_absent_and_single_file(tmp_path: Path) -> None:
     assert FileTree(tmp_path / "empty-dir").fingerprint().digest != ABSENT
 
 
+def test_restore_refuses_to_delete_files_outside_the_snapshot(tmp_path: Path) -> None:
+    # Issue 12, point 4: restore never destroys data silently.
+    root = write_tree(tmp_path / "tree", {"a.txt": "A"})
+    tree = FileTree(root)
+    snap = tree.snapshot()
+    (root / "a.txt").write_text("changed", encoding="utf-8")
+    (root / "theirs.txt").write_text("not ours", encoding="utf-8")
+    with pytest.raises(EffectPreconditionFailed) as err:
+        tree.restore(snap)
+    assert "theirs.txt" in err.value.message and "--restore=replace" in err.value.hint
+    assert (root / "a.txt").read_text(encoding="utf-8") == "changed"  # nothing touched
+    assert (root / "theirs.txt").exists()
+    tree.restore(snap, replace=True)
+    assert sorted(p.name for p in root.iterdir()) == ["a.txt"]
+    assert (root / "a.txt").read_text(encoding="utf-8") == "A"
+
+
+def test_a_failing_restore_leaves_the_state_it_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = write_tree(tmp_path / "tree", {"a.txt": "A", "sub/b.txt": "B"})
+    tree = FileTree(root)
+    snap = tree.snapshot()
+    (root / "a.txt").write_text("now", encoding="utf-8")
+    before = tree.fingerprint()
+    calls = {"n": 0}
+    real = Path.write_bytes
+
+    def fail_second(self: Path, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", fail_second)
+    with pytest.raises(OSError):
+        tree.restore(snap)
+    monkeypatch.undo()
+    assert tree.fingerprint().digest == before.digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tree"]  # no staging left behind
+
+
+def test_live_restore_with_files_the_tool_never_wrote_refuses_unless_replace(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "hello"})
+    assert parent.status == "completed", parent.error
+    (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    with pytest.raises(EffectPreconditionFailed) as err:
+        rw.replay(parent.run_id, at="note", effects="live")
+    assert "mine.txt" in err.value.message
+    assert (folder / "mine.txt").exists()
+    assert executed("fx_write_note") == [("note.txt", "hello")]
+    with pytest.raises(RewindError) as bad:
+        rw.replay(parent.run_id, at="note", effects="recorded", restore="replace")
+    assert "--effects live" in bad.value.hint
+    live = rw.replay(parent.run_id, at="note", effects="live", restore="replace")
+    assert live.status == "completed", live.error
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
 def test_file_tree_snapshot_restores_the_exact_state(tmp_path: Path) -> None:
     tree = FileTree(write_tree(tmp_path / "t", {"a.txt": "alpha\n", "sub/b.bin": "beta"}))
     before = tree.fingerprint().digest
@@ -564,12 +636,12 @@ def test_file_tree_snapshot_restores_the_exact_state(tmp_path: Path) -> None:
     write_tree(tmp_path / "t", {"a.txt": "changed\n", "new.txt": "x"})
     (tmp_path / "t" / "sub" / "b.bin").unlink()
     assert tree.fingerprint().digest != before
-    tree.restore(snapshot)
+    tree.restore(snapshot, replace=True)  # new.txt is not in the snapshot
     assert tree.fingerprint().digest == before
     absent = FileTree(tmp_path / "later")
     empty = absent.snapshot()
     write_tree(tmp_path / "later", {"z.txt": "z"})
-    absent.restore(empty)
+    absent.restore(empty, replace=True)
     assert absent.fingerprint().digest == ABSENT
 
 
@@ -687,5 +759,30 @@ def test_http_absent_resource_or_unreachable_server() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    assert HttpResource(URL, http(refuse)).fingerprint().digest == ABSENT
+    # Issue 12, point 5: an unreachable server is not an absent resource.
+    with pytest.raises(FingerprintUnavailable):
+        HttpResource(URL, http(refuse)).fingerprint()
     assert HttpResource(URL).name == URL
+
+
+@pytest.mark.parametrize("status", [401, 403, 500, 503, 302])
+def test_http_non_2xx_answers_are_never_a_state(status: int) -> None:
+    with pytest.raises(FingerprintUnavailable) as err:
+        HttpResource(URL, http(responder(b"<h1>error page</h1>", status=status))).fingerprint()
+    assert f"HTTP {status}" in err.value.message
+
+
+def test_http_sends_the_headers_and_auth_the_get_needs() -> None:
+    seen: list[httpx.Request] = []
+
+    def guarded(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.headers.get("x-api-key") != "k1" or "authorization" not in request.headers:
+            return httpx.Response(401, content=b"who are you")
+        return httpx.Response(200, content=b"the state")
+
+    fp = HttpResource(
+        URL, http(guarded), headers={"X-Api-Key": "k1"}, auth=("user", "pw")
+    ).fingerprint()
+    assert fp.digest == sha256_hex(b"the state")
+    assert HttpResource(URL, headers={"X-Api-Key": "k1"}).spec() == {"url": URL}  # no secrets

@@ -402,6 +402,21 @@ def test_shared_chat_client_covers_the_window_between_answer_and_commit(
 # -- failures and bad input ----------------------------------------------------------------------
 
 
+def test_a_dry_run_variant_is_never_labelled_as_changing_the_artifact(
+    rw: Rewind, parent: RunRecord
+) -> None:
+    report = grid(rw, parent.run_id, at="draft", overrides=FIVE, effects="dry-run")
+    assert [v.status for v in report.variants] == ["completed"] * 5
+    assert [v.changes_artifact for v in report.variants] == [None] * 5
+    assert report.to_json()["changes_artifact"] == []
+    from rich.console import Console
+
+    console = Console(record=True, width=300)
+    render_grid(report, console)
+    out = console.export_text()
+    assert "changes the artifact" not in out and "artifact not published (dry-run)" in out
+
+
 def test_recorded_effects_stop_variants_whose_publish_arguments_changed(
     rw: Rewind, parent: RunRecord
 ) -> None:

@@ -158,6 +158,28 @@ def test_fork_from_the_current_step_of_a_burr_run(rw: Rewind) -> None:
     assert any(line.startswith("error: malformed override") for line in out)
 
 
+def test_fork_chooses_an_effects_mode(rw: Rewind, tmp_path: Path) -> None:
+    path = tmp_path / "out.txt"
+    path.write_text("start\n", encoding="utf-8")
+    parent = rw.record(pipelines.effects_pipeline, {"text": "hi", "path": str(path)})
+    code, out = run(
+        rw,
+        parent.run_id,
+        "jump prep",
+        "fork --set prep.suffix=! --effects dry-run",
+        "fork --effects sometimes",
+        "fork --set prep.suffix=? --effects live",
+    )
+    assert code == 1
+    dry = next(line for line in out if "effects dry-run:" in line)
+    live = next(line for line in out if "effects live:" in line)
+    assert "completed" in dry and "completed" in live
+    assert any(line.startswith("error: --effects takes one of") for line in out)
+    runs = [rw.store.get_run(line.split("new run ")[1].split()[0]) for line in (dry, live)]
+    assert [r.effects_mode for r in runs] == ["dry-run", "live"]
+    assert path.read_text(encoding="utf-8") == "start\nhi?\n"  # restored, then the live write
+
+
 def test_fork_of_a_trace_is_a_replay(rw: Rewind) -> None:
     tid = trace_id(rw.store)
     code, out = run(

@@ -260,6 +260,13 @@ def test_fork_at_node_3_from_the_ui(server: dict[str, Any], page: Any) -> None:
     expect(editor.get_by_test_id("fork-button")).to_be_disabled()
     value.fill(json.dumps(new_value))
     expect(editor.get_by_test_id("fork-button")).to_be_enabled()
+    # Forks default to recorded; live names the resources it would touch and waits for a tick.
+    expect(editor.get_by_test_id("editor-effects")).to_have_value("recorded")
+    editor.get_by_test_id("editor-effects").select_option("live")
+    expect(editor.get_by_test_id("live-resources")).to_contain_text("publish")
+    expect(editor.get_by_test_id("fork-button")).to_be_disabled()
+    editor.get_by_test_id("live-confirm-check").check()
+    expect(editor.get_by_test_id("fork-button")).to_be_enabled()
     shot(page, "2-node-editor")
     editor.get_by_test_id("fork-button").click()
 

@@ -56,9 +56,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rewind.effects import FileTree, Fingerprinter, HttpResource, SQLiteTable
+from rewind.effects import (
+    FileTree,
+    Fingerprinter,
+    FingerprintUnavailable,
+    HttpResource,
+    SQLiteTable,
+)
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
@@ -92,6 +98,7 @@ __all__ = [
     "audit_command",
     "audit_run",
     "epoch_delta",
+    "live_fork_resources",
     "render_audit",
     "summary_line",
     "verify_effects_check",
@@ -159,6 +166,11 @@ class CallVerdict:
         reason: one line saying which rule decided.
         dependents: ``"<number>:<name>"`` of the later nodes that read, directly or through other
             nodes, a field the call's node wrote; empty when the verdict is ``faithful``.
+        output: the output half of the (output, post-state) pair (seed 004, condition 4):
+            ``match`` / ``mismatch`` against the reference call's result hash, or ``""`` when
+            there is no reference output (compared with the world as it is now, or nothing).
+        differs: which halves differ for a ``divergent`` verdict: ``("output",)``,
+            ``("post-state",)`` or both; empty otherwise.
     """
 
     run_id: str
@@ -170,6 +182,8 @@ class CallVerdict:
     resources: tuple[ResourceAudit, ...]
     reason: str
     dependents: tuple[str, ...] = ()
+    output: str = ""
+    differs: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -188,6 +202,8 @@ class CallVerdict:
             "resources": [r.to_json() for r in self.resources],
             "reason": self.reason,
             "dependents": list(self.dependents),
+            "output": self.output,
+            "differs": list(self.differs),
         }
 
 
@@ -202,18 +218,40 @@ class AuditReport:
         verdicts: in call order.
         inherited_skipped: side-effecting nodes the run inherited from its parent (not executed
             by this run, so not audited here: audit the run that produced them).
+        run_status: the audited run's status; only a ``completed`` run can pass.
     """
 
     run_id: str
     against: str | None
     verdicts: tuple[CallVerdict, ...]
     inherited_skipped: tuple[str, ...] = field(default=())
+    run_status: str = "completed"
+
+    @property
+    def completed(self) -> bool:
+        """Whether the audited run completed (a failed or running run fails the audit)."""
+        return self.run_status == "completed"
+
+    @property
+    def vacuous(self) -> bool:
+        """A completed run whose reference has no side-effecting call (and that made none
+        itself): the only pass without a ``faithful`` verdict, and :attr:`note` says so."""
+        return self.completed and not self.verdicts
 
     @property
     def passed(self) -> bool:
-        """True only when every call is ``faithful`` (fails closed). A run with no
-        side-effecting call passes vacuously; :attr:`note` says so."""
-        return all(v.verdict == FAITHFUL for v in self.verdicts)
+        """True only for a completed run whose every call — its own and every reference call
+        it should have re-executed — is ``faithful``, or a vacuous pass (fails closed)."""
+        return self.completed and all(v.verdict == FAITHFUL for v in self.verdicts)
+
+    @property
+    def label(self) -> str:
+        """The run's admissibility (seed 004, "Operational Effect"): ``admissible`` (every call
+        faithful), ``vacuous`` (nothing to audit) or ``not-admissible`` (a hypothesis, not
+        evidence)."""
+        if not self.passed:
+            return "not-admissible"
+        return "vacuous" if self.vacuous else "admissible"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -223,6 +261,16 @@ class AuditReport:
     @property
     def note(self) -> str:
         """One line: why the report passes or fails."""
+        if not self.completed:
+            done = (
+                f"; {self.counts[FAITHFUL]}/{len(self.verdicts)} calls faithful"
+                if self.verdicts
+                else ""
+            )
+            return (
+                f"the run did not complete (status {self.run_status}): its effects cannot be "
+                f"audited as a whole, fails closed{done}"
+            )
         if not self.verdicts:
             inherited = (
                 f"; {len(self.inherited_skipped)} inherited side-effecting node(s) belong to the "
@@ -230,7 +278,10 @@ class AuditReport:
                 if self.inherited_skipped
                 else ""
             )
-            return f"no side-effecting call: nothing to audit (passes vacuously){inherited}"
+            return (
+                "no side-effecting call in the run nor in its reference: nothing to audit "
+                f"(passes vacuously){inherited}"
+            )
         c = self.counts
         if self.passed:
             return f"all {len(self.verdicts)} side-effecting calls faithful"
@@ -243,6 +294,9 @@ class AuditReport:
             "run_id": self.run_id,
             "against": self.against,
             "passed": self.passed,
+            "vacuous": self.vacuous,
+            "label": self.label,
+            "run_status": self.run_status,
             "note": self.note,
             "counts": self.counts,
             "inherited_skipped": list(self.inherited_skipped),
@@ -330,6 +384,13 @@ class _Runs:
             self._effects[run_id] = grouped
         return self._effects[run_id].get((position, call_index), [])
 
+    def call_at(self, run_id: str, position: int, call_index: int) -> CallRecord | None:
+        """The call recorded at (position, call index) of a run, None when there is none."""
+        for node in self._nodes_or_empty(run_id):
+            if node.position == position:
+                return next((c for c in node.calls if c.call_index == call_index), None)
+        return None
+
     def side_effect_calls(self, run_id: str) -> list[_Call]:
         """Side-effecting calls at every node of the run, inherited nodes resolved to the run
         that produced them (nodes are numbered by name occurrence like ``name#k``)."""
@@ -367,6 +428,7 @@ def audit_run(
     against: str | None = None,
     *,
     resources: Mapping[str, Fingerprinter] | Sequence[Fingerprinter] | None = None,
+    record: bool = True,
 ) -> AuditReport:
     """Audit every side-effecting call a run executed or served (see the module docstring).
 
@@ -378,6 +440,8 @@ def audit_run(
         resources: fingerprinters to use when re-fingerprinting a resource's current state, by
             name (needed for a resource whose parameters the store does not record, e.g. a
             :class:`~rewind.effects.SQLiteTable` whose tool is not importable here).
+        record: store the verdict as the run's last audit (its ``admissible`` label, shown by
+            ``rewind show`` and the run API); False for a look that leaves no trace.
     Returns:
         the report; ``report.passed`` only when every call is ``faithful``.
     Raises:
@@ -415,26 +479,114 @@ def audit_run(
     graph = _Dataflow(rw, nodes)
     verdicts = []
     for c in own:
-        verdict, details, reason = judge.judge(c)
-        deps = () if verdict == FAITHFUL else graph.dependents(c.position)
-        verdicts.append(
-            CallVerdict(
-                run_id=run.run_id,
-                position=c.position,
-                node=c.node,
-                call_index=c.call.call_index,
-                tool=c.call.name,
-                verdict=verdict,
-                resources=tuple(details),
-                reason=reason,
-                dependents=deps,
-            )
+        d = _Decision(*judge.judge(c))
+        deps = () if d.verdict == FAITHFUL else graph.dependents(c.position)
+        verdicts.append(_verdict(run.run_id, c, d, deps))
+    if ref_run is not None:
+        verdicts.extend(_not_re_executed(runs, run, ref_run))
+    report = AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
+    if record and not rw.store.read_only:  # a read-only store keeps no audit history
+        rw.store.record_audit(
+            run.run_id,
+            against=label,
+            label=report.label,
+            note=report.note,
+            counts=report.counts,
         )
-    return AuditReport(run.run_id, label, tuple(verdicts), skipped)
+    return report
+
+
+def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVerdict]:
+    """A ``not-re-executed`` verdict for every side-effecting call of the reference that the run
+    neither made nor inherited (a fork that failed, or whose path skipped the call): absence of
+    a re-execution is not evidence of a faithful one (seed 004)."""
+    made = {(c.node, c.occurrence, c.call.call_index) for c in runs.side_effect_calls(run.run_id)}
+    out = []
+    for c in runs.side_effect_calls(ref.run_id):
+        if (c.node, c.occurrence, c.call.call_index) in made:
+            continue
+        why = (
+            f"run {ref.run_id[:12]} made this call at #{c.position + 1}; this run "
+            f"(status {run.status}) never re-executed it"
+        )
+        out.append(_verdict(run.run_id, c, _Decision(NOT_RE_EXECUTED, [], why)))
+    return out
+
+
+def _verdict(run_id: str, c: _Call, d: _Decision, dependents: tuple[str, ...] = ()) -> CallVerdict:
+    return CallVerdict(
+        run_id=run_id,
+        position=c.position,
+        node=c.node,
+        call_index=c.call.call_index,
+        tool=c.call.name,
+        verdict=d.verdict,
+        resources=tuple(d.details),
+        reason=d.reason,
+        dependents=dependents,
+        output=d.output,
+        differs=d.differs,
+    )
+
+
+class _Decision(NamedTuple):
+    """What a judge decided for one call (see :class:`CallVerdict` for the fields)."""
+
+    verdict: str
+    details: list[ResourceAudit]
+    reason: str
+    output: str = ""
+    differs: tuple[str, ...] = ()
+
+
+def live_fork_resources(rw: Rewind, run_id: str, at: str | int) -> list[dict[str, Any]]:
+    """The resources a ``live`` fork of a run at node ``at`` would re-execute side-effecting
+    calls against (what a person must confirm before choosing ``live``).
+
+    Args:
+        rw: the session whose store holds the run.
+        run_id: the run to fork (id or unique prefix).
+        at: the fork node (name, ``name#k`` or 1-based number).
+    Returns:
+        ``[{"number", "node", "call_index", "tool", "resource", "kind"}]`` for every effect row
+        of the side-effecting calls at or after the fork node (calls of inherited nodes resolved
+        to the run that executed them), in call order; resources of a call that declared none
+        are listed with ``resource`` None.
+    Raises:
+        UnknownRun, UnknownNode, ForkError: as :meth:`Rewind.fork`.
+    """
+    from rewind.replay import resolve_node
+
+    run = rw.store.get_run(run_id)
+    runs = _Runs(rw)
+    nodes = runs.nodes(run.run_id)
+    idx = resolve_node(run, nodes, at)
+    first = nodes[idx].position
+    out: list[dict[str, Any]] = []
+    for c in runs.side_effect_calls(run.run_id):
+        if c.position < first:
+            continue
+        base = {
+            "number": c.position + 1,
+            "node": c.node,
+            "call_index": c.call.call_index,
+            "tool": c.call.name,
+        }
+        rows = runs.effects(c.run_id, c.position, c.call.call_index)
+        for e in rows or [None]:
+            out.append(
+                base
+                | {
+                    "resource": None if e is None else e.resource,
+                    "kind": None if e is None else e.kind,
+                }
+            )
+    return out
 
 
 class _Judge:
-    def judge(self, c: _Call) -> tuple[str, list[ResourceAudit], str]:
+    def judge(self, c: _Call) -> tuple[Any, ...]:
+        """The fields of a :class:`_Decision` for one call."""
         raise NotImplementedError
 
     @staticmethod
@@ -594,6 +746,10 @@ class _AgainstRun(_Judge):
                 )
             )
         extra = "" if how == "same cache key" else f" ({how}: a new call, not a replay)"
+        ref_call = self.runs.call_at(*at)
+        output = ""
+        if ref_call is not None and ref_call.result_hash and c.call.result_hash:
+            output = "match" if ref_call.result_hash == c.call.result_hash else "mismatch"
         collided = [
             e.idempotency_key
             for e, r in pairs
@@ -608,6 +764,17 @@ class _AgainstRun(_Judge):
                 "(salt it with rewind.effects.idempotency_key)",
             )
         decided = _decide(details, where, extra)
+        if output == "mismatch" and ref_call is not None:
+            post = decided[0] == DIVERGENT
+            said = (
+                f"output differs from {where}: result {_short(c.call.result_hash)} vs "
+                f"{_short(ref_call.result_hash)}"
+            )
+            halves = ("output", "post-state") if post else ("output",)
+            tail = decided[2] if post else f"post-state: {decided[2]}"
+            return _Decision(DIVERGENT, details, f"{said}; {tail}", output, halves)
+        if decided[0] == DIVERGENT:
+            return _Decision(*decided, output, ("post-state",))
         compared = [(e, r) for e, r in pairs if r is not None]
         if (
             decided[0] == FAITHFUL
@@ -621,8 +788,9 @@ class _AgainstRun(_Judge):
                 details,
                 f"the call changed nothing while {where} changed its resource: its matching "
                 "post-state cannot be told from an answer served by an idempotency cache",
+                output,
             )
-        return decided
+        return _Decision(*decided, output)
 
 
 def _pair(
@@ -722,8 +890,12 @@ class _AgainstCurrent(_Judge):
             if fp is None:
                 self._now[e.resource] = (None, None, why)
             else:
-                now = fp.fingerprint()
-                self._now[e.resource] = (now.digest, now.epoch, "")
+                try:
+                    now = fp.fingerprint()
+                except FingerprintUnavailable as exc:
+                    self._now[e.resource] = (None, None, exc.message)
+                else:
+                    self._now[e.resource] = (now.digest, now.epoch, "")
         return self._now[e.resource]
 
     def _fingerprinter(self, e: EffectRecord, call: CallRecord) -> tuple[Fingerprinter | None, str]:

@@ -263,6 +263,8 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "error": run.error,
         "launch": run.launch,
+        "effects_mode": run.effects_mode,
+        "admissible": run.admissible,
     }
 
 
@@ -340,6 +342,11 @@ def _run_summary(run: RunRecord) -> str:
         parts.append(f"fork of {inert(run.parent_run_id[:12])} at {inert(run.fork_node)}: {change}")
     if run.launch.get("inputs"):
         parts.append(f"inputs {inert(json.dumps(run.launch['inputs'])[:80])}")
+    if run.parent_run_id:
+        parts.append(f"effects {run.effects_mode}")
+    if run.admissible is not None:
+        colour = "red" if run.admissible == "not-admissible" else "green"
+        parts.append(f"audit [{colour}]{run.admissible}[/]")
     if run.error:
         parts.append(f"[red]{inert(run.error)}[/]")
     return " · ".join(parts)
@@ -669,7 +676,8 @@ def runs(
             _emit_json([_run_json(r) for r in items])
             return
         t = Table(title=f"runs in {inert(rw.store.root)}", title_justify="left")
-        for col in ("run", "pipeline", "status", "tokens", "parent", "fork", "created"):
+        columns = ("run", "pipeline", "status", "tokens", "parent", "fork", "effects", "audit")
+        for col in (*columns, "created"):
             t.add_column(col)
         for r in items:
             fork = (
@@ -684,6 +692,8 @@ def runs(
                 str(r.tokens),
                 inert((r.parent_run_id or "")[:12]),
                 fork,
+                r.effects_mode,
+                r.admissible or "",
                 time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
             )
         console.print(t)
@@ -779,6 +789,13 @@ def fork(
             "removed or inserted after the fork point); the differences are kept on the fork.",
         ),
     ] = False,
+    restore: Annotated[
+        str,
+        typer.Option(
+            help="With --effects live: refuse (default) to delete files a pinned snapshot does "
+            "not hold when restoring it, or replace them."
+        ),
+    ] = "refuse",
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
@@ -810,6 +827,7 @@ def fork(
             override=override,
             effects=effects,
             allow_code_change=allow_code_change,
+            restore=restore,
         )
         if as_json:
             _show_run(rw, child, True)
@@ -885,7 +903,7 @@ def audit(
     from rewind.audit import audit_command
 
     try:
-        code = audit_command(_store(), run_id, against, as_json, read_only=True)
+        code = audit_command(_store(), run_id, against, as_json, read_only=False)
     except RewindError as exc:
         _fail(exc)
     raise SystemExit(code)

@@ -143,6 +143,11 @@ class RunContext:
         effects_mode: how a replay treats side-effecting calls: ``recorded`` (serve the record),
             ``dry-run`` (log, execute nothing) or ``live`` (re-execute after verifying the
             resource's pre-state); see :mod:`rewind.effects`.
+        lineage_slots: ``{(node position, call index): entry}`` of the side-effecting calls the
+            source trajectory executed: a ``live`` call verifies the pre-state recorded at its
+            slot, whatever its arguments.
+        restore_mode: ``refuse`` or ``replace``: what a ``live`` restore does with data the
+            pinned snapshot does not hold (:data:`rewind.effects.RESTORE_MODES`).
         write_cache: False for stability runs: results are recorded on the run but never
             become canonical cache entries.
         cached_kinds: the call kinds a replay may serve from the cache (``llm``, ``tool``); a
@@ -169,6 +174,8 @@ class RunContext:
     lineage_at: dict[tuple[int, str], LineageEntry] = field(default_factory=dict)
     recent: dict[str, PendingWrite] = field(default_factory=dict)
     effects_mode: str = "recorded"
+    lineage_slots: dict[tuple[int, int], LineageEntry] = field(default_factory=dict)
+    restore_mode: str = "refuse"
     write_cache: bool = True
     bypass_reason: str = "bypass"
     cached_kinds: frozenset[str] = frozenset({"llm", "tool"})

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
 import json
+import os
+import shutil
 import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +41,20 @@ execute nothing, or re-execute against a verified (or restored) pre-state."""
 
 ABSENT = "absent"
 """Fingerprint digest of a resource that does not exist."""
+
+RESTORE_MODES = ("refuse", "replace")
+"""What a ``live`` restore does with files the pinned snapshot does not hold: ``refuse`` (the
+default: the restore stops and names them, nothing is touched) or ``replace`` (they are deleted;
+the user asked for it explicitly with ``--restore=replace``)."""
+
+
+class FingerprintUnavailable(RewindError):
+    """A resource cannot be fingerprinted now (unreachable, non-2xx answer, permission denied).
+
+    Never a digest: an error page or a connection failure is not the resource's state (seed 004:
+    absence of a mismatch is not evidence of a match). The audit turns it into
+    ``audit-incomplete``; a ``live`` replay refuses to re-execute against it.
+    """
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,12 @@ class Fingerprinter(abc.ABC):
 
     @abc.abstractmethod
     def fingerprint(self) -> Fingerprint:
-        """The resource's current state. Never raises for an absent resource."""
+        """The resource's current state. Never raises for an absent resource.
+
+        Raises:
+            FingerprintUnavailable: the state cannot be read now (unreachable, non-2xx,
+                permission denied).
+        """
 
     def snapshot(self) -> bytes | None:
         """Bytes that :meth:`restore` can turn back into the current state; None if unsupported."""
@@ -82,10 +107,16 @@ class Fingerprinter(abc.ABC):
         """The settings that rebuild this fingerprinter (recorded with each effect row)."""
         return {}
 
-    def restore(self, snapshot: bytes) -> None:
-        """Put the resource back into a snapshotted state.
+    def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
+        """Put the resource back into a snapshotted state, atomically (a failure leaves the
+        state it found).
 
+        Args:
+            snapshot: bytes from :meth:`snapshot`.
+            replace: delete data the snapshot does not hold; without it such data makes the
+                restore refuse (restore never destroys data silently).
         Raises:
+            EffectPreconditionFailed: data outside the snapshot would be destroyed.
             RewindError: this resource cannot be restored.
         """
         raise RewindError(f"{self.name} cannot be restored from a snapshot", "")
@@ -122,11 +153,17 @@ class FileTree(Fingerprinter):
         return p.name if p == self.path else p.relative_to(self.path).as_posix()
 
     def fingerprint(self) -> Fingerprint:
-        if not self.path.exists():
-            return Fingerprint(ABSENT, None)
-        files = self._files()
-        listing = {self._rel(p): sha256_hex(p.read_bytes()) for p in files}
-        epoch = str(max((p.stat().st_mtime_ns for p in files), default=0))
+        try:
+            if not self.path.exists():
+                return Fingerprint(ABSENT, None)
+            files = self._files()
+            listing = {self._rel(p): sha256_hex(p.read_bytes()) for p in files}
+            epoch = str(max((p.stat().st_mtime_ns for p in files), default=0))
+        except OSError as exc:
+            raise FingerprintUnavailable(
+                f"cannot read {self.name}: {exc.strerror or exc}",
+                "give this user read access to the folder, then audit or replay again",
+            ) from exc
         return Fingerprint(sha256_hex(canonical_bytes(listing)), epoch)
 
     def snapshot(self) -> bytes:
@@ -135,27 +172,45 @@ class FileTree(Fingerprinter):
         files = {self._rel(p): base64.b64encode(p.read_bytes()).decode() for p in self._files()}
         return canonical_bytes({"dir": self.path.is_dir(), "files": files})
 
-    def restore(self, snapshot: bytes) -> None:
+    def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
         doc = json.loads(snapshot)
-        if self.path.is_dir():
-            for p in sorted(self.path.rglob("*"), reverse=True):
-                p.unlink() if p.is_file() else p.rmdir()
-        elif self.path.exists():
-            self.path.unlink()
-        if doc.get("absent"):
-            if self.path.is_dir():
-                self.path.rmdir()
-            return
-        if not doc["dir"]:
-            (content,) = doc["files"].values()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_bytes(base64.b64decode(content))
-            return
-        self.path.mkdir(parents=True, exist_ok=True)
-        for rel, content in doc["files"].items():
-            target = self.path / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(base64.b64decode(content))
+        kept = set() if doc.get("absent") else set(doc["files"])
+        extra = sorted(set(map(self._rel, self._files())) - kept)
+        if extra and not replace:
+            shown = ", ".join(extra[:3]) + (f" (+{len(extra) - 3} more)" if len(extra) > 3 else "")
+            raise EffectPreconditionFailed(
+                f"restoring {self.name} would delete {len(extra)} file(s) the recorded pre-state "
+                f"does not hold: {shown}",
+                "move them away, or replay with --effects live --restore=replace to delete them",
+            )
+        # Build the restored state beside the resource, then swap it in with renames: a failure
+        # while writing leaves the resource exactly as it was found.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
+        try:
+            target = staging / "new"
+            if not doc.get("absent"):
+                if doc["dir"]:
+                    target.mkdir()
+                    for rel, content in doc["files"].items():
+                        out = target / rel
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        out.write_bytes(base64.b64decode(content))
+                else:
+                    (content,) = doc["files"].values()
+                    target.write_bytes(base64.b64decode(content))
+            old = staging / "old"
+            if self.path.exists():
+                os.replace(self.path, old)
+            try:
+                if target.exists():
+                    os.replace(target, self.path)
+            except OSError:
+                if old.exists():
+                    os.replace(old, self.path)
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 class SQLiteTable(Fingerprinter):
@@ -197,14 +252,21 @@ class SQLiteTable(Fingerprinter):
     def fingerprint(self) -> Fingerprint:
         if not self.db_path.exists():
             return Fingerprint(ABSENT, None)
-        con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+        try:
+            con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
         try:
             try:
                 rows = con.execute(
                     f"SELECT * FROM {self.table} ORDER BY {self.order_by}"
                 ).fetchall()
-            except sqlite3.OperationalError:
-                return Fingerprint(ABSENT, None)
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return Fingerprint(ABSENT, None)
+                raise self._unavailable(exc) from exc
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
             epoch = None
             if self.epoch_sql:
                 value = con.execute(self.epoch_sql).fetchone()
@@ -215,43 +277,83 @@ class SQLiteTable(Fingerprinter):
         digest = sha256_hex(body) if epoch is None else key_of(body, epoch)
         return Fingerprint(digest, epoch)
 
+    def _unavailable(self, exc: Exception) -> FingerprintUnavailable:
+        return FingerprintUnavailable(
+            f"cannot read {self.name}: {exc}",
+            "check the database file's permissions and that it is a SQLite database",
+        )
+
 
 def _plain(row: tuple[Any, ...]) -> list[Any]:
     return [v.hex() if isinstance(v, bytes) else v for v in row]
 
 
 class HttpResource(Fingerprinter):
-    """An HTTP resource: its ``ETag`` when the server sends one, else the sha256 of the body.
+    """An HTTP resource, fingerprinted by a GET: its ``ETag`` when the server sends one, else the
+    sha256 of the body; ``Last-Modified`` (or the ETag) is the epoch.
+
+    Only a 2xx answer is a state; 404 is ``absent``; anything else (401, 5xx, a redirect left
+    unfollowed, a refused connection, a timeout) raises :class:`FingerprintUnavailable` — an
+    error page hashed as the resource would let an audit pass on nothing.
 
     Args:
         url: the resource's URL.
+        headers: headers the GET needs (``Authorization``, an API key header…); never recorded.
+        auth: an ``httpx`` auth (``("user", "password")`` or an ``httpx.Auth``); never recorded.
         client: an ``httpx.Client`` (tests pass one with a MockTransport); a new one otherwise.
+        timeout_s: timeout of a GET through a new client, in seconds.
     """
 
     kind = "http"
 
-    def __init__(self, url: str, client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        client: httpx.Client | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        auth: Any = None,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.url = url
         self.client = client
+        self.headers = dict(headers or {})
+        self.auth = auth
+        self.timeout_s = timeout_s
 
     @property
     def name(self) -> str:
         return self.url
 
     def spec(self) -> dict[str, Any]:
+        # Credentials stay out of the store: the audit rebuilds them from the declaring tool.
         return {"url": self.url}
 
     def fingerprint(self) -> Fingerprint:
-        client = self.client or httpx.Client(timeout=10.0)
+        client = self.client or httpx.Client(timeout=self.timeout_s)
+        kwargs: dict[str, Any] = {"headers": self.headers}
+        if self.auth is not None:
+            kwargs["auth"] = self.auth
         try:
-            response = client.get(self.url)
-        except httpx.HTTPError:
-            return Fingerprint(ABSENT, None)
+            response = client.get(self.url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise FingerprintUnavailable(
+                f"cannot reach {self.url}: {type(exc).__name__}: {exc}",
+                "start the server or fix the URL, then audit or replay again",
+            ) from exc
         finally:
             if self.client is None:
                 client.close()
         if response.status_code == 404:
             return Fingerprint(ABSENT, None)
+        if not 200 <= response.status_code < 300:
+            raise FingerprintUnavailable(
+                f"{self.url} answered HTTP {response.status_code}, which is not the resource's "
+                "state",
+                "pass the headers or auth the GET needs to HttpResource(headers=..., auth=...)"
+                if response.status_code in (401, 403)
+                else "retry when the server answers 2xx",
+            )
         etag = response.headers.get("etag")
         epoch = response.headers.get("last-modified") or etag
         digest = key_of("etag", etag) if etag else sha256_hex(response.content)
@@ -299,8 +401,6 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
     Side-effect results are kept as blobs on the run but never become shared cache entries, and
     hash-stability runs always serve them from record.
     """
-    from rewind.cache import execute_call
-
     scope = ctx.node
     policy, key, index = call.policy, call.key, call.index
     entry = ctx.lineage.get(key) if ctx.read_cache or not ctx.write_cache else None
@@ -343,57 +443,154 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
                 record.result_hash or "", data, cacheable=False, produced_at=None
             )
     else:
-        pre = {r.name: r.fingerprint() for r in resources}
-        if mode == "live" and entry is not None:
-            pre = _verify_pre_state(ctx, entry, resources, pre, where, call.name)
-        # Pinned after any restore: the snapshot is the pre-state this call really ran against.
-        snapshots = {r.name: r.snapshot() for r in resources}
-        reason = "bypass" if mode == "record" else "side-effect-live"
-        # Two identical side-effecting calls are two effects: keep both results.
-        data, record = execute_call(
-            ctx,
-            scope,
-            call,
-            "miss",
-            reason,
-            cacheable=False,
-            pending_key=f"effect:{key}:{index}",
-        )
-        post = {r.name: r.fingerprint() for r in resources}
-        _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
+        with _holding(resources):
+            data, record = _execute_effect(ctx, call, resources, mode, where)
     if scope is not None:
         scope.add_call(record)
     return data, record
 
 
+_RESOURCE_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _holding(resources: list[Fingerprinter]) -> Iterator[None]:
+    """Hold every resource's lock (by name, in name order, so two calls never deadlock) for a
+    whole verify → restore → execute → fingerprint sequence: what-if grid variants and parallel
+    forks in this process touching one resource run one after the other, never interleaved."""
+    with _LOCKS_GUARD:
+        locks = [
+            _RESOURCE_LOCKS.setdefault(n, threading.Lock())
+            for n in sorted({r.name for r in resources})
+        ]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
+
+
+def _execute_effect(
+    ctx: RunContext, call: Call, resources: list[Fingerprinter], mode: str, where: str
+) -> tuple[bytes, CallRecord]:
+    """Execute one side-effecting call (``record`` or ``live``) between pre and post
+    fingerprints, with its pre-state pinned; ``live`` verifies (or restores) the slot's recorded
+    pre-state first."""
+    from rewind.cache import execute_call
+
+    scope, key, index, policy = ctx.node, call.key, call.index, call.policy
+    reason = "bypass" if mode == "record" else "side-effect-live"
+    if mode == "live":
+        slot = ctx.lineage_slots.get((scope.position, index)) if scope is not None else None
+        pre, drift = _verify_pre_state(ctx, slot, resources, where, call.name, index)
+        if drift:
+            reason = "side-effect-live-restored"
+            ctx.emit("effect-drift", tool=call.name, call_index=index, drift=drift)
+    else:
+        pre = _observe(resources)
+    # Pinned after any restore: the snapshot is the pre-state this call really ran against.
+    snapshots = {r.name: r.snapshot() for r in resources}
+    # Two identical side-effecting calls are two effects: keep both results.
+    data, record = execute_call(
+        ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
+    )
+    post = _observe(resources)
+    _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
+    return data, record
+
+
+def _observe(resources: list[Fingerprinter]) -> dict[str, Fingerprint | None]:
+    """Fingerprints while recording: a resource that cannot be read now gets None (no
+    fingerprint captured, so the audit says ``audit-incomplete``), never a guess."""
+    out: dict[str, Fingerprint | None] = {}
+    for r in resources:
+        try:
+            out[r.name] = r.fingerprint()
+        except FingerprintUnavailable:
+            out[r.name] = None
+    return out
+
+
 def _verify_pre_state(
     ctx: RunContext,
-    entry: LineageEntry,
+    slot: LineageEntry | None,
     resources: list[Fingerprinter],
-    pre: dict[str, Fingerprint],
     where: str,
     name: str,
-) -> dict[str, Fingerprint]:
-    recorded = {
-        e.resource: e
-        for e in ctx.store.effects_of(entry.run_id)
-        if e.position == entry.position and e.call_index == entry.call_index
-    }
-    for r in resources:
-        rec = recorded.get(r.name)
-        if rec is None or rec.pre_digest == pre[r.name].digest:
-            continue
-        if rec.snapshot_hash is not None:
-            r.restore(ctx.store.get_blob(rec.snapshot_hash))
-            pre[r.name] = r.fingerprint()
-            if pre[r.name].digest == rec.pre_digest:
-                continue
+    index: int,
+) -> tuple[dict[str, Fingerprint | None], list[str]]:
+    """Before a ``live`` re-execution: the call's slot (node position + call index, never its
+    arguments: changed arguments must not skip the check) must find every resource in the
+    recorded pre-state, restoring the pinned snapshot where it drifted.
+
+    Returns:
+        (the pre-state the call runs against, one ``"resource found→recorded"`` line per drifted
+        and restored resource).
+    Raises:
+        EffectPreconditionFailed: no recorded call at this slot, a resource without a recorded
+            pre-state, one that cannot be fingerprinted now, or a drifted one without a snapshot
+            (or whose restore would delete data; see :data:`RESTORE_MODES`).
+    """
+    fix = "replay with --effects recorded or --effects dry-run"
+    if slot is None:
         raise EffectPreconditionFailed(
-            f"{where}{r.name} is not in the state {name!r} was recorded against "
-            f"(pre-state {pre[r.name].digest[:12]} vs recorded {str(rec.pre_digest)[:12]})",
-            "restore the resource, or replay with --effects recorded or --effects dry-run",
+            f"{where}{name!r} (call {index} of the node) has no recorded execution at this "
+            "place in the source run, so its pre-state cannot be verified",
+            fix,
         )
-    return pre
+    rows = [
+        e
+        for e in ctx.store.effects_of(slot.run_id)
+        if e.position == slot.position and e.call_index == slot.call_index
+    ]
+    by_name = {e.resource: e for e in rows}
+    spare = sorted(
+        (e for e in rows if e.resource not in {r.name for r in resources}), key=lambda e: e.resource
+    )
+    pre: dict[str, Fingerprint | None] = {}
+    drift: list[str] = []
+    for r in resources:
+        # A run-scoped resource (each run's own folder) has another name in every run.
+        rec = by_name.get(r.name) or next((e for e in spare if e.kind == r.kind), None)
+        if rec is not None and rec in spare:
+            spare.remove(rec)
+        if rec is None or rec.pre_digest is None:
+            raise EffectPreconditionFailed(
+                f"{where}the source run recorded no pre-state of {r.name} for {name!r}",
+                fix,
+            )
+        try:
+            now = r.fingerprint()
+        except FingerprintUnavailable as exc:
+            raise EffectPreconditionFailed(
+                f"{where}cannot verify the pre-state of {r.name} before re-executing {name!r}: "
+                f"{exc.message}",
+                exc.hint or fix,
+            ) from exc
+        if now.digest == rec.pre_digest:
+            pre[r.name] = now
+            continue
+        found = f"{r.name}: found {now.digest[:12]}, recorded {rec.pre_digest[:12]}"
+        if rec.snapshot_hash is None:
+            raise EffectPreconditionFailed(
+                f"{where}{r.name} is not in the state {name!r} was recorded against "
+                f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]})",
+                "restore the resource, or replay with --effects recorded or --effects dry-run",
+            )
+        # Data outside the snapshot may go only when the user asked for it, or when the world
+        # holds exactly what the recorded call left (then the call itself wrote that data).
+        replace = ctx.restore_mode == "replace" or now.digest == rec.post_digest
+        r.restore(ctx.store.get_blob(rec.snapshot_hash), replace=replace)
+        after = r.fingerprint()
+        if after.digest != rec.pre_digest:
+            raise EffectPreconditionFailed(
+                f"{where}restoring {r.name} did not give the recorded pre-state of {name!r} "
+                f"({after.digest[:12]} vs {rec.pre_digest[:12]})",
+                fix,
+            )
+        pre[r.name] = after
+        drift.append(found)
+    return pre, drift
 
 
 def _effect_rows(
@@ -402,8 +599,8 @@ def _effect_rows(
     index: int,
     resources: list[Fingerprinter],
     mode: str,
-    pre: dict[str, Fingerprint] | None,
-    post: dict[str, Fingerprint] | None,
+    pre: dict[str, Fingerprint | None] | None,
+    post: dict[str, Fingerprint | None] | None,
     snapshots: dict[str, bytes | None] | None,
     policy: CallPolicy,
 ) -> None:
@@ -420,13 +617,23 @@ def _effect_rows(
                 "resource": r.name,
                 "kind": r.kind,
                 "mode": mode,
-                "pre_digest": pre[r.name].digest if pre else None,
-                "pre_epoch": pre[r.name].epoch if pre else None,
-                "post_digest": post[r.name].digest if post else None,
-                "post_epoch": post[r.name].epoch if post else None,
+                "pre_digest": _digest(pre, r.name),
+                "pre_epoch": _epoch(pre, r.name),
+                "post_digest": _digest(post, r.name),
+                "post_epoch": _epoch(post, r.name),
                 "snapshot_hash": snap_hash,
                 "idempotency_key": policy.idempotency_key,
                 "spec_json": canonical_bytes(r.spec()).decode() if r.spec() else None,
                 "_snapshot": snap,
             }
         )
+
+
+def _digest(observed: dict[str, Fingerprint | None] | None, name: str) -> str | None:
+    fp = (observed or {}).get(name)
+    return None if fp is None else fp.digest
+
+
+def _epoch(observed: dict[str, Fingerprint | None] | None, name: str) -> str | None:
+    fp = (observed or {}).get(name)
+    return None if fp is None else fp.epoch

@@ -243,7 +243,8 @@ class VariantResult:
         artifacts: ``{name: sha256}`` the variant published.
         changes_artifact: True when the published artifacts differ from the parent's (a name
             added, removed, or different bytes); False when identical; None when neither run
-            published anything.
+            published anything, or the variant ran with effects ``dry-run`` (it publishes
+            nothing, which says nothing about its artifact).
         llm_requests: LLM requests this variant actually sent to the endpoint.
         llm_shared: LLM requests it got from another variant's identical request.
         wall_ms: the variant's wall time (ms).
@@ -614,7 +615,9 @@ def _report(
             name, occ = order[first_row]
             first_name = name if occ == 1 else f"{name}#{occ}"
         arts = {a["name"]: a["sha256"] for a in rw.store.artifacts_of(run.run_id)} if run else {}
-        changes = None if not arts and not parent_arts else arts != parent_arts
+        # A dry-run variant publishes nothing: that is not a changed artifact, it is none.
+        unpublished = not arts and effects == "dry-run"
+        changes = None if unpublished or (not arts and not parent_arts) else arts != parent_arts
         run_id = run.run_id if run else ""
         if shared is not None:
             requests = shared.requests_by_run.get(run_id, 0)
@@ -746,7 +749,9 @@ def render_grid(report: GridReport, console: Console) -> None:
             else "no divergence"
         )
         if v.changes_artifact is None:
-            artifact = "no artifact"
+            artifact = (
+                "artifact not published (dry-run)" if report.effects == "dry-run" else "no artifact"
+            )
         else:
             artifact = "[magenta]changes the artifact[/]" if v.changes_artifact else "same artifact"
         line = (

@@ -49,6 +49,7 @@ from rewind.persister import (
     split_internal,
 )
 from rewind.serde import encode
+from rewind.store.records import CallRecord
 from rewind.store.store import WriteBatch, call_rows, state_row
 
 logger = logging.getLogger(__name__)
@@ -296,34 +297,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             )
             batch.blobs.setdefault(output_hash, output_doc)
             _, state_hash = map_hash(field_map(fields))
-        for pw in scope.pending.values():
-            batch.blobs.setdefault(pw.request_hash, pw.request_bytes)
-            batch.blobs.setdefault(pw.result_hash, pw.result_bytes)
-            if not pw.cacheable:
-                continue
-            row = {"key": pw.key, "created_at": pw.produced_at or time.time()}
-            if pw.kind == "llm":
-                batch.llm_cache.append(
-                    row
-                    | {
-                        "model": pw.name,
-                        "request_hash": pw.request_hash,
-                        "response_hash": pw.result_hash,
-                        "prompt_tokens": pw.prompt_tokens,
-                        "completion_tokens": pw.completion_tokens,
-                    }
-                )
-            else:
-                batch.tool_cache.append(
-                    row
-                    | {"tool": pw.name, "args_hash": pw.request_hash, "result_hash": pw.result_hash}
-                )
-        for effect in scope.effects:
-            effect = dict(effect)
-            snapshot = effect.pop("_snapshot", None)
-            if snapshot is not None and effect["snapshot_hash"]:
-                batch.blobs.setdefault(effect["snapshot_hash"], snapshot)
-            batch.effects.append(effect)
+        add_scope_rows(batch, scope)
         if refusal is None:
             batch.states.append(
                 state_row(
@@ -361,9 +335,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 "started_at": scope.started_at,
             }
         )
-        # Calls from worker threads finish in any order; their indices were taken when they began.
-        calls = sorted(scope.calls, key=lambda c: c.call_index)
-        batch.calls.extend(call_rows(self.ctx.run_id, self.position, calls))
+        batch.calls.extend(call_rows(self.ctx.run_id, self.position, sorted_calls(scope)))
         self.ctx.remember(scope)
         self.executed.append(action.name)
         self.ctx.emit(
@@ -437,6 +409,49 @@ def _new_flusher_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_flusher_in_child)
+
+
+def add_scope_rows(batch: WriteBatch, scope: NodeScope) -> None:
+    """Add what one node execution (a Burr node or a traced step) produced besides its node row:
+    request/result blobs, the cache entries of its cacheable calls, and the effect rows of its
+    side-effecting calls with their pinned snapshots.
+
+    The one place these rows are built, so Burr runs and traced chains record side effects alike
+    (an effect without rows would audit as "no resources declared").
+    """
+    for pw in scope.pending.values():
+        batch.blobs.setdefault(pw.request_hash, pw.request_bytes)
+        batch.blobs.setdefault(pw.result_hash, pw.result_bytes)
+        if not pw.cacheable:
+            continue
+        row = {"key": pw.key, "created_at": pw.produced_at or time.time()}
+        if pw.kind == "llm":
+            batch.llm_cache.append(
+                row
+                | {
+                    "model": pw.name,
+                    "request_hash": pw.request_hash,
+                    "response_hash": pw.result_hash,
+                    "prompt_tokens": pw.prompt_tokens,
+                    "completion_tokens": pw.completion_tokens,
+                }
+            )
+        else:
+            batch.tool_cache.append(
+                row | {"tool": pw.name, "args_hash": pw.request_hash, "result_hash": pw.result_hash}
+            )
+    for effect in scope.effects:
+        effect = dict(effect)
+        snapshot = effect.pop("_snapshot", None)
+        if snapshot is not None and effect["snapshot_hash"]:
+            batch.blobs.setdefault(effect["snapshot_hash"], snapshot)
+        batch.effects.append(effect)
+
+
+def sorted_calls(scope: NodeScope) -> list[CallRecord]:
+    """The scope's calls by call index: calls from worker threads finish in any order, their
+    indices were taken when they began."""
+    return sorted(scope.calls, key=lambda c: c.call_index)
 
 
 def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, str]:

@@ -31,7 +31,12 @@ from rewind.canonical import canonical_bytes
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.drift import GraphDrift, compare_graphs
-from rewind.effects import EFFECT_MODES, EffectPreconditionFailed, SideEffectBlocked
+from rewind.effects import (
+    EFFECT_MODES,
+    RESTORE_MODES,
+    EffectPreconditionFailed,
+    SideEffectBlocked,
+)
 from rewind.engine.attach import Pipeline, attach, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
 from rewind.errors import (
@@ -313,6 +318,7 @@ class Rewind:
         cache_mode: str = "replay",
         config: dict[str, Any] | None = None,
         allow_code_change: bool = False,
+        restore: str = "refuse",
     ) -> RunRecord:
         """Fork a finished run at a node with at most one override and replay downstream.
 
@@ -337,6 +343,9 @@ class Rewind:
                 recording where the fork runs it (a node renamed, removed or inserted; a
                 transition changed). Changed code of a node is always allowed; either way the
                 differences are stored with the fork (:meth:`Store.run_graph`).
+            restore: ``refuse`` (default) or ``replace``: whether a ``live`` restore of a
+                pinned snapshot may delete files the snapshot does not hold; ``replace`` only
+                with ``effects="live"`` (restore never destroys data silently).
         Raises:
             UnknownRun, UnknownNode, InvalidOverride, RunBusy, ForkError: nothing is written.
             SideEffectBlocked, EffectPreconditionFailed, UnstorableValue: raised by the replay
@@ -352,6 +361,11 @@ class Rewind:
         if effects not in EFFECT_MODES:
             raise InvalidOverride(
                 f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
+            )
+        if restore not in RESTORE_MODES or (restore == "replace" and effects != "live"):
+            raise InvalidOverride(
+                f"restore mode {restore!r} is not allowed with effects {effects!r}",
+                "use --restore=refuse (default), or --restore=replace together with --effects live",
             )
         parent = self.finished_run(run_id)
         nodes = self.store.nodes_of(parent.run_id)
@@ -449,9 +463,10 @@ class Rewind:
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.input_overrides = input_overrides
-        ctx.lineage, ctx.lineage_at = self._lineages(parent)
+        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent)
         ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
         ctx.effects_mode = effects
+        ctx.restore_mode = restore
         ctx.fork_node = fork_node.name
         first = idx + 1 if isinstance(override, OutputOverride) else idx
         recorder = Recorder(ctx, self.persister, first)
@@ -488,7 +503,7 @@ class Rewind:
                 burr_fork_app_id=burr_src[0],
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
-                launch=launch.to_json(),
+                launch=launch.to_json() | {"effects": effects},
             )
             drift_doc = (drift or GraphDrift()).to_json() | {
                 "checked": drift is not None,
@@ -588,9 +603,11 @@ class Rewind:
                 f"{override.node}.{override.param}={json.dumps(override.value)}: {problem}", ""
             )
 
-    def replay(self, run_id: str, *, at: str | int = 1, effects: str = "recorded") -> RunRecord:
+    def replay(
+        self, run_id: str, *, at: str | int = 1, effects: str = "recorded", restore: str = "refuse"
+    ) -> RunRecord:
         """Unchanged replay: a fork at ``at`` with no override (expected: all hits, 0 tokens)."""
-        return self.fork(run_id, at=at, override=None, effects=effects)
+        return self.fork(run_id, at=at, override=None, effects=effects, restore=restore)
 
     # -- diff ---------------------------------------------------------------------------------
     def diff(self, run_a: str, run_b: str) -> TrajectoryDiff:
@@ -692,9 +709,15 @@ class Rewind:
 
     def _lineages(
         self, run: RunRecord
-    ) -> tuple[dict[str, LineageEntry], dict[tuple[int, str], LineageEntry]]:
-        """:meth:`_lineage`, and the same calls by (node position, cache key): a looped node
-        that sends one request in every execution gets each execution's own answer back."""
+    ) -> tuple[
+        dict[str, LineageEntry],
+        dict[tuple[int, str], LineageEntry],
+        dict[tuple[int, int], LineageEntry],
+    ]:
+        """:meth:`_lineage`, the same calls by (node position, cache key): a looped node that
+        sends one request in every execution gets each execution's own answer back; and the
+        executed side-effecting calls by slot (node position, call index), whose recorded
+        pre-state a ``live`` re-execution verifies whatever its arguments."""
         chain: list[str] = []
         current: RunRecord | None = run
         while current is not None and current.run_id not in chain:
@@ -702,6 +725,7 @@ class Rewind:
             current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
         lineage: dict[str, LineageEntry] = {}
         at: dict[tuple[int, str], LineageEntry] = {}
+        slots: dict[tuple[int, int], LineageEntry] = {}
         for rid in reversed(chain):
             for node in self.store.nodes_of(rid):
                 for call in node.calls:
@@ -712,7 +736,9 @@ class Rewind:
                     )
                     lineage[call.key] = entry
                     at[(node.position, call.key)] = entry
-        return lineage, at
+                    if call.determinism == "side-effect":
+                        slots[(node.position, call.call_index)] = entry
+        return lineage, at, slots
 
     def _write_output_override(
         self,

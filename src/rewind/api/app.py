@@ -148,6 +148,13 @@ EffectsMode = Annotated[
         "nothing (dry-run), or re-execute against a verified pre-state (live)"
     ),
 ]
+RestoreMode = Annotated[
+    Literal["refuse", "replace"],
+    Field(
+        description="effects=live only: when restoring a pinned snapshot, refuse (default) or "
+        "replace (delete) files the snapshot does not hold"
+    ),
+]
 
 
 AllowCodeChange = Annotated[
@@ -168,6 +175,7 @@ class ForkRequest(BaseModel):
     override: OverrideBody | None = None
     effects: EffectsMode = "recorded"
     allow_code_change: AllowCodeChange = False
+    restore: RestoreMode = "refuse"
 
 
 class ReplayRequest(BaseModel):
@@ -177,6 +185,7 @@ class ReplayRequest(BaseModel):
     at: NodeRef = 1
     effects: EffectsMode = "recorded"
     allow_code_change: AllowCodeChange = False
+    restore: RestoreMode = "refuse"
 
 
 class StartRunRequest(BaseModel):
@@ -809,7 +818,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         unchanged replay). Validated here; answers 202 with the new run's id at once."""
         parent, idx, fork_node, override = validate_fork(ctx, run_id, req)
         return _submit_fork(
-            ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change
+            ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change, req.restore
         )
 
     @r.post("/runs/{run_id}/replay", status_code=202, tags=["forks"], responses=_ACCEPTED | _FORK)
@@ -817,11 +826,15 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         """Unchanged replay from ``at`` (default node 1): expected all cache hits, 0 tokens."""
         req = req or ReplayRequest()
         body = ForkRequest(
-            at=req.at, override=None, effects=req.effects, allow_code_change=req.allow_code_change
+            at=req.at,
+            override=None,
+            effects=req.effects,
+            allow_code_change=req.allow_code_change,
+            restore=req.restore,
         )
         parent, idx, fork_node, override = validate_fork(ctx, run_id, body)
         return _submit_fork(
-            ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change
+            ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change, req.restore
         )
 
     @r.get("/runs/{run_id}/cost", tags=["diff"], responses=_LOOKUP)
@@ -931,7 +944,13 @@ def _submit_fork(
     override: Override | None,
     effects: str,
     allow_code_change: bool = False,
+    restore: str = "refuse",
 ) -> JSONResponse:
+    if restore == "replace" and effects != "live":
+        raise InvalidOverride(
+            "restore=replace deletes files a pinned snapshot does not hold: it needs effects=live",
+            'send "effects": "live" with "restore": "replace", or leave restore out',
+        )
     rid = new_run_id()
 
     def job(rw: Rewind) -> RunRecord:
@@ -942,6 +961,7 @@ def _submit_fork(
             new_run_id=rid,
             effects=effects,
             allow_code_change=allow_code_change,
+            restore=restore,
         )
 
     return _accepted(

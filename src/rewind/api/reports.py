@@ -142,6 +142,12 @@ class AuditVerdict(_Open):
     resources: list[AuditResource]
     reason: str
     dependents: list[str] = Field(description='"<number>:<name>" of nodes depending on the call')
+    output: str = Field(
+        default="", description="output half of the pair: match, mismatch, or '' (no reference)"
+    )
+    differs: list[str] = Field(
+        default_factory=list, description="for divergent: 'output' and/or 'post-state'"
+    )
 
 
 class AuditReportModel(_Open):
@@ -149,11 +155,25 @@ class AuditReportModel(_Open):
 
     run_id: str
     against: str | None = Field(description="reference run id, 'current', or null")
-    passed: bool
+    passed: bool = Field(description="a completed run whose every call is faithful, or vacuous")
+    vacuous: bool = Field(description="completed, and no side-effecting call to audit")
+    label: Literal["admissible", "vacuous", "not-admissible"]
+    run_status: str
     note: str
     counts: dict[str, int]
     inherited_skipped: list[str]
     verdicts: list[AuditVerdict]
+
+
+class LiveForkResource(_Open):
+    """A resource a live fork would re-execute a side-effecting call against."""
+
+    number: int = Field(description="1-based node number")
+    node: str
+    call_index: int
+    tool: str
+    resource: str | None = Field(description="null: the tool declares no resource")
+    kind: str | None
 
 
 class GridCell(_Open):
@@ -492,6 +512,26 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 except UnknownRun as exc:
                     raise _field_error(exc, "against") from exc
         return audit_run(Rewind(ctx.store), run.run_id, reference).to_json()
+
+    @r.get(
+        "/runs/{run_id}/live-fork-resources",
+        tags=["audit"],
+        summary="Resources a live fork would touch",
+        response_model=list[LiveForkResource],
+    )
+    def live_resources(
+        run_id: str,
+        at: Annotated[
+            str, Query(description="fork node: name, name#k or 1-based number", max_length=200)
+        ],
+    ) -> list[dict[str, Any]]:
+        """The resources a fork at ``at`` with ``effects=live`` would re-execute side-effecting
+        calls against (its pre-state verified or its pinned snapshot restored): show them and
+        ask for confirmation before a live fork."""
+        from rewind.audit import live_fork_resources
+
+        run = ctx.manager.resolve(run_id)
+        return live_fork_resources(Rewind(ctx.store), run.run_id, at)
 
     @r.post(
         "/runs/{run_id}/grid",

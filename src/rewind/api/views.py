@@ -59,6 +59,9 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "error": run.error,
         "config": run.config,
         "launch": run.launch,
+        "effects_mode": run.effects_mode,
+        "admissible": run.admissible,
+        "last_audit": run.last_audit,
     }
 
 

@@ -41,7 +41,24 @@ class RunRecord:
     error: str | None
     launch: dict[str, Any] = field(default_factory=dict)
     """How the run was launched: ``{"inputs": {...}, "halt_after": [...], "halt_before": [...]}``
-    (Burr runtime inputs and halt conditions; a fork replays them, with its input override)."""
+    (Burr runtime inputs and halt conditions; a fork replays them, with its input override);
+    a fork adds ``"effects"``, its side-effect mode."""
+    last_audit: dict[str, Any] | None = None
+    """The run's last effect audit (``{"label", "against", "note", "counts", "audited_at"}``;
+    ``label`` is ``admissible``, ``vacuous`` or ``not-admissible``), None when never audited."""
+
+    @property
+    def effects_mode(self) -> str:
+        """How the run treated side-effecting calls: ``record`` (a recorded run executes them),
+        or a fork's ``recorded`` / ``dry-run`` / ``live``."""
+        if self.parent_run_id is None:
+            return "record"
+        return str(self.launch.get("effects", "recorded"))
+
+    @property
+    def admissible(self) -> str | None:
+        """The last audit's label (``admissible``, ``vacuous``, ``not-admissible``), or None."""
+        return None if self.last_audit is None else str(self.last_audit["label"])
 
     @property
     def tokens(self) -> int:

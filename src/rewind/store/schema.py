@@ -123,6 +123,20 @@ effects = Table(
     Column("spec_json", Text, nullable=True),  # settings that rebuild the fingerprinter
 )
 
+audits = Table(
+    "audits",
+    metadata,
+    # One row per effect audit (rewind audit, the API, verify): the run's last audit verdict is
+    # its "admissible" label. A separate table: recorded run rows stay immutable (rule 7).
+    Column("run_id", String(64), ForeignKey("runs.run_id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),  # 1, 2, … per run
+    Column("audited_at", Float, nullable=False),  # unix seconds
+    Column("against", String(64), nullable=True),  # reference run id, "current", or None
+    Column("label", String(24), nullable=False),  # admissible | vacuous | not-admissible
+    Column("note", Text, nullable=False, default=""),
+    Column("counts_json", Text, nullable=False, default="{}"),
+)
+
 edges = Table(
     "edges",
     metadata,

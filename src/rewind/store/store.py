@@ -16,14 +16,14 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import Connection, Engine, and_, insert, select, text, update
+from sqlalchemy import Connection, Engine, and_, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
@@ -267,16 +267,28 @@ class Store:
         """A JSON value stored with :meth:`put_json`."""
         return json.loads(self.get_blob(digest, conn))
 
-    def write_batch(self, batch: WriteBatch) -> None:
+    def write_batch(
+        self, batch: WriteBatch, *, before: Callable[[Connection], None] | None = None
+    ) -> None:
         """Write a batch in one ``BEGIN IMMEDIATE`` transaction (all or nothing).
 
-        Blob hashes are remembered as present only after the commit, so a rolled-back batch
-        never makes a later write skip a blob that is not there.
+        The one write path of node, call, cache and effect rows, for Burr runs (the recorder's
+        flushes) and traced chains alike. Blob hashes are remembered as present only after the
+        commit, so a rolled-back batch never makes a later write skip a blob that is not there.
+
+        Args:
+            batch: the rows.
+            before: writes that must precede the rows in the same transaction (a traced chain's
+                run row and spans).
+        Raises:
+            StoreError: a state row of the app id already exists (nothing is written).
         """
-        if not batch:
+        if not batch and before is None:
             return
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
         with self.write() as conn:
+            if before is not None:
+                before(conn)
             if new:
                 rows = []
                 for digest, data in new.items():
@@ -436,7 +448,7 @@ class Store:
                     )
         if row is None:
             raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
-        return self._run_record(row)
+        return self._with_audits([self._run_record(row)])[0]
 
     def list_runs(self, limit: int = 100) -> list[RunRecord]:
         """Most recent runs first."""
@@ -444,7 +456,7 @@ class Store:
             rows = conn.execute(
                 select(schema.runs).order_by(schema.runs.c.created_at.desc()).limit(limit)
             ).all()
-        return [self._run_record(r) for r in rows]
+        return self._with_audits([self._run_record(r) for r in rows])
 
     def _run_record(self, row: Any) -> RunRecord:
         record = RunRecord.from_row(row)
@@ -460,7 +472,74 @@ class Store:
                 .where(schema.runs.c.parent_run_id == run_id)
                 .order_by(schema.runs.c.created_at)
             ).all()
-        return [self._run_record(r) for r in rows]
+        return self._with_audits([self._run_record(r) for r in rows])
+
+    # -- effect audits ------------------------------------------------------------------------
+    def record_audit(
+        self,
+        run_id: str,
+        *,
+        against: str | None,
+        label: str,
+        note: str,
+        counts: dict[str, int],
+    ) -> None:
+        """Append one effect audit of a run (its newest becomes the run's ``last_audit``).
+
+        Args:
+            run_id: the audited run (full id).
+            against: the reference run id, ``"current"`` or None.
+            label: ``admissible``, ``vacuous`` or ``not-admissible``.
+            note: the report's one-line reason.
+            counts: calls per verdict.
+        """
+        t = schema.audits
+        with self.write() as conn:
+            seq = conn.execute(
+                select(func.coalesce(func.max(t.c.seq), 0)).where(t.c.run_id == run_id)
+            ).scalar_one()
+            conn.execute(
+                insert(t).values(
+                    run_id=run_id,
+                    seq=int(seq) + 1,
+                    audited_at=time.time(),
+                    against=against,
+                    label=label,
+                    note=note,
+                    counts_json=json.dumps(counts, sort_keys=True),
+                )
+            )
+
+    def _with_audits(self, runs: list[RunRecord]) -> list[RunRecord]:
+        """The runs with their last audit filled in (one query)."""
+        if not runs:
+            return runs
+        t = schema.audits
+        ids = [r.run_id for r in runs]
+        newest = (
+            select(t.c.run_id, func.max(t.c.seq).label("seq"))
+            .where(t.c.run_id.in_(ids))
+            .group_by(t.c.run_id)
+            .subquery()
+        )
+        with self.read() as conn:
+            rows = conn.execute(
+                select(t).join(newest, (t.c.run_id == newest.c.run_id) & (t.c.seq == newest.c.seq))
+            ).all()
+        last = {
+            r.run_id: {
+                "label": r.label,
+                "against": r.against,
+                "note": r.note,
+                "counts": json.loads(r.counts_json or "{}"),
+                "audited_at": r.audited_at,
+            }
+            for r in rows
+        }
+        return [
+            dataclasses.replace(r, last_audit=last[r.run_id]) if r.run_id in last else r
+            for r in runs
+        ]
 
     # -- nodes and calls ----------------------------------------------------------------------
     def insert_node(

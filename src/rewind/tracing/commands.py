@@ -477,7 +477,7 @@ def debug_command(
     session = DebugSession(
         view,
         state_loader=lambda step: state_at(rw.store, step),
-        forker=lambda step, spec, output: _fork(rw, view, step, spec, output),
+        forker=lambda step, spec, output, effects: _fork(rw, view, step, spec, output, effects),
     )
 
     def write(text: str) -> None:
@@ -506,17 +506,24 @@ def debug_command(
     return 1 if errors else 0
 
 
-def _fork(rw: Rewind, view: TraceView, step: StepView, spec: str | None, output: bool) -> str:
+def _fork(
+    rw: Rewind, view: TraceView, step: StepView, spec: str | None, output: bool, effects: str
+) -> str:
     try:
         if view.kind == "trace":
             if output:
                 raise DebugError("a trace replays with --set input.FIELD=VALUE or step.param=VALUE")
+            if effects != "recorded":
+                raise DebugError(
+                    "--effects applies to forks of Burr runs; a traced chain replays with its "
+                    "recorded calls"
+                )
             record = replay_trace(rw.store, view.trace_id, change=spec, chat_client=rw.chat_client)
             what = "replayed trace"
         else:
             override = parse_override(spec, output=output) if spec else None
-            record = rw.fork(view.trace_id, at=step.number, override=override)
-            what = f"forked at step {step.number} ({step.name}):"
+            record = rw.fork(view.trace_id, at=step.number, override=override, effects=effects)
+            what = f"forked at step {step.number} ({step.name}), effects {effects}:"
         d = rw.diff(view.trace_id, record.run_id)
         first = d.first_divergence
         where = (

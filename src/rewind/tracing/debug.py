@@ -12,7 +12,8 @@ The session has a cursor on one step. Commands (one per line; ``help`` lists the
     watch [NAME=]EXPR         evaluate EXPR at every stop;  unwatch NAME | all;  watches
     print EXPR                evaluate EXPR once
     input | output | state    the current step's input, output, or the state after it (JSON)
-    fork [--set X=V | --set-output X=V]   fork (Burr run) / replay (trace) from the current step
+    fork [--set X=V | --set-output X=V] [--effects recorded|dry-run|live]
+                                          fork (Burr run) / replay (trace) from the current step
     quit
 
 Watches, conditions and ``print`` are JMESPath expressions over the step's data — ``name``,
@@ -35,13 +36,14 @@ from typing import Any, ClassVar
 import jmespath
 from jmespath.exceptions import JMESPathError
 
+from rewind.effects import EFFECT_MODES
 from rewind.tracing.inspect import preview
 from rewind.tracing.model import StepView, TraceView
 
 __all__ = ["DebugQuit", "DebugSession", "run_script"]
 
 StateLoader = Callable[[StepView], dict[str, Any] | None]
-Forker = Callable[[StepView, str | None, bool], str]
+Forker = Callable[[StepView, str | None, bool, str], str]
 
 
 class DebugQuit(Exception):
@@ -87,8 +89,9 @@ class DebugSession:
         view: the trace (see :func:`rewind.tracing.store.load_trace`).
         state_loader: returns the semantic state after a step (``state`` command and the
             ``state`` field of expressions); None disables them.
-        forker: ``(step, change spec or None, is_output_change) -> message``: forks (or replays)
-            from a step; None disables ``fork``.
+        forker: ``(step, change spec or None, is_output_change, effects mode) -> message``:
+            forks (or replays) from a step; None disables ``fork``. The effects mode is
+            ``recorded`` unless the user typed ``--effects dry-run|live``.
     """
 
     def __init__(
@@ -405,15 +408,23 @@ class DebugSession:
             args = shlex.split(rest)
         except ValueError as exc:
             raise DebugError(f"cannot read the arguments: {exc}") from exc
+        effects = "recorded"
+        if "--effects" in args:
+            at = args.index("--effects")
+            if at + 1 >= len(args) or args[at + 1] not in EFFECT_MODES:
+                raise DebugError(f"--effects takes one of: {', '.join(EFFECT_MODES)}")
+            effects = args[at + 1]
+            del args[at : at + 2]
         spec: str | None = None
         output = False
         if args:
             if len(args) != 2 or args[0] not in ("--set", "--set-output"):
                 raise DebugError(
-                    "use: fork [--set NODE.PARAM=VALUE | --set-output NODE.FIELD=JSON]"
+                    "use: fork [--set NODE.PARAM=VALUE | --set-output NODE.FIELD=JSON] "
+                    "[--effects recorded|dry-run|live]"
                 )
             spec, output = args[1], args[0] == "--set-output"
-        return [self._forker(s, spec, output)]
+        return [self._forker(s, spec, output, effects)]
 
     def _quit(self, _: str) -> list[str]:
         raise DebugQuit

@@ -29,7 +29,7 @@ from typing import Any
 
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.context import PendingWrite
-from rewind.store.records import CallRecord
+from rewind.store.records import CallRecord, EffectRecord
 
 __all__ = [
     "CHAIN_TYPE",
@@ -210,6 +210,8 @@ class StepData:
         prompt_tokens, completion_tokens: tokens spent (cache hits spend 0).
         calls, pending: the LLM/tool calls made through Rewind's caches and the cache entries
             they produced.
+        effects: the effect rows of the step's side-effecting calls (pre/post fingerprints,
+            pinned snapshots under ``_snapshot``), as :mod:`rewind.effects` builds them.
         cache_outcome, cache_reason: set to keep a recorded outcome (imports); computed from the
             calls otherwise.
     """
@@ -234,6 +236,7 @@ class StepData:
     attributes: dict[str, Any] = field(default_factory=dict)
     calls: list[CallRecord] = field(default_factory=list)
     pending: list[PendingWrite] = field(default_factory=list)
+    effects: list[dict[str, Any]] = field(default_factory=list)
     cache_outcome: str | None = None
     cache_reason: str | None = None
 
@@ -321,6 +324,10 @@ class StepView:
     inherited: bool = False
     calls: tuple[CallRecord, ...] = ()
     llm_calls: tuple[LlmCallView, ...] = ()
+    determinism: str = "deterministic"
+    effects: tuple[EffectRecord, ...] = ()
+    """Effect rows of the step's side-effecting calls (empty for inherited nodes: they belong
+    to the run that executed them)."""
 
     @property
     def number(self) -> int:

@@ -77,6 +77,11 @@ from rewind.tracing.otel_calls import (
     exported_calls_attribute,
     indexed_attributes,
 )
+from rewind.tracing.otel_effects import (
+    EFFECTS_ATTRIBUTE,
+    effects_attribute,
+    effects_from_attribute,
+)
 from rewind.tracing.store import load_traces, trace_exists, write_trace
 
 __all__ = [
@@ -283,6 +288,7 @@ def _step_attributes(view: TraceView, s: StepView, payload: Mapping[str, bytes])
         "rewind.step.status": s.status,
         "rewind.cache.outcome": s.cache_outcome,
         "rewind.cache.reason": s.cache_reason,
+        "rewind.determinism": s.determinism,
         "rewind.duration_ms": float(s.duration_ms),
         "rewind.input_hash": s.input_hash,
         "openinference.span.kind": _OI_KIND.get(s.step_type, "CHAIN"),
@@ -295,6 +301,9 @@ def _step_attributes(view: TraceView, s: StepView, payload: Mapping[str, bytes])
         attrs["output.mime_type"] = JSON
     if s.state_hash:
         attrs["rewind.state_hash"] = s.state_hash
+    effects = effects_attribute(s.calls, s.effects)
+    if effects is not None:
+        attrs[EFFECTS_ATTRIBUTE] = effects
     if s.attributes:
         attrs["rewind.attributes"] = _dumps(s.attributes)
     if s.calls:
@@ -1417,6 +1426,7 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             pending=pending,
             cache_outcome=str(a.get("rewind.cache.outcome") or "none"),
             cache_reason=str(a.get("rewind.cache.reason") or "imported"),
+            effects=effects_from_attribute(a.get(EFFECTS_ATTRIBUTE)),
         )
     step_type = _foreign_type(a)
     failed = s.status_code == 2

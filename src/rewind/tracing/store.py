@@ -17,17 +17,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, func, insert, select
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, NodeScope
 from rewind.errors import RewindError, StoreError, UnknownRun
 from rewind.llm import ChatResponse
 from rewind.persister import encode_value, map_hash
-from rewind.recorder import node_determinism, node_outcome
+from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sorted_calls
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
-from rewind.store.store import call_rows, state_row
+from rewind.store.records import EffectRecord
+from rewind.store.store import WriteBatch, call_rows, state_row
 from rewind.tracing.model import (
     CHAIN_TYPE,
     ROOT_POSITION,
@@ -82,6 +82,7 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
             "positions must be 0, 1, 2, ... in execution order",
         )
     blobs: dict[str, bytes] = {}
+    states: list[dict[str, Any]] = []
 
     def encode_map(values: dict[str, Any]) -> dict[str, str]:
         out = {}
@@ -94,12 +95,11 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
     state = encode_map(data.input)
     init_doc, init_hash = map_hash(state)
     blobs[init_hash] = init_doc
-    node_rows: list[dict[str, Any]] = []
-    all_calls: list[dict[str, Any]] = []
-    states: list[dict[str, Any]] = []
+    # Node, call, cache and effect rows go through the recorder's batch and Store.write_batch:
+    # one write path for Burr runs and traced chains.
+    batch = WriteBatch(blobs=blobs, states=states)
+    node_rows = batch.nodes
     spans: list[dict[str, Any]] = []
-    llm_rows: list[dict[str, Any]] = []
-    tool_rows: list[dict[str, Any]] = []
     for s in steps:
         input_doc = canonical_bytes(
             {"node": s.name, "reads": encode_map(s.reads), "inputs": s.inputs, "params": s.params}
@@ -128,29 +128,10 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 internal={},
             )
         )
-        for pw in s.pending:
-            blobs[pw.request_hash] = pw.request_bytes
-            blobs[pw.result_hash] = pw.result_bytes
-            if not pw.cacheable:
-                continue
-            row = {"key": pw.key, "created_at": pw.produced_at or time.time()}
-            if pw.kind == "llm":
-                llm_rows.append(
-                    row
-                    | {
-                        "model": pw.name,
-                        "request_hash": pw.request_hash,
-                        "response_hash": pw.result_hash,
-                        "prompt_tokens": pw.prompt_tokens,
-                        "completion_tokens": pw.completion_tokens,
-                    }
-                )
-            else:
-                tool_rows.append(
-                    row
-                    | {"tool": pw.name, "args_hash": pw.request_hash, "result_hash": pw.result_hash}
-                )
         scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
+        scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
+        scope.effects = _effect_rows(data.trace_id, s, scope.calls)
+        add_scope_rows(batch, scope)
         outcome, reason = _outcome(s, scope)
         error = error_line(s.error_type, s.error_message) if failed else None
         node_rows.append(
@@ -176,7 +157,7 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 "started_at": s.started_at if s.started_at is not None else data.started_at,
             }
         )
-        all_calls.extend(call_rows(data.trace_id, s.position, s.calls))
+        batch.calls.extend(call_rows(data.trace_id, s.position, sorted_calls(scope)))
         spans.append(
             {
                 "run_id": data.trace_id,
@@ -220,10 +201,8 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
         if data.error_type is not None or data.error_message is not None
         else None
     )
-    with store.write() as conn:
-        for digest in blobs:
-            if not store.knows_blob(digest):
-                store.put_blob(conn, blobs[digest])
+
+    def run_row(conn: Connection) -> None:
         store.create_run(
             conn,
             run_id=data.trace_id,
@@ -244,26 +223,29 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
             error=trace_error,
             owner=None,
         )
-        try:
-            if states:
-                conn.execute(insert(schema.burr_state), states)
-        except IntegrityError as exc:
-            raise StoreError(
-                f"state rows of trace {data.trace_id} already exist", "use a new trace id"
-            ) from exc
-        if node_rows:
-            conn.execute(insert(schema.nodes), node_rows)
-        if all_calls:
-            conn.execute(insert(schema.calls), all_calls)
-        for row in llm_rows:
-            store.llm_cache_put(conn, **row)
-        for row in tool_rows:
-            store.tool_cache_put(conn, **row)
         conn.execute(insert(schema.spans), spans)
+
+    store.write_batch(batch, before=run_row)
     edges = {(a.name, b.name, "default") for a, b in itertools.pairwise(steps)}
     if edges:
         store.put_edges(data.name, sorted(edges))
     return store.get_run(data.trace_id)
+
+
+def _effect_rows(run_id: str, s: StepData, calls: list[CallRecord]) -> list[dict[str, Any]]:
+    """The step's effect rows for this trace; a side-effecting call known only from its effect
+    record (an OpenTelemetry import without ``rewind.calls``) is added to ``calls``."""
+    have = {c.call_index for c in calls}
+    rows = []
+    for e in s.effects:
+        e = dict(e)
+        call = e.pop("_call", None)
+        if isinstance(call, CallRecord) and call.call_index not in have:
+            calls.append(call)
+            have.add(call.call_index)
+        if "resource" in e:
+            rows.append(e | {"run_id": run_id, "position": s.position})
+    return rows
 
 
 def _outcome(s: StepData, scope: NodeScope) -> tuple[str, str]:
@@ -347,6 +329,14 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
         ):
             m = r._mapping
             calls.setdefault((m["run_id"], m["position"]), []).append(CallRecord.from_row(r))
+        effects: dict[tuple[str, int], list[EffectRecord]] = {}
+        for r in conn.execute(
+            select(schema.effects)
+            .where(schema.effects.c.run_id.in_(ids))
+            .order_by(schema.effects.c.call_index, schema.effects.c.resource)
+        ):
+            e = EffectRecord.from_row(r)
+            effects.setdefault((e.run_id, e.position), []).append(e)
         spans: dict[tuple[str, int], dict[str, Any]] = {}
         for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
             m = dict(r._mapping)
@@ -391,7 +381,7 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
     out = {}
     for run in runs:
         out[run.run_id] = _view(
-            run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload
+            run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload, effects
         )
     return out
 
@@ -404,6 +394,7 @@ def _view(
     docs: dict[str, Any],
     values: dict[str, Any],
     payload: dict[str, bytes],
+    effects: dict[tuple[str, int], list[EffectRecord]],
 ) -> TraceView:
     root = spans.get((run.run_id, ROOT_POSITION))
     kind = "trace" if root is not None else "run"
@@ -481,6 +472,8 @@ def _view(
                 inherited=n.inherited,
                 calls=n.calls,
                 llm_calls=llm,
+                determinism=n.determinism,
+                effects=() if n.inherited else tuple(effects.get((run.run_id, n.position), ())),
             )
         )
     if root is not None:

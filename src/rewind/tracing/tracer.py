@@ -342,6 +342,7 @@ class Step:
             attributes=jsonable(self.attributes),
             calls=list(scope.calls) if scope is not None else [],
             pending=list(scope.pending.values()) if scope is not None else [],
+            effects=list(scope.effects) if scope is not None else [],
         )
 
 
