@@ -296,6 +296,14 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
     return bound
 
 
+def in_new_lane() -> None:
+    """Move the running context to a new worker lane of the current node, numbered in hand-off
+    order under the current lane (called inside a context copied for a new asyncio task)."""
+    ctx = current()
+    if ctx is not None and ctx.node is not None:
+        _LANE.set(ctx.node.next_lane(_LANE.get()))
+
+
 def _in_lane(lane: tuple[int, ...], fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     _LANE.set(lane)
     return fn(*args, **kwargs)

@@ -28,7 +28,7 @@ from rewind.capture.http import (
     installed,
     uninstall,
 )
-from rewind.capture.threads import follow_thread_pools
+from rewind.capture.threads import follow_asyncio_tasks, follow_thread_pools
 from rewind.context import propagate
 
 __all__ = [
@@ -59,6 +59,7 @@ def ensure_installed() -> None:
     if _ready:
         return
     follow_thread_pools()
+    follow_asyncio_tasks()
     if os.environ.get("REWIND_HTTP_CAPTURE", "").strip().lower() not in _OFF:
         install()
     _ready = True
