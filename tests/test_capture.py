@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -368,6 +369,40 @@ def test_a_side_effecting_tool_in_a_thread_without_the_run_context_refuses_to_ru
     assert [(c.name, c.determinism) for c in calls] == [("capture_fx_write", "side-effect")]
     # With no run active anywhere, the tool is an ordinary function again.
     assert write("free") == "free"
+
+
+def test_a_model_request_from_a_thread_without_the_run_context_is_reported_not_silent(
+    rw: Rewind, stub: ModelStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A plain threading.Thread loses the run context: its request cannot be recorded (and every
+    # replay sends it again), so Rewind must say so on stderr instead of passing it silently.
+    client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0)
+
+    def ask(question: str) -> None:
+        client.chat.completions.create(
+            model=STUB_MODEL, messages=[{"role": "user", "content": question}], temperature=0
+        )
+
+    def spawn(state: State) -> str:
+        for target in (propagate(ask), ask, ask):  # carried (recorded), then lost twice
+            worker = threading.Thread(target=target, args=("q",))
+            worker.start()
+            worker.join()
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="rewind.capture.http"):
+        run = rw.record(one_node("spawn_model", spawn), {"question": ""})
+    assert run.status == "completed", run.error
+    assert stub.count == 3
+    assert len(node_row(rw, run.run_id).calls) == 1  # only the carried request was recorded
+    lost = [r.getMessage() for r in caplog.records if "outside the run context" in r.getMessage()]
+    assert len(lost) == 1  # once per run, not once per request
+    assert run.run_id[:12] in lost[0] and "propagate" in lost[0]
+    assert f"127.0.0.1:{stub.server.server_address[1]}/v1/chat/completions" in lost[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rewind.capture.http"):
+        ask("no run is active")  # outside any run: an ordinary request, nothing to report
+    assert not caplog.records
 
 
 # -- other SDKs and clients ----------------------------------------------------------------------

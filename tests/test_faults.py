@@ -158,7 +158,7 @@ def test_a_fork_of_a_run_killed_before_its_first_node_says_so(tmp_path: Path) ->
     rw = Rewind(tmp_path)
     before = row_counts(rw.store)
     for at in (1, "prepare"):
-        with pytest.raises(ForkError, match="interrupted before any node was recorded"):
+        with pytest.raises(ForkError, match="interrupted before its first node"):
             rw.fork("orphan01", at=at)
     assert row_counts(rw.store) == before
 

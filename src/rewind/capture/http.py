@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import logging
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -48,7 +49,7 @@ from rewind.capture.exchange import (
     recorded_from,
     usage_tokens,
 )
-from rewind.context import current, executing
+from rewind.context import active_runs, current, executing
 
 __all__ = [
     "AsyncTransport",
@@ -67,6 +68,9 @@ _INSTALL_LOCK = threading.Lock()
 
 _SAMPLED = CallPolicy("non-deterministic")
 _GREEDY = CallPolicy()
+
+logger = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # runs already told about an uncaptured request (once each)
 
 
 # -- the capture itself ------------------------------------------------------------------------
@@ -87,6 +91,7 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
     """
     ctx = current()
     if ctx is None or executing() or not _matches(routes, request):
+        _warn_if_context_lost(ctx, request, routes)
         return send(request)
     described = _describe(request, request.read())
     if described is None:
@@ -112,6 +117,7 @@ async def acapture(
     """The async twin of :func:`capture` (``send`` is awaited)."""
     ctx = current()
     if ctx is None or executing() or not _matches(routes, request):
+        _warn_if_context_lost(ctx, request, routes)
         return await send(request)
     described = _describe(request, await request.aread())
     if described is None:
@@ -129,6 +135,31 @@ async def acapture(
 
     data, _ = await athrough_cache(ctx, aexecute=aexecute, **_call_of(described))
     return _response(request, live[0] if live else decode_envelope(data))
+
+
+def _warn_if_context_lost(ctx: Any, request: Any, routes: ModelRoutes) -> None:
+    """A model request sent outside any run context while a run is active (a plain
+    ``threading.Thread``) escapes the record: its node looks call-free and every replay sends it
+    again. Say so on stderr instead of letting it pass silently."""
+    if ctx is not None:
+        return
+    runs = active_runs()
+    if runs and runs[0] not in _WARNED and _matches(routes, request):
+        _WARNED.add(runs[0])
+        logger.warning(
+            "warning: a model request to %s was sent outside the run context while run %s is "
+            "active, so it is not recorded and every replay will send it again — start the "
+            "thread with target=rewind.context.propagate(fn) or use a "
+            "concurrent.futures.ThreadPoolExecutor",
+            _where(request.url),
+            runs[0][:12],
+        )
+
+
+def _where(url: Any) -> str:
+    """``scheme://host[:port]/path`` of a URL: no user info, no query (they may hold keys)."""
+    port = f":{url.port}" if url.port else ""
+    return f"{url.scheme}://{url.host}{port}{url.path}"
 
 
 def _matches(routes: ModelRoutes, request: Any) -> bool:
@@ -331,6 +362,7 @@ def _sync_wrapper(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], A
     @functools.wraps(original)
     def handle_request(self: Any, request: Any) -> Any:
         if current() is None:  # the fast path: no run, nothing to capture
+            _warn_if_context_lost(None, request, _ROUTES)
             return original(self, request)
         return capture(request, functools.partial(original, self), _ROUTES)
 
@@ -343,6 +375,7 @@ def _async_wrapper(
     @functools.wraps(original)
     async def handle_async_request(self: Any, request: Any) -> Any:
         if current() is None:
+            _warn_if_context_lost(None, request, _ROUTES)
             return await original(self, request)
         return await acapture(request, functools.partial(original, self), _ROUTES)
 
