@@ -370,6 +370,41 @@ def test_nan_is_refused_with_its_field_path() -> None:
         encode_value("m", {"xs": (1.0, float("nan"))})
 
 
+def _unstorable_shape(kind: str) -> Any:
+    if kind == "list-cycle":
+        looped: list[Any] = [1]
+        looped.append(looped)
+        return looped
+    if kind == "dict-cycle":
+        me: dict[str, Any] = {"t": (1,)}
+        me["me"] = me
+        return me
+    deep: Any = (1,)
+    for _ in range(500):  # deeper than MAX_DEPTH, with a typed value at the bottom
+        deep = [deep]
+    return deep
+
+
+@pytest.mark.parametrize("kind", ["list-cycle", "dict-cycle", "deep"])
+def test_a_cycle_or_too_deep_value_is_refused_not_a_recursion_error(kind: str) -> None:
+    # Was: RecursionError out of the recorder's hook, ~11,000 lines of traceback on stderr.
+    with pytest.raises(UnstorableValue, match=r"state field v holds a .*a cycle"):
+        encode_value("v", _unstorable_shape(kind))
+
+
+@pytest.mark.parametrize("kind", ["top", "in-list", "dict-key", "below-limit"])
+def test_an_int_longer_than_json_can_read_back_loads_back_exactly(kind: str) -> None:
+    # json.loads refuses ints of more than 4300 digits: such an int was recorded, then every
+    # read of it (the next node, `rewind show`, a fork) failed with a raw ValueError.
+    value = {
+        "top": 10**5000,
+        "in-list": [-(10**4301), 1],
+        "dict-key": {10**4400: (10**4300,)},
+        "below-limit": 10**4300 - 1,
+    }[kind]
+    assert decode_field("v", encode_value("v", value).data) == value
+
+
 # -- a state that cannot be loaded fails the fork, never leaves it running ------------------------
 
 
