@@ -461,6 +461,61 @@ def test_a_class_that_cannot_be_loaded_fails_the_fork_run(tmp_path: Path) -> Non
     assert "fleeting_values:Thing cannot be imported" in child["error"]
 
 
+PICKLED_APP_MODULE = textwrap.dedent(
+    """
+    from burr.core import ApplicationBuilder, State, action
+    from burr.integrations.serde.pickle import register_type_to_pickle
+
+    from pickled_values import Money
+
+    register_type_to_pickle(Money)  # at import time of the app's module, as the README says
+
+    @action(reads=[], writes=["m"])
+    def make(state: State) -> State:
+        return state.update(m=Money(5))
+
+    @action(reads=["m"], writes=["cents"])
+    def use(state: State) -> State:
+        return state.update(cents=state["m"].cents)
+
+    def application():
+        return (
+            ApplicationBuilder().with_actions(make=make, use=use)
+            .with_transitions(("make", "use")).with_entrypoint("make").build()
+        )
+    """
+)
+
+
+def test_read_commands_load_values_of_serializers_registered_in_the_app_module(
+    tmp_path: Path,
+) -> None:
+    # Was: `rewind diff` and `rewind show --node` exited 2 ("No deserializer registered for
+    # key: 'pickle'") on any run holding such a value: they never imported the app's module.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "pickled_values.py").write_text(
+        "class Money:\n    def __init__(self, cents):\n        self.cents = cents\n"
+    )
+    (work / "pickled_app.py").write_text(PICKLED_APP_MODULE)
+    store = tmp_path / "store"
+    run = rewind_cli(
+        store, "run", "--app", "pickled_app:application", "--halt-after", "use", "--json", cwd=work
+    )
+    assert run.returncode == 0, run.stderr
+    parent_id = json.loads(run.stdout)["run"]["run_id"]
+    fork = rewind_cli(store, "fork", parent_id, "--at", "use", "--json", cwd=work)
+    assert fork.returncode == 0, fork.stderr
+    child_id = json.loads(fork.stdout)["run"]["run_id"]
+
+    diff = rewind_cli(store, "diff", parent_id, child_id, "--json", cwd=work)
+    assert diff.returncode == 0, diff.stderr
+    assert json.loads(diff.stdout)["first_divergence"] is None
+    show = rewind_cli(store, "show", parent_id, "--node", "make", "--json", cwd=work)
+    assert show.returncode == 0, show.stderr
+    assert "pickle" in json.dumps(json.loads(show.stdout)["output"]["m"])
+
+
 def test_a_first_node_fork_whose_initial_state_cannot_load_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
