@@ -241,7 +241,11 @@ def _enc(value: Any, path: str, depth: int, view: bool) -> Any:
         return handler(value, path, depth, view)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.ndarray):
-        return _enc_numpy(value, path, numpy)
+        dtype = value.dtype
+        if not (dtype.hasobject or dtype.fields is not None) or _burr_serializer(t) is None:
+            return _enc_numpy(value, path, numpy)
+        # An object/structured array has no exact byte form: the user's serializer, as the
+        # refusal's hint says.
     custom = _burr_serializer(t)
     if custom is not None:
         return _enc_burr(custom, value, path, depth, view)
