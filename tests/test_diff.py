@@ -730,6 +730,30 @@ def test_to_json_with_nan_and_infinities() -> None:
     assert (payload["tokens_a"], payload["tokens_b"], payload["token_delta"]) == (3, 5, 2)
 
 
+def test_to_json_with_ints_longer_than_json_can_write() -> None:
+    # Was: `rewind diff --json` died with a ValueError traceback (json.dumps cannot write an int
+    # of more than 4300 digits), while the table view of the same diff worked.
+    huge = 10**5000
+    a = [
+        NodeSide(
+            position=0, name="make", output={"v": huge, "k": {huge: 1}}, output_hash="a", tokens=0
+        )
+    ]
+    b = [
+        NodeSide(
+            position=0, name="make", output={"v": 5, "k": {huge: 2}}, output_hash="b", tokens=0
+        )
+    ]
+
+    payload = diff_trajectories("A", a, "B", b).to_json()
+    text = json.dumps(payload, allow_nan=False, sort_keys=True)
+
+    assert json.loads(text) == payload
+    change = next(c for c in payload["nodes"][0]["changes"] if c["path"] == "v")
+    assert change["old"] == {"$rw": "int", "v": hex(huge)} and change["new"] == 5
+    assert list(payload["nodes"][0]["a"]["output"]["k"]) == ["<int of 16610 bits>"]
+
+
 def test_to_json_shape_and_determinism() -> None:
     a = [node(0, "plan", {"b": 1, "a": {"y": 2, "x": 1}}), node(1, "go")]
     a_reordered = [node(0, "plan", {"a": {"x": 1, "y": 2}, "b": 1}), node(1, "go")]

@@ -370,6 +370,41 @@ def test_nan_is_refused_with_its_field_path() -> None:
         encode_value("m", {"xs": (1.0, float("nan"))})
 
 
+def _unstorable_shape(kind: str) -> Any:
+    if kind == "list-cycle":
+        looped: list[Any] = [1]
+        looped.append(looped)
+        return looped
+    if kind == "dict-cycle":
+        me: dict[str, Any] = {"t": (1,)}
+        me["me"] = me
+        return me
+    deep: Any = (1,)
+    for _ in range(500):  # deeper than MAX_DEPTH, with a typed value at the bottom
+        deep = [deep]
+    return deep
+
+
+@pytest.mark.parametrize("kind", ["list-cycle", "dict-cycle", "deep"])
+def test_a_cycle_or_too_deep_value_is_refused_not_a_recursion_error(kind: str) -> None:
+    # Was: RecursionError out of the recorder's hook, ~11,000 lines of traceback on stderr.
+    with pytest.raises(UnstorableValue, match=r"state field v holds a .*a cycle"):
+        encode_value("v", _unstorable_shape(kind))
+
+
+@pytest.mark.parametrize("kind", ["top", "in-list", "dict-key", "below-limit"])
+def test_an_int_longer_than_json_can_read_back_loads_back_exactly(kind: str) -> None:
+    # json.loads refuses ints of more than 4300 digits: such an int was recorded, then every
+    # read of it (the next node, `rewind show`, a fork) failed with a raw ValueError.
+    value = {
+        "top": 10**5000,
+        "in-list": [-(10**4301), 1],
+        "dict-key": {10**4400: (10**4300,)},
+        "below-limit": 10**4300 - 1,
+    }[kind]
+    assert decode_field("v", encode_value("v", value).data) == value
+
+
 # -- a state that cannot be loaded fails the fork, never leaves it running ------------------------
 
 
@@ -426,6 +461,61 @@ def test_a_class_that_cannot_be_loaded_fails_the_fork_run(tmp_path: Path) -> Non
     assert "fleeting_values:Thing cannot be imported" in child["error"]
 
 
+PICKLED_APP_MODULE = textwrap.dedent(
+    """
+    from burr.core import ApplicationBuilder, State, action
+    from burr.integrations.serde.pickle import register_type_to_pickle
+
+    from pickled_values import Money
+
+    register_type_to_pickle(Money)  # at import time of the app's module, as the README says
+
+    @action(reads=[], writes=["m"])
+    def make(state: State) -> State:
+        return state.update(m=Money(5))
+
+    @action(reads=["m"], writes=["cents"])
+    def use(state: State) -> State:
+        return state.update(cents=state["m"].cents)
+
+    def application():
+        return (
+            ApplicationBuilder().with_actions(make=make, use=use)
+            .with_transitions(("make", "use")).with_entrypoint("make").build()
+        )
+    """
+)
+
+
+def test_read_commands_load_values_of_serializers_registered_in_the_app_module(
+    tmp_path: Path,
+) -> None:
+    # Was: `rewind diff` and `rewind show --node` exited 2 ("No deserializer registered for
+    # key: 'pickle'") on any run holding such a value: they never imported the app's module.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "pickled_values.py").write_text(
+        "class Money:\n    def __init__(self, cents):\n        self.cents = cents\n"
+    )
+    (work / "pickled_app.py").write_text(PICKLED_APP_MODULE)
+    store = tmp_path / "store"
+    run = rewind_cli(
+        store, "run", "--app", "pickled_app:application", "--halt-after", "use", "--json", cwd=work
+    )
+    assert run.returncode == 0, run.stderr
+    parent_id = json.loads(run.stdout)["run"]["run_id"]
+    fork = rewind_cli(store, "fork", parent_id, "--at", "use", "--json", cwd=work)
+    assert fork.returncode == 0, fork.stderr
+    child_id = json.loads(fork.stdout)["run"]["run_id"]
+
+    diff = rewind_cli(store, "diff", parent_id, child_id, "--json", cwd=work)
+    assert diff.returncode == 0, diff.stderr
+    assert json.loads(diff.stdout)["first_divergence"] is None
+    show = rewind_cli(store, "show", parent_id, "--node", "make", "--json", cwd=work)
+    assert show.returncode == 0, show.stderr
+    assert "pickle" in json.dumps(json.loads(show.stdout)["output"]["m"])
+
+
 def test_a_first_node_fork_whose_initial_state_cannot_load_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -461,6 +551,28 @@ def test_a_user_registered_burr_serializer_is_honoured() -> None:
     doc = encode(tv.Money(5, "USD"))
     assert doc["$rw"] == "burr" and '"tests.money"' in canonical_bytes(doc).decode()
     assert roundtrip(tv.Money(5, "USD")) == tv.Money(5, "USD")
+
+
+class _ObjectArray(np.ndarray):
+    """An ndarray type of its own, so the serializer registered below touches nothing else."""
+
+
+def test_a_burr_serializer_registered_for_an_object_array_is_honoured() -> None:
+    # The refusal of an object-dtype array says to register a Burr serializer; one registered
+    # was ignored and the array refused again.
+    from burr.core import serde as burr_serde
+
+    @burr_serde.serialize.register(_ObjectArray)
+    def _out(value: Any, **kwargs: Any) -> dict[str, Any]:
+        return {burr_serde.KEY: "rewind-test-object-array", "items": value.tolist()}
+
+    @burr_serde.deserializer.register("rewind-test-object-array")
+    def _in(value: dict[str, Any], **kwargs: Any) -> Any:
+        return np.array(value["items"], dtype=object).view(_ObjectArray)
+
+    value = np.array([1, "a", None], dtype=object).view(_ObjectArray)
+    back = decode_field("v", encode_value("v", value).data)
+    assert type(back) is _ObjectArray and back.dtype == object and back.tolist() == [1, "a", None]
 
 
 def test_blobs_written_before_tags_load_as_before() -> None:

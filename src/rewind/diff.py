@@ -558,7 +558,9 @@ def _item_key(value: Any) -> Any:
 
 def _sorted_keys(keys: Iterable[Any]) -> list[Any]:
     """Keys in a stable order: strings by code point first, then other keys by type and text."""
-    return sorted(keys, key=lambda k: (0, "", k) if isinstance(k, str) else (1, _kind(k), str(k)))
+    return sorted(
+        keys, key=lambda k: (0, "", k) if isinstance(k, str) else (1, _kind(k), _key_text(k))
+    )
 
 
 def _key_path(path: str, key: Any) -> str:
@@ -567,7 +569,7 @@ def _key_path(path: str, key: Any) -> str:
             return f"{path}.{key}" if path else key
         escaped = key.replace("\\", "\\\\").replace("'", "\\'")
         return f"{path}['{escaped}']"
-    return f"{path}[{key}]"
+    return f"{path}[{_key_text(key)}]"
 
 
 def _text_diff(old: str, new: str, path_a: str, path_b: str) -> str | None:
@@ -726,6 +728,12 @@ def _node_json(node: NodeDiff) -> dict[str, Any]:
     }
 
 
+def _key_text(key: Any) -> str:
+    if isinstance(key, int) and not -_JSON_INT_LIMIT < key < _JSON_INT_LIMIT:
+        return f"<int of {key.bit_length()} bits>"
+    return str(key)
+
+
 def _side_json(side: NodeSide | None) -> dict[str, Any] | None:
     if side is None:
         return None
@@ -740,7 +748,13 @@ def _side_json(side: NodeSide | None) -> dict[str, Any] | None:
     }
 
 
+_JSON_INT_LIMIT = 10**4300
+"""json.dumps cannot write an int from here on (sys.int_max_str_digits); shown tagged instead."""
+
+
 def _json_safe(value: Any) -> Any:
+    if isinstance(value, int) and not -_JSON_INT_LIMIT < value < _JSON_INT_LIMIT:
+        return display(value)
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -748,7 +762,7 @@ def _json_safe(value: Any) -> Any:
             return "NaN"
         return _NON_FINITE.get(value, value)
     if isinstance(value, dict):
-        items = {k if isinstance(k, str) else str(k): v for k, v in value.items()}
+        items = {k if isinstance(k, str) else _key_text(k): v for k, v in value.items()}
         return {k: _json_safe(items[k]) for k in sorted(items)}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]

@@ -37,7 +37,7 @@ from rewind.effects import (
     EffectPreconditionFailed,
     SideEffectBlocked,
 )
-from rewind.engine.attach import Pipeline, attach, load_pipeline
+from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
 from rewind.errors import (
     CodeDrift,
@@ -613,6 +613,8 @@ class Rewind:
     def diff(self, run_a: str, run_b: str) -> TrajectoryDiff:
         """Field-level diff of two runs' trajectories (see :mod:`rewind.diff`)."""
         a, b = self.store.get_run(run_a), self.store.get_run(run_b)
+        for run in (a, b):
+            self._serializers_of(run.run_id, run)
         return diff_trajectories(
             a.run_id, self.node_sides(a.run_id), b.run_id, self.node_sides(b.run_id)
         )
@@ -639,6 +641,7 @@ class Rewind:
 
     def node_output(self, node: NodeRecord) -> dict[str, Any]:
         """The fields a node wrote, decoded ({} for a failed node)."""
+        self._serializers_of(node.run_id)
         return self.store.resolve_fields(self._output_map(node))
 
     def _output_map(self, node: NodeRecord) -> dict[str, str]:
@@ -650,6 +653,7 @@ class Rewind:
     def node_input(self, node: NodeRecord) -> dict[str, Any]:
         """The node's input document: its name, the fields it read (decoded), Burr inputs and
         params."""
+        self._serializers_of(node.run_id)
         doc: dict[str, Any] = self.store.get_json(node.input_hash)
         return doc | {"reads": self.store.resolve_fields(doc.get("reads", {}))}
 
@@ -660,10 +664,22 @@ class Rewind:
 
     def node_state(self, node: NodeRecord) -> dict[str, Any]:
         """Semantic state after the node (Burr's ``__`` keys removed)."""
+        self._serializers_of(node.run_id)
         row = self._state_row_of(node)
         return semantic_state(row["values"])
 
     # -- internals ----------------------------------------------------------------------------
+    def _serializers_of(self, run_id: str, run: RunRecord | None = None) -> None:
+        """Import the run's pipeline module once, so that Burr serializers registered there
+        (``register_type_to_pickle``...) can load its values in a command that only reads."""
+        done: set[str] = self.__dict__.setdefault("_serde_runs", set())
+        if run_id in done:
+            return
+        done.add(run_id)
+        ref = (run or self.store.get_run(run_id)).pipeline_ref
+        if ref:
+            import_pipeline_module(ref)
+
     def _context(self, run_id: str, *, read_cache: bool) -> RunContext:
         return RunContext(
             store=self.store,

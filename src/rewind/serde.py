@@ -111,7 +111,10 @@ def encode_field(key: str, value: Any) -> Any:
             raise _refuse(key, value, f"its field serializer raised {_line(exc)}") from exc
         if not isinstance(doc, dict):
             raise _refuse(key, value, f"its field serializer returned {type(doc).__name__}")
-        return {TAG: "field", "v": _enc(doc, key, 0, False)}
+        try:
+            return {TAG: "field", "v": _enc(doc, key, 0, False)}
+        except RecursionError:
+            raise _too_deep(key, value) from None
     return encode(value, path=key)
 
 
@@ -130,7 +133,22 @@ def encode(value: Any, *, path: str = "$") -> Any:
     """
     if _plain(value, 0):
         return value
-    return _enc(value, path, 0, False)
+    try:
+        return _enc(value, path, 0, False)
+    except RecursionError:
+        # A value that contains itself (or nests deeper than the interpreter's stack): each
+        # level costs a few frames, so Python's limit is met before MAX_DEPTH is.
+        raise _too_deep(path, value) from None
+
+
+def _too_deep(path: str, value: Any) -> UnstorableValue:
+    return _refuse(
+        path,
+        value,
+        f"it contains itself (a cycle) or nests deeper than {MAX_DEPTH} levels; store a "
+        "flat form (ids instead of references)",
+        register=False,
+    )
 
 
 def display(value: Any) -> Any:
@@ -158,8 +176,10 @@ def _plain(value: Any, depth: int) -> bool:
     elif t is list:
         children = value
     else:
-        return t in _SCALARS
+        return t in _SCALARS and not (t is int and _huge(value))
     types = set(map(type, children))
+    if int in types and not _all_small_ints(children):
+        return False
     if types <= _SCALARS:
         return True
     if depth >= MAX_DEPTH:
@@ -168,6 +188,19 @@ def _plain(value: Any, depth: int) -> bool:
         if type(child) not in _SCALARS and not _plain(child, depth + 1):
             return False
     return True
+
+
+_BIG_INT = 10**4300
+"""Ints from here on have more digits than ``json.loads`` reads back (sys.int_max_str_digits,
+4300 by default): they are stored as ``{"$rw": "int", "v": <hex>}`` (hex has no such limit)."""
+
+
+def _huge(value: int) -> bool:
+    return not -_BIG_INT < value < _BIG_INT
+
+
+def _all_small_ints(values: Any) -> bool:
+    return all(-_BIG_INT < v < _BIG_INT for v in values if type(v) is int)
 
 
 def _canonical_order(keys: list[str]) -> list[str]:
@@ -188,6 +221,8 @@ def _enc(value: Any, path: str, depth: int, view: bool) -> Any:
                 "replace it (e.g. with None) before writing it to state",
                 register=False,
             )
+        if t is int and _huge(value):
+            return {TAG: "int", "v": hex(value)}
         return value
     if depth >= MAX_DEPTH:
         raise _refuse(path, value, f"it nests deeper than {MAX_DEPTH} levels (a cycle?)")
@@ -206,7 +241,11 @@ def _enc(value: Any, path: str, depth: int, view: bool) -> Any:
         return handler(value, path, depth, view)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.ndarray):
-        return _enc_numpy(value, path, numpy)
+        dtype = value.dtype
+        if not (dtype.hasobject or dtype.fields is not None) or _burr_serializer(t) is None:
+            return _enc_numpy(value, path, numpy)
+        # An object/structured array has no exact byte form: the user's serializer, as the
+        # refusal's hint says.
     custom = _burr_serializer(t)
     if custom is not None:
         return _enc_burr(custom, value, path, depth, view)
@@ -221,6 +260,8 @@ def _all_scalar(values: Any) -> bool:
     """True if every value is a JSON scalar that is its own document (hot path: C-speed maps)."""
     types = set(map(type, values))
     if not types <= _SCALARS:
+        return False
+    if int in types and not _all_small_ints(values):
         return False
     return float not in types or all(math.isfinite(v) for v in values if type(v) is float)
 
@@ -241,7 +282,7 @@ def _items(value: dict[Any, Any], path: str, depth: int, view: bool) -> dict[str
     build and to hash than a list of pairs)."""
     keys = list(value)
     if not _all_scalar(keys):
-        keys = [_enc(k, f"{path} (key {k!r})", depth + 1, view) for k in keys]
+        keys = [_enc(k, f"{path} (key {_key_repr(k)})", depth + 1, view) for k in keys]
     values = list(value.values())
     if not _all_scalar(values):
         values = [_enc(v, _key_path(path, k), depth + 1, view) for k, v in value.items()]
@@ -251,7 +292,14 @@ def _items(value: dict[Any, Any], path: str, depth: int, view: bool) -> dict[str
 def _key_path(path: str, key: Any) -> str:
     if isinstance(key, str):
         return f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"
-    return f"{path}[{key!r}]"
+    return f"{path}[{_key_repr(key)}]"
+
+
+def _key_repr(key: Any) -> str:
+    """``repr`` of a dict key for a path; an int too long for ``repr`` is shown by its size."""
+    if type(key) is int and _huge(key):
+        return f"<int of {key.bit_length()} bits>"
+    return repr(key)
 
 
 def _elements(value: Any, path: str, depth: int, view: bool) -> list[Any]:
@@ -718,6 +766,7 @@ _DECODERS: dict[str, Callable[[dict[str, Any], str], Any]] = {
     "bytes": lambda d, p: base64.b64decode(d["v"]),
     "bytearray": lambda d, p: bytearray(base64.b64decode(d["v"])),
     "complex": lambda d, p: complex(*d["v"]),
+    "int": lambda d, p: int(d["v"], 16),
     "numpy": _dec_numpy,
     "ndarray": _dec_numpy,
     "enum": _dec_enum,

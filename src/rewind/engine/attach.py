@@ -168,6 +168,24 @@ def _from_builder(b: ApplicationBuilder, ref: str) -> Pipeline:
     )
 
 
+def import_pipeline_module(ref: str) -> None:
+    """Import the module of a recorded ``module:attribute`` reference (not its factory), best
+    effort: Burr serializers are registered at that module's import time (README, "What a run
+    stores exactly"), and a command that only reads a run must still load the values they wrote.
+    A module that cannot be imported is skipped; loading a value then says what is missing."""
+    module_name = ref.partition(":")[0]
+    if not module_name or not all(part.isidentifier() for part in module_name.split(".")):
+        return
+    if module_name in sys.modules:
+        return
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        importlib.import_module(module_name)
+    except Exception:
+        return
+
+
 def load_pipeline(ref: str) -> Pipeline:
     """Import the app ``"module:attribute"`` names and attach to it.
 
