@@ -70,7 +70,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--pipeline", "nosuchmodule_zz:p"], "cannot import"),
     (["run", "--pipeline", "tests.pipelines:nosuch"], "cannot import"),
     (["run", "--pipeline", "tests.pipelines"], "module:attribute"),
-    (["run", "--state", "{}"], "--state needs --pipeline"),
+    (["run", "--state", "{}"], "--halt-before need --app"),
     (["run", "--pipeline", P, "--csv", "x.csv"], "belong to the demo"),
     (["runs", "--limit", BIG], "--limit"),
     (["runs", "--limit", "0"], "--limit"),

@@ -566,7 +566,7 @@ def run(
         raise InvalidOverride("--csv and --question belong to the demo pipeline", "drop them")
     if not ref and (state is not None or inputs is not None or halt_after or halt_before):
         raise InvalidOverride(
-            "--state, --inputs, --halt-after and --halt-before need --app",
+            "--state, --inputs, --halt-after and --halt-before need --app (or --pipeline)",
             "pass --app module:attribute",
         )
     # Everything the user typed is checked before the store is opened: bad input writes nothing.
