@@ -60,7 +60,9 @@ def test_store_with_a_garbled_schema_version_is_refused_not_crashed(
 ) -> None:
     store = open_store(tmp_path)
     with store.write() as conn:
-        conn.execute(text("UPDATE meta SET value = :v WHERE key = 'schema_version'"), {"v": version})
+        conn.execute(
+            text("UPDATE meta SET value = :v WHERE key = 'schema_version'"), {"v": version}
+        )
     store.close()
 
     for read_only in (False, True):
