@@ -110,6 +110,9 @@ CASES: list[tuple[list[str], str]] = [
     (["otel", "import", "/missing/spans.json"], "spans.json"),
     (["otel", "import", "{junk}"], "junk.json"),
     (["nosuchcommand"], "nosuchcommand"),
+    (["serve", "--port", "99999"], "--port"),
+    (["serve", "--port", "-1"], "--port"),
+    (["serve", "--workers", "0"], "--workers"),
 ]
 
 
