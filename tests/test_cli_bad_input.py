@@ -96,6 +96,8 @@ CASES: list[tuple[list[str], str]] = [
     (["inspect", "{run}", "--setting", "bogus=1"], "bogus"),
     (["inspect", "{run}", "--step", "nosuch"], "nosuch"),
     (["failures", "--since", "yesterdayish"], "yesterdayish"),
+    (["failures", "--since", "1e400"], "1e400"),
+    (["failures", "--since", "nan"], "nan"),
     (["failures", "--limit", "0"], "--limit"),
     (["failures", "--limit", BIG], "--limit"),
     (["failures", "--examples", "-1"], "--examples"),
@@ -110,6 +112,9 @@ CASES: list[tuple[list[str], str]] = [
     (["otel", "import", "/missing/spans.json"], "spans.json"),
     (["otel", "import", "{junk}"], "junk.json"),
     (["nosuchcommand"], "nosuchcommand"),
+    (["serve", "--port", "99999"], "--port"),
+    (["serve", "--port", "-1"], "--port"),
+    (["serve", "--workers", "0"], "--workers"),
 ]
 
 

@@ -54,6 +54,22 @@ def test_store_with_other_schema_version_is_refused(tmp_path: Path) -> None:
     assert str(SCHEMA_VERSION) in info.value.message
 
 
+@pytest.mark.parametrize("version", ["abc", "", "3.0"])
+def test_store_with_a_garbled_schema_version_is_refused_not_crashed(
+    tmp_path: Path, version: str
+) -> None:
+    store = open_store(tmp_path)
+    with store.write() as conn:
+        conn.execute(
+            text("UPDATE meta SET value = :v WHERE key = 'schema_version'"), {"v": version}
+        )
+    store.close()
+
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="schema version"):
+            open_store(tmp_path, read_only=read_only)
+
+
 def test_reopening_a_store_with_the_same_version_keeps_its_runs(tmp_path: Path) -> None:
     first = Rewind(tmp_path)
     run = first.record(pipelines.pipeline, {"x": 5})

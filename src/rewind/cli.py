@@ -990,6 +990,8 @@ def serve(
     """Serve the HTTP API (OpenAPI at /openapi.json) and the browser UI at /."""
     from rewind.api.command import serve as serve_api
 
+    _count("--port", port, low=0, high=65535)
+    _count("--workers", workers)
     serve_api(_store(), host, port, token, workers=workers)
 
 

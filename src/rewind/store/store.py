@@ -184,7 +184,11 @@ class Store:
         self._check_version(row[0] if row is not None else None)
 
     def _check_version(self, version: str | None) -> None:
-        if version is not None and int(version) != schema.SCHEMA_VERSION:
+        try:
+            same = version is None or int(version) == schema.SCHEMA_VERSION
+        except (TypeError, ValueError):  # a corrupted or foreign meta table: "abc", ""
+            same = False
+        if not same:
             raise StoreError(
                 f"store {self.root} has schema version {version}, this Rewind expects "
                 f"{schema.SCHEMA_VERSION}",

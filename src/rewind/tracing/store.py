@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -695,17 +696,19 @@ def parse_time(text: str | float | int | None, *, now: float | None = None) -> f
     unit = value[-1:].lower()
     if unit in _RELATIVE and value[:-1].replace(".", "", 1).isdigit():
         return (now if now is not None else time.time()) - float(value[:-1]) * _RELATIVE[unit]
+    hint = "give an ISO date (2024-05-01, 2024-05-01T12:00Z), unix seconds, or 30m/24h/7d"
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        if math.isfinite(seconds):  # "nan", "inf", "1e400" would silently match nothing
+            return seconds
+        raise RewindError(f"cannot read the time {text!r}", hint)
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
-        raise RewindError(
-            f"cannot read the time {text!r}",
-            "give an ISO date (2024-05-01, 2024-05-01T12:00Z), unix seconds, or 30m/24h/7d",
-        ) from exc
+        raise RewindError(f"cannot read the time {text!r}", hint) from exc
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.timestamp()
