@@ -1488,3 +1488,33 @@ def test_fork_of_a_burr_app_with_an_input_override(client: TestClient, store: St
     r = client.post(f"/api/runs/{parent.run_id}/fork", json=early)
     assert_error(r, 422, "InvalidOverride", "override.node", "runs before the fork node")
     assert row_counts(store) == before
+
+
+def test_oversized_or_unmeasured_bodies_are_refused_before_they_are_read(
+    store: Store, chat_client: ChatClient
+) -> None:
+    from rewind.api.app import MAX_REQUEST_BYTES
+
+    app = create_app(store, chat_client=chat_client, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        parent = record(c)["run_id"]
+        before = row_counts(store)
+        big = json.dumps({"at": 2, "pad": "x" * (MAX_REQUEST_BYTES + 1)})
+        r = c.post(
+            f"/api/runs/{parent}/fork", content=big, headers={"content-type": "application/json"}
+        )
+        assert_error(r, 413, "PayloadTooLarge")
+        assert_secured(r, f"/api/runs/{parent}/fork")
+
+        def chunks() -> Iterator[bytes]:
+            yield b'{"at": 2}'
+
+        r = c.post(
+            f"/api/runs/{parent}/fork",
+            content=chunks(),
+            headers={"content-type": "application/json"},
+        )
+        assert_error(r, 411, "LengthRequired")
+        assert row_counts(store) == before
+        # A body of ordinary size still works.
+        assert c.post(f"/api/runs/{parent}/fork", json={"at": 2}).status_code == 202

@@ -297,6 +297,37 @@ def _protected(path: str) -> bool:
     return path.startswith("/api") or path in ("/openapi.json",)
 
 
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+"""Largest request body (bytes) a state-changing API route reads; the OTLP receiver has its
+own, larger limit (``rewind.tracing.otel.MAX_OTLP_BYTES``) and reads its body in a stream."""
+
+_STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _body_refusal(request: Request) -> Response | None:
+    """413 for a declared body above :data:`MAX_REQUEST_BYTES`, 411 for a chunked body with no
+    declared length (it would be read whole before any check), else None: refused before the
+    body is read."""
+    if request.method not in _STATE_CHANGING or "/otlp/" in request.url.path:
+        return None
+    declared = request.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        return _error(
+            413,
+            "PayloadTooLarge",
+            f"the request body is {int(declared)} bytes; at most {MAX_REQUEST_BYTES} are read",
+            "send a smaller body",
+        )
+    if not declared and "chunked" in request.headers.get("transfer-encoding", "").lower():
+        return _error(
+            411,
+            "LengthRequired",
+            "a chunked request body without Content-Length is not read",
+            "send the body with a Content-Length header",
+        )
+    return None
+
+
 def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[str] | None) -> None:
     expected = f"Bearer {token}".encode() if token else None
     hosts = {h.strip("[]").lower() for h in allowed_hosts} if allowed_hosts else None
@@ -320,6 +351,9 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
                 "open the UI from this server's own URL, or send the request without a browser "
                 "(no Origin/Referer header)",
             )
+        too_big = _body_refusal(request)
+        if too_big is not None:
+            return too_big
         if expected is not None and _protected(request.url.path):
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):

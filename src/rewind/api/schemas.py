@@ -76,6 +76,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     403: "a state-changing request from another origin (a cross-site page): refused, "
     "nothing is created",
     404: "unknown run, node, trace, job or artifact",
+    411: "a chunked state-changing request without Content-Length: not read",
+    413: "the request body is larger than the server reads (8 MiB)",
     409: "conflict: the run is still running, failed before the fork node, or the id exists",
     415: "unsupported request content type",
     421: "the Host header names a host this server does not serve (DNS-rebinding guard)",
@@ -86,7 +88,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
 
 SERVER_ERRORS = (401, 421)
 """Statuses any route may answer, before the route runs: token and host checks."""
-STATE_CHANGING_ERRORS = (*SERVER_ERRORS, 403)
+STATE_CHANGING_ERRORS = (*SERVER_ERRORS, 403, 411, 413)
 """Statuses any POST/PUT/PATCH/DELETE route may answer before it runs: also the origin check."""
 
 
