@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
 from rewind.serde import decode_field
-from rewind.store import schema
+from rewind.store import migrate, schema
 from rewind.store.engine import sqlite_engine, url_engine
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
 
@@ -133,20 +133,11 @@ class Store:
 
     def _init_schema(self) -> None:
         with self.write() as conn:
-            schema.metadata.create_all(conn)
-            if conn.dialect.name == "sqlite":
-                for ddl in schema.IMMUTABLE_TRIGGERS:
-                    conn.exec_driver_sql(ddl)
+            migrate.upgrade(conn, where=str(self.root))
             row = conn.execute(
                 select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
             ).first()
-            if row is None:
-                conn.execute(
-                    insert(schema.meta).values(
-                        key="schema_version", value=str(schema.SCHEMA_VERSION)
-                    )
-                )
-            elif int(row[0]) != schema.SCHEMA_VERSION:
+            if row is None or int(row[0]) != schema.SCHEMA_VERSION:
                 raise StoreError(
                     f"store {self.root} has schema version {row[0]}, this Rewind expects "
                     f"{schema.SCHEMA_VERSION}",
