@@ -20,6 +20,7 @@ from rewind.store import migrate, open_store
 from rewind.store.schema import metadata
 from rewind.store.store import DB_FILENAME
 from tests import pipelines
+from tests.conftest import StoreTarget
 
 LEGACY_DUMP = Path(__file__).parent / "data" / "store_v2_before_alembic.sql"
 LEGACY_RUN = "96a83670f41848bf894899908d8489b7"
@@ -41,16 +42,16 @@ def test_head_constant_is_the_newest_revision() -> None:
     assert ScriptDirectory.from_config(config).get_heads() == [migrate.HEAD]
 
 
-def test_migrated_schema_equals_the_declared_tables(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_migrated_schema_equals_the_declared_tables(store_target: StoreTarget) -> None:
+    store = store_target.open()
     with store.read() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
     store.close()
     assert diff == [], "schema.py changed without a migration: add a revision"
 
 
-def test_new_store_is_stamped_at_head(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_new_store_is_stamped_at_head(store_target: StoreTarget) -> None:
+    store = store_target.open()
     with store.read() as conn:
         assert migrate.current_revision(conn) == migrate.HEAD
     store.close()
@@ -83,13 +84,13 @@ def test_upgraded_legacy_store_can_be_forked(tmp_path: Path) -> None:
     rw.store.close()
 
 
-def test_store_at_an_unknown_revision_is_refused(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_store_at_an_unknown_revision_is_refused(store_target: StoreTarget) -> None:
+    store = store_target.open()
     with store.write() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
     store.close()
     with pytest.raises(StoreError, match="ffff") as info:
-        open_store(tmp_path)
+        store_target.open()
     assert "upgrade Rewind" in info.value.hint
 
 

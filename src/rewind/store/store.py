@@ -672,21 +672,23 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(orig).__name__
 
 
-def open_store(location: str | Path) -> Store:
-    """Open (creating if needed) a store.
+def open_store(location: str | Path, *, root: Path | None = None) -> Store:
+    """Open (creating if needed) a store, bringing its schema to the newest migration.
 
     Args:
         location: a folder (the SQLite file ``rewind.db`` is created in it), a path ending in
-            ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``; artifacts then
-            go to ``./.rewind``).
+            ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``).
+        root: with a URL, the folder artifacts are written below (default ``./.rewind``);
+            ignored for SQLite, whose folder is the root.
     Raises:
-        StoreError: the location cannot be created or holds another schema version.
+        StoreError: the location cannot be created, or holds a schema this Rewind cannot
+            upgrade (see :mod:`rewind.store.migrate`).
     """
     loc = str(location)
     if not loc.strip():
         raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
     if "://" in loc:
-        root = Path(".rewind").resolve()
+        root = (root or Path(".rewind")).resolve()
         root.mkdir(parents=True, exist_ok=True)
         try:
             engine = url_engine(loc)
