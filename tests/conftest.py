@@ -17,9 +17,9 @@ from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import Store, open_store
 from tests import pipelines
-from tests.services import PostgresServer, postgres_server
+from tests.services import PostgresServer, postgres_server, s3_server
 
-__all__ = ["postgres_server"]  # a session fixture: started only when a test asks for it
+__all__ = ["postgres_server", "s3_server"]  # session fixtures: started only when a test asks
 
 FAKE_MODEL = "fake-model"
 FAKE_BASE_URL = "http://fake.test/v1"

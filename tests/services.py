@@ -136,3 +136,55 @@ def postgres_server() -> Iterator[PostgresServer]:
             cwd=folder,
         )
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class S3Server:
+    """A running moto S3 server on loopback; :meth:`new_bucket` gives each test its own."""
+
+    endpoint_url: str
+
+    @property
+    def storage_options(self) -> dict[str, object]:
+        """s3fs options that point at this server (never at AWS)."""
+        return {
+            "key": "rewind-test",
+            "secret": "rewind-test",
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+            "skip_instance_cache": True,
+        }
+
+    def new_bucket(self) -> str:
+        """Create an empty bucket; returns its name."""
+        import boto3
+
+        name = f"t-{uuid.uuid4().hex[:16]}"
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="rewind-test",
+            aws_secret_access_key="rewind-test",
+        )
+        client.create_bucket(Bucket=name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """Start moto's S3-compatible HTTP server on 127.0.0.1 (a free port) for the session.
+
+    Credentials are dummies: moto accepts any, and the endpoint is loopback, so nothing can
+    reach AWS even if a test forgets the endpoint (s3fs would then fail to authenticate).
+    """
+    try:
+        from moto.server import ThreadedMotoServer
+    except ModuleNotFoundError:
+        missing_service("moto[server] is not installed (pip install -e '.[dev]')")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield S3Server(endpoint_url=f"http://127.0.0.1:{port}")
+    finally:
+        server.stop()

@@ -28,6 +28,7 @@ from rewind.errors import RewindError, StoreError
 from rewind.serde import decode_field
 from rewind.store import migrate, schema
 from rewind.store.engine import sqlite_engine, url_engine
+from rewind.store.objects import OFFLOAD_MIN_BYTES, ObjectStore
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunRecord
 
 DB_FILENAME = "rewind.db"
@@ -90,14 +91,25 @@ class Store:
     Args:
         root: the store's folder (artifacts are written below it; the SQLite file lives in it).
         engine: a SQLAlchemy engine; see :func:`open_store` for the usual way to get one.
+        objects: where blobs of at least ``offload_min_bytes`` (bytes, uncompressed) are
+            written; None keeps every blob in the database.
 
     Raises:
         StoreError: the database has another schema version than this code.
     """
 
-    def __init__(self, root: Path, engine: Engine) -> None:
+    def __init__(
+        self,
+        root: Path,
+        engine: Engine,
+        *,
+        objects: ObjectStore | None = None,
+        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+    ) -> None:
         self.root = root
         self.engine = engine
+        self.objects = objects
+        self.offload_min_bytes = offload_min_bytes
         self._known_blobs: set[str] = set()
         self._known_lock = threading.Lock()
         try:
@@ -153,12 +165,17 @@ class Store:
         """Store bytes content-addressed inside ``conn``'s transaction; returns their sha256 hex."""
         digest = sha256_hex(data)
         if digest not in self._known_blobs:
-            codec, packed = _pack(data)
-            conn.execute(
-                self._insert_blob,
-                [{"hash": digest, "size": len(data), "codec": codec, "data": packed}],
-            )
+            conn.execute(self._insert_blob, [self._blob_row(digest, data)])
         return digest
+
+    def _blob_row(self, digest: str, data: bytes) -> dict[str, Any]:
+        """The blobs row for these bytes; large ones are written to the object store first, so
+        a committed row never refers to an object that is not there."""
+        if self.objects is not None and len(data) >= self.offload_min_bytes:
+            ref = self.objects.put_blob(digest, data)
+            return {"hash": digest, "size": len(data), "codec": "object", "data": b"", "ref": ref}
+        codec, packed = _pack(data)
+        return {"hash": digest, "size": len(data), "codec": codec, "data": packed, "ref": None}
 
     def put_json(self, conn: Connection, value: Any) -> str:
         """Store a JSON-like value as canonical bytes; returns its content hash."""
@@ -188,15 +205,24 @@ class Store:
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
             for row in conn.execute(
-                select(t.c.hash, t.c.codec, t.c.data).where(t.c.hash.in_(chunk))
+                select(t.c.hash, t.c.codec, t.c.data, t.c.ref).where(t.c.hash.in_(chunk))
             ):
-                out[row.hash] = _unpack(row.codec, row.data)
+                if row.codec == "object":
+                    out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
+                else:
+                    out[row.hash] = _unpack(row.codec, row.data)
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
                 f"blob {missing[0][:12]} is missing from the store", "the store is damaged"
             )
         return out
+
+    def _object_store_for(self, ref: str) -> ObjectStore:
+        if self.objects is not None and ref.startswith(self.objects.url + "/"):
+            return self.objects
+        # Written under another object store URL (moved configuration): read it where it is.
+        return ObjectStore(ref.rsplit("/blobs/", 1)[0])
 
     def get_json(self, digest: str, conn: Connection | None = None) -> Any:
         """A JSON value stored with :meth:`put_json`."""
@@ -211,12 +237,10 @@ class Store:
         if not batch:
             return
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
+        # Rows are built (and large blobs uploaded) before the write lock is taken.
+        rows = [self._blob_row(digest, data) for digest, data in new.items()]
         with self.write() as conn:
-            if new:
-                rows = []
-                for digest, data in new.items():
-                    codec, packed = _pack(data)
-                    rows.append({"hash": digest, "size": len(data), "codec": codec, "data": packed})
+            if rows:
                 conn.execute(self._insert_blob, rows)
             if batch.llm_cache:
                 conn.execute(self._upsert_llm, batch.llm_cache)
@@ -672,7 +696,12 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(orig).__name__
 
 
-def open_store(location: str | Path, *, root: Path | None = None) -> Store:
+def open_store(
+    location: str | Path,
+    *,
+    root: Path | None = None,
+    objects: str | ObjectStore | None = None,
+) -> Store:
     """Open (creating if needed) a store, bringing its schema to the newest migration.
 
     Args:
@@ -680,6 +709,9 @@ def open_store(location: str | Path, *, root: Path | None = None) -> Store:
             ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``).
         root: with a URL, the folder artifacts are written below (default ``./.rewind``);
             ignored for SQLite, whose folder is the root.
+        objects: object storage for large blobs (``s3://bucket/prefix``, ``file:///folder`` or
+            an :class:`ObjectStore`); None reads ``REWIND_OBJECTS`` from the environment (unset:
+            every blob stays in the database). Servers and workers share it by configuration.
     Raises:
         StoreError: the location cannot be created, or holds a schema this Rewind cannot
             upgrade (see :mod:`rewind.store.migrate`).
@@ -702,7 +734,7 @@ def open_store(location: str | Path, *, root: Path | None = None) -> Store:
                 f"cannot use the store URL {loc!r}: {_first_line(exc)}",
                 "pass a folder, a .db file, or a URL like postgresql+psycopg://user@host/db",
             ) from exc
-        return Store(root, engine)
+        return Store(root, engine, objects=_objects(objects))
     path = Path(loc).expanduser()
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         root, db = path.parent, path
@@ -716,4 +748,15 @@ def open_store(location: str | Path, *, root: Path | None = None) -> Store:
         raise StoreError(
             f"cannot create store folder {root}: {exc}", "pass a writable --store"
         ) from exc
-    return Store(root.resolve(), sqlite_engine(db.resolve()))
+    return Store(root.resolve(), sqlite_engine(db.resolve()), objects=_objects(objects))
+
+
+OBJECTS_ENV = "REWIND_OBJECTS"
+"""Environment variable naming the object store URL when ``open_store`` is not given one."""
+
+
+def _objects(objects: str | ObjectStore | None) -> ObjectStore | None:
+    if isinstance(objects, ObjectStore):
+        return objects
+    url = objects or os.environ.get(OBJECTS_ENV, "").strip()
+    return ObjectStore(url) if url else None
