@@ -4,6 +4,7 @@ upgrade in place keeping every row, and a store from a newer Rewind is refused."
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,29 @@ def test_recording_after_the_upgrade_works(tmp_path: Path) -> None:
     run = rw.record(pipelines.pipeline, {"x": 7})
     assert len(rw.store.nodes_of(run.run_id)) == 3
     rw.store.close()
+
+
+def test_concurrent_first_opens_create_the_schema_once(store_target: StoreTarget) -> None:
+    # Several server processes starting together on a new database: one migrates, the others
+    # wait for its transaction and then find the store at head.
+    opened: list[str | None] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def first_open() -> None:
+        barrier.wait()
+        try:
+            store = store_target.open()
+            with store.read() as conn:
+                opened.append(migrate.current_revision(conn))
+            store.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_open) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert opened == [migrate.HEAD] * 4
