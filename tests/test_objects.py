@@ -96,3 +96,9 @@ def test_recorded_run_with_offloaded_state_forks_from_the_object_store(
 def test_unknown_object_store_protocol_is_a_clear_error() -> None:
     with pytest.raises(StoreError, match="cannot use the object store URL"):
         ObjectStore("nosuchproto://bucket/x")
+
+
+def test_bad_object_store_url_creates_no_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="nosuchproto"):
+        open_store(tmp_path / "store", objects="nosuchproto://bucket/x")
+    assert not (tmp_path / "store").exists()

@@ -43,7 +43,7 @@ class ObjectStore:
         except (ImportError, ValueError) as exc:
             raise StoreError(
                 f"cannot use the object store URL {url!r}: {exc}",
-                "use s3://bucket/prefix (pip install 'rewind-replay[s3]') or file:///folder",
+                "use file:///folder, or s3://bucket/prefix with s3fs installed (pip install s3fs)",
             ) from exc
         self._base = path.rstrip("/")
 

@@ -719,6 +719,7 @@ def open_store(
     loc = str(location)
     if not loc.strip():
         raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
+    object_store = _objects(objects)  # a bad object store URL fails before anything is created
     if "://" in loc:
         root = (root or Path(".rewind")).resolve()
         root.mkdir(parents=True, exist_ok=True)
@@ -734,7 +735,7 @@ def open_store(
                 f"cannot use the store URL {loc!r}: {_first_line(exc)}",
                 "pass a folder, a .db file, or a URL like postgresql+psycopg://user@host/db",
             ) from exc
-        return Store(root, engine, objects=_objects(objects))
+        return Store(root, engine, objects=object_store)
     path = Path(loc).expanduser()
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         root, db = path.parent, path
@@ -748,7 +749,7 @@ def open_store(
         raise StoreError(
             f"cannot create store folder {root}: {exc}", "pass a writable --store"
         ) from exc
-    return Store(root.resolve(), sqlite_engine(db.resolve()), objects=_objects(objects))
+    return Store(root.resolve(), sqlite_engine(db.resolve()), objects=object_store)
 
 
 OBJECTS_ENV = "REWIND_OBJECTS"
