@@ -7,7 +7,7 @@ UI_INDEX := src/rewind/static/index.html
 UI_SOURCES := web/package.json web/package-lock.json web/index.html web/vite.config.ts \
 	web/tailwind.config.js $(shell find web/src web/public -type f 2>/dev/null)
 
-.PHONY: demo test lint verify bench serve ui chromium clean
+.PHONY: demo test lint verify bench serve ui chromium postgresql clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,10 +26,16 @@ ui: $(UI_INDEX)
 chromium:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y --no-install-recommends chromium)
 
+# Debian's PostgreSQL server binaries (/usr/lib/postgresql/*/bin) for the store conformance suite:
+# the tests start a throwaway cluster on 127.0.0.1 at a free port themselves (tests/services.py,
+# as the 'postgres' user when run as root) and stop it; they never use the package's own cluster.
+postgresql:
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update && apt-get install -y --no-install-recommends postgresql)
+
 demo: $(STAMP)
 	$(BIN)/rewind demo
 
-test: $(STAMP) $(UI_INDEX) chromium
+test: $(STAMP) $(UI_INDEX) chromium postgresql
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest -q

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,11 @@ from sqlalchemy import text
 
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
-from rewind.store import Store
+from rewind.store import Store, open_store
 from tests import pipelines
+from tests.services import PostgresServer, postgres_server, s3_server
+
+__all__ = ["postgres_server", "s3_server"]  # session fixtures: started only when a test asks
 
 FAKE_MODEL = "fake-model"
 FAKE_BASE_URL = "http://fake.test/v1"
@@ -118,6 +122,43 @@ def _clear_probes() -> Iterator[None]:
 def rw(tmp_path: Path) -> Iterator[Rewind]:
     """A Rewind on a fresh store folder, without a model endpoint."""
     rewind = Rewind(tmp_path / "store")
+    yield rewind
+    rewind.store.close()
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    """Where a conformance test's store lives: a SQLite folder or a fresh PostgreSQL database.
+
+    ``location`` is what :func:`open_store` takes; ``root`` is the folder artifacts go below.
+    """
+
+    backend: str
+    location: str | Path
+    root: Path
+
+    def open(self) -> Store:
+        """Open (the first time: create) this target's store."""
+        return open_store(self.location, root=self.root)
+
+
+STORE_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Each store conformance test runs once per backend (like LangGraph's checkpoint suites)."""
+    root = tmp_path / "store"
+    if request.param == "postgresql":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        return StoreTarget("postgresql", server.new_database(), root)
+    return StoreTarget("sqlite", root, root)
+
+
+@pytest.fixture
+def rw_any(store_target: StoreTarget) -> Iterator[Rewind]:
+    """A Rewind without a model endpoint, on each store backend in turn."""
+    rewind = Rewind(store_target.open())
     yield rewind
     rewind.store.close()
 

@@ -1,10 +1,13 @@
-"""Tests for the store and the Burr persister: schema version, pragmas, immutability, blobs,
-content-addressed state rows, artifact names, store locations."""
+"""The store conformance suite: every test taking ``store_target`` or ``rw_any`` runs on SQLite
+and on a real throwaway PostgreSQL server (schema version, immutability triggers, blobs,
+concurrent writers, content-addressed state rows, artifacts); SQLite pragmas and store
+locations are SQLite-only."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from rewind.store import Store, open_store
 from rewind.store.schema import SCHEMA_VERSION
 from rewind.store.store import DB_FILENAME
 from tests import pipelines
+from tests.conftest import StoreTarget
 
 
 def scalar(store: Store, sql: str, **params: object) -> object:
@@ -36,21 +40,21 @@ def blob_rows(store: Store) -> tuple[int, int]:
 # -- schema version ------------------------------------------------------------------------------
 
 
-def test_schema_version_is_stored_in_meta(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_schema_version_is_stored_in_meta(store_target: StoreTarget) -> None:
+    store = store_target.open()
     value = scalar(store, "SELECT value FROM meta WHERE key = 'schema_version'")
     assert value == str(SCHEMA_VERSION)
     store.close()
 
 
-def test_store_with_other_schema_version_is_refused(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_store_with_other_schema_version_is_refused(store_target: StoreTarget) -> None:
+    store = store_target.open()
     with store.write() as conn:
         conn.execute(text("UPDATE meta SET value = :v WHERE key = 'schema_version'"), {"v": "999"})
     store.close()
 
     with pytest.raises(StoreError, match="schema version 999") as info:
-        open_store(tmp_path)
+        store_target.open()
     assert str(SCHEMA_VERSION) in info.value.message
 
 
@@ -70,12 +74,12 @@ def test_store_with_a_garbled_schema_version_is_refused_not_crashed(
             open_store(tmp_path, read_only=read_only)
 
 
-def test_reopening_a_store_with_the_same_version_keeps_its_runs(tmp_path: Path) -> None:
-    first = Rewind(tmp_path)
+def test_reopening_a_store_with_the_same_version_keeps_its_runs(store_target: StoreTarget) -> None:
+    first = Rewind(store_target.open())
     run = first.record(pipelines.pipeline, {"x": 5})
     first.store.close()
 
-    again = open_store(tmp_path)
+    again = store_target.open()
     assert again.get_run(run.run_id).status == "completed"
     assert scalar(again, "SELECT COUNT(*) FROM meta") == 1
     again.close()
@@ -101,32 +105,32 @@ def test_sqlite_connection_uses_wal_normal_sync_and_busy_timeout(tmp_path: Path)
 # -- immutability --------------------------------------------------------------------------------
 
 
-def test_node_rows_cannot_be_updated(rw: Rewind) -> None:
-    run = rw.record(pipelines.pipeline, {"x": 5})
-    before = rw.store.nodes_of(run.run_id)
+def test_node_rows_cannot_be_updated(rw_any: Rewind) -> None:
+    run = rw_any.record(pipelines.pipeline, {"x": 5})
+    before = rw_any.store.nodes_of(run.run_id)
 
-    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+    with pytest.raises(DBAPIError, match="immutable"), rw_any.store.write() as conn:
         conn.execute(
             text("UPDATE nodes SET output_hash = :h WHERE run_id = :r AND position = 0"),
             {"h": "0" * 64, "r": run.run_id},
         )
-    assert rw.store.nodes_of(run.run_id) == before
+    assert rw_any.store.nodes_of(run.run_id) == before
 
 
-def test_node_rows_cannot_be_deleted(rw: Rewind) -> None:
-    run = rw.record(pipelines.pipeline, {"x": 5})
+def test_node_rows_cannot_be_deleted(rw_any: Rewind) -> None:
+    run = rw_any.record(pipelines.pipeline, {"x": 5})
 
-    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+    with pytest.raises(DBAPIError, match="immutable"), rw_any.store.write() as conn:
         conn.execute(text("DELETE FROM nodes WHERE run_id = :r"), {"r": run.run_id})
-    assert len(rw.store.nodes_of(run.run_id)) == 3
+    assert len(rw_any.store.nodes_of(run.run_id)) == 3
 
 
-def test_call_and_state_rows_cannot_be_updated(rw: Rewind) -> None:
-    run = rw.record(pipelines.pipeline, {"x": 5})
+def test_call_and_state_rows_cannot_be_updated(rw_any: Rewind) -> None:
+    run = rw_any.record(pipelines.pipeline, {"x": 5})
 
-    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+    with pytest.raises(DBAPIError, match="immutable"), rw_any.store.write() as conn:
         conn.execute(text("UPDATE calls SET outcome = 'hit' WHERE run_id = :r"), {"r": run.run_id})
-    with pytest.raises(DBAPIError, match="immutable"), rw.store.write() as conn:
+    with pytest.raises(DBAPIError, match="immutable"), rw_any.store.write() as conn:
         conn.execute(
             text("UPDATE burr_state SET status = 'failed' WHERE app_id = :r"), {"r": run.run_id}
         )
@@ -135,8 +139,8 @@ def test_call_and_state_rows_cannot_be_updated(rw: Rewind) -> None:
 # -- blobs ---------------------------------------------------------------------------------------
 
 
-def test_same_bytes_stored_twice_make_one_blob_row(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_same_bytes_stored_twice_make_one_blob_row(store_target: StoreTarget) -> None:
+    store = store_target.open()
     data = b'{"same":"bytes"}'
     with store.write() as conn:
         first = store.put_blob(conn, data)
@@ -148,13 +152,13 @@ def test_same_bytes_stored_twice_make_one_blob_row(tmp_path: Path) -> None:
     store.close()
 
 
-def test_blob_dedup_holds_across_store_instances(tmp_path: Path) -> None:
+def test_blob_dedup_holds_across_store_instances(store_target: StoreTarget) -> None:
     # A second Store has an empty in-memory "known blobs" set: the database itself must dedupe.
     data = b"payload"
-    one = open_store(tmp_path)
+    one = store_target.open()
     with one.write() as conn:
         one.put_blob(conn, data)
-    two = open_store(tmp_path)
+    two = store_target.open()
     with two.write() as conn:
         two.put_blob(conn, data)
         two.put_blob(conn, b"other")
@@ -163,8 +167,10 @@ def test_blob_dedup_holds_across_store_instances(tmp_path: Path) -> None:
     two.close()
 
 
-def test_blob_written_in_a_rolled_back_transaction_is_written_again(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_blob_written_in_a_rolled_back_transaction_is_written_again(
+    store_target: StoreTarget,
+) -> None:
+    store = store_target.open()
     data = b"written, then rolled back"
     with pytest.raises(RuntimeError), store.write() as conn:
         store.put_blob(conn, data)
@@ -177,10 +183,61 @@ def test_blob_written_in_a_rolled_back_transaction_is_written_again(tmp_path: Pa
     store.close()
 
 
-def test_missing_blob_raises_store_error(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_missing_blob_raises_store_error(store_target: StoreTarget) -> None:
+    store = store_target.open()
     with pytest.raises(StoreError, match="missing"):
         store.get_blob("f" * 64)
+    store.close()
+
+
+WRITERS = 4
+RUNS_EACH = 3
+
+
+def test_concurrent_writers_keep_every_run_and_share_blobs(store_target: StoreTarget) -> None:
+    # Several Store instances (own engines, like separate server processes) record the same
+    # pipeline at once: every run lands whole, and identical payloads stay one blob row each.
+    first = Rewind(store_target.open())
+    first.record(pipelines.pipeline, {"x": 5})
+    blobs_after_one = blob_rows(first.store)
+    writers = [Rewind(store_target.open()) for _ in range(WRITERS)]
+    barrier = threading.Barrier(WRITERS)
+    recorded: list[str] = []
+    errors: list[BaseException] = []
+
+    def write(rw: Rewind) -> None:
+        barrier.wait()
+        try:
+            recorded.extend(
+                rw.record(pipelines.pipeline, {"x": 5}).run_id for _ in range(RUNS_EACH)
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(rw,)) for rw in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for rw in writers:
+        rw.store.close()
+
+    assert errors == []
+    assert len(set(recorded)) == WRITERS * RUNS_EACH
+    for run_id in recorded:
+        assert first.store.get_run(run_id).status == "completed"
+        assert [n.name for n in first.store.nodes_of(run_id)] == ["start", "expand", "small"]
+    assert blob_rows(first.store) == blobs_after_one
+    first.store.close()
+
+
+def test_blob_hash_is_the_sha256_of_its_bytes_on_every_backend(store_target: StoreTarget) -> None:
+    store = store_target.open()
+    big = b"x" * 10_000  # compressed in the row; the hash is over the uncompressed bytes
+    with store.write() as conn:
+        digests = [store.put_blob(conn, data) for data in (b"", b"\x00\xff", big)]
+    assert digests == [hashlib.sha256(d).hexdigest() for d in (b"", b"\x00\xff", big)]
+    assert store.get_blobs(digests) == dict(zip(digests, (b"", b"\x00\xff", big), strict=True))
     store.close()
 
 
@@ -203,8 +260,10 @@ def three_states() -> list[State]:
     ]
 
 
-def test_persister_stores_each_field_once_when_only_one_field_changes(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_persister_stores_each_field_once_when_only_one_field_changes(
+    store_target: StoreTarget,
+) -> None:
+    store = store_target.open()
     persister = RewindPersister(store)
     for seq, state in enumerate(three_states()):
         persister.save("", "app-1", seq, "step", state, "completed")
@@ -228,8 +287,8 @@ def test_persister_stores_each_field_once_when_only_one_field_changes(tmp_path: 
     store.close()
 
 
-def test_persister_load_returns_an_equal_state(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_persister_load_returns_an_equal_state(store_target: StoreTarget) -> None:
+    store = store_target.open()
     persister = RewindPersister(store)
     states = three_states()
     for seq, state in enumerate(states):
@@ -254,8 +313,8 @@ def test_persister_load_returns_an_equal_state(tmp_path: Path) -> None:
     store.close()
 
 
-def test_persister_refuses_to_save_the_same_row_twice(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_persister_refuses_to_save_the_same_row_twice(store_target: StoreTarget) -> None:
+    store = store_target.open()
     persister = RewindPersister(store)
     state = three_states()[0]
     persister.save("", "app-1", 0, "step", state, "completed")
@@ -279,11 +338,13 @@ def test_artifact_names_that_are_paths_are_refused(tmp_path: Path, name: str) ->
     store.close()
 
 
-def test_artifact_with_plain_name_is_written_under_the_run_folder(tmp_path: Path) -> None:
-    store = open_store(tmp_path)
+def test_artifact_with_plain_name_is_written_under_the_run_folder(
+    store_target: StoreTarget,
+) -> None:
+    store = store_target.open()
     digest, path = store.put_artifact("run-1", "report.md", b"# hello\n")
     assert digest == hashlib.sha256(b"# hello\n").hexdigest()
-    assert path == tmp_path.resolve() / "artifacts" / "run-1" / "report.md"
+    assert path == store_target.root.resolve() / "artifacts" / "run-1" / "report.md"
     assert path.read_bytes() == b"# hello\n"
     [row] = store.artifacts_of("run-1")
     assert (row["name"], row["sha256"], row["size"]) == ("report.md", digest, 8)

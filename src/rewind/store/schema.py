@@ -5,6 +5,7 @@ LLM and tool calls a node made, with their cache outcome), edges (the pipeline g
 caches, content-addressed blobs, Burr state rows (one blob reference per top-level field) and
 artifacts. Payloads never live inline in the row tables: rows carry sha256 references into
 ``blobs``, so an unchanged value is stored once however many runs and forks repeat it.
+The immutability triggers (rule 7) live in the migrations, per dialect.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 3
-"""Bumped on any incompatible change; a store with another version is refused, never migrated
-silently."""
+SCHEMA_VERSION = 2
+"""The compatibility level in ``meta.schema_version``: bumped (by the migration that makes the
+change) only when a store can no longer be read by older Rewinds. The schema's exact history is
+Alembic's (``store/migrations``; see ``store/migrate.py``): change a table here AND add a
+revision there — ``tests/test_migrations.py`` fails if the two disagree."""
 
 metadata = MetaData()
 
@@ -186,8 +189,9 @@ blobs = Table(
     metadata,
     Column("hash", String(64), primary_key=True),
     Column("size", Integer, nullable=False),  # bytes before compression
-    Column("codec", String(8), nullable=False, default="raw"),  # raw | zlib
-    Column("data", LargeBinary, nullable=False),
+    Column("codec", String(8), nullable=False, default="raw"),  # raw | zlib | object
+    Column("data", LargeBinary, nullable=False),  # empty when codec is object
+    Column("ref", Text, nullable=True),  # object URL when codec is object (store/objects.py)
 )
 
 burr_state = Table(
@@ -211,23 +215,6 @@ artifacts = Table(
     Column("sha256", String(64), nullable=False),
     Column("size", Integer, nullable=False),  # bytes
     Column("path", Text, nullable=False),  # relative to the store's folder
-)
-
-IMMUTABLE_TRIGGERS = (
-    # Rule 7: recorded runs are immutable. The database itself refuses edits of node rows,
-    # so no code path (ours or a user's script) can rewrite a recorded trajectory.
-    """CREATE TRIGGER IF NOT EXISTS nodes_immutable_update BEFORE UPDATE ON nodes
-       BEGIN SELECT RAISE(ABORT, 'recorded node rows are immutable'); END""",
-    """CREATE TRIGGER IF NOT EXISTS nodes_immutable_delete BEFORE DELETE ON nodes
-       BEGIN SELECT RAISE(ABORT, 'recorded node rows are immutable'); END""",
-    """CREATE TRIGGER IF NOT EXISTS calls_immutable_update BEFORE UPDATE ON calls
-       BEGIN SELECT RAISE(ABORT, 'recorded call rows are immutable'); END""",
-    """CREATE TRIGGER IF NOT EXISTS effects_immutable_update BEFORE UPDATE ON effects
-       BEGIN SELECT RAISE(ABORT, 'recorded effect rows are immutable'); END""",
-    """CREATE TRIGGER IF NOT EXISTS state_immutable_update BEFORE UPDATE ON burr_state
-       BEGIN SELECT RAISE(ABORT, 'persisted state rows are immutable'); END""",
-    """CREATE TRIGGER IF NOT EXISTS run_graphs_immutable_update BEFORE UPDATE ON run_graphs
-       BEGIN SELECT RAISE(ABORT, 'recorded run graphs are immutable'); END""",
 )
 
 spans = Table(

@@ -29,8 +29,9 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
 from rewind.serde import decode_field
-from rewind.store import schema
+from rewind.store import migrate, schema
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
+from rewind.store.objects import OFFLOAD_MIN_BYTES, ObjectStore
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
 
 DB_FILENAME = "rewind.db"
@@ -110,17 +111,29 @@ class Store:
         engine: a SQLAlchemy engine; see :func:`open_store` for the usual way to get one.
         read_only: only read: the schema is checked, never created, :meth:`write` refuses, and
             :meth:`reap_orphans` reports dead runs as ``interrupted`` without writing.
+        objects: where blobs of at least ``offload_min_bytes`` (bytes, uncompressed) are
+            written; None keeps every blob in the database.
 
     Raises:
         StoreError: the database has another schema version than this code (or, read-only,
             holds no Rewind store).
     """
 
-    def __init__(self, root: Path, engine: Engine, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        engine: Engine,
+        *,
+        read_only: bool = False,
+        objects: ObjectStore | None = None,
+        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+    ) -> None:
         self.root = root
         self.engine = engine
         self.read_only = read_only
         self._orphans: frozenset[str] = frozenset()
+        self.objects = objects
+        self.offload_min_bytes = offload_min_bytes
         self._known_blobs: set[str] = set()
         self._known_lock = threading.Lock()
         try:
@@ -181,7 +194,15 @@ class Store:
                     f"{self.root} holds no Rewind store ({_first_line(exc)})",
                     "pass --store with a store Rewind recorded into",
                 ) from exc
+            revision = migrate.current_revision(conn)
         self._check_version(row[0] if row is not None else None)
+        if revision != migrate.HEAD:
+            # Read-only: nothing can be migrated, and older revisions lack columns this code reads.
+            raise StoreError(
+                f"store {self.root} is at schema revision {revision or 'pre-migrations'}, this "
+                f"Rewind reads revision {migrate.HEAD}",
+                "open it once with a command that writes (e.g. rewind run) to upgrade it in place",
+            )
 
     def _check_version(self, version: str | None) -> None:
         try:
@@ -197,21 +218,16 @@ class Store:
 
     def _init_schema(self) -> None:
         with self.write() as conn:
-            schema.metadata.create_all(conn)
-            if conn.dialect.name == "sqlite":
-                for ddl in schema.IMMUTABLE_TRIGGERS:
-                    conn.exec_driver_sql(ddl)
+            migrate.upgrade(conn, where=str(self.root))
             row = conn.execute(
                 select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
             ).first()
             if row is None:
-                conn.execute(
-                    insert(schema.meta).values(
-                        key="schema_version", value=str(schema.SCHEMA_VERSION)
-                    )
+                raise StoreError(
+                    f"store {self.root} has no schema version after its migrations",
+                    "use a new store folder (--store)",
                 )
-            else:
-                self._check_version(row[0])
+            self._check_version(row[0])
 
     def close(self) -> None:
         """Release the engine's connections."""
@@ -222,12 +238,17 @@ class Store:
         """Store bytes content-addressed inside ``conn``'s transaction; returns their sha256 hex."""
         digest = sha256_hex(data)
         if digest not in self._known_blobs:
-            codec, packed = _pack(data)
-            conn.execute(
-                self._insert_blob,
-                [{"hash": digest, "size": len(data), "codec": codec, "data": packed}],
-            )
+            conn.execute(self._insert_blob, [self._blob_row(digest, data)])
         return digest
+
+    def _blob_row(self, digest: str, data: bytes) -> dict[str, Any]:
+        """The blobs row for these bytes; large ones are written to the object store first, so
+        a committed row never refers to an object that is not there."""
+        if self.objects is not None and len(data) >= self.offload_min_bytes:
+            ref = self.objects.put_blob(digest, data)
+            return {"hash": digest, "size": len(data), "codec": "object", "data": b"", "ref": ref}
+        codec, packed = _pack(data)
+        return {"hash": digest, "size": len(data), "codec": codec, "data": packed, "ref": None}
 
     def put_json(self, conn: Connection, value: Any) -> str:
         """Store a JSON-like value as canonical bytes; returns its content hash."""
@@ -257,15 +278,24 @@ class Store:
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
             for row in conn.execute(
-                select(t.c.hash, t.c.codec, t.c.data).where(t.c.hash.in_(chunk))
+                select(t.c.hash, t.c.codec, t.c.data, t.c.ref).where(t.c.hash.in_(chunk))
             ):
-                out[row.hash] = _unpack(row.codec, row.data)
+                if row.codec == "object":
+                    out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
+                else:
+                    out[row.hash] = _unpack(row.codec, row.data)
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
                 f"blob {missing[0][:12]} is missing from the store", "the store is damaged"
             )
         return out
+
+    def _object_store_for(self, ref: str) -> ObjectStore:
+        if self.objects is not None and ref.startswith(self.objects.url + "/"):
+            return self.objects
+        # Written under another object store URL (moved configuration): read it where it is.
+        return ObjectStore(ref.rsplit("/blobs/", 1)[0])
 
     def get_json(self, digest: str, conn: Connection | None = None) -> Any:
         """A JSON value stored with :meth:`put_json`."""
@@ -290,6 +320,8 @@ class Store:
         if not batch and before is None:
             return
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
+        # Rows are built (and large blobs uploaded) before the write lock is taken.
+        rows = [self._blob_row(digest, data) for digest, data in new.items()]
         with self.write() as conn:
             if before is not None:
                 before(conn)
@@ -298,6 +330,7 @@ class Store:
                 for digest, data in new.items():
                     codec, packed = _pack(data)
                     rows.append({"hash": digest, "size": len(data), "codec": codec, "data": packed})
+            if rows:
                 conn.execute(self._insert_blob, rows)
             if batch.llm_cache:
                 conn.execute(self._upsert_llm, batch.llm_cache)
@@ -927,25 +960,37 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(orig).__name__
 
 
-def open_store(location: str | Path, *, read_only: bool = False) -> Store:
-    """Open (creating if needed) a store.
+def open_store(
+    location: str | Path,
+    *,
+    read_only: bool = False,
+    root: Path | None = None,
+    objects: str | ObjectStore | None = None,
+) -> Store:
+    """Open (creating if needed) a store, bringing its schema to the newest migration.
 
     Args:
         location: a folder (the SQLite file ``rewind.db`` is created in it), a path ending in
-            ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``; artifacts then
-            go to ``./.rewind``).
+            ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``).
         read_only: only read an existing store (what ``rewind runs``/``show``/``diff``... do):
-            nothing is created or written, so a store on read-only media can be read; SQLite
-            opens with ``mode=ro`` (see :func:`rewind.store.engine.sqlite_read_only_engine`).
+            nothing is created, migrated or written, so a store on read-only media can be read;
+            SQLite opens with ``mode=ro`` (see :func:`rewind.store.engine.sqlite_read_only_engine`).
+        root: with a URL, the folder artifacts are written below (default ``./.rewind``);
+            ignored for SQLite, whose folder is the root.
+        objects: object storage for large blobs (``s3://bucket/prefix``, ``file:///folder`` or
+            an :class:`ObjectStore`); None reads ``REWIND_OBJECTS`` from the environment (unset:
+            every blob stays in the database). Servers and workers share it by configuration.
     Raises:
-        StoreError: the location is empty, cannot be created (or, read-only, holds no store),
-            or holds another schema version. Nothing is created on disk when this is raised.
+        StoreError: the location is empty, cannot be created (or, read-only, holds no store at
+            the newest revision), or holds a schema this Rewind cannot upgrade (see
+            :mod:`rewind.store.migrate`). Nothing is created on disk when this is raised.
     """
     loc = str(location)
     if not loc.strip():
         raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
+    object_store = _objects(objects)  # a bad object store URL fails before anything is created
     if "://" in loc:
-        root = Path(".rewind").resolve()
+        folder = (root or Path(".rewind")).resolve()
         try:
             engine = url_engine(loc)
         except ModuleNotFoundError as exc:
@@ -958,28 +1003,28 @@ def open_store(location: str | Path, *, read_only: bool = False) -> Store:
                 f"cannot use the store URL {loc!r}: {_first_line(exc)}",
                 "pass a folder, a .db file, or a URL like postgresql+psycopg://user@host/db",
             ) from exc
-        store = Store(root, engine, read_only=read_only)
+        store = Store(folder, engine, read_only=read_only, objects=object_store)
         if not read_only:  # the artifact folder, once the database is known to work
-            _make_folder(root)
+            _make_folder(folder)
         return store
     path = Path(loc).expanduser()
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
-        root, db = path.parent, path
+        folder, db = path.parent, path
     else:
-        root, db = path, path / DB_FILENAME
-    if root.exists() and not root.is_dir():
-        raise StoreError(f"the store location {root} is a file", "pass a folder or a .db path")
+        folder, db = path, path / DB_FILENAME
+    if folder.exists() and not folder.is_dir():
+        raise StoreError(f"the store location {folder} is a file", "pass a folder or a .db path")
     if read_only:
         try:
             engine = sqlite_read_only_engine(db.resolve())
         except FileNotFoundError:
             raise StoreError(
-                f"no store at {root.resolve()} (nothing was recorded there)",
+                f"no store at {folder.resolve()} (nothing was recorded there)",
                 "pass --store with the folder you recorded into, or record a run first",
             ) from None
-        return Store(root.resolve(), engine, read_only=True)
-    _make_folder(root)
-    return Store(root.resolve(), sqlite_engine(db.resolve()))
+        return Store(folder.resolve(), engine, read_only=True, objects=object_store)
+    _make_folder(folder)
+    return Store(folder.resolve(), sqlite_engine(db.resolve()), objects=object_store)
 
 
 def _make_folder(root: Path) -> None:
@@ -989,3 +1034,14 @@ def _make_folder(root: Path) -> None:
         raise StoreError(
             f"cannot create store folder {root}: {exc}", "pass a writable --store"
         ) from exc
+
+
+OBJECTS_ENV = "REWIND_OBJECTS"
+"""Environment variable naming the object store URL when ``open_store`` is not given one."""
+
+
+def _objects(objects: str | ObjectStore | None) -> ObjectStore | None:
+    if isinstance(objects, ObjectStore):
+        return objects
+    url = objects or os.environ.get(OBJECTS_ENV, "").strip()
+    return ObjectStore(url) if url else None

@@ -1,0 +1,85 @@
+"""Schema migrations: every store is brought to the newest Alembic revision when it is opened.
+
+The schema's history lives in ``migrations/versions`` (Alembic). Revision ``0001`` is the schema
+Rewind wrote before migrations existed (``metadata.create_all`` + ``meta.schema_version = 2``):
+such a store has no ``alembic_version`` table, so it is stamped ``0001`` and then upgraded in
+place, keeping every row. A store already at :data:`HEAD` costs one ``SELECT`` to open (the
+record path opens stores often; Alembic's script directory is loaded only when there is work).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Connection, inspect, text
+
+from rewind.errors import StoreError
+
+HEAD = "0003"
+"""The newest revision in ``migrations/versions`` (a test checks they agree)."""
+BASELINE = "0001"
+"""The revision equal to the schema of stores made before Alembic (``meta.schema_version`` 2)."""
+_BASELINE_SCHEMA_VERSION = "2"
+_PG_LOCK_KEY = 0x5245_5749_4E44  # "REWIND": serialises concurrent first opens on PostgreSQL
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The store's Alembic revision, or None when it has none (new or pre-Alembic store)."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def upgrade(conn: Connection, *, where: str) -> None:
+    """Bring the database behind ``conn`` to :data:`HEAD`, inside ``conn``'s open transaction.
+
+    Args:
+        conn: a connection inside a write transaction (``BEGIN IMMEDIATE`` on SQLite, so two
+            processes opening one new store cannot both create it; on PostgreSQL an advisory
+            transaction lock does the same).
+        where: the store's location, for error messages.
+    Raises:
+        StoreError: the store was written by a newer Rewind (an unknown revision) or is a
+            pre-Alembic store of another schema version.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+    revision = current_revision(conn)
+    if revision == HEAD:
+        return
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    config = _config(conn)
+    if revision is not None:
+        known = {s.revision for s in ScriptDirectory.from_config(config).walk_revisions()}
+        if revision not in known:
+            raise StoreError(
+                f"store {where} is at schema revision {revision}, unknown to this Rewind "
+                f"(newest known: {HEAD})",
+                "upgrade Rewind to the version that wrote this store, or use a new --store",
+            )
+    elif inspect(conn).has_table("runs"):
+        _check_baseline(conn, where)
+        command.stamp(config, BASELINE)
+    command.upgrade(config, "head")
+
+
+def _check_baseline(conn: Connection, where: str) -> None:
+    found = conn.execute(text("SELECT value FROM meta WHERE key = 'schema_version'")).scalar()
+    if found != _BASELINE_SCHEMA_VERSION:
+        raise StoreError(
+            f"store {where} has schema version {found}, which this Rewind cannot upgrade "
+            f"(it upgrades version {_BASELINE_SCHEMA_VERSION})",
+            "use a new store folder (--store) or the Rewind version that wrote it",
+        )
+
+
+def _config(conn: Connection) -> object:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = conn
+    return config

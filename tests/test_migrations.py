@@ -1,0 +1,139 @@
+"""Alembic migrations: the declared tables and the revisions agree, stores made before Alembic
+upgrade in place keeping every row, and a store from a newer Rewind is refused."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from rewind.errors import StoreError
+from rewind.replay import Rewind
+from rewind.store import migrate, open_store
+from rewind.store.schema import metadata
+from rewind.store.store import DB_FILENAME
+from tests import pipelines
+from tests.conftest import StoreTarget
+
+LEGACY_DUMP = Path(__file__).parent / "data" / "store_v2_before_alembic.sql"
+LEGACY_RUN = "96a83670f41848bf894899908d8489b7"
+LEGACY_FORK = "294bd67fdbe44ba4877304dc0c6deeaa"
+
+
+def legacy_store(folder: Path) -> Path:
+    """A store folder holding the pre-Alembic database of ``LEGACY_DUMP``."""
+    folder.mkdir(parents=True)
+    con = sqlite3.connect(folder / DB_FILENAME)
+    con.executescript(LEGACY_DUMP.read_text())
+    con.close()
+    return folder
+
+
+def test_head_constant_is_the_newest_revision() -> None:
+    config = Config()
+    config.set_main_option("script_location", str(migrate.MIGRATIONS))
+    assert ScriptDirectory.from_config(config).get_heads() == [migrate.HEAD]
+
+
+def test_migrated_schema_equals_the_declared_tables(store_target: StoreTarget) -> None:
+    store = store_target.open()
+    with store.read() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    store.close()
+    assert diff == [], "schema.py changed without a migration: add a revision"
+
+
+def test_new_store_is_stamped_at_head(store_target: StoreTarget) -> None:
+    store = store_target.open()
+    with store.read() as conn:
+        assert migrate.current_revision(conn) == migrate.HEAD
+    store.close()
+
+
+def test_store_made_before_alembic_upgrades_in_place_keeping_its_runs(tmp_path: Path) -> None:
+    folder = legacy_store(tmp_path / "old")
+    store = open_store(folder)
+    with store.read() as conn:
+        assert migrate.current_revision(conn) == migrate.HEAD
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+    run = store.get_run(LEGACY_RUN)
+    fork = store.get_run(LEGACY_FORK)
+    assert run.status == "completed"
+    assert fork.parent_run_id == LEGACY_RUN
+    nodes = store.nodes_of(LEGACY_RUN)
+    assert [n.name for n in nodes] == ["start", "expand", "small"]
+    # Blobs written before the upgrade still load and still hash to their names.
+    assert store.get_blobs([n.output_hash for n in nodes if n.output_hash])
+    with pytest.raises(DBAPIError, match="immutable"), store.write() as conn:
+        conn.execute(text("DELETE FROM nodes WHERE run_id = :r"), {"r": LEGACY_RUN})
+    store.close()
+
+
+def test_upgraded_legacy_store_can_be_forked(tmp_path: Path) -> None:
+    folder = legacy_store(tmp_path / "old")
+    rw = Rewind(folder)
+    child = rw.fork(LEGACY_RUN, at="expand")
+    assert rw.store.get_run(child.run_id).status == "completed"
+    rw.store.close()
+
+
+def test_store_at_an_unknown_revision_is_refused(store_target: StoreTarget) -> None:
+    store = store_target.open()
+    with store.write() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
+    store.close()
+    with pytest.raises(StoreError, match="ffff") as info:
+        store_target.open()
+    assert "upgrade Rewind" in info.value.hint
+
+
+def test_pre_alembic_store_of_another_version_is_refused(tmp_path: Path) -> None:
+    folder = legacy_store(tmp_path / "old")
+    con = sqlite3.connect(folder / DB_FILENAME)
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="schema version 1"):
+        open_store(folder)
+
+
+def test_recording_after_the_upgrade_works(tmp_path: Path) -> None:
+    folder = legacy_store(tmp_path / "old")
+    rw = Rewind(folder)
+    run = rw.record(pipelines.pipeline, {"x": 7})
+    assert len(rw.store.nodes_of(run.run_id)) == 3
+    rw.store.close()
+
+
+def test_concurrent_first_opens_create_the_schema_once(store_target: StoreTarget) -> None:
+    # Several server processes starting together on a new database: one migrates, the others
+    # wait for its transaction and then find the store at head.
+    opened: list[str | None] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def first_open() -> None:
+        barrier.wait()
+        try:
+            store = store_target.open()
+            with store.read() as conn:
+                opened.append(migrate.current_revision(conn))
+            store.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_open) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert opened == [migrate.HEAD] * 4
