@@ -153,7 +153,7 @@ run_graphs = Table(
     # What each run ran: its graph document (rewind.drift: nodes with code fingerprints,
     # transitions, entrypoint) as a blob, and for a fork the drift from its parent's recording
     # that it ran with (code changed, structural differences accepted). A table of its own, so a
-    # store written before it existed opens unchanged (create_all adds it; no version bump): runs
+    # store written before it existed gains it by migration 0003 (no version bump): runs
     # without a row fork as before, with a warning that drift cannot be checked.
     "run_graphs",
     metadata,

@@ -325,11 +325,6 @@ class Store:
         with self.write() as conn:
             if before is not None:
                 before(conn)
-            if new:
-                rows = []
-                for digest, data in new.items():
-                    codec, packed = _pack(data)
-                    rows.append({"hash": digest, "size": len(data), "codec": codec, "data": packed})
             if rows:
                 conn.execute(self._insert_blob, rows)
             if batch.llm_cache:
