@@ -903,7 +903,12 @@ def audit(
     from rewind.audit import audit_command
 
     try:
-        code = audit_command(_store(), run_id, against, as_json, read_only=False)
+        try:
+            # Writable, so the verdict is kept as the run's "admissible" label.
+            code = audit_command(_store(), run_id, against, as_json, read_only=False)
+        except StoreError:
+            # A store on read-only media is still audited; the verdict is then not kept.
+            code = audit_command(_store(), run_id, against, as_json, read_only=True)
     except RewindError as exc:
         _fail(exc)
     raise SystemExit(code)
