@@ -69,7 +69,8 @@ CASES: list[tuple[str, list[str], int, str | None]] = [
     ("show --node", ["show", "{run}", "--node", "1"], 0, SHOWN),
     ("fork", ["fork", "{run}", "--at", "1", "--set", f"{NODE}.tag=b{HOSTILE}"], 1, SHOWN),
     ("diff", ["diff", "{run}", "{fork}"], 0, SHOWN),
-    ("audit", ["audit", "{run}"], 0, SHORT_ID),
+    # The run failed, so its audit fails closed (exit 1); the hostile id is shown inert all the same.
+    ("audit", ["audit", "{run}"], 1, SHORT_ID),
     (
         "grid",
         ["grid", "{run}", "--at", "1", "--set", f"{NODE}.tag=c", "--set", f"{NODE}.tag=d"],

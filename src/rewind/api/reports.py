@@ -518,6 +518,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         tags=["audit"],
         summary="Resources a live fork would touch",
         response_model=list[LiveForkResource],
+        responses=error_responses(404, 409, 422),
     )
     def live_resources(
         run_id: str,
