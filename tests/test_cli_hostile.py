@@ -69,7 +69,7 @@ CASES: list[tuple[str, list[str], int, str | None]] = [
     ("show --node", ["show", "{run}", "--node", "1"], 0, SHOWN),
     ("fork", ["fork", "{run}", "--at", "1", "--set", f"{NODE}.tag=b{HOSTILE}"], 1, SHOWN),
     ("diff", ["diff", "{run}", "{fork}"], 0, SHOWN),
-    # The run failed, so its audit fails closed (exit 1); the hostile id is shown inert all the same.
+    # The run failed, so its audit fails closed (exit 1); the hostile id is shown inert anyway.
     ("audit", ["audit", "{run}"], 1, SHORT_ID),
     (
         "grid",
