@@ -68,10 +68,33 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
         finishedRef.current();
       }
     };
+    // While events stream, a slow check of the run itself: a run that finished between the
+    // first load and the subscription (or whose last event was lost) still ends as finished.
+    let safety: number | undefined;
+    let done = false;
+    const finish = () => {
+      if (done) return;
+      done = true;
+      window.clearTimeout(safety);
+      finishedRef.current();
+    };
+    const check = async () => {
+      if (stopped || done) return;
+      const still = await load(runId);
+      if (stopped || done) return;
+      if (!still) {
+        stopEvents?.();
+        setState((s) => ({ ...s, mode: "idle" }));
+        finish();
+        return;
+      }
+      safety = window.setTimeout(check, 2000);
+    };
     (async () => {
       const live = await load(runId);
       if (!live || stopped) return;
       setState((s) => ({ ...s, mode: "sse" }));
+      safety = window.setTimeout(check, 2000);
       stopEvents = followEvents(
         runId,
         (event) => {
@@ -79,7 +102,7 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
           refreshSoon();
           if (event.event === "run_finished") {
             window.setTimeout(() => {
-              void load(runId).then(() => finishedRef.current());
+              void load(runId).then(finish);
             }, 150);
             setState((s) => ({ ...s, mode: "idle" }));
           }
@@ -93,7 +116,7 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
             // The stream ended (the run finished): one last refresh, even if its
             // run_finished event was missed.
             setState((s) => ({ ...s, mode: "idle" }));
-            void load(runId).then(() => finishedRef.current());
+            void load(runId).then(finish);
           }
         },
       );
@@ -103,6 +126,7 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
       stopEvents?.();
       window.clearTimeout(pollTimer);
       window.clearTimeout(pending);
+      window.clearTimeout(safety);
     };
   }, [runId, load]);
 
