@@ -186,16 +186,14 @@ class Store:
     def _check_schema(self) -> None:
         with self.read() as conn:
             try:
-                row = conn.execute(
-                    select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
-                ).first()
+                version = _schema_version(conn)
             except SQLAlchemyError as exc:
                 raise StoreError(
                     f"{self.root} holds no Rewind store ({_first_line(exc)})",
                     "pass --store with a store Rewind recorded into",
                 ) from exc
             revision = migrate.current_revision(conn)
-        self._check_version(row[0] if row is not None else None)
+        self._check_version(version)
         if revision != migrate.HEAD:
             # Read-only: nothing can be migrated, and older revisions lack columns this code reads.
             raise StoreError(
@@ -219,15 +217,13 @@ class Store:
     def _init_schema(self) -> None:
         with self.write() as conn:
             migrate.upgrade(conn, where=str(self.root))
-            row = conn.execute(
-                select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
-            ).first()
-            if row is None:
+            version = _schema_version(conn)
+            if version is None:
                 raise StoreError(
                     f"store {self.root} has no schema version after its migrations",
                     "use a new store folder (--store)",
                 )
-            self._check_version(row[0])
+            self._check_version(version)
 
     def close(self) -> None:
         """Release the engine's connections."""
@@ -1020,6 +1016,14 @@ def open_store(
         return Store(folder.resolve(), engine, read_only=True, objects=object_store)
     _make_folder(folder)
     return Store(folder.resolve(), sqlite_engine(db.resolve()), objects=object_store)
+
+
+def _schema_version(conn: Connection) -> str | None:
+    """``meta.schema_version`` of the store behind ``conn`` (None when it has none)."""
+    row = conn.execute(
+        select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
+    ).first()
+    return None if row is None else row[0]
 
 
 def _make_folder(root: Path) -> None:
