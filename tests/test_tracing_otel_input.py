@@ -717,3 +717,63 @@ def test_otel_import_prints_each_rejection_and_exits_by_outcome(tmp_path: Path) 
     )
     text = " ".join(again.stdout.split())  # the console may wrap a long line
     assert f'span {A} of trace {T1}: attributes["x"].value.doubleValue is null' in text
+
+
+def test_spans_of_one_trace_split_across_files_import_together(tmp_path: Path) -> None:
+    """An exporter that flushed one trace into two files: both files in one command give the
+    whole trace; the second file imported on its own later is refused, never dropped silently."""
+    part1 = tmp_path / "part1.json"
+    part2 = tmp_path / "part2.json"
+    part1.write_text(json.dumps(request(sp(T1, ROOT, None, "chain"), sp(T1, A, ROOT, "a", 10))))
+    part2.write_text(json.dumps(request(sp(T1, B, ROOT, "b", 20), sp(T1, C, ROOT, "c", 30))))
+
+    together = tmp_path / "together"
+    r = CliRunner().invoke(
+        cli_app, ["--store", str(together), "otel", "import", str(part1), str(part2), "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["imported"] == [T1]
+    store = open_store(together)
+    assert len(load_trace(store, T1).steps) == 3
+    store.close()
+
+    apart = tmp_path / "apart"
+    first = CliRunner().invoke(cli_app, ["--store", str(apart), "otel", "import", str(part1)])
+    assert first.exit_code == 0, first.output
+
+    def rows() -> dict[str, int]:
+        s = open_store(apart)
+        try:
+            return counts(s)
+        finally:
+            s.close()
+
+    before = rows()
+    second = CliRunner().invoke(
+        cli_app, ["--store", str(apart), "otel", "import", str(part2), "--json"]
+    )
+    assert second.exit_code == 2, second.output  # nothing imported, spans refused
+    out = json.loads(second.stdout)
+    assert out["rejected"] == 2 and out["skipped"] == [T1]
+    assert "already stored without these spans" in out["errors"][0]
+    assert "part1.json part2.json" in out["errors"][0]
+    assert rows() == before
+    resent = CliRunner().invoke(cli_app, ["--store", str(apart), "otel", "import", str(part1)])
+    assert resent.exit_code == 0, resent.output  # re-sending the same file stays harmless
+
+
+def test_the_receiver_refuses_new_spans_of_a_stored_trace_once(tmp_path: Path) -> None:
+    """Over HTTP, a late batch for a stored trace counts each of its spans rejected once."""
+    v = Via("http", tmp_path)
+    try:
+        status, _ = v.send(request(sp(T1, ROOT, None, "chain"), sp(T1, A, ROOT, "a", 10)))
+        assert status == 200
+        status, out = v.send(request(sp(T1, B, ROOT, "b", 20), sp(T1, ROOT, None, "chain")))
+        assert status == 200
+        n, reasons = v.rejected(out)
+        assert n == 2, out
+        assert "already stored without these spans" in reasons
+    finally:
+        assert v.client is not None
+        v.client.close()
+        v.store.close()

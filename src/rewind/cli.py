@@ -1223,7 +1223,13 @@ def otel_export_cmd(
 
 @otel_app.command("import")
 def otel_import_cmd(
-    file: Annotated[Path, typer.Argument(help="OTLP/JSON file (one request, or one per line).")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="OTLP/JSON file(s) (one request, or one per line); spans of one trace split "
+            "across files are imported together."
+        ),
+    ],
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
@@ -1232,12 +1238,15 @@ def otel_import_cmd(
     from rewind.tracing import commands
     from rewind.tracing.otel import read_otlp_file
 
+    docs: list[dict[str, Any]] = []
     try:  # a bad file is refused before the store is opened: nothing is written
-        docs = read_otlp_file(file)
+        for file in files:
+            docs.extend(read_otlp_file(file))
     except RewindError as exc:
         _fail(exc)
+    label = Path(files[0]) if len(files) == 1 else Path(f"{len(files)} files")
     with _session(model=False) as rw:
-        code = commands.otel_import_command(rw, file, docs=docs, as_json=as_json, console=console)
+        code = commands.otel_import_command(rw, label, docs=docs, as_json=as_json, console=console)
     raise typer.Exit(code)
 
 

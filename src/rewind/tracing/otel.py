@@ -82,7 +82,7 @@ from rewind.tracing.otel_effects import (
     effects_attribute,
     effects_from_attribute,
 )
-from rewind.tracing.store import load_traces, trace_exists, write_trace
+from rewind.tracing.store import load_traces, stored_span_ids, trace_exists, write_trace
 
 __all__ = [
     "MAX_OTLP_BYTES",
@@ -1043,6 +1043,17 @@ def import_otlp(
     for trace_id, group in ordered:
         if trace_exists(store, trace_id):
             result.skipped.append(trace_id)
+            unseen = {s.span_id for s in group} - stored_span_ids(store, trace_id)
+            if unseen:  # never dropped silently: a stored trace is immutable, so say so
+                result.reject(
+                    SpanRejection(
+                        f"trace {trace_id} is already stored without these spans (a stored "
+                        "trace is never changed); import all spans of a trace together, "
+                        "e.g. `rewind otel import part1.json part2.json`",
+                        trace_id,
+                        spans=len(unseen),
+                    )
+                )
             continue
         try:
             write_trace(store, _without_overwrites(store, trace_from_spans(store, trace_id, group)))
@@ -1631,9 +1642,11 @@ class OtlpReceiver:
             rejected += result.rejected
             errors.extend(result.errors)
             notes.extend(result.notes)
-            for tid in result.skipped:
-                rejected += len([s for s in group if s.trace_id == tid])
-                errors.append(f"trace {tid} is already stored")
+            for tid in result.skipped:  # new spans of a stored trace are already counted
+                counted = sum(r.spans for r in result.rejections if r.trace_id == tid)
+                rejected += len([s for s in group if s.trace_id == tid]) - counted
+                if not counted:
+                    errors.append(f"trace {tid} is already stored")
         response: dict[str, Any] = {}
         if rejected or notes:
             response["partialSuccess"] = {

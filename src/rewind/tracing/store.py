@@ -271,6 +271,15 @@ def trace_exists(store: Store, trace_id: str) -> bool:
     return row is not None
 
 
+def stored_span_ids(store: Store, trace_id: str) -> set[str]:
+    """The OTLP span ids (16 hex) of a stored trace's spans, root included; empty when the
+    trace is not stored."""
+    t = schema.spans
+    with store.read() as conn:
+        rows = conn.execute(select(t.c.span_id).where(t.c.run_id == trace_id)).all()
+    return {r[0] for r in rows}
+
+
 def is_trace(store: Store, run_id: str) -> bool:
     """True when the run is a trace (it has a root span row)."""
     t = schema.spans
