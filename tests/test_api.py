@@ -828,6 +828,26 @@ def assert_secured(r: Any, what: str) -> None:
         assert part in r.headers.get(name, ""), (what, r.status_code, name, dict(r.headers))
 
 
+def test_an_unexpected_error_answers_in_the_envelope_with_the_security_headers(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a route (simulated: the store's listing raises) gives a JSON 500 naming the
+    error type only (never its text, which may hold data), logged with its traceback."""
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("secret-bearing detail")
+
+    app = create_app(store, chat_client=None, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1:8000", raise_server_exceptions=False) as c:
+        monkeypatch.setattr(store, "list_runs", broken)
+        r = c.get("/api/runs")
+    assert_error(r, 500, "InternalError")
+    assert "RuntimeError" in r.json()["message"] and "secret" not in r.text
+    assert_secured(r, "/api/runs")
+    assert r.headers["cache-control"] == "no-store"
+    assert "secret-bearing detail" in caplog.text  # the traceback is in the server's log
+
+
 @pytest.mark.parametrize(
     "headers",
     [

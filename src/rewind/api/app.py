@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -197,6 +198,9 @@ class StartRunRequest(BaseModel):
     state: dict[str, Any] | None = None
 
 
+_log = logging.getLogger(__name__)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 
@@ -371,7 +375,16 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
     async def guard(request: Request, call_next: Any) -> Response:
         response = refusal(request)
         if response is None:
-            response = await call_next(request)
+            try:
+                response = await call_next(request)
+            except Exception as exc:  # a bug: answer in the envelope, never a bare text 500
+                _log.exception("unhandled error on %s %s", request.method, request.url.path)
+                response = _error(
+                    500,
+                    "InternalError",
+                    f"the server failed on this request ({type(exc).__name__})",
+                    "see the server's log for the traceback, and report it as a bug",
+                )
         # Every answer, refusals and errors included, carries the same headers.
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
