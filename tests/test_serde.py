@@ -620,3 +620,26 @@ def test_display_is_json_and_names_types() -> None:
         "value": "fast",
     }
     json.dumps(shown, allow_nan=False)
+
+
+def test_a_pandas_frame_is_refused_with_a_hint_that_works() -> None:
+    """The refusal's hint names the full type and a registration that stores it exactly."""
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(UnstorableValue) as info:
+        encode(pd.DataFrame({"a": [1, 2]}), path="df")
+    assert "register_type_to_pickle(pandas.DataFrame)" in info.value.hint
+    script = textwrap.dedent(
+        """
+        import pandas as pd
+        from burr.integrations.serde.pickle import register_type_to_pickle
+        from rewind.serde import decode, encode
+
+        register_type_to_pickle(pd.DataFrame)  # what the hint says to do
+        frame = pd.DataFrame({"a": [1, 2]}, index=["x", "y"])
+        back = decode(encode(frame, path="df"))
+        print(back.equals(frame), list(back.index))
+        """
+    )
+    # In a child process: Burr's serializer registry cannot be undone in this one.
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "['x',", "'y']"], out.stdout

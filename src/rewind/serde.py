@@ -572,8 +572,13 @@ def _why_not(value: object) -> str:
 
 def _refuse(path: str, value: object, why: str, *, register: bool = True) -> UnstorableValue:
     name = _type_name(value)
-    short = type(value).__qualname__
-    hint = _HOW_TO_REGISTER.format(name=name, short=short) if register else ""
+    hint = _HOW_TO_REGISTER.format(name=name, short=type(value).__qualname__) if register else ""
+    if register and name.split(".")[0] == "pandas":
+        hint = (
+            f"burr.integrations.serde.pickle.register_type_to_pickle({name}) stores it exactly "
+            "(Burr's own pandas serde is not used: it writes a parquet file to a path and the "
+            "state keeps only that path); or register your own Burr serializer for it"
+        )
     return UnstorableValue(
         f"state field {path} holds a {name}, which Rewind cannot store exactly: {why}",
         hint,
