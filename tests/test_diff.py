@@ -785,6 +785,7 @@ def test_to_json_shape_and_determinism() -> None:
         "token_delta",
         "hash_equal",
         "code_changed",
+        "helpers_changed",
         "a",
         "b",
         "changes",

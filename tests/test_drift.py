@@ -8,6 +8,7 @@ re-imports the edited module, exactly as a user editing their code would.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -23,7 +24,13 @@ import pytest
 from burr.core import Action, State, action, default
 from burr.core.graph import GraphBuilder
 
-from rewind.drift import action_fingerprint, callable_fingerprint, compare_graphs, graph_document
+from rewind.drift import (
+    action_fingerprint,
+    callable_fingerprint,
+    compare_graphs,
+    graph_document,
+    helper_fingerprints,
+)
 from rewind.replay import Pipeline
 from rewind.store import open_store
 
@@ -417,6 +424,84 @@ def test_cli_code_change_is_allowed_and_labelled(folder: Path) -> None:
     write_pipeline(folder, V1, expand=commented)
     again = ok_json(folder, "fork", child, "--at", "expand")
     assert again["run"]["drift"]["code_changed"] == []
+
+
+SCALE_HELPER = """
+def scale(v):
+    return v * 2
+"""
+
+
+def test_cli_changed_helper_is_named_as_the_cause(folder: Path) -> None:
+    """A node whose own body is unchanged but whose helper (in a sibling module of the user's
+    code) changed: the fork is labelled code-changed, naming the helper, not blamed on the
+    override; library helpers (Burr, the stdlib) are never followed."""
+    helpers = folder / "drifty_helpers.py"
+    helpers.write_text(SCALE_HELPER, encoding="utf-8")
+    uses_helper = """
+import drifty_helpers
+
+@action(reads=["a"], writes=["b"])
+def expand(state: State) -> State:
+    return state.update(b=[state["a"], drifty_helpers.scale(state["a"])])
+"""
+    write_pipeline(folder, V1, expand=uses_helper)
+    out = ok_json(folder, "run", "--pipeline", "drifty:pipeline", "--state", '{"x": 1}')
+    run_id = out["run"]["run_id"]
+    unchanged = ok_json(folder, "fork", run_id, "--at", "expand")
+    assert unchanged["run"]["drift"]["code_changed"] == []
+
+    helpers.write_text(SCALE_HELPER.replace("v * 2", "v * 3"), encoding="utf-8")
+    for cached in (folder / "__pycache__").glob("drifty_helpers*"):
+        cached.unlink()
+    proc = rewind(folder, "fork", run_id, "--at", "expand")
+    assert proc.returncode == 0, proc.stderr
+    warning = " ".join(proc.stderr.split())
+    assert "the code of expand (helper drifty_helpers.scale) changed" in warning, warning
+    child = ok_json(folder, "runs")[0]["run_id"]
+    drift = ok_json(folder, "show", child)["run"]["drift"]
+    assert drift["code_changed"] == ["expand"]
+    assert drift["helpers_changed"] == ["expand: drifty_helpers.scale"]
+    d = ok_json(folder, "diff", run_id, child)
+    rows = {n["name"]: n for n in d["nodes"]}
+    assert rows["expand"]["helpers_changed"] == ["drifty_helpers.scale"]
+    assert rows["expand"]["code_changed"] is True and rows["start"]["code_changed"] is False
+
+
+def test_helper_fingerprints_follow_user_code_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "helpers_mod.py").write_text(
+        textwrap.dedent(
+            """
+import json
+from burr.core import State, action
+
+def inner(v):
+    return v + 1
+
+def outer(v):
+    return inner(v) * 2
+
+class Scaler:
+    def apply(self, v):
+        return outer(v)
+
+@action(reads=["a"], writes=["b"])
+def node(state: State) -> State:
+    return state.update(b=json.dumps(Scaler().apply(state["a"])))
+"""
+        ),
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "helpers_mod", None)  # removed again after the test
+    del sys.modules["helpers_mod"]
+    module = importlib.import_module("helpers_mod")
+    found = helper_fingerprints(module.node)
+    assert set(found) == {"helpers_mod.Scaler", "helpers_mod.outer", "helpers_mod.inner"}
+    assert all(len(v) == 64 for v in found.values())
+    assert helper_fingerprints(module.node) == found  # deterministic
 
 
 def test_cli_run_recorded_without_a_graph_forks_with_a_warning(folder: Path) -> None:

@@ -24,7 +24,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from rewind.canonical import canonical_bytes
-from rewind.diff import TrajectoryDiff
+from rewind.diff import NodeDiff, TrajectoryDiff
 from rewind.errors import InvalidOverride, RewindError, StoreError
 from rewind.replay import Override, Rewind, load_pipeline, override_target, parse_override
 from rewind.store import NodeRecord, RunRecord
@@ -365,6 +365,9 @@ def _drift_lines(drift: dict[str, Any] | None) -> list[str]:
     if drift.get("code_changed"):
         names = inert(", ".join(drift["code_changed"]))
         lines.append(f"[magenta]code changed[/] since the parent's recording: {names}")
+    if drift.get("helpers_changed"):
+        helpers = inert(", ".join(drift["helpers_changed"]))
+        lines.append(f"[magenta]helper code changed[/] (node: helper): {helpers}")
     if drift.get("param_check_changed"):
         lines.append("[magenta]code changed[/]: the pipeline's param check")
     if drift.get("structural"):
@@ -377,6 +380,14 @@ def _override_text(override: dict[str, Any]) -> str:
     kind, node, name = override_target(override)
     value = json.dumps(override.get("value"))
     return inert(f"{kind} {node}.{name}={value[:60]}")
+
+
+def _code_change(nd: NodeDiff) -> str:
+    """``analyse`` or ``analyse (helper pkg.mod.score)``: a node whose code changed, naming the
+    helpers whose code changed when those are known."""
+    if not nd.helpers_changed:
+        return nd.name
+    return f"{nd.name} (helper {', '.join(nd.helpers_changed)})"
 
 
 def _print_diff(d: TrajectoryDiff) -> None:
@@ -400,16 +411,20 @@ def _print_diff(d: TrajectoryDiff) -> None:
         )
     console.print(t)
     first = d.first_divergence
-    code_changed = [nd.name for nd in d.nodes if nd.code_changed]
+    code_changed = [_code_change(nd) for nd in d.nodes if nd.code_changed]
     if code_changed:
         console.print(
-            f"[magenta]code changed[/] between the runs in: {', '.join(code_changed)} — "
+            f"[magenta]code changed[/] between the runs in: {inert(', '.join(code_changed))} — "
             "differences there may come from the code, not from the override"
         )
     if first is None:
         console.print("[green]no divergence: every node output is equal[/]")
         return
-    cause = " — [magenta]code changed[/], not only the override" if first.code_changed else ""
+    cause = (
+        f" — [magenta]code changed[/] ({inert(_code_change(first))}), not only the override"
+        if first.code_changed
+        else ""
+    )
     console.print(
         f"first divergence: node {first.index + 1} [bold]{inert(first.name)}[/] "
         f"({len(first.changes)} changed field{'s' if len(first.changes) != 1 else ''}){cause}"
@@ -841,10 +856,11 @@ def fork(
                 and d.first_divergence is not None
                 and any(n.code_changed for n in d.nodes)
             ):
+                changed = ", ".join(_code_change(n) for n in d.nodes if n.code_changed)
                 err_console.print(
                     "[yellow]warning:[/] this unchanged replay diverged, and the code of "
-                    f"{', '.join(n.name for n in d.nodes if n.code_changed)} changed since the "
-                    "recording: the divergence may come from the code"
+                    f"{inert(changed)} changed since the recording: the divergence may come "
+                    "from the code"
                 )
             elif override is None and d.first_divergence is not None:
                 node = d.first_divergence

@@ -15,7 +15,7 @@ import dataclasses
 import difflib
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,8 @@ class NodeSide:
         code: fingerprint (SHA-256 hex) of the code that produced the node, from the graph its
             producing run recorded (`rewind.drift`); `""` when unknown (a run recorded before
             graphs were, or a traced chain).
+        helpers: fingerprints of the helpers the node's code calls (``{"pkg.mod.fn": sha256}``,
+            `rewind.drift.helper_fingerprints`), from the same graph; None when unknown.
     """
 
     position: int
@@ -77,6 +79,7 @@ class NodeSide:
     tokens: int
     outcome: str = ""
     code: str = ""
+    helpers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,9 +128,11 @@ class NodeDiff:
         changes: field changes from A's output to B's; empty unless status is `"changed"`.
         token_delta: `b.tokens - a.tokens` in tokens, a missing side counting 0.
         hash_equal: both sides present and their recorded output hashes are equal.
-        code_changed: both sides present, both code fingerprints known, and they differ: the
-            node ran other code in B than in A, so a difference here may come from the code
-            rather than from the fork's override.
+        code_changed: both sides present, both code fingerprints known, and they differ (or
+            a helper the node calls differs): the node ran other code in B than in A, so a
+            difference here may come from the code rather than from the fork's override.
+        helpers_changed: the helpers (``pkg.module.fn``) whose code differs between the sides,
+            when both sides know their helpers.
     """
 
     index: int
@@ -139,6 +144,7 @@ class NodeDiff:
     token_delta: int
     hash_equal: bool
     code_changed: bool = False
+    helpers_changed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,9 +175,10 @@ class TrajectoryDiff:
         Shape: `{"run_a", "run_b", "tokens_a", "tokens_b", "token_delta",
         "first_divergence": <row index> | None, "counts": {status: n}, "code_changed":
         [node name...], "nodes": [row...]}`; a row is `{"index", "name", "status",
-        "token_delta", "hash_equal", "code_changed", "a", "b", "changes"}` with `a`/`b` either
-        `None` or `{"position", "name", "output_hash", "tokens", "outcome", "code", "output"}`
-        and each change `{"path", "kind", "old", "new", "text_diff", "old_path"}`.
+        "token_delta", "hash_equal", "code_changed", "helpers_changed", "a", "b", "changes"}`
+        with `a`/`b` either `None` or `{"position", "name", "output_hash", "tokens", "outcome",
+        "code", "output"}` and each change `{"path", "kind", "old", "new", "text_diff",
+        "old_path"}`.
 
         Values are made JSON-safe: NaN/inf become the strings `"NaN"`, `"Infinity"`,
         `"-Infinity"`; tuples become lists; dict keys become strings (non-string keys via
@@ -673,6 +680,7 @@ def diff_trajectories(
         tokens = (side_b.tokens if side_b else 0) - (side_a.tokens if side_a else 0)
         changes: tuple[FieldChange, ...] = ()
         hash_equal = code_changed = False
+        helpers: tuple[str, ...] = ()
         if side_a is None:
             assert side_b is not None  # align_nodes never yields (None, None)
             name, status = side_b.name, ONLY_B
@@ -682,9 +690,25 @@ def diff_trajectories(
             changes = tuple(diff_values(side_a.output, side_b.output))
             name, status = side_a.name, CHANGED if changes else EQUAL
             hash_equal = side_a.output_hash == side_b.output_hash
-            code_changed = bool(side_a.code and side_b.code and side_a.code != side_b.code)
+            if side_a.helpers is not None and side_b.helpers is not None:
+                ha, hb = side_a.helpers, side_b.helpers
+                helpers = tuple(sorted(k for k in set(ha) | set(hb) if ha.get(k) != hb.get(k)))
+            code_changed = bool(
+                (side_a.code and side_b.code and side_a.code != side_b.code) or helpers
+            )
         rows.append(
-            NodeDiff(index, name, side_a, side_b, status, changes, tokens, hash_equal, code_changed)
+            NodeDiff(
+                index,
+                name,
+                side_a,
+                side_b,
+                status,
+                changes,
+                tokens,
+                hash_equal,
+                code_changed,
+                helpers,
+            )
         )
 
     tokens_a = sum(n.tokens for n in a)
@@ -712,6 +736,7 @@ def _node_json(node: NodeDiff) -> dict[str, Any]:
         "token_delta": node.token_delta,
         "hash_equal": node.hash_equal,
         "code_changed": node.code_changed,
+        "helpers_changed": list(node.helpers_changed),
         "a": _side_json(node.a),
         "b": _side_json(node.b),
         "changes": [

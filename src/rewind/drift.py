@@ -18,10 +18,14 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import os
+import sys
+import sysconfig
 import textwrap
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from burr.core.action import Action
@@ -34,8 +38,10 @@ __all__ = [
     "GraphDrift",
     "action_fingerprint",
     "callable_fingerprint",
+    "changed_helpers",
     "compare_graphs",
     "graph_document",
+    "helper_fingerprints",
 ]
 
 GRAPH_FORMAT = 1
@@ -52,8 +58,8 @@ def callable_fingerprint(fn: Callable[..., Any], bound: Mapping[str, Any] | None
     indentation do not count, while the decorator line, e.g. an ``@action(reads=…)``, does);
     when the source cannot be read (a REPL, a frozen app), the code object's bytecode, constants
     and names. Bound values (Burr's ``.bind(…)``) are hashed canonically; a value that cannot be
-    (a client object) counts by its type only. Only the function's own body is covered: a helper
-    it calls can change unnoticed.
+    (a client object) counts by its type only. Only the function's own body is covered; the
+    helpers it calls are fingerprinted separately (:func:`helper_fingerprints`).
 
     Args:
         fn: a function (decorator wrappers are unwrapped through ``__wrapped__``).
@@ -86,6 +92,140 @@ def action_fingerprint(action: Action | Callable[..., Any]) -> str:
         )
         text = _join_members(f"{cls.__module__}.{cls.__qualname__}", members)
     return sha256_hex(canonical_bytes({"class": text}))
+
+
+HELPERS_MAX = 64
+"""At most this many helpers are fingerprinted per node (a node reaching more counts the first
+64 in discovery order, which is deterministic)."""
+
+_NOT_USER_CODE = frozenset({"rewind", "burr", "builtins"})
+
+
+def helper_fingerprints(action: Action | Callable[..., Any]) -> dict[str, str]:
+    """Fingerprints of the helpers a node's code calls: ``{"pkg.module.fn": sha256 hex}``.
+
+    :func:`action_fingerprint` covers only the node's own body, so a fork whose diff comes from
+    an edited helper would be blamed on the override. This follows the global names the node's
+    code uses (``score(...)``, ``helpers.score(...)``) to functions and classes defined in the
+    the user's own modules (loaded from files outside the interpreter's stdlib and
+    site-packages folders), transitively, at most :data:`HELPERS_MAX`; library code (Rewind
+    and Burr included) is never followed. Each helper hashes its code text as
+    :func:`callable_fingerprint` does (a class: its methods).
+
+    Args:
+        action: a Burr action, or an ``@action``-decorated function.
+    Returns:
+        qualified helper name → fingerprint; empty for a class-based action or a node calling
+        no helper of its own package.
+    """
+    action = getattr(action, "action_function", action)
+    fn = getattr(action, "_originating_fn", None)
+    fn = inspect.unwrap(fn) if callable(fn) else None
+    if not isinstance(fn, types.FunctionType):
+        return {}
+
+    def ours(value: Any) -> bool:
+        return _is_user_module(getattr(value, "__module__", None) or "")
+
+    out: dict[str, str] = {}
+    seen: set[int] = {id(fn)}
+    queue: list[Callable[..., Any]] = [fn]
+    while queue and len(out) < HELPERS_MAX:
+        current = queue.pop(0)
+        for value in _referenced(current):
+            if id(value) in seen or not ours(value):
+                continue
+            seen.add(id(value))
+            name = f"{value.__module__}.{value.__qualname__}"
+            if isinstance(value, type):
+                methods = sorted(
+                    (k, v) for k, v in vars(value).items() if isinstance(v, types.FunctionType)
+                )
+                text = _join_members(name, ((k, _code_text(v)) for k, v in methods))
+                queue.extend(v for _, v in methods)
+            else:
+                text = _code_text(value)
+                queue.append(value)
+            out[name] = sha256_hex(text.encode())
+            if len(out) >= HELPERS_MAX:
+                break
+    return dict(sorted(out.items()))
+
+
+_LIBRARY_ROOTS = tuple(
+    {
+        str(Path(p).resolve())
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+)
+_USER_MODULES: dict[str, bool] = {}
+
+
+def _is_user_module(name: str) -> bool:
+    """True for a module of the user's own code: loaded from a file outside the interpreter's
+    library folders (stdlib, site-packages), and not Rewind's or Burr's."""
+    known = _USER_MODULES.get(name)
+    if known is not None:
+        return known
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    mine = bool(file) and name.split(".")[0] not in _NOT_USER_CODE
+    if mine:
+        where = str(Path(str(file)).resolve())
+        mine = not any(where.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
+    if len(_USER_MODULES) < _CODE_TEXTS_MAX:
+        _USER_MODULES[name] = mine
+    return mine
+
+
+def _referenced(fn: Callable[..., Any]) -> list[Any]:
+    """The functions and classes ``fn``'s code reaches through its globals, in name order of
+    appearance (``name`` and ``module.name``)."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    scope = getattr(fn, "__globals__", None)
+    if not isinstance(code, types.CodeType) or not isinstance(scope, dict):
+        return []
+    names: list[str] = []
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.extend(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    found: list[Any] = []
+    for name in dict.fromkeys(names):
+        value = scope.get(name)
+        if isinstance(value, types.ModuleType):  # helpers.score(...): the attributes used
+            found.extend(getattr(value, n, None) for n in dict.fromkeys(names))
+        else:
+            found.append(value)
+    return [
+        inspect.unwrap(v) if isinstance(v, types.FunctionType) else v
+        for v in found
+        if isinstance(v, types.FunctionType | type)
+    ]
+
+
+def changed_helpers(
+    recorded: Mapping[str, Any],
+    current: Mapping[str, Any],
+    node: str,
+    recorded_name: str | None = None,
+) -> tuple[str, ...]:
+    """Helpers of ``node`` whose code differs between two graph documents (added, removed or
+    edited), sorted; empty when either document predates helper fingerprints.
+
+    Args:
+        recorded, current: graph documents (:func:`graph_document`).
+        node: the node's name in ``current``; ``recorded_name`` its name in ``recorded`` when
+            it was renamed.
+    """
+    if "helpers" not in recorded or "helpers" not in current:
+        return ()
+    a: Mapping[str, str] = recorded["helpers"].get(recorded_name or node, {})
+    b: Mapping[str, str] = current["helpers"].get(node, {})
+    return tuple(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)))
 
 
 def _join_members(name: str, members: Iterable[tuple[str, str]]) -> str:
@@ -178,7 +318,9 @@ def graph_document(
     Returns:
         ``{"format": 1, "entrypoint": name, "nodes": {name: code sha256},
         "transitions": [[src, dst, condition name, [keys read]], …] (Burr's order, which decides
-        which transition fires first), "param_check": sha256 | None}``; JSON-like.
+        which transition fires first), "param_check": sha256 | None, "helpers": {name:
+        {helper: sha256}} (:func:`helper_fingerprints`; absent in documents recorded before
+        helpers were)}``; JSON-like.
     """
     transitions = [
         [t.from_.name, t.to.name, t.condition.name, sorted(t.condition.reads)]
@@ -190,6 +332,7 @@ def graph_document(
         "nodes": {a.name: action_fingerprint(a) for a in graph.actions},
         "transitions": transitions,
         "param_check": None if param_check is None else callable_fingerprint(param_check),
+        "helpers": {a.name: helpers for a in graph.actions if (helpers := helper_fingerprints(a))},
     }
 
 
@@ -207,21 +350,26 @@ class GraphDrift:
         code_changed: names of nodes the fork will execute whose code fingerprint differs from
             the code that produced their recorded rows (allowed, labelled).
         param_check_changed: the pipeline's ``param_check`` code differs.
+        helpers_changed: ``"node: pkg.module.helper"`` for each helper of an executed node whose
+            code changed (:func:`changed_helpers`); such a node is in ``code_changed`` too.
     """
 
     structural: tuple[str, ...] = ()
     code_changed: tuple[str, ...] = ()
     param_check_changed: bool = False
+    helpers_changed: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.structural or self.code_changed or self.param_check_changed)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"structural": [...], "code_changed": [...], "param_check_changed": bool}``."""
+        """``{"structural": [...], "code_changed": [...], "param_check_changed": bool,
+        "helpers_changed": [...]}``."""
         return {
             "structural": list(self.structural),
             "code_changed": list(self.code_changed),
             "param_check_changed": self.param_check_changed,
+            "helpers_changed": list(self.helpers_changed),
         }
 
 
@@ -304,13 +452,22 @@ def compare_graphs(
     )
     executed = sorted({translate(n) for n in rec_region} & cur_region)
     inverse = {v: k for k, v in renames.items()}
+    helpers_changed = tuple(
+        f"{n}: {h}"
+        for n in executed
+        for h in changed_helpers(recorded, current, n, inverse.get(n, n))
+    )
+    with_helper = {h.split(": ", 1)[0] for h in helpers_changed}
     code_changed = tuple(
-        n for n in executed if rec_nodes.get(inverse.get(n, n), cur_nodes[n]) != cur_nodes[n]
+        n
+        for n in executed
+        if rec_nodes.get(inverse.get(n, n), cur_nodes[n]) != cur_nodes[n] or n in with_helper
     )
     return GraphDrift(
         structural=tuple(structural),
         code_changed=code_changed,
         param_check_changed=recorded.get("param_check") != current.get("param_check"),
+        helpers_changed=helpers_changed,
     )
 
 

@@ -635,6 +635,9 @@ class Rewind:
                 code=graphs[n.src_app_id].document["nodes"].get(n.name, "")
                 if n.src_app_id in graphs
                 else "",
+                helpers=graphs[n.src_app_id].document["helpers"].get(n.name, {})
+                if n.src_app_id in graphs and "helpers" in graphs[n.src_app_id].document
+                else None,
             )
             for n in nodes
         ]
