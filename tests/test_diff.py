@@ -188,6 +188,7 @@ def test_property_diff_is_symmetric(a: Any, b: Any) -> None:
     assert len(forward) == len(backward)
     mirror = {"added": "removed", "removed": "added", "changed": "changed"}
     mirror["type_changed"] = "type_changed"
+    mirror["reordered"] = "reordered"
     # An item compared in place after an insertion sits at another index in A than in B: a
     # change names B's in `path` and A's in `old_path`, which swap when the arguments do.
     assert sorted((where(c), mirror[c.kind]) for c in forward) == sorted(
@@ -248,11 +249,34 @@ def test_list_tail_elements_are_added_or_removed_at_their_index() -> None:
     ]
 
 
-def test_swapped_items_compare_in_place() -> None:
-    # Aligning by content would report a removal and an insertion; in place is as short and
-    # mirrors exactly when the arguments are swapped.
+def test_swapped_items_are_one_reordering() -> None:
+    # The same items in another order: one change saying where each item came from, not
+    # every index "changed" (nor a removal and an insertion).
     changes = diff_values({"xs": ["a", "b"]}, {"xs": ["b", "a"]})
-    assert [(c.path, c.kind) for c in changes] == [("xs[0]", "changed"), ("xs[1]", "changed")]
+    assert changes == [FieldChange("xs", "reordered", [0, 1], [1, 0])]
+    ranked = [{"doc": d, "score": s} for d, s in (("x", 0.9), ("y", 0.5), ("z", 0.1))]
+    reranked = [ranked[2], ranked[0], ranked[1]]
+    assert diff_values(ranked, reranked) == [FieldChange("", "reordered", [0, 1, 2], [2, 0, 1])]
+    assert diff_values(reranked, ranked) == [FieldChange("", "reordered", [0, 1, 2], [1, 2, 0])]
+    # Duplicates keep their relative order; a changed item is not a reordering.
+    assert diff_values([1, 1, 2], [2, 1, 1])[0].new == [2, 0, 1]
+    assert [c.kind for c in diff_values(["a", "b"], ["b", "c"])] != ["reordered"]
+    assert diff_values((1, 2), [2, 1])[0].kind == "type_changed"
+
+
+@settings(max_examples=200)
+@given(st.lists(JSON, min_size=2, max_size=8), st.randoms(use_true_random=False))
+def test_property_a_permutation_is_one_reordering_that_restores_the_order(
+    items: list[Any], rnd: Any
+) -> None:
+    shuffled = list(items)
+    rnd.shuffle(shuffled)
+    changes = diff_values(items, shuffled)
+    if not changes:
+        return  # the shuffle kept an equal order (equal items swapped)
+    (change,) = changes
+    assert change.kind == "reordered"
+    assert diff_values([items[i] for i in change.new], shuffled) == []
 
 
 def test_dict_keys_on_one_side_and_key_order_is_one_reordered_change() -> None:

@@ -93,7 +93,9 @@ class FieldChange:
         kind: `"changed"` (same type, different value), `"added"` (only in B), `"removed"`
             (only in A), `"type_changed"` (exact types differ: int vs float, bool vs int, a
             tuple vs a list, an `IntEnum` vs its int...) or `"reordered"` (a dict with the same
-            keys and values in another order; `old`/`new` are the two key lists).
+            keys and values in another order: `old`/`new` are the two key lists; a list with
+            the same items in another order: `old` is `[0, 1, …]` and `new` gives, for each
+            index in B, the index in A of the item now there).
         old: value in A; `None` when `kind == "added"` (read `kind`, not `old`, to tell an
             added field from a field whose old value was null).
         new: value in B; `None` when `kind == "removed"`.
@@ -218,7 +220,8 @@ def diff_values(old: Any, new: Any, path: str = "") -> list[FieldChange]:
         compared key by key, keys starting with `_`, `__` or `$` included; keys on one side
         only are `added`/`removed`; when nothing else differs, another key order is one
         `reordered` change (key order is part of a stored dict, see :mod:`rewind.serde`).
-        Lists (and tuples and deques, each against its own type) are aligned by content where
+        A list holding the same items in another order is one `reordered` change too. Other
+        lists (and tuples and deques, each against its own type) are aligned by content where
         they differ index-wise: an item inserted at the front is one `added` at `[0]`, not every
         later item changed; an item removed is one `removed` at its index in A. Items left
         unaligned between two aligned ones compare in place, so one edited field inside one
@@ -392,12 +395,42 @@ def _walk(old: Any, new: Any, path_a: str, path_b: str, out: list[FieldChange]) 
                     f"{path_a}.maxlen", f"{path_b}.maxlen", CHANGED, old.maxlen, new.maxlen
                 )
             )
-        _walk_list(list(old), list(new), path_a, path_b, out)
+        order = _reordering(old, new)
+        if order is not None:
+            # The same items in another order: one change, as B's order in A's indexes.
+            out.append(_pair_change(path_a, path_b, REORDERED, list(range(len(old))), order))
+        else:
+            _walk_list(list(old), list(new), path_a, path_b, out)
         return
     if _scalar_equal(kind_old, old, new):
         return
     text_diff = _text_diff(old, new, path_a, path_b) if kind_old == "str" else None
     out.append(_pair_change(path_a, path_b, CHANGED, old, new, text_diff))
+
+
+def _reordering(old: Sequence[Any], new: Sequence[Any]) -> list[int] | None:
+    """For two lists holding the same items (as a multiset, by `_item_key`) in another order:
+    for each index of `new`, the index in `old` of its item (equal items keep their relative
+    order); else None."""
+    if len(old) != len(new) or len(old) < 2:
+        return None
+    try:
+        keys_old = [_item_key(v) for v in old]
+        keys_new = [_item_key(v) for v in new]
+    except TypeError:  # an unhashable non-JSON object: no content alignment
+        return None
+    if keys_old == keys_new:
+        return None
+    where: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys_old):
+        where.setdefault(k, []).append(i)
+    order: list[int] = []
+    for k in keys_new:
+        slots = where.get(k)
+        if not slots:
+            return None
+        order.append(slots.pop(0))
+    return order
 
 
 def _pair_change(
