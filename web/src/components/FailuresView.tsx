@@ -138,7 +138,7 @@ function CorrelationTable({ c }: { c: Correlation }) {
                 </td>
                 <td>
                   {g.examples.map((id) => (
-                    <a key={id} className="mr-2 font-mono text-sky-700 underline" href={`#/traces/${id}`} data-testid="group-example">
+                    <a key={id} className="mr-2 font-mono text-sky-700 underline" href={`#/traces/${id}`} title={id} data-testid="group-example">
                       {shortId(id)}
                     </a>
                   ))}
@@ -290,7 +290,7 @@ export function FailuresView() {
                       </td>
                       <td>
                         {p.example_trace_ids.map((id) => (
-                          <a key={id} className="mr-2 font-mono text-sky-700 underline" href={`#/traces/${id}`}>
+                          <a key={id} className="mr-2 font-mono text-sky-700 underline" href={`#/traces/${id}`} title={id}>
                             {shortId(id)}
                           </a>
                         ))}

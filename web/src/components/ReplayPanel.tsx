@@ -125,6 +125,7 @@ function ReplayResult({ original, result }: { original: TraceDetail; result: Tra
   const missCount = Object.values(misses).reduce((a, b) => a + b, 0);
   const d = result.diff;
   const first = d.first_divergence === null ? null : d.nodes[d.first_divergence];
+  const failedSteps = replay.steps.filter((s) => s.status === "failed");
   const on = SWITCHES.filter((s) => result.switches[s.key]).map((s) => s.label);
   const off = SWITCHES.filter((s) => !result.switches[s.key]).map((s) => s.label);
   return (
@@ -148,12 +149,24 @@ function ReplayResult({ original, result }: { original: TraceDetail; result: Tra
       </div>
       {result.stopped && (
         <div className="rounded border border-amber-300 bg-amber-50 p-2 text-amber-900" data-testid="replay-stopped">
-          Stopped at the first divergence: {replay.error_message?.split("\n")[0]}
+          Stopped at the first divergence: {(replay.error_message ?? "").split("\n")[0].replace(/^stopped at the first divergence:\s*/i, "")}
         </div>
       )}
       {!result.stopped && replay.error && (
         <div className="rounded bg-red-50 p-2 text-red-800" data-testid="replay-failure">
           {replay.error}
+        </div>
+      )}
+      {failedSteps.length > 0 && (
+        <div className="rounded bg-red-50 p-2 text-red-800" data-testid="replay-failed-steps">
+          {failedSteps.length} step{failedSteps.length === 1 ? "" : "s"} failed in the replay:
+          <ul className="ml-4 list-disc">
+            {failedSteps.map((s) => (
+              <li key={s.position}>
+                step {s.number} {s.name}: {s.error}
+              </li>
+            ))}
+          </ul>
         </div>
       )}
       <dl className="grid grid-cols-[auto_1fr] gap-x-3 gap-y-0.5">

@@ -103,6 +103,11 @@ export function TraceView({ traceId }: { traceId: string }) {
                     <td className="py-1 pr-2 tabular-nums">{s.number}</td>
                     <td className="pr-2" style={{ paddingLeft: s.parent ? "1rem" : undefined }}>
                       {s.name}
+                      {s.error && (
+                        <div className="break-all text-red-800" data-testid="trace-step-error">
+                          {s.error}
+                        </div>
+                      )}
                     </td>
                     <td className="pr-2">{s.type}</td>
                     <td className="pr-2">
@@ -119,7 +124,6 @@ export function TraceView({ traceId }: { traceId: string }) {
                   {open === s.position && (
                     <tr className="border-b border-slate-200">
                       <td colSpan={8} className="space-y-1 bg-slate-50 p-2">
-                        {s.error && <div className="text-red-800">{s.error}</div>}
                         <div className="text-slate-500">input</div>
                         <JsonBlock value={s.input} />
                         <div className="text-slate-500">output</div>
