@@ -473,6 +473,45 @@ def test_switch_stop_at_divergence_chain_and_command(
     assert len(stub.requests) == 3  # two recorded, one re-sent before the stop
 
 
+def test_cache_switches_of_the_command(
+    tmp_path: Path, stub: ModelStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--no-cached-llm`` re-sends every model call; ``--no-cached-tools`` runs every tool
+    again (here: refused, its code is not here); both are kept on the replay."""
+    from rewind.cli import app
+
+    monkeypatch.setattr(
+        "rewind.session.LazyChatClient",
+        lambda: ChatClient(
+            Endpoint(base_url=stub.base_url, model=STUB_MODEL), retry=RetryPolicy(attempts=1)
+        ),
+    )
+    folder = tmp_path / "s"
+    with closing(open_store(folder)) as st:
+        tid = imported(st, REPLAYABLE[1])
+        import_otlp(st, [_tool_span_doc({"city": "Seattle"}, {"rain_mm": 120})])
+
+    def replay(*args: str) -> dict[str, Any]:
+        out = CliRunner().invoke(app, ["--store", str(folder), "replay-trace", *args, "--json"])
+        assert out.exit_code == 0, out.output
+        return dict(json.loads(out.output))
+
+    doc = replay(tid, "--no-cached-llm")
+    assert len(stub.requests) == 2
+    assert doc["switches"] == {
+        "cached_llm": False,
+        "cached_tools": True,
+        "stop_at_divergence": False,
+    }
+    assert [s["cache_reason"] for s in doc["trace"]["steps"]] == ["bypass", "bypass"]
+    doc = replay("ab" * 16, "--no-cached-tools")
+    (s,) = doc["trace"]["steps"]
+    assert s["status"] == "failed" and "cannot run again" in s["error"]
+    assert doc["switches"]["cached_tools"] is False and len(stub.requests) == 2
+    doc = replay("ab" * 16)  # the defaults serve it
+    assert doc["trace"]["steps"][0]["status"] == "success"
+
+
 def test_the_http_receiver_seeds_the_caches_too(
     store: Store, stub: ModelStub, client: ChatClient
 ) -> None:
