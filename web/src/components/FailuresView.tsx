@@ -183,7 +183,11 @@ export function FailuresView() {
         setReport(r);
         setError(null);
       })
-      .catch((e) => !cancelled && setError(e instanceof ApiError ? e : new ApiError(0, String(e))))
+      .catch((e) => {
+        if (cancelled) return;
+        setReport(null); // never show the figures of other filters next to the error
+        setError(e instanceof ApiError ? e : new ApiError(0, String(e)));
+      })
       .finally(() => !cancelled && setBusy(false));
     return () => {
       cancelled = true;
