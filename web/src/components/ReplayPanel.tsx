@@ -71,13 +71,14 @@ export function ReplayPanel({ trace }: { trace: TraceDetail }) {
     <section className="space-y-2 rounded border border-slate-200 bg-white p-3" data-testid="replay-panel">
       <h3 className="text-sm font-semibold">Replay this trace</h3>
       <label className="block text-xs text-slate-600">
-        one change (optional; empty: an unchanged replay)
+        one change (optional; empty: an unchanged replay). <code>input.FIELD=TEXT</code> or{" "}
+        <code>STEP.PARAM=VALUE</code>; STEP may be <code>name#k</code>, the k-th step of that name
         <input
           data-testid="replay-change"
           spellCheck={false}
           className="mt-1 block w-full rounded border border-slate-300 px-2 py-1 font-mono text-xs"
           value={change}
-          placeholder="input.question=Why?   or   STEP.PARAM=VALUE (STEP may be name#k)"
+          placeholder="input.question=Why?"
           onChange={(e) => setChange(e.target.value)}
         />
       </label>
