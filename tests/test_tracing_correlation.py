@@ -77,6 +77,14 @@ def test_the_planted_input_length_correlation_is_found(store: Store) -> None:
         "input_length 4000-7999 tokens: 16/16 traces failed (100% vs 60% overall)"
     )
     assert all(e in {f"{i:032x}" for i in range(16, 40)} for e in length.groups[4].examples)
+    doc = length.to_json()
+    assert doc["edges"] == [0, 500, 1000, 2000, 4000, 8000, 16000, 32000]
+    assert doc["finding_rate"] == 0.8 and doc["min_failures"] == 2  # halfway from 60 % to 100 %
+    assert [g["key"] for g in doc["groups"] if g["finding"]] == [
+        "4000-7999 tokens",
+        "8000-15999 tokens",
+    ]
+    assert "edges" not in model.to_json() and model.to_json()["finding_rate"] == 0.8
     assert model.unit == "steps" and model.findings() == []  # half of each model fails
     assert {g.key: g.failed for g in model.groups} == {"model-a": 12, "model-b": 12}
     assert {g.key: (g.total, g.failed) for g in step_type.groups} == {

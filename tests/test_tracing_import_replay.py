@@ -169,6 +169,61 @@ def test_a_tool_span_seeds_the_tool_cache_under_the_tool_key(store: Store) -> No
     assert again.steps[0].calls[0].outcome == "hit"
 
 
+def _openinference_tool_doc(calls: list[dict[str, str]]) -> dict[str, Any]:
+    """One trace of OpenInference TOOL spans, each with the given attributes."""
+    spans = [
+        {
+            "traceId": "ef" * 16,
+            "spanId": f"{i + 1:016x}",
+            "name": "lookup",
+            "startTimeUnixNano": str(1_700_000_000_000_000_000 + i * 1000),
+            "endTimeUnixNano": str(1_700_000_000_000_000_500 + i * 1000),
+            "attributes": [
+                {"key": k, "value": {"stringValue": v}}
+                for k, v in {"openinference.span.kind": "TOOL", "tool.name": "lookup"}.__or__(
+                    attrs
+                ).items()
+            ],
+        }
+        for i, attrs in enumerate(calls)
+    ]
+    return {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+
+
+def test_openinference_tool_spans_key_on_the_call_arguments_not_the_definition(
+    store: Store,
+) -> None:
+    """OpenInference's ``tool.parameters`` is the tool's parameter definition (the spec), the same
+    for every call: keying on it would serve one city's result for another's. The arguments come
+    from ``input.value`` or ``tool_call.function.arguments`` (as ag2's instrumentation writes)."""
+    schema = json.dumps({"city": "str"})
+    calls = [
+        {
+            "tool.parameters": schema,
+            "input.value": json.dumps({"city": city}),
+            "output.value": json.dumps({"rain_mm": mm}),
+        }
+        for city, mm in (("Seattle", 120), ("Phoenix", 3))
+    ]
+    calls.append(
+        {
+            "tool.parameters": schema,
+            "tool_call.function.arguments": json.dumps({"city": "Oslo"}),
+            "input.value": json.dumps({"name": "lookup", "arguments": '{"city": "Oslo"}'}),
+            "output.value": json.dumps({"rain_mm": 80}),
+        }
+    )
+    import_otlp(store, [_openinference_tool_doc(calls)])
+    view = load_trace(store, "ef" * 16)
+    keys = [s.calls[0].key for s in view.steps]
+    assert keys == [
+        key_of("tool/v1", "lookup", canonical_bytes({"city": c}))
+        for c in ("Seattle", "Phoenix", "Oslo")
+    ]
+    results = [store.get_blob(store.tool_cache_get(k).result_hash) for k in keys]  # type: ignore[union-attr]
+    assert results == [canonical_bytes({"rain_mm": mm}) for mm in (120, 3, 80)]
+
+
 # -- item 2: replay an imported trace ------------------------------------------------------------
 
 
@@ -416,6 +471,45 @@ def test_switch_stop_at_divergence_chain_and_command(
     assert doc["stopped"] is True and doc["mode"] == "chain"  # recorded here: its chain runs
     assert [s["name"] for s in doc["trace"]["steps"]] == ["draft"]
     assert len(stub.requests) == 3  # two recorded, one re-sent before the stop
+
+
+def test_cache_switches_of_the_command(
+    tmp_path: Path, stub: ModelStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--no-cached-llm`` re-sends every model call; ``--no-cached-tools`` runs every tool
+    again (here: refused, its code is not here); both are kept on the replay."""
+    from rewind.cli import app
+
+    monkeypatch.setattr(
+        "rewind.session.LazyChatClient",
+        lambda: ChatClient(
+            Endpoint(base_url=stub.base_url, model=STUB_MODEL), retry=RetryPolicy(attempts=1)
+        ),
+    )
+    folder = tmp_path / "s"
+    with closing(open_store(folder)) as st:
+        tid = imported(st, REPLAYABLE[1])
+        import_otlp(st, [_tool_span_doc({"city": "Seattle"}, {"rain_mm": 120})])
+
+    def replay(*args: str) -> dict[str, Any]:
+        out = CliRunner().invoke(app, ["--store", str(folder), "replay-trace", *args, "--json"])
+        assert out.exit_code == 0, out.output
+        return dict(json.loads(out.output))
+
+    doc = replay(tid, "--no-cached-llm")
+    assert len(stub.requests) == 2
+    assert doc["switches"] == {
+        "cached_llm": False,
+        "cached_tools": True,
+        "stop_at_divergence": False,
+    }
+    assert [s["cache_reason"] for s in doc["trace"]["steps"]] == ["bypass", "bypass"]
+    doc = replay("ab" * 16, "--no-cached-tools")
+    (s,) = doc["trace"]["steps"]
+    assert s["status"] == "failed" and "cannot run again" in s["error"]
+    assert doc["switches"]["cached_tools"] is False and len(stub.requests) == 2
+    doc = replay("ab" * 16)  # the defaults serve it
+    assert doc["trace"]["steps"][0]["status"] == "success"
 
 
 def test_the_http_receiver_seeds_the_caches_too(

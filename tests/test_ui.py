@@ -621,3 +621,291 @@ def test_diff_panel_labels_a_node_whose_code_changed(server: dict[str, Any], pag
     page.get_by_test_id("tab-diff").click()
     expect(page.get_by_test_id("code-changed-2")).to_have_text("code changed")
     expect(page.get_by_test_id("code-changed-1")).to_have_count(0)
+
+
+# -- traces: replay switches and the failure view (issue 16) -------------------------------------
+
+
+OTEL_DATA = ROOT / "tests" / "data" / "otel"
+REPLAY_SWITCHES = ("cached_llm", "cached_tools", "stop_at_divergence")
+
+
+def _trace_with_a_tool_call() -> dict[str, Any]:
+    """OpenInference's real export of a two-call chain (``tests/data/otel``) with one GenAI
+    ``execute_tool`` span added after the model calls: a trace each replay switch acts on."""
+    import base64
+
+    doc = json.loads((OTEL_DATA / "openinference_openai.json").read_text())
+    spans, root = next(
+        (scope["spans"], span)
+        for rs in doc["resourceSpans"]
+        for scope in rs["scopeSpans"]
+        for span in scope["spans"]
+        if span["name"] == "qa"
+    )
+
+    def attr(key: str, value: str) -> dict[str, Any]:
+        return {"key": key, "value": {"stringValue": value}}
+
+    spans.append(
+        {
+            "traceId": root["traceId"],
+            "spanId": base64.b64encode(bytes.fromhex("cd" * 8)).decode(),
+            "parentSpanId": root["spanId"],
+            "name": "execute_tool lookup",
+            "startTimeUnixNano": "1796070689969790000",
+            "endTimeUnixNano": "1796070689969830000",
+            "attributes": [
+                attr("gen_ai.operation.name", "execute_tool"),
+                attr("gen_ai.tool.name", "lookup"),
+                attr("gen_ai.tool.call.arguments", json.dumps({"city": "Seattle"})),
+                attr("gen_ai.tool.call.result", json.dumps({"rain_mm": 120})),
+            ],
+        }
+    )
+    return doc
+
+
+@pytest.fixture(scope="module")
+def trace_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The app over a store holding one imported third-party trace; the model is a real loopback
+    server (``ModelStub``) that counts every request it receives."""
+    from rewind.tracing.otel import import_otlp
+    from tests.model_stub import STUB_MODEL, ModelStub
+
+    store = open_store(tmp_path_factory.mktemp("ui-traces"))
+    result = import_otlp(store, [_trace_with_a_tool_call()])
+    assert result.errors == [] and len(result.imported) == 1
+    with (
+        ModelStub() as stub,
+        ChatClient(
+            Endpoint(base_url=stub.base_url, model=STUB_MODEL), retry=RetryPolicy(attempts=1)
+        ) as client,
+        ThreadServer(create_app(store, chat_client=client, pipelines={})) as srv,
+    ):
+        yield {"url": srv.url, "trace": result.imported[0], "stub": stub}
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def failures_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The app over the planted corpus of ``test_tracing_correlation`` (calls fail only above
+    4,000 input tokens, whatever the model) plus one failed trace whose error is markup."""
+    from rewind.tracing.model import StepData, TraceData
+    from rewind.tracing.store import write_trace
+    from tests.test_tracing_correlation import N, planted
+
+    store = open_store(tmp_path_factory.mktemp("ui-failures"))
+    for i in range(N):
+        write_trace(store, planted(i))
+    hostile_trace = TraceData(
+        trace_id="ee" * 16,
+        name="hostile",
+        status="failed",
+        input={"q": XSS},
+        started_at=1_700_000_100,
+        ended_at=1_700_000_101,
+        error_type="ValueError",
+        error_message=XSS,
+        steps=[StepData(0, "parse", "parse", "failed", error_type="ValueError", error_message=XSS)],
+    )
+    write_trace(store, hostile_trace)
+    with ThreadServer(create_app(store, chat_client=None, pipelines={})) as srv:
+        yield {"url": srv.url, "failing": {f"{i:032x}" for i in range(N) if i * 250 + 100 > 4000}}
+    store.close()
+
+
+def test_failure_view_shows_the_planted_input_length_bucket(
+    failures_server: dict[str, Any], page: Any
+) -> None:
+    expect = playwright_api.expect
+    url = failures_server["url"]
+    page.goto(f"{url}/#/")
+    page.get_by_test_id("nav-failures").click()
+    view = page.get_by_test_id("failures-view")
+    expect(view.get_by_test_id("failures-summary")).to_have_text("25 of 41 traces failed (61 %).")
+    api = api_get(url, "/api/traces/failures", by=["input_length", "model"])
+    by_dim = {c["dimension"]: c for c in api["correlations"]}
+
+    length = view.get_by_test_id("correlation-input_length")
+    # What the figures mean: the unit, the denominator, the bucket edges and the finding bar.
+    expect(length.get_by_test_id("bucket-edges")).to_contain_text(
+        "0–499 · 500–999 · 1,000–1,999 · 2,000–3,999 · 4,000–7,999 · 8,000–15,999"
+    )
+    expect(length.get_by_test_id("bucket-edges")).to_contain_text("32,000 and more")
+    expect(length.get_by_test_id("overall-input_length")).to_contain_text(
+        "Overall: 25 of 41 traces failed (61 %)"
+    )
+    expect(length.get_by_test_id("overall-input_length")).to_contain_text(
+        "at least 2 failures and its rate is at least 80 %"
+    )
+    rows = length.get_by_test_id("corr-group")
+    expect(rows).to_have_count(len(by_dim["input_length"]["groups"]))
+    for group in by_dim["input_length"]["groups"]:
+        row = length.locator(f'[data-key="{group["key"]}"]')
+        expect(row).to_have_attribute("data-finding", "true" if group["finding"] else "false")
+        expect(row.get_by_test_id("group-count")).to_have_text(
+            f"{group['failed']} / {group['total']}"
+        )
+    hot = length.locator('[data-key="4000-7999 tokens"]')
+    expect(hot).to_have_attribute("data-finding", "true")
+    expect(hot.get_by_test_id("group-count")).to_have_text("16 / 16")
+    expect(hot.get_by_test_id("group-rate")).to_have_text("100 %")
+    expect(hot.get_by_test_id("finding-badge")).to_be_visible()
+    for cold in ("0-499 tokens", "2000-3999 tokens"):
+        expect(length.locator(f'[data-key="{cold}"]')).to_have_attribute("data-finding", "false")
+    below = length.locator('[data-key="2000-3999 tokens"]')
+    expect(below.get_by_test_id("group-count")).to_have_text("0 / 8")
+    # One failure without a token count: its own bucket, too few failures to be flagged.
+    unknown = length.locator('[data-key="unknown"]')
+    expect(unknown.get_by_test_id("group-count")).to_have_text("1 / 1")
+    expect(unknown).to_have_attribute("data-finding", "false")
+    expect(length.get_by_test_id("findings-input_length")).to_contain_text(
+        "input_length 4000-7999 tokens: 16/16 traces failed (100% vs 61% overall)"
+    )
+    # The model is not correlated with failure: no group flagged, and each row names its unit.
+    model = view.get_by_test_id("correlation-model")
+    expect(model).to_contain_text("failed / LLM steps")
+    expect(model.locator('[data-finding="true"]')).to_have_count(0)
+    expect(model.locator('[data-key="model-a"]').get_by_test_id("group-count")).to_have_text(
+        "12 / 20"
+    )
+    expect(view.get_by_test_id("correlation-params")).to_be_visible()
+    shot(page, "17-failures")
+
+    # Example traces link to the trace view, where the failure is shown.
+    examples = hot.get_by_test_id("group-example")
+    expect(examples).to_have_count(len(by_dim["input_length"]["groups"][4]["examples"]))
+    examples.first.click()
+    trace_view = page.get_by_test_id("trace-view")
+    expect(trace_view).to_have_attribute("data-kind", "trace")
+    assert trace_view.get_attribute("data-trace-id") in failures_server["failing"]
+    expect(trace_view.get_by_test_id("trace-status")).to_have_text("failed")
+    expect(trace_view).to_contain_text("context length exceeded")
+
+    # A dimension left out is not asked for; hostile error text is shown as text.
+    page.go_back()
+    view.get_by_test_id("by-params").uncheck()
+    expect(view.get_by_test_id("correlation-params")).to_have_count(0)
+    expect(view.get_by_test_id("correlation-input_length")).to_be_visible()
+    view.get_by_test_id("failures-since").fill("last tuesday")
+    view.get_by_test_id("failures-analyse").click()
+    expect(view.get_by_test_id("failures-error")).to_contain_text("last tuesday")
+    expect(view.get_by_test_id("correlation-input_length")).to_have_count(0)
+    view.get_by_test_id("failures-since").fill("")
+    view.get_by_test_id("failures-analyse").click()
+    expect(view.get_by_test_id("failures-error")).to_have_count(0)
+    patterns = view.get_by_test_id("failure-patterns")
+    expect(patterns).to_contain_text("context_overflow")
+    patterns.locator(f'a[href="#/traces/{"ee" * 16}"]').click()
+    expect(page.get_by_test_id("trace-step-error")).to_have_text(f"ValueError: {XSS}")
+    assert page.locator("img[src=x]").count() == 0
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_replay_switches_from_the_ui(trace_server: dict[str, Any], page: Any) -> None:
+    expect = playwright_api.expect
+    url, tid, stub = trace_server["url"], trace_server["trace"], trace_server["stub"]
+    page.goto(f"{url}/#/")
+    page.get_by_test_id("nav-traces").click()
+    row = page.locator(f'[data-testid="trace-row"][data-trace-id="{tid}"]')
+    row.get_by_role("link").first.click()
+    view = page.get_by_test_id("trace-view")
+    expect(view).to_have_attribute("data-trace-id", tid)
+    expect(view.get_by_test_id("trace-step")).to_have_count(3)
+    panel = view.get_by_test_id("replay-panel")
+
+    # Labels and defaults are the API's (and the CLI's): both caches on, no stop.
+    spec = api_get(url, "/openapi.json")["components"]["schemas"]
+    body = next(
+        s
+        for s in spec.values()
+        if set(REPLAY_SWITCHES) <= set(s.get("properties", {})) and "change" in s["properties"]
+    )
+    for key, label in zip(
+        REPLAY_SWITCHES,
+        ("use cached LLM answers", "use cached tool results", "stop at the first divergence"),
+        strict=True,
+    ):
+        box = panel.get_by_test_id(f"switch-{key}")
+        default = body["properties"][key]["default"]
+        (expect(box).to_be_checked if default else expect(box).not_to_be_checked)()
+        expect(panel.get_by_label(label)).to_have_count(1)
+
+    def replay(change: str = "", **switches: bool) -> Any:
+        panel.get_by_test_id("replay-change").fill(change)
+        for key in REPLAY_SWITCHES:
+            panel.get_by_test_id(f"switch-{key}").set_checked(
+                switches.get(key, body["properties"][key]["default"])
+            )
+        before = len(stub.requests)
+        old = panel.get_by_test_id("replay-link")
+        previous = old.inner_text() if old.count() else None
+        panel.get_by_test_id("replay-button").click()
+        result = panel.get_by_test_id("replay-result")
+        expect(result).to_be_visible()
+        if previous is not None:
+            expect(result.get_by_test_id("replay-link")).not_to_have_text(previous)
+        return result, len(stub.requests) - before
+
+    # Defaults: an unchanged replay answers everything from the seeded caches, 0 requests.
+    result, sent = replay()
+    assert sent == 0
+    expect(result).to_have_attribute("data-mode", "recorded-calls")
+    expect(result.get_by_test_id("replay-cache")).to_have_text("3 hits, 0 misses")
+    expect(result.get_by_test_id("replay-tokens")).to_have_attribute("data-tokens", "0")
+    expect(result.get_by_test_id("replay-compare")).to_contain_text("3 equal, 0 changed")
+    shot(page, "18-trace-replay")
+
+    # Cached LLM answers off: both model calls are sent again and spend tokens.
+    result, sent = replay(cached_llm=False)
+    assert sent == 2
+    expect(result.get_by_test_id("replay-cache")).to_have_text("1 hit, 2 misses (2 bypass)")
+    expect(result.get_by_test_id("replay-tokens")).not_to_have_attribute("data-tokens", "0")
+    expect(result.get_by_test_id("replay-switches-used")).to_contain_text(
+        "off: use cached LLM answers"
+    )
+
+    # Cached tool results off: the tool, whose code is not here, cannot run again.
+    result, sent = replay(cached_tools=False)
+    assert sent == 0
+    failed = result.locator('[data-testid="replay-step"][data-outcome="failed"]')
+    expect(failed).to_have_count(1)
+    expect(failed).to_contain_text("lookup")
+    expect(result.get_by_test_id("replay-failed-steps")).to_contain_text("cannot run again")
+
+    # Stop at the first divergence: a changed question changes step 1, and the replay ends there.
+    result, sent = replay("input.question=Why is it grey?", stop_at_divergence=True)
+    assert sent == 1
+    expect(result).to_have_attribute("data-stopped", "true")
+    expect(result.get_by_test_id("replay-stopped")).to_contain_text(
+        "step 'ChatCompletion' (#1) changed its output"
+    )
+    expect(result.get_by_test_id("replay-steps")).to_have_text("1 of 3 recorded")
+    shot(page, "19-trace-replay-stopped")
+
+    # The same change without the stop replays all three steps (step 1 now from the cache).
+    result, sent = replay("input.question=Why is it grey?")
+    assert sent == 1
+    expect(result).to_have_attribute("data-stopped", "false")
+    expect(result.get_by_test_id("replay-stopped")).to_have_count(0)
+    expect(result.get_by_test_id("replay-steps")).to_have_text("3 of 3 recorded")
+    expect(result.get_by_test_id("replay-compare")).to_contain_text(
+        "first divergence at step 1 ChatCompletion"
+    )
+
+    # A bad change is one clear error, and nothing is replayed.
+    panel.get_by_test_id("replay-change").fill("input.nope=1")
+    panel.get_by_test_id("replay-button").click()
+    expect(panel.get_by_test_id("replay-error")).to_contain_text("no field 'nope'")
+    expect(panel.get_by_test_id("replay-result")).to_have_count(0)
+
+    # The replay opens as a trace that says what it replayed and with which switches.
+    replays = api_get(url, "/api/traces", kind="trace")["traces"]
+    assert sum(t["parent_trace_id"] == tid for t in replays) == 5
+    newest = next(t for t in replays if t["parent_trace_id"] == tid)
+    page.goto(f"{url}/#/traces/{newest['trace_id']}")
+    expect(page.get_by_test_id("trace-view")).to_contain_text(
+        "cached LLM answers on, cached tool results on, stop at the first divergence off"
+    )
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]

@@ -1,15 +1,19 @@
-// Rewind's UI shell: hash routes (#/runs/<id>?tab=graph&node=3, #/settings), the runs sidebar,
-// and the selected run.
+// Rewind's UI shell: hash routes (#/runs/<id>?tab=graph&node=3, #/traces, #/traces/<id>,
+// #/failures, #/settings), the runs sidebar, and the selected run or trace.
 import { useCallback, useEffect, useState } from "react";
 import { api, ApiError } from "./api";
 import type { RunsResponse } from "./types";
 import { RunsList } from "./components/RunsList";
 import { RunView, TABS, type Tab } from "./components/RunView";
 import { Settings } from "./components/Settings";
+import { FailuresView } from "./components/FailuresView";
+import { TracesList } from "./components/TracesList";
+import { TraceView } from "./components/TraceView";
 
 interface Route {
-  view: "runs" | "settings";
+  view: "runs" | "settings" | "traces" | "failures";
   runId: string | null;
+  traceId: string | null;
   tab: Tab;
   node: number | null;
 }
@@ -19,9 +23,13 @@ function parseRoute(hash: string): Route {
   const params = new URLSearchParams(query);
   const tab = ((TABS as readonly string[]).includes(params.get("tab") ?? "") ? params.get("tab") : "graph") as Tab;
   const node = params.get("node") ? Number(params.get("node")) : null;
-  if (path.startsWith("/settings")) return { view: "settings", runId: null, tab, node: null };
+  const none = { runId: null, traceId: null, tab, node: null };
+  if (path.startsWith("/settings")) return { view: "settings", ...none };
+  if (path.startsWith("/failures")) return { view: "failures", ...none };
+  const t = path.match(/^\/traces(?:\/([0-9a-zA-Z_-]+))?/);
+  if (t) return { view: "traces", ...none, traceId: t[1] ?? null };
   const m = path.match(/^\/runs\/([0-9a-zA-Z_-]+)/);
-  return { view: "runs", runId: m ? m[1] : null, tab, node };
+  return { view: "runs", runId: m ? m[1] : null, traceId: null, tab, node };
 }
 
 function href(runId: string, tab: Tab, node: number | null): string {
@@ -74,6 +82,12 @@ export default function App() {
           <a href="#/" data-testid="nav-runs" className={route.view === "runs" ? "underline" : ""}>
             Runs
           </a>
+          <a href="#/traces" data-testid="nav-traces" className={route.view === "traces" ? "underline" : ""}>
+            Traces
+          </a>
+          <a href="#/failures" data-testid="nav-failures" className={route.view === "failures" ? "underline" : ""}>
+            Failures
+          </a>
           <a href="#/settings" data-testid="nav-settings" className={route.view === "settings" ? "underline" : ""}>
             Settings
           </a>
@@ -95,6 +109,9 @@ export default function App() {
         </aside>
         <main className="min-w-0 flex-1 overflow-y-auto p-4">
           {route.view === "settings" && <Settings />}
+          {route.view === "failures" && <FailuresView />}
+          {route.view === "traces" && !route.traceId && <TracesList />}
+          {route.view === "traces" && route.traceId && <TraceView key={route.traceId} traceId={route.traceId} />}
           {route.view === "runs" && route.runId && (
             <RunView
               key={route.runId}

@@ -380,3 +380,139 @@ export interface StabilityReport {
   samples: { run_id: string; status: string; tokens: number; error: string | null }[];
   nodes: StabilityNode[];
 }
+
+// -- traces (src/rewind/tracing/service.py) -------------------------------------------------------
+
+export type TraceStatus = "success" | "failed" | "running" | string;
+
+export interface TraceSummary {
+  trace_id: string;
+  name: string;
+  kind: "trace" | "run";
+  status: TraceStatus;
+  started_at: number;
+  ended_at: number | null;
+  duration_ms: number;
+  tokens: number;
+  steps: number;
+  failed_steps: number;
+  error: string | null;
+  parent_trace_id: string | null;
+}
+
+export interface TracesResponse {
+  traces: TraceSummary[];
+  total: number;
+  limit: number;
+  offset: number;
+  next_offset: number | null;
+}
+
+export interface TraceStep {
+  number: number;
+  position: number;
+  name: string;
+  type: string;
+  status: TraceStatus;
+  duration_ms: number;
+  tokens: number;
+  error: string | null;
+  parent: number | null;
+  prompt_tokens: number;
+  completion_tokens: number;
+  model: string | null;
+  input: unknown;
+  output: unknown;
+  params: Record<string, unknown>;
+  cache_outcome: string;
+  cache_reason: string;
+  inherited: boolean;
+}
+
+export interface TraceDetail extends Omit<TraceSummary, "steps"> {
+  run_status: string;
+  input: Record<string, unknown>;
+  output: unknown;
+  config: Record<string, unknown>;
+  override: Override | null;
+  error_type: string | null;
+  error_message: string | null;
+  steps: TraceStep[];
+}
+
+export interface ReplaySwitches {
+  cached_llm: boolean;
+  cached_tools: boolean;
+  stop_at_divergence: boolean;
+}
+
+export interface TraceCompareStep {
+  index: number;
+  name: string;
+  status: "equal" | "changed" | "only_a" | "only_b" | string;
+  token_delta: number;
+  hash_equal: boolean;
+  a: { position: number } | null;
+  b: { position: number } | null;
+}
+
+export interface TraceCompare {
+  run_a: string;
+  run_b: string;
+  tokens_a: number;
+  tokens_b: number;
+  token_delta: number;
+  first_divergence: number | null;
+  counts: { equal: number; changed: number; only_a: number; only_b: number };
+  nodes: TraceCompareStep[];
+}
+
+export interface TraceReplayResult {
+  mode: "chain" | "recorded-calls" | string;
+  switches: ReplaySwitches;
+  stopped: boolean;
+  trace: TraceDetail;
+  diff: TraceCompare;
+}
+
+export interface FailureGroup {
+  key: string;
+  total: number;
+  failed: number;
+  rate: number;
+  finding: boolean;
+  examples: string[];
+}
+
+export type FailureDimension = "input_length" | "step_type" | "model" | "params";
+
+export interface Correlation {
+  dimension: FailureDimension;
+  unit: "traces" | "steps";
+  total: number;
+  failed: number;
+  rate: number;
+  finding_rate: number | null;
+  min_failures: number;
+  edges?: number[];
+  groups: FailureGroup[];
+  findings: string[];
+}
+
+export interface FailurePatternJson {
+  pattern: string;
+  signature: string | null;
+  count: number;
+  share: number;
+  example_trace_ids: string[];
+  steps: Record<string, number>;
+  description: string;
+  suggested_fix: string;
+}
+
+export interface FailuresResponse {
+  total_traces: number;
+  failed_traces: number;
+  patterns: FailurePatternJson[];
+  correlations?: Correlation[];
+}

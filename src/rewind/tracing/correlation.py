@@ -88,29 +88,46 @@ class Correlation:
         """The dimension's overall failure rate."""
         return self.failed / self.total if self.total else 0.0
 
-    def findings(self) -> list[FailureGroup]:
-        """Groups where failures concentrate (see the module doc), highest rate first."""
+    @property
+    def finding_rate(self) -> float | None:
+        """The rate a group needs to be a finding: halfway from the overall rate to 100 %
+        (None when every unit, or none, failed: then nothing is a finding)."""
         overall = self.rate
         if overall == 0.0 or overall == 1.0:
+            return None
+        return overall + (1.0 - overall) / 2
+
+    def findings(self) -> list[FailureGroup]:
+        """Groups where failures concentrate (see the module doc), highest rate first."""
+        bar = self.finding_rate
+        if bar is None:
             return []
-        bar = overall + (1.0 - overall) / 2
         hot = [g for g in self.groups if g.failed >= MIN_FAILURES and g.rate >= bar]
         return sorted(hot, key=lambda g: (-g.rate, g.key))
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON for the CLI and the API."""
-        return {
+        """Plain JSON for the CLI and the API. Each group says whether it is a ``finding``;
+        ``finding_rate`` and ``min_failures`` are the bar it had to pass. ``input_length`` also
+        gives ``edges``: the lower edges of its buckets in tokens (:data:`INPUT_BUCKETS`; each
+        bucket runs up to the next edge minus one, the last is open-ended)."""
+        edges = {"edges": list(INPUT_BUCKETS)} if self.dimension == "input_length" else {}
+        hot = {g.key for g in self.findings()}
+        bar = self.finding_rate
+        return edges | {
             "dimension": self.dimension,
             "unit": self.unit,
             "total": self.total,
             "failed": self.failed,
             "rate": round(self.rate, 4),
+            "finding_rate": None if bar is None else round(bar, 4),
+            "min_failures": MIN_FAILURES,
             "groups": [
                 {
                     "key": g.key,
                     "total": g.total,
                     "failed": g.failed,
                     "rate": round(g.rate, 4),
+                    "finding": g.key in hot,
                     "examples": g.examples,
                 }
                 for g in self.groups

@@ -34,7 +34,9 @@ holds parts Rewind cannot rebuild. Nothing is guessed silently.
 **Tools.** A tool span (``gen_ai.operation.name = execute_tool``, OpenInference ``TOOL``) becomes
 a tool cache entry ``key_of("tool/v1", name, canonical args)`` — the key ``@rewind.tool`` uses —
 with the recorded result; its determinism is unknown, so a replay serves it only for the same
-arguments.
+arguments. The arguments are ``gen_ai.tool.call.arguments``, OpenInference's
+``tool_call.function.arguments`` or ``input.value``; ``tool.parameters`` (the tool's parameter
+definition in the OpenInference spec) only when none of those is recorded.
 """
 
 from __future__ import annotations
@@ -565,9 +567,19 @@ def _tool_call(a: Mapping[str, Any]) -> RecordedCall | None:
     if not isinstance(name, str) or not name:
         return None
     problems = []
-    args = _json(a.get("gen_ai.tool.call.arguments") or a.get("tool.parameters"))
-    if args is None:
-        args = _json(a.get("input.value"))
+    # OpenInference's spec makes ``tool.parameters`` the tool's parameter *definition* (some
+    # instrumentations write the call's arguments there, others the schema): read it only when
+    # nothing else records the arguments, or every call of a tool would share one cache key.
+    args = None
+    for k in (
+        "gen_ai.tool.call.arguments",
+        "tool_call.function.arguments",
+        "input.value",
+        "tool.parameters",
+    ):
+        if a.get(k) is not None:
+            args = _json(a[k])
+            break
     result = a.get("gen_ai.tool.call.result")
     result = _json(result) if result is not None else _json(a.get("output.value"))
     if args is None:

@@ -239,7 +239,7 @@ class Step:
             reason = self.trace.stop_after(data) if self.trace.stop_after else None
             if reason:
                 raise StoppedAtDivergence(
-                    reason, "the replay stopped as asked (--stop-at-divergence)"
+                    reason, "the replay stopped as asked (switch: stop at the first divergence)"
                 )
 
     def _collect(self) -> None:

@@ -95,6 +95,11 @@ export function RunView({
             {fmtInt(run.tokens)} tokens · {fmtMs(run.latency_ms)}
           </span>
           {live.mode !== "idle" && <span className="text-xs text-blue-700">live ({live.mode})</span>}
+          {run.config?.kind === "trace" && (
+            <a className="text-sm text-sky-700 underline" href={`#/traces/${run.run_id}`} data-testid="open-as-trace">
+              open as a trace (replay with switches)
+            </a>
+          )}
         </div>
         {run.parent_run_id && (
           <div className="text-sm text-slate-700">

@@ -56,3 +56,18 @@ export function Legend() {
     </div>
   );
 }
+
+const TRACE_BADGE: Record<string, string> = {
+  success: "bg-emerald-100 text-emerald-800",
+  failed: "bg-red-100 text-red-800",
+  running: "bg-blue-100 text-blue-800",
+};
+
+/** A trace's or step's status (success / failed / running; anything else in grey). */
+export function TraceBadge({ status, testId = "trace-status" }: { status: string; testId?: string }) {
+  return (
+    <span data-testid={testId} className={`rounded px-1.5 py-0.5 text-xs font-medium ${TRACE_BADGE[status] ?? "bg-slate-200 text-slate-700"}`}>
+      {status}
+    </span>
+  );
+}
