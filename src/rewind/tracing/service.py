@@ -290,7 +290,7 @@ _OTLP: dict[int | str, dict[str, Any]] = {
 }
 
 
-class ReplayRequest(BaseModel):
+class TraceReplayRequest(BaseModel):
     """A trace replay: at most one change and the replay switches. No chain reference is taken
     over HTTP (importing and calling a named function is code execution): a trace recorded here
     runs its recorded chain, any other replays its recorded calls."""
@@ -419,7 +419,7 @@ def trace_router(
         return out
 
     @r.post("/traces/{trace_id}/replay", responses=error_responses(400, 403, 404, 409, 422, 503))
-    def replay(trace_id: str, req: ReplayRequest) -> dict[str, Any]:
+    def replay(trace_id: str, req: TraceReplayRequest) -> dict[str, Any]:
         """Replay a trace (its chain's code, or its recorded calls) with at most one change and
         the replay switches; answers the mode used, whether it stopped at the first divergence,
         the replay trace and its step-by-step diff against the original."""
