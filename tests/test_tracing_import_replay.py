@@ -491,9 +491,9 @@ def test_cache_switches_of_the_command(
         tid = imported(st, REPLAYABLE[1])
         import_otlp(st, [_tool_span_doc({"city": "Seattle"}, {"rain_mm": 120})])
 
-    def replay(*args: str) -> dict[str, Any]:
+    def replay(*args: str, code: int = 0) -> dict[str, Any]:
         out = CliRunner().invoke(app, ["--store", str(folder), "replay-trace", *args, "--json"])
-        assert out.exit_code == 0, out.output
+        assert out.exit_code == code, out.output
         return dict(json.loads(out.output))
 
     doc = replay(tid, "--no-cached-llm")
@@ -504,9 +504,10 @@ def test_cache_switches_of_the_command(
         "stop_at_divergence": False,
     }
     assert [s["cache_reason"] for s in doc["trace"]["steps"]] == ["bypass", "bypass"]
-    doc = replay("ab" * 16, "--no-cached-tools")
+    doc = replay("ab" * 16, "--no-cached-tools", code=1)  # a step failed: the replay failed
     (s,) = doc["trace"]["steps"]
     assert s["status"] == "failed" and "cannot run again" in s["error"]
+    assert doc["trace"]["status"] != "success", doc["trace"]
     assert doc["switches"]["cached_tools"] is False and len(stub.requests) == 2
     doc = replay("ab" * 16)  # the defaults serve it
     assert doc["trace"]["steps"][0]["status"] == "success"

@@ -143,9 +143,13 @@ def _replay_steps(
     overrides: Mapping[str, Mapping[str, Any]],
     stack: list[tuple[StepView, Step]],
 ) -> EndpointUnavailable | None:
-    """Replay the recorded steps in order; returns the first EndpointUnavailable a missed call
-    met (the step failed with it), else None."""
+    """Replay the recorded steps in order. A step that fails (a missed call whose endpoint is
+    down, a tool that cannot run again, a step not replayable) is recorded failed and the rest
+    still replays; then the first failure is raised, so the replay is written failed rather
+    than with the recorded output (an EndpointUnavailable first: the caller learns the model
+    endpoint is down)."""
     unavailable: EndpointUnavailable | None = None
+    failed: RewindError | None = None
     try:
         for s in view.steps:
             while stack and stack[-1][0].position != s.parent_position:
@@ -161,6 +165,7 @@ def _replay_steps(
                 unavailable = unavailable or exc
                 step.finish(exc)
             except RewindError as exc:  # NotReplayable, ModelCallError...
+                failed = failed or exc
                 step.finish(exc)
         while stack:
             _close(*stack.pop(), subs)
@@ -169,8 +174,12 @@ def _replay_steps(
         while stack:
             stack.pop()[1].finish(stop)
         raise
+    if unavailable is not None:
+        raise unavailable
+    if failed is not None:
+        raise failed
     trace.set_output(_substituted(view.output, subs))
-    return unavailable
+    return None
 
 
 def _inputs(s: StepView) -> dict[str, Any]:
