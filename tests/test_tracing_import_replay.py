@@ -675,3 +675,40 @@ def test_genai_message_span_events_seed_the_same_key(store: Store) -> None:
     assert call.key == reference.steps[0].calls[0].key
     assert view.steps[0].llm_calls[0].content == "answer #1 to Which month?"
     assert view.steps[0].attributes["provider"] == "openai"
+
+
+PLANTED = Tracer(read_cache=True)
+
+
+@PLANTED.chain("planted_chain")
+def planted_chain(question: str) -> str:
+    return fixture_chain(question)
+
+
+def test_an_imported_answer_never_serves_another_run(
+    store: Store, stub: ModelStub, client: ChatClient
+) -> None:
+    """A trace file is data from elsewhere: the answers its import seeds serve that trace's own
+    replays (0 requests) but never another run that happens to send the same request — a
+    crafted file must not plant answers. The other run sends its requests live."""
+    tid = imported(store, REPLAYABLE[0])
+    view = load_trace(store, tid)
+    keys = [c.key for s in view.steps for c in s.calls]
+    assert all((store.llm_cache_get(k) or CacheEntryMissing).origin == tid for k in keys)
+
+    PLANTED.configure(store=store, chat_client=client)
+    planted_chain("Which month is the wettest in Seattle?")  # the imported trace's requests
+    assert len(stub.requests) == 2  # sent live, not served from the imported answers
+    (run,) = [r for r in store.list_runs() if r.run_id != tid]
+    new = load_trace(store, run.run_id)
+    assert [c.key for s in new.steps for c in s.calls] == keys  # the very same requests
+    assert all(c.outcome != "hit" for s in new.steps for c in s.calls)
+    # The live answers are the store's own now (origin cleared), and the trace's replays
+    # still cost nothing.
+    assert all(store.llm_cache_get(k).origin is None for k in keys)  # type: ignore[union-attr]
+    record = replay_trace(store, tid, chat_client=client)
+    assert record.status == "completed" and len(stub.requests) == 2
+
+
+class CacheEntryMissing:
+    origin = "missing"

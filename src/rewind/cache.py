@@ -503,7 +503,10 @@ def _lookup(
         found: tuple[str, float | None] = (entry.result_hash, entry.produced_at)
     else:
         cached = ctx.store.llm_cache_get(key) if kind == "llm" else ctx.store.tool_cache_get(key)
-        if cached is None:
+        if cached is None or cached.origin is not None:
+            # An answer seeded by a trace import serves that trace's replays only, and those
+            # find it in their lineage above: never another run (a crafted trace file must not
+            # plant answers for requests others will send).
             return None, _miss_reason(ctx, scope)
         found = (cached.result_hash, cached.created_at)
     if policy.determinism == "time-bound" and policy.ttl_s is not None:

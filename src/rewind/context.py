@@ -55,6 +55,7 @@ class PendingWrite:
     completion_tokens: int = 0
     cacheable: bool = True  # False: keep the result blob but write no cache entry
     produced_at: float | None = None
+    origin: str | None = None  # the importing trace's id for an answer seeded by an import
 
 
 @dataclass(frozen=True)

@@ -424,7 +424,7 @@ def add_scope_rows(batch: WriteBatch, scope: NodeScope) -> None:
         batch.blobs.setdefault(pw.result_hash, pw.result_bytes)
         if not pw.cacheable:
             continue
-        row = {"key": pw.key, "created_at": pw.produced_at or time.time()}
+        row = {"key": pw.key, "created_at": pw.produced_at or time.time(), "origin": pw.origin}
         if pw.kind == "llm":
             batch.llm_cache.append(
                 row

@@ -172,6 +172,7 @@ llm_cache = Table(
     Column("prompt_tokens", Integer, nullable=False, default=0),
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("created_at", Float, nullable=False),
+    Column("origin", String(64), nullable=True),  # None: recorded here; else the importing trace
 )
 
 tool_cache = Table(
@@ -182,6 +183,7 @@ tool_cache = Table(
     Column("args_hash", String(64), nullable=False),
     Column("result_hash", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("origin", String(64), nullable=True),  # None: recorded here; else the importing trace
 )
 
 blobs = Table(

@@ -94,13 +94,16 @@ def _unpack(codec: str, data: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """A cache entry: the stored result blob and when it was written (unix seconds)."""
+    """A cache entry: the stored result blob and when it was written (unix seconds);
+    ``origin`` is None for an answer recorded here, else the id of the trace whose import
+    seeded it (served only through that trace's lineage)."""
 
     key: str
     result_hash: str
     created_at: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    origin: str | None = None
 
 
 class Store:
@@ -615,7 +618,12 @@ class Store:
             return None
         m = row._mapping
         return CacheEntry(
-            key, m["response_hash"], m["created_at"], m["prompt_tokens"], m["completion_tokens"]
+            key,
+            m["response_hash"],
+            m["created_at"],
+            m["prompt_tokens"],
+            m["completion_tokens"],
+            m["origin"],
         )
 
     def llm_cache_put(self, conn: Connection, **values: Any) -> None:
@@ -631,7 +639,7 @@ class Store:
         if row is None:
             return None
         m = row._mapping
-        return CacheEntry(key, m["result_hash"], m["created_at"])
+        return CacheEntry(key, m["result_hash"], m["created_at"], origin=m["origin"])
 
     def tool_cache_put(self, conn: Connection, **values: Any) -> None:
         """Write (or refresh) a tool cache entry: key, tool, args_hash, result_hash."""

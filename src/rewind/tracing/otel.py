@@ -1069,14 +1069,15 @@ def import_otlp(
 
 def _without_overwrites(store: Store, data: TraceData) -> TraceData:
     """``data`` with the cache entries whose key the store already holds kept on the trace only
-    (its lineage): an imported answer never replaces one recorded or imported before."""
+    (its lineage): an imported answer never replaces one recorded or imported before. The
+    others are marked with the trace as their origin: they serve this trace's replays only."""
     for s in data.steps:
         s.pending = [
             replace(pw, cacheable=False)
             if pw.cacheable
             and (store.llm_cache_get if pw.kind == "llm" else store.tool_cache_get)(pw.key)
             is not None
-            else pw
+            else replace(pw, origin=data.trace_id)
             for pw in s.pending
         ]
     return data
