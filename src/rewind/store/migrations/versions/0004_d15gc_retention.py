@@ -8,8 +8,9 @@ the blob epoch.
   ``rewind gc`` inserts the permit, deletes the run's rows and deletes the permit again, all in
   one transaction: no other transaction ever sees a permit, and no ordinary writer inserts one,
   so an accidental ``DELETE FROM nodes`` still fails with "recorded node rows are immutable".
-- ``meta.blob_epoch``: bumped by every gc that deletes blobs; a writer that sees it change
-  forgets which blobs it believed were stored (see :mod:`rewind.store.retention`).
+- ``meta.blob_epoch`` (no row until the first gc that deletes blobs writes it): bumped by every
+  such gc; a writer that sees it change forgets which blobs it believed were stored (see
+  :mod:`rewind.store.retention`).
 
 Revision ID: 0004_d15gc
 Revises: 0003
@@ -51,10 +52,6 @@ def upgrade() -> None:
         "archive_permits",
         sa.Column("run_id", sa.String(length=64), nullable=False),
         sa.PrimaryKeyConstraint("run_id"),
-    )
-    op.bulk_insert(
-        sa.table("meta", sa.column("key", sa.String), sa.column("value", sa.Text)),
-        [{"key": "blob_epoch", "value": "0"}],
     )
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
