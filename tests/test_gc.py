@@ -462,6 +462,13 @@ def test_cli_bad_age_exits_2_with_one_line_and_writes_nothing(
     assert not store.exists()
 
 
+def test_cli_gc_on_a_folder_without_a_store_exits_2_and_creates_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "nothing-here"
+    proc = _cli(store, "gc", "--older-than", "30d")
+    assert proc.returncode == 2 and "no store at" in proc.stderr
+    assert not store.exists()
+
+
 def test_cli_gc_dry_run_then_gc_then_restore(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     rw = Rewind(store_dir)

@@ -1271,7 +1271,9 @@ def gc_cmd(
 
     try:
         age = parse_age(older_than)  # bad input is refused before the store is opened
-        opened = open_store(_store(), read_only=dry_run)
+        location = _store()
+        _require_existing_store(location)
+        opened = open_store(location, read_only=dry_run)
     except RewindError as exc:
         _fail(exc)
     try:
@@ -1285,18 +1287,21 @@ def gc_cmd(
     if as_json:
         _emit_json(report.to_json())
         return
-    verb = "would" if dry_run else ""
+
+    def did(past: str, base: str) -> str:
+        return f"would {base}" if dry_run else past
+
     head = "gc (dry run: nothing written)" if dry_run else "gc"
     console.print(
-        f"[bold]{head}[/] older than {inert(older_than)} → archives in {inert(report.archive_url)}"
+        f"[bold]{head}[/] older than {inert(older_than)}; archives in {inert(report.archive_url)}"
     )
     console.print(
-        f"  cache entries {verb + ' expire' if verb else 'expired'}: "
+        f"  cache entries {did('expired', 'expire')}: "
         f"{report.llm_cache_expired} llm, {report.tool_cache_expired} tool"
     )
     archived_bytes = sum(a.archive_bytes for a in report.archived)
     console.print(
-        f"  runs {verb + ' archive' if verb else 'archived'}: {len(report.archived)} "
+        f"  runs {did('archived', 'archive')}: {len(report.archived)} "
         f"({sum(a.rows for a in report.archived)} rows, {archived_bytes} archive bytes)"
     )
     for a in report.archived:
@@ -1314,9 +1319,24 @@ def gc_cmd(
     for item in report.skipped:
         console.print(f"  skipped {inert(item['run_id'])}: {inert(item['reason'])}")
     console.print(
-        f"  blobs {verb + ' delete' if verb else 'deleted'}: {report.blobs_deleted} "
+        f"  blobs {did('deleted', 'delete')}: {report.blobs_deleted} "
         f"({report.blob_bytes} bytes; {report.objects_deleted} in the object store)"
     )
+
+
+def _require_existing_store(location: str) -> None:
+    """Refuse a SQLite location holding no store (gc must not create an empty one)."""
+    from rewind.store.store import DB_FILENAME
+
+    if "://" in location:
+        return
+    path = Path(location).expanduser()
+    db = path if path.suffix in (".db", ".sqlite", ".sqlite3") else path / DB_FILENAME
+    if not db.is_file():
+        raise StoreError(
+            f"no store at {path.resolve()} (nothing was recorded there)",
+            "pass --store with the folder you recorded into",
+        )
 
 
 archive_app = typer.Typer(
