@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -235,6 +236,7 @@ def test_a_blob_shared_with_a_kept_run_survives_and_an_unshared_one_goes(
     own = "o" * (BIG + 20)
     old = rw.record(pipelines.pipeline, {"x": 5, "doc": shared, "mine": own})
     kept = rw.record(pipelines.pipeline, {"x": 5, "doc": shared})
+    store.put_artifact(old.run_id, "report.md", b"# the old run's report\n")
     age(store, old.run_id, 40)
     old_fields = json.loads(rows_of(store, old.run_id)["burr_state"][0]["fields_json"])
     shared_hash, own_hash = old_fields["doc"], old_fields["mine"]
@@ -244,6 +246,7 @@ def test_a_blob_shared_with_a_kept_run_survives_and_an_unshared_one_goes(
     report = collect_garbage(store, MONTH, archive=objects)
 
     assert [a.run_id for a in report.archived] == [old.run_id]
+    assert not (store.root / "artifacts" / old.run_id).exists()
     hashes = blob_hashes(store)
     assert shared_hash in hashes and objects.has_blob(shared_hash)
     assert own_hash not in hashes and not objects.has_blob(own_hash)
@@ -259,6 +262,8 @@ def test_a_blob_shared_with_a_kept_run_survives_and_an_unshared_one_goes(
     assert own_hash in blob_hashes(store) and objects.has_blob(own_hash)
     restored = store.load_state_row("", old.run_id, None)
     assert restored is not None and restored["values"]["mine"] == own
+    [artifact] = store.artifacts_of(old.run_id)
+    assert artifact["path"].read_bytes() == b"# the old run's report\n"
 
 
 def test_a_concurrent_writer_that_remembers_a_deleted_blob_writes_it_again(
@@ -290,6 +295,50 @@ def test_a_concurrent_writer_that_remembers_a_deleted_blob_writes_it_again(
 
     assert digest in blob_hashes(target.store)
     referenced_blobs_exist(target.store, second.run_id)
+
+
+@pytest.mark.slow
+def test_gc_beside_a_live_writer_never_leaves_a_row_naming_a_missing_blob(
+    target: GcTarget,
+) -> None:
+    """A writer records runs that share values while gc (age 0: every finished run goes)
+    archives them and deletes their blobs, over and over; bounded in count, no timing."""
+    location = target.store.engine.url.render_as_string(hide_password=False)
+    where = target.store.root if location.startswith("sqlite") else location
+    errors: list[BaseException] = []
+    done = threading.Event()
+    recorded: list[str] = []
+
+    def write() -> None:
+        try:
+            for i in range(12):
+                value = f"shared value {i % 3}" * 30  # repeats: blobs the writer remembers
+                recorded.append(rw.record(pipelines.pipeline, {"x": i % 4, "v": value}).run_id)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    rw = target.rewind()
+    gc_store = open_store(where, root=target.store.root, objects=target.objects)
+    thread = threading.Thread(target=write)
+    thread.start()
+    sweeps = 0
+    try:
+        while not done.is_set() or sweeps == 0:
+            collect_garbage(gc_store, 0.0, archive=target.objects)
+            sweeps += 1
+    finally:
+        thread.join()
+        gc_store.close()
+    assert errors == []
+    assert len(recorded) == 12
+    for run_id in run_ids(target.store):
+        referenced_blobs_exist(target.store, run_id)
+    archived = [r["run_id"] for r in archived_runs(target.store)]
+    for run_id in archived[:3]:  # archives of runs taken while written beside are whole
+        restore_run(target.store, run_id, archive=target.objects)
+        referenced_blobs_exist(target.store, run_id)
 
 
 # -- cache expiry ------------------------------------------------------------------------------
