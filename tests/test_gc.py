@@ -554,3 +554,52 @@ def test_cli_gc_dry_run_then_gc_then_restore(tmp_path: Path) -> None:
         store.close()
     missing = _cli(store_dir, "archive", "restore", "nope-nope")
     assert missing.returncode == 2 and "no archived run" in missing.stderr
+
+
+@pytest.mark.postgres
+@pytest.mark.s3
+def test_cli_gc_and_restore_on_postgres_with_archives_in_s3(
+    postgres_server: PostgresServer, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """As a team deployment runs it: configured only by environment (REWIND_STORE, REWIND_OBJECTS,
+    fsspec's S3 endpoint), archives land in the bucket and are read back from it."""
+    url = postgres_server.new_database()
+    objects = ObjectStore(f"s3://{s3_server.new_bucket()}/team", **s3_server.storage_options)
+    store = open_store(url, root=tmp_path / ".rewind", objects=objects)
+    rw = Rewind(store)
+    old = rw.record(pipelines.pipeline, {"x": 5, "doc": "d" * (70 * 1024)})  # offloaded blob
+    age(store, old.run_id, 40)
+    before = rows_of(store, old.run_id)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        REWIND_STORE=url,
+        REWIND_OBJECTS=objects.url,
+        AWS_ACCESS_KEY_ID="rewind-test",
+        AWS_SECRET_ACCESS_KEY="rewind-test",
+        AWS_DEFAULT_REGION="us-east-1",
+        FSSPEC_S3_ENDPOINT_URL=s3_server.endpoint_url,
+    )
+
+    def cli(*args: str) -> Any:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rewind", *args, "--json"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    report = cli("gc", "--older-than", "30d")
+    [archived] = report["runs"]["archived"]
+    assert archived["archive_ref"] == f"{objects.url}/archive/runs/{old.run_id}.json.gz"
+    assert report["blobs"]["objects_deleted"] == 1
+    assert objects.fs.exists(objects._path(archived["archive_ref"]))
+    assert run_ids(store) == set()
+
+    back = cli("archive", "restore", old.run_id)
+
+    assert back["run_id"] == old.run_id
+    assert rows_of(store, old.run_id) == before
+    referenced_blobs_exist(store, old.run_id)
+    assert not objects.fs.exists(objects._path(archived["archive_ref"]))
+    store.close()

@@ -431,7 +431,7 @@ class Store:
             raise StoreError(
                 f"blob {min(missing)[:12]} this write refers to was deleted by a concurrent "
                 "rewind gc",
-                "run the command again (its inputs are re-read from what the store keeps)",
+                "run the command again",
             )
 
     # -- runs ---------------------------------------------------------------------------------
