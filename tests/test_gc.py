@@ -30,10 +30,12 @@ from rewind.store.retention import (
     RUN_TABLES,
     InvalidAge,
     archived_runs,
+    bump_blob_epoch,
     collect_garbage,
     parse_age,
     restore_run,
 )
+from rewind.store.store import WriteBatch, state_row
 from tests import pipelines
 from tests.services import PostgresServer, S3Server
 
@@ -339,6 +341,27 @@ def test_gc_beside_a_live_writer_never_leaves_a_row_naming_a_missing_blob(
     for run_id in archived[:3]:  # archives of runs taken while written beside are whole
         restore_run(target.store, run_id, archive=target.objects)
         referenced_blobs_exist(target.store, run_id)
+
+
+def test_a_write_naming_a_blob_a_gc_deleted_is_refused_whole(target: GcTarget) -> None:
+    """The bytes of a cache hit are not in the writer's batch: when a gc ran since the writer
+    last wrote and the blob is gone, the batch fails loudly and writes nothing."""
+    store = target.store
+    with store.write():
+        pass  # the store has seen the current blob epoch
+    with store.write() as conn:
+        bump_blob_epoch(conn)  # what a gc that deleted blobs does
+    gone = "a" * 64
+    batch = WriteBatch()
+    batch.states.append(
+        state_row(
+            partition_key="", app_id="app-1", sequence_id=0, position="start",
+            status="completed", fields={"x": gone}, internal={},
+        )
+    )  # fmt: skip
+    with pytest.raises(StoreError, match="deleted by a concurrent rewind gc"):
+        store.write_batch(batch)
+    assert store.load_state_row("", "app-1", None, values=False) is None
 
 
 # -- cache expiry ------------------------------------------------------------------------------

@@ -702,7 +702,7 @@ def _sweep_blobs(store: Store, report: GcReport) -> None:
         for chunk in _chunks(sorted(doomed)):
             conn.execute(delete(schema.blobs).where(schema.blobs.c.hash.in_(chunk)))
         if doomed:
-            _bump_epoch(conn)
+            bump_blob_epoch(conn)
     report.blobs_deleted = len(doomed)
     report.blob_bytes = sum(size for size, _ref in doomed.values())
     objects = {h: ref for h, (_size, ref) in doomed.items() if ref}
@@ -728,7 +728,9 @@ def _exclusive(store: Store) -> Iterator[Connection]:
         yield conn
 
 
-def _bump_epoch(conn: Connection) -> None:
+def bump_blob_epoch(conn: Connection) -> None:
+    """Bump ``meta.blob_epoch`` inside ``conn``'s write transaction: every writer then stops
+    trusting the blobs it remembers as stored (see the module doc)."""
     m = schema.meta
     current = conn.execute(select(m.c.value).where(m.c.key == BLOB_EPOCH_KEY)).scalar()
     if current is None:
@@ -751,6 +753,7 @@ __all__ = [
     "RestoredRun",
     "archive_store",
     "archived_runs",
+    "bump_blob_epoch",
     "collect_garbage",
     "parse_age",
     "restore_run",
