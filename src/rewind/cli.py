@@ -1,4 +1,4 @@
-"""The ``rewind`` command line: demo, run, runs, show, fork, diff, verify.
+"""The ``rewind`` command line: demo, run, runs, show, fork, diff, verify, gc, archive.
 
 Bad input (unknown run, unknown node, a field the node does not have, malformed JSON, a fork of a
 run still running or that failed before the fork node) exits with status 2 and one line saying
@@ -1264,6 +1264,167 @@ def otel_import_cmd(
     with _session(model=False) as rw:
         code = commands.otel_import_command(rw, label, docs=docs, as_json=as_json, console=console)
     raise typer.Exit(code)
+
+
+@app.command("gc")
+def gc_cmd(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            help="Age: runs finished and cache entries last used longer ago go (30d, 12h, 90m).",
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only print what would go; write nothing.")
+    ] = False,
+    archive: Annotated[
+        str | None,
+        typer.Option(
+            "--archive",
+            help="Object store URL for run archives (default: $REWIND_OBJECTS, else the store "
+            "folder).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Retention: expire unused cache entries, archive old finished runs to the object store
+    (never an ancestor of a kept run, never a running one), delete blobs no row names."""
+    from rewind.store import open_store
+    from rewind.store.retention import archive_store, collect_garbage, parse_age
+
+    try:
+        age = parse_age(older_than)  # bad input is refused before the store is opened
+        location = _store()
+        _require_existing_store(location)
+        opened = open_store(location, read_only=dry_run)
+    except RewindError as exc:
+        _fail(exc)
+    try:
+        report = collect_garbage(
+            opened, age, dry_run=dry_run, archive=archive_store(opened, archive)
+        )
+    except RewindError as exc:
+        _fail(exc)
+    finally:
+        opened.close()
+    if as_json:
+        _emit_json(report.to_json())
+        return
+
+    def did(past: str, base: str) -> str:
+        return f"would {base}" if dry_run else past
+
+    head = "gc (dry run: nothing written)" if dry_run else "gc"
+    console.print(
+        f"[bold]{head}[/] older than {inert(older_than)}; archives in {inert(report.archive_url)}"
+    )
+    console.print(
+        f"  cache entries {did('expired', 'expire')}: "
+        f"{report.llm_cache_expired} llm, {report.tool_cache_expired} tool"
+    )
+    archived_bytes = sum(a.archive_bytes for a in report.archived)
+    console.print(
+        f"  runs {did('archived', 'archive')}: {len(report.archived)} "
+        f"({sum(a.rows for a in report.archived)} rows, {archived_bytes} archive bytes)"
+    )
+    for a in report.archived:
+        console.print(
+            f"    {inert(a.run_id)}  {inert(a.pipeline)}  {a.status}  {a.rows} rows  "
+            f"{a.blobs} blobs  {a.archive_bytes} B"
+        )
+    if report.kept_ancestors:
+        console.print(
+            f"  kept as ancestors of kept runs: {len(report.kept_ancestors)} "
+            f"({', '.join(inert(r[:12]) for r in report.kept_ancestors)})"
+        )
+    if report.left_unfinished:
+        console.print(f"  left alone, not finished: {len(report.left_unfinished)}")
+    for item in report.skipped:
+        console.print(f"  skipped {inert(item['run_id'])}: {inert(item['reason'])}")
+    console.print(
+        f"  blobs {did('deleted', 'delete')}: {report.blobs_deleted} "
+        f"({report.blob_bytes} bytes; {report.objects_deleted} in the object store)"
+    )
+
+
+def _require_existing_store(location: str) -> None:
+    """Refuse a SQLite location holding no store (gc must not create an empty one)."""
+    from rewind.store.store import DB_FILENAME
+
+    if "://" in location:
+        return
+    path = Path(location).expanduser()
+    db = path if path.suffix in (".db", ".sqlite", ".sqlite3") else path / DB_FILENAME
+    if not db.is_file():
+        raise StoreError(
+            f"no store at {path.resolve()} (nothing was recorded there)",
+            "pass --store with the folder you recorded into",
+        )
+
+
+archive_app = typer.Typer(
+    no_args_is_help=True, help="Runs archived by `rewind gc`: list them, restore one."
+)
+app.add_typer(archive_app, name="archive")
+
+
+@archive_app.command("list")
+def archive_list_cmd(as_json: JsonOpt = False, store: StoreOpt = None) -> None:
+    """List archived runs, newest archive first."""
+    from rewind.store.retention import archived_runs
+
+    with _session(model=False, read_only=True) as rw:
+        items = archived_runs(rw.store)
+    if as_json:
+        _emit_json(items)
+        return
+    t = Table(title="archived runs", title_justify="left")
+    for col in ("run", "pipeline", "status", "parent", "archived", "bytes", "archive"):
+        t.add_column(col)
+    for r in items:
+        t.add_row(
+            inert(r["run_id"][:12]),
+            inert(r["pipeline"]),
+            inert(r["status"]),
+            inert((r["parent_run_id"] or "")[:12]),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["archived_at"])),
+            str(r["archive_bytes"]),
+            inert(r["archive_ref"]),
+        )
+    console.print(t)
+
+
+@archive_app.command("restore")
+def archive_restore_cmd(
+    run_id: Annotated[str, typer.Argument(help="Archived run id (or a unique prefix).")],
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Bring an archived run back exactly (same rows and hashes), with its archived ancestors."""
+    from rewind.store.retention import restore_run
+
+    with _session(model=False) as rw:
+        restored = restore_run(rw.store, run_id)
+    if as_json:
+        _emit_json(
+            {
+                "run_id": restored.run_id,
+                "rows": restored.rows,
+                "blobs": restored.blobs,
+                "ancestors": list(restored.ancestors),
+            }
+        )
+        return
+    console.print(
+        f"restored run {inert(restored.run_id)}: {restored.rows} rows, {restored.blobs} blobs"
+        + (
+            f" (and archived ancestors {', '.join(inert(a[:12]) for a in restored.ancestors)})"
+            if restored.ancestors
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -279,9 +279,11 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             exception = exception or exc
         batch = WriteBatch()
         for k in fresh:
+            # Every fresh field's bytes travel with the batch, even when the store believes the
+            # blob is stored: write_batch skips the known ones, and has the bytes at hand to
+            # write them again if a concurrent rewind gc deleted them meanwhile.
             f = fields[k]
-            if not self.ctx.store.knows_blob(f.digest):
-                batch.blobs.setdefault(f.digest, f.data)
+            batch.blobs.setdefault(f.digest, f.data)
         doc = {"node": action.name, "reads": self._reads, "inputs": self._inputs}
         bound = bound_params(action)
         if bound:

@@ -88,6 +88,40 @@ class ObjectStore:
             )
         return data
 
+    def put_object(self, key: str, data: bytes) -> str:
+        """Write bytes at ``<url>/<key>`` (a relative key such as ``archive/runs/x.json.gz``);
+        returns the object's URL.
+
+        Raises:
+            StoreError: the object store refused the write.
+        """
+        ref = f"{self.url}/{key.lstrip('/')}"
+        path = self._path(ref)
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(path, data)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write {key} to {self.url}: {exc}",
+                "check the object store URL, its credentials and that the bucket exists",
+            ) from exc
+        return ref
+
+    def get_object(self, ref: str, digest: str) -> bytes:
+        """The bytes at ``ref`` (any object of this store), verified to hash to ``digest``.
+
+        Raises:
+            StoreError: the object is missing, unreadable, or its bytes do not match the hash.
+        """
+        return self.get_blob(ref, digest)
+
+    def has_blob(self, digest: str) -> bool:
+        """True when the object for this sha256 exists (its bytes are not read)."""
+        try:
+            return bool(self.fs.exists(self._path(self.blob_ref(digest))))
+        except OSError:
+            return False
+
     def delete(self, ref: str) -> None:
         """Delete the object at ``ref`` (absent objects are fine)."""
         try:

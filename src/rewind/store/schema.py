@@ -242,3 +242,29 @@ spans = Table(
     Column("duration_ms", Float, nullable=False, default=0.0),
     Column("output_hash", String(64), nullable=True),  # root only: blob of the chain's output
 )
+
+archived_runs = Table(
+    # Runs ``rewind gc`` moved to the object store (rewind.store.retention): one self-contained
+    # archive document per run; ``rewind archive restore RUN`` reads it back, verified against
+    # ``archive_sha256``. The run's own rows are gone while this row exists.
+    "archived_runs",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("parent_run_id", String(64), nullable=True),
+    Column("pipeline", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),  # the run's, unix seconds
+    Column("archived_at", Float, nullable=False),  # unix seconds
+    Column("archive_ref", Text, nullable=False),  # the archive object's URL
+    Column("archive_sha256", String(64), nullable=False),  # of the archive's bytes
+    Column("archive_bytes", Integer, nullable=False),
+)
+
+archive_permits = Table(
+    # The one sanctioned exception to node immutability: the nodes delete trigger lets a row go
+    # only while its run has a permit row, which gc inserts and deletes inside its own
+    # transaction (never committed, never seen by another transaction).
+    "archive_permits",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+)

@@ -47,6 +47,12 @@ COMPRESS_MIN_BYTES = 1024
 """Blobs at least this large are stored zlib-compressed when that saves 10% or more; the hash
 is always taken over the uncompressed bytes."""
 _IN_CHUNK = 500
+GC_LOCK_KEY = 0x5245_5749_4E47  # "REWING": writers share it, ``rewind gc`` takes it alone (PG)
+"""PostgreSQL advisory lock key that orders writers against ``rewind gc``'s blob sweep: every write
+transaction holds it shared, the sweep exclusively (on SQLite the database write lock does the
+same). See :mod:`rewind.store.retention`."""
+BLOB_EPOCH_KEY = "blob_epoch"
+"""``meta`` key bumped by every ``rewind gc`` that deletes blobs."""
 _ORPHAN_ERROR = "interrupted: its process ended before the run finished"
 
 
@@ -139,6 +145,8 @@ class Store:
         self.offload_min_bytes = offload_min_bytes
         self._known_blobs: set[str] = set()
         self._known_lock = threading.Lock()
+        self._blob_epoch: str | None = None
+        self._epoch_ready = False  # meta.blob_epoch exists only once the migrations ran
         try:
             if read_only:
                 self._check_schema()
@@ -162,6 +170,7 @@ class Store:
         self._insert_state = insert(schema.burr_state)
         self._insert_node = insert(schema.nodes)
         self._insert_call = insert(schema.calls)
+        self._epoch_ready = not read_only
         _OPEN_STORES.add(self)
 
     # -- transactions -------------------------------------------------------------------------
@@ -178,7 +187,29 @@ class Store:
                 "run a command that records (or open the store without read_only)",
             )
         with self.engine.connect().execution_options(immediate=True) as conn, conn.begin():
+            self._enter_write(conn)
             yield conn
+
+    def _enter_write(self, conn: Connection) -> None:
+        """Order this write transaction against ``rewind gc`` and notice when a gc deleted blobs.
+
+        On PostgreSQL the transaction holds :data:`GC_LOCK_KEY` shared until it ends (gc's sweep
+        holds it exclusively); on SQLite ``BEGIN IMMEDIATE`` already serialises every writer.
+        When ``meta.blob_epoch`` changed since this store last looked, the blobs this process
+        remembers as stored (:meth:`knows_blob`) may be gone: the memory is dropped, so the
+        transaction writes every blob it references instead of trusting it.
+        """
+        if not self._epoch_ready:
+            return
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
+        epoch = conn.execute(
+            select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
+        ).scalar()
+        if epoch != self._blob_epoch:
+            with self._known_lock:
+                self._known_blobs.clear()
+                self._blob_epoch = epoch
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -318,10 +349,20 @@ class Store:
         """
         if not batch and before is None:
             return
+        epoch = self._blob_epoch
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows = [self._blob_row(digest, data) for digest, data in new.items()]
         with self.write() as conn:
+            if self._blob_epoch != epoch:
+                # A gc deleted blobs since the rows were built: write every blob of the batch
+                # (insert-or-ignore; objects uploaded again under the lock) and make sure the
+                # blobs the batch only refers to are still there.
+                new = dict(batch.blobs)
+                rows = [self._blob_row(digest, data) for digest, data in new.items()]
+                self._check_referenced(conn, batch)
+            else:
+                self._check_objects(rows, new)
             if before is not None:
                 before(conn)
             if rows:
@@ -348,6 +389,53 @@ class Store:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
             self._known_blobs.update(new)
+
+    def _check_objects(self, rows: list[dict[str, Any]], data: dict[str, bytes]) -> None:
+        """Upload again the offloaded blobs of ``rows`` whose object is gone (called under the
+        write lock: a gc's sweep deletes objects only under the same lock, and only objects no
+        blob row names, so an object seen here stays until this transaction's rows commit).
+
+        Args:
+            rows: blob rows about to be inserted.
+            data: their bytes, by sha256.
+        """
+        if self.objects is None:
+            return
+        for row in rows:
+            if row["codec"] == "object" and not self.objects.has_blob(row["hash"]):
+                self.objects.put_blob(row["hash"], data[row["hash"]])
+
+    def _check_referenced(self, conn: Connection, batch: WriteBatch) -> None:
+        """Refuse a batch that refers to a blob a concurrent gc deleted (only checked after a gc
+        ran): state fields, node input/output documents and the results of cache hits, when the
+        batch does not carry their bytes. The write fails loudly instead of leaving a row that
+        names a missing blob.
+
+        Raises:
+            StoreError: such a blob is missing.
+        """
+        wanted: set[str] = set()
+        for state in batch.states:
+            wanted.update(json.loads(state["fields_json"]).values())
+        for node in batch.nodes:
+            wanted.update(h for h in (node.get("input_hash"), node.get("output_hash")) if h)
+        for call in batch.calls:
+            if call.get("outcome") == "hit" and call.get("result_hash"):
+                wanted.add(call["result_hash"])
+        wanted -= batch.blobs.keys()
+        t = schema.blobs
+        listed = sorted(wanted)
+        present: set[str] = set()
+        for i in range(0, len(listed), _IN_CHUNK):
+            chunk = listed[i : i + _IN_CHUNK]
+            present.update(r[0] for r in conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk))))
+        missing = wanted - present
+        if missing:
+            raise StoreError(
+                f"blob {min(missing)[:12]} this write refers to was deleted by a concurrent "
+                "rewind gc",
+                "run the command again",
+            )
 
     # -- runs ---------------------------------------------------------------------------------
     def create_run(self, conn: Connection, **values: Any) -> None:
