@@ -59,6 +59,7 @@ from rewind.replay import (
     ParamOverride,
     Rewind,
     new_run_id,
+    node_sub_runs,
     resolve_node,
     validate_override,
 )
@@ -659,6 +660,17 @@ def validate_fork(
         except InvalidOverride as exc:
             raise _field_error(exc, name_field if later else "override.node") from exc
         _check_value(o.value, "override.value")
+    if parent.is_sub_run:
+        # forked by re-running its spawning node: Rewind.fork checks the top-level run's graph
+        if isinstance(override, OutputOverride):
+            raise _field_error(
+                InvalidOverride(
+                    "replacing the output of a sub-run's node is not supported",
+                    "send an input or param override, or fork the spawning run",
+                ),
+                "override",
+            )
+        return parent, idx, fork_node, override
     try:
         pipeline = rw.pipeline_of(parent)
     except RewindError as exc:
@@ -717,9 +729,13 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return {"pipelines": out}
 
     @r.get("/runs", tags=["runs"], responses=error_responses(422))
-    def list_runs(limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> dict[str, Any]:
-        """Runs, newest first, and their fork tree (a run with a parent nests under it)."""
-        records = store.list_runs(limit)
+    def list_runs(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200, include_sub_runs: bool = False
+    ) -> dict[str, Any]:
+        """Runs, newest first, and their fork tree (a run with a parent nests under it). The
+        runs of Burr sub-applications only with ``include_sub_runs`` (``GET /api/runs/{id}``
+        lists them under the node that spawned them)."""
+        records = store.list_runs(limit, include_sub_runs=include_sub_runs)
         known = {r.run_id for r in records}
         queued = [
             j.placeholder()
@@ -780,6 +796,11 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return views.run_json(run) | {
             "ancestors": ancestors,
             "children": [views.run_json(c) for c in store.children(run.run_id)],
+            # runs of the Burr sub-applications its nodes spawned, by node number
+            "sub_runs": [
+                {"number": position + 1, "runs": [views.run_json(c) for c in subs]}
+                for position, subs in sorted(node_sub_runs(store, run.run_id).items())
+            ],
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
             "live": manager.is_active(run.run_id),
             # A fork's code drift from its parent's recording (code changed, graph changes
