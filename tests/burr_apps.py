@@ -12,9 +12,9 @@ from collections.abc import Generator
 from typing import Any
 
 from burr.core import Application, ApplicationBuilder, State, action, default
-from burr.core.action import streaming_action
+from burr.core.action import create_action, streaming_action
 from burr.core.application import ApplicationContext
-from burr.core.parallelism import MapStates, RunnableGraph
+from burr.core.parallelism import MapActions, MapStates, RunnableGraph
 from burr.integrations.pydantic import PydanticTypingSystem
 from burr.lifecycle import PostRunStepHook
 from burr.tracking import LocalTrackingClient
@@ -343,5 +343,110 @@ def sdk_recursive_application() -> Application:
         .with_transitions(("ask", "both"), ("both", "summarise"))
         .with_state(history=[])
         .with_entrypoint("ask")
+        .build()
+    )
+
+
+@action(reads=["question"], writes=["take"])
+def sdk_persona_take(state: State, persona: str) -> State:
+    return state.update(take=_ask_model(f"as {persona}: {state['question']}"))
+
+
+class SdkTwoPersonas(MapActions):
+    """Burr's ``MapActions``: two actions over the same state, each an OpenAI SDK call."""
+
+    def actions(self, state: State, context: Any, inputs: dict[str, Any]) -> Any:
+        yield create_action(sdk_persona_take.bind(persona="a poet"), "poet")
+        yield create_action(sdk_persona_take.bind(persona="a critic"), "critic")
+
+    def state(self, state: State, inputs: dict[str, Any]) -> State:
+        return state
+
+    def reduce(self, state: State, states: Any) -> State:
+        return state.update(takes=[s["take"] for s in states])
+
+    @property
+    def reads(self) -> list[str]:
+        return ["question"]
+
+    @property
+    def writes(self) -> list[str]:
+        return ["takes"]
+
+
+def sdk_map_actions_application() -> Application:
+    """question (runtime input) → two personas in parallel (``MapActions``)."""
+    return (
+        ApplicationBuilder()
+        .with_actions(ask=ask, personas=SdkTwoPersonas())
+        .with_transitions(("ask", "personas"))
+        .with_state(history=[])
+        .with_entrypoint("ask")
+        .build()
+    )
+
+
+@action(reads=["topic"], writes=["note"])
+async def sdk_take_note_async(state: State) -> State:
+    import openai
+
+    client = openai.AsyncOpenAI()
+    reply = await client.chat.completions.create(
+        model="stub-model",
+        messages=[{"role": "user", "content": f"one fact about {state['topic']}"}],
+        temperature=0,
+    )
+    await client.close()
+    return state.update(note=reply.choices[0].message.content or "")
+
+
+class SdkNoteEachTopicAsync(NoteEachTopic):
+    """An async ``MapStates``: Burr gathers the sub-applications with asyncio."""
+
+    def action(self, state: State, inputs: dict[str, Any]) -> Any:
+        return RunnableGraph.create(sdk_take_note_async)
+
+    def is_async(self) -> bool:
+        return True
+
+    async def reduce(self, state: State, states: Any) -> State:  # type: ignore[override]
+        return state.update(notes=[s["note"] async for s in states])
+
+
+def sdk_async_map_application() -> Application:
+    """topics (runtime input) → an async parallel map of AsyncOpenAI calls → report."""
+    return (
+        ApplicationBuilder()
+        .with_actions(choose=choose_topics, notes=SdkNoteEachTopicAsync(), report=report)
+        .with_transitions(("choose", "notes", default), ("notes", "report", default))
+        .with_entrypoint("choose")
+        .build()
+    )
+
+
+@action(reads=["topics"], writes=["notes"])
+def sdk_notes_in_a_child(state: State, __context: ApplicationContext) -> State:
+    """A recursive sub-application whose one node is itself a parallel map (two levels)."""
+    child = (
+        ApplicationBuilder()
+        .with_actions(notes=SdkNoteEachTopic())
+        .with_transitions()
+        .with_state(topics=state["topics"])
+        .with_entrypoint("notes")
+        .with_tracker(__context.tracker.copy())
+        .with_spawning_parent(__context.app_id, __context.sequence_id)
+        .build()
+    )
+    _, _, child_state = child.run(halt_after=["notes"])
+    return state.update(notes=child_state["notes"])
+
+
+def sdk_nested_application() -> Application:
+    """topics → a child app running a map of OpenAI SDK calls → report."""
+    return (
+        ApplicationBuilder()
+        .with_actions(choose=choose_topics, notes=sdk_notes_in_a_child, report=report)
+        .with_transitions(("choose", "notes", default), ("notes", "report", default))
+        .with_entrypoint("choose")
         .build()
     )

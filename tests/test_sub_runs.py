@@ -8,6 +8,7 @@ the requests it receives and numbers its answers, so a re-sent request would cha
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,49 @@ def test_api_links_sub_runs_both_ways_and_forks_one(tmp_path: Path, stub: ModelS
         )
         assert r.status_code == 422 and "output of a sub-run" in r.text
     rw.store.close()
+
+
+@pytest.mark.parametrize(
+    ("build", "inputs", "keys", "sent"),
+    [
+        (burr_apps.sdk_map_actions_application, {"question": "why?"}, ["0.0", "1.0"], 2),
+        (burr_apps.sdk_async_map_application, {"topics": TOPICS}, ["0.0", "1.0", "2.0"], 3),
+    ],
+    ids=["map-actions", "async-map-states"],
+)
+def test_map_actions_and_async_map_states_children_are_sub_runs(
+    rw: Rewind, stub: ModelStub, build: Any, inputs: dict[str, Any], keys: list[str], sent: int
+) -> None:
+    parent = rw.record(build(), inputs=inputs)
+    assert parent.status == "completed", parent.error
+    assert stub.count == sent
+    children = sub_runs(rw, parent.run_id, 1)
+    assert [c.spawn_key for c in children] == keys
+    for child in children:
+        (node,) = rw.store.nodes_of(child.run_id)
+        assert len(node.calls) == 1 and node.error is None
+        # the sub-run's state is the state after its node (its answer in it)
+        assert "answer #" in json.dumps(rw.node_state(node))
+    recorded = sub_run_shape(rw, parent.run_id, 1)
+    fork = rw.fork(parent.run_id, at=2)
+    assert hashes(rw, fork.run_id) == hashes(rw, parent.run_id) and fork.tokens == 0
+    assert sub_run_shape(rw, fork.run_id, 1) == recorded
+    assert stub.count == sent
+
+
+def test_a_sub_run_of_a_sub_run_is_linked_and_forkable(rw: Rewind, stub: ModelStub) -> None:
+    parent = rw.record(burr_apps.sdk_nested_application(), inputs={"topics": TOPICS})
+    assert parent.status == "completed", parent.error
+    (child,) = sub_runs(rw, parent.run_id, 1)
+    grandchildren = sub_runs(rw, child.run_id, 0)
+    assert [g.spawn_key for g in grandchildren] == ["0.0", "1.0", "2.0"]
+    assert {g.spawning_run_id for g in grandchildren} == {child.run_id}
+    assert child.tokens > 0 and stub.count == 3
+    fork = rw.fork(parent.run_id, at=2)
+    assert hashes(rw, fork.run_id) == hashes(rw, parent.run_id) and stub.count == 3
+    (new_child,) = sub_runs(rw, fork.run_id, 1)
+    assert sub_run_shape(rw, new_child.run_id, 0) == sub_run_shape(rw, child.run_id, 0)
+    # forking a grandchild re-runs the top-level node that (indirectly) spawned it
+    again = rw.fork(grandchildren[2].run_id, at=1)
+    assert again.parent_run_id == parent.run_id and stub.count == 3
+    assert rw.sub_run_at(again.run_id, [[1, "0"], [0, "2.0"]]) is not None
