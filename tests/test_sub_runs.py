@@ -253,6 +253,10 @@ def test_api_links_sub_runs_both_ways_and_forks_one(tmp_path: Path, stub: ModelS
         (spawned,) = detail["sub_runs"]
         assert spawned["number"] == 2 and [r["spawn_key"] for r in spawned["runs"]] == ["0", "1"]
         child_id = spawned["runs"][0]["run_id"]
+        listed = c.get(f"/api/runs/{parent.run_id}/nodes").json()["nodes"]
+        assert [len(n["sub_runs"]) for n in listed] == [0, 2, 0]
+        node = c.get(f"/api/runs/{parent.run_id}/nodes/both").json()
+        assert [r["run_id"] for r in node["sub_runs"]] == [r["run_id"] for r in spawned["runs"]]
         child = c.get(f"/api/runs/{child_id}").json()
         assert (child["spawning_run_id"], child["spawning_number"]) == (parent.run_id, 2)
         r = c.post(

@@ -828,11 +828,16 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
 
     @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP)
     def list_nodes(run_id: str) -> dict[str, Any]:
-        """The run's node executions (no values; see the node routes for those)."""
+        """The run's node executions (no values; see the node routes for those), each with the
+        ids of the sub-runs it spawned (Burr sub-applications)."""
         run = manager.resolve(run_id)
+        spawned = node_sub_runs(store, run.run_id)
         return {
             "run_id": run.run_id,
-            "nodes": [views.node_json(n) for n in store.nodes_of(run.run_id)],
+            "nodes": [
+                views.node_json(n) | {"sub_runs": [c.run_id for c in spawned.get(n.position, [])]}
+                for n in store.nodes_of(run.run_id)
+            ],
         }
 
     @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP)
@@ -841,9 +846,11 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         output it wrote and the semantic state after it."""
         run, n = _node_of(ctx, run_id, node)
         rw = ctx.session()
+        spawned = node_sub_runs(store, run.run_id).get(n.position, [])
         return {
             "run_id": run.run_id,
             "node": views.node_json(n),
+            "sub_runs": [views.run_json(c) for c in spawned],
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),
