@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Generator
 from typing import Any
 
-from burr.core import Application, ApplicationBuilder, State, action, default
+from burr.core import Application, ApplicationBuilder, State, action, default, expr
 from burr.core.action import create_action, streaming_action
 from burr.core.application import ApplicationContext
 from burr.core.parallelism import MapActions, MapStates, RunnableGraph
@@ -447,6 +447,36 @@ def sdk_nested_application() -> Application:
         ApplicationBuilder()
         .with_actions(choose=choose_topics, notes=sdk_notes_in_a_child, report=report)
         .with_transitions(("choose", "notes", default), ("notes", "report", default))
+        .with_entrypoint("choose")
+        .build()
+    )
+
+
+@action(reads=["notes", "rounds"], writes=["report", "rounds"])
+def report_round(state: State) -> State:
+    return state.update(report=" | ".join(state["notes"]), rounds=state["rounds"] + 1)
+
+
+@action(reads=["report"], writes=["final"])
+def finish(state: State) -> State:
+    return state.update(final=state["report"])
+
+
+def sdk_looping_map_application() -> Application:
+    """topics → (parallel map → report) twice → finish: the map node runs twice, and Burr gives
+    its children the same app ids both times."""
+    return (
+        ApplicationBuilder()
+        .with_actions(
+            choose=choose_topics, notes=SdkNoteEachTopic(), report=report_round, finish=finish
+        )
+        .with_transitions(
+            ("choose", "notes"),
+            ("notes", "report"),
+            ("report", "notes", expr("rounds < 2")),
+            ("report", "finish", default),
+        )
+        .with_state(rounds=0)
         .with_entrypoint("choose")
         .build()
     )

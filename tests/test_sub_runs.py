@@ -326,3 +326,26 @@ def test_a_sub_run_of_a_sub_run_is_linked_and_forkable(rw: Rewind, stub: ModelSt
     again = rw.fork(grandchildren[2].run_id, at=1)
     assert again.parent_run_id == parent.run_id and stub.count == 3
     assert rw.sub_run_at(again.run_id, [[1, "0"], [0, "2.0"]]) is not None
+
+
+def test_a_looped_map_node_gets_new_sub_runs_each_time_and_each_replays_its_own(
+    rw: Rewind, stub: ModelStub
+) -> None:
+    parent = rw.record(burr_apps.sdk_looping_map_application(), inputs={"topics": TOPICS})
+    assert parent.status == "completed", parent.error
+    names = [n.name for n in rw.store.nodes_of(parent.run_id)]
+    assert names == ["choose", "notes", "report", "notes", "report", "finish"]
+    spawned = rw.node_sub_runs(parent.run_id)
+    assert sorted(spawned) == [1, 3] and stub.count == 6
+    first, second = spawned[1], spawned[3]
+    # Burr reuses the children's app ids in the second round: their sub-runs get fresh ids
+    assert len({r.run_id for r in first + second}) == 6
+    # the second round's identical requests got their own (later-numbered) answers
+    assert sub_run_shape(rw, parent.run_id, 1) != sub_run_shape(rw, parent.run_id, 3)
+    fork = rw.fork(parent.run_id, at=2)
+    assert fork.status == "completed", fork.error
+    assert hashes(rw, fork.run_id) == hashes(rw, parent.run_id) and stub.count == 6
+    for position in (1, 3):
+        assert sub_run_shape(rw, fork.run_id, position) == sub_run_shape(
+            rw, parent.run_id, position
+        )

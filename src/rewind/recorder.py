@@ -408,7 +408,10 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         store = self.ctx.store
         with self.family.lock:
             taken = app_id in self.family.by_run
-        run_id = uuid.uuid4().hex if taken or store.run_exists(app_id) else app_id
+        # the sub-run id is the Burr app id (DESIGN), unless a run has it already (a looped node
+        # re-spawns MapStates children under the same ids) or it does not fit a run id
+        fits = 0 < len(app_id) <= 64
+        run_id = app_id if fits and not taken and not store.run_exists(app_id) else uuid.uuid4().hex
         pctx = parent.ctx
         source = None
         if setup.source is not None and parent.source_run_id is not None:

@@ -51,7 +51,14 @@ from rewind.errors import (
     UnknownNode,
     UnstorableValue,
 )
-from rewind.persister import FieldEncoder, RewindPersister, encode_value, field_map, map_hash
+from rewind.persister import (
+    FieldEncoder,
+    ForkStartLoader,
+    RewindPersister,
+    encode_value,
+    field_map,
+    map_hash,
+)
 from rewind.recorder import Recorder, SubRunPath, SubRunSetup, SubRunSource, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
 from rewind.store.store import state_row
@@ -465,7 +472,8 @@ class Rewind:
                 )
             burr_src = (pred.src_app_id, pred.src_sequence_id)
             builder = builder.initialize_from(
-                self.persister,
+                # loads the fork's start only: sub-applications start fresh, as when recorded
+                ForkStartLoader(self.persister, pred.src_app_id),
                 resume_at_next_action=True,
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
@@ -555,7 +563,7 @@ class Rewind:
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(
-                self.persister,
+                ForkStartLoader(self.persister, child_id),
                 resume_at_next_action=True,
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
