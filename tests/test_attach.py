@@ -305,9 +305,11 @@ def test_parallel_map_sub_applications_replay_from_the_cache(
     parent = rw_llm.record(burr_apps.map_application(), inputs={"topics": ["rain", "sun", "fog"]})
     assert parent.status == "completed", parent.error
     nodes = rw_llm.store.nodes_of(parent.run_id)
-    # the sub-applications' steps belong to the map node: three calls, no rows of their own
+    # each sub-application is a sub-run of the map node, with its own node and call
     assert [n.name for n in nodes] == ["choose", "notes", "report"]
-    assert len(nodes[1].calls) == 3 and fake_model.count == 3
+    children = rw_llm.node_sub_runs(parent.run_id)[1]
+    assert [len(rw_llm.store.nodes_of(c.run_id)[0].calls) for c in children] == [1, 1, 1]
+    assert nodes[1].calls == () and fake_model.count == 3
     assert "one fact about fog" in rw_llm.node_state(nodes[2])["report"]
     for at in (1, 2, 3):
         child = rw_llm.fork(parent.run_id, at=at)
@@ -320,7 +322,12 @@ def test_parallel_map_sub_applications_replay_from_the_cache(
     assert changed.status == "completed", changed.error
     assert fake_model.count == 4  # only the new topic's call is sent
     notes = rw_llm.store.nodes_of(changed.run_id)[1]
-    assert sorted(c.outcome for c in notes.calls) == ["hit", "hit", "miss"]
+    assert (notes.cache_outcome, notes.cache_reason) == ("miss", "new-input")
+    outcomes = [
+        rw_llm.store.nodes_of(c.run_id)[0].calls[0].outcome
+        for c in rw_llm.node_sub_runs(changed.run_id)[1]
+    ]
+    assert outcomes == ["hit", "hit", "miss"]
 
 
 def test_recursive_sub_applications_replay_from_the_cache(
@@ -329,7 +336,8 @@ def test_recursive_sub_applications_replay_from_the_cache(
     parent = rw_llm.record(burr_apps.recursive_application(), inputs={"question": "why?"})
     assert parent.status == "completed", parent.error
     nodes = rw_llm.store.nodes_of(parent.run_id)
-    assert [n.name for n in nodes] == ["ask", "both"] and len(nodes[1].calls) == 2
+    assert [n.name for n in nodes] == ["ask", "both"] and nodes[1].calls == ()
+    assert [c.spawn_key for c in rw_llm.node_sub_runs(parent.run_id)[1]] == ["0", "1"]
     assert fake_model.count == 2
     for at in (1, 2):
         child = rw_llm.fork(parent.run_id, at=at)
@@ -337,3 +345,16 @@ def test_recursive_sub_applications_replay_from_the_cache(
     assert fake_model.count == 2
     rw_llm.fork(parent.run_id, at=1, override=InputOverride("ask", "question", "how?"))
     assert fake_model.count == 4
+
+
+def test_a_sub_application_built_without_the_parents_tracker_belongs_to_its_node(
+    rw_llm: Rewind, fake_model: FakeModel
+) -> None:
+    parent = rw_llm.record(burr_apps.untracked_recursive_application(), inputs={"question": "q"})
+    assert parent.status == "completed", parent.error
+    nodes = rw_llm.store.nodes_of(parent.run_id)
+    # Rewind cannot see the child app's steps: its calls are the spawning node's, and replay
+    assert len(nodes[1].calls) == 2 and rw_llm.node_sub_runs(parent.run_id) == {}
+    fork = rw_llm.fork(parent.run_id, at=2)
+    assert output_hashes(rw_llm, fork.run_id) == output_hashes(rw_llm, parent.run_id)
+    assert fake_model.count == 2

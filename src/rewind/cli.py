@@ -265,6 +265,9 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
         "launch": run.launch,
         "effects_mode": run.effects_mode,
         "admissible": run.admissible,
+        "spawning_run_id": run.spawning_run_id,
+        "spawning_position": run.spawning_position,
+        "spawn_key": run.spawn_key,
     }
 
 
@@ -340,6 +343,15 @@ def _run_summary(run: RunRecord) -> str:
     if run.parent_run_id:
         change = _override_text(run.override) if run.override else "no override (unchanged replay)"
         parts.append(f"fork of {inert(run.parent_run_id[:12])} at {inert(run.fork_node)}: {change}")
+    if run.spawning_run_id:
+        parts.append(
+            f"sub-run {inert(run.spawn_key or '')} of {inert(run.spawning_run_id[:12])} node "
+            f"{(run.spawning_position or 0) + 1}"
+        )
+    if run.launch.get("sub_run_fork"):
+        sub = run.launch["sub_run_fork"]
+        change = _override_text(sub["override"]) if sub.get("override") else "unchanged"
+        parts.append(f"re-runs sub-run {inert(sub['run_id'][:12])} at {inert(sub['at'])}: {change}")
     if run.launch.get("inputs"):
         parts.append(f"inputs {inert(json.dumps(run.launch['inputs'])[:80])}")
     if run.parent_run_id:
@@ -680,13 +692,21 @@ def _demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
 @app.command()
 def runs(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 50,
+    sub_runs: Annotated[
+        bool,
+        typer.Option(
+            "--sub-runs",
+            help="Also list the runs of Burr sub-applications (MapStates/MapActions children, "
+            "recursive apps); `rewind show RUN` lists them under the node that spawned them.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     store: StoreOpt = None,
 ) -> None:
     """List recorded runs, newest first."""
     _count("--limit", limit)
     with _session(model=False, read_only=True) as rw:
-        items = rw.store.list_runs(limit)
+        items = rw.store.list_runs(limit, include_sub_runs=sub_runs)
         if as_json:
             _emit_json([_run_json(r) for r in items])
             return
@@ -700,12 +720,16 @@ def runs(
                 if r.override
                 else (f"{inert(r.fork_node)} (replay)" if r.fork_node else "")
             )
+            if r.spawning_run_id:
+                fork = (
+                    f"sub-run {inert(r.spawn_key or '')} of node {(r.spawning_position or 0) + 1}"
+                )
             t.add_row(
                 inert(r.run_id[:12]),
                 inert(r.pipeline),
                 inert(r.status),
                 str(r.tokens),
-                inert((r.parent_run_id or "")[:12]),
+                inert((r.parent_run_id or r.spawning_run_id or "")[:12]),
                 fork,
                 r.effects_mode,
                 r.admissible or "",
@@ -763,12 +787,27 @@ def _show_run(rw: Rewind, r: RunRecord, as_json: bool) -> None:
     nodes = rw.store.nodes_of(r.run_id)
     graph = rw.store.run_graph(r.run_id)
     drift = graph.drift if graph is not None else None
+    spawned = rw.node_sub_runs(r.run_id)
     if as_json:
         code = {"graph_hash": graph.graph_hash if graph else None, "drift": drift}
-        _emit_json({"run": _run_json(r) | code, "nodes": [_node_json(n) for n in nodes]})
+        _emit_json(
+            {
+                "run": _run_json(r) | code,
+                "nodes": [
+                    _node_json(n) | {"sub_runs": [c.run_id for c in spawned.get(n.position, [])]}
+                    for n in nodes
+                ],
+            }
+        )
         return
     console.print(_nodes_table(nodes, f"run {r.run_id}"))
     console.print(_run_summary(r))
+    for position, children in sorted(spawned.items()):
+        listed = ", ".join(
+            f"{inert(c.spawn_key or '')}={inert(c.run_id[:12])} ({inert(c.status)}, {c.tokens} tok)"
+            for c in children
+        )
+        console.print(f"node {position + 1} spawned {len(children)} sub-run(s): {listed}")
     for line in _drift_lines(drift):
         console.print(line)
     for art in rw.store.artifacts_of(r.run_id):
@@ -848,6 +887,15 @@ def fork(
             _show_run(rw, child, True)
             return
         _show_run(rw, child, False)
+        sub = child.launch.get("sub_run_fork")
+        if sub:
+            new = rw.sub_run_at(child.run_id, sub["path"])
+            console.print(
+                f"sub-run {inert(sub['run_id'][:12])} re-ran as "
+                f"{inert(new.run_id[:12] if new else '?')} inside this fork of its spawning run "
+                "(the spawning node re-executed; its other sub-runs and the downstream nodes "
+                "replayed through the cache)"
+            )
         if child.parent_run_id:
             d = rw.diff(child.parent_run_id, child.run_id)
             _print_diff(d)

@@ -86,6 +86,10 @@ class NodeScope:
     effects: list[dict[str, Any]] = field(default_factory=list)
     occurrences: dict[tuple[tuple[int, ...], str], int] = field(default_factory=dict)
     submits: dict[tuple[int, ...], int] = field(default_factory=dict)
+    spawned: dict[tuple[int, ...], int] = field(default_factory=dict)
+    sub_calls: list[CallRecord] = field(default_factory=list)
+    """Calls made by the sub-runs this node spawned (they are recorded on the sub-runs; the
+    node's cache outcome and tokens include them)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _next_index: int = 0
 
@@ -115,12 +119,23 @@ class NodeScope:
             self.submits[parent] = k + 1
         return (*parent, k)
 
+    def spawn_key(self, lane: tuple[int, ...]) -> str:
+        """The key of the next Burr sub-application this node builds in worker ``lane``: the
+        lane, then the order of the build in that lane (``"2.0"``: the first app built by the
+        node's third thread-pool task; ``"1"``: the second built on the node's own thread).
+        Stable across replays, whatever the thread scheduling."""
+        with self.lock:
+            n = self.spawned.get(lane, 0)
+            self.spawned[lane] = n + 1
+        return ".".join(str(part) for part in (*lane, n))
+
     @property
     def tokens(self) -> tuple[int, int]:
-        """(prompt, completion) tokens spent by the node's calls so far."""
+        """(prompt, completion) tokens spent by the node's calls so far, its sub-runs' included."""
+        calls = [*self.calls, *self.sub_calls]
         return (
-            sum(c.prompt_tokens for c in self.calls),
-            sum(c.completion_tokens for c in self.calls),
+            sum(c.prompt_tokens for c in calls),
+            sum(c.completion_tokens for c in calls),
         )
 
 
@@ -236,6 +251,17 @@ def activate(ctx: RunContext) -> Iterator[RunContext]:
             left = _ACTIVE.pop(ctx.run_id, 1) - 1
             if left > 0:
                 _ACTIVE[ctx.run_id] = left
+
+
+def enter(ctx: RunContext) -> contextvars.Token[RunContext | None]:
+    """Make ``ctx`` the run context of the running code until :func:`leave` (a sub-run's
+    recorder does this around each step of its Burr sub-application, in that step's thread)."""
+    return _CURRENT.set(ctx)
+
+
+def leave(token: contextvars.Token[RunContext | None]) -> None:
+    """Undo :func:`enter`."""
+    _CURRENT.reset(token)
 
 
 def active_runs() -> list[str]:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from burr.core import State
-from burr.core.persistence import BaseStatePersister, PersistedStateData
+from burr.core.persistence import BaseStateLoader, BaseStatePersister, PersistedStateData
 
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.errors import UnstorableValue
@@ -121,6 +121,43 @@ def map_hash(fields: dict[str, str]) -> tuple[bytes, str]:
     """Canonical bytes and sha256 of a {field: sha256} map: the Merkle hash of those fields."""
     data = canonical_bytes(fields)
     return data, sha256_hex(data)
+
+
+class ForkStartLoader(BaseStateLoader):
+    """The state initializer of a fork's Burr app: it loads the fork's starting state (the rows
+    of ``app_id``) and nothing else.
+
+    Burr hands an app's state initializer on to the sub-applications of its parallel actions
+    (``MapStates``...), which then resume from the latest state stored under their own app id.
+    A recorded run has no initializer, so its sub-applications always start fresh; a fork must
+    do the same, or a looped map node would find the first round's sub-run states (Burr gives
+    the children the same app ids each round) and run nothing.
+
+    Args:
+        persister: the store's persister.
+        app_id: the app whose rows the fork starts from.
+    """
+
+    def __init__(self, persister: RewindPersister, app_id: str) -> None:
+        self.persister = persister
+        self.app_id = app_id
+
+    def list_app_ids(self, partition_key: str, **kwargs: Any) -> list[str]:
+        """Burr's loader interface: the one app this loader loads."""
+        return [self.app_id]
+
+    def load(
+        self,
+        partition_key: str,
+        app_id: str | None,
+        sequence_id: int | None = None,
+        **kwargs: Any,
+    ) -> PersistedStateData | None:
+        """The state row :meth:`RewindPersister.load` finds for ``app_id`` when it is the fork's
+        source; None (start fresh) for any other app."""
+        if app_id != self.app_id:
+            return None
+        return self.persister.load(partition_key, app_id, sequence_id, **kwargs)
 
 
 class RewindPersister(BaseStatePersister):

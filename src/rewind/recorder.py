@@ -22,6 +22,7 @@ its Burr inputs and its params.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
@@ -30,15 +31,27 @@ import sys
 import threading
 import time
 import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from burr.core import State
 from burr.core.action import Action
-from burr.lifecycle import PostRunStepHook, PreRunStepHook
+from burr.lifecycle import PostApplicationCreateHook, PostRunStepHook, PreRunStepHook
 
 from rewind.cache import release_flights
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
-from rewind.context import NodeScope, RunContext
+from rewind.context import (
+    LineageEntry,
+    NodeScope,
+    RunContext,
+    current,
+    current_lane,
+    enter,
+    leave,
+)
+from rewind.drift import graph_document
 from rewind.errors import UnstorableValue
 from rewind.persister import (
     BURR_INTERNAL_PREFIX,
@@ -57,7 +70,63 @@ logger = logging.getLogger(__name__)
 FLUSH_INTERVAL_MS = 50.0
 """Longest time a finished node's rows wait in memory before their commit starts (ms)."""
 
-__all__ = ["BURR_INTERNAL_PREFIX", "Recorder", "node_outcome", "semantic_state"]
+__all__ = [
+    "BURR_INTERNAL_PREFIX",
+    "Recorder",
+    "SubRunSetup",
+    "SubRunSource",
+    "node_outcome",
+    "semantic_state",
+]
+
+SubRunPath = tuple[tuple[int, str], ...]
+"""Where a sub-run sits below its top-level run: (spawning node position, spawn key) per level."""
+
+
+@dataclass(frozen=True)
+class SubRunSource:
+    """The sub-run of the source trajectory that a fork's sub-run replays: its calls serve the
+    new sub-run's calls first (as a fork's parent serves the fork)."""
+
+    run_id: str
+    lineage: dict[str, LineageEntry]
+    lineage_at: dict[tuple[int, str], LineageEntry]
+    lineage_slots: dict[tuple[int, int], LineageEntry]
+    lineage_blobs: dict[str, bytes]
+
+
+@dataclass
+class SubRunSetup:
+    """How a run records the Burr sub-applications its nodes spawn, as runs of their own.
+
+    Args:
+        pipeline: pipeline name stored on every sub-run (the top-level run's).
+        pipeline_ref: its ``module:attribute`` reference.
+        config: settings stored on every sub-run (the top-level run's).
+        source: ``(source run id, node position, node name, spawn key) -> SubRunSource | None``:
+            the recorded sub-run a fork's new sub-run replays (None: no such sub-run; the
+            sub-run then replays from its spawning run's lineage).
+        overrides: ``{path: (param overrides, input overrides)}``: the change a fork of a
+            sub-run carries into the sub-run at ``path`` (``{node: {name: value}}`` each).
+    """
+
+    pipeline: str
+    pipeline_ref: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    source: Callable[[str, int, str, str], SubRunSource | None] | None = None
+    overrides: dict[SubRunPath, tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]] = (
+        field(default_factory=dict)
+    )
+
+
+class _Family:
+    """The recorders of one top-level run and of its open sub-runs, by Burr app id and run id."""
+
+    def __init__(self, root: Recorder) -> None:
+        self.root = root
+        self.lock = threading.Lock()
+        self.by_app: dict[str, Recorder] = {}
+        self.by_run: dict[str, Recorder] = {root.ctx.run_id: root}
 
 
 def semantic_state(values: dict[str, Any]) -> dict[str, Any]:
@@ -100,14 +169,23 @@ def _input_doc(value: Any) -> Any:
         return {"$unhashable": type(value).__name__}
 
 
-class Recorder(PreRunStepHook, PostRunStepHook):
+class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
     """Burr hooks recording every node of a run into Rewind's store.
+
+    Burr sub-applications (``MapStates``/``MapActions`` children, which inherit the parent's
+    persister and tracker, and recursive apps built with the parent's tracker,
+    ``__context.tracker.copy()``) reach these hooks too: each is recorded as a sub-run of its own
+    (its nodes, calls, states, hashes), linked to the node that spawned it, and the spawning
+    node's cache outcome and tokens include its sub-runs' calls.
 
     Args:
         ctx: the run context (store, run id, overrides, cache policy).
         persister: writes the content-addressed state rows.
         first_position: position (0-based) of the first node this recorder will see; a fork's
             inherited nodes occupy the positions before it.
+        sub_runs: how sub-applications are recorded (None: their steps and calls belong to the
+            spawning node, as in a run recorded before sub-runs existed).
+        source_run_id: the run a fork replays (its sub-runs serve the fork's sub-runs).
     """
 
     def __init__(
@@ -117,8 +195,23 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         first_position: int = 0,
         *,
         flush_interval_ms: float = FLUSH_INTERVAL_MS,
+        sub_runs: SubRunSetup | None = None,
+        source_run_id: str | None = None,
+        _family: _Family | None = None,
+        _app_id: str | None = None,
+        _path: SubRunPath = (),
     ) -> None:
         self.ctx = ctx
+        self.app_id = _app_id or ctx.run_id  # the Burr app id of the app this recorder records
+        self.sub_run_setup = sub_runs
+        self.source_run_id = source_run_id
+        self.path = _path
+        self.family = _family or _Family(self)
+        self.open_sub_runs: dict[int, list[Recorder]] = {}  # node position -> its open sub-runs
+        self.sub_calls: list[CallRecord] = []  # every call of this sub-run and its own sub-runs
+        self.failed = False
+        self._seen: set[tuple[int, str]] = set()  # (sequence id, hook) already handled
+        self._token: contextvars.Token[RunContext | None] | None = None
         self.persister = persister
         self.position = first_position
         self.flush_interval_ms = flush_interval_ms
@@ -152,9 +245,29 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         **future_kwargs: Any,
     ) -> None:
         """Open the node's scope and capture the hashes of the fields it reads and its inputs
-        (Burr's post hook receives no inputs)."""
-        if app_id != self.ctx.run_id:
-            return  # a sub-application's step (MapStates, recursion): part of the parent node
+        (Burr's post hook receives no inputs). A sub-application's step goes to its sub-run's
+        recorder (an app Rewind does not record as a sub-run is part of the spawning node)."""
+        target = self._route(app_id, sequence_id, "pre")
+        if target is None:
+            return
+        if target is not self:
+            target.pre_run_step(
+                app_id=app_id,
+                partition_key=partition_key,
+                sequence_id=sequence_id,
+                state=state,
+                action=action,
+                inputs=inputs,
+                **future_kwargs,
+            )
+            return
+        if self.path:
+            self._token = enter(self.ctx)  # the sub-app step's calls belong to the sub-run
+            changed = self.ctx.input_overrides.get(action.name)
+            if changed and inputs is not None:
+                # the dict Burr hands the action too: a sub-run fork's --set-input
+                required, optional = action.optional_and_required_inputs
+                inputs.update({k: v for k, v in changed.items() if k in required | optional})
         try:
             self.ctx.begin_node(action.name, self.position)
             values = state.get_all()
@@ -181,8 +294,39 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         **future_kwargs: Any,
     ) -> None:
         """Record the node (outputs, hashes, tokens, calls, state row); flush when due."""
-        if app_id != self.ctx.run_id:
-            return  # a sub-application's step: its calls belong to the parent's node
+        target = self._route(app_id, sequence_id, "post")
+        if target is None:
+            return
+        if target is not self:
+            target.post_run_step(
+                app_id=app_id,
+                partition_key=partition_key,
+                sequence_id=sequence_id,
+                state=state,
+                action=action,
+                result=result,
+                exception=exception,
+                **future_kwargs,
+            )
+            return
+        try:
+            self._post_run_step(partition_key, sequence_id, state, action, exception)
+        finally:
+            if self._token is not None:
+                token, self._token = self._token, None
+                leave(token)
+
+    def _post_run_step(
+        self,
+        partition_key: str,
+        sequence_id: int,
+        state: State,
+        action: Action,
+        exception: Exception | None,
+    ) -> None:
+        self._finish_sub_runs(self.position)
+        if exception is not None:
+            self.failed = True
         if exception is None:
             # Burr catches Exception only: a KeyboardInterrupt/SystemExit unwinding through its
             # step reaches this hook with exception=None. Record the node as failed, not as done.
@@ -192,7 +336,7 @@ class Recorder(PreRunStepHook, PostRunStepHook):
         refusal: UnstorableValue | None = None
         try:
             rows, refusal = self._record(
-                app_id, partition_key, sequence_id, state, action, exception
+                self.ctx.run_id, partition_key, sequence_id, state, action, exception
             )
             self._queue(rows)
         except Exception as exc:
@@ -204,6 +348,159 @@ class Recorder(PreRunStepHook, PostRunStepHook):
             # The one exception this hook lets through: a state that cannot be stored exactly
             # must stop the run here (Burr aborts on a raising hook), not flow into later nodes.
             raise refusal
+
+    def post_application_create(
+        self,
+        *,
+        app_id: str,
+        partition_key: str | None,
+        state: State,
+        application_graph: Any,
+        parent_pointer: Any,
+        spawning_parent_pointer: Any,
+        **future_kwargs: Any,
+    ) -> None:
+        """Open a sub-run when a Burr sub-application is built with this recorder (as the
+        persister ``MapStates`` cascades, or through the run's tracker). Never raises."""
+        root = self.family.root
+        if app_id == root.app_id or root.sub_run_setup is None:
+            return  # the run's own app; or sub-runs are not recorded
+        try:
+            root._spawn(app_id, state, application_graph, spawning_parent_pointer)
+        except Exception as exc:
+            msg = f"recording sub-application {app_id!r} failed: {_error_line(exc)}"
+            logger.error("%s\n%s", msg, traceback.format_exc())
+            self.errors.append(msg)
+            root.errors.append(msg)
+
+    def _route(self, app_id: str, sequence_id: int, hook: str) -> Recorder | None:
+        """The recorder of ``app_id``'s step, or None to skip it: an app not recorded as a
+        sub-run (its calls belong to the spawning node), or a hook already handled (a
+        sub-application reached through both the persister and the tracker)."""
+        if app_id == self.app_id:
+            return self  # the run's own app, or a sub-run's app routed here by the root
+        with self.family.lock:
+            target = self.family.by_app.get(app_id)
+            if target is None or (sequence_id, hook) in target._seen:
+                return None
+            target._seen.add((sequence_id, hook))
+        return target
+
+    def _spawn(self, app_id: str, state: State, graph: Any, spawning_parent_pointer: Any) -> None:
+        """Create the sub-run of a sub-application being built (the root recorder does this)."""
+        setup = self.sub_run_setup
+        assert setup is not None
+        ctx = current()
+        with self.family.lock:
+            known = self.family.by_app.get(app_id)
+            if known is not None and not known._seen:
+                return  # the same build, reported by its second route
+            parent = self.family.by_run.get(ctx.run_id) if ctx is not None else None
+            if parent is None and spawning_parent_pointer is not None:
+                parent = self.family.by_app.get(spawning_parent_pointer.app_id)
+                if parent is None and spawning_parent_pointer.app_id == self.app_id:
+                    parent = self
+        if parent is None or parent.ctx.node is None:
+            return  # not built by a node of this run: nothing to link it to
+        scope = parent.ctx.node
+        key = scope.spawn_key(current_lane())
+        path = (*parent.path, (scope.position, key))
+        store = self.ctx.store
+        with self.family.lock:
+            taken = app_id in self.family.by_run
+        # the sub-run id is the Burr app id (DESIGN), unless a run has it already (a looped node
+        # re-spawns MapStates children under the same ids) or it does not fit a run id
+        fits = 0 < len(app_id) <= 64
+        run_id = app_id if fits and not taken and not store.run_exists(app_id) else uuid.uuid4().hex
+        pctx = parent.ctx
+        source = None
+        if setup.source is not None and parent.source_run_id is not None:
+            source = setup.source(parent.source_run_id, scope.position, scope.name, key)
+        params, inputs = setup.overrides.get(path, ({}, {}))
+        child_ctx = RunContext(
+            store=store,
+            run_id=run_id,
+            read_cache=pctx.read_cache,
+            param_overrides=params,
+            input_overrides=inputs,
+            chat_client=pctx.chat_client,
+            fork_node=next(iter(params or inputs), None),
+            effects_mode=pctx.effects_mode,
+            restore_mode=pctx.restore_mode,
+            write_cache=pctx.write_cache,
+            bypass_reason=pctx.bypass_reason,
+            cached_kinds=pctx.cached_kinds,
+            clock=pctx.clock,
+        )
+        if source is not None:
+            child_ctx.lineage = source.lineage
+            child_ctx.lineage_at = source.lineage_at
+            child_ctx.lineage_slots = source.lineage_slots
+            child_ctx.lineage_blobs = source.lineage_blobs
+        else:  # no recorded sub-run to replay: serve from what the spawning run's source made
+            child_ctx.lineage = pctx.lineage
+            child_ctx.lineage_blobs = pctx.lineage_blobs
+        initial_hash: str | None = None
+        try:
+            fields, _ = FieldEncoder().encode(semantic_state(state.get_all()))
+        except UnstorableValue:
+            fields = None
+        entry = graph.entrypoint  # Burr's ApplicationGraph holds the entrypoint action
+        document = graph_document(graph, getattr(entry, "name", entry))
+        with store.write() as conn:
+            if fields is not None:
+                for f in fields.values():
+                    store.put_blob(conn, f.data)
+                initial_hash = store.put_blob(conn, map_hash(field_map(fields))[0])
+            store.create_run(
+                conn,
+                run_id=run_id,
+                pipeline=setup.pipeline,
+                pipeline_ref=setup.pipeline_ref,
+                initial_state_hash=initial_hash,
+                config=dict(setup.config),
+                launch={},
+                spawning_run_id=pctx.run_id,
+                spawning_position=scope.position,
+                spawn_key=key,
+            )
+            store.put_run_graph(conn, run_id, document)
+        child = Recorder(
+            child_ctx,
+            self.persister,
+            0,
+            flush_interval_ms=self.flush_interval_ms,
+            source_run_id=source.run_id if source is not None else None,
+            _family=self.family,
+            _app_id=app_id,
+            _path=path,
+        )
+        with self.family.lock:
+            self.family.by_app[app_id] = child
+            self.family.by_run[run_id] = child
+            parent.open_sub_runs.setdefault(scope.position, []).append(child)
+
+    def _finish_sub_runs(self, position: int, status: str | None = None) -> None:
+        """Commit and finish the sub-runs the node at ``position`` spawned (their apps are done
+        when the node is); their calls join the node's cache outcome and tokens."""
+        with self.family.lock:
+            subs = self.open_sub_runs.pop(position, [])
+        scope = self.ctx.node
+        for sub in subs:
+            for left in list(sub.open_sub_runs):  # spawned by a node that never finished
+                sub._finish_sub_runs(left, "interrupted")
+            sub.close()
+            error = sub.errors[0] if sub.errors else None
+            done = status or ("failed" if sub.failed or error else "completed")
+            self.ctx.store.finish_run(sub.ctx.run_id, done, error=error)
+            with self.family.lock:
+                if self.family.by_app.get(sub.app_id) is sub:
+                    del self.family.by_app[sub.app_id]
+                self.family.by_run.pop(sub.ctx.run_id, None)
+            if scope is not None:
+                with scope.lock:
+                    scope.sub_calls.extend(sub.sub_calls)
+            self.sub_calls.extend(sub.sub_calls)
 
     def flush(self) -> None:
         """Commit the rows recorded so far (one transaction). Never raises; thread-safe."""
@@ -227,6 +524,8 @@ class Recorder(PreRunStepHook, PostRunStepHook):
     def close(self) -> None:
         """Commit what is waiting (at the end of the run). Never raises. Rows recorded after
         this are committed inside their hook."""
+        for position in list(self.open_sub_runs):
+            self._finish_sub_runs(position, "interrupted")  # the spawning node never finished
         with self._lock:
             self._closed = True
         self.flush()
@@ -337,7 +636,10 @@ class Recorder(PreRunStepHook, PostRunStepHook):
                 "started_at": scope.started_at,
             }
         )
-        batch.calls.extend(call_rows(self.ctx.run_id, self.position, sorted_calls(scope)))
+        own_calls = sorted_calls(scope)
+        batch.calls.extend(call_rows(self.ctx.run_id, self.position, own_calls))
+        if self.path:
+            self.sub_calls.extend(own_calls)
         self.ctx.remember(scope)
         self.executed.append(action.name)
         self.ctx.emit(
@@ -467,15 +769,16 @@ def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, st
     """
     if exception is not None:
         return "failed", type(exception).__name__
-    if not scope.calls:
+    calls = [*scope.calls, *scope.sub_calls]  # a node's sub-runs' calls are its calls too
+    if not calls:
         return "none", "no-calls"
-    for call in scope.calls:
+    for call in calls:
         if call.outcome not in ("hit", "served", "dry-run"):
             return call.outcome, call.reason
-    for call in scope.calls:
+    for call in calls:
         if call.outcome == "dry-run":
             return "dry-run", call.reason
-    if any(call.outcome == "served" for call in scope.calls):
+    if any(call.outcome == "served" for call in calls):
         return "hit", "side-effect-recorded"
     return "hit", "hit"
 
@@ -483,7 +786,7 @@ def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, st
 def node_determinism(scope: NodeScope) -> str:
     """A node's determinism flag from its calls: ``side-effect`` > ``non-deterministic`` (an
     LLM sampled at temperature > 0) > ``time-bound`` > ``deterministic``."""
-    flags = {call.determinism for call in scope.calls}
+    flags = {call.determinism for call in [*scope.calls, *scope.sub_calls]}
     for flag in ("side-effect", "non-deterministic", "time-bound"):
         if flag in flags:
             return flag

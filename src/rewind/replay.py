@@ -39,6 +39,7 @@ from rewind.effects import (
 )
 from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
+from rewind.engine.subapps import SubAppTracker
 from rewind.errors import (
     CodeDrift,
     EndpointUnavailable,
@@ -50,8 +51,15 @@ from rewind.errors import (
     UnknownNode,
     UnstorableValue,
 )
-from rewind.persister import FieldEncoder, RewindPersister, encode_value, field_map, map_hash
-from rewind.recorder import Recorder, semantic_state
+from rewind.persister import (
+    FieldEncoder,
+    ForkStartLoader,
+    RewindPersister,
+    encode_value,
+    field_map,
+    map_hash,
+)
+from rewind.recorder import Recorder, SubRunPath, SubRunSetup, SubRunSource, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
 from rewind.store.store import state_row
 
@@ -304,7 +312,13 @@ class Rewind:
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
         builder = pipeline.builder(run_id).with_state(**state).with_entrypoint(pipeline.entrypoint)
-        return self._execute(builder, ctx, Recorder(ctx, self.persister, 0), launch)
+        recorder = Recorder(
+            ctx,
+            self.persister,
+            0,
+            sub_runs=SubRunSetup(pipeline.name, pipeline.ref, config or {}),
+        )
+        return self._execute(builder, ctx, recorder, launch)
 
     # -- fork ---------------------------------------------------------------------------------
     def fork(
@@ -319,8 +333,12 @@ class Rewind:
         config: dict[str, Any] | None = None,
         allow_code_change: bool = False,
         restore: str = "refuse",
+        _sub_run: tuple[SubRunPath, Override | None, dict[str, Any]] | None = None,
     ) -> RunRecord:
         """Fork a finished run at a node with at most one override and replay downstream.
+
+        ``run_id`` may name a sub-run (the run of a Burr sub-application a node spawned; see
+        :meth:`fork_sub_run`): the fork then re-runs the spawning node of its top-level run.
 
         Nodes before ``at`` are inherited (not executed; same hashes). From ``at`` on, nodes
         execute with LLM and tool calls served through the caches, preferring the calls the source
@@ -368,6 +386,18 @@ class Rewind:
                 "use --restore=refuse (default), or --restore=replace together with --effects live",
             )
         parent = self.finished_run(run_id)
+        if parent.is_sub_run:
+            return self.fork_sub_run(
+                parent.run_id,
+                at=at,
+                override=override,
+                new_run_id=new_run_id,
+                effects=effects,
+                cache_mode=cache_mode,
+                config=config,
+                allow_code_change=allow_code_change,
+                restore=restore,
+            )
         nodes = self.store.nodes_of(parent.run_id)
         if override is not None and not isinstance(
             override, ParamOverride | OutputOverride | InputOverride
@@ -442,7 +472,8 @@ class Rewind:
                 )
             burr_src = (pred.src_app_id, pred.src_sequence_id)
             builder = builder.initialize_from(
-                self.persister,
+                # loads the fork's start only: sub-applications start fresh, as when recorded
+                ForkStartLoader(self.persister, pred.src_app_id),
                 resume_at_next_action=True,
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
@@ -469,7 +500,22 @@ class Rewind:
         ctx.restore_mode = restore
         ctx.fork_node = fork_node.name
         first = idx + 1 if isinstance(override, OutputOverride) else idx
-        recorder = Recorder(ctx, self.persister, first)
+        sub_setup = SubRunSetup(
+            parent.pipeline,
+            parent.pipeline_ref,
+            parent.config if config is None else config,
+            source=self._sub_run_source,
+        )
+        sub_changes = self._ancestor_sub_run_overrides(parent)
+        if _sub_run is not None and _sub_run[1] is not None:
+            sub_changes.append((_sub_run[0], _sub_run[1].to_json()))
+        for path, doc in sub_changes:
+            params, changed = sub_setup.overrides.setdefault(path, ({}, {}))
+            kind, node, name = override_target(doc)
+            (params if kind == "param" else changed).setdefault(node, {})[name] = doc["value"]
+        recorder = Recorder(
+            ctx, self.persister, first, sub_runs=sub_setup, source_run_id=parent.run_id
+        )
         start: Application | ApplicationBuilder | Callable[[], ApplicationBuilder] = builder
         if not isinstance(override, OutputOverride):
             # Built before anything is written, so its first action is checked, never assumed.
@@ -503,7 +549,7 @@ class Rewind:
                 burr_fork_app_id=burr_src[0],
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
-                launch=launch.to_json() | {"effects": effects},
+                launch=launch.to_json() | {"effects": effects} | (_sub_run[2] if _sub_run else {}),
             )
             drift_doc = (drift or GraphDrift()).to_json() | {
                 "checked": drift is not None,
@@ -517,12 +563,124 @@ class Rewind:
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(
-                self.persister,
+                ForkStartLoader(self.persister, child_id),
                 resume_at_next_action=True,
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
             )
         return self._execute(start, ctx, recorder, launch, input_overrides)
+
+    # -- sub-runs (Burr sub-applications) -------------------------------------------------------
+    def fork_sub_run(
+        self,
+        run_id: str,
+        *,
+        at: str | int,
+        override: Override | None = None,
+        **fork_options: Any,
+    ) -> RunRecord:
+        """Fork a sub-run (the run of a Burr sub-application: a ``MapStates``/``MapActions``
+        child or a recursive app) at one of its nodes, with at most one change.
+
+        A sub-application only exists inside the node that spawned it, so this forks the
+        sub-run's top-level run at that node: the node re-executes, its other sub-runs and the
+        changed sub-run's nodes before ``at`` replay from the cache (0 requests), ``at`` and the
+        sub-run's later nodes run with the change, and the top-level run's downstream nodes
+        replay through the cache (a node whose input the changed sub-run's result changed
+        misses). The recorded top-level run and sub-run are never changed (rule 7).
+
+        Args:
+            run_id: the sub-run (id or unique prefix).
+            at: a node of the sub-run (name, ``name#k`` or 1-based number).
+            override: a :class:`ParamOverride` or :class:`InputOverride` of a node of the
+                sub-run at or after ``at``; None replays the sub-run unchanged.
+            fork_options: :meth:`fork`'s other options (``new_run_id``, ``effects``...).
+        Returns:
+            the new fork of the top-level run; :meth:`sub_run_at` finds the new sub-run in it
+            (``launch["sub_run_fork"]`` says which sub-run was forked and how).
+        Raises:
+            InvalidOverride: an output override (replacing a sub-run node's output is not
+                supported), or one :meth:`fork` would refuse; UnknownRun, UnknownNode,
+                RunBusy, ForkError as :meth:`fork`. Nothing is written.
+        """
+        run = self.finished_run(run_id)
+        nodes = self.store.nodes_of(run.run_id)
+        idx = resolve_node(run, nodes, at)
+        if isinstance(override, OutputOverride):
+            raise InvalidOverride(
+                "replacing the output of a sub-run's node is not supported",
+                "change one of its runtime inputs (--set-input) or params (--set), or fork "
+                "the spawning run with --set-output on the spawning node",
+            )
+        validate_override(nodes, idx, override, node_inputs=self.node_runtime_inputs)
+        path: list[tuple[int, str]] = []
+        top = run
+        while top.spawning_run_id is not None:
+            path.insert(0, (int(top.spawning_position or 0), str(top.spawn_key)))
+            top = self.store.get_run(top.spawning_run_id)
+        top_nodes = self.store.nodes_of(top.run_id, with_calls=False)
+        number = next((i + 1 for i, n in enumerate(top_nodes) if n.position == path[0][0]), None)
+        if number is None:
+            raise ForkError(
+                f"run {top.run_id[:12]} has no node at position {path[0][0]}, which spawned "
+                f"sub-run {run.run_id[:12]}",
+                "the store is incomplete; record the run again",
+            )
+        doc = {
+            "sub_run_fork": {
+                "run_id": run.run_id,
+                "path": [list(step) for step in path],
+                "at": nodes[idx].name,
+                "override": override.to_json() if override is not None else None,
+            }
+        }
+        return self.fork(
+            top.run_id,
+            at=number,
+            override=None,
+            _sub_run=(tuple(path), override, doc),
+            **fork_options,
+        )
+
+    def sub_run_at(self, run_id: str, path: Sequence[Sequence[Any]]) -> RunRecord | None:
+        """The sub-run of ``run_id`` at ``path`` (``[[node position, spawn key], …]``, as in a
+        fork's ``launch["sub_run_fork"]["path"]``), or None."""
+        current: RunRecord | None = self.store.get_run(run_id)
+        for position, key in path:
+            if current is None:
+                return None
+            current = next(
+                (
+                    r
+                    for r in self.node_sub_runs(current.run_id).get(int(position), [])
+                    if r.spawn_key == str(key)
+                ),
+                None,
+            )
+        return current
+
+    def node_sub_runs(self, run_id: str) -> dict[int, list[RunRecord]]:
+        """The sub-runs each node of ``run_id`` spawned (see :func:`node_sub_runs`)."""
+        return node_sub_runs(self.store, run_id)
+
+    def _sub_run_source(
+        self, source_run_id: str, position: int, name: str, key: str
+    ) -> SubRunSource | None:
+        """The sub-run a fork's new sub-run replays: the one the source trajectory's node at
+        ``position`` (named ``name``) spawned with spawn key ``key``."""
+        nodes = self.store.nodes_of(source_run_id, with_calls=False)
+        node = next((n for n in nodes if n.position == position), None)
+        if node is None or node.name != name:
+            return None
+        run = next(
+            (r for r in self.store.sub_runs(node.src_app_id, position) if r.spawn_key == key),
+            None,
+        )
+        if run is None:
+            return None
+        lineage, at, slots = self._lineages(run)
+        blobs = self.store.get_blobs({e.result_hash for e in lineage.values()})
+        return SubRunSource(run.run_id, lineage, at, slots, blobs)
 
     def check_drift(
         self,
@@ -720,6 +878,24 @@ class Rewind:
                 ]
         return merged
 
+    def _ancestor_sub_run_overrides(
+        self, run: RunRecord
+    ) -> list[tuple[SubRunPath, dict[str, Any]]]:
+        """The changes forks of sub-runs made in ``run`` and its ancestors, oldest first:
+        (sub-run path, override document); a fork of such a fork keeps them."""
+        chain: list[RunRecord] = []
+        current: RunRecord | None = run
+        while current is not None and all(r.run_id != current.run_id for r in chain):
+            chain.append(current)
+            current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
+        found: list[tuple[SubRunPath, dict[str, Any]]] = []
+        for r in reversed(chain):
+            doc = r.launch.get("sub_run_fork") or {}
+            if doc.get("override"):
+                path = tuple((int(p), str(k)) for p, k in doc["path"])
+                found.append((path, doc["override"]))
+        return found
+
     def _lineage(self, run: RunRecord) -> dict[str, LineageEntry]:
         """Cache key → the call that produced its result, over the run and its ancestors
         (nearest wins; a side-effecting call served or dry-run does not replace the execution
@@ -875,6 +1051,20 @@ class Rewind:
 # -- helpers -----------------------------------------------------------------------------------
 
 
+def node_sub_runs(store: Store, run_id: str) -> dict[int, list[RunRecord]]:
+    """The runs of the Burr sub-applications each node of ``run_id`` spawned, by node position
+    (in spawn-key order); an inherited node's are those of the run that executed it."""
+    found: dict[int, list[RunRecord]] = {}
+    for r in store.sub_runs(run_id):
+        found.setdefault(int(r.spawning_position or 0), []).append(r)
+    for n in store.nodes_of(run_id, with_calls=False):
+        if n.inherited and n.src_app_id != run_id:
+            subs = store.sub_runs(n.src_app_id, n.position)
+            if subs:
+                found[n.position] = subs
+    return found
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -895,7 +1085,9 @@ def _build(
     loads a fork's starting state here."""
     if not isinstance(builder, ApplicationBuilder):
         builder = builder()
-    return builder.with_state_persister(recorder).build()
+    builder = builder.with_state_persister(recorder)
+    # __context.tracker inside the app's actions: its copies record sub-applications
+    return builder.with_tracker(SubAppTracker(builder.tracker, recorder)).build()
 
 
 def _raise_on_start(exc: Exception) -> Callable[[], ApplicationBuilder]:

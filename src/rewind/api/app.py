@@ -60,6 +60,7 @@ from rewind.replay import (
     ParamOverride,
     Rewind,
     new_run_id,
+    node_sub_runs,
     resolve_node,
     validate_override,
 )
@@ -672,6 +673,17 @@ def validate_fork(
         except InvalidOverride as exc:
             raise _field_error(exc, name_field if later else "override.node") from exc
         _check_value(o.value, "override.value")
+    if parent.is_sub_run:
+        # forked by re-running its spawning node: Rewind.fork checks the top-level run's graph
+        if isinstance(override, OutputOverride):
+            raise _field_error(
+                InvalidOverride(
+                    "replacing the output of a sub-run's node is not supported",
+                    "send an input or param override, or fork the spawning run",
+                ),
+                "override",
+            )
+        return parent, idx, fork_node, override
     try:
         pipeline = rw.pipeline_of(parent)
     except RewindError as exc:
@@ -730,9 +742,13 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return {"pipelines": out}
 
     @r.get("/runs", tags=["runs"], responses=error_responses(422))
-    def list_runs(limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> dict[str, Any]:
-        """Runs, newest first, and their fork tree (a run with a parent nests under it)."""
-        records = store.list_runs(limit)
+    def list_runs(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200, include_sub_runs: bool = False
+    ) -> dict[str, Any]:
+        """Runs, newest first, and their fork tree (a run with a parent nests under it). The
+        runs of Burr sub-applications only with ``include_sub_runs`` (``GET /api/runs/{id}``
+        lists them under the node that spawned them)."""
+        records = store.list_runs(limit, include_sub_runs=include_sub_runs)
         known = {r.run_id for r in records}
         queued = [
             j.placeholder()
@@ -793,6 +809,11 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return views.run_json(run) | {
             "ancestors": ancestors,
             "children": [views.run_json(c) for c in store.children(run.run_id)],
+            # runs of the Burr sub-applications its nodes spawned, by node number
+            "sub_runs": [
+                {"number": position + 1, "runs": [views.run_json(c) for c in subs]}
+                for position, subs in sorted(node_sub_runs(store, run.run_id).items())
+            ],
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
             "live": manager.is_active(run.run_id),
             # A fork's code drift from its parent's recording (code changed, graph changes
@@ -820,11 +841,16 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
 
     @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP)
     def list_nodes(run_id: str) -> dict[str, Any]:
-        """The run's node executions (no values; see the node routes for those)."""
+        """The run's node executions (no values; see the node routes for those), each with the
+        ids of the sub-runs it spawned (Burr sub-applications)."""
         run = manager.resolve(run_id)
+        spawned = node_sub_runs(store, run.run_id)
         return {
             "run_id": run.run_id,
-            "nodes": [views.node_json(n) for n in store.nodes_of(run.run_id)],
+            "nodes": [
+                views.node_json(n) | {"sub_runs": [c.run_id for c in spawned.get(n.position, [])]}
+                for n in store.nodes_of(run.run_id)
+            ],
         }
 
     @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP)
@@ -833,9 +859,11 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         output it wrote and the semantic state after it."""
         run, n = _node_of(ctx, run_id, node)
         rw = ctx.session()
+        spawned = node_sub_runs(store, run.run_id).get(n.position, [])
         return {
             "run_id": run.run_id,
             "node": views.node_json(n),
+            "sub_runs": [views.run_json(c) for c in spawned],
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),

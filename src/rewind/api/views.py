@@ -62,6 +62,10 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "effects_mode": run.effects_mode,
         "admissible": run.admissible,
         "last_audit": run.last_audit,
+        # the run of a Burr sub-application: the run and node that spawned it, which child
+        "spawning_run_id": run.spawning_run_id,
+        "spawning_number": None if run.spawning_position is None else run.spawning_position + 1,
+        "spawn_key": run.spawn_key,
     }
 
 
@@ -71,7 +75,12 @@ def change_text(run: RunRecord) -> str | None:
     if run.parent_run_id is None:
         return None
     o = run.override
-    if not o:
+    sub = run.launch.get("sub_run_fork")
+    if sub:
+        o = sub.get("override")
+        what = "unchanged" if not o else "{} {}.{}".format(*override_target(o))
+        text = f"re-runs sub-run {str(sub['run_id'])[:12]} from {sub['at']}: {what}"
+    elif not o:
         text = f"unchanged replay from {run.fork_node}"
     else:
         kind, node, name = override_target(o)

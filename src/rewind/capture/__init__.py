@@ -25,6 +25,7 @@ from rewind.capture.http import (
     acapture,
     capture,
     install,
+    install_sdk_transports,
     installed,
     uninstall,
 )
@@ -49,17 +50,21 @@ __all__ = [
 
 _OFF = frozenset({"0", "off", "false", "no"})
 _ready = False
+_capturing = False
 
 
 def ensure_installed() -> None:
     """What a starting run needs: thread pools follow the run context, and HTTP capture is
     installed unless ``REWIND_HTTP_CAPTURE`` is ``off``/``0``/``false`` (checked on the first
     run of the process). Cheap after the first call."""
-    global _ready
+    global _ready, _capturing
     if _ready:
+        if _capturing:
+            install_sdk_transports()  # an SDK with a transport of its own imported since
         return
     follow_thread_pools()
     follow_asyncio_tasks()
     if os.environ.get("REWIND_HTTP_CAPTURE", "").strip().lower() not in _OFF:
         install()
+        _capturing = True
     _ready = True

@@ -15,8 +15,9 @@ Two ways in, both for ``httpx`` and for its fork ``httpx2`` (used by openai>=3 a
 * :func:`install` wraps ``HTTPTransport.handle_request`` and
   ``AsyncHTTPTransport.handle_async_request`` of each library — the default transport of every
   client those SDKs build (``OpenAI()``, ``AsyncOpenAI()``, the module-level ``openai`` client,
-  ``anthropic.Anthropic()``, LiteLLM's httpx path, instructor on top of them), whenever the
-  client was created. No SDK internals are touched. :func:`uninstall` restores them.
+  ``anthropic.Anthropic()``, LiteLLM's sync path, instructor on top of them), whenever the
+  client was created — and of LiteLLM's own httpx transport for async calls
+  (``LiteLLMAiohttpTransport``), once LiteLLM is loaded. :func:`uninstall` restores them.
 * :class:`Transport` / :class:`AsyncTransport` wrap any transport explicitly:
   ``OpenAI(http_client=openai.DefaultHttpxClient(transport=rewind.capture.Transport()))``.
 
@@ -62,6 +63,11 @@ __all__ = [
 ]
 
 _HTTP_LIBRARIES = ("httpx", "httpx2")
+# httpx transports SDKs ship that are not httpx's own (module, class): wrapped like httpx's once
+# their module is loaded. LiteLLM sends async calls through aiohttp behind this httpx transport.
+_SDK_ASYNC_TRANSPORTS = (
+    ("litellm.llms.custom_httpx.aiohttp_transport", "LiteLLMAiohttpTransport"),
+)
 _ORIGINAL = "__rewind_original__"
 _ROUTES = ModelRoutes()
 _INSTALL_LOCK = threading.Lock()
@@ -303,10 +309,12 @@ def install(routes: ModelRoutes | None = None) -> None:
     Wraps ``HTTPTransport.handle_request`` and ``AsyncHTTPTransport.handle_async_request`` of
     ``httpx`` and, when installed, ``httpx2``: the default transports every SDK client gets,
     including clients created before this call. Requests still pass through untouched outside a
-    Rewind run. Not covered: clients built on other transports (``httpx.MockTransport``,
-    LiteLLM's aiohttp transport for async calls — set ``litellm.disable_aiohttp_transport =
-    True`` — or non-httpx SDKs such as ``requests``/``aiohttp``); wrap those in
-    :class:`Transport`/:class:`AsyncTransport` or use ``rewind.chat``.
+    Rewind run. LiteLLM's own httpx transport for async calls (``LiteLLMAiohttpTransport``,
+    aiohttp underneath) is wrapped the same way once LiteLLM is loaded
+    (:func:`install_sdk_transports`). Not covered: clients built on other transports
+    (``httpx.MockTransport``, a transport of your own) or non-httpx SDKs such as
+    ``requests``/``aiohttp``; wrap those in :class:`Transport`/:class:`AsyncTransport` or use
+    ``rewind.chat``.
 
     Args:
         routes: which requests are model requests (replaces the previous setting when given).
@@ -318,6 +326,22 @@ def install(routes: ModelRoutes | None = None) -> None:
         for library in _libraries():
             _wrap(library.HTTPTransport, "handle_request", _sync_wrapper)
             _wrap(library.AsyncHTTPTransport, "handle_async_request", _async_wrapper)
+        _wrap_sdk_transports()
+
+
+def install_sdk_transports() -> None:
+    """Wrap the httpx transports of SDKs loaded since :func:`install` (LiteLLM's aiohttp
+    transport for async calls); cheap when there is nothing new. A run calls this as it starts
+    while capture is installed."""
+    with _INSTALL_LOCK:
+        _wrap_sdk_transports()
+
+
+def _wrap_sdk_transports() -> None:
+    for module_name, cls_name in _SDK_ASYNC_TRANSPORTS:
+        cls = getattr(sys.modules.get(module_name), cls_name, None)
+        if isinstance(cls, type):
+            _wrap(cls, "handle_async_request", _async_wrapper)
 
 
 def uninstall() -> None:
@@ -334,6 +358,13 @@ def uninstall() -> None:
                 original = getattr(cls.__dict__.get(method), _ORIGINAL, None)
                 if original is not None:
                     setattr(cls, method, original)
+        for module_name, cls_name in _SDK_ASYNC_TRANSPORTS:
+            sdk_cls = getattr(sys.modules.get(module_name), cls_name, None)
+            original = getattr(
+                getattr(sdk_cls, "__dict__", {}).get("handle_async_request"), _ORIGINAL, None
+            )
+            if original is not None:
+                sdk_cls.handle_async_request = original
 
 
 def installed() -> bool:

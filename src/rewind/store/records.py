@@ -46,6 +46,14 @@ class RunRecord:
     last_audit: dict[str, Any] | None = None
     """The run's last effect audit (``{"label", "against", "note", "counts", "audited_at"}``;
     ``label`` is ``admissible``, ``vacuous`` or ``not-admissible``), None when never audited."""
+    spawning_run_id: str | None = None
+    """For the run of a Burr sub-application (``MapStates``/``MapActions`` child, recursive app):
+    the run whose node spawned it; None for a top-level run."""
+    spawning_position: int | None = None
+    """The spawning node's position (0-based) in ``spawning_run_id``."""
+    spawn_key: str | None = None
+    """Which child of that node execution this is, stable across forks of the spawning run
+    (the worker lane it was built in, then its order in that lane: ``"2.0"``, ``"1"``)."""
 
     @property
     def effects_mode(self) -> str:
@@ -59,6 +67,11 @@ class RunRecord:
     def admissible(self) -> str | None:
         """The last audit's label (``admissible``, ``vacuous``, ``not-admissible``), or None."""
         return None if self.last_audit is None else str(self.last_audit["label"])
+
+    @property
+    def is_sub_run(self) -> bool:
+        """True for the run of a Burr sub-application (see ``spawning_run_id``)."""
+        return self.spawning_run_id is not None
 
     @property
     def tokens(self) -> int:
@@ -88,6 +101,9 @@ class RunRecord:
             latency_ms=m["latency_ms"],
             error=m["error"],
             launch=json.loads(m["launch_json"] or "{}"),
+            spawning_run_id=m.get("spawning_run_id"),
+            spawning_position=m.get("spawning_position"),
+            spawn_key=m.get("spawn_key"),
         )
 
 

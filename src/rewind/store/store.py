@@ -569,13 +569,34 @@ class Store:
             raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
         return self._with_audits([self._run_record(row)])[0]
 
-    def list_runs(self, limit: int = 100) -> list[RunRecord]:
-        """Most recent runs first."""
+    def list_runs(self, limit: int = 100, *, include_sub_runs: bool = False) -> list[RunRecord]:
+        """Most recent runs first; the runs of Burr sub-applications only with
+        ``include_sub_runs`` (they are listed under the node that spawned them)."""
+        query = select(schema.runs)
+        if not include_sub_runs:
+            query = query.where(schema.runs.c.spawning_run_id.is_(None))
         with self.read() as conn:
-            rows = conn.execute(
-                select(schema.runs).order_by(schema.runs.c.created_at.desc()).limit(limit)
-            ).all()
+            rows = conn.execute(query.order_by(schema.runs.c.created_at.desc()).limit(limit)).all()
         return self._with_audits([self._run_record(r) for r in rows])
+
+    def sub_runs(self, run_id: str, position: int | None = None) -> list[RunRecord]:
+        """The runs of the Burr sub-applications that ``run_id``'s nodes spawned (only the node
+        at ``position`` when given), by node position then spawn key."""
+        t = schema.runs
+        query = select(t).where(t.c.spawning_run_id == run_id)
+        if position is not None:
+            query = query.where(t.c.spawning_position == position)
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        found = [self._run_record(r) for r in rows]
+        found.sort(key=lambda r: (r.spawning_position or 0, _key_order(r.spawn_key or "")))
+        return self._with_audits(found)
+
+    def run_exists(self, run_id: str) -> bool:
+        """True when a run has exactly this id (no prefix matching)."""
+        t = schema.runs
+        with self.read() as conn:
+            return conn.execute(select(t.c.run_id).where(t.c.run_id == run_id)).first() is not None
 
     def _run_record(self, row: Any) -> RunRecord:
         record = RunRecord.from_row(row)
@@ -912,6 +933,11 @@ class Store:
             {"name": r.name, "sha256": r.sha256, "size": r.size, "path": self.root / r.path}
             for r in rows
         ]
+
+
+def _key_order(key: str) -> tuple[int | str, ...]:
+    """Sort order of a spawn key: ``"10.0"`` after ``"2.0"``."""
+    return tuple(int(p) if p.isdigit() else p for p in key.split("."))
 
 
 def call_rows(run_id: str, position: int, calls: Sequence[CallRecord]) -> list[dict[str, Any]]:
