@@ -63,7 +63,7 @@ runs = Table(
     Column("error", Text, nullable=True),
     Column("owner", String(200), nullable=True),  # host:pid of the process executing it
     # a Burr sub-application's run: the run and node position that spawned it, and which child
-    # of that node execution it is (migration 0004_b10); None for top-level runs
+    # of that node execution it is (migration 0006); None for top-level runs
     Column("spawning_run_id", String(64), nullable=True, index=True),
     Column("spawning_position", Integer, nullable=True),
     Column("spawn_key", String(64), nullable=True),
