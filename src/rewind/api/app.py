@@ -19,8 +19,9 @@ import asyncio
 import hmac
 import json
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from http import HTTPStatus
 from pathlib import Path
@@ -36,11 +37,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
 import rewind
-from rewind.api import views
+from rewind.api import access, views
+from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
-from rewind.api.security import cross_site_reason
+from rewind.api.security import bearer_token, cross_site_reason
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.errors import (
     EndpointUnavailable,
@@ -64,6 +66,7 @@ from rewind.replay import (
 )
 from rewind.serde import display
 from rewind.store import NodeRecord, RunRecord, Store, open_store
+from rewind.store.users import authenticate, has_users, teammates
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -328,9 +331,51 @@ def _body_refusal(request: Request) -> Response | None:
     return None
 
 
-def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[str] | None) -> None:
-    expected = f"Bearer {token}".encode() if token else None
+_ADMIN_ONLY = ("/api/traces", "/api/otlp/", "/api/tracing/")
+"""With users, the trace service is an admin's: traces are not filtered by owner yet."""
+_USERS_RECHECK_S = 1.0
+"""Seconds between two checks of a store without users for the first user (once one exists,
+every API request needs a token until the server stops)."""
+
+
+def _install_security(
+    app: FastAPI,
+    token: str | None,
+    allowed_hosts: Sequence[str] | None,
+    store: Store | None = None,
+    *,
+    require_auth: bool = False,
+) -> Callable[[], bool]:
+    """Install the guard middleware; returns ``auth_on()``: whether API requests need a token
+    now (a server token, ``require_auth``, or users in ``store``)."""
+    server_token = token.encode() if token else None
     hosts = {h.strip("[]").lower() for h in allowed_hosts} if allowed_hosts else None
+    users_state = {"on": require_auth or server_token is not None, "checked": 0.0}
+    users_lock = threading.Lock()
+
+    def auth_on() -> bool:
+        if users_state["on"] or store is None:
+            return bool(users_state["on"])
+        with users_lock:
+            now = time.monotonic()
+            if now - users_state["checked"] >= _USERS_RECHECK_S:
+                users_state["checked"] = now
+                users_state["on"] = has_users(store)
+        return bool(users_state["on"])
+
+    def principal_of(request: Request) -> Principal | None:
+        """The requester of an API request, or None when it must be refused with 401."""
+        if not auth_on():
+            return OPEN
+        given = bearer_token(request.headers.get("authorization"))
+        if given is None:
+            return None
+        if server_token is not None and hmac.compare_digest(given.encode(), server_token):
+            return SERVER_TOKEN
+        if store is None:
+            return None
+        user = authenticate(store, given)
+        return None if user is None else Principal.of(user, teammates(store, user))
 
     def refusal(request: Request) -> Response | None:
         """The answer for a request refused before any route runs, else None."""
@@ -351,27 +396,41 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
                 "open the UI from this server's own URL, or send the request without a browser "
                 "(no Origin/Referer header)",
             )
-        too_big = _body_refusal(request)
-        if too_big is not None:
-            return too_big
-        if expected is not None and _protected(request.url.path):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                response = _error(
-                    401,
-                    "Unauthorized",
-                    "this server needs a bearer token",
-                    "send 'Authorization: Bearer <token>' (the token given to rewind serve)",
-                )
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return response
-        return None
+        return _body_refusal(request)
+
+    def unauthorized() -> Response:
+        response = _error(
+            401,
+            "Unauthorized",
+            "this server needs a bearer token",
+            "send 'Authorization: Bearer <token>' (a token from `rewind user add`, or the one "
+            "given to rewind serve --token)",
+        )
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    async def answer(request: Request, call_next: Any) -> Response:
+        if not _protected(request.url.path):
+            return await call_next(request)  # the static UI shell: no data
+        principal = await run_in_threadpool(principal_of, request)
+        if principal is None:
+            return unauthorized()
+        if not principal.admin and request.url.path.startswith(_ADMIN_ONLY):
+            return _error(
+                403,
+                "Forbidden",
+                "the trace service needs an admin token on a server with users",
+                "ask an admin, or use a token of a user added with `rewind user add NAME --admin`",
+            )
+        with acting_as(principal):
+            response: Response = await call_next(request)
+        return response
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
         response = refusal(request)
         if response is None:
-            response = await call_next(request)
+            response = await answer(request, call_next)
         # Every answer, refusals and errors included, carries the same headers.
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
@@ -380,6 +439,8 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
         if _protected(request.url.path):
             response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    return auth_on
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -408,6 +469,16 @@ class ServerContext:
         self.token_required = token_required
         self.interrupted_at_start = interrupted_at_start
         self.started_at = time.time()
+        self.auth_on: Callable[[], bool] = lambda: token_required
+
+    def resolve(self, run_id: str) -> RunRecord:
+        """The run (or a queued job's placeholder) if the requester may see it.
+
+        Raises:
+            UnknownRun: no such run, or one the requester may not see (the same 404: run ids
+                of other users do not leak).
+        """
+        return check_visible(self.manager.resolve(run_id), run_id)
 
     def session(self) -> Rewind:
         """A Rewind on the shared store for reads and validation (never executes here)."""
@@ -427,6 +498,7 @@ def create_app(
     pipelines: Mapping[str, PipelineEntry] | None = None,
     workers: int = 2,
     static_dir: Path | None = None,
+    require_auth: bool = False,
 ) -> FastAPI:
     """Build the API + UI application.
 
@@ -444,6 +516,9 @@ def create_app(
         pipelines: registry of pipelines runs can be started of (default: the demo).
         workers: runs that may execute at once.
         static_dir: the built UI (default: the package's ``static`` folder).
+        require_auth: every API request needs a token even while the store has no users
+            (``rewind serve --auth``). Without it, requests need one as soon as the store has
+            a user (:mod:`rewind.store.users`): each sees only their own and their team's runs.
     """
     owns_store = not isinstance(store, Store)
     st = store if isinstance(store, Store) else open_store(store)
@@ -495,7 +570,7 @@ def create_app(
     )
     app.state.rewind = ctx
     _install_error_handlers(app)
-    _install_security(app, token, allowed_hosts)
+    ctx.auth_on = _install_security(app, token, allowed_hosts, st, require_auth=require_auth)
     app.include_router(_api_routes(ctx))
     from rewind.tracing.service import trace_router
 
@@ -580,7 +655,7 @@ def _accepted(job: RunJob) -> JSONResponse:
 
 
 def _node_of(ctx: ServerContext, run_id: str, node: str) -> tuple[RunRecord, NodeRecord]:
-    run = ctx.manager.resolve(run_id)
+    run = ctx.resolve(run_id)
     nodes = ctx.store.nodes_of(run.run_id)
     return run, nodes[resolve_node(run, nodes, node)]
 
@@ -613,7 +688,7 @@ def validate_fork(
         UnknownRun, UnknownNode (404), RunBusy, ForkError (409), InvalidOverride (422, with the
         offending request field in ``.field``).
     """
-    parent = ctx.manager.resolve(run_id)
+    parent = ctx.resolve(run_id)
     if parent.status in views.ACTIVE_STATUSES:
         raise RunBusy(
             f"run {parent.run_id} is still {parent.status}",
@@ -690,7 +765,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "version": rewind.__version__,
             "runs_in_flight": len(manager.active()),
             "reports_in_flight": len(ctx.reports.active()),
-            "interrupted_at_start": ctx.interrupted_at_start,
+            "interrupted_at_start": ctx.interrupted_at_start if access.current().admin else [],
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }
 
@@ -719,13 +794,14 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     @r.get("/runs", tags=["runs"], responses=error_responses(422))
     def list_runs(limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> dict[str, Any]:
         """Runs, newest first, and their fork tree (a run with a parent nests under it)."""
-        records = store.list_runs(limit)
+        who = access.current()
+        records = store.list_runs(limit, created_by=None if who.admin else who.sees)
         known = {r.run_id for r in records}
-        queued = [
+        queued = visible(
             j.placeholder()
             for j in manager.active()
             if j.run_id not in known and _row_missing(store, j.run_id)
-        ]
+        )
         runs = [views.run_json(x) for x in queued + records]
         return {"runs": runs, "tree": views.fork_tree(runs)}
 
@@ -763,12 +839,16 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         def job(rw: Rewind) -> RunRecord:
             return rw.record(pipeline, state, run_id=rid, config=config)
 
-        return _accepted(manager.submit(RunJob(rid, "record", pipeline.name, job)))
+        created_by = access.current().name
+        return _accepted(
+            manager.submit(RunJob(rid, "record", pipeline.name, job, created_by=created_by))
+        )
 
     @r.get("/runs/{run_id}", tags=["runs"], responses=_LOOKUP)
     def get_run(run_id: str) -> dict[str, Any]:
         """A run with its parent chain, children (forks) and artifacts."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
+        who = access.current()
         ancestors = []
         current = run
         while current.parent_run_id and len(ancestors) < 64:
@@ -776,10 +856,12 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
                 current = store.get_run(current.parent_run_id)
             except UnknownRun:
                 break
+            if not who.can_see(current.created_by):
+                break  # a fork of a run shared no longer: its chain stops here for this user
             ancestors.append(views.run_json(current))
         return views.run_json(run) | {
             "ancestors": ancestors,
-            "children": [views.run_json(c) for c in store.children(run.run_id)],
+            "children": [views.run_json(c) for c in visible(store.children(run.run_id))],
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
             "live": manager.is_active(run.run_id),
             # A fork's code drift from its parent's recording (code changed, graph changes
@@ -791,7 +873,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def get_graph(run_id: str) -> dict[str, Any]:
         """The run's pipeline graph (nodes, edges) and node executions with status, cache
         outcome + reason, hashes, latency and tokens; poll it while the run is live."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         job = manager.job(run.run_id)
         edges = store.edges_of(run.pipeline)
         if not edges:
@@ -808,7 +890,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP)
     def list_nodes(run_id: str) -> dict[str, Any]:
         """The run's node executions (no values; see the node routes for those)."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         return {
             "run_id": run.run_id,
             "nodes": [views.node_json(n) for n in store.nodes_of(run.run_id)],
@@ -875,7 +957,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
         """Tokens and latency of the run vs ``against`` (default: its parent): original,
         replay, delta and saved."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         other_id = against or run.parent_run_id
         if other_id is None:
             raise _field_error(
@@ -884,7 +966,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
                 ),
                 "against",
             )
-        original = manager.resolve(other_id)
+        original = ctx.resolve(other_id)
         return views.cost_json(store, original, run)
 
     @r.get("/diff", tags=["diff"], responses=_LOOKUP)
@@ -894,13 +976,13 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     ) -> dict[str, Any]:
         """Field-level diff of two runs: aligned nodes, changed paths with old/new values, hash
         match, first divergence, token deltas, unified text diffs for long strings."""
-        ra, rb = manager.resolve(a), manager.resolve(b)
+        ra, rb = ctx.resolve(a), ctx.resolve(b)
         return ctx.session().diff(ra.run_id, rb.run_id).to_json()
 
     @r.get("/runs/{run_id}/artifacts", tags=["artifacts"], responses=_LOOKUP)
     def list_artifacts(run_id: str) -> dict[str, Any]:
         """Files the run published (name, sha256, size, download URL)."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         return {
             "run_id": run.run_id,
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
@@ -915,7 +997,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def download_artifact(run_id: str, name: str) -> FileResponse:
         """Download an artifact by name, looked up in the run's artifact records (the name is
         never used as a path)."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         found = next((a for a in store.artifacts_of(run.run_id) if a["name"] == name), None)
         if found is None:
             raise _field_error(
@@ -954,7 +1036,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         and closes. A run executed by another process is followed by polling the store
         (``refresh`` events). Fallback without SSE: poll ``/api/runs/{id}/graph``.
         """
-        run = await run_in_threadpool(manager.resolve, run_id)
+        run = await run_in_threadpool(ctx.resolve, run_id)
         loop = asyncio.get_running_loop()
         q, history, done = manager.subscribe(run.run_id, loop)
         return EventSourceResponse(_event_stream(ctx, run, q, history, done, request), ping=10)
@@ -1010,6 +1092,7 @@ def _submit_fork(
                 fork_position=idx,
                 override=override.to_json() if override else None,
                 effects=effects,
+                created_by=access.current().name,
             )
         )
     )
@@ -1131,7 +1214,11 @@ def _settings(ctx: ServerContext) -> dict[str, Any]:
             "database": ctx.store.engine.url.render_as_string(hide_password=True),
             "dialect": ctx.store.engine.dialect.name,
         },
-        "auth": {"token_required": ctx.token_required},
+        "auth": {
+            "token_required": ctx.auth_on(),
+            "user": access.current().name,
+            "admin": access.current().admin,
+        },
         "workers": len(ctx.manager._threads),
         "version": rewind.__version__,
         "pipelines": sorted(ctx.pipelines),

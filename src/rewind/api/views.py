@@ -62,6 +62,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "effects_mode": run.effects_mode,
         "admissible": run.admissible,
         "last_audit": run.last_audit,
+        "created_by": run.created_by,
     }
 
 

@@ -46,6 +46,8 @@ class RunRecord:
     last_audit: dict[str, Any] | None = None
     """The run's last effect audit (``{"label", "against", "note", "counts", "audited_at"}``;
     ``label`` is ``admissible``, ``vacuous`` or ``not-admissible``), None when never audited."""
+    created_by: str | None = None
+    """The user the run belongs to (:mod:`rewind.store.users`); None: an unowned local run."""
 
     @property
     def effects_mode(self) -> str:
@@ -88,6 +90,7 @@ class RunRecord:
             latency_ms=m["latency_ms"],
             error=m["error"],
             launch=json.loads(m["launch_json"] or "{}"),
+            created_by=m.get("created_by"),
         )
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -478,12 +478,15 @@ class Store:
             raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
         return self._with_audits([self._run_record(row)])[0]
 
-    def list_runs(self, limit: int = 100) -> list[RunRecord]:
-        """Most recent runs first."""
+    def list_runs(
+        self, limit: int = 100, *, created_by: Collection[str] | None = None
+    ) -> list[RunRecord]:
+        """Most recent runs first; with ``created_by``, only runs created by those users."""
+        query = select(schema.runs).order_by(schema.runs.c.created_at.desc()).limit(limit)
+        if created_by is not None:
+            query = query.where(schema.runs.c.created_by.in_(list(created_by)))
         with self.read() as conn:
-            rows = conn.execute(
-                select(schema.runs).order_by(schema.runs.c.created_at.desc()).limit(limit)
-            ).all()
+            rows = conn.execute(query).all()
         return self._with_audits([self._run_record(r) for r in rows])
 
     def _run_record(self, row: Any) -> RunRecord:
