@@ -342,6 +342,40 @@ def test_bearer_token_parsing() -> None:
     assert bearer_token("Bearerabc") is None
 
 
+def test_the_browser_ui_takes_a_token_and_shows_only_that_users_runs(
+    tmp_path: Path, browser: Any
+) -> None:
+    import playwright.sync_api as playwright_api
+
+    from rewind.api.app import STATIC_DIR
+    from rewind.store import open_store
+
+    if not (STATIC_DIR / "index.html").exists():
+        pytest.fail("the UI is not built: cd web && npm ci && npm run build (make does it)")
+    expect = playwright_api.expect
+    store = open_store(tmp_path / "store")
+    tokens = {"alice": add_user(store, "alice")[1], "bob": add_user(store, "bob")[1]}
+    app = create_app(store, chat_client=None, pipelines=REGISTRY)
+    with LiveServer(app) as server:
+        team = Team(server, store, tokens)
+        a, b = team.record("alice"), team.record("bob")
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(f"{server.url}/")
+        expect(page.get_by_text("This server needs an access token")).to_be_visible()
+        page.goto(f"{server.url}/#/settings")
+        page.get_by_test_id("token-input").fill(tokens["alice"])
+        page.get_by_test_id("token-save").click()
+        expect(page.get_by_test_id(f"run-item-{a}")).to_be_visible()
+        expect(page.get_by_test_id(f"run-item-{b}")).to_have_count(0)
+        expect(page.get_by_test_id("setting-signed-in-as")).to_have_text("alice")
+        page.goto(f"{server.url}/#/runs/{b}")  # another user's run: not found, never shown
+        expect(page.get_by_test_id("run-error")).to_contain_text(f"unknown run '{b}'")
+        expect(page.get_by_test_id(f"run-item-{b}")).to_have_count(0)
+        context.close()
+    store.close()
+
+
 # -- the CLI ------------------------------------------------------------------------------------
 
 
