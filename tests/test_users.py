@@ -179,6 +179,27 @@ def test_each_user_lists_and_reads_only_their_own_and_their_teams_runs(team: Tea
         assert c.get(f"/api/diff?a={a}&b={b}").status_code == 200
 
 
+def test_a_run_id_prefix_resolves_among_the_runs_a_user_sees(team: Team) -> None:
+    ids = {"alice": "5eed" + "a" * 28, "bob": "5eed" + "b" * 28}
+    for name, run_id in ids.items():
+        with team.store.write() as conn:
+            team.store.create_run(
+                conn, run_id=run_id, pipeline="tiny", pipeline_ref="", created_by=name
+            )
+        team.store.finish_run(run_id, "completed")
+    for name, run_id in ids.items():
+        with team.client(name) as c:
+            r = c.get("/api/runs/5eed")
+            assert r.status_code == 200, r.text  # not "matches several runs": one is not theirs
+            assert r.json()["run_id"] == run_id
+    with team.client("root") as c:
+        r = c.get("/api/runs/5eed")
+        assert r.status_code == 404 and "matches several runs" in r.json()["message"]
+    with team.client("carol") as c:  # alice's team
+        assert c.get("/api/runs/5eed").json()["run_id"] == ids["alice"]
+        _is_404_unknown_run(c.get(f"/api/runs/{ids['bob'][:10]}"))
+
+
 def test_forks_belong_to_the_requester_and_others_cannot_fork(team: Team) -> None:
     a = team.record("alice")
     with team.client("bob") as c:

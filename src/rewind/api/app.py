@@ -66,7 +66,8 @@ from rewind.replay import (
 )
 from rewind.serde import display
 from rewind.store import NodeRecord, RunRecord, Store, open_store
-from rewind.store.users import authenticate, has_users, teammates
+from rewind.store.store import MIN_PREFIX
+from rewind.store.users import authenticate, has_users, run_ids_with_prefix, teammates
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -488,7 +489,23 @@ class ServerContext:
             UnknownRun: no such run, or one the requester may not see (the same 404: run ids
                 of other users do not leak).
         """
-        return check_visible(self.manager.resolve(run_id), run_id)
+        who = access.current()
+        try:
+            return check_visible(self.manager.resolve(run_id), run_id)
+        except UnknownRun:
+            if who.admin or len(run_id) < MIN_PREFIX:
+                raise
+        # A prefix shared with runs the user does not see would say "matches several runs":
+        # resolve it among the user's runs only.
+        found = run_ids_with_prefix(self.store, run_id, who.sees)
+        if len(found) > 1:
+            raise UnknownRun(
+                f"run id prefix {run_id!r} matches several runs",
+                "give more characters of the id (see `rewind runs`)",
+            )
+        if not found:
+            raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
+        return check_visible(self.manager.resolve(found[0]), run_id)
 
     def session(self) -> Rewind:
         """A Rewind on the shared store for reads and validation (never executes here)."""

@@ -44,6 +44,7 @@ __all__ = [
     "local_user",
     "revoke_user",
     "rotate_token",
+    "run_ids_with_prefix",
     "teammates",
 ]
 
@@ -252,6 +253,20 @@ def can_see(created_by: str | None, *, admin: bool, sees: frozenset[str]) -> boo
         sees: the viewer's :func:`teammates`.
     """
     return admin or (created_by is not None and created_by in sees)
+
+
+def run_ids_with_prefix(store: Store, prefix: str, created_by: frozenset[str]) -> list[str]:
+    """At most two ids of runs created by ``created_by`` that start with ``prefix`` (so a
+    prefix is resolved among the runs a user sees, never hinting at anyone else's)."""
+    t = schema.runs
+    query = (
+        select(t.c.run_id)
+        .where(t.c.run_id.startswith(prefix, autoescape=True))
+        .where(t.c.created_by.in_(sorted(created_by)))
+        .limit(2)
+    )
+    with store.read() as conn:
+        return list(conn.execute(query).scalars().all())
 
 
 def _record(row: object) -> UserRecord:
