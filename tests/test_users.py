@@ -483,6 +483,15 @@ def test_cli_user_bad_input_is_one_clear_error(
         assert not store.exists()  # refused before the store was created
 
 
+def test_cli_refuses_an_invalid_rewind_user_before_recording(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    args = ("run", "--pipeline", "tests.pipelines:pipeline", "--state", '{"x": 5}')
+    proc = _rewind(store, *args, REWIND_USER="no spaces please")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "$REWIND_USER 'no spaces please' is not valid" in proc.stderr.splitlines()[0]
+    assert not store.exists()  # refused before the store was created
+
+
 def test_cli_adding_a_user_twice_fails_and_keeps_the_first_token(tmp_path: Path) -> None:
     store = tmp_path / "store"
     assert _rewind(store, "user", "add", "alice").returncode == 0

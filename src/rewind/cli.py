@@ -175,7 +175,9 @@ def _session(
     store is then neither created nor written, so it may live on read-only media)."""
     from rewind.session import LazyChatClient
     from rewind.store import open_store
+    from rewind.store.users import local_user
 
+    local_user()  # a bad $REWIND_USER is refused before the store is opened (or created)
     opened = open_store(store or _store(), read_only=read_only)
     client = LazyChatClient() if model else None
     if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
