@@ -14,10 +14,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
@@ -33,6 +33,7 @@ from rewind.terminal import console as make_console
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
+R = TypeVar("R")
 
 app = typer.Typer(
     add_completion=False,
@@ -174,7 +175,9 @@ def _session(
     store is then neither created nor written, so it may live on read-only media)."""
     from rewind.session import LazyChatClient
     from rewind.store import open_store
+    from rewind.store.users import local_user
 
+    local_user()  # a bad $REWIND_USER is refused before the store is opened (or created)
     opened = open_store(store or _store(), read_only=read_only)
     client = LazyChatClient() if model else None
     if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
@@ -1054,6 +1057,14 @@ def serve(
         str | None, typer.Option(envvar="REWIND_TOKEN", help="Bearer token for every request.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Runs that may execute at once.")] = 2,
+    auth: Annotated[
+        bool,
+        typer.Option(
+            "--auth",
+            help="Every API request needs a user's token (rewind user add), even on loopback; "
+            "on by itself once the store has users.",
+        ),
+    ] = False,
     store: StoreOpt = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) and the browser UI at /."""
@@ -1061,7 +1072,7 @@ def serve(
 
     _count("--port", port, low=0, high=65535)
     _count("--workers", workers)
-    serve_api(_store(), host, port, token, workers=workers)
+    serve_api(_store(), host, port, token, workers=workers, require_auth=auth)
 
 
 @app.command()
@@ -1473,6 +1484,118 @@ def archive_restore_cmd(
             else ""
         )
     )
+
+
+user_app = typer.Typer(
+    no_args_is_help=True,
+    help="API users: bearer tokens (stored hashed), teams and admins. With any user, every "
+    "request to `rewind serve` needs a token, and each user sees their own and their team's runs.",
+)
+app.add_typer(user_app, name="user")
+
+TeamOpt = Annotated[
+    str | None,
+    typer.Option("--team", help="The user's team: users of one team see each other's runs."),
+]
+
+
+@user_app.command("add")
+def user_add_cmd(
+    name: Annotated[str, typer.Argument(help="User name: letters, digits, '.', '_', '-'.")],
+    admin: Annotated[bool, typer.Option("--admin", help="The user sees every run.")] = False,
+    team: TeamOpt = None,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Add a user and print their new API token (shown once: only its hash is stored)."""
+    from rewind.store.users import add_user, check_name
+
+    try:
+        check_name(name)  # bad input is refused before the store is opened or created
+        if team is not None:
+            check_name(team, "team name")
+    except RewindError as exc:
+        _fail(exc)
+    user, token = _on_store(lambda st: add_user(st, name, team=team, admin=admin))
+    _print_token(user.to_json(), token, as_json, "added")
+
+
+@user_app.command("list")
+def user_list_cmd(as_json: JsonOpt = False, store: StoreOpt = None) -> None:
+    """List users (name, team, admin, active or revoked); never tokens."""
+    from rewind.store.users import list_users
+
+    users = _on_store(list_users, read_only=True)
+    if as_json:
+        console.print(json_text([u.to_json() for u in users]), soft_wrap=True)
+        return
+    if not users:
+        console.print("no users: the API is open on loopback (add one with `rewind user add`)")
+        return
+    table = Table("user", "team", "admin", "status", "created")
+    for u in users:
+        table.add_row(
+            inert(u.name),
+            inert(u.team or "-"),
+            "yes" if u.admin else "no",
+            "active" if u.active else "revoked",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(u.created_at)),
+        )
+    console.print(table)
+
+
+@user_app.command("revoke")
+def user_revoke_cmd(
+    name: Annotated[str, typer.Argument(help="The user whose token stops working.")],
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Revoke a user's token (their runs stay theirs; `rewind user rotate` re-enables them)."""
+    from rewind.store.users import revoke_user
+
+    user = _on_store(lambda st: revoke_user(st, name))
+    if as_json:
+        console.print(json_text(user.to_json()), soft_wrap=True)
+    else:
+        console.print(f"revoked user {inert(user.name)}: the API refuses their token from now on")
+
+
+@user_app.command("rotate")
+def user_rotate_cmd(
+    name: Annotated[str, typer.Argument(help="The user who gets a new token.")],
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Give a user a new token (printed once); the old one stops working at once."""
+    from rewind.store.users import rotate_token
+
+    user, token = _on_store(lambda st: rotate_token(st, name))
+    _print_token(user.to_json(), token, as_json, "rotated the token of")
+
+
+def _on_store(act: Callable[[Any], R], *, read_only: bool = False) -> R:
+    """``act(store)`` on the command's store, opened for it and closed after; a RewindError
+    is the command's one error line (exit 2)."""
+    from rewind.store import open_store
+
+    try:
+        opened = open_store(_store(), read_only=read_only)
+        try:
+            return act(opened)
+        finally:
+            opened.close()
+    except RewindError as exc:
+        _fail(exc)
+        raise  # unreachable: _fail exits
+
+
+def _print_token(user: dict[str, Any], token: str, as_json: bool, done: str) -> None:
+    if as_json:
+        console.print(json_text(user | {"token": token}), soft_wrap=True)
+        return
+    console.print(f"{done} user {inert(str(user['name']))}; their API token (shown only once):")
+    console.print(token, soft_wrap=True, highlight=False)
+    console.print("send it as 'Authorization: Bearer <token>', or paste it in the UI's Settings")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -62,6 +62,7 @@ from rewind.persister import (
 from rewind.recorder import Recorder, SubRunPath, SubRunSetup, SubRunSource, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
 from rewind.store.store import state_row
+from rewind.store.users import local_user
 
 # -- overrides ---------------------------------------------------------------------------------
 
@@ -183,6 +184,11 @@ class Rewind:
         on_event: optional progress listener ``(event, payload)``; events are ``run_started``,
             ``node_started``, ``node_finished``, ``run_finished``.
         clock: unix seconds now (injectable for tests of time-bound TTLs).
+
+    Attributes:
+        created_by: the user the runs and forks this session creates belong to
+            (:mod:`rewind.store.users`): ``$REWIND_USER`` by default, else None (unowned local
+            runs); the API server sets it to the requester for each job.
     """
 
     def __init__(
@@ -199,6 +205,7 @@ class Rewind:
         self.on_event = on_event
         self.persister = RewindPersister(self.store)
         self._pipelines: dict[str, Pipeline] = {}
+        self.created_by: str | None = local_user()
         self.store.reap_orphans()
 
     def register(self, pipeline: Pipeline) -> None:
@@ -307,6 +314,7 @@ class Rewind:
                 initial_state_hash=initial_hash,
                 config=config or {},
                 launch=launch.to_json(),
+                created_by=self.created_by,
             )
             self.store.put_run_graph(conn, run_id, graph)
         self.store.put_edges(pipeline.name, pipeline.edges())
@@ -550,6 +558,7 @@ class Rewind:
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
                 launch=launch.to_json() | {"effects": effects} | (_sub_run[2] if _sub_run else {}),
+                created_by=self.created_by,
             )
             drift_doc = (drift or GraphDrift()).to_json() | {
                 "checked": drift is not None,

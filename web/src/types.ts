@@ -215,7 +215,7 @@ export interface Settings {
   model: string;
   temperature_default: number;
   store: { root: string; database: string; dialect: string };
-  auth: { token_required: boolean };
+  auth: { token_required: boolean; user?: string | null; admin?: boolean };
   workers: number;
   version: string;
   pipelines: string[];

@@ -20,8 +20,9 @@ import hmac
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from http import HTTPStatus
 from pathlib import Path
@@ -37,11 +38,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
 import rewind
-from rewind.api import views
+from rewind.api import access, views
+from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
-from rewind.api.security import cross_site_reason
+from rewind.api.security import bearer_token, cross_site_reason
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.errors import (
     EndpointUnavailable,
@@ -66,6 +68,8 @@ from rewind.replay import (
 )
 from rewind.serde import display
 from rewind.store import NodeRecord, RunRecord, Store, open_store
+from rewind.store.store import MIN_PREFIX
+from rewind.store.users import authenticate, has_users, run_ids_with_prefix, teammates
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -333,9 +337,51 @@ def _body_refusal(request: Request) -> Response | None:
     return None
 
 
-def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[str] | None) -> None:
-    expected = f"Bearer {token}".encode() if token else None
+_ADMIN_ONLY = ("/api/traces", "/api/otlp/", "/api/tracing/")
+"""With users, the trace service is an admin's: traces are not filtered by owner yet."""
+_USERS_RECHECK_S = 1.0
+"""Seconds between two checks of a store without users for the first user (once one exists,
+every API request needs a token until the server stops)."""
+
+
+def _install_security(
+    app: FastAPI,
+    token: str | None,
+    allowed_hosts: Sequence[str] | None,
+    store: Store | None = None,
+    *,
+    require_auth: bool = False,
+) -> Callable[[], bool]:
+    """Install the guard middleware; returns ``auth_on()``: whether API requests need a token
+    now (a server token, ``require_auth``, or users in ``store``)."""
+    server_token = token.encode() if token else None
     hosts = {h.strip("[]").lower() for h in allowed_hosts} if allowed_hosts else None
+    users_state = {"on": require_auth or server_token is not None, "checked": 0.0}
+    users_lock = threading.Lock()
+
+    def auth_on() -> bool:
+        if users_state["on"] or store is None:
+            return bool(users_state["on"])
+        with users_lock:
+            now = time.monotonic()
+            if now - users_state["checked"] >= _USERS_RECHECK_S:
+                users_state["checked"] = now
+                users_state["on"] = has_users(store)
+        return bool(users_state["on"])
+
+    def principal_of(request: Request) -> Principal | None:
+        """The requester of an API request, or None when it must be refused with 401."""
+        if not auth_on():
+            return OPEN
+        given = bearer_token(request.headers.get("authorization"))
+        if given is None:
+            return None
+        if server_token is not None and hmac.compare_digest(given.encode(), server_token):
+            return SERVER_TOKEN
+        if store is None:
+            return None
+        user = authenticate(store, given)
+        return None if user is None else Principal.of(user, teammates(store, user))
 
     def refusal(request: Request) -> Response | None:
         """The answer for a request refused before any route runs, else None."""
@@ -356,28 +402,52 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
                 "open the UI from this server's own URL, or send the request without a browser "
                 "(no Origin/Referer header)",
             )
-        too_big = _body_refusal(request)
-        if too_big is not None:
-            return too_big
-        if expected is not None and _protected(request.url.path):
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                response = _error(
-                    401,
-                    "Unauthorized",
-                    "this server needs a bearer token",
-                    "send 'Authorization: Bearer <token>' (the token given to rewind serve)",
-                )
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return response
-        return None
+        return _body_refusal(request)
+
+    def unauthorized() -> Response:
+        response = _error(
+            401,
+            "Unauthorized",
+            "this server needs a bearer token",
+            "send 'Authorization: Bearer <token>' (a token from `rewind user add`, or the one "
+            "given to rewind serve --token)",
+        )
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    def known_open() -> bool:
+        """True while auth is off and the store was checked for users less than a second ago:
+        the request is served as :data:`OPEN` without a trip to the thread pool."""
+        return not users_state["on"] and (
+            time.monotonic() - users_state["checked"] < _USERS_RECHECK_S
+        )
+
+    async def answer(request: Request, call_next: Any) -> Response:
+        if not _protected(request.url.path):
+            return await call_next(request)  # the static UI shell: no data
+        if known_open():
+            principal: Principal | None = OPEN
+        else:
+            principal = await run_in_threadpool(principal_of, request)
+        if principal is None:
+            return unauthorized()
+        if not principal.admin and request.url.path.startswith(_ADMIN_ONLY):
+            return _error(
+                403,
+                "Forbidden",
+                "the trace service needs an admin token on a server with users",
+                "ask an admin, or use a token of a user added with `rewind user add NAME --admin`",
+            )
+        with acting_as(principal):
+            response: Response = await call_next(request)
+        return response
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
         response = refusal(request)
         if response is None:
             try:
-                response = await call_next(request)
+                response = await answer(request, call_next)
             except Exception as exc:  # a bug: answer in the envelope, never a bare text 500
                 _log.exception("unhandled error on %s %s", request.method, request.url.path)
                 response = _error(
@@ -394,6 +464,8 @@ def _install_security(app: FastAPI, token: str | None, allowed_hosts: Sequence[s
         if _protected(request.url.path):
             response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    return auth_on
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -422,6 +494,32 @@ class ServerContext:
         self.token_required = token_required
         self.interrupted_at_start = interrupted_at_start
         self.started_at = time.time()
+        self.auth_on: Callable[[], bool] = lambda: token_required
+
+    def resolve(self, run_id: str) -> RunRecord:
+        """The run (or a queued job's placeholder) if the requester may see it.
+
+        Raises:
+            UnknownRun: no such run, or one the requester may not see (the same 404: run ids
+                of other users do not leak).
+        """
+        who = access.current()
+        try:
+            return check_visible(self.manager.resolve(run_id), run_id)
+        except UnknownRun:
+            if who.admin or len(run_id) < MIN_PREFIX:
+                raise
+        # A prefix shared with runs the user does not see would say "matches several runs":
+        # resolve it among the user's runs only.
+        found = run_ids_with_prefix(self.store, run_id, who.sees)
+        if len(found) > 1:
+            raise UnknownRun(
+                f"run id prefix {run_id!r} matches several runs",
+                "give more characters of the id (see `rewind runs`)",
+            )
+        if not found:
+            raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
+        return check_visible(self.manager.resolve(found[0]), run_id)
 
     def session(self) -> Rewind:
         """A Rewind on the shared store for reads and validation (never executes here)."""
@@ -441,6 +539,7 @@ def create_app(
     pipelines: Mapping[str, PipelineEntry] | None = None,
     workers: int = 2,
     static_dir: Path | None = None,
+    require_auth: bool = False,
 ) -> FastAPI:
     """Build the API + UI application.
 
@@ -458,6 +557,9 @@ def create_app(
         pipelines: registry of pipelines runs can be started of (default: the demo).
         workers: runs that may execute at once.
         static_dir: the built UI (default: the package's ``static`` folder).
+        require_auth: every API request needs a token even while the store has no users
+            (``rewind serve --auth``). Without it, requests need one as soon as the store has
+            a user (:mod:`rewind.store.users`): each sees only their own and their team's runs.
     """
     owns_store = not isinstance(store, Store)
     st = store if isinstance(store, Store) else open_store(store)
@@ -509,7 +611,7 @@ def create_app(
     )
     app.state.rewind = ctx
     _install_error_handlers(app)
-    _install_security(app, token, allowed_hosts)
+    ctx.auth_on = _install_security(app, token, allowed_hosts, st, require_auth=require_auth)
     app.include_router(_api_routes(ctx))
     from rewind.tracing.service import trace_router
 
@@ -594,7 +696,7 @@ def _accepted(job: RunJob) -> JSONResponse:
 
 
 def _node_of(ctx: ServerContext, run_id: str, node: str) -> tuple[RunRecord, NodeRecord]:
-    run = ctx.manager.resolve(run_id)
+    run = ctx.resolve(run_id)
     nodes = ctx.store.nodes_of(run.run_id)
     return run, nodes[resolve_node(run, nodes, node)]
 
@@ -627,7 +729,7 @@ def validate_fork(
         UnknownRun, UnknownNode (404), RunBusy, ForkError (409), InvalidOverride (422, with the
         offending request field in ``.field``).
     """
-    parent = ctx.manager.resolve(run_id)
+    parent = ctx.resolve(run_id)
     if parent.status in views.ACTIVE_STATUSES:
         raise RunBusy(
             f"run {parent.run_id} is still {parent.status}",
@@ -715,7 +817,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "version": rewind.__version__,
             "runs_in_flight": len(manager.active()),
             "reports_in_flight": len(ctx.reports.active()),
-            "interrupted_at_start": ctx.interrupted_at_start,
+            "interrupted_at_start": ctx.interrupted_at_start if access.current().admin else [],
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }
 
@@ -748,13 +850,18 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         """Runs, newest first, and their fork tree (a run with a parent nests under it). The
         runs of Burr sub-applications only with ``include_sub_runs`` (``GET /api/runs/{id}``
         lists them under the node that spawned them)."""
-        records = store.list_runs(limit, include_sub_runs=include_sub_runs)
+        who = access.current()
+        records = store.list_runs(
+            limit,
+            include_sub_runs=include_sub_runs,
+            created_by=None if who.admin else who.sees,
+        )
         known = {r.run_id for r in records}
-        queued = [
+        queued = visible(
             j.placeholder()
             for j in manager.active()
             if j.run_id not in known and _row_missing(store, j.run_id)
-        ]
+        )
         runs = [views.run_json(x) for x in queued + records]
         return {"runs": runs, "tree": views.fork_tree(runs)}
 
@@ -792,12 +899,16 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         def job(rw: Rewind) -> RunRecord:
             return rw.record(pipeline, state, run_id=rid, config=config)
 
-        return _accepted(manager.submit(RunJob(rid, "record", pipeline.name, job)))
+        created_by = access.current().name
+        return _accepted(
+            manager.submit(RunJob(rid, "record", pipeline.name, job, created_by=created_by))
+        )
 
     @r.get("/runs/{run_id}", tags=["runs"], responses=_LOOKUP)
     def get_run(run_id: str) -> dict[str, Any]:
         """A run with its parent chain, children (forks) and artifacts."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
+        who = access.current()
         ancestors = []
         current = run
         while current.parent_run_id and len(ancestors) < 64:
@@ -805,13 +916,15 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
                 current = store.get_run(current.parent_run_id)
             except UnknownRun:
                 break
+            if not who.can_see(current.created_by):
+                break  # a fork of a run shared no longer: its chain stops here for this user
             ancestors.append(views.run_json(current))
         return views.run_json(run) | {
             "ancestors": ancestors,
-            "children": [views.run_json(c) for c in store.children(run.run_id)],
+            "children": [views.run_json(c) for c in visible(store.children(run.run_id))],
             # runs of the Burr sub-applications its nodes spawned, by node number
             "sub_runs": [
-                {"number": position + 1, "runs": [views.run_json(c) for c in subs]}
+                {"number": position + 1, "runs": [views.run_json(c) for c in visible(subs)]}
                 for position, subs in sorted(node_sub_runs(store, run.run_id).items())
             ],
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
@@ -825,7 +938,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def get_graph(run_id: str) -> dict[str, Any]:
         """The run's pipeline graph (nodes, edges) and node executions with status, cache
         outcome + reason, hashes, latency and tokens; poll it while the run is live."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         job = manager.job(run.run_id)
         edges = store.edges_of(run.pipeline)
         if not edges:
@@ -843,7 +956,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def list_nodes(run_id: str) -> dict[str, Any]:
         """The run's node executions (no values; see the node routes for those), each with the
         ids of the sub-runs it spawned (Burr sub-applications)."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         spawned = node_sub_runs(store, run.run_id)
         return {
             "run_id": run.run_id,
@@ -916,7 +1029,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
         """Tokens and latency of the run vs ``against`` (default: its parent): original,
         replay, delta and saved."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         other_id = against or run.parent_run_id
         if other_id is None:
             raise _field_error(
@@ -925,7 +1038,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
                 ),
                 "against",
             )
-        original = manager.resolve(other_id)
+        original = ctx.resolve(other_id)
         return views.cost_json(store, original, run)
 
     @r.get("/diff", tags=["diff"], responses=_LOOKUP)
@@ -935,13 +1048,13 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     ) -> dict[str, Any]:
         """Field-level diff of two runs: aligned nodes, changed paths with old/new values, hash
         match, first divergence, token deltas, unified text diffs for long strings."""
-        ra, rb = manager.resolve(a), manager.resolve(b)
+        ra, rb = ctx.resolve(a), ctx.resolve(b)
         return ctx.session().diff(ra.run_id, rb.run_id).to_json()
 
     @r.get("/runs/{run_id}/artifacts", tags=["artifacts"], responses=_LOOKUP)
     def list_artifacts(run_id: str) -> dict[str, Any]:
         """Files the run published (name, sha256, size, download URL)."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         return {
             "run_id": run.run_id,
             "artifacts": [_artifact_json(run.run_id, a) for a in store.artifacts_of(run.run_id)],
@@ -956,7 +1069,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     def download_artifact(run_id: str, name: str) -> FileResponse:
         """Download an artifact by name, looked up in the run's artifact records (the name is
         never used as a path)."""
-        run = manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         found = next((a for a in store.artifacts_of(run.run_id) if a["name"] == name), None)
         if found is None:
             raise _field_error(
@@ -995,7 +1108,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         and closes. A run executed by another process is followed by polling the store
         (``refresh`` events). Fallback without SSE: poll ``/api/runs/{id}/graph``.
         """
-        run = await run_in_threadpool(manager.resolve, run_id)
+        run = await run_in_threadpool(ctx.resolve, run_id)
         loop = asyncio.get_running_loop()
         q, history, done = manager.subscribe(run.run_id, loop)
         return EventSourceResponse(_event_stream(ctx, run, q, history, done, request), ping=10)
@@ -1051,6 +1164,7 @@ def _submit_fork(
                 fork_position=idx,
                 override=override.to_json() if override else None,
                 effects=effects,
+                created_by=access.current().name,
             )
         )
     )
@@ -1172,7 +1286,11 @@ def _settings(ctx: ServerContext) -> dict[str, Any]:
             "database": ctx.store.engine.url.render_as_string(hide_password=True),
             "dialect": ctx.store.engine.dialect.name,
         },
-        "auth": {"token_required": ctx.token_required},
+        "auth": {
+            "token_required": ctx.auth_on(),
+            "user": access.current().name,
+            "admin": access.current().admin,
+        },
         "workers": len(ctx.manager._threads),
         "version": rewind.__version__,
         "pipelines": sorted(ctx.pipelines),

@@ -55,6 +55,7 @@ def serve(
     *,
     workers: int = 2,
     out: TextIO | None = None,
+    require_auth: bool = False,
 ) -> None:
     """Serve the API and the UI until interrupted (Ctrl-C), then mark runs in flight
     ``interrupted`` and stop the embedded model server if it was started.
@@ -66,8 +67,11 @@ def serve(
         token: bearer token required on every API request (default: ``REWIND_TOKEN``).
         workers: runs that may execute at once.
         out: where to print the URL (default: stdout).
+        require_auth: every API request needs a user's token (or ``token``) even on loopback
+            (``rewind serve --auth``); a store with users needs them anyway.
     Raises:
-        RewindError: a non-loopback host without a token, or the address cannot be bound.
+        RewindError: a non-loopback host without a token or users, ``require_auth`` without
+            users or token, or the address cannot be bound.
     """
     import logging
 
@@ -79,15 +83,24 @@ def serve(
 
     token = token or os.environ.get("REWIND_TOKEN", "").strip() or None
     loopback = is_loopback(host)
-    if not loopback and not token:
+    users = _store_has_users(store)
+    if require_auth and not token and not users:
+        raise RewindError(
+            "--auth needs a user, and the store has none",
+            "add one first: rewind user add NAME --admin (it prints the user's token)",
+        )
+    if not loopback and not token and not users:
         raise RewindError(
             f"binding {host} exposes the API beyond this machine, so it needs a token",
-            "pass --token TOKEN or set REWIND_TOKEN (clients send 'Authorization: Bearer TOKEN')",
+            "add users (rewind user add NAME), or pass --token TOKEN or set REWIND_TOKEN "
+            "(clients send 'Authorization: Bearer TOKEN')",
         )
     sock = bind_socket(host, port)
     actual_port = sock.getsockname()[1]
     allowed = [*LOOPBACK_NAMES, host] if loopback else None
-    app = create_app(store, token=token, allowed_hosts=allowed, workers=workers)
+    app = create_app(
+        store, token=token, allowed_hosts=allowed, workers=workers, require_auth=require_auth
+    )
     ctx = app.state.rewind
     stream = out or sys.stdout
     url = server_url(host, actual_port)
@@ -98,9 +111,10 @@ def serve(
             file=stream,
             flush=True,
         )
-    if token:
+    if token or users or require_auth:
         print(
-            "API requests need 'Authorization: Bearer <token>'; "
+            "API requests need 'Authorization: Bearer <token>' (a user's token from "
+            "`rewind user add`, or --token); "
             f"in a browser open {url}#token=<token>",
             file=stream,
             flush=True,
@@ -116,6 +130,18 @@ def serve(
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
+
+
+def _store_has_users(location: str) -> bool:
+    """True when the store at ``location`` has API users (a new store has none)."""
+    from rewind.store import open_store
+    from rewind.store.users import has_users
+
+    opened = open_store(location)
+    try:
+        return has_users(opened)
+    finally:
+        opened.close()
 
 
 def verify_server(*, keep: bool = False, out: TextIO | None = None) -> int:

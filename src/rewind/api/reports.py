@@ -22,7 +22,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rewind.api import views
+from rewind.api import access, views
 from rewind.api.app import NodeRef, UnknownJob, _check_value, _field_error
 from rewind.api.runner import ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
@@ -367,7 +367,7 @@ def _accepted_doc(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
 
 
 def _finished_parent(ctx: ServerContext, run_id: str) -> RunRecord:
-    parent = ctx.manager.resolve(run_id)
+    parent = ctx.resolve(run_id)
     if parent.status in views.ACTIVE_STATUSES:
         raise RunBusy(
             f"run {parent.run_id} is still {parent.status}",
@@ -499,7 +499,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         ``passed`` only when every call is faithful (fails closed)."""
         from rewind.audit import CURRENT, audit_run
 
-        run = ctx.manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         if run.status == "queued":
             raise RunBusy(f"run {run.run_id} is still queued", "audit it once it has started")
         reference: str | None = None
@@ -508,7 +508,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 reference = CURRENT
             else:
                 try:
-                    reference = ctx.store.get_run(against).run_id
+                    reference = ctx.resolve(against).run_id
                 except UnknownRun as exc:
                     raise _field_error(exc, "against") from exc
         return audit_run(Rewind(ctx.store), run.run_id, reference).to_json()
@@ -531,7 +531,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         ask for confirmation before a live fork."""
         from rewind.audit import live_fork_resources
 
-        run = ctx.manager.resolve(run_id)
+        run = ctx.resolve(run_id)
         return live_fork_resources(Rewind(ctx.store), run.run_id, at)
 
     @r.post(
@@ -580,7 +580,15 @@ def report_routes(ctx: ServerContext) -> APIRouter:
             "effects": effects,
         }
         job = reports.submit(
-            ReportJob(job_id, "grid", parent.run_id, request, len(overrides), work)
+            ReportJob(
+                job_id,
+                "grid",
+                parent.run_id,
+                request,
+                len(overrides),
+                work,
+                created_by=access.current().name,
+            )
         )
         return _accepted(job, f"/api/grids/{job_id}")
 
@@ -596,8 +604,9 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         run_id: Annotated[str | None, Query(description="only grids of this run")] = None,
     ) -> dict[str, Any]:
         """Grid jobs this server accepted (kept in memory), newest first, without reports."""
-        rid = ctx.manager.resolve(run_id).run_id if run_id else None
-        return {"jobs": [j.to_json(with_report=False) for j in reports.jobs("grid", rid)]}
+        rid = ctx.resolve(run_id).run_id if run_id else None
+        jobs = [j for j in reports.jobs("grid", rid) if access.current().can_see(j.created_by)]
+        return {"jobs": [j.to_json(with_report=False) for j in jobs]}
 
     @r.get(
         "/grids/{grid_id}",
@@ -613,7 +622,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         variants, each cell a short output hash and the number of fields changed vs the parent;
         the first divergence per variant and which variants change the artifact."""
         job = reports.get(grid_id, "grid")
-        if job is None:
+        if job is None or not access.current().can_see(job.created_by):
             raise UnknownJob(f"no grid {grid_id!r} on this server", "list them: GET /api/grids")
         return job.to_json()
 
@@ -688,7 +697,17 @@ def report_routes(ctx: ServerContext) -> APIRouter:
             "override": override.to_json() if override is not None else None,
             "temperature": req.temperature,
         }
-        job = reports.submit(ReportJob(job_id, "stability", parent.run_id, request, k, work))
+        job = reports.submit(
+            ReportJob(
+                job_id,
+                "stability",
+                parent.run_id,
+                request,
+                k,
+                work,
+                created_by=access.current().name,
+            )
+        )
         return _accepted(job, f"/api/stability/{job_id}")
 
     @r.get(
@@ -704,8 +723,10 @@ def report_routes(ctx: ServerContext) -> APIRouter:
     ) -> dict[str, Any]:
         """Stability jobs this server accepted (kept in memory), newest first, without reports
         (saved reports are also under the store's ``reports/`` folder)."""
-        rid = ctx.manager.resolve(run_id).run_id if run_id else None
-        return {"jobs": [j.to_json(with_report=False) for j in reports.jobs("stability", rid)]}
+        rid = ctx.resolve(run_id).run_id if run_id else None
+        who = access.current()
+        jobs = [j for j in reports.jobs("stability", rid) if who.can_see(j.created_by)]
+        return {"jobs": [j.to_json(with_report=False) for j in jobs]}
 
     @r.get(
         "/stability/{job_id}",
@@ -720,7 +741,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         hashes, the modal hash's share, whether it matches the recorded run; the first node
         where hashes spread and the overall stable share."""
         job = reports.get(job_id, "stability")
-        if job is None:
+        if job is None or not access.current().can_see(job.created_by):
             raise UnknownJob(
                 f"no stability job {job_id!r} on this server", "list them: GET /api/stability"
             )

@@ -56,6 +56,7 @@ class RunJob:
         fork_node: the fork node's name.
         override: the fork's override as JSON.
         effects: the fork's side-effect mode (``recorded``, ``dry-run``, ``live``).
+        created_by: the user who asked for it; the run belongs to them (None: unowned).
         state: ``queued``, ``running`` or ``done``.
         error: why the job failed before or while running (also on the run row when it exists).
         events: every progress event so far, in order.
@@ -72,6 +73,7 @@ class RunJob:
     fork_position: int | None = None
     override: dict[str, Any] | None = None
     effects: str | None = None
+    created_by: str | None = None
     submitted_at: float = field(default_factory=time.time)
     state: str = "queued"
     error: str | None = None
@@ -101,6 +103,7 @@ class RunJob:
             completion_tokens=0,
             latency_ms=0.0,
             error=self.error,
+            created_by=self.created_by,
         )
 
 
@@ -264,6 +267,7 @@ class RunManager(_WorkerPool):
             chat_client=self.chat_client,
             on_event=lambda event, payload: self._emit(job, event, payload),
         )
+        rw.created_by = job.created_by
         for p in self.pipelines:
             rw.register(p)
         error: str | None = None
@@ -367,6 +371,7 @@ class ReportJob:
         total: how many forks the job makes (variants or samples).
         fn: does the work on a worker thread; returns the report's JSON. It reports each fork
             as it finishes with :meth:`add_progress`.
+        created_by: the user who asked for it: its forks belong to them (None: unowned).
         state: ``queued``, ``running``, ``completed`` (the report is ready; single variants or
             samples may still have failed — the report says), ``failed`` (the engine raised:
             ``error`` says why) or ``interrupted`` (the server stopped first).
@@ -381,6 +386,7 @@ class ReportJob:
     request: dict[str, Any]
     total: int
     fn: ReportFn
+    created_by: str | None = None
     submitted_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
@@ -520,6 +526,7 @@ class ReportManager(_WorkerPool):
             job.state = "running"
             job.started_at = time.time()
         rw = Rewind(self.store, chat_client=self.chat_client)
+        rw.created_by = job.created_by
         for p in self.pipelines:
             rw.register(p)
         report: dict[str, Any] | None = None

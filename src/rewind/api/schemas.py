@@ -74,7 +74,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "malformed request: a body that cannot be read, or input the route cannot use",
     401: "the server needs a bearer token and the request has none or a wrong one",
     403: "a state-changing request from another origin (a cross-site page): refused, "
-    "nothing is created",
+    "nothing is created; or, on a server with users, a non-admin's request to the trace service",
     404: "unknown run, node, trace, job or artifact",
     411: "a chunked state-changing request without Content-Length: not read",
     413: "the request body is larger than the server reads (8 MiB)",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-__all__ = ["STATE_CHANGING_METHODS", "cross_site_reason", "origin_of"]
+__all__ = ["STATE_CHANGING_METHODS", "bearer_token", "cross_site_reason", "origin_of"]
 
 STATE_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 """Methods that may change state; GET/HEAD/OPTIONS only read (a cross-site page cannot read
@@ -84,3 +84,24 @@ def cross_site_reason(method: str, scheme: str, headers: Mapping[str, str]) -> s
         shown = origin if len(origin) <= 100 else origin[:100] + "…"
         return f"{source} {shown!r} is not this server's origin"
     return None
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None when there is none.
+
+    The scheme is matched case-insensitively (RFC 9110 §11.1: ``bearer`` and ``BEARER`` are
+    ``Bearer``); the token is taken as sent, without the surrounding whitespace.
+
+    Args:
+        authorization: the header's value (None: no header).
+    Returns:
+        ``"abc"`` for ``"bearer abc"``; None for a missing header, another scheme (``Basic``)
+        or an empty token.
+    """
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token

@@ -66,6 +66,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "spawning_run_id": run.spawning_run_id,
         "spawning_number": None if run.spawning_position is None else run.spawning_position + 1,
         "spawn_key": run.spawn_key,
+        "created_by": run.created_by,
     }
 
 

@@ -54,6 +54,8 @@ class RunRecord:
     spawn_key: str | None = None
     """Which child of that node execution this is, stable across forks of the spawning run
     (the worker lane it was built in, then its order in that lane: ``"2.0"``, ``"1"``)."""
+    created_by: str | None = None
+    """The user the run belongs to (:mod:`rewind.store.users`); None: an unowned local run."""
 
     @property
     def effects_mode(self) -> str:
@@ -104,6 +106,7 @@ class RunRecord:
             spawning_run_id=m.get("spawning_run_id"),
             spawning_position=m.get("spawning_position"),
             spawn_key=m.get("spawn_key"),
+            created_by=m.get("created_by"),
         )
 
 

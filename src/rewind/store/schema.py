@@ -67,6 +67,9 @@ runs = Table(
     Column("spawning_run_id", String(64), nullable=True, index=True),
     Column("spawning_position", Integer, nullable=True),
     Column("spawn_key", String(64), nullable=True),
+    # The user the run belongs to (rewind.store.users): the API's authenticated user, the CLI's
+    # REWIND_USER, or None (an unowned local run: only admins see it over an API with users).
+    Column("created_by", String(64), nullable=True, index=True),
 )
 
 nodes = Table(
@@ -272,4 +275,18 @@ archive_permits = Table(
     "archive_permits",
     metadata,
     Column("run_id", String(64), primary_key=True),
+)
+
+users = Table(
+    # People (and services) who call the HTTP API (rewind.store.users): only a SHA-256 of each
+    # bearer token is kept, never the token. A user is revoked, never deleted, so the runs they
+    # created keep naming them.
+    "users",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("token_hash", String(64), nullable=False, unique=True),  # sha256 hex of the token
+    Column("team", String(64), nullable=True),  # runs are visible to users of the same team
+    Column("admin", Boolean, nullable=False, default=False),  # sees every run
+    Column("created_at", Float, nullable=False),  # unix seconds
+    Column("revoked_at", Float, nullable=True),  # set: the token is refused
 )

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -439,7 +439,15 @@ class Store:
 
     # -- runs ---------------------------------------------------------------------------------
     def create_run(self, conn: Connection, **values: Any) -> None:
-        """Insert a run row (``status`` running). Raises StoreError if the id exists."""
+        """Insert a run row (``status`` running). Raises StoreError if the id exists.
+
+        The run of a Burr sub-application (``spawning_run_id`` set) belongs to the user the
+        spawning run belongs to, unless ``created_by`` is given."""
+        if values.get("spawning_run_id") and "created_by" not in values:
+            runs = schema.runs
+            values["created_by"] = conn.execute(
+                select(runs.c.created_by).where(runs.c.run_id == values["spawning_run_id"])
+            ).scalar()
         values.setdefault("created_at", time.time())
         values.setdefault("status", "running")
         values.setdefault("owner", current_owner())
@@ -569,12 +577,21 @@ class Store:
             raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
         return self._with_audits([self._run_record(row)])[0]
 
-    def list_runs(self, limit: int = 100, *, include_sub_runs: bool = False) -> list[RunRecord]:
+    def list_runs(
+        self,
+        limit: int = 100,
+        *,
+        include_sub_runs: bool = False,
+        created_by: Collection[str] | None = None,
+    ) -> list[RunRecord]:
         """Most recent runs first; the runs of Burr sub-applications only with
-        ``include_sub_runs`` (they are listed under the node that spawned them)."""
+        ``include_sub_runs`` (they are listed under the node that spawned them); with
+        ``created_by``, only runs created by those users."""
         query = select(schema.runs)
         if not include_sub_runs:
             query = query.where(schema.runs.c.spawning_run_id.is_(None))
+        if created_by is not None:
+            query = query.where(schema.runs.c.created_by.in_(list(created_by)))
         with self.read() as conn:
             rows = conn.execute(query.order_by(schema.runs.c.created_at.desc()).limit(limit)).all()
         return self._with_audits([self._run_record(r) for r in rows])

@@ -309,7 +309,7 @@ def trace_router(
 ) -> APIRouter:
     """The trace service's routes over ``store`` (see the module doc); ``chat_client`` answers
     the model calls a trace replay misses."""
-    r = APIRouter(prefix="/api", tags=["traces"], responses=error_responses(*SERVER_ERRORS))
+    r = APIRouter(prefix="/api", tags=["traces"], responses=error_responses(*SERVER_ERRORS, 403))
     receiver = OtlpReceiver(store)
     insp = settings or InspectionSettings()
 

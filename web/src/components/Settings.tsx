@@ -24,6 +24,7 @@ export function Settings() {
         ["database", s.store.database],
         ["workers", String(s.workers)],
         ["token required", s.auth.token_required ? "yes" : "no (loopback only)"],
+        ...(s.auth.user ? ([["signed in as", `${s.auth.user}${s.auth.admin ? " (admin)" : ""}`]] as [string, string][]) : []),
         ["pipelines", s.pipelines.join(", ")],
         ["version", s.version],
       ]
@@ -56,10 +57,12 @@ export function Settings() {
             className="w-80 rounded border border-slate-300 px-2 py-1 text-sm"
             value={token}
             onChange={(e) => setTok(e.target.value)}
-            placeholder="bearer token of rewind serve --token"
+            placeholder="a user's token (rewind user add) or rewind serve --token"
+            data-testid="token-input"
           />
           <button
             type="button"
+            data-testid="token-save"
             className="rounded bg-slate-800 px-3 py-1 text-sm text-white"
             onClick={() => {
               setToken(token || null);
