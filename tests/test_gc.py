@@ -626,3 +626,46 @@ def test_cli_gc_and_restore_on_postgres_with_archives_in_s3(
     referenced_blobs_exist(store, old.run_id)
     assert not objects.fs.exists(objects._path(archived["archive_ref"]))
     store.close()
+
+
+# -- sub-runs (Burr sub-applications) go and come back with the run that spawned them ----------
+def test_sub_runs_go_and_come_back_with_their_spawning_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests import burr_apps
+    from tests.model_stub import ModelStub
+
+    objects = ObjectStore((tmp_path / "objects").resolve().as_uri())
+    store = open_store(tmp_path / "store")
+    try:
+        with ModelStub() as server:
+            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+            monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+            rw = Rewind(store)
+            parent = rw.record(burr_apps.sdk_map_application(), inputs={"topics": ["a", "b"]})
+            subs = [r.run_id for r in rw.node_sub_runs(parent.run_id)[1]]
+            assert len(subs) == 2
+            family = (parent.run_id, *subs)
+
+            # Old sub-runs of a kept (new) run stay: its node lists them.
+            for r in subs:
+                age(store, r, 40)
+            report = collect_garbage(store, MONTH, archive=objects)
+            assert report.archived == [] and run_ids(store) >= set(family)
+
+            # An old spawning run goes with its sub-runs, and comes back with them.
+            age(store, parent.run_id, 40)
+            before = {r: rows_of(store, r) for r in family}
+            report = collect_garbage(store, MONTH, archive=objects)
+            assert {a.run_id for a in report.archived} == set(family)
+            assert report.archived[-1].run_id == parent.run_id  # sub-runs first
+            assert run_ids(store).isdisjoint(family)
+            restored = restore_run(store, parent.run_id, archive=objects)
+            assert restored.run_id == parent.run_id
+            for r in family:
+                assert rows_of(store, r) == before[r]
+            assert archived_runs(store) == []
+            again = rw.fork(parent.run_id, at=1)
+            assert again.status == "completed" and again.tokens == 0
+    finally:
+        store.close()

@@ -8,7 +8,8 @@ What goes, for an age ``A`` (``--older-than 30d``) and ``cutoff = now - A``:
   whose call rows carry the entry's key (a hit, a miss that wrote it, a lineage hit of a fork).
   An expired entry only costs a miss later: recorded runs keep their own call rows, which forks
   replay from (their lineage), so no recorded trajectory loses its cache hits.
-- **Runs** finished (``completed`` or ``failed``) before the cutoff, except every ancestor of a
+- **Runs** finished (``completed`` or ``failed``) before the cutoff (a sub-run, the run of a Burr
+  sub-application, only together with the run whose node spawned it), except every ancestor of a
   run that is kept (forks of forks: a kept fork keeps its parent, its parent's parent...). Runs
   still ``running`` or ``interrupted`` are never touched, nor their ancestors. Each archived run
   becomes one self-contained archive object under ``<archive URL>/archive/runs/<run_id>.json.gz``
@@ -335,9 +336,19 @@ def _runs_to_archive(conn: Connection, cutoff: float) -> tuple[list[str], list[s
     left because they are not finished)."""
     t = schema.runs
     rows = conn.execute(
-        select(t.c.run_id, t.c.parent_run_id, t.c.status, t.c.created_at, t.c.finished_at)
+        select(
+            t.c.run_id,
+            t.c.parent_run_id,
+            t.c.spawning_run_id,
+            t.c.status,
+            t.c.created_at,
+            t.c.finished_at,
+        )
     ).all()
-    parent = {r.run_id: r.parent_run_id for r in rows}
+    # A sub-run (a Burr sub-application's run) hangs from the run whose node spawned it: it is
+    # kept while that run is (its node lists it) and keeps that run while it is kept itself.
+    parent = {r.run_id: r.parent_run_id or r.spawning_run_id for r in rows}
+    spawner = {r.run_id: r.spawning_run_id for r in rows if r.spawning_run_id}
     old = {
         r.run_id
         for r in rows
@@ -357,6 +368,12 @@ def _runs_to_archive(conn: Connection, cutoff: float) -> tuple[list[str], list[s
             needed.add(up)
             up = parent.get(up)
     doomed = old - needed
+    changed = True
+    while changed:  # a sub-run goes only with the run that spawned it
+        kept_subs = {r for r in doomed if r in spawner and spawner[r] not in doomed}
+        changed = bool(kept_subs)
+        doomed -= kept_subs
+        needed |= kept_subs
 
     def depth(run_id: str) -> int:
         d, up = 0, parent.get(run_id)
@@ -471,7 +488,8 @@ def _archive_and_delete(
             conn.execute(
                 insert(schema.archived_runs).values(
                     run_id=run_id,
-                    parent_run_id=run["parent_run_id"],
+                    # a sub-run's archive hangs from its spawning run (restored with it)
+                    parent_run_id=run["parent_run_id"] or run.get("spawning_run_id"),
                     pipeline=run["pipeline"],
                     status=run["status"],
                     created_at=run["created_at"],
@@ -560,7 +578,32 @@ def restore_run(store: Store, run_id: str, *, archive: ObjectStore | None = None
     for item in reversed(chain):  # the oldest ancestor first
         restored.append(_restore_one(store, item, archive))
     last = restored[-1]
-    return RestoredRun(last.run_id, last.rows, last.blobs, tuple(r.run_id for r in restored[:-1]))
+    subs = _restore_sub_runs(store, last.run_id, archive)
+    return RestoredRun(
+        last.run_id,
+        last.rows + sum(r.rows for r in subs),
+        last.blobs + sum(r.blobs for r in subs),
+        tuple(r.run_id for r in restored[:-1]),
+    )
+
+
+def _restore_sub_runs(store: Store, run_id: str, archive: ObjectStore | None) -> list[RestoredRun]:
+    """Restore the archived sub-runs a run's nodes spawned (they were archived with it), and
+    theirs in turn; archived forks of the run stay archived."""
+    t = schema.archived_runs
+    with store.read() as conn:
+        rows = [
+            dict(r._mapping)
+            for r in conn.execute(select(t).where(t.c.parent_run_id == run_id)).all()
+        ]
+    out: list[RestoredRun] = []
+    for row in rows:
+        doc = _read_archive(archive, row["archive_ref"], row["archive_sha256"])
+        if doc["tables"]["runs"][0].get("spawning_run_id") != run_id:
+            continue  # a fork of the run, archived on its own
+        out.append(_restore_one(store, row, archive))
+        out.extend(_restore_sub_runs(store, row["run_id"], archive))
+    return out
 
 
 def _archived_row(store: Store, run_id: str, *, exact: bool = False) -> dict[str, Any]:
