@@ -186,6 +186,23 @@ def test_unknown_runs_and_missing_fork_sources_are_refused(rw: Rewind, parent: R
     assert plan_fork(rw, parent.run_id, at=1).index == 0  # the first node needs no row
 
 
+def test_runtime_input_overrides_are_planned_against_the_recorded_inputs(rw: Rewind) -> None:
+    from rewind.engine.attach import load_pipeline
+    from rewind.replay import InputOverride
+
+    app = load_pipeline("tests.burr_apps:pure_application")
+    run = rw.record(app, inputs={"question": "why?"}, halt_after=["summarise"])
+    change = InputOverride("ask", "question", "how?")
+    plan = plan_fork(rw, run.run_id, at="ask", override=change)
+    assert plan.override == change and plan.launch.inputs == {"question": "why?"}
+    with pytest.raises(InvalidOverride, match="has no input 'questoin'") as caught:
+        plan_fork(rw, run.run_id, at="ask", override=InputOverride("ask", "questoin", "how?"))
+    assert caught.value.field == "override.name"
+    with pytest.raises(InvalidOverride, match="recorded as a string") as caught:
+        plan_fork(rw, run.run_id, at="ask", override=InputOverride("ask", "question", 7))
+    assert caught.value.field == "override.name"
+
+
 # -- the error vocabulary ------------------------------------------------------------------------
 
 
