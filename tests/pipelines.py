@@ -73,29 +73,22 @@ graph = (
 pipeline = Pipeline(name="tiny", graph=graph, entrypoint="start", ref="tests.pipelines:pipeline")
 
 
-@action(reads=[], writes=["seed"])
-def boom_before(state: State) -> State:
-    return state.update(seed=t_add(1, 1))
+def _factor_at_least_one(
+    node: str, name: str, value: Any, node_input: dict[str, Any]
+) -> str | None:
+    """``checked``'s ``param_check``: ``expand.factor`` must be an integer of at least 1."""
+    if node == "expand" and name == "factor" and (not isinstance(value, int) or value < 1):
+        return "factor must be an integer of at least 1"
+    return None
 
 
-@action(reads=["seed"], writes=["never"])
-def boom(state: State) -> State:
-    raise RuntimeError("node exploded on purpose")
-
-
-@action(reads=["never"], writes=["after"])
-def boom_after(state: State) -> State:
-    return state.update(after=1)
-
-
-failing = Pipeline(
-    name="failing",
-    graph=GraphBuilder()
-    .with_actions(boom_before=boom_before, boom=boom, boom_after=boom_after)
-    .with_transitions(("boom_before", "boom", default), ("boom", "boom_after", default))
-    .build(),
-    entrypoint="boom_before",
-    ref="tests.pipelines:failing",
+# ``pipeline`` with a param_check: forks refuse (before writing) a factor below 1.
+checked = Pipeline(
+    name="checked",
+    graph=graph,
+    entrypoint="start",
+    ref="tests.pipelines:checked",
+    param_check=_factor_at_least_one,
 )
 
 

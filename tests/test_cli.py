@@ -156,17 +156,25 @@ def test_fork_of_running_or_failed_run_is_refused(tmp_path: Path) -> None:
     proc = rewind(tmp_path, "fork", "busy0000", "--at", "1")
     assert proc.returncode == 2 and "still running" in proc.stderr
     failed = ok_json_allow_fail(tmp_path)
-    proc = rewind(tmp_path, "fork", failed, "--at", "boom_after")
-    assert proc.returncode == 2 and "failed at node" in proc.stderr, proc.stderr
+    # `finish` comes after the node that failed: the run never reached it.
+    proc = rewind(tmp_path, "fork", failed, "--at", "finish")
+    assert proc.returncode == 2, proc.stderr
+    assert "failed at node 'boom' (#2) before reaching 'finish'" in proc.stderr, proc.stderr
     assert row_counts(tmp_path)["runs"] == before["runs"] + 1
 
 
 def ok_json_allow_fail(store: Path) -> str:
-    proc = rewind(store, "run", "--pipeline", "tests.pipelines:failing", "--state", "{}", "--json")
+    state = '{"x": 1}'
+    proc = rewind(store, "run", "--pipeline", "tests.pipelines:failing", "--state", state, "--json")
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert out["run"]["status"] == "failed"
-    assert out["nodes"][-1]["cache_outcome"] == "failed"
+    # It fails where it is meant to: at its 2nd node, `boom`, after `prepare` completed.
+    assert [(n["name"], n["cache_outcome"]) for n in out["nodes"]] == [
+        ("prepare", "miss"),
+        ("boom", "failed"),
+    ], out["nodes"]
+    assert "boom went off" in out["run"]["error"]
     return str(out["run"]["run_id"])
 
 

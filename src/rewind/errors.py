@@ -6,12 +6,16 @@ render the same two lines (what, then how) without knowing which module raised i
 
 from __future__ import annotations
 
+import copy
+from typing import Self
+
 __all__ = [
     "CodeDrift",
     "ContextLost",
     "EndpointUnavailable",
     "ForkError",
     "InvalidOverride",
+    "InvalidRequest",
     "ModelCallError",
     "RewindError",
     "RunBusy",
@@ -29,14 +33,34 @@ class RewindError(Exception):
     Args:
         message: one line saying what is wrong (no trailing period needed, no newline).
         hint: one line saying how to fix it; empty when there is nothing useful to suggest.
+        field: the request field at fault (``at``, ``override.param``, ``overrides.1.node``),
+            as the API reports it next to the message; None when no one field is.
+        run_id: the run that was recorded (as failed) before the error was raised; None when
+            nothing was written. The CLI exits 1 for such an error, 2 for bad input.
 
     ``str(error)`` is the message, followed by the hint on a second line when there is one.
     """
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        hint: str = "",
+        *,
+        field: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
         super().__init__(message, hint)
         self.message = message
         self.hint = hint
+        self.field = field
+        self.run_id = run_id
+
+    def for_run(self, run_id: str) -> Self:
+        """This error (same type, message, hint and details) naming the run it was recorded
+        on: a copy, since the error was raised by code that did not know the run."""
+        clone = copy.copy(self)
+        clone.run_id = run_id
+        return clone
 
     def __str__(self) -> str:
         return f"{self.message}\n{self.hint}" if self.hint else self.message
@@ -54,16 +78,23 @@ class StoreError(RewindError):
     """The store cannot be opened or written, or holds something it should not."""
 
 
-class UnknownRun(RewindError):
+class InvalidRequest(RewindError):
+    """Bad input: the request names something that does not exist or carries a value that
+    cannot be used. The CLI exits 2 and the API answers 422 (404 for the unknown run or node
+    subclasses); nothing is written. ``field`` names the request field at fault."""
+
+
+class UnknownRun(InvalidRequest):
     """No recorded run has this id."""
 
 
-class UnknownNode(RewindError):
+class UnknownNode(InvalidRequest):
     """The run has no node with this name or number."""
 
 
-class InvalidOverride(RewindError):
-    """An override is malformed or names a param/field the node does not have."""
+class InvalidOverride(InvalidRequest):
+    """An override is malformed or names a param/field the node does not have (or a value
+    the node cannot take), or a fork's mode is unknown."""
 
 
 class RunBusy(RewindError):

@@ -40,7 +40,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rewind.canonical import canonical_bytes
 from rewind.context import current
 from rewind.diff import NodeDiff, NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
@@ -51,8 +50,7 @@ from rewind.replay import (
     Rewind,
     new_run_id,
     parse_override,
-    resolve_node,
-    validate_override,
+    plan_fork,
 )
 from rewind.stability import merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
@@ -391,7 +389,8 @@ def grid(
 ) -> GridReport:
     """Fork ``run_id`` at ``at`` once per override, concurrently, and compare the variants.
 
-    Every override is checked against the parent before any variant starts. Each variant is
+    Every override is checked against the parent before any variant starts
+    (:func:`~rewind.engine.plan.plan_fork`, as ``rewind fork`` checks it). Each variant is
     ``rw.fork(run_id, at=at, override=o, effects=effects)`` (config: the parent's plus
     ``{"purpose": "grid", "grid_batch", "grid_variant"}``), run on a pool of ``max_workers``
     threads sharing ``rw`` and its store.
@@ -414,39 +413,26 @@ def grid(
         as failed at the node that failed).
     Raises:
         InvalidOverride: no overrides, ``max_workers < 1``, an unknown effects mode, or an
-            override the parent cannot take (unknown node/param/field, before the fork point)
-            — nothing is written.
-        UnknownRun, UnknownNode, ForkError, RunBusy: as :meth:`Rewind.fork`, before anything
-            runs.
+            override the parent cannot take (unknown node/param/field, before the fork point,
+            a value the pipeline's ``param_check`` refuses) — nothing is written; ``field``
+            names ``overrides.<i>.<field>``.
+        UnknownRun, UnknownNode, ForkError, RunBusy, CodeDrift: as :meth:`Rewind.fork`,
+            before anything runs.
         EndpointUnavailable: the model endpoint is down (raised after every variant stopped).
     """
-    from rewind.effects import EFFECT_MODES
-
     if not overrides:
-        raise InvalidOverride("a grid needs at least one variant", "pass --set node.param=V …")
-    if max_workers < 1:
-        raise InvalidOverride(f"workers must be at least 1, got {max_workers}", "pass --workers 4")
-    if effects not in EFFECT_MODES:
         raise InvalidOverride(
-            f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
+            "a grid needs at least one variant", "pass --set node.param=V …", field="overrides"
         )
-    parent = rw.finished_run(run_id)
-    nodes = rw.store.nodes_of(parent.run_id)
-    idx = resolve_node(parent, nodes, at)
-    for o in overrides:
-        validate_override(nodes, idx, o)
-        rw.check_param(parent, nodes, idx, o)  # the pipeline's own value checks, before any run
-        if isinstance(o, OutputOverride):
-            fields = rw.node_output(nodes[idx])
-            if o.field not in fields:
-                raise InvalidOverride(
-                    f"node {o.node!r} has no output field {o.field!r}",
-                    f"its fields: {', '.join(sorted(fields)) or 'none'}",
-                )
-            try:
-                canonical_bytes(o.value)
-            except ValueError as exc:
-                raise InvalidOverride(f"the new value cannot be hashed: {exc}", "") from exc
+    if max_workers < 1:
+        raise InvalidOverride(
+            f"workers must be at least 1, got {max_workers}", "pass --workers 4", field="workers"
+        )
+    plans = [
+        plan_fork(rw, run_id, at=at, override=o, effects=effects, override_field=f"overrides.{i}")
+        for i, o in enumerate(overrides)
+    ]
+    parent, nodes, idx = plans[0].parent, list(plans[0].nodes), plans[0].index
 
     batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     shared = SharedChatClient(rw.chat_client) if share_llm and rw.chat_client else None
@@ -553,8 +539,8 @@ def _report(
     parent_keys = occurrence_keys(n.name for n in parent_nodes)
     parent_arts = {a["name"]: a["sha256"] for a in rw.store.artifacts_of(parent.run_id)}
     parent_llm = {c.key for n in parent_nodes for c in n.calls if c.kind == "llm"}
-    for ancestor in _ancestors(rw, parent):
-        parent_llm |= {c.key for n in rw.store.nodes_of(ancestor) for c in n.calls}
+    for ancestor in rw.store.ancestors(parent):
+        parent_llm |= {c.key for n in rw.store.nodes_of(ancestor.run_id) for c in n.calls}
     # (the keys a fork serves from lineage: the parent's and its ancestors' calls)
 
     variant_nodes: list[list[NodeRecord]] = []
@@ -701,16 +687,6 @@ def _node_sides(rw: Rewind, runs: Sequence[Sequence[NodeRecord]]) -> list[list[N
         ]
         for nodes in runs
     ]
-
-
-def _ancestors(rw: Rewind, run: RunRecord) -> list[str]:
-    """Run ids of ``run``'s ancestors (its lineage beyond itself), nearest first."""
-    out: list[str] = []
-    current_id = run.parent_run_id
-    while current_id and current_id not in out:
-        out.append(current_id)
-        current_id = rw.store.get_run(current_id).parent_run_id
-    return out
 
 
 # -- rendering and the CLI entry -------------------------------------------------------------

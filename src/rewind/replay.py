@@ -20,25 +20,30 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from burr.core import Application, ApplicationBuilder
 
-from rewind.canonical import canonical_bytes
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.drift import GraphDrift, compare_graphs
-from rewind.effects import (
-    EFFECT_MODES,
-    RESTORE_MODES,
-    EffectPreconditionFailed,
-    SideEffectBlocked,
-)
+from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
+from rewind.engine.plan import (
+    ForkPlan,
+    InputOverride,
+    OutputOverride,
+    Override,
+    ParamOverride,
+    override_target,
+    parse_override,
+    plan_fork,
+    resolve_node,
+    validate_override,
+)
 from rewind.engine.subapps import SubAppTracker
 from rewind.errors import (
     CodeDrift,
@@ -48,14 +53,13 @@ from rewind.errors import (
     RewindError,
     RunBusy,
     StateLoadError,
-    UnknownNode,
     UnstorableValue,
 )
 from rewind.persister import (
+    EncodedField,
     FieldEncoder,
     ForkStartLoader,
     RewindPersister,
-    encode_value,
     field_map,
     map_hash,
 )
@@ -64,110 +68,22 @@ from rewind.store import NodeRecord, RunRecord, Store, open_store
 from rewind.store.store import state_row
 from rewind.store.users import local_user
 
-# -- overrides ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParamOverride:
-    """Change one node param (read with :func:`rewind.param`), e.g. ``analyse.group_by``."""
-
-    node: str
-    param: str
-    value: Any
-
-    def to_json(self) -> dict[str, Any]:
-        """The override as stored on the fork's run row."""
-        return {"kind": "param", "node": self.node, "param": self.param, "value": self.value}
-
-
-@dataclass(frozen=True)
-class OutputOverride:
-    """Replace one field a node wrote, e.g. ``analyse.analysis``; the node is not executed."""
-
-    node: str
-    field: str
-    value: Any
-
-    def to_json(self) -> dict[str, Any]:
-        """The override as stored on the fork's run row."""
-        return {"kind": "output", "node": self.node, "field": self.field, "value": self.value}
-
-
-@dataclass(frozen=True)
-class InputOverride:
-    """Change one Burr runtime input of one node (``app.run(inputs=...)``), e.g.
-    ``prompt.prompt``; the other nodes keep the recorded inputs. Carried in the run context,
-    never in state."""
-
-    node: str
-    name: str
-    value: Any
-
-    def to_json(self) -> dict[str, Any]:
-        """The override as stored on the fork's run row."""
-        return {"kind": "input", "node": self.node, "name": self.name, "value": self.value}
-
-
-Override = ParamOverride | OutputOverride | InputOverride
-
-
-def override_target(doc: Mapping[str, Any]) -> tuple[str, str, str]:
-    """``(kind, node, name)`` of a stored override (``override.to_json()``): kind ``param``,
-    ``output`` or ``input``; name the param, output field or runtime input it changes."""
-    kind = str(doc.get("kind") or "output")
-    key = {"param": "param", "input": "name"}.get(kind, "field")
-    return kind, str(doc.get("node")), str(doc.get(key))
-
-
-def parse_override(spec: str, *, output: bool = False, input_: bool = False) -> Override:
-    """Parse ``node.name=VALUE`` from the command line.
-
-    For a param (``--set``) VALUE is JSON when it parses as JSON, else a plain string. For an
-    output field (``--set-output``) or a runtime input (``--set-input``, ``input_=True``) VALUE
-    must be JSON.
-
-    Raises:
-        InvalidOverride: the spec is malformed or an output/input value is not valid JSON.
-    """
-    flag = "--set-output" if output else "--set-input" if input_ else "--set"
-    left, sep, raw = spec.partition("=")
-    node, dot, name = left.strip().partition(".")
-    if not sep or not dot or not node or not name:
-        raise InvalidOverride(
-            f"malformed override {spec!r}", f"write it as {flag} node.field=VALUE"
-        )
-    if output or input_:
-        try:
-            value = json.loads(raw, parse_constant=_no_constant)
-            _finite(value, left)
-        except json.JSONDecodeError as exc:
-            raise InvalidOverride(
-                f"the value of {left} is not valid JSON: {exc.msg} at column {exc.colno}",
-                f"quote strings as JSON, e.g. {flag} {left}='\"new text\"'",
-            ) from exc
-        return InputOverride(node, name, value) if input_ else OutputOverride(node, name, value)
-    try:
-        value = json.loads(raw, parse_constant=_no_constant)
-    except json.JSONDecodeError:
-        value = raw
-    _finite(value, left)
-    return ParamOverride(node, name, value)
-
-
-def _no_constant(name: str) -> Any:
-    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
-
-
-def _finite(value: Any, where: str) -> None:
-    """Refuse values the canonical hasher cannot hash (NaN, ±Infinity, 1e999)."""
-    try:
-        canonical_bytes(value)
-    except ValueError as exc:
-        raise InvalidOverride(
-            f"the value of {where} cannot be hashed: NaN and infinite numbers are not allowed",
-            "use a finite number or a string",
-        ) from exc
-
+__all__ = [
+    "ForkPlan",
+    "InputOverride",
+    "OutputOverride",
+    "Override",
+    "ParamOverride",
+    "Pipeline",
+    "Rewind",
+    "load_pipeline",
+    "new_run_id",
+    "override_target",
+    "parse_override",
+    "plan_fork",
+    "resolve_node",
+    "validate_override",
+]
 
 # -- the session -------------------------------------------------------------------------------
 
@@ -382,17 +298,6 @@ class Rewind:
             ForkError: after the fork Burr's next action would not be the fork node (a graph
                 that drifted with ``allow_code_change``, or one recorded without its graph).
         """
-        if cache_mode not in ("replay", "stability"):
-            raise InvalidOverride(f"unknown cache mode {cache_mode!r}", "use replay or stability")
-        if effects not in EFFECT_MODES:
-            raise InvalidOverride(
-                f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
-            )
-        if restore not in RESTORE_MODES or (restore == "replace" and effects != "live"):
-            raise InvalidOverride(
-                f"restore mode {restore!r} is not allowed with effects {effects!r}",
-                "use --restore=refuse (default), or --restore=replace together with --effects live",
-            )
         parent = self.finished_run(run_id)
         if parent.is_sub_run:
             return self.fork_sub_run(
@@ -406,36 +311,18 @@ class Rewind:
                 allow_code_change=allow_code_change,
                 restore=restore,
             )
-        nodes = self.store.nodes_of(parent.run_id)
-        if override is not None and not isinstance(
-            override, ParamOverride | OutputOverride | InputOverride
-        ):
-            raise InvalidOverride(
-                "override must be a ParamOverride, an OutputOverride or an InputOverride, not "
-                f"{type(override)}",
-                "e.g. ParamOverride('analyse', 'group_by', 'season')",
-            )
-        idx = resolve_node(parent, nodes, at)
-        fork_node = nodes[idx]
-        validate_override(nodes, idx, override, node_inputs=self.node_runtime_inputs)
-        pipeline = self.pipeline_of(parent)
-        self.check_param(parent, nodes, idx, override)
-        current_graph = pipeline.graph_document()
-        drift = self.check_drift(
-            parent,
-            nodes,
-            idx,
-            current_graph,
-            output_override=isinstance(override, OutputOverride),
+        plan = plan_fork(
+            self,
+            parent.run_id,
+            at=at,
+            override=override,
+            effects=effects,
+            restore=restore,
+            cache_mode=cache_mode,
             allow_code_change=allow_code_change,
         )
-        recorded = Launch.from_json(parent.launch)
-        launch = plan_launch(
-            pipeline,
-            inputs=recorded.inputs,
-            halt_after=recorded.halt_after,
-            halt_before=recorded.halt_before,
-        )
+        parent, nodes, idx, fork_node = plan.parent, plan.nodes, plan.index, plan.fork_node
+        pipeline, launch, drift, current_graph = plan.pipeline, plan.launch, plan.drift, plan.graph
         child_id = new_run_id or new_run_id_default()
         builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
         builder = pipeline.builder(child_id)
@@ -443,21 +330,9 @@ class Rewind:
         state_row_: dict[str, Any] | None = None
 
         if isinstance(override, OutputOverride):
-            written = self._output_map(fork_node)
-            if override.field not in written:
-                raise InvalidOverride(
-                    f"node {fork_node.name!r} has no output field {override.field!r}",
-                    f"its fields: {', '.join(sorted(written)) or 'none'}",
-                )
-            try:
-                canonical_bytes(override.value)
-            except ValueError as exc:
-                raise InvalidOverride(f"the new value cannot be hashed: {exc}", "") from exc
             state_row_ = self._state_row_of(fork_node, values=False)
-        elif idx == 0:
-            if parent.initial_state_hash is None:
-                raise ForkError(f"run {parent.run_id} has no recorded initial state", "")
-            initial_fields = self.store.get_json(parent.initial_state_hash)
+        elif plan.source is None:
+            initial_fields = self.store.get_json(str(parent.initial_state_hash))
             first_builder = builder
 
             def start_from_initial() -> ApplicationBuilder:
@@ -468,25 +343,15 @@ class Rewind:
 
             builder = start_from_initial
         else:
-            pred = nodes[idx - 1]
-            src_row = self.store.load_state_row(
-                "", pred.src_app_id, pred.src_sequence_id, values=False
-            )
-            if src_row is None or src_row["status"] != "completed":
-                raise ForkError(
-                    f"fork source row {pred.src_app_id}#{pred.src_sequence_id} (state after "
-                    f"{pred.name!r}) is missing from the store",
-                    "the store is incomplete; record the run again",
-                )
-            burr_src = (pred.src_app_id, pred.src_sequence_id)
+            burr_src = plan.source
             builder = builder.initialize_from(
                 # loads the fork's start only: sub-applications start fresh, as when recorded
-                ForkStartLoader(self.persister, pred.src_app_id),
+                ForkStartLoader(self.persister, str(plan.source[0])),
                 resume_at_next_action=True,
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
-                fork_from_app_id=pred.src_app_id,
-                fork_from_sequence_id=pred.src_sequence_id,
+                fork_from_app_id=plan.source[0],
+                fork_from_sequence_id=plan.source[1],
             )
 
         # A fork of a fork keeps the params and inputs its ancestors changed, plus its own change.
@@ -568,7 +433,10 @@ class Rewind:
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
             if isinstance(override, OutputOverride) and state_row_ is not None:
-                self._write_output_override(conn, child_id, fork_node, override, state_row_)
+                assert plan.output is not None
+                self._write_output_override(
+                    conn, child_id, fork_node, override, plan.output, state_row_
+                )
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(
@@ -744,32 +612,6 @@ class Rewind:
             )
         return drift
 
-    def check_param(
-        self,
-        parent: RunRecord,
-        nodes: Sequence[NodeRecord],
-        idx: int,
-        override: Override | None,
-    ) -> None:
-        """Ask the pipeline's ``param_check`` whether the node can use a param override's value.
-
-        Raises:
-            InvalidOverride: it cannot (the message is the pipeline's).
-        """
-        if not isinstance(override, ParamOverride):
-            return
-        pipeline = self.pipeline_of(parent)
-        if pipeline.param_check is None:
-            return
-        target = next(n for n in nodes[idx:] if n.name == override.node)
-        problem = pipeline.param_check(
-            override.node, override.param, override.value, self.node_input(target)
-        )
-        if problem:
-            raise InvalidOverride(
-                f"{override.node}.{override.param}={json.dumps(override.value)}: {problem}", ""
-            )
-
     def replay(
         self, run_id: str, *, at: str | int = 1, effects: str = "recorded", restore: str = "refuse"
     ) -> RunRecord:
@@ -873,11 +715,7 @@ class Rewind:
     def _ancestor_overrides(self, run: RunRecord, kind: str) -> dict[str, dict[str, Any]]:
         """The ``param`` or ``input`` overrides ``run`` executed with, ``{node: {name: value}}``:
         its own and its ancestors' (nearest wins)."""
-        chain: list[RunRecord] = []
-        current: RunRecord | None = run
-        while current is not None and all(r.run_id != current.run_id for r in chain):
-            chain.append(current)
-            current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
+        chain = [run, *self.store.ancestors(run)]
         merged: dict[str, dict[str, Any]] = {}
         for r in reversed(chain):
             o = r.override or {}
@@ -922,11 +760,7 @@ class Rewind:
         sends one request in every execution gets each execution's own answer back; and the
         executed side-effecting calls by slot (node position, call index), whose recorded
         pre-state a ``live`` re-execution verifies whatever its arguments."""
-        chain: list[str] = []
-        current: RunRecord | None = run
-        while current is not None and current.run_id not in chain:
-            chain.append(current.run_id)
-            current = self.store.get_run(current.parent_run_id) if current.parent_run_id else None
+        chain = [run.run_id, *(a.run_id for a in self.store.ancestors(run))]
         lineage: dict[str, LineageEntry] = {}
         at: dict[tuple[int, str], LineageEntry] = {}
         slots: dict[tuple[int, int], LineageEntry] = {}
@@ -950,9 +784,9 @@ class Rewind:
         child_id: str,
         node: NodeRecord,
         override: OutputOverride,
+        new: EncodedField,
         parent_row: dict[str, Any],
     ) -> None:
-        new = encode_value(override.field, override.value)
         self.store.put_blob(conn, new.data)
         fields = dict(parent_row["fields"]) | {override.field: new.digest}
         seq = int(parent_row["sequence_id"])
@@ -1009,13 +843,14 @@ class Rewind:
             # Loading the fork's state happens here (Burr loads from the persister in build()):
             # a failure must end the run, never leave it `running`.
             failure = (
-                exc
+                exc.for_run(ctx.run_id)
                 if isinstance(exc, RewindError)
-                else ForkError(f"the run could not start: {_first_line(exc)}", "")
+                else ForkError(
+                    f"the run could not start: {_first_line(exc)}", "", run_id=ctx.run_id
+                )
             )
             self.store.finish_run(ctx.run_id, "failed", error=failure.message)
             ctx.emit("run_finished", run_id=ctx.run_id, status="failed", error=failure.message)
-            failure.run_id = ctx.run_id  # type: ignore[attr-defined]
             raise failure from exc
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
@@ -1052,8 +887,7 @@ class Rewind:
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
             # The environment, not the pipeline, is at fault: say what to set or install.
-            unavailable.run_id = run.run_id  # type: ignore[attr-defined]
-            raise unavailable
+            raise unavailable.for_run(run.run_id) from unavailable
         return run
 
 
@@ -1129,139 +963,6 @@ def _check_next_action(app: Application, fork_node: str, resumed_after: str | No
         "the pipeline's graph changed since the run was recorded: restore it, or fork at the "
         "node it now runs",
     )
-
-
-def resolve_node(run: RunRecord, nodes: Sequence[NodeRecord], at: str | int) -> int:
-    """Index into ``nodes`` of the node ``at`` names.
-
-    Args:
-        at: a node name, ``"name#k"`` (k-th execution, 1-based), or a 1-based node number.
-    Raises:
-        UnknownNode: no such node in the run.
-        ForkError: the run failed or was interrupted before reaching that node (or before any).
-    """
-    if not nodes:
-        # A run whose process died (or that was stopped) before its first node finished: "has
-        # no node number 1" would send the user hunting for a node that was never recorded.
-        why = {
-            "interrupted": ": it was interrupted before its first node finished",
-            "failed": ": it failed before its first node finished",
-            "running": ": it is still running",
-        }.get(run.status, f" ({run.status})")
-        raise ForkError(
-            f"run {run.run_id[:12]} recorded no nodes{why}",
-            "record it again (rewind run …), or pick a run that has nodes (rewind runs)",
-        )
-    names = [n.name for n in nodes]
-    listing = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(names))
-    if isinstance(at, int) or (isinstance(at, str) and at.strip().isdecimal()):
-        number = int(at)
-        if 1 <= number <= len(nodes):
-            return number - 1
-        if number > len(nodes) and run.status in ("failed", "interrupted") and nodes:
-            raise ForkError(
-                f"run {run.run_id[:12]} {run.status} at node {nodes[-1].name!r} (#{len(nodes)}) "
-                f"before reaching node number {number}",
-                f"fork at a node it reached: {listing}",
-            )
-        raise UnknownNode(
-            f"run {run.run_id[:12]} has no node number {number} (it has {len(nodes)})",
-            f"its nodes: {listing}",
-        )
-    name, _, occ = str(at).partition("#")
-    want = int(occ) if occ.isdigit() else 1
-    seen = 0
-    for i, n in enumerate(names):
-        if n == name:
-            seen += 1
-            if seen == want:
-                return i
-    if run.status in ("failed", "interrupted") and nodes:
-        last = nodes[-1]
-        raise ForkError(
-            f"run {run.run_id[:12]} {run.status} at node {last.name!r} (#{len(nodes)}) before "
-            f"reaching {str(at)!r}",
-            f"fork at a node it reached: {listing}",
-        )
-    raise UnknownNode(f"run {run.run_id[:12]} has no node {str(at)!r}", f"its nodes: {listing}")
-
-
-def validate_override(
-    nodes: Sequence[NodeRecord],
-    idx: int,
-    override: Override | None,
-    *,
-    node_inputs: Callable[[NodeRecord], Mapping[str, Any]] | None = None,
-) -> None:
-    """Check an override names a param/input/field the target node has, at or after the fork
-    point. The one check the CLI, the API and :meth:`Rewind.fork` share.
-
-    Args:
-        node_inputs: a node's recorded Burr runtime inputs (``Rewind.node_runtime_inputs``);
-            required to check an :class:`InputOverride`.
-    Raises:
-        InvalidOverride: it does not (the message names the field and lists the valid ones).
-    """
-    if override is None:
-        return
-    fork_node = nodes[idx]
-    if isinstance(override, OutputOverride):
-        if override.node != fork_node.name:
-            raise InvalidOverride(
-                f"--set-output names node {override.node!r} but the fork is at {fork_node.name!r}",
-                f"fork at {override.node} to replace its output",
-            )
-        return
-    what = "param" if isinstance(override, ParamOverride) else "input"
-    later = [n for n in nodes[idx:] if n.name == override.node]
-    if not later:
-        if any(n.name == override.node for n in nodes[:idx]):
-            raise InvalidOverride(
-                f"node {override.node!r} runs before the fork node {fork_node.name!r}, so "
-                f"changing its {what} would have no effect",
-                f"fork at {override.node} instead",
-            )
-        raise InvalidOverride(
-            f"the run has no node {override.node!r}",
-            f"nodes from the fork point on: {', '.join(n.name for n in nodes[idx:])}",
-        )
-    if isinstance(override, ParamOverride):
-        name, known = override.param, [n.params for n in later]
-    else:
-        if node_inputs is None:
-            raise TypeError("validate_override needs node_inputs to check an InputOverride")
-        name, known = override.name, [node_inputs(n) for n in later]
-    names = sorted({k for doc in known for k in doc})
-    if name not in names:
-        raise InvalidOverride(
-            f"node {override.node!r} has no {what} {name!r}",
-            f"its {what}s: {', '.join(names) or 'none'}",
-        )
-    recorded = next(doc[name] for doc in known if name in doc)
-    was, now = _json_type(recorded), _json_type(override.value)
-    if recorded is not None and override.value is not None and was != now:
-        raise InvalidOverride(
-            f"{override.node}.{name} was recorded as a {was} "
-            f"({json.dumps(recorded)[:40]}); the new value is a {now}",
-            f"pass a {was}"
-            + (
-                " (JSON strings need quotes only with --set-output/--set-input)"
-                if was == "string" and what == "param"
-                else ""
-            ),
-        )
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "null" if value is None else "object"
 
 
 def _inherited_row(child_id: str, node: NodeRecord) -> dict[str, Any]:

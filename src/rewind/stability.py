@@ -41,12 +41,13 @@ from rewind.canonical import canonical_bytes
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.errors import InvalidOverride, RewindError
 from rewind.replay import (
+    ForkPlan,
     Override,
     ParamOverride,
     Rewind,
     new_run_id,
     parse_override,
-    resolve_node,
+    plan_fork,
     validate_override,
 )
 from rewind.store import NodeRecord, RunRecord
@@ -58,6 +59,7 @@ __all__ = [
     "StabilityReport",
     "merge_key_orders",
     "occurrence_keys",
+    "plan_stability",
     "render_stability",
     "save_report",
     "saved_reports",
@@ -289,6 +291,7 @@ def temperature_override(nodes: Sequence[NodeRecord], idx: int, value: float) ->
         raise InvalidOverride(
             f"no LLM node from {nodes[idx].name!r} on reads a temperature param",
             "fork earlier (--from), or set the param directly with --set node.param=VALUE",
+            field="temperature",
         )
     wildcard = ParamOverride("*", "temperature", value)
     try:
@@ -296,6 +299,47 @@ def temperature_override(nodes: Sequence[NodeRecord], idx: int, value: float) ->
     except InvalidOverride:
         return ParamOverride(first, "temperature", value)
     return wildcard
+
+
+def plan_stability(
+    rw: Rewind,
+    run_id: str,
+    from_node: str | int,
+    override: Override | None,
+    temperature: float | None,
+) -> ForkPlan:
+    """The plan every sample of a stability run forks with (:func:`~rewind.engine.plan.plan_fork`
+    at ``from_node``, caches bypassed, side effects served from record); a ``temperature``
+    becomes its override (:func:`temperature_override`) once the fork node is known.
+
+    Raises:
+        as :func:`~rewind.engine.plan.plan_fork`; errors name ``from_node``, ``override.*`` or
+        ``temperature`` as their field.
+    """
+    plan = plan_fork(
+        rw,
+        run_id,
+        at=from_node,
+        override=override,
+        effects="recorded",
+        cache_mode="stability",
+        at_field="from_node",
+    )
+    if temperature is None:
+        return plan
+    chosen = temperature_override(list(plan.nodes), plan.index, temperature)
+    try:
+        return plan_fork(
+            rw,
+            plan.parent.run_id,
+            at=plan.at_number,
+            override=chosen,
+            effects="recorded",
+            cache_mode="stability",
+            at_field="from_node",
+        )
+    except InvalidOverride as exc:  # the pipeline's param_check refused the temperature
+        raise InvalidOverride(exc.message, exc.hint, field="temperature") from exc
 
 
 def stability(
@@ -330,25 +374,23 @@ def stability(
         the report; ``report.path`` is set when saved.
     Raises:
         RewindError: ``k < 2``.
-        UnknownRun, UnknownNode, ForkError, RunBusy, InvalidOverride: before any sample runs;
-            nothing is written.
+        UnknownRun, UnknownNode, ForkError, RunBusy, InvalidOverride: before any sample runs
+            (:func:`~rewind.engine.plan.plan_fork`, as ``rewind fork`` checks); nothing is
+            written.
         EndpointUnavailable: the model endpoint is down (the sample is recorded as failed).
         A sample that stops at a side-effecting call it has no record of (its arguments spread
         upstream: ``SideEffectBlocked``) is not an error here: the node counts as not completed.
     """
     if k < 2:
         raise RewindError(f"k must be at least 2, got {k}", "pass -k 5 (or more) samples")
-    parent = rw.store.get_run(run_id)
-    nodes = rw.store.nodes_of(parent.run_id)
-    idx = resolve_node(parent, nodes, from_node)
-    if temperature is not None:
-        if override is not None:
-            raise InvalidOverride(
-                "a stability run carries one change: --temperature or one --set, not both",
-                "drop one of them",
-            )
-        override = temperature_override(nodes, idx, temperature)
-    validate_override(nodes, idx, override)
+    if temperature is not None and override is not None:
+        raise InvalidOverride(
+            "a stability run carries one change: --temperature or one --set, not both",
+            "drop one of them",
+            field="temperature",
+        )
+    plan = plan_stability(rw, run_id, from_node, override, temperature)
+    parent, nodes, idx, override = plan.parent, list(plan.nodes), plan.index, plan.override
 
     batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()

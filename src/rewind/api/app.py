@@ -49,6 +49,7 @@ from rewind.errors import (
     EndpointUnavailable,
     ForkError,
     InvalidOverride,
+    InvalidRequest,
     RewindError,
     RunBusy,
     StoreError,
@@ -63,6 +64,7 @@ from rewind.replay import (
     Rewind,
     new_run_id,
     node_sub_runs,
+    plan_fork,
     resolve_node,
     validate_override,
 )
@@ -85,7 +87,7 @@ _STATUS = {
     UnknownRun: 404,
     UnknownJob: 404,
     UnknownNode: 404,
-    InvalidOverride: 422,
+    InvalidRequest: 422,
     RunBusy: 409,
     ForkError: 409,
     EndpointUnavailable: 503,
@@ -214,11 +216,6 @@ def _error(status: int, kind: str, message: str, hint: str = "", **extra: Any) -
     return JSONResponse(body, status_code=status)
 
 
-def _field_error(exc: RewindError, field: str) -> RewindError:
-    exc.field = field  # type: ignore[attr-defined]
-    return exc
-
-
 def _status_of(exc: RewindError) -> int:
     for cls in type(exc).__mro__:
         if cls in _STATUS:
@@ -229,7 +226,7 @@ def _status_of(exc: RewindError) -> int:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RewindError)
     async def rewind_error(_request: Request, exc: RewindError) -> JSONResponse:
-        extra = {"field": getattr(exc, "field", None)}
+        extra = {"field": exc.field}
         return _error(_status_of(exc), type(exc).__name__, exc.message, exc.hint, **extra)
 
     @app.exception_handler(RequestValidationError)
@@ -715,15 +712,16 @@ def _check_value(value: Any, field: str) -> None:
     try:
         canonical_bytes(value)
     except (CanonicalError, ValueError) as exc:
-        raise _field_error(
-            InvalidOverride(f"the new value cannot be hashed: {exc}", "send plain JSON"), field
+        raise InvalidOverride(
+            f"the new value cannot be hashed: {exc}", "send plain JSON", field=field
         ) from exc
 
 
 def validate_fork(
     ctx: ServerContext, run_id: str, req: ForkRequest
 ) -> tuple[RunRecord, int, NodeRecord, Override | None]:
-    """Everything :meth:`Rewind.fork` checks before it writes, done in the request handler.
+    """Everything :meth:`Rewind.fork` checks before it writes (:func:`plan_fork`, the checks
+    ``rewind fork`` makes), done in the request handler.
 
     Raises:
         UnknownRun, UnknownNode (404), RunBusy, ForkError (409), InvalidOverride (422, with the
@@ -735,72 +733,43 @@ def validate_fork(
             f"run {parent.run_id} is still {parent.status}",
             "wait for its run_finished event (GET /api/runs/{id}/events), then fork it",
         )
-    nodes = ctx.store.nodes_of(parent.run_id)
-    try:
-        idx = resolve_node(parent, nodes, req.at)
-    except UnknownNode as exc:
-        raise _field_error(exc, "at") from exc
-    fork_node = nodes[idx]
-    o = req.override
-    override: Override | None = None
-    rw = ctx.session()
-    if isinstance(o, OutputOverrideBody):
-        override = OutputOverride(o.node, o.field, o.value)
-        if o.node != fork_node.name:
-            raise _field_error(
-                InvalidOverride(
-                    f"override.node {o.node!r} is not the fork node {fork_node.name!r}",
-                    f"an output override replaces what the fork node wrote: fork at {o.node}",
-                ),
-                "override.node",
-            )
-        written = sorted(rw.node_output(fork_node))
-        if o.field not in written:
-            raise _field_error(
-                InvalidOverride(
-                    f"node {fork_node.name!r} has no output field {o.field!r}",
-                    f"its fields: {', '.join(written) or 'none'}",
-                ),
-                "override.field",
-            )
-        _check_value(o.value, "override.value")
-    elif isinstance(o, ParamOverrideBody | InputOverrideBody):
-        if isinstance(o, ParamOverrideBody):
-            override, name_field = ParamOverride(o.node, o.param, o.value), "override.param"
-        else:
-            override, name_field = InputOverride(o.node, o.name, o.value), "override.name"
-        later = [n for n in nodes[idx:] if n.name == o.node]
-        try:
-            validate_override(nodes, idx, override, node_inputs=rw.node_runtime_inputs)
-        except InvalidOverride as exc:
-            raise _field_error(exc, name_field if later else "override.node") from exc
-        _check_value(o.value, "override.value")
     if parent.is_sub_run:
-        # forked by re-running its spawning node: Rewind.fork checks the top-level run's graph
-        if isinstance(override, OutputOverride):
-            raise _field_error(
-                InvalidOverride(
-                    "replacing the output of a sub-run's node is not supported",
-                    "send an input or param override, or fork the spawning run",
-                ),
-                "override",
+        # Forked by re-running its spawning node (Rewind.fork_sub_run): the sub-run's own checks
+        # here; Rewind.fork plans the top-level run's fork (graph, drift) when the job runs.
+        nodes = ctx.store.nodes_of(parent.run_id)
+        sub_override = _engine_override(req.override)
+        idx = resolve_node(parent, nodes, req.at)
+        if isinstance(sub_override, OutputOverride):
+            raise InvalidOverride(
+                "replacing the output of a sub-run's node is not supported",
+                "send an input or param override, or fork the spawning run",
+                field="override",
             )
-        return parent, idx, fork_node, override
-    try:
-        pipeline = rw.pipeline_of(parent)
-    except RewindError as exc:
-        raise ForkError(
-            f"cannot rebuild pipeline {parent.pipeline!r}: {exc.message}", exc.hint
-        ) from exc
-    rw.check_drift(
-        parent,
-        nodes,
-        idx,
-        pipeline.graph_document(),
-        output_override=isinstance(override, OutputOverride),
+        validate_override(nodes, idx, sub_override, node_inputs=ctx.session().node_runtime_inputs)
+        return parent, idx, nodes[idx], sub_override
+    plan = plan_fork(
+        ctx.session(),
+        parent.run_id,
+        at=req.at,
+        override=_engine_override(req.override),
+        effects=req.effects,
+        restore=req.restore,
         allow_code_change=req.allow_code_change,
     )
-    return parent, idx, fork_node, override
+    return plan.parent, plan.index, plan.fork_node, plan.override
+
+
+def _engine_override(
+    body: ParamOverrideBody | OutputOverrideBody | InputOverrideBody | None,
+) -> Override | None:
+    """The engine's override for a request's ``override`` (None: an unchanged replay)."""
+    if isinstance(body, OutputOverrideBody):
+        return OutputOverride(body.node, body.field, body.value)
+    if isinstance(body, ParamOverrideBody):
+        return ParamOverride(body.node, body.param, body.value)
+    if isinstance(body, InputOverrideBody):
+        return InputOverride(body.node, body.name, body.value)
+    return None
 
 
 def _api_routes(ctx: ServerContext) -> APIRouter:
@@ -876,21 +845,17 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         background (follow ``/api/runs/{id}/events`` or poll ``/api/runs/{id}/graph``)."""
         entry = ctx.pipelines.get(req.pipeline)
         if entry is None:
-            raise _field_error(
-                InvalidOverride(
-                    f"unknown pipeline {req.pipeline!r}",
-                    f"known pipelines: {', '.join(sorted(ctx.pipelines)) or 'none'}",
-                ),
-                "pipeline",
+            raise InvalidOverride(
+                f"unknown pipeline {req.pipeline!r}",
+                f"known pipelines: {', '.join(sorted(ctx.pipelines)) or 'none'}",
+                field="pipeline",
             )
         try:
             state = entry.initial_state(StartInputs(question=req.question, state=req.state))
         except RewindError:
             raise
         except (ValueError, OSError) as exc:
-            raise _field_error(
-                InvalidOverride(f"cannot build the initial state: {exc}"), "state"
-            ) from exc
+            raise InvalidOverride(f"cannot build the initial state: {exc}", field="state") from exc
         _check_value(state, "state")
         pipeline = entry.build()
         rid = new_run_id()
@@ -910,12 +875,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         run = ctx.resolve(run_id)
         who = access.current()
         ancestors = []
-        current = run
-        while current.parent_run_id and len(ancestors) < 64:
-            try:
-                current = store.get_run(current.parent_run_id)
-            except UnknownRun:
-                break
+        for current in store.ancestors(run):
             if not who.can_see(current.created_by):
                 break  # a fork of a run shared no longer: its chain stops here for this user
             ancestors.append(views.run_json(current))
@@ -1032,11 +992,10 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         run = ctx.resolve(run_id)
         other_id = against or run.parent_run_id
         if other_id is None:
-            raise _field_error(
-                InvalidOverride(
-                    f"run {run.run_id[:12]} has no parent to compare with", "pass ?against=RUN"
-                ),
-                "against",
+            raise InvalidOverride(
+                f"run {run.run_id[:12]} has no parent to compare with",
+                "pass ?against=RUN",
+                field="against",
             )
         original = ctx.resolve(other_id)
         return views.cost_json(store, original, run)
@@ -1072,12 +1031,10 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         run = ctx.resolve(run_id)
         found = next((a for a in store.artifacts_of(run.run_id) if a["name"] == name), None)
         if found is None:
-            raise _field_error(
-                UnknownNode(
-                    f"run {run.run_id[:12]} has no artifact {name!r}",
-                    "list them with GET /api/runs/{id}/artifacts",
-                ),
-                "name",
+            raise UnknownNode(
+                f"run {run.run_id[:12]} has no artifact {name!r}",
+                "list them with GET /api/runs/{id}/artifacts",
+                field="name",
             )
         path = Path(found["path"]).resolve()
         root = store.root.resolve()
@@ -1134,11 +1091,6 @@ def _submit_fork(
     allow_code_change: bool = False,
     restore: str = "refuse",
 ) -> JSONResponse:
-    if restore == "replace" and effects != "live":
-        raise InvalidOverride(
-            "restore=replace deletes files a pinned snapshot does not hold: it needs effects=live",
-            'send "effects": "live" with "restore": "replace", or leave restore out',
-        )
     rid = new_run_id()
 
     def job(rw: Rewind) -> RunRecord:

@@ -65,9 +65,7 @@ class PipelineEntry:
 
 
 def _bad(name: str, message: str) -> InvalidOverride:
-    exc = InvalidOverride(message, f"remove {name!r} from the request")
-    exc.field = name  # type: ignore[attr-defined]
-    return exc
+    return InvalidOverride(message, f"remove {name!r} from the request", field=name)
 
 
 def research_entry() -> PipelineEntry:

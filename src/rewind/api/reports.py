@@ -23,19 +23,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import access, views
-from rewind.api.app import NodeRef, UnknownJob, _check_value, _field_error
+from rewind.api.app import NodeRef, UnknownJob
 from rewind.api.runner import ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
-from rewind.errors import ForkError, InvalidOverride, RewindError, RunBusy, UnknownNode, UnknownRun
-from rewind.replay import (
-    OutputOverride,
-    Override,
-    ParamOverride,
-    Rewind,
-    resolve_node,
-    validate_override,
-)
-from rewind.store import NodeRecord, RunRecord
+from rewind.errors import InvalidOverride, RunBusy, UnknownRun
+from rewind.replay import OutputOverride, Override, ParamOverride, Rewind, plan_fork
+from rewind.store import RunRecord
 
 if TYPE_CHECKING:
     from rewind.api.app import ServerContext
@@ -376,79 +369,34 @@ def _finished_parent(ctx: ServerContext, run_id: str) -> RunRecord:
     return parent
 
 
-def _fork_point(parent: RunRecord, nodes: list[NodeRecord], at: str | int, name: str) -> int:
-    try:
-        return resolve_node(parent, nodes, at)
-    except UnknownNode as exc:
-        raise _field_error(exc, name) from exc
-
-
-def _override(
-    rw: Rewind, nodes: list[NodeRecord], idx: int, body: VariantOverride, prefix: str
-) -> Override:
-    """The engine override of one request override, checked as :func:`validate_fork` does.
+def _override(body: VariantOverride, prefix: str) -> Override:
+    """The engine override of one request override; :func:`plan_fork` checks it against the
+    run.
 
     Raises:
-        InvalidOverride (422) naming ``<prefix>.node|param|field|value``.
+        InvalidOverride (422) naming ``<prefix>.param|field``: the body mixes the two kinds.
     """
-    fork_node = nodes[idx]
     if body.kind == "param":
         if body.param is None:
-            raise _field_error(
-                InvalidOverride(f"{prefix}.param is required for a param override"),
-                f"{prefix}.param",
+            raise InvalidOverride(
+                f"{prefix}.param is required for a param override", field=f"{prefix}.param"
             )
         if body.field is not None:
-            raise _field_error(
-                InvalidOverride(f"{prefix}.field belongs to an output override", "send kind"),
-                f"{prefix}.field",
+            raise InvalidOverride(
+                f"{prefix}.field belongs to an output override",
+                "send kind",
+                field=f"{prefix}.field",
             )
-        override: Override = ParamOverride(body.node, body.param, body.value)
-        later = [n for n in nodes[idx:] if n.name == body.node]
-        try:
-            validate_override(nodes, idx, override)
-        except InvalidOverride as exc:
-            raise _field_error(exc, f"{prefix}.param" if later else f"{prefix}.node") from exc
-    else:
-        if body.field is None:
-            raise _field_error(
-                InvalidOverride(f"{prefix}.field is required for an output override"),
-                f"{prefix}.field",
-            )
-        if body.param is not None:
-            raise _field_error(
-                InvalidOverride(f"{prefix}.param belongs to a param override", "drop it"),
-                f"{prefix}.param",
-            )
-        override = OutputOverride(body.node, body.field, body.value)
-        if body.node != fork_node.name:
-            raise _field_error(
-                InvalidOverride(
-                    f"{prefix}.node {body.node!r} is not the fork node {fork_node.name!r}",
-                    f"an output override replaces what the fork node wrote: fork at {body.node}",
-                ),
-                f"{prefix}.node",
-            )
-        written = sorted(rw.node_output(fork_node))
-        if body.field not in written:
-            raise _field_error(
-                InvalidOverride(
-                    f"node {fork_node.name!r} has no output field {body.field!r}",
-                    f"its fields: {', '.join(written) or 'none'}",
-                ),
-                f"{prefix}.field",
-            )
-    _check_value(body.value, f"{prefix}.value")
-    return override
-
-
-def _check_pipeline(rw: Rewind, parent: RunRecord) -> None:
-    try:
-        rw.pipeline_of(parent)
-    except RewindError as exc:
-        raise ForkError(
-            f"cannot rebuild pipeline {parent.pipeline!r}: {exc.message}", exc.hint
-        ) from exc
+        return ParamOverride(body.node, body.param, body.value)
+    if body.field is None:
+        raise InvalidOverride(
+            f"{prefix}.field is required for an output override", field=f"{prefix}.field"
+        )
+    if body.param is not None:
+        raise InvalidOverride(
+            f"{prefix}.param belongs to a param override", "drop it", field=f"{prefix}.param"
+        )
+    return OutputOverride(body.node, body.field, body.value)
 
 
 def _accepted(job: ReportJob, path: str) -> JSONResponse:
@@ -510,7 +458,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 try:
                     reference = ctx.resolve(against).run_id
                 except UnknownRun as exc:
-                    raise _field_error(exc, "against") from exc
+                    raise UnknownRun(exc.message, exc.hint, field="against") from exc
         return audit_run(Rewind(ctx.store), run.run_id, reference).to_json()
 
     @r.get(
@@ -548,13 +496,20 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         run/node, 409 run still running, 422 bad override naming ``overrides.<i>.<field>`` —
         then queued: answers 202 with the grid id; poll ``GET /api/grids/{grid_id}``."""
         parent = _finished_parent(ctx, run_id)
-        nodes = ctx.store.nodes_of(parent.run_id)
-        idx = _fork_point(parent, nodes, req.at, "at")
         rw = ctx.session()
-        overrides = [
-            _override(rw, nodes, idx, o, f"overrides.{i}") for i, o in enumerate(req.overrides)
+        plans = [
+            plan_fork(
+                rw,
+                parent.run_id,
+                at=req.at,
+                override=_override(o, f"overrides.{i}"),
+                effects=req.effects,
+                override_field=f"overrides.{i}",
+            )
+            for i, o in enumerate(req.overrides)
         ]
-        _check_pipeline(rw, parent)
+        nodes, idx = plans[0].nodes, plans[0].index
+        overrides = [p.override for p in plans if p.override is not None]
         workers, effects = req.workers, req.effects
 
         def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
@@ -640,29 +595,23 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         spread), one sample after the other. Validated here — 404 unknown
         run/node, 409 run still running, 422 bad ``k`` (2–50) or override — then queued:
         answers 202 with the job id; poll ``GET /api/stability/{job_id}``."""
-        from rewind.stability import temperature_override
+        from rewind.stability import plan_stability
 
         parent = _finished_parent(ctx, run_id)
-        nodes = ctx.store.nodes_of(parent.run_id)
-        idx = _fork_point(parent, nodes, req.from_node, "from_node")
-        rw = ctx.session()
-        override: Override | None = None
-        if req.temperature is not None:
-            if req.override is not None:
-                raise _field_error(
-                    InvalidOverride(
-                        "a stability run carries one change: temperature or override, not both",
-                        "drop one of them",
-                    ),
-                    "temperature",
-                )
-            try:
-                override = temperature_override(nodes, idx, req.temperature)
-            except InvalidOverride as exc:
-                raise _field_error(exc, "temperature") from exc
-        elif req.override is not None:
-            override = _override(rw, nodes, idx, req.override, "override")
-        _check_pipeline(rw, parent)
+        if req.temperature is not None and req.override is not None:
+            raise InvalidOverride(
+                "a stability run carries one change: temperature or override, not both",
+                "drop one of them",
+                field="temperature",
+            )
+        plan = plan_stability(
+            ctx.session(),
+            parent.run_id,
+            req.from_node,
+            _override(req.override, "override") if req.override is not None else None,
+            req.temperature,
+        )
+        nodes, idx, override = plan.nodes, plan.index, plan.override
         k = req.k
 
         def work(job: ReportJob, session: Rewind) -> dict[str, Any]:

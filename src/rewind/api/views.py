@@ -288,17 +288,16 @@ def _trajectory_costs(store: Store, run: RunRecord) -> list[dict[str, Any]]:
     (an inherited node is looked up in its ancestors by position)."""
     nodes = store.nodes_of(run.run_id, with_calls=False)
     out = []
+    lineage = store.ancestors(run)
     ancestors: dict[str, list[NodeRecord]] = {}
     for n in nodes:
         source: NodeRecord | None = n
-        current = run
-        hops = 0
-        while source is not None and source.inherited and current.parent_run_id and hops < 64:
-            hops += 1
-            pid = current.parent_run_id
+        for ancestor in lineage:
+            if source is None or not source.inherited:
+                break
+            pid = ancestor.run_id
             if pid not in ancestors:
                 ancestors[pid] = store.nodes_of(pid, with_calls=False)
-            current = store.get_run(pid)
             source = next(
                 (a for a in ancestors[pid] if a.position == n.position and a.name == n.name), None
             )

@@ -621,6 +621,34 @@ class Store:
             return dataclasses.replace(record, status="interrupted", error=_ORPHAN_ERROR)
         return record
 
+    def ancestors(self, run: str | RunRecord) -> list[RunRecord]:
+        """The runs ``run`` was forked from, nearest first: its parent, the parent's parent…
+
+        The one walk up a run's lineage. It is cycle-safe: a run met twice ends the walk (a
+        store edited by hand or merged from two stores can hold a cycle), and so does a parent
+        that is no longer in the store (removed by retention).
+
+        Args:
+            run: a run id (or unique prefix), or the run itself (then it need not be stored
+                yet: a queued fork's placeholder).
+        Raises:
+            UnknownRun: ``run`` is an id no stored run has.
+        """
+        start = self.get_run(run) if isinstance(run, str) else run
+        seen = {start.run_id}
+        found: list[RunRecord] = []
+        parent_id = start.parent_run_id
+        t = schema.runs
+        with self.read() as conn:
+            while parent_id and parent_id not in seen:
+                row = conn.execute(select(t).where(t.c.run_id == parent_id)).first()
+                if row is None:
+                    break
+                seen.add(parent_id)
+                found.append(self._run_record(row))
+                parent_id = row.parent_run_id
+        return self._with_audits(found)
+
     def children(self, run_id: str) -> list[RunRecord]:
         """Forks whose parent is ``run_id``, oldest first."""
         with self.read() as conn:

@@ -429,8 +429,7 @@ class InvalidOtlp(RewindError):
     fault. Nothing is imported. (A malformed *span* is not this error: it is rejected alone.)"""
 
     def __init__(self, message: str, hint: str = "", *, field: str | None = None) -> None:
-        super().__init__(message, hint or _OTLP_HINT)
-        self.field = field
+        super().__init__(message, hint or _OTLP_HINT, field=field)
 
 
 class OtlpTooLarge(InvalidOtlp):

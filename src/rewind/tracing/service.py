@@ -457,9 +457,9 @@ def trace_router(
         try:
             return inspect_trace(view, step=step, settings=insp).to_json()
         except LookupError as exc:
-            err = UnknownNode(str(exc), "see GET /api/traces/{id} for the steps")
-            err.field = "step"  # type: ignore[attr-defined]
-            raise err from exc
+            raise UnknownNode(
+                str(exc), "see GET /api/traces/{id} for the steps", field="step"
+            ) from exc
 
     @r.get("/traces/{trace_id}/root-cause", responses=_LOOKUP)
     def get_root_cause(trace_id: str) -> dict[str, Any]:
@@ -566,6 +566,6 @@ def _when(value: str | float | None, field: str) -> float | None:
     try:
         return parse_time(value)
     except Exception as exc:
-        err = InvalidOverride(str(getattr(exc, "message", exc)), getattr(exc, "hint", ""))
-        err.field = field  # type: ignore[attr-defined]
-        raise err from exc
+        raise InvalidOverride(
+            str(getattr(exc, "message", exc)), getattr(exc, "hint", ""), field=field
+        ) from exc

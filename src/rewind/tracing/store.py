@@ -665,11 +665,7 @@ def lineage_of(store: Store, run: RunRecord) -> dict[str, LineageEntry]:
     """Cache key → the call that produced its result, over the run and its ancestors (nearest
     wins): what a replay serves first, so an unchanged replay returns exactly the recorded
     results."""
-    chain: list[str] = []
-    current: RunRecord | None = run
-    while current is not None and current.run_id not in chain:
-        chain.append(current.run_id)
-        current = store.get_run(current.parent_run_id) if current.parent_run_id else None
+    chain = [run.run_id, *(a.run_id for a in store.ancestors(run))]
     lineage: dict[str, LineageEntry] = {}
     for rid in reversed(chain):
         for node in store.nodes_of(rid):
