@@ -14,10 +14,15 @@ from __future__ import annotations
 import abc
 import base64
 import contextlib
+import ctypes
+import errno
+import hashlib
 import json
 import os
 import shutil
 import sqlite3
+import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -126,11 +131,21 @@ class FileTree(Fingerprinter):
     """A file or a directory tree: the sha256 of every file's content with paths relative to the
     root (so the same content at another location fingerprints the same). Epoch: newest mtime (ns).
 
+    Inside a directory nothing is followed: a symbolic link is part of the tree as the link
+    (its target path), never as the file or folder it points to, so a link out of the folder
+    does not make another place part of its state. Empty folders, links and other entries
+    (FIFOs, sockets) count as content too. The pinned snapshot keeps files, their permission
+    bits, links and empty folders; a tree with other entries, or whose files hold more than
+    :attr:`max_snapshot_bytes`, gets no snapshot (a ``live`` replay then refuses on drift).
+
     Args:
-        path: the file or directory.
+        path: the file or directory (a link given here is followed: it is what was declared).
     """
 
     kind = "file-tree"
+    max_snapshot_bytes: int = 64 * 1024 * 1024
+    """Largest total file size (bytes) a pinned snapshot holds; a bigger tree is fingerprinted
+    (streamed) but not snapshotted."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -142,23 +157,52 @@ class FileTree(Fingerprinter):
     def spec(self) -> dict[str, Any]:
         return {"path": str(self.path)}
 
-    def _files(self) -> list[Path]:
+    def _entries(self) -> list[tuple[str, str, os.stat_result, Path]]:
+        """``(relative path, kind, lstat, path)`` of every entry, in path order; kind is
+        ``file``, ``link``, ``dir`` (only empty folders: the others are implied by what they
+        hold) or ``other``. Raises OSError when something cannot be read."""
         if self.path.is_file():
-            return [self.path]
-        if self.path.is_dir():
-            return sorted(p for p in self.path.rglob("*") if p.is_file())
-        return []
+            return [(self.path.name, "file", self.path.stat(), self.path)]
+        if not self.path.is_dir():
+            return []
+        out: list[tuple[str, str, os.stat_result, Path]] = []
 
-    def _rel(self, p: Path) -> str:
-        return p.name if p == self.path else p.relative_to(self.path).as_posix()
+        def walk(folder: Path, prefix: str) -> bool:
+            with os.scandir(folder) as it:
+                found = sorted(it, key=lambda e: e.name)
+            for entry in found:
+                rel, p = prefix + entry.name, Path(entry.path)
+                st = p.lstat()
+                if stat.S_ISLNK(st.st_mode):
+                    out.append((rel, "link", st, p))
+                elif stat.S_ISDIR(st.st_mode):
+                    if not walk(p, rel + "/"):
+                        out.append((rel, "dir", st, p))
+                elif stat.S_ISREG(st.st_mode):
+                    out.append((rel, "file", st, p))
+                else:
+                    out.append((rel, "other", st, p))
+            return bool(found)
+
+        walk(self.path, "")
+        return sorted(out, key=lambda e: e[0])
 
     def fingerprint(self) -> Fingerprint:
         try:
             if not self.path.exists():
                 return Fingerprint(ABSENT, None)
-            files = self._files()
-            listing = {self._rel(p): sha256_hex(p.read_bytes()) for p in files}
-            epoch = str(max((p.stat().st_mtime_ns for p in files), default=0))
+            entries = self._entries()
+            listing: dict[str, Any] = {}
+            for rel, kind, st, p in entries:
+                if kind == "file":
+                    listing[rel] = _file_sha256(p)
+                elif kind == "link":
+                    listing[rel] = {"symlink": os.readlink(p)}
+                elif kind == "dir":
+                    listing[rel] = {"dir": True}
+                else:
+                    listing[rel] = {"special": stat.S_IFMT(st.st_mode)}
+            epoch = str(max((st.st_mtime_ns for _, k, st, _ in entries if k == "file"), default=0))
         except OSError as exc:
             raise FingerprintUnavailable(
                 f"cannot read {self.name}: {exc.strerror or exc}",
@@ -166,51 +210,133 @@ class FileTree(Fingerprinter):
             ) from exc
         return Fingerprint(sha256_hex(canonical_bytes(listing)), epoch)
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> bytes | None:
         if not self.path.exists():
             return canonical_bytes({"absent": True})
-        files = {self._rel(p): base64.b64encode(p.read_bytes()).decode() for p in self._files()}
-        return canonical_bytes({"dir": self.path.is_dir(), "files": files})
+        entries = self._entries()
+        size = sum(st.st_size for _, kind, st, _ in entries if kind == "file")
+        if size > self.max_snapshot_bytes or any(kind == "other" for _, kind, _, _ in entries):
+            return None
+        files = {
+            rel: base64.b64encode(p.read_bytes()).decode()
+            for rel, kind, _, p in entries
+            if kind == "file"
+        }
+        modes = {rel: stat.S_IMODE(st.st_mode) for rel, kind, st, _ in entries if kind == "file"}
+        links = {rel: os.readlink(p) for rel, kind, _, p in entries if kind == "link"}
+        dirs = [rel for rel, kind, _, _ in entries if kind == "dir"]
+        return canonical_bytes(
+            {
+                "dir": self.path.is_dir(),
+                "files": files,
+                "modes": modes,
+                "links": links,
+                "dirs": dirs,
+            }
+        )
 
     def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
         doc = json.loads(snapshot)
-        kept = set() if doc.get("absent") else set(doc["files"])
-        extra = sorted(set(map(self._rel, self._files())) - kept)
+        absent = bool(doc.get("absent"))
+        files: dict[str, str] = {} if absent else doc["files"]
+        links: dict[str, str] = {} if absent else doc.get("links", {})
+        dirs: list[str] = [] if absent else doc.get("dirs", [])
+        kept = set(files) | set(links) | set(dirs)
+        extra = sorted(
+            rel
+            for rel, kind, _, _ in self._entries()
+            if rel not in kept
+            # an empty folder the snapshot fills again is not lost
+            and not (kind == "dir" and any(k.startswith(rel + "/") for k in kept))
+        )
         if extra and not replace:
             shown = ", ".join(extra[:3]) + (f" (+{len(extra) - 3} more)" if len(extra) > 3 else "")
             raise EffectPreconditionFailed(
-                f"restoring {self.name} would delete {len(extra)} file(s) the recorded pre-state "
+                f"restoring {self.name} would delete {len(extra)} entries the recorded pre-state "
                 f"does not hold: {shown}",
                 "move them away, or replay with --effects live --restore=replace to delete them",
             )
-        # Build the restored state beside the resource, then swap it in with renames: a failure
-        # while writing leaves the resource exactly as it was found.
+        # Build the restored state beside the resource, then swap it in with one atomic exchange
+        # (renameat2): a failure while writing, or a crash at any point, leaves the resource
+        # either as it was found or restored, never missing.
         self.path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
         try:
             target = staging / "new"
-            if not doc.get("absent"):
+            if not absent:
+                modes: dict[str, int] = doc.get("modes", {})
                 if doc["dir"]:
                     target.mkdir()
-                    for rel, content in doc["files"].items():
+                    for rel, content in files.items():
                         out = target / rel
                         out.parent.mkdir(parents=True, exist_ok=True)
                         out.write_bytes(base64.b64decode(content))
+                        if rel in modes:
+                            os.chmod(out, modes[rel])
+                    for rel, dest in links.items():
+                        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+                        os.symlink(dest, target / rel)
+                    for rel in dirs:
+                        (target / rel).mkdir(parents=True, exist_ok=True)
                 else:
-                    (content,) = doc["files"].values()
+                    ((rel, content),) = files.items()
                     target.write_bytes(base64.b64decode(content))
-            old = staging / "old"
-            if self.path.exists():
-                os.replace(self.path, old)
-            try:
-                if target.exists():
-                    os.replace(target, self.path)
-            except OSError:
-                if old.exists():
-                    os.replace(old, self.path)
-                raise
+                    if rel in modes:
+                        os.chmod(target, modes[rel])
+            _swap_in(target, self.path, staging / "old")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256 hex of a file's bytes, read in 1 MiB chunks (a huge file is never held whole)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False when the system cannot (then the caller falls back to two renames)."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(new: Path, path: Path, old: Path) -> None:
+    """Put ``new`` (which may not exist: the restored state is "absent") at ``path``, moving
+    what was there to ``old``; each branch is a single rename or exchange where the system
+    allows it, so a crash never leaves ``path`` missing when both states hold it."""
+    if new.exists() or new.is_symlink():
+        if path.exists() or path.is_symlink():
+            if _exchange(new, path):
+                os.replace(new, old)  # ``new`` now holds what was found: out of the way
+                return
+            os.replace(path, old)
+            try:
+                os.replace(new, path)
+            except OSError:
+                os.replace(old, path)
+                raise
+        else:
+            os.replace(new, path)
+    elif path.exists() or path.is_symlink():
+        os.replace(path, old)
 
 
 class SQLiteTable(Fingerprinter):
@@ -489,7 +615,7 @@ def _execute_effect(
     else:
         pre = _observe(resources)
     # Pinned after any restore: the snapshot is the pre-state this call really ran against.
-    snapshots = {r.name: r.snapshot() for r in resources}
+    snapshots = {r.name: _pin(r) for r in resources}
     # Two identical side-effecting calls are two effects: keep both results.
     data, record = execute_call(
         ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
@@ -497,6 +623,15 @@ def _execute_effect(
     post = _observe(resources)
     _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     return data, record
+
+
+def _pin(resource: Fingerprinter) -> bytes | None:
+    """The resource's snapshot, or None when it cannot be read now (the call still runs; a
+    ``live`` replay of it then refuses on drift instead of restoring)."""
+    try:
+        return resource.snapshot()
+    except (OSError, RewindError):
+        return None
 
 
 def _observe(resources: list[Fingerprinter]) -> dict[str, Fingerprint | None]:
@@ -574,7 +709,9 @@ def _verify_pre_state(
         if rec.snapshot_hash is None:
             raise EffectPreconditionFailed(
                 f"{where}{r.name} is not in the state {name!r} was recorded against "
-                f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]})",
+                f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]}) and there is "
+                "no pinned snapshot to restore it from (a SQLite table, or a folder over "
+                "FileTree.max_snapshot_bytes or holding special files)",
                 "restore the resource, or replay with --effects recorded or --effects dry-run",
             )
         # Data outside the snapshot may go only when the user asked for it, or when the world
