@@ -808,6 +808,35 @@ def test_sqlite_absent_database_or_table(tmp_path: Path) -> None:
     assert table(db).fingerprint().digest != ABSENT  # an empty table exists
 
 
+def test_sqlite_an_epoch_query_that_fails_cannot_fingerprint(rw: Rewind, tmp_path: Path) -> None:
+    # The epoch table dropped (or locked, or renamed) is not a state: audit-incomplete, and a
+    # live replay refuses with EffectPreconditionFailed, never a raw sqlite3 error.
+    from rewind.audit import audit_run
+
+    db = tmp_path / "limits.db"
+    create_limits_db(db)
+    run = rw.record(pipelines.limits_pipeline, {"db": str(db)})
+    assert run.status == "completed", run.error
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("DROP TABLE meta")
+    con.close()
+    with pytest.raises(FingerprintUnavailable, match="epoch"):
+        table(db).fingerprint()
+    (v,) = audit_run(rw, run.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete" and "no such table: meta" in v.reason
+    with pytest.raises(EffectPreconditionFailed, match="no such table: meta"):
+        rw.replay(run.run_id, effects="live")
+    assert executed("fx_upsert_limit") == [("rate", 5)]
+    # Recording against it runs the call (the user's run is not broken) with no fingerprint:
+    again = rw.record(pipelines.limits_pipeline, {"db": str(db)})
+    assert again.status == "completed", again.error
+    (effect,) = rw.store.effects_of(again.run_id)
+    assert (effect.pre_digest, effect.post_digest) == (None, None)
+    (v,) = audit_run(rw, again.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete"
+
+
 def test_sqlite_blob_values_and_identifier_check(tmp_path: Path) -> None:
     db = tmp_path / "b.db"
     con = sqlite3.connect(db)

@@ -376,8 +376,11 @@ class SQLiteTable(Fingerprinter):
         }
 
     def fingerprint(self) -> Fingerprint:
-        if not self.db_path.exists():
-            return Fingerprint(ABSENT, None)
+        try:
+            if not self.db_path.exists():
+                return Fingerprint(ABSENT, None)
+        except OSError as exc:  # a folder on the way that this user cannot enter
+            raise self._unavailable(exc) from exc
         try:
             con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
         except sqlite3.Error as exc:
@@ -388,14 +391,19 @@ class SQLiteTable(Fingerprinter):
                     f"SELECT * FROM {self.table} ORDER BY {self.order_by}"
                 ).fetchall()
             except sqlite3.OperationalError as exc:
-                if "no such table" in str(exc):
+                if str(exc).startswith("no such table"):
                     return Fingerprint(ABSENT, None)
                 raise self._unavailable(exc) from exc
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             epoch = None
             if self.epoch_sql:
-                value = con.execute(self.epoch_sql).fetchone()
+                # The epoch is part of the state: a query that fails leaves it unknown, and a
+                # fingerprint without it would pass rows from another epoch as this one.
+                try:
+                    value = con.execute(self.epoch_sql).fetchone()
+                except sqlite3.Error as exc:
+                    raise self._unavailable(exc, f"epoch query {self.epoch_sql!r}: ") from exc
                 epoch = None if value is None else str(value[0])
         finally:
             con.close()
@@ -403,10 +411,13 @@ class SQLiteTable(Fingerprinter):
         digest = sha256_hex(body) if epoch is None else key_of(body, epoch)
         return Fingerprint(digest, epoch)
 
-    def _unavailable(self, exc: Exception) -> FingerprintUnavailable:
+    def _unavailable(self, exc: Exception, what: str = "") -> FingerprintUnavailable:
         return FingerprintUnavailable(
-            f"cannot read {self.name}: {exc}",
-            "check the database file's permissions and that it is a SQLite database",
+            f"cannot read {self.name}: {what}{exc}",
+            "another connection holds a lock on the database: retry once it commits"
+            if "locked" in str(exc)
+            else "check the database file's permissions, that it is a SQLite database and "
+            "that the queries' tables exist",
         )
 
 
