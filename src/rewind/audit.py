@@ -38,8 +38,10 @@ The reference a call is compared with (rule of this module):
   later is compared with the pre-state fingerprint of that later call (the run's own next
   observation), so only the last write is compared with the world as it is now.
 
-A fork's inherited nodes were executed by an ancestor, not by the fork: they are listed in
-:attr:`AuditReport.inherited_skipped` and audited with the run that executed them.
+A fork's inherited nodes were executed by an ancestor, not by the fork: their side-effecting
+calls are ``not-re-executed`` here (listed in :attr:`AuditReport.inherited_skipped` too; their
+own verdict comes from auditing the run that executed them), so a fork past a side effect never
+passes vacuously.
 
 Digests are compared, epochs are reported. Where the epoch is part of the state the fingerprinter
 folds it into the digest (:class:`~rewind.effects.SQLiteTable` with ``epoch_sql``: same rows from
@@ -217,7 +219,8 @@ class AuditReport:
             when the run made no side-effecting call and has no reference run.
         verdicts: in call order.
         inherited_skipped: side-effecting nodes the run inherited from its parent (not executed
-            by this run, so not audited here: audit the run that produced them).
+            by this run: their calls are ``not-re-executed`` here; audit the run that produced
+            them for their own verdict).
         run_status: the audited run's status; only a ``completed`` run can pass.
     """
 
@@ -272,15 +275,9 @@ class AuditReport:
                 f"audited as a whole, fails closed{done}"
             )
         if not self.verdicts:
-            inherited = (
-                f"; {len(self.inherited_skipped)} inherited side-effecting node(s) belong to the "
-                "run that executed them"
-                if self.inherited_skipped
-                else ""
-            )
             return (
                 "no side-effecting call in the run nor in its reference: nothing to audit "
-                f"(passes vacuously){inherited}"
+                "(passes vacuously)"
             )
         c = self.counts
         if self.passed:
@@ -461,11 +458,8 @@ def audit_run(
     runs = _Runs(rw)
     nodes = runs.nodes(run.run_id)
     own = [c for c in runs.side_effect_calls(run.run_id) if c.run_id == run.run_id]
-    skipped = tuple(
-        f"{c.position + 1}:{c.node}"
-        for c in runs.side_effect_calls(run.run_id)
-        if c.run_id != run.run_id
-    )
+    inherited = [c for c in runs.side_effect_calls(run.run_id) if c.run_id != run.run_id]
+    skipped = tuple(dict.fromkeys(f"{c.position + 1}:{c.node}" for c in inherited))
     if isinstance(resources, Mapping):
         known = dict(resources)
     else:
@@ -478,6 +472,15 @@ def audit_run(
         label = CURRENT if own or against == CURRENT else None
     graph = _Dataflow(rw, nodes)
     verdicts = []
+    for c in inherited:
+        # Executed by an ancestor, not by this run: the run's conclusions downstream rest on an
+        # effect it never re-executed (its own verdict belongs to the run that executed it).
+        why = (
+            f"inherited from run {c.run_id[:12]}, which executed it at #{c.position + 1}; this "
+            f"run did not re-execute it (audit run {c.run_id[:12]} for its effect)"
+        )
+        decision = _Decision(NOT_RE_EXECUTED, [], why)
+        verdicts.append(_verdict(run.run_id, c, decision, graph.dependents(c.position)))
     for c in own:
         d = _Decision(*judge.judge(c))
         deps = () if d.verdict == FAITHFUL else graph.dependents(c.position)
@@ -1092,7 +1095,10 @@ def audit_command(
                 )
         if report.inherited_skipped:
             skipped = ", ".join(report.inherited_skipped)
-            console.print("inherited, not audited here: " + inert(skipped))
+            console.print(
+                "inherited from the run that executed them (not re-executed here): "
+                + inert(skipped)
+            )
     return 0 if report.passed else 1
 
 
