@@ -505,3 +505,22 @@ def test_8_rewind_runs_lists_effects_mode_and_audit_label(tmp_path: Path) -> Non
     assert (listed[run_id]["effects_mode"], listed[run_id]["admissible"]) == ("record", "vacuous")
     table = rewind(store, "runs").stdout
     assert "vacuous" in table and "record" in table
+
+
+def test_4_cli_live_fork_reports_the_drift_it_restored(tmp_path: Path) -> None:
+    # Restoring a drifted folder replaces what someone changed by hand: the fork must say so,
+    # with both fingerprints and the entries that differ, not only label the node.
+    from tests.test_cli import ok_json, rewind
+
+    store, folder = tmp_path / "store", tmp_path / "notes"
+    folder.mkdir()
+    (folder / "note.txt").write_text("v0\n", encoding="utf-8")
+    state = json.dumps({"folder": str(folder), "text": "v1"})
+    run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
+    (folder / "note.txt").write_text("edited by hand\n", encoding="utf-8")
+    proc = rewind(store, "fork", run["run"]["run_id"], "--at", "1", "--effects", "live")
+    assert proc.returncode == 0, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "warning:" in err and "restored" in err and f"file:{folder}" in err
+    assert "note.txt" in err  # which entry it replaced
+    assert (folder / "note.txt").read_text(encoding="utf-8") == "v1\n"

@@ -112,6 +112,11 @@ class Fingerprinter(abc.ABC):
         """The settings that rebuild this fingerprinter (recorded with each effect row)."""
         return {}
 
+    def changes_from(self, snapshot: bytes) -> list[str]:
+        """What differs now from a snapshot, one short text per entry (``changed a.txt``);
+        empty when the resource cannot say."""
+        return []
+
     def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
         """Put the resource back into a snapshotted state, atomically (a failure leaves the
         state it found).
@@ -235,6 +240,28 @@ class FileTree(Fingerprinter):
             }
         )
 
+    def changes_from(self, snapshot: bytes) -> list[str]:
+        doc = json.loads(snapshot)
+        files: dict[str, str] = {} if doc.get("absent") else doc["files"]
+        links: dict[str, str] = {} if doc.get("absent") else doc.get("links", {})
+        dirs = set() if doc.get("absent") else set(doc.get("dirs", []))
+        now = {rel: (kind, p) for rel, kind, _, p in self._entries()}
+        out = []
+        for rel in sorted(set(now) | set(files) | set(links) | dirs):
+            kind, p = now.get(rel, ("", None))
+            if p is None:
+                out.append(f"removed {rel}")
+            elif rel in files:
+                same = kind == "file" and _file_sha256(p) == sha256_hex(
+                    base64.b64decode(files[rel])
+                )
+                out += [] if same else [f"changed {rel}"]
+            elif rel in links:
+                out += [] if kind == "link" and os.readlink(p) == links[rel] else [f"changed {rel}"]
+            elif rel not in dirs:
+                out.append(f"added {rel}")
+        return out
+
     def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
         doc = json.loads(snapshot)
         absent = bool(doc.get("absent"))
@@ -252,7 +279,8 @@ class FileTree(Fingerprinter):
         if extra and not replace:
             shown = ", ".join(extra[:3]) + (f" (+{len(extra) - 3} more)" if len(extra) > 3 else "")
             raise EffectPreconditionFailed(
-                f"restoring {self.name} would delete {len(extra)} entries the recorded pre-state "
+                f"restoring {self.name} would delete {len(extra)} "
+                f"{'entry' if len(extra) == 1 else 'entries'} the recorded pre-state "
                 f"does not hold: {shown}",
                 "move them away, or replay with --effects live --restore=replace to delete them",
             )
@@ -728,7 +756,12 @@ def _verify_pre_state(
         # Data outside the snapshot may go only when the user asked for it, or when the world
         # holds exactly what the recorded call left (then the call itself wrote that data).
         replace = ctx.restore_mode == "replace" or now.digest == rec.post_digest
-        r.restore(ctx.store.get_blob(rec.snapshot_hash), replace=replace)
+        snapshot = ctx.store.get_blob(rec.snapshot_hash)
+        try:
+            changes = r.changes_from(snapshot)
+        except (OSError, ValueError):
+            changes = []
+        r.restore(snapshot, replace=replace)
         after = r.fingerprint()
         if after.digest != rec.pre_digest:
             raise EffectPreconditionFailed(
@@ -737,7 +770,16 @@ def _verify_pre_state(
                 fix,
             )
         pre[r.name] = after
+        if changes:
+            shown = ", ".join(changes[:5]) + (f" (+{len(changes) - 5} more)" if changes[5:] else "")
+            found += f" ({shown})"
         drift.append(found)
+        ctx.emit(
+            "warning",
+            run_id=ctx.run_id,
+            message=f"{where}restored {found} from the pinned snapshot before re-executing "
+            f"{name!r}: what was found there is replaced",
+        )
     return pre, drift
 
 
