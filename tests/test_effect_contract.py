@@ -53,6 +53,7 @@ class KeyValueServer:
     def __init__(self) -> None:
         self.items: dict[str, bytes] = {}
         self.status: int | None = None
+        self.etag: str | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,7 +73,7 @@ class KeyValueServer:
                 elif self.path not in outer.items:
                     self._send(404, b"not found")
                 else:
-                    self._send(200, outer.items[self.path])
+                    self._send(200, outer.items[self.path], outer.etag)
 
             def do_PUT(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
@@ -291,6 +292,23 @@ def test_5_http_resource_on_a_real_server(kv: KeyValueServer) -> None:
     kv.status = 500
     with pytest.raises(FingerprintUnavailable, match="HTTP 500"):
         authed.fingerprint()
+
+
+def test_5_a_weak_etag_is_not_the_state_the_body_is(kv: KeyValueServer) -> None:
+    # W/"…" only promises "semantically equivalent": two different bodies may share it, so the
+    # body is hashed; a strong ETag names the exact representation and stands for it.
+    url = f"{kv.url}/items/9"
+    res = HttpResource(url, headers={"X-Api-Key": API_KEY})
+    kv.items["/items/9"] = b"one"
+    kv.etag = 'W/"v1"'
+    weak_one = res.fingerprint()
+    kv.items["/items/9"] = b"two"
+    weak_two = res.fingerprint()
+    assert weak_one.digest != weak_two.digest and weak_two.epoch == 'W/"v1"'
+    kv.etag = '"v1"'
+    strong_two = res.fingerprint()
+    kv.items["/items/9"] = b"three"
+    assert res.fingerprint().digest == strong_two.digest
 
 
 def test_5_a_live_replay_refuses_when_the_resource_cannot_be_fingerprinted(

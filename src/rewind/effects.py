@@ -454,8 +454,9 @@ def _plain(row: tuple[Any, ...]) -> list[Any]:
 
 
 class HttpResource(Fingerprinter):
-    """An HTTP resource, fingerprinted by a GET: its ``ETag`` when the server sends one, else the
-    sha256 of the body; ``Last-Modified`` (or the ETag) is the epoch.
+    """An HTTP resource, fingerprinted by a GET: its strong ``ETag`` when the server sends one,
+    else (no ETag, or a weak ``W/`` one) the sha256 of the body; ``Last-Modified`` (or the ETag)
+    is the epoch.
 
     Only a 2xx answer is a state; 404 is ``absent``; anything else (401, 5xx, a redirect left
     unfollowed, a refused connection, a timeout) raises :class:`FingerprintUnavailable` — an
@@ -517,11 +518,16 @@ class HttpResource(Fingerprinter):
                 "state",
                 "pass the headers or auth the GET needs to HttpResource(headers=..., auth=...)"
                 if response.status_code in (401, 403)
+                else "point HttpResource at the final URL (or pass a client with "
+                "follow_redirects=True)"
+                if 300 <= response.status_code < 400
                 else "retry when the server answers 2xx",
             )
         etag = response.headers.get("etag")
         epoch = response.headers.get("last-modified") or etag
-        digest = key_of("etag", etag) if etag else sha256_hex(response.content)
+        # A weak ETag (W/"…") only promises an equivalent representation, not these bytes.
+        strong = etag is not None and not etag.startswith("W/")
+        digest = key_of("etag", etag) if strong else sha256_hex(response.content)
         return Fingerprint(digest, epoch)
 
 
