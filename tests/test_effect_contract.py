@@ -542,3 +542,73 @@ def test_4_cli_live_fork_reports_the_drift_it_restored(tmp_path: Path) -> None:
     assert "warning:" in err and "restored" in err and f"file:{folder}" in err
     assert "note.txt" in err  # which entry it replaced
     assert (folder / "note.txt").read_text(encoding="utf-8") == "v1\n"
+
+
+# -- one writer per resource across processes (grid variants on Celery workers, two CLIs) -----
+
+
+def _slow_folder(folder: str, text: str, log: str) -> list[Any]:
+    from rewind.effects import FileTree
+
+    return [FileTree(folder)]
+
+
+@tool("fx_contract_slow_note", determinism="side-effect", resources=_slow_folder)
+def slow_note(folder: str, text: str, log: str) -> dict[str, Any]:
+    import os
+    import time
+
+    marker = Path(log).with_suffix(".writing")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        Path(log).open("a", encoding="utf-8").write("overlap\n")
+        fd = None
+    try:
+        time.sleep(0.3)  # a slow write: another process writing now would overlap
+        (Path(folder) / "note.txt").write_text(text + "\n", encoding="utf-8")
+    finally:
+        if fd is not None:
+            os.close(fd)
+            marker.unlink()
+    Path(log).open("a", encoding="utf-8").write("wrote\n")
+    return {"status": "ok"}
+
+
+@action(reads=["folder", "text", "log"], writes=["receipt"])
+def slow_note_node(state: State) -> State:
+    return state.update(receipt=slow_note(state["folder"], state["text"], state["log"]))
+
+
+slow_pipeline = pipelines._linear(
+    "slow", "tests.test_effect_contract:slow_pipeline", note=slow_note_node
+)
+
+
+def test_1_live_forks_in_two_processes_never_interleave_on_one_folder(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    folder, log = tmp_path / "notes", tmp_path / "writes.log"
+    folder.mkdir()
+    run = rw.record(slow_pipeline, {"folder": str(folder), "text": "v1", "log": str(log)})
+    assert run.status == "completed", run.error
+    script = (
+        "import sys; from rewind.replay import Rewind; "
+        "rw = Rewind(sys.argv[1]); r = rw.replay(sys.argv[2], effects='live'); "
+        "print(r.status, r.error)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(rw.store.root), run.run_id],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(o.startswith("completed") for o, _ in outs), outs
+    assert log.read_text(encoding="utf-8").split() == ["wrote"] * 4  # never "overlap"

@@ -625,20 +625,47 @@ _RESOURCE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+LOCK_DIR = Path(tempfile.gettempdir()) / "rewind-effect-locks"
+"""Where the per-resource lock files live (one per resource name, shared by every process of
+this machine that runs Rewind)."""
+
+
 @contextlib.contextmanager
 def _holding(resources: list[Fingerprinter]) -> Iterator[None]:
     """Hold every resource's lock (by name, in name order, so two calls never deadlock) for a
-    whole verify → restore → execute → fingerprint sequence: what-if grid variants and parallel
-    forks in this process touching one resource run one after the other, never interleaved."""
+    whole verify → restore → execute → fingerprint sequence: what-if grid variants, parallel
+    forks and other processes on this machine (worker processes, a second ``rewind fork``)
+    touching one resource run one after the other, never interleaved. A thread lock orders the
+    threads of this process; an ``flock`` on a lock file in :data:`LOCK_DIR` orders processes."""
+    names = sorted({r.name for r in resources})
     with _LOCKS_GUARD:
-        locks = [
-            _RESOURCE_LOCKS.setdefault(n, threading.Lock())
-            for n in sorted({r.name for r in resources})
-        ]
+        locks = [_RESOURCE_LOCKS.setdefault(n, threading.Lock()) for n in names]
     with contextlib.ExitStack() as stack:
-        for lock in locks:
+        for name, lock in zip(names, locks, strict=True):
             stack.enter_context(lock)
+            stack.enter_context(_process_lock(name))
         yield
+
+
+@contextlib.contextmanager
+def _process_lock(name: str) -> Iterator[None]:
+    """An exclusive ``flock`` on the resource's lock file (no-op where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    LOCK_DIR.mkdir(mode=0o1777, exist_ok=True)
+    path = LOCK_DIR / f"{sha256_hex(name.encode())[:32]}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file: a read-only descriptor locks too
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _execute_effect(
