@@ -562,7 +562,8 @@ def slow_note(folder: str, text: str, log: str) -> dict[str, Any]:
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL)
     except FileExistsError:
-        Path(log).open("a", encoding="utf-8").write("overlap\n")
+        with Path(log).open("a", encoding="utf-8") as fh:
+            fh.write("overlap\n")
         fd = None
     try:
         time.sleep(0.3)  # a slow write: another process writing now would overlap
@@ -571,7 +572,8 @@ def slow_note(folder: str, text: str, log: str) -> dict[str, Any]:
         if fd is not None:
             os.close(fd)
             marker.unlink()
-    Path(log).open("a", encoding="utf-8").write("wrote\n")
+    with Path(log).open("a", encoding="utf-8") as fh:
+        fh.write("wrote\n")
     return {"status": "ok"}
 
 
