@@ -614,3 +614,48 @@ def test_1_live_forks_in_two_processes_never_interleave_on_one_folder(
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(o.startswith("completed") for o, _ in outs), outs
     assert log.read_text(encoding="utf-8").split() == ["wrote"] * 4  # never "overlap"
+
+
+# -- a side-effecting call that raises half-way keeps its fingerprints and pinned pre-state -----
+
+
+def _crash_folder(folder: str) -> list[Any]:
+    from rewind.effects import FileTree
+
+    return [FileTree(folder)]
+
+
+@tool("fx_contract_half_write", determinism="side-effect", resources=_crash_folder)
+def half_write(folder: str) -> dict[str, Any]:
+    (Path(folder) / "a.txt").write_text("half\n", encoding="utf-8")
+    raise RuntimeError("the disk went away mid-write")
+
+
+@action(reads=["folder"], writes=["receipt"])
+def half_write_node(state: State) -> State:
+    return state.update(receipt=half_write(state["folder"]))
+
+
+crash_pipeline = pipelines._linear(
+    "crash", "tests.test_effect_contract:crash_pipeline", write=half_write_node
+)
+
+
+def test_a_call_that_raised_after_writing_keeps_its_pre_state_and_fails_the_audit(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    from rewind.effects import FileTree
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "a.txt").write_text("original\n", encoding="utf-8")
+    before = FileTree(folder).fingerprint().digest
+    run = rw.record(crash_pipeline, {"folder": str(folder)})
+    assert run.status == "failed" and "mid-write" in (run.error or "")
+    (effect,) = rw.store.effects_of(run.run_id)
+    assert effect.pre_digest == before and effect.post_digest not in (None, before)
+    assert effect.snapshot_hash is not None
+    FileTree(folder).restore(rw.store.get_blob(effect.snapshot_hash))  # the before-state is kept
+    assert (folder / "a.txt").read_text(encoding="utf-8") == "original\n"
+    report = audit_run(rw, run.run_id, record=False)
+    assert not report.passed and "did not complete" in report.note

@@ -689,9 +689,17 @@ def _execute_effect(
     # Pinned after any restore: the snapshot is the pre-state this call really ran against.
     snapshots = {r.name: _pin(r) for r in resources}
     # Two identical side-effecting calls are two effects: keep both results.
-    data, record = execute_call(
-        ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
-    )
+    try:
+        data, record = execute_call(
+            ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
+        )
+    except BaseException:
+        # A call that raised may have written half its effect: keep what it found (and the
+        # pinned snapshot of it) and what it left, on its failed node.
+        with contextlib.suppress(Exception):  # never hide the call's own error
+            post = _observe(resources)
+            _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
+        raise
     post = _observe(resources)
     _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     return data, record
