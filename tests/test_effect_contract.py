@@ -659,3 +659,33 @@ def test_a_call_that_raised_after_writing_keeps_its_pre_state_and_fails_the_audi
     assert (folder / "a.txt").read_text(encoding="utf-8") == "original\n"
     report = audit_run(rw, run.run_id, record=False)
     assert not report.passed and "did not complete" in report.note
+
+
+def test_1_live_grid_variants_each_run_when_the_tool_creates_its_file(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # The folder starts empty, so the recorded call created note.txt. Variant 2 then finds the
+    # note.txt variant 1 wrote: data a Rewind call left, not a user's, so restoring the
+    # recorded (empty) pre-state may delete it; every variant runs against that pre-state.
+    from rewind.grid import grid
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (recorded,) = rw.store.effects_of(parent.run_id)
+    overrides = [ParamOverride("note", "suffix", s) for s in ("!", "?", "~")]
+    report = grid(rw, parent.run_id, at="note", overrides=overrides, max_workers=3, effects="live")
+    for variant in report.variants:
+        assert variant.error is None and variant.run is not None, variant.error
+        (effect,) = rw.store.effects_of(variant.run.run_id)
+        assert effect.pre_digest == recorded.pre_digest
+    # A user's file is still never deleted without --restore=replace.
+    (folder / "mine.txt").write_text("keep\n", encoding="utf-8")
+    with pytest.raises(EffectPreconditionFailed, match=r"mine\.txt"):
+        rw.fork(
+            parent.run_id,
+            at="note",
+            override=ParamOverride("note", "suffix", "#"),
+            effects="live",
+        )
+    assert (folder / "mine.txt").exists()

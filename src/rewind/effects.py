@@ -35,7 +35,7 @@ import httpx
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.context import LineageEntry, NodeScope, RunContext, current
 from rewind.errors import RewindError
-from rewind.store.records import CallRecord
+from rewind.store.records import CallRecord, EffectRecord
 
 if TYPE_CHECKING:
     from rewind.cache import Call, CallPolicy
@@ -701,8 +701,42 @@ def _execute_effect(
             _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
         raise
     post = _observe(resources)
+    _remember_left(post)
     _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     return data, record
+
+
+_LEFT: dict[str, dict[str, None]] = {}
+"""Per resource name, the post-state digests the latest calls this process executed left
+(newest last, at most 64): a later live call may replace such a state without asking."""
+
+
+def _remember_left(post: dict[str, Fingerprint | None]) -> None:
+    with _LOCKS_GUARD:
+        for name, fp in post.items():
+            if fp is None or fp.digest == ABSENT:
+                continue
+            seen = _LEFT.setdefault(name, {})
+            seen.pop(fp.digest, None)
+            seen[fp.digest] = None
+            while len(seen) > 64:
+                seen.pop(next(iter(seen)))
+
+
+def _left_by_rewind(ctx: RunContext, name: str, digest: str, rec: EffectRecord) -> bool:
+    """Whether ``digest`` (the resource's state now) is exactly what a call Rewind executed
+    left: the recorded call, a call this process ran (a grid sibling), or a live fork of the
+    recorded run (another process)."""
+    if digest == rec.post_digest:
+        return True
+    with _LOCKS_GUARD:
+        if digest in _LEFT.get(name, {}):
+            return True
+    for child in ctx.store.children(rec.run_id):
+        for e in ctx.store.effects_of(child.run_id):
+            if e.resource == name and e.mode == "live" and e.post_digest == digest:
+                return True
+    return False
 
 
 def _pin(resource: Fingerprinter) -> bytes | None:
@@ -795,8 +829,9 @@ def _verify_pre_state(
                 "restore the resource, or replay with --effects recorded or --effects dry-run",
             )
         # Data outside the snapshot may go only when the user asked for it, or when the world
-        # holds exactly what the recorded call left (then the call itself wrote that data).
-        replace = ctx.restore_mode == "replace" or now.digest == rec.post_digest
+        # holds exactly what a call Rewind executed left (the recorded call, a grid sibling, an
+        # earlier live fork of the same slot): then that call wrote the data, not a person.
+        replace = ctx.restore_mode == "replace" or _left_by_rewind(ctx, r.name, now.digest, rec)
         snapshot = ctx.store.get_blob(rec.snapshot_hash)
         try:
             changes = r.changes_from(snapshot)
