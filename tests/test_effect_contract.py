@@ -689,3 +689,37 @@ def test_1_live_grid_variants_each_run_when_the_tool_creates_its_file(
             effects="live",
         )
     assert (folder / "mine.txt").exists()
+
+
+# -- a side effect in a child process of the node would escape the record ----------------------
+
+
+def _charge_in_child(ledger: str) -> Any:
+    return charge(ledger, "child")
+
+
+@action(reads=["ledger"], writes=["receipts"])
+def charge_in_process(state: State) -> State:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # A forked worker inherits the node's run context, but nothing it records comes back.
+    fork_ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=1, mp_context=fork_ctx) as pool:
+        receipts = list(pool.map(_charge_in_child, [state["ledger"]]))
+    return state.update(receipts=receipts)
+
+
+process_pipeline = pipelines._linear(
+    "process", "tests.test_effect_contract:process_pipeline", charge=charge_in_process
+)
+
+
+def test_a_side_effect_in_a_child_process_is_refused_not_lost(rw: Rewind, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ledger.write_text("", encoding="utf-8")
+    run = rw.record(process_pipeline, {"ledger": str(ledger)})
+    assert run.status == "failed" and "called in a child process" in (run.error or "")
+    assert ledger.read_text(encoding="utf-8") == ""  # executed nowhere, so nothing unrecorded
+    report = audit_run(rw, run.run_id, record=False)
+    assert not report.passed
