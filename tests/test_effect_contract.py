@@ -460,6 +460,34 @@ def test_6_a_traced_chain_records_effect_rows_and_audits_like_a_burr_run(
     assert audit_run(rw, trace.run_id).verdicts[0].verdict == "divergent"
 
 
+def test_6_a_side_effect_outside_any_step_of_a_traced_chain_is_refused(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # No step, no node row to hang the call and its fingerprints on: it would execute unrecorded
+    # and the trace would pass the audit vacuously.
+    from rewind.errors import ContextLost
+    from rewind.tracing import Tracer, step
+    from rewind.tracing.store import search_runs
+
+    tracer = Tracer()
+    tracer.configure(store=rw.store)
+    folder = tmp_path / "notes"
+    folder.mkdir()
+
+    @tracer.chain("notes")
+    def write_notes(text: str) -> str:
+        with step("prep", "tool_call", input=text) as s:
+            s.set_output(text)
+        pipelines.fx_write_note(str(folder), "note.txt", text)  # not inside a step
+        return text
+
+    with pytest.raises(ContextLost, match="outside any step"):
+        write_notes("traced")
+    assert list(folder.iterdir()) == []
+    trace = search_runs(rw.store, kind="trace", limit=1)[0][0]
+    assert not audit_run(rw, trace.run_id, record=False).passed
+
+
 # -- 7. OpenTelemetry export → import keeps calls, flags and effect fingerprints ---------------
 
 

@@ -34,7 +34,7 @@ import httpx
 
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.context import LineageEntry, NodeScope, RunContext, current
-from rewind.errors import RewindError
+from rewind.errors import ContextLost, RewindError
 from rewind.store.records import CallRecord, EffectRecord
 
 if TYPE_CHECKING:
@@ -573,6 +573,14 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
     hash-stability runs always serve them from record.
     """
     scope = ctx.node
+    if scope is None:
+        # No node or step to hang the call and its fingerprints on (a traced chain's body
+        # outside any step): it would execute unrecorded and the run would audit vacuously.
+        raise ContextLost(
+            f"side-effecting tool {call.name!r} was called outside any step of run "
+            f"{ctx.run_id[:12]}, so it would execute unrecorded",
+            'call it inside a step: with rewind.tracing.step("name", "tool_call"): ...',
+        )
     policy, key, index = call.policy, call.key, call.index
     entry = ctx.lineage.get(key) if ctx.read_cache or not ctx.write_cache else None
     mode = "record" if not ctx.read_cache and ctx.write_cache else ctx.effects_mode
