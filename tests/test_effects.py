@@ -702,6 +702,23 @@ def test_restore_refuses_to_drop_links_and_folders_the_snapshot_does_not_hold(
     assert (root / "mine").is_dir() and (root / "shortcut").is_symlink()
 
 
+def test_restore_through_a_linked_folder_restores_the_folder_and_keeps_the_link(
+    tmp_path: Path,
+) -> None:
+    real = write_tree(tmp_path / "data" / "notes", {"a.txt": "A"})
+    link = tmp_path / "notes"
+    link.symlink_to(real)
+    tree = FileTree(link)  # the path the tool declares is a link to the folder
+    before = tree.fingerprint().digest
+    snap = tree.snapshot()
+    assert snap is not None
+    (real / "a.txt").write_text("drift", encoding="utf-8")
+    tree.restore(snap)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert (real / "a.txt").read_text(encoding="utf-8") == "A"
+    assert tree.fingerprint().digest == before
+
+
 def test_a_restore_swaps_the_folder_in_one_step(tmp_path: Path) -> None:
     # A process killed at any rename of a restore must leave the folder before or after, never
     # missing: the swap is one atomic exchange (renameat2), not "move away, move in".

@@ -286,9 +286,11 @@ class FileTree(Fingerprinter):
             )
         # Build the restored state beside the resource, then swap it in with one atomic exchange
         # (renameat2): a failure while writing, or a crash at any point, leaves the resource
-        # either as it was found or restored, never missing.
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
+        # either as it was found or restored, never missing. A declared path that is a link is
+        # followed (its folder is the resource; the link stays).
+        where = self.path.resolve() if self.path.is_symlink() else self.path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{where.name}.restore-", dir=where.parent))
         try:
             target = staging / "new"
             if not absent:
@@ -311,7 +313,7 @@ class FileTree(Fingerprinter):
                     target.write_bytes(base64.b64decode(content))
                     if rel in modes:
                         os.chmod(target, modes[rel])
-            _swap_in(target, self.path, staging / "old")
+            _swap_in(target, where, staging / "old")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
