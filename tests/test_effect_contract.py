@@ -322,8 +322,10 @@ def test_5_a_live_replay_refuses_when_the_resource_cannot_be_fingerprinted(
     assert executed("fx_contract_put") == ["abc"]
 
 
-def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
-    from tests.test_cli import ok_json, rewind
+def _folder_with_a_users_file(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A store with one folder_pipeline run (recorded through the CLI) whose folder then got a
+    file the tool never wrote: (store, folder, run id)."""
+    from tests.test_cli import ok_json
 
     store, folder = tmp_path / "store", tmp_path / "notes"
     folder.mkdir()
@@ -331,6 +333,13 @@ def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
     run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
     run_id = run["run"]["run_id"]
     (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    return store, folder, run_id
+
+
+def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
+    from tests.test_cli import ok_json, rewind
+
+    store, folder, run_id = _folder_with_a_users_file(tmp_path)
     refused = rewind(store, "fork", run_id, "--at", "1", "--effects", "live")
     assert refused.returncode != 0
     assert "mine.txt" in refused.stderr and "--restore=replace" in refused.stderr
@@ -751,3 +760,50 @@ def test_a_side_effect_in_a_child_process_is_refused_not_lost(rw: Rewind, tmp_pa
     assert ledger.read_text(encoding="utf-8") == ""  # executed nowhere, so nothing unrecorded
     report = audit_run(rw, run.run_id, record=False)
     assert not report.passed
+
+
+def test_4_cli_grid_restore_replace_only_when_asked(tmp_path: Path) -> None:
+    # A live grid refusing to delete a user's file names --restore=replace: the grid takes it.
+    from tests.test_cli import rewind
+
+    store, folder, run_id = _folder_with_a_users_file(tmp_path)
+    variants = ("--set", 'note.suffix="!"', "--set", 'note.suffix="?"')
+    refused = rewind(store, "grid", run_id, "--at", "note", *variants)
+    assert refused.returncode == 1 and "--restore=replace" in " ".join(refused.stdout.split())
+    assert (folder / "mine.txt").exists()
+    bad = rewind(store, "grid", run_id, "--at", "note", *variants, "--effects", "dry-run",
+                 "--restore", "replace")  # fmt: skip
+    assert bad.returncode == 2 and "--effects live" in bad.stderr
+    done = rewind(store, "grid", run_id, "--at", "note", *variants, "--restore", "replace")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
+def test_4_api_grid_restore_replace_only_with_live(rw: Rewind, tmp_path: Path) -> None:
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from rewind.api import create_app
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    override = {"kind": "param", "node": "note", "param": "suffix", "value": "!"}
+    body = {"at": 1, "overrides": [override]}
+    with TestClient(create_app(rw.store), base_url="http://127.0.0.1") as c:
+        bad = c.post(f"/api/runs/{parent.run_id}/grid", json=body | {"effects": "dry-run",
+                     "restore": "replace"})  # fmt: skip
+        assert bad.status_code == 422 and "effects" in bad.json()["message"], bad.text
+        accepted = c.post(f"/api/runs/{parent.run_id}/grid", json=body | {"restore": "replace"})
+        assert accepted.status_code == 202, accepted.text
+        job = accepted.json()
+        for _ in range(6000):
+            job = c.get(accepted.headers["location"]).json()
+            if job["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.02)
+        assert job["status"] == "completed", job
+        assert job["request"]["restore"] == "replace"
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]

@@ -83,6 +83,11 @@ class GridRequest(BaseModel):
     )
     workers: int = Field(4, ge=1, le=MAX_GRID_WORKERS, description="variants run at once")
     effects: GridEffects = "live"
+    restore: Literal["refuse", "replace"] = Field(
+        "refuse",
+        description="effects=live only: when restoring a pinned snapshot, refuse (default) or "
+        "replace (delete) files the snapshot does not hold",
+    )
 
 
 class StabilityRequest(BaseModel):
@@ -555,7 +560,13 @@ def report_routes(ctx: ServerContext) -> APIRouter:
             _override(rw, nodes, idx, o, f"overrides.{i}") for i, o in enumerate(req.overrides)
         ]
         _check_pipeline(rw, parent)
-        workers, effects = req.workers, req.effects
+        workers, effects, restore = req.workers, req.effects, req.restore
+        if restore == "replace" and effects != "live":
+            raise InvalidOverride(
+                "restore=replace deletes files a pinned snapshot does not hold: it needs "
+                "effects=live",
+                'send "effects": "live" with "restore": "replace", or leave restore out',
+            )
 
         def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
             from rewind.grid import grid
@@ -568,6 +579,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 max_workers=workers,
                 effects=effects,
                 on_variant=lambda v: job.add_progress(_variant_progress(v)),
+                restore=restore,
             )
             return report.to_json()
 
@@ -578,6 +590,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
             "overrides": [o.to_json() for o in overrides],
             "workers": workers,
             "effects": effects,
+            "restore": restore,
         }
         job = reports.submit(
             ReportJob(job_id, "grid", parent.run_id, request, len(overrides), work)
