@@ -807,3 +807,60 @@ def test_4_api_grid_restore_replace_only_with_live(rw: Rewind, tmp_path: Path) -
         assert job["status"] == "completed", job
         assert job["request"]["restore"] == "replace"
     assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
+# -- a call that moved to another resource is a new effect, not a replay of the recorded one ---
+
+
+@action(reads=["base"], writes=["folder"])
+def choose_folder(state: State) -> State:
+    import rewind
+
+    return state.update(folder=f"{state['base']}/{rewind.param('sub', 'a')}")
+
+
+@action(reads=["folder"], writes=["receipt"])
+def note_in_folder(state: State) -> State:
+    return state.update(receipt=pipelines.fx_write_note(state["folder"], "note.txt", "same"))
+
+
+where_pipeline = pipelines._linear(
+    "where", "tests.test_effect_contract:where_pipeline", where=choose_folder, note=note_in_folder
+)
+
+
+def test_1_a_live_call_on_another_folder_never_gets_the_recorded_folders_snapshot(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    for sub, text in (("a", "old a\n"), ("b", "precious b\n")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "note.txt").write_text(text, encoding="utf-8")
+    parent = rw.record(where_pipeline, {"base": str(tmp_path)})
+    assert parent.status == "completed", parent.error
+    with pytest.raises(EffectPreconditionFailed, match="recorded no pre-state"):
+        rw.fork(
+            parent.run_id, at="where", override=ParamOverride("where", "sub", "b"), effects="live"
+        )
+    assert (tmp_path / "b" / "note.txt").read_text(encoding="utf-8") == "precious b\n"
+    # Dry-run logs it; its audit does not compare folder b with folder a.
+    dry = rw.fork(
+        parent.run_id, at="where", override=ParamOverride("where", "sub", "b"), effects="dry-run"
+    )
+    assert dry.status == "completed", dry.error
+    assert not audit_run(rw, dry.run_id, record=False).passed
+
+
+def test_3_a_call_on_another_folder_is_not_paired_with_the_recorded_folder(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    for base in ("one", "two"):
+        (tmp_path / base / "a").mkdir(parents=True)
+    parent = rw.record(where_pipeline, {"base": str(tmp_path / "one")})
+    other = rw.record(where_pipeline, {"base": str(tmp_path / "two")})
+    assert other.status == "completed", other.error
+    (v,) = audit_run(rw, other.run_id, parent.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete", v.reason  # both folders hold the same note
+    assert {r.resource for r in v.resources} == {
+        f"file:{tmp_path}/one/a",
+        f"file:{tmp_path}/two/a",
+    }

@@ -66,6 +66,7 @@ from rewind.effects import (
     FingerprintUnavailable,
     HttpResource,
     SQLiteTable,
+    same_resource,
 )
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
@@ -799,19 +800,21 @@ class _AgainstRun(_Judge):
 def _pair(
     rows: list[EffectRecord], ref_rows: list[EffectRecord]
 ) -> tuple[list[tuple[EffectRecord, EffectRecord | None]], list[EffectRecord]]:
-    """Pair resources by name, then the rest by kind in name order (a run-scoped resource, such
-    as each run's artifact folder, has another name in every run)."""
-    left = {r.resource: r for r in ref_rows}
+    """Pair each resource with the same resource of the reference: by name, or for a run-scoped
+    resource (each run's own artifact folder) by the name with the run id swapped
+    (:func:`rewind.effects.same_resource`). Another resource is never a pair, whatever its
+    kind: a call that wrote another folder has no reference post-state (``missing``)."""
+    rest = sorted(ref_rows, key=lambda r: r.resource)
     pairs: list[tuple[EffectRecord, EffectRecord | None]] = []
-    pending: list[EffectRecord] = []
     for e in rows:
-        if e.resource in left:
-            pairs.append((e, left.pop(e.resource)))
-        else:
-            pending.append(e)
-    rest = sorted(left.values(), key=lambda r: r.resource)
-    for e in pending:
-        match = next((r for r in rest if r.kind == e.kind), None)
+        match = next((r for r in rest if r.resource == e.resource), None) or next(
+            (
+                r
+                for r in rest
+                if r.kind == e.kind and same_resource(e.resource, e.run_id, r.resource, r.run_id)
+            ),
+            None,
+        )
         if match is not None:
             rest.remove(match)
         pairs.append((e, match))

@@ -802,20 +802,24 @@ def _verify_pre_state(
         for e in ctx.store.effects_of(slot.run_id)
         if e.position == slot.position and e.call_index == slot.call_index
     ]
-    by_name = {e.resource: e for e in rows}
-    spare = sorted(
-        (e for e in rows if e.resource not in {r.name for r in resources}), key=lambda e: e.resource
-    )
     pre: dict[str, Fingerprint | None] = {}
     drift: list[str] = []
     for r in resources:
-        # A run-scoped resource (each run's own folder) has another name in every run.
-        rec = by_name.get(r.name) or next((e for e in spare if e.kind == r.kind), None)
-        if rec is not None and rec in spare:
-            spare.remove(rec)
+        # Only the same resource: a call that now touches another folder is a new effect, and
+        # the recorded folder's snapshot must never be restored into it.
+        rec = next(
+            (
+                e
+                for e in rows
+                if e.kind == r.kind and same_resource(r.name, ctx.run_id, e.resource, e.run_id)
+            ),
+            None,
+        )
         if rec is None or rec.pre_digest is None:
+            touched = ", ".join(sorted(e.resource for e in rows)) or "nothing"
             raise EffectPreconditionFailed(
-                f"{where}the source run recorded no pre-state of {r.name} for {name!r}",
+                f"{where}the source run recorded no pre-state of {r.name} for {name!r} (that "
+                f"call touched {touched}): a call on another resource is a new effect",
                 fix,
             )
         try:
@@ -867,6 +871,17 @@ def _verify_pre_state(
             f"{name!r}: what was found there is replaced",
         )
     return pre, drift
+
+
+def same_resource(name: str, run_id: str, other: str, other_run_id: str) -> bool:
+    """Whether resource ``name`` touched by run ``run_id`` is the resource ``other`` touched by
+    run ``other_run_id``: the same name, or a run-scoped name (a run's own artifact folder holds
+    the run id) that differs only by the run id."""
+    if name == other:
+        return True
+    return (
+        bool(other_run_id) and other_run_id in other and other.replace(other_run_id, run_id) == name
+    )
 
 
 def _effect_rows(
