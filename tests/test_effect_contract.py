@@ -864,3 +864,24 @@ def test_3_a_call_on_another_folder_is_not_paired_with_the_recorded_folder(
         f"file:{tmp_path}/one/a",
         f"file:{tmp_path}/two/a",
     }
+
+
+def test_3_a_call_that_ran_against_another_pre_state_is_not_faithful(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # Seed 004, condition 2: a replay is a reconstruction only against the recorded pre-state.
+    # A fresh run that overwrote a different note with the same text ends in the same state,
+    # but it is not evidence that the first run's effect was reproduced.
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "note.txt").write_text("y\n", encoding="utf-8")
+    first = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (folder / "note.txt").write_text("z\n", encoding="utf-8")
+    second = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (v,) = audit_run(rw, second.run_id, first.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete" and "pre-state" in v.reason, v.reason
+    # The same fresh run against an identical pre-state is faithful.
+    (folder / "note.txt").write_text("z\n", encoding="utf-8")
+    third = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (w,) = audit_run(rw, third.run_id, second.run_id, record=False).verdicts
+    assert w.verdict == "faithful", w.reason

@@ -6,7 +6,8 @@ the **post-call fingerprints** Rewind records for every resource a side-effectin
 (:mod:`rewind.effects`), and gives one verdict per call:
 
 ``faithful``
-    the call was executed and its post-state fingerprint equals the reference's.
+    the call was executed against the reference's pre-state and its (output, post-state) pair
+    equals the reference's.
 ``divergent``
     executed, but the post-state differs (both digests and the epoch delta are shown).
 ``audit-incomplete``
@@ -792,6 +793,21 @@ class _AgainstRun(_Judge):
                 details,
                 f"the call changed nothing while {where} changed its resource: its matching "
                 "post-state cannot be told from an answer served by an idempotency cache",
+                output,
+            )
+        other_pre = [
+            (e, r) for e, r in compared if e.pre_digest is None or e.pre_digest != r.pre_digest
+        ]
+        if decided[0] == FAITHFUL and other_pre:
+            # Seed 004, condition 2: only a call run against the recorded pre-state reproduces
+            # the recorded effect; the same end state from another start is not evidence.
+            e, r = other_pre[0]
+            return _Decision(
+                INCOMPLETE,
+                details,
+                f"{_shorten_name(e.resource)}: the call ran against another pre-state than "
+                f"{where} ({_short(e.pre_digest)} vs {_short(r.pre_digest)}), so its equal "
+                "post-state is not a reproduction of that effect",
                 output,
             )
         return _Decision(*decided, output)
