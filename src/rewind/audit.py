@@ -1,20 +1,24 @@
 """The effect-equivalence audit: did each side-effecting call leave the world as recorded?
 
 Same output is not the same effect (seed 004). A tool can return an identical string while the
-resource it wrote ends up in another state, so the audit never compares return values: it compares
-the **post-call fingerprints** Rewind records for every resource a side-effecting call declares
-(:mod:`rewind.effects`), and gives one verdict per call:
+resource it wrote ends up in another state, so the audit never compares return values alone: it
+compares **(output, post-state) pairs** — the call's result hash and the post-call fingerprints
+Rewind records for every resource a side-effecting call declares (:mod:`rewind.effects`) — and
+gives one verdict per call:
 
 ``faithful``
     the call was executed against the reference's pre-state and its (output, post-state) pair
     equals the reference's.
 ``divergent``
-    executed, but the post-state differs (both digests and the epoch delta are shown).
+    executed, but the output or the post-state differs (``differs`` names the half; both digests
+    and the epoch delta are shown).
 ``audit-incomplete``
-    no post fingerprint to compare: the tool declares no resources, the row has no post digest,
-    the reference has none, or the resource cannot be fingerprinted again.
+    nothing sound to compare: the tool declares no resources, the row has no post digest, the
+    reference has none, the resource cannot be fingerprinted again, the call touched another
+    resource than the reference, or it ran against another pre-state.
 ``not-re-executed``
-    the call was served from record or dry-run, or there is evidence that a tool-side idempotency
+    the call was served from record or dry-run, inherited from the run that executed it, made
+    by the reference but never by this run, or there is evidence that a tool-side idempotency
     cache answered it (its idempotency key equals the reference call's, or its post-state matches
     only because it changed nothing where the reference call changed its resource). Neither
     faithful nor divergent.
