@@ -549,6 +549,36 @@ def test_7_the_audit_of_an_imported_run_equals_the_originals(rw: Rewind, tmp_pat
         other.store.close()
 
 
+def test_7_a_fork_imported_without_its_parent_never_passes_vacuously(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # The fork inherited the parent's side-effecting node; exported alone, that node's calls
+    # stay behind. The imported fork keeps the node's side-effect flag, and a node flagged
+    # side-effect with no call to audit fails closed.
+    from rewind.tracing.otel import export_to_file, import_otlp, read_otlp_file
+
+    path = tmp_path / "out.txt"
+    path.write_text("", encoding="utf-8")
+    parent = rw.record(pipelines.effects_pipeline, {"text": "x", "path": str(path)})
+    fork = rw.fork(parent.run_id, at="after")
+    assert not audit_run(rw, fork.run_id, record=False).passed
+    exported = tmp_path / "fork.otlp.json"
+    export_to_file(rw.store, [fork.run_id], exported)
+    other = Rewind(tmp_path / "other-store")
+    try:
+        result = import_otlp(other.store, read_otlp_file(exported))
+        assert result.imported == [fork.run_id], result.errors
+        write = next(n for n in other.store.nodes_of(fork.run_id) if n.name == "write")
+        assert write.determinism == "side-effect"
+        for against in (None, "current"):
+            report = audit_run(other, fork.run_id, against, record=False)
+            assert not report.passed and not report.vacuous, report.note
+            (v,) = report.verdicts
+            assert (v.node, v.verdict) == ("write", "audit-incomplete")
+    finally:
+        other.store.close()
+
+
 def test_8_rewind_runs_lists_effects_mode_and_audit_label(tmp_path: Path) -> None:
     from tests.test_cli import ok_json, rewind
 

@@ -493,6 +493,9 @@ def audit_run(
         verdicts.append(_verdict(run.run_id, c, d, deps))
     if ref_run is not None:
         verdicts.extend(_not_re_executed(runs, run, ref_run))
+    verdicts.extend(_flagged_without_calls(run.run_id, nodes, verdicts, graph))
+    if verdicts and label is None:
+        label = CURRENT
     report = AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
     if record and not rw.store.read_only:  # a read-only store keeps no audit history
         rw.store.record_audit(
@@ -519,6 +522,39 @@ def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVe
             f"(status {run.status}) never re-executed it"
         )
         out.append(_verdict(run.run_id, c, _Decision(NOT_RE_EXECUTED, [], why)))
+    return out
+
+
+def _flagged_without_calls(
+    run_id: str, nodes: list[NodeRecord], verdicts: list[CallVerdict], graph: _Dataflow
+) -> list[CallVerdict]:
+    """``audit-incomplete`` for every node flagged ``side-effect`` that no other verdict covers:
+    its side-effecting calls are not in this store (a run imported without them, or inherited
+    from a run that is not here), so nothing says what it did (absence of a record is not
+    absence of an effect)."""
+    covered = {v.position for v in verdicts}
+    out = []
+    for n in nodes:
+        if n.determinism != "side-effect" or n.position in covered:
+            continue
+        why = (
+            f"node #{n.position + 1} {n.name} is flagged side-effect, but none of its "
+            "side-effecting calls is recorded in this store (imported without them, or "
+            "inherited from a run that is not here): nothing to audit it with"
+        )
+        out.append(
+            CallVerdict(
+                run_id=run_id,
+                position=n.position,
+                node=n.name,
+                call_index=0,
+                tool="",
+                verdict=INCOMPLETE,
+                resources=(),
+                reason=why,
+                dependents=graph.dependents(n.position),
+            )
+        )
     return out
 
 
