@@ -915,3 +915,22 @@ def test_3_a_call_that_ran_against_another_pre_state_is_not_faithful(
     third = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
     (w,) = audit_run(rw, third.run_id, second.run_id, record=False).verdicts
     assert w.verdict == "faithful", w.reason
+
+
+def test_4_the_drift_warning_prints_hostile_file_names_as_typed(tmp_path: Path) -> None:
+    # Entry names in a user's folder are untrusted text: Rich markup in them is shown, never
+    # applied, and control characters are escaped.
+    from tests.test_cli import ok_json, rewind
+
+    store, folder = tmp_path / "store", tmp_path / "notes"
+    folder.mkdir()
+    hostile = "[bold red]x\x1b[2J"
+    (folder / hostile).write_text("v0\n", encoding="utf-8")
+    (folder / "note.txt").write_text("v0\n", encoding="utf-8")
+    state = json.dumps({"folder": str(folder), "text": "v1"})
+    run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
+    (folder / hostile).write_text("edited\n", encoding="utf-8")
+    proc = rewind(store, "fork", run["run"]["run_id"], "--at", "1", "--effects", "live")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stderr
+    assert "changed [bold red]x\\u001b[2J" in " ".join(proc.stderr.split())

@@ -203,7 +203,8 @@ class _Progress:
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         if event == "warning":
             self._status(None)
-            err_console.print(f"[yellow]warning:[/] {payload['message']}")
+            # Warnings carry untrusted text (resource and file names): shown as typed.
+            err_console.print(f"[yellow]warning:[/] {inert(payload['message'])}")
             return
         if not sys.stderr.isatty() and event == "node_started":
             return
