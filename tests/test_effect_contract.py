@@ -294,6 +294,18 @@ def test_5_http_resource_on_a_real_server(kv: KeyValueServer) -> None:
         authed.fingerprint()
 
 
+def test_5_credentials_in_the_url_are_never_stored(rw: Rewind, kv: KeyValueServer) -> None:
+    host = kv.url.removeprefix("http://")
+    res = HttpResource(f"http://alice:hunter2@{host}/items/1", headers={"X-Api-Key": API_KEY})
+    assert "hunter2" not in res.name and "hunter2" not in json.dumps(res.spec())
+    assert res.name == f"http://{host}/items/1"
+    run = rw.record(http_pipeline, {"url": f"http://alice:hunter2@{host}/items/1", "value": "v"})
+    assert run.status == "completed", run.error
+    (effect,) = rw.store.effects_of(run.run_id)
+    assert "hunter2" not in effect.resource and "hunter2" not in json.dumps(effect.spec)
+    assert effect.post_digest is not None
+
+
 def test_5_a_weak_etag_is_not_the_state_the_body_is(kv: KeyValueServer) -> None:
     # W/"…" only promises "semantically equivalent": two different bodies may share it, so the
     # body is hashed; a strong ETag names the exact representation and stands for it.

@@ -467,6 +467,7 @@ class HttpResource(Fingerprinter):
     Args:
         url: the resource's URL.
         headers: headers the GET needs (``Authorization``, an API key header…); never recorded.
+            A ``user:password@`` in ``url`` is taken out of it and used as ``auth``.
         auth: an ``httpx`` auth (``("user", "password")`` or an ``httpx.Auth``); never recorded.
         client: an ``httpx.Client`` (tests pass one with a MockTransport); a new one otherwise.
         timeout_s: timeout of a GET through a new client, in seconds.
@@ -483,6 +484,13 @@ class HttpResource(Fingerprinter):
         auth: Any = None,
         timeout_s: float = 10.0,
     ) -> None:
+        parsed = httpx.URL(url)
+        if parsed.userinfo:
+            # Credentials in the URL become the GET's basic auth; the name (stored with every
+            # effect row) never holds them.
+            if auth is None:
+                auth = (parsed.username, parsed.password)
+            url = str(parsed.copy_with(username=None, password=None))
         self.url = url
         self.client = client
         self.headers = dict(headers or {})
