@@ -946,3 +946,39 @@ def test_4_the_drift_warning_prints_hostile_file_names_as_typed(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stderr
     assert "changed [bold red]x\\u001b[2J" in " ".join(proc.stderr.split())
+
+
+# -- nothing declared, nothing verified: live refuses ------------------------------------------
+
+
+def test_1_live_refuses_a_call_that_declares_no_resource(rw: Rewind) -> None:
+    run = rw.record(pipelines.notify_pipeline, {"message": "hi"})
+    assert run.status == "completed", run.error
+    with pytest.raises(EffectPreconditionFailed, match="declares no resource"):
+        rw.replay(run.run_id, effects="live")
+    assert executed("fx_notify") == ["hi"]  # not sent a second time
+
+
+@tool("fx_contract_bad_resources", determinism="side-effect", resources=lambda path: [path])
+def bad_resources(path: str) -> dict[str, Any]:
+    pipelines.EFFECT_CALLS.append(("fx_contract_bad_resources", path))
+    return {"ok": True}
+
+
+@action(reads=["path"], writes=["receipt"])
+def bad_resources_node(state: State) -> State:
+    return state.update(receipt=bad_resources(state["path"]))
+
+
+bad_resources_pipeline = pipelines._linear(
+    "bad_resources", "tests.test_effect_contract:bad_resources_pipeline", call=bad_resources_node
+)
+
+
+def test_a_declared_resource_that_is_not_a_fingerprinter_is_refused(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # A path string instead of FileTree(path) would silently declare nothing.
+    run = rw.record(bad_resources_pipeline, {"path": str(tmp_path)})
+    assert run.status == "failed" and "cannot be fingerprinted" in (run.error or ""), run.error
+    assert executed("fx_contract_bad_resources") == []

@@ -598,8 +598,16 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
         # Stability runs never repeat effects: serve the record, or log the call when its
         # arguments spread upstream (there is then no record to serve).
         mode = "recorded" if entry is not None else "dry-run"
-    resources: list[Fingerprinter] = [r for r in policy.resources if isinstance(r, Fingerprinter)]
     where = f"node {scope.name!r}: " if scope is not None else ""
+    wrong = [r for r in policy.resources if not isinstance(r, Fingerprinter)]
+    if wrong:
+        raise RewindError(
+            f"{where}side-effecting tool {call.name!r} declares a resource that cannot be "
+            f"fingerprinted: {type(wrong[0]).__name__} {str(wrong[0])[:80]!r}",
+            "declare resources as rewind.effects.FileTree(path), SQLiteTable(db, table) or "
+            "HttpResource(url)",
+        )
+    resources: list[Fingerprinter] = list(policy.resources)
 
     if mode == "recorded" or (mode == "dry-run" and entry is not None):
         if entry is None:
@@ -799,6 +807,14 @@ def _verify_pre_state(
             (or whose restore would delete data; see :data:`RESTORE_MODES`).
     """
     fix = "replay with --effects recorded or --effects dry-run"
+    if not resources:
+        raise EffectPreconditionFailed(
+            f"{where}{name!r} declares no resource, so nothing can verify the pre-state it "
+            "would re-execute against",
+            "declare what it touches with @rewind.tool(..., resources=...), or "
+            + fix[0].lower()
+            + fix[1:],
+        )
     if slot is None:
         raise EffectPreconditionFailed(
             f"{where}{name!r} (call {index} of the node) has no recorded execution at this "
