@@ -5,8 +5,9 @@ left the world in a different state. So every side-effecting tool declares the r
 touches; Rewind fingerprints each one before and after every call (content hash, row-version or
 ETag, plus an *epoch* — when or at which version that state was observed) and keeps a pinned
 snapshot of the pre-state where the resource can provide one. The audit (:mod:`rewind.audit`)
-compares post-call fingerprints; replay in ``live`` mode re-executes only when the resource's
-pre-state matches the recorded one (or after restoring the pinned snapshot).
+compares (output, post-state) pairs; replay in ``live`` mode re-executes only when the same
+resource's pre-state matches the one recorded at the call's slot (or after restoring the pinned
+snapshot), one writer per resource at a time.
 """
 
 from __future__ import annotations
@@ -681,12 +682,21 @@ def _process_lock(name: str) -> Iterator[None]:
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    LOCK_DIR.mkdir(mode=0o1777, exist_ok=True)
     path = LOCK_DIR / f"{sha256_hex(name.encode())[:32]}.lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:  # another user's lock file: a read-only descriptor locks too
-        fd = os.open(path, os.O_RDONLY)
+        if not LOCK_DIR.is_dir():
+            LOCK_DIR.mkdir(exist_ok=True)
+            with contextlib.suppress(OSError):  # shared by every user, like /tmp itself
+                os.chmod(LOCK_DIR, 0o1777)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file: a read-only descriptor locks too
+            fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise EffectPreconditionFailed(
+            f"cannot take the lock of {name} ({path}): {exc.strerror or exc}",
+            f"make {LOCK_DIR} writable for this user, or replay with --effects recorded",
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
