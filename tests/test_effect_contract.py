@@ -816,6 +816,9 @@ def test_4_cli_grid_restore_replace_only_when_asked(tmp_path: Path) -> None:
     bad = rewind(store, "grid", run_id, "--at", "note", *variants, "--effects", "dry-run",
                  "--restore", "replace")  # fmt: skip
     assert bad.returncode == 2 and "--effects live" in bad.stderr
+    unknown = rewind(store, "grid", run_id, "--at", "note", *variants, "--restore", "bogus")
+    assert unknown.returncode == 2 and "bogus" in unknown.stderr
+    assert len(rewind(store, "runs", "--json").stdout.split('"run_id"')) - 1 == 3  # none added
     done = rewind(store, "grid", run_id, "--at", "note", *variants, "--restore", "replace")
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]

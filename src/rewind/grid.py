@@ -423,7 +423,7 @@ def grid(
             runs.
         EndpointUnavailable: the model endpoint is down (raised after every variant stopped).
     """
-    from rewind.effects import EFFECT_MODES
+    from rewind.effects import EFFECT_MODES, RESTORE_MODES
 
     if not overrides:
         raise InvalidOverride("a grid needs at least one variant", "pass --set node.param=V …")
@@ -432,6 +432,10 @@ def grid(
     if effects not in EFFECT_MODES:
         raise InvalidOverride(
             f"unknown effects mode {effects!r}", f"use one of {', '.join(EFFECT_MODES)}"
+        )
+    if restore not in RESTORE_MODES:
+        raise InvalidOverride(
+            f"unknown restore mode {restore!r}", f"use one of {', '.join(RESTORE_MODES)}"
         )
     if restore == "replace" and effects != "live":
         raise InvalidOverride(
