@@ -381,18 +381,26 @@ def test_a_served_or_dry_run_call_is_not_re_executed(rw: Rewind, tmp_path: Path,
     }
 
 
-def test_inherited_side_effects_are_left_to_the_run_that_executed_them(
+def test_inherited_side_effects_are_not_re_executed_and_never_pass_vacuously(
     rw: Rewind, tmp_path: Path
 ) -> None:
+    # Issue 12, point 2: a vacuous pass only when the reference made no side-effecting call. A
+    # fork past a side effect inherits it: the fork did not re-execute it, and what the fork
+    # concluded downstream depends on it.
     path = tmp_path / "out.txt"
     path.write_text("", encoding="utf-8")
     parent = rw.record(pipelines.effects_pipeline, {"text": "x", "path": str(path)})
     fork = rw.fork(parent.run_id, at="after")
-    report = audit_run(rw, fork.run_id)
-    assert report.verdicts == ()
-    assert report.inherited_skipped == ("2:write",)
-    assert report.passed
-    assert "nothing to audit" in report.note and "inherited" in report.note
+    for against in (None, "current"):
+        report = audit_run(rw, fork.run_id, against)
+        (v,) = report.verdicts
+        assert (v.node, v.verdict) == ("write", "not-re-executed")
+        assert f"inherited from run {parent.run_id[:12]}" in v.reason
+        assert v.dependents == ("3:after", "5:final")
+        assert report.inherited_skipped == ("2:write",)
+        assert not report.passed and not report.vacuous
+        assert "vacuous" not in report.note
+    assert audit_run(rw, parent.run_id).passed  # the run that executed it carries its verdict
 
 
 def test_a_run_without_side_effects_passes_vacuously_and_says_so(rw: Rewind) -> None:

@@ -53,6 +53,7 @@ class KeyValueServer:
     def __init__(self) -> None:
         self.items: dict[str, bytes] = {}
         self.status: int | None = None
+        self.etag: str | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,7 +73,7 @@ class KeyValueServer:
                 elif self.path not in outer.items:
                     self._send(404, b"not found")
                 else:
-                    self._send(200, outer.items[self.path])
+                    self._send(200, outer.items[self.path], outer.etag)
 
             def do_PUT(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
@@ -293,6 +294,35 @@ def test_5_http_resource_on_a_real_server(kv: KeyValueServer) -> None:
         authed.fingerprint()
 
 
+def test_5_credentials_in_the_url_are_never_stored(rw: Rewind, kv: KeyValueServer) -> None:
+    host = kv.url.removeprefix("http://")
+    res = HttpResource(f"http://alice:hunter2@{host}/items/1", headers={"X-Api-Key": API_KEY})
+    assert "hunter2" not in res.name and "hunter2" not in json.dumps(res.spec())
+    assert res.name == f"http://{host}/items/1"
+    run = rw.record(http_pipeline, {"url": f"http://alice:hunter2@{host}/items/1", "value": "v"})
+    assert run.status == "completed", run.error
+    (effect,) = rw.store.effects_of(run.run_id)
+    assert "hunter2" not in effect.resource and "hunter2" not in json.dumps(effect.spec)
+    assert effect.post_digest is not None
+
+
+def test_5_a_weak_etag_is_not_the_state_the_body_is(kv: KeyValueServer) -> None:
+    # W/"…" only promises "semantically equivalent": two different bodies may share it, so the
+    # body is hashed; a strong ETag names the exact representation and stands for it.
+    url = f"{kv.url}/items/9"
+    res = HttpResource(url, headers={"X-Api-Key": API_KEY})
+    kv.items["/items/9"] = b"one"
+    kv.etag = 'W/"v1"'
+    weak_one = res.fingerprint()
+    kv.items["/items/9"] = b"two"
+    weak_two = res.fingerprint()
+    assert weak_one.digest != weak_two.digest and weak_two.epoch == 'W/"v1"'
+    kv.etag = '"v1"'
+    strong_two = res.fingerprint()
+    kv.items["/items/9"] = b"three"
+    assert res.fingerprint().digest == strong_two.digest
+
+
 def test_5_a_live_replay_refuses_when_the_resource_cannot_be_fingerprinted(
     rw: Rewind, kv: KeyValueServer
 ) -> None:
@@ -304,8 +334,10 @@ def test_5_a_live_replay_refuses_when_the_resource_cannot_be_fingerprinted(
     assert executed("fx_contract_put") == ["abc"]
 
 
-def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
-    from tests.test_cli import ok_json, rewind
+def _folder_with_a_users_file(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A store with one folder_pipeline run (recorded through the CLI) whose folder then got a
+    file the tool never wrote: (store, folder, run id)."""
+    from tests.test_cli import ok_json
 
     store, folder = tmp_path / "store", tmp_path / "notes"
     folder.mkdir()
@@ -313,6 +345,13 @@ def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
     run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
     run_id = run["run"]["run_id"]
     (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    return store, folder, run_id
+
+
+def test_4_cli_fork_restore_replace_only_when_asked(tmp_path: Path) -> None:
+    from tests.test_cli import ok_json, rewind
+
+    store, folder, run_id = _folder_with_a_users_file(tmp_path)
     refused = rewind(store, "fork", run_id, "--at", "1", "--effects", "live")
     assert refused.returncode != 0
     assert "mine.txt" in refused.stderr and "--restore=replace" in refused.stderr
@@ -442,6 +481,34 @@ def test_6_a_traced_chain_records_effect_rows_and_audits_like_a_burr_run(
     assert audit_run(rw, trace.run_id).verdicts[0].verdict == "divergent"
 
 
+def test_6_a_side_effect_outside_any_step_of_a_traced_chain_is_refused(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # No step, no node row to hang the call and its fingerprints on: it would execute unrecorded
+    # and the trace would pass the audit vacuously.
+    from rewind.errors import ContextLost
+    from rewind.tracing import Tracer, step
+    from rewind.tracing.store import search_runs
+
+    tracer = Tracer()
+    tracer.configure(store=rw.store)
+    folder = tmp_path / "notes"
+    folder.mkdir()
+
+    @tracer.chain("notes")
+    def write_notes(text: str) -> str:
+        with step("prep", "tool_call", input=text) as s:
+            s.set_output(text)
+        pipelines.fx_write_note(str(folder), "note.txt", text)  # not inside a step
+        return text
+
+    with pytest.raises(ContextLost, match="outside any step"):
+        write_notes("traced")
+    assert list(folder.iterdir()) == []
+    trace = search_runs(rw.store, kind="trace", limit=1)[0][0]
+    assert not audit_run(rw, trace.run_id, record=False).passed
+
+
 # -- 7. OpenTelemetry export → import keeps calls, flags and effect fingerprints ---------------
 
 
@@ -494,6 +561,36 @@ def test_7_the_audit_of_an_imported_run_equals_the_originals(rw: Rewind, tmp_pat
         other.store.close()
 
 
+def test_7_a_fork_imported_without_its_parent_never_passes_vacuously(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # The fork inherited the parent's side-effecting node; exported alone, that node's calls
+    # stay behind. The imported fork keeps the node's side-effect flag, and a node flagged
+    # side-effect with no call to audit fails closed.
+    from rewind.tracing.otel import export_to_file, import_otlp, read_otlp_file
+
+    path = tmp_path / "out.txt"
+    path.write_text("", encoding="utf-8")
+    parent = rw.record(pipelines.effects_pipeline, {"text": "x", "path": str(path)})
+    fork = rw.fork(parent.run_id, at="after")
+    assert not audit_run(rw, fork.run_id, record=False).passed
+    exported = tmp_path / "fork.otlp.json"
+    export_to_file(rw.store, [fork.run_id], exported)
+    other = Rewind(tmp_path / "other-store")
+    try:
+        result = import_otlp(other.store, read_otlp_file(exported))
+        assert result.imported == [fork.run_id], result.errors
+        write = next(n for n in other.store.nodes_of(fork.run_id) if n.name == "write")
+        assert write.determinism == "side-effect"
+        for against in (None, "current"):
+            report = audit_run(other, fork.run_id, against, record=False)
+            assert not report.passed and not report.vacuous, report.note
+            (v,) = report.verdicts
+            assert (v.node, v.verdict) == ("write", "audit-incomplete")
+    finally:
+        other.store.close()
+
+
 def test_8_rewind_runs_lists_effects_mode_and_audit_label(tmp_path: Path) -> None:
     from tests.test_cli import ok_json, rewind
 
@@ -505,3 +602,386 @@ def test_8_rewind_runs_lists_effects_mode_and_audit_label(tmp_path: Path) -> Non
     assert (listed[run_id]["effects_mode"], listed[run_id]["admissible"]) == ("record", "vacuous")
     table = rewind(store, "runs").stdout
     assert "vacuous" in table and "record" in table
+
+
+def test_4_cli_live_fork_reports_the_drift_it_restored(tmp_path: Path) -> None:
+    # Restoring a drifted folder replaces what someone changed by hand: the fork must say so,
+    # with both fingerprints and the entries that differ, not only label the node.
+    from tests.test_cli import ok_json, rewind
+
+    store, folder = tmp_path / "store", tmp_path / "notes"
+    folder.mkdir()
+    (folder / "note.txt").write_text("v0\n", encoding="utf-8")
+    state = json.dumps({"folder": str(folder), "text": "v1"})
+    run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
+    (folder / "note.txt").write_text("edited by hand\n", encoding="utf-8")
+    proc = rewind(store, "fork", run["run"]["run_id"], "--at", "1", "--effects", "live")
+    assert proc.returncode == 0, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "warning:" in err and "restored" in err and f"file:{folder}" in err
+    assert "note.txt" in err  # which entry it replaced
+    assert (folder / "note.txt").read_text(encoding="utf-8") == "v1\n"
+
+
+# -- one writer per resource across processes (grid variants on Celery workers, two CLIs) -----
+
+
+def _slow_folder(folder: str, text: str, log: str) -> list[Any]:
+    from rewind.effects import FileTree
+
+    return [FileTree(folder)]
+
+
+@tool("fx_contract_slow_note", determinism="side-effect", resources=_slow_folder)
+def slow_note(folder: str, text: str, log: str) -> dict[str, Any]:
+    import os
+    import time
+
+    marker = Path(log).with_suffix(".writing")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        with Path(log).open("a", encoding="utf-8") as fh:
+            fh.write("overlap\n")
+        fd = None
+    try:
+        time.sleep(0.3)  # a slow write: another process writing now would overlap
+        (Path(folder) / "note.txt").write_text(text + "\n", encoding="utf-8")
+    finally:
+        if fd is not None:
+            os.close(fd)
+            marker.unlink()
+    with Path(log).open("a", encoding="utf-8") as fh:
+        fh.write("wrote\n")
+    return {"status": "ok"}
+
+
+@action(reads=["folder", "text", "log"], writes=["receipt"])
+def slow_note_node(state: State) -> State:
+    return state.update(receipt=slow_note(state["folder"], state["text"], state["log"]))
+
+
+slow_pipeline = pipelines._linear(
+    "slow", "tests.test_effect_contract:slow_pipeline", note=slow_note_node
+)
+
+
+def test_1_live_forks_in_two_processes_never_interleave_on_one_folder(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    folder, log = tmp_path / "notes", tmp_path / "writes.log"
+    folder.mkdir()
+    run = rw.record(slow_pipeline, {"folder": str(folder), "text": "v1", "log": str(log)})
+    assert run.status == "completed", run.error
+    script = (
+        "import sys; from rewind.replay import Rewind; "
+        "rw = Rewind(sys.argv[1]); r = rw.replay(sys.argv[2], effects='live'); "
+        "print(r.status, r.error)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(rw.store.root), run.run_id],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(o.startswith("completed") for o, _ in outs), outs
+    assert log.read_text(encoding="utf-8").split() == ["wrote"] * 4  # never "overlap"
+
+
+# -- a side-effecting call that raises half-way keeps its fingerprints and pinned pre-state -----
+
+
+def _crash_folder(folder: str) -> list[Any]:
+    from rewind.effects import FileTree
+
+    return [FileTree(folder)]
+
+
+@tool("fx_contract_half_write", determinism="side-effect", resources=_crash_folder)
+def half_write(folder: str) -> dict[str, Any]:
+    (Path(folder) / "a.txt").write_text("half\n", encoding="utf-8")
+    raise RuntimeError("the disk went away mid-write")
+
+
+@action(reads=["folder"], writes=["receipt"])
+def half_write_node(state: State) -> State:
+    return state.update(receipt=half_write(state["folder"]))
+
+
+crash_pipeline = pipelines._linear(
+    "crash", "tests.test_effect_contract:crash_pipeline", write=half_write_node
+)
+
+
+def test_a_call_that_raised_after_writing_keeps_its_pre_state_and_fails_the_audit(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    from rewind.effects import FileTree
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "a.txt").write_text("original\n", encoding="utf-8")
+    before = FileTree(folder).fingerprint().digest
+    run = rw.record(crash_pipeline, {"folder": str(folder)})
+    assert run.status == "failed" and "mid-write" in (run.error or "")
+    (effect,) = rw.store.effects_of(run.run_id)
+    assert effect.pre_digest == before and effect.post_digest not in (None, before)
+    assert effect.snapshot_hash is not None
+    FileTree(folder).restore(rw.store.get_blob(effect.snapshot_hash))  # the before-state is kept
+    assert (folder / "a.txt").read_text(encoding="utf-8") == "original\n"
+    report = audit_run(rw, run.run_id, record=False)
+    assert not report.passed and "did not complete" in report.note
+
+
+def test_1_live_grid_variants_each_run_when_the_tool_creates_its_file(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # The folder starts empty, so the recorded call created note.txt. Variant 2 then finds the
+    # note.txt variant 1 wrote: data a Rewind call left, not a user's, so restoring the
+    # recorded (empty) pre-state may delete it; every variant runs against that pre-state.
+    from rewind.grid import grid
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (recorded,) = rw.store.effects_of(parent.run_id)
+    overrides = [ParamOverride("note", "suffix", s) for s in ("!", "?", "~")]
+    report = grid(rw, parent.run_id, at="note", overrides=overrides, max_workers=3, effects="live")
+    for variant in report.variants:
+        assert variant.error is None and variant.run is not None, variant.error
+        (effect,) = rw.store.effects_of(variant.run.run_id)
+        assert effect.pre_digest == recorded.pre_digest
+    # A user's file is still never deleted without --restore=replace.
+    (folder / "mine.txt").write_text("keep\n", encoding="utf-8")
+    with pytest.raises(EffectPreconditionFailed, match=r"mine\.txt"):
+        rw.fork(
+            parent.run_id,
+            at="note",
+            override=ParamOverride("note", "suffix", "#"),
+            effects="live",
+        )
+    assert (folder / "mine.txt").exists()
+
+
+# -- a side effect in a child process of the node would escape the record ----------------------
+
+
+def _charge_in_child(ledger: str) -> Any:
+    return charge(ledger, "child")
+
+
+@action(reads=["ledger"], writes=["receipts"])
+def charge_in_process(state: State) -> State:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # A forked worker inherits the node's run context, but nothing it records comes back.
+    fork_ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=1, mp_context=fork_ctx) as pool:
+        receipts = list(pool.map(_charge_in_child, [state["ledger"]]))
+    return state.update(receipts=receipts)
+
+
+process_pipeline = pipelines._linear(
+    "process", "tests.test_effect_contract:process_pipeline", charge=charge_in_process
+)
+
+
+def test_a_side_effect_in_a_child_process_is_refused_not_lost(rw: Rewind, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ledger.write_text("", encoding="utf-8")
+    run = rw.record(process_pipeline, {"ledger": str(ledger)})
+    assert run.status == "failed" and "called in a child process" in (run.error or "")
+    assert ledger.read_text(encoding="utf-8") == ""  # executed nowhere, so nothing unrecorded
+    report = audit_run(rw, run.run_id, record=False)
+    assert not report.passed
+
+
+def test_4_cli_grid_restore_replace_only_when_asked(tmp_path: Path) -> None:
+    # A live grid refusing to delete a user's file names --restore=replace: the grid takes it.
+    from tests.test_cli import rewind
+
+    store, folder, run_id = _folder_with_a_users_file(tmp_path)
+    variants = ("--set", 'note.suffix="!"', "--set", 'note.suffix="?"')
+    refused = rewind(store, "grid", run_id, "--at", "note", *variants)
+    assert refused.returncode == 1 and "--restore=replace" in " ".join(refused.stdout.split())
+    assert (folder / "mine.txt").exists()
+    bad = rewind(store, "grid", run_id, "--at", "note", *variants, "--effects", "dry-run",
+                 "--restore", "replace")  # fmt: skip
+    assert bad.returncode == 2 and "--effects live" in bad.stderr
+    unknown = rewind(store, "grid", run_id, "--at", "note", *variants, "--restore", "bogus")
+    assert unknown.returncode == 2 and "bogus" in unknown.stderr
+    assert len(rewind(store, "runs", "--json").stdout.split('"run_id"')) - 1 == 3  # none added
+    done = rewind(store, "grid", run_id, "--at", "note", *variants, "--restore", "replace")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
+def test_4_api_grid_restore_replace_only_with_live(rw: Rewind, tmp_path: Path) -> None:
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from rewind.api import create_app
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    override = {"kind": "param", "node": "note", "param": "suffix", "value": "!"}
+    body = {"at": 1, "overrides": [override]}
+    with TestClient(create_app(rw.store), base_url="http://127.0.0.1") as c:
+        bad = c.post(f"/api/runs/{parent.run_id}/grid", json=body | {"effects": "dry-run",
+                     "restore": "replace"})  # fmt: skip
+        assert bad.status_code == 422 and "effects" in bad.json()["message"], bad.text
+        accepted = c.post(f"/api/runs/{parent.run_id}/grid", json=body | {"restore": "replace"})
+        assert accepted.status_code == 202, accepted.text
+        job = accepted.json()
+        for _ in range(6000):
+            job = c.get(accepted.headers["location"]).json()
+            if job["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.02)
+        assert job["status"] == "completed", job
+        assert job["request"]["restore"] == "replace"
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
+# -- a call that moved to another resource is a new effect, not a replay of the recorded one ---
+
+
+@action(reads=["base"], writes=["folder"])
+def choose_folder(state: State) -> State:
+    import rewind
+
+    return state.update(folder=f"{state['base']}/{rewind.param('sub', 'a')}")
+
+
+@action(reads=["folder"], writes=["receipt"])
+def note_in_folder(state: State) -> State:
+    return state.update(receipt=pipelines.fx_write_note(state["folder"], "note.txt", "same"))
+
+
+where_pipeline = pipelines._linear(
+    "where", "tests.test_effect_contract:where_pipeline", where=choose_folder, note=note_in_folder
+)
+
+
+def test_1_a_live_call_on_another_folder_never_gets_the_recorded_folders_snapshot(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    for sub, text in (("a", "old a\n"), ("b", "precious b\n")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "note.txt").write_text(text, encoding="utf-8")
+    parent = rw.record(where_pipeline, {"base": str(tmp_path)})
+    assert parent.status == "completed", parent.error
+    with pytest.raises(EffectPreconditionFailed, match="recorded no pre-state"):
+        rw.fork(
+            parent.run_id, at="where", override=ParamOverride("where", "sub", "b"), effects="live"
+        )
+    assert (tmp_path / "b" / "note.txt").read_text(encoding="utf-8") == "precious b\n"
+    # Dry-run logs it; its audit does not compare folder b with folder a.
+    dry = rw.fork(
+        parent.run_id, at="where", override=ParamOverride("where", "sub", "b"), effects="dry-run"
+    )
+    assert dry.status == "completed", dry.error
+    assert not audit_run(rw, dry.run_id, record=False).passed
+
+
+def test_3_a_call_on_another_folder_is_not_paired_with_the_recorded_folder(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    for base in ("one", "two"):
+        (tmp_path / base / "a").mkdir(parents=True)
+    parent = rw.record(where_pipeline, {"base": str(tmp_path / "one")})
+    other = rw.record(where_pipeline, {"base": str(tmp_path / "two")})
+    assert other.status == "completed", other.error
+    (v,) = audit_run(rw, other.run_id, parent.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete", v.reason  # both folders hold the same note
+    assert {r.resource for r in v.resources} == {
+        f"file:{tmp_path}/one/a",
+        f"file:{tmp_path}/two/a",
+    }
+
+
+def test_3_a_call_that_ran_against_another_pre_state_is_not_faithful(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # Seed 004, condition 2: a replay is a reconstruction only against the recorded pre-state.
+    # A fresh run that overwrote a different note with the same text ends in the same state,
+    # but it is not evidence that the first run's effect was reproduced.
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "note.txt").write_text("y\n", encoding="utf-8")
+    first = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (folder / "note.txt").write_text("z\n", encoding="utf-8")
+    second = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (v,) = audit_run(rw, second.run_id, first.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete" and "pre-state" in v.reason, v.reason
+    # The same fresh run against an identical pre-state is faithful.
+    (folder / "note.txt").write_text("z\n", encoding="utf-8")
+    third = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (w,) = audit_run(rw, third.run_id, second.run_id, record=False).verdicts
+    assert w.verdict == "faithful", w.reason
+
+
+def test_4_the_drift_warning_prints_hostile_file_names_as_typed(tmp_path: Path) -> None:
+    # Entry names in a user's folder are untrusted text: Rich markup in them is shown, never
+    # applied, and control characters are escaped.
+    from tests.test_cli import ok_json, rewind
+
+    store, folder = tmp_path / "store", tmp_path / "notes"
+    folder.mkdir()
+    hostile = "[bold red]x\x1b[2J"
+    (folder / hostile).write_text("v0\n", encoding="utf-8")
+    (folder / "note.txt").write_text("v0\n", encoding="utf-8")
+    state = json.dumps({"folder": str(folder), "text": "v1"})
+    run = ok_json(store, "run", "--pipeline", "tests.pipelines:folder_pipeline", "--state", state)
+    (folder / hostile).write_text("edited\n", encoding="utf-8")
+    proc = rewind(store, "fork", run["run"]["run_id"], "--at", "1", "--effects", "live")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stderr
+    assert "changed [bold red]x\\u001b[2J" in " ".join(proc.stderr.split())
+
+
+# -- nothing declared, nothing verified: live refuses ------------------------------------------
+
+
+def test_1_live_refuses_a_call_that_declares_no_resource(rw: Rewind) -> None:
+    run = rw.record(pipelines.notify_pipeline, {"message": "hi"})
+    assert run.status == "completed", run.error
+    with pytest.raises(EffectPreconditionFailed, match="declares no resource"):
+        rw.replay(run.run_id, effects="live")
+    assert executed("fx_notify") == ["hi"]  # not sent a second time
+
+
+@tool("fx_contract_bad_resources", determinism="side-effect", resources=lambda path: [path])
+def bad_resources(path: str) -> dict[str, Any]:
+    pipelines.EFFECT_CALLS.append(("fx_contract_bad_resources", path))
+    return {"ok": True}
+
+
+@action(reads=["path"], writes=["receipt"])
+def bad_resources_node(state: State) -> State:
+    return state.update(receipt=bad_resources(state["path"]))
+
+
+bad_resources_pipeline = pipelines._linear(
+    "bad_resources", "tests.test_effect_contract:bad_resources_pipeline", call=bad_resources_node
+)
+
+
+def test_a_declared_resource_that_is_not_a_fingerprinter_is_refused(
+    rw: Rewind, tmp_path: Path
+) -> None:
+    # A path string instead of FileTree(path) would silently declare nothing.
+    run = rw.record(bad_resources_pipeline, {"path": str(tmp_path)})
+    assert run.status == "failed" and "cannot be fingerprinted" in (run.error or ""), run.error
+    assert executed("fx_contract_bad_resources") == []

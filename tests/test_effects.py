@@ -645,6 +645,128 @@ def test_file_tree_snapshot_restores_the_exact_state(tmp_path: Path) -> None:
     assert absent.fingerprint().digest == ABSENT
 
 
+# -- file trees: what a folder holds besides regular files (issue 12, attack pass) -------------
+
+
+def test_file_tree_never_follows_a_symlink_out_of_the_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not in the folder\n", encoding="utf-8")
+    root = write_tree(tmp_path / "t", {"a.txt": "A"})
+    (root / "link.txt").symlink_to(outside)
+    tree = FileTree(root)
+    before = tree.fingerprint().digest
+    outside.write_text("changed elsewhere\n", encoding="utf-8")
+    assert tree.fingerprint().digest == before  # the folder holds a link, not that file
+    (root / "link.txt").unlink()
+    (root / "link.txt").symlink_to(tmp_path / "elsewhere.txt")
+    assert tree.fingerprint().digest != before  # the link's target is the folder's state
+    snap = json.loads(tree.snapshot() or b"{}")
+    assert "changed elsewhere" not in json.dumps(snap)  # the outside file is not copied in
+
+
+def test_restore_keeps_links_empty_folders_and_file_modes(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n", encoding="utf-8")
+    root = write_tree(tmp_path / "t", {"note.txt": "v0\n", "run.sh": "#!/bin/sh\n"})
+    os.chmod(root / "run.sh", 0o755)
+    (root / "link.txt").symlink_to(outside)
+    (root / "dangling").symlink_to(tmp_path / "nowhere")
+    (root / "empty").mkdir()
+    tree = FileTree(root)
+    before = tree.fingerprint().digest
+    snap = tree.snapshot()
+    assert snap is not None
+    (root / "note.txt").write_text("drift\n", encoding="utf-8")
+    assert tree.fingerprint().digest != before
+    tree.restore(snap)
+    assert tree.fingerprint().digest == before
+    assert os.readlink(root / "link.txt") == str(outside)
+    assert os.readlink(root / "dangling") == str(tmp_path / "nowhere")
+    assert (root / "empty").is_dir()
+    assert (root / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert outside.read_text(encoding="utf-8") == "keep\n"
+
+
+def test_restore_refuses_to_drop_links_and_folders_the_snapshot_does_not_hold(
+    tmp_path: Path,
+) -> None:
+    root = write_tree(tmp_path / "t", {"a.txt": "A"})
+    tree = FileTree(root)
+    snap = tree.snapshot()
+    assert snap is not None
+    (root / "mine").mkdir()
+    (root / "shortcut").symlink_to(tmp_path)
+    with pytest.raises(EffectPreconditionFailed) as err:
+        tree.restore(snap)
+    assert "mine" in err.value.message and "shortcut" in err.value.message
+    assert (root / "mine").is_dir() and (root / "shortcut").is_symlink()
+
+
+def test_restore_through_a_linked_folder_restores_the_folder_and_keeps_the_link(
+    tmp_path: Path,
+) -> None:
+    real = write_tree(tmp_path / "data" / "notes", {"a.txt": "A"})
+    link = tmp_path / "notes"
+    link.symlink_to(real)
+    tree = FileTree(link)  # the path the tool declares is a link to the folder
+    before = tree.fingerprint().digest
+    snap = tree.snapshot()
+    assert snap is not None
+    (real / "a.txt").write_text("drift", encoding="utf-8")
+    tree.restore(snap)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert (real / "a.txt").read_text(encoding="utf-8") == "A"
+    assert tree.fingerprint().digest == before
+
+
+def test_a_restore_swaps_the_folder_in_one_step(tmp_path: Path) -> None:
+    # A process killed at any rename of a restore must leave the folder before or after, never
+    # missing: the swap is one atomic exchange (renameat2), not "move away, move in".
+    import subprocess
+    import sys
+
+    root = write_tree(tmp_path / "t", {"a.txt": "A"})
+    tree = FileTree(root)
+    snap_file = tmp_path / "snap.json"
+    snap_file.write_bytes(tree.snapshot() or b"")
+    (root / "a.txt").write_text("drift", encoding="utf-8")
+    script = f"""
+import os, sys
+from pathlib import Path
+from rewind.effects import FileTree
+for name in ("replace", "rename"):
+    real = getattr(os, name)
+    def crash(*a, _real=real, **k):
+        _real(*a, **k)
+        os._exit(9)  # killed right after the first rename
+    setattr(os, name, crash)
+FileTree({str(root)!r}).restore(Path({str(snap_file)!r}).read_bytes())
+"""
+    subprocess.run([sys.executable, "-c", script], check=False, timeout=120)
+    assert root.is_dir()
+    assert (root / "a.txt").read_text(encoding="utf-8") in ("A", "drift")
+
+
+def test_a_tree_over_the_snapshot_limit_is_fingerprinted_but_not_snapshotted(
+    rw: Rewind, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FileTree, "max_snapshot_bytes", 1024)
+    folder = write_tree(tmp_path / "notes", {"big.bin": "x" * 4096})
+    tree = FileTree(folder)
+    assert tree.snapshot() is None
+    listing = {"big.bin": sha256_hex(b"x" * 4096)}
+    assert tree.fingerprint().digest == sha256_hex(canonical_bytes(listing))
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    assert parent.status == "completed", parent.error
+    (effect,) = rw.store.effects_of(parent.run_id)
+    assert effect.pre_digest is not None and effect.snapshot_hash is None
+    (folder / "note.txt").write_text("drift\n", encoding="utf-8")
+    with pytest.raises(EffectPreconditionFailed) as err:
+        rw.replay(parent.run_id, effects="live")
+    assert "no pinned snapshot" in err.value.message
+    assert (folder / "note.txt").read_text(encoding="utf-8") == "drift\n"
+
+
 # -- fingerprints: SQLite tables ---------------------------------------------------------------
 
 
@@ -701,6 +823,35 @@ def test_sqlite_absent_database_or_table(tmp_path: Path) -> None:
     db = make_db(tmp_path / "a.db", [])
     assert SQLiteTable(db, "nope").fingerprint().digest == ABSENT
     assert table(db).fingerprint().digest != ABSENT  # an empty table exists
+
+
+def test_sqlite_an_epoch_query_that_fails_cannot_fingerprint(rw: Rewind, tmp_path: Path) -> None:
+    # The epoch table dropped (or locked, or renamed) is not a state: audit-incomplete, and a
+    # live replay refuses with EffectPreconditionFailed, never a raw sqlite3 error.
+    from rewind.audit import audit_run
+
+    db = tmp_path / "limits.db"
+    create_limits_db(db)
+    run = rw.record(pipelines.limits_pipeline, {"db": str(db)})
+    assert run.status == "completed", run.error
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("DROP TABLE meta")
+    con.close()
+    with pytest.raises(FingerprintUnavailable, match="epoch"):
+        table(db).fingerprint()
+    (v,) = audit_run(rw, run.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete" and "no such table: meta" in v.reason
+    with pytest.raises(EffectPreconditionFailed, match="no such table: meta"):
+        rw.replay(run.run_id, effects="live")
+    assert executed("fx_upsert_limit") == [("rate", 5)]
+    # Recording against it runs the call (the user's run is not broken) with no fingerprint:
+    again = rw.record(pipelines.limits_pipeline, {"db": str(db)})
+    assert again.status == "completed", again.error
+    (effect,) = rw.store.effects_of(again.run_id)
+    assert (effect.pre_digest, effect.post_digest) == (None, None)
+    (v,) = audit_run(rw, again.run_id, record=False).verdicts
+    assert v.verdict == "audit-incomplete"
 
 
 def test_sqlite_blob_values_and_identifier_check(tmp_path: Path) -> None:

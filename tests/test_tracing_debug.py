@@ -180,6 +180,31 @@ def test_fork_chooses_an_effects_mode(rw: Rewind, tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8") == "start\nhi?\n"  # restored, then the live write
 
 
+def test_fork_restore_replace_is_there_when_the_hint_names_it(rw: Rewind, tmp_path: Path) -> None:
+    # Issue 12: a live fork refusing to delete a user's file says "--restore=replace"; the debug
+    # session's fork must accept it (and refuse it without --effects live, as the CLI does).
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    parent = rw.record(pipelines.folder_pipeline, {"folder": str(folder), "text": "v1"})
+    (folder / "mine.txt").write_text("a user's file\n", encoding="utf-8")
+    code, out = run(
+        rw,
+        parent.run_id,
+        "fork --effects live",
+        "fork --restore replace",
+        "fork --effects live --restore sometimes",
+        "fork --effects live --restore=replace",
+    )
+    assert code == 1
+    errors = [line for line in out if line.startswith("error:")]
+    assert "mine.txt" in errors[0] and "--restore=replace" in errors[0]
+    assert "--effects live" in errors[1]
+    assert errors[2].startswith("error: --restore takes one of")
+    live = next(line for line in out if "effects live:" in line and "completed" in line)
+    assert rw.store.get_run(live.split("new run ")[1].split()[0]).effects_mode == "live"
+    assert sorted(p.name for p in folder.iterdir()) == ["note.txt"]
+
+
 def test_fork_of_a_trace_is_a_replay(rw: Rewind) -> None:
     tid = trace_id(rw.store)
     code, out = run(

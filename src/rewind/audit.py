@@ -1,19 +1,24 @@
 """The effect-equivalence audit: did each side-effecting call leave the world as recorded?
 
 Same output is not the same effect (seed 004). A tool can return an identical string while the
-resource it wrote ends up in another state, so the audit never compares return values: it compares
-the **post-call fingerprints** Rewind records for every resource a side-effecting call declares
-(:mod:`rewind.effects`), and gives one verdict per call:
+resource it wrote ends up in another state, so the audit never compares return values alone: it
+compares **(output, post-state) pairs** — the call's result hash and the post-call fingerprints
+Rewind records for every resource a side-effecting call declares (:mod:`rewind.effects`) — and
+gives one verdict per call:
 
 ``faithful``
-    the call was executed and its post-state fingerprint equals the reference's.
+    the call was executed against the reference's pre-state and its (output, post-state) pair
+    equals the reference's.
 ``divergent``
-    executed, but the post-state differs (both digests and the epoch delta are shown).
+    executed, but the output or the post-state differs (``differs`` names the half; both digests
+    and the epoch delta are shown).
 ``audit-incomplete``
-    no post fingerprint to compare: the tool declares no resources, the row has no post digest,
-    the reference has none, or the resource cannot be fingerprinted again.
+    nothing sound to compare: the tool declares no resources, the row has no post digest, the
+    reference has none, the resource cannot be fingerprinted again, the call touched another
+    resource than the reference, or it ran against another pre-state.
 ``not-re-executed``
-    the call was served from record or dry-run, or there is evidence that a tool-side idempotency
+    the call was served from record or dry-run, inherited from the run that executed it, made
+    by the reference but never by this run, or there is evidence that a tool-side idempotency
     cache answered it (its idempotency key equals the reference call's, or its post-state matches
     only because it changed nothing where the reference call changed its resource). Neither
     faithful nor divergent.
@@ -38,8 +43,10 @@ The reference a call is compared with (rule of this module):
   later is compared with the pre-state fingerprint of that later call (the run's own next
   observation), so only the last write is compared with the world as it is now.
 
-A fork's inherited nodes were executed by an ancestor, not by the fork: they are listed in
-:attr:`AuditReport.inherited_skipped` and audited with the run that executed them.
+A fork's inherited nodes were executed by an ancestor, not by the fork: their side-effecting
+calls are ``not-re-executed`` here (listed in :attr:`AuditReport.inherited_skipped` too; their
+own verdict comes from auditing the run that executed them), so a fork past a side effect never
+passes vacuously.
 
 Digests are compared, epochs are reported. Where the epoch is part of the state the fingerprinter
 folds it into the digest (:class:`~rewind.effects.SQLiteTable` with ``epoch_sql``: same rows from
@@ -64,6 +71,7 @@ from rewind.effects import (
     FingerprintUnavailable,
     HttpResource,
     SQLiteTable,
+    same_resource,
 )
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
@@ -217,7 +225,8 @@ class AuditReport:
             when the run made no side-effecting call and has no reference run.
         verdicts: in call order.
         inherited_skipped: side-effecting nodes the run inherited from its parent (not executed
-            by this run, so not audited here: audit the run that produced them).
+            by this run: their calls are ``not-re-executed`` here; audit the run that produced
+            them for their own verdict).
         run_status: the audited run's status; only a ``completed`` run can pass.
     """
 
@@ -272,15 +281,9 @@ class AuditReport:
                 f"audited as a whole, fails closed{done}"
             )
         if not self.verdicts:
-            inherited = (
-                f"; {len(self.inherited_skipped)} inherited side-effecting node(s) belong to the "
-                "run that executed them"
-                if self.inherited_skipped
-                else ""
-            )
             return (
                 "no side-effecting call in the run nor in its reference: nothing to audit "
-                f"(passes vacuously){inherited}"
+                "(passes vacuously)"
             )
         c = self.counts
         if self.passed:
@@ -461,11 +464,8 @@ def audit_run(
     runs = _Runs(rw)
     nodes = runs.nodes(run.run_id)
     own = [c for c in runs.side_effect_calls(run.run_id) if c.run_id == run.run_id]
-    skipped = tuple(
-        f"{c.position + 1}:{c.node}"
-        for c in runs.side_effect_calls(run.run_id)
-        if c.run_id != run.run_id
-    )
+    inherited = [c for c in runs.side_effect_calls(run.run_id) if c.run_id != run.run_id]
+    skipped = tuple(dict.fromkeys(f"{c.position + 1}:{c.node}" for c in inherited))
     if isinstance(resources, Mapping):
         known = dict(resources)
     else:
@@ -478,12 +478,24 @@ def audit_run(
         label = CURRENT if own or against == CURRENT else None
     graph = _Dataflow(rw, nodes)
     verdicts = []
+    for c in inherited:
+        # Executed by an ancestor, not by this run: the run's conclusions downstream rest on an
+        # effect it never re-executed (its own verdict belongs to the run that executed it).
+        why = (
+            f"inherited from run {c.run_id[:12]}, which executed it at #{c.position + 1}; this "
+            f"run did not re-execute it (audit run {c.run_id[:12]} for its effect)"
+        )
+        decision = _Decision(NOT_RE_EXECUTED, [], why)
+        verdicts.append(_verdict(run.run_id, c, decision, graph.dependents(c.position)))
     for c in own:
         d = _Decision(*judge.judge(c))
         deps = () if d.verdict == FAITHFUL else graph.dependents(c.position)
         verdicts.append(_verdict(run.run_id, c, d, deps))
     if ref_run is not None:
         verdicts.extend(_not_re_executed(runs, run, ref_run))
+    verdicts.extend(_flagged_without_calls(run.run_id, nodes, verdicts, graph))
+    if verdicts and label is None:
+        label = CURRENT
     report = AuditReport(run.run_id, label, tuple(verdicts), skipped, run.status)
     if record and not rw.store.read_only:  # a read-only store keeps no audit history
         rw.store.record_audit(
@@ -510,6 +522,39 @@ def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVe
             f"(status {run.status}) never re-executed it"
         )
         out.append(_verdict(run.run_id, c, _Decision(NOT_RE_EXECUTED, [], why)))
+    return out
+
+
+def _flagged_without_calls(
+    run_id: str, nodes: list[NodeRecord], verdicts: list[CallVerdict], graph: _Dataflow
+) -> list[CallVerdict]:
+    """``audit-incomplete`` for every node flagged ``side-effect`` that no other verdict covers:
+    its side-effecting calls are not in this store (a run imported without them, or inherited
+    from a run that is not here), so nothing says what it did (absence of a record is not
+    absence of an effect)."""
+    covered = {v.position for v in verdicts}
+    out = []
+    for n in nodes:
+        if n.determinism != "side-effect" or n.position in covered:
+            continue
+        why = (
+            f"node #{n.position + 1} {n.name} is flagged side-effect, but none of its "
+            "side-effecting calls is recorded in this store (imported without them, or "
+            "inherited from a run that is not here): nothing to audit it with"
+        )
+        out.append(
+            CallVerdict(
+                run_id=run_id,
+                position=n.position,
+                node=n.name,
+                call_index=0,
+                tool="",
+                verdict=INCOMPLETE,
+                resources=(),
+                reason=why,
+                dependents=graph.dependents(n.position),
+            )
+        )
     return out
 
 
@@ -790,25 +835,42 @@ class _AgainstRun(_Judge):
                 "post-state cannot be told from an answer served by an idempotency cache",
                 output,
             )
+        other_pre = [
+            (e, r) for e, r in compared if e.pre_digest is None or e.pre_digest != r.pre_digest
+        ]
+        if decided[0] == FAITHFUL and other_pre:
+            # Seed 004, condition 2: only a call run against the recorded pre-state reproduces
+            # the recorded effect; the same end state from another start is not evidence.
+            e, r = other_pre[0]
+            return _Decision(
+                INCOMPLETE,
+                details,
+                f"{_shorten_name(e.resource)}: the call ran against another pre-state than "
+                f"{where} ({_short(e.pre_digest)} vs {_short(r.pre_digest)}), so its equal "
+                "post-state is not a reproduction of that effect",
+                output,
+            )
         return _Decision(*decided, output)
 
 
 def _pair(
     rows: list[EffectRecord], ref_rows: list[EffectRecord]
 ) -> tuple[list[tuple[EffectRecord, EffectRecord | None]], list[EffectRecord]]:
-    """Pair resources by name, then the rest by kind in name order (a run-scoped resource, such
-    as each run's artifact folder, has another name in every run)."""
-    left = {r.resource: r for r in ref_rows}
+    """Pair each resource with the same resource of the reference: by name, or for a run-scoped
+    resource (each run's own artifact folder) by the name with the run id swapped
+    (:func:`rewind.effects.same_resource`). Another resource is never a pair, whatever its
+    kind: a call that wrote another folder has no reference post-state (``missing``)."""
+    rest = sorted(ref_rows, key=lambda r: r.resource)
     pairs: list[tuple[EffectRecord, EffectRecord | None]] = []
-    pending: list[EffectRecord] = []
     for e in rows:
-        if e.resource in left:
-            pairs.append((e, left.pop(e.resource)))
-        else:
-            pending.append(e)
-    rest = sorted(left.values(), key=lambda r: r.resource)
-    for e in pending:
-        match = next((r for r in rest if r.kind == e.kind), None)
+        match = next((r for r in rest if r.resource == e.resource), None) or next(
+            (
+                r
+                for r in rest
+                if r.kind == e.kind and same_resource(e.resource, e.run_id, r.resource, r.run_id)
+            ),
+            None,
+        )
         if match is not None:
             rest.remove(match)
         pairs.append((e, match))
@@ -1092,7 +1154,10 @@ def audit_command(
                 )
         if report.inherited_skipped:
             skipped = ", ".join(report.inherited_skipped)
-            console.print("inherited, not audited here: " + inert(skipped))
+            console.print(
+                "inherited from the run that executed them (not re-executed here): "
+                + inert(skipped)
+            )
     return 0 if report.passed else 1
 
 

@@ -206,7 +206,8 @@ class _Progress:
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         if event == "warning":
             self._status(None)
-            err_console.print(f"[yellow]warning:[/] {payload['message']}")
+            # Warnings carry untrusted text (resource and file names): shown as typed.
+            err_console.print(f"[yellow]warning:[/] {inert(payload['message'])}")
             return
         if not sys.stderr.isatty() and event == "node_started":
             return
@@ -1032,6 +1033,13 @@ def grid_cmd(
     ] = "live",
     as_json: JsonOpt = False,
     store: StoreOpt = None,
+    restore: Annotated[
+        str,
+        typer.Option(
+            help="With --effects live: refuse (default) to delete files a pinned snapshot does "
+            "not hold, or replace (delete them)."
+        ),
+    ] = "refuse",
 ) -> None:
     """Fork a run at one node N ways (one --set per variant), run the variants concurrently, and
     print the node × variant matrix, first divergences and artifact changes. Exit 1 when a
@@ -1040,7 +1048,9 @@ def grid_cmd(
 
     _count("--workers", workers)
     try:
-        code = grid_command(_store(), run_id, at, set_ or [], workers, as_json, effects=effects)
+        code = grid_command(
+            _store(), run_id, at, set_ or [], workers, as_json, effects=effects, restore=restore
+        )
     except RewindError as exc:
         _fail(exc)
     if code:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -196,6 +197,14 @@ class RunContext:
     bypass_reason: str = "bypass"
     cached_kinds: frozenset[str] = frozenset({"llm", "tool"})
     clock: Callable[[], float] = time.time
+    pid: int = field(default_factory=os.getpid)
+    """The process the run executes in: a forked child inherits the context but nothing it
+    records comes back (see :func:`in_child_process`)."""
+
+    def in_child_process(self) -> bool:
+        """Whether the calling code runs in a child process forked from the run's process
+        (``multiprocessing`` with ``fork``, ``os.fork``): a call made there cannot be recorded."""
+        return os.getpid() != self.pid
 
     def remember(self, scope: NodeScope) -> None:
         """Keep a finished node's new cache entries visible to later nodes of this run until

@@ -5,8 +5,9 @@ left the world in a different state. So every side-effecting tool declares the r
 touches; Rewind fingerprints each one before and after every call (content hash, row-version or
 ETag, plus an *epoch* — when or at which version that state was observed) and keeps a pinned
 snapshot of the pre-state where the resource can provide one. The audit (:mod:`rewind.audit`)
-compares post-call fingerprints; replay in ``live`` mode re-executes only when the resource's
-pre-state matches the recorded one (or after restoring the pinned snapshot).
+compares (output, post-state) pairs; replay in ``live`` mode re-executes only when the same
+resource's pre-state matches the one recorded at the call's slot (or after restoring the pinned
+snapshot), one writer per resource at a time.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ from __future__ import annotations
 import abc
 import base64
 import contextlib
+import ctypes
+import errno
+import hashlib
 import json
 import os
 import shutil
 import sqlite3
+import stat
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
@@ -29,8 +35,8 @@ import httpx
 
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.context import LineageEntry, NodeScope, RunContext, current
-from rewind.errors import RewindError
-from rewind.store.records import CallRecord
+from rewind.errors import ContextLost, RewindError
+from rewind.store.records import CallRecord, EffectRecord
 
 if TYPE_CHECKING:
     from rewind.cache import Call, CallPolicy
@@ -107,6 +113,11 @@ class Fingerprinter(abc.ABC):
         """The settings that rebuild this fingerprinter (recorded with each effect row)."""
         return {}
 
+    def changes_from(self, snapshot: bytes) -> list[str]:
+        """What differs now from a snapshot, one short text per entry (``changed a.txt``);
+        empty when the resource cannot say."""
+        return []
+
     def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
         """Put the resource back into a snapshotted state, atomically (a failure leaves the
         state it found).
@@ -126,11 +137,21 @@ class FileTree(Fingerprinter):
     """A file or a directory tree: the sha256 of every file's content with paths relative to the
     root (so the same content at another location fingerprints the same). Epoch: newest mtime (ns).
 
+    Inside a directory nothing is followed: a symbolic link is part of the tree as the link
+    (its target path), never as the file or folder it points to, so a link out of the folder
+    does not make another place part of its state. Empty folders, links and other entries
+    (FIFOs, sockets) count as content too. The pinned snapshot keeps files, their permission
+    bits, links and empty folders; a tree with other entries, or whose files hold more than
+    :attr:`max_snapshot_bytes`, gets no snapshot (a ``live`` replay then refuses on drift).
+
     Args:
-        path: the file or directory.
+        path: the file or directory (a link given here is followed: it is what was declared).
     """
 
     kind = "file-tree"
+    max_snapshot_bytes: int = 64 * 1024 * 1024
+    """Largest total file size (bytes) a pinned snapshot holds; a bigger tree is fingerprinted
+    (streamed) but not snapshotted."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -142,23 +163,52 @@ class FileTree(Fingerprinter):
     def spec(self) -> dict[str, Any]:
         return {"path": str(self.path)}
 
-    def _files(self) -> list[Path]:
+    def _entries(self) -> list[tuple[str, str, os.stat_result, Path]]:
+        """``(relative path, kind, lstat, path)`` of every entry, in path order; kind is
+        ``file``, ``link``, ``dir`` (only empty folders: the others are implied by what they
+        hold) or ``other``. Raises OSError when something cannot be read."""
         if self.path.is_file():
-            return [self.path]
-        if self.path.is_dir():
-            return sorted(p for p in self.path.rglob("*") if p.is_file())
-        return []
+            return [(self.path.name, "file", self.path.stat(), self.path)]
+        if not self.path.is_dir():
+            return []
+        out: list[tuple[str, str, os.stat_result, Path]] = []
 
-    def _rel(self, p: Path) -> str:
-        return p.name if p == self.path else p.relative_to(self.path).as_posix()
+        def walk(folder: Path, prefix: str) -> bool:
+            with os.scandir(folder) as it:
+                found = sorted(it, key=lambda e: e.name)
+            for entry in found:
+                rel, p = prefix + entry.name, Path(entry.path)
+                st = p.lstat()
+                if stat.S_ISLNK(st.st_mode):
+                    out.append((rel, "link", st, p))
+                elif stat.S_ISDIR(st.st_mode):
+                    if not walk(p, rel + "/"):
+                        out.append((rel, "dir", st, p))
+                elif stat.S_ISREG(st.st_mode):
+                    out.append((rel, "file", st, p))
+                else:
+                    out.append((rel, "other", st, p))
+            return bool(found)
+
+        walk(self.path, "")
+        return sorted(out, key=lambda e: e[0])
 
     def fingerprint(self) -> Fingerprint:
         try:
             if not self.path.exists():
                 return Fingerprint(ABSENT, None)
-            files = self._files()
-            listing = {self._rel(p): sha256_hex(p.read_bytes()) for p in files}
-            epoch = str(max((p.stat().st_mtime_ns for p in files), default=0))
+            entries = self._entries()
+            listing: dict[str, Any] = {}
+            for rel, kind, st, p in entries:
+                if kind == "file":
+                    listing[rel] = _file_sha256(p)
+                elif kind == "link":
+                    listing[rel] = {"symlink": os.readlink(p)}
+                elif kind == "dir":
+                    listing[rel] = {"dir": True}
+                else:
+                    listing[rel] = {"special": stat.S_IFMT(st.st_mode)}
+            epoch = str(max((st.st_mtime_ns for _, k, st, _ in entries if k == "file"), default=0))
         except OSError as exc:
             raise FingerprintUnavailable(
                 f"cannot read {self.name}: {exc.strerror or exc}",
@@ -166,51 +216,158 @@ class FileTree(Fingerprinter):
             ) from exc
         return Fingerprint(sha256_hex(canonical_bytes(listing)), epoch)
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> bytes | None:
         if not self.path.exists():
             return canonical_bytes({"absent": True})
-        files = {self._rel(p): base64.b64encode(p.read_bytes()).decode() for p in self._files()}
-        return canonical_bytes({"dir": self.path.is_dir(), "files": files})
+        entries = self._entries()
+        size = sum(st.st_size for _, kind, st, _ in entries if kind == "file")
+        if size > self.max_snapshot_bytes or any(kind == "other" for _, kind, _, _ in entries):
+            return None
+        files = {
+            rel: base64.b64encode(p.read_bytes()).decode()
+            for rel, kind, _, p in entries
+            if kind == "file"
+        }
+        modes = {rel: stat.S_IMODE(st.st_mode) for rel, kind, st, _ in entries if kind == "file"}
+        links = {rel: os.readlink(p) for rel, kind, _, p in entries if kind == "link"}
+        dirs = [rel for rel, kind, _, _ in entries if kind == "dir"]
+        return canonical_bytes(
+            {
+                "dir": self.path.is_dir(),
+                "files": files,
+                "modes": modes,
+                "links": links,
+                "dirs": dirs,
+            }
+        )
+
+    def changes_from(self, snapshot: bytes) -> list[str]:
+        doc = json.loads(snapshot)
+        files: dict[str, str] = {} if doc.get("absent") else doc["files"]
+        links: dict[str, str] = {} if doc.get("absent") else doc.get("links", {})
+        dirs = set() if doc.get("absent") else set(doc.get("dirs", []))
+        now = {rel: (kind, p) for rel, kind, _, p in self._entries()}
+        out = []
+        for rel in sorted(set(now) | set(files) | set(links) | dirs):
+            kind, p = now.get(rel, ("", None))
+            if p is None:
+                out.append(f"removed {rel}")
+            elif rel in files:
+                same = kind == "file" and _file_sha256(p) == sha256_hex(
+                    base64.b64decode(files[rel])
+                )
+                out += [] if same else [f"changed {rel}"]
+            elif rel in links:
+                out += [] if kind == "link" and os.readlink(p) == links[rel] else [f"changed {rel}"]
+            elif rel not in dirs:
+                out.append(f"added {rel}")
+        return out
 
     def restore(self, snapshot: bytes, *, replace: bool = False) -> None:
         doc = json.loads(snapshot)
-        kept = set() if doc.get("absent") else set(doc["files"])
-        extra = sorted(set(map(self._rel, self._files())) - kept)
+        absent = bool(doc.get("absent"))
+        files: dict[str, str] = {} if absent else doc["files"]
+        links: dict[str, str] = {} if absent else doc.get("links", {})
+        dirs: list[str] = [] if absent else doc.get("dirs", [])
+        kept = set(files) | set(links) | set(dirs)
+        extra = sorted(
+            rel
+            for rel, kind, _, _ in self._entries()
+            if rel not in kept
+            # an empty folder the snapshot fills again is not lost
+            and not (kind == "dir" and any(k.startswith(rel + "/") for k in kept))
+        )
         if extra and not replace:
             shown = ", ".join(extra[:3]) + (f" (+{len(extra) - 3} more)" if len(extra) > 3 else "")
             raise EffectPreconditionFailed(
-                f"restoring {self.name} would delete {len(extra)} file(s) the recorded pre-state "
+                f"restoring {self.name} would delete {len(extra)} "
+                f"{'entry' if len(extra) == 1 else 'entries'} the recorded pre-state "
                 f"does not hold: {shown}",
                 "move them away, or replay with --effects live --restore=replace to delete them",
             )
-        # Build the restored state beside the resource, then swap it in with renames: a failure
-        # while writing leaves the resource exactly as it was found.
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.restore-", dir=self.path.parent))
+        # Build the restored state beside the resource, then swap it in with one atomic exchange
+        # (renameat2): a failure while writing, or a crash at any point, leaves the resource
+        # either as it was found or restored, never missing. A declared path that is a link is
+        # followed (its folder is the resource; the link stays).
+        where = self.path.resolve() if self.path.is_symlink() else self.path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{where.name}.restore-", dir=where.parent))
         try:
             target = staging / "new"
-            if not doc.get("absent"):
+            if not absent:
+                modes: dict[str, int] = doc.get("modes", {})
                 if doc["dir"]:
                     target.mkdir()
-                    for rel, content in doc["files"].items():
+                    for rel, content in files.items():
                         out = target / rel
                         out.parent.mkdir(parents=True, exist_ok=True)
                         out.write_bytes(base64.b64decode(content))
+                        if rel in modes:
+                            os.chmod(out, modes[rel])
+                    for rel, dest in links.items():
+                        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+                        os.symlink(dest, target / rel)
+                    for rel in dirs:
+                        (target / rel).mkdir(parents=True, exist_ok=True)
                 else:
-                    (content,) = doc["files"].values()
+                    ((rel, content),) = files.items()
                     target.write_bytes(base64.b64decode(content))
-            old = staging / "old"
-            if self.path.exists():
-                os.replace(self.path, old)
-            try:
-                if target.exists():
-                    os.replace(target, self.path)
-            except OSError:
-                if old.exists():
-                    os.replace(old, self.path)
-                raise
+                    if rel in modes:
+                        os.chmod(target, modes[rel])
+            _swap_in(target, where, staging / "old")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256 hex of a file's bytes, read in 1 MiB chunks (a huge file is never held whole)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False when the system cannot (then the caller falls back to two renames)."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(new: Path, path: Path, old: Path) -> None:
+    """Put ``new`` (which may not exist: the restored state is "absent") at ``path``, moving
+    what was there to ``old``; each branch is a single rename or exchange where the system
+    allows it, so a crash never leaves ``path`` missing when both states hold it."""
+    if new.exists() or new.is_symlink():
+        if path.exists() or path.is_symlink():
+            if _exchange(new, path):
+                os.replace(new, old)  # ``new`` now holds what was found: out of the way
+                return
+            os.replace(path, old)
+            try:
+                os.replace(new, path)
+            except OSError:
+                os.replace(old, path)
+                raise
+        else:
+            os.replace(new, path)
+    elif path.exists() or path.is_symlink():
+        os.replace(path, old)
 
 
 class SQLiteTable(Fingerprinter):
@@ -250,8 +407,11 @@ class SQLiteTable(Fingerprinter):
         }
 
     def fingerprint(self) -> Fingerprint:
-        if not self.db_path.exists():
-            return Fingerprint(ABSENT, None)
+        try:
+            if not self.db_path.exists():
+                return Fingerprint(ABSENT, None)
+        except OSError as exc:  # a folder on the way that this user cannot enter
+            raise self._unavailable(exc) from exc
         try:
             con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
         except sqlite3.Error as exc:
@@ -262,14 +422,19 @@ class SQLiteTable(Fingerprinter):
                     f"SELECT * FROM {self.table} ORDER BY {self.order_by}"
                 ).fetchall()
             except sqlite3.OperationalError as exc:
-                if "no such table" in str(exc):
+                if str(exc).startswith("no such table"):
                     return Fingerprint(ABSENT, None)
                 raise self._unavailable(exc) from exc
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             epoch = None
             if self.epoch_sql:
-                value = con.execute(self.epoch_sql).fetchone()
+                # The epoch is part of the state: a query that fails leaves it unknown, and a
+                # fingerprint without it would pass rows from another epoch as this one.
+                try:
+                    value = con.execute(self.epoch_sql).fetchone()
+                except sqlite3.Error as exc:
+                    raise self._unavailable(exc, f"epoch query {self.epoch_sql!r}: ") from exc
                 epoch = None if value is None else str(value[0])
         finally:
             con.close()
@@ -277,10 +442,13 @@ class SQLiteTable(Fingerprinter):
         digest = sha256_hex(body) if epoch is None else key_of(body, epoch)
         return Fingerprint(digest, epoch)
 
-    def _unavailable(self, exc: Exception) -> FingerprintUnavailable:
+    def _unavailable(self, exc: Exception, what: str = "") -> FingerprintUnavailable:
         return FingerprintUnavailable(
-            f"cannot read {self.name}: {exc}",
-            "check the database file's permissions and that it is a SQLite database",
+            f"cannot read {self.name}: {what}{exc}",
+            "another connection holds a lock on the database: retry once it commits"
+            if "locked" in str(exc)
+            else "check the database file's permissions, that it is a SQLite database and "
+            "that the queries' tables exist",
         )
 
 
@@ -289,8 +457,9 @@ def _plain(row: tuple[Any, ...]) -> list[Any]:
 
 
 class HttpResource(Fingerprinter):
-    """An HTTP resource, fingerprinted by a GET: its ``ETag`` when the server sends one, else the
-    sha256 of the body; ``Last-Modified`` (or the ETag) is the epoch.
+    """An HTTP resource, fingerprinted by a GET: its strong ``ETag`` when the server sends one,
+    else (no ETag, or a weak ``W/`` one) the sha256 of the body; ``Last-Modified`` (or the ETag)
+    is the epoch.
 
     Only a 2xx answer is a state; 404 is ``absent``; anything else (401, 5xx, a redirect left
     unfollowed, a refused connection, a timeout) raises :class:`FingerprintUnavailable` — an
@@ -299,6 +468,7 @@ class HttpResource(Fingerprinter):
     Args:
         url: the resource's URL.
         headers: headers the GET needs (``Authorization``, an API key header…); never recorded.
+            A ``user:password@`` in ``url`` is taken out of it and used as ``auth``.
         auth: an ``httpx`` auth (``("user", "password")`` or an ``httpx.Auth``); never recorded.
         client: an ``httpx.Client`` (tests pass one with a MockTransport); a new one otherwise.
         timeout_s: timeout of a GET through a new client, in seconds.
@@ -315,6 +485,13 @@ class HttpResource(Fingerprinter):
         auth: Any = None,
         timeout_s: float = 10.0,
     ) -> None:
+        parsed = httpx.URL(url)
+        if parsed.userinfo:
+            # Credentials in the URL become the GET's basic auth; the name (stored with every
+            # effect row) never holds them.
+            if auth is None:
+                auth = (parsed.username, parsed.password)
+            url = str(parsed.copy_with(username=None, password=None))
         self.url = url
         self.client = client
         self.headers = dict(headers or {})
@@ -352,11 +529,16 @@ class HttpResource(Fingerprinter):
                 "state",
                 "pass the headers or auth the GET needs to HttpResource(headers=..., auth=...)"
                 if response.status_code in (401, 403)
+                else "point HttpResource at the final URL (or pass a client with "
+                "follow_redirects=True)"
+                if 300 <= response.status_code < 400
                 else "retry when the server answers 2xx",
             )
         etag = response.headers.get("etag")
         epoch = response.headers.get("last-modified") or etag
-        digest = key_of("etag", etag) if etag else sha256_hex(response.content)
+        # A weak ETag (W/"…") only promises an equivalent representation, not these bytes.
+        strong = etag is not None and not etag.startswith("W/")
+        digest = key_of("etag", etag) if strong else sha256_hex(response.content)
         return Fingerprint(digest, epoch)
 
 
@@ -402,6 +584,14 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
     hash-stability runs always serve them from record.
     """
     scope = ctx.node
+    if scope is None:
+        # No node or step to hang the call and its fingerprints on (a traced chain's body
+        # outside any step): it would execute unrecorded and the run would audit vacuously.
+        raise ContextLost(
+            f"side-effecting tool {call.name!r} was called outside any step of run "
+            f"{ctx.run_id[:12]}, so it would execute unrecorded",
+            'call it inside a step: with rewind.tracing.step("name", "tool_call"): ...',
+        )
     policy, key, index = call.policy, call.key, call.index
     entry = ctx.lineage.get(key) if ctx.read_cache or not ctx.write_cache else None
     mode = "record" if not ctx.read_cache and ctx.write_cache else ctx.effects_mode
@@ -409,8 +599,16 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
         # Stability runs never repeat effects: serve the record, or log the call when its
         # arguments spread upstream (there is then no record to serve).
         mode = "recorded" if entry is not None else "dry-run"
-    resources: list[Fingerprinter] = [r for r in policy.resources if isinstance(r, Fingerprinter)]
     where = f"node {scope.name!r}: " if scope is not None else ""
+    wrong = [r for r in policy.resources if not isinstance(r, Fingerprinter)]
+    if wrong:
+        raise RewindError(
+            f"{where}side-effecting tool {call.name!r} declares a resource that cannot be "
+            f"fingerprinted: {type(wrong[0]).__name__} {str(wrong[0])[:80]!r}",
+            "declare resources as rewind.effects.FileTree(path), SQLiteTable(db, table) or "
+            "HttpResource(url)",
+        )
+    resources: list[Fingerprinter] = list(policy.resources)
 
     if mode == "recorded" or (mode == "dry-run" and entry is not None):
         if entry is None:
@@ -454,20 +652,56 @@ _RESOURCE_LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+LOCK_DIR = Path(tempfile.gettempdir()) / "rewind-effect-locks"
+"""Where the per-resource lock files live (one per resource name, shared by every process of
+this machine that runs Rewind)."""
+
+
 @contextlib.contextmanager
 def _holding(resources: list[Fingerprinter]) -> Iterator[None]:
     """Hold every resource's lock (by name, in name order, so two calls never deadlock) for a
-    whole verify → restore → execute → fingerprint sequence: what-if grid variants and parallel
-    forks in this process touching one resource run one after the other, never interleaved."""
+    whole verify → restore → execute → fingerprint sequence: what-if grid variants, parallel
+    forks and other processes on this machine (worker processes, a second ``rewind fork``)
+    touching one resource run one after the other, never interleaved. A thread lock orders the
+    threads of this process; an ``flock`` on a lock file in :data:`LOCK_DIR` orders processes."""
+    names = sorted({r.name for r in resources})
     with _LOCKS_GUARD:
-        locks = [
-            _RESOURCE_LOCKS.setdefault(n, threading.Lock())
-            for n in sorted({r.name for r in resources})
-        ]
+        locks = [_RESOURCE_LOCKS.setdefault(n, threading.Lock()) for n in names]
     with contextlib.ExitStack() as stack:
-        for lock in locks:
+        for name, lock in zip(names, locks, strict=True):
             stack.enter_context(lock)
+            stack.enter_context(_process_lock(name))
         yield
+
+
+@contextlib.contextmanager
+def _process_lock(name: str) -> Iterator[None]:
+    """An exclusive ``flock`` on the resource's lock file (no-op where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = LOCK_DIR / f"{sha256_hex(name.encode())[:32]}.lock"
+    try:
+        if not LOCK_DIR.is_dir():
+            LOCK_DIR.mkdir(exist_ok=True)
+            with contextlib.suppress(OSError):  # shared by every user, like /tmp itself
+                os.chmod(LOCK_DIR, 0o1777)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file: a read-only descriptor locks too
+            fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise EffectPreconditionFailed(
+            f"cannot take the lock of {name} ({path}): {exc.strerror or exc}",
+            f"make {LOCK_DIR} writable for this user, or replay with --effects recorded",
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _execute_effect(
@@ -489,14 +723,65 @@ def _execute_effect(
     else:
         pre = _observe(resources)
     # Pinned after any restore: the snapshot is the pre-state this call really ran against.
-    snapshots = {r.name: r.snapshot() for r in resources}
+    snapshots = {r.name: _pin(r) for r in resources}
     # Two identical side-effecting calls are two effects: keep both results.
-    data, record = execute_call(
-        ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
-    )
+    try:
+        data, record = execute_call(
+            ctx, scope, call, "miss", reason, cacheable=False, pending_key=f"effect:{key}:{index}"
+        )
+    except BaseException:
+        # A call that raised may have written half its effect: keep what it found (and the
+        # pinned snapshot of it) and what it left, on its failed node.
+        with contextlib.suppress(Exception):  # never hide the call's own error
+            post = _observe(resources)
+            _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
+        raise
     post = _observe(resources)
+    _remember_left(post)
     _effect_rows(ctx, scope, index, resources, mode, pre, post, snapshots, policy)
     return data, record
+
+
+_LEFT: dict[str, dict[str, None]] = {}
+"""Per resource name, the post-state digests the latest calls this process executed left
+(newest last, at most 64): a later live call may replace such a state without asking."""
+
+
+def _remember_left(post: dict[str, Fingerprint | None]) -> None:
+    with _LOCKS_GUARD:
+        for name, fp in post.items():
+            if fp is None or fp.digest == ABSENT:
+                continue
+            seen = _LEFT.setdefault(name, {})
+            seen.pop(fp.digest, None)
+            seen[fp.digest] = None
+            while len(seen) > 64:
+                seen.pop(next(iter(seen)))
+
+
+def _left_by_rewind(ctx: RunContext, name: str, digest: str, rec: EffectRecord) -> bool:
+    """Whether ``digest`` (the resource's state now) is exactly what a call Rewind executed
+    left: the recorded call, a call this process ran (a grid sibling), or a live fork of the
+    recorded run (another process)."""
+    if digest == rec.post_digest:
+        return True
+    with _LOCKS_GUARD:
+        if digest in _LEFT.get(name, {}):
+            return True
+    for child in ctx.store.children(rec.run_id):
+        for e in ctx.store.effects_of(child.run_id):
+            if e.resource == name and e.mode == "live" and e.post_digest == digest:
+                return True
+    return False
+
+
+def _pin(resource: Fingerprinter) -> bytes | None:
+    """The resource's snapshot, or None when it cannot be read now (the call still runs; a
+    ``live`` replay of it then refuses on drift instead of restoring)."""
+    try:
+        return resource.snapshot()
+    except (OSError, RewindError):
+        return None
 
 
 def _observe(resources: list[Fingerprinter]) -> dict[str, Fingerprint | None]:
@@ -532,6 +817,14 @@ def _verify_pre_state(
             (or whose restore would delete data; see :data:`RESTORE_MODES`).
     """
     fix = "replay with --effects recorded or --effects dry-run"
+    if not resources:
+        raise EffectPreconditionFailed(
+            f"{where}{name!r} declares no resource, so nothing can verify the pre-state it "
+            "would re-execute against",
+            "declare what it touches with @rewind.tool(..., resources=...), or "
+            + fix[0].lower()
+            + fix[1:],
+        )
     if slot is None:
         raise EffectPreconditionFailed(
             f"{where}{name!r} (call {index} of the node) has no recorded execution at this "
@@ -543,20 +836,24 @@ def _verify_pre_state(
         for e in ctx.store.effects_of(slot.run_id)
         if e.position == slot.position and e.call_index == slot.call_index
     ]
-    by_name = {e.resource: e for e in rows}
-    spare = sorted(
-        (e for e in rows if e.resource not in {r.name for r in resources}), key=lambda e: e.resource
-    )
     pre: dict[str, Fingerprint | None] = {}
     drift: list[str] = []
     for r in resources:
-        # A run-scoped resource (each run's own folder) has another name in every run.
-        rec = by_name.get(r.name) or next((e for e in spare if e.kind == r.kind), None)
-        if rec is not None and rec in spare:
-            spare.remove(rec)
+        # Only the same resource: a call that now touches another folder is a new effect, and
+        # the recorded folder's snapshot must never be restored into it.
+        rec = next(
+            (
+                e
+                for e in rows
+                if e.kind == r.kind and same_resource(r.name, ctx.run_id, e.resource, e.run_id)
+            ),
+            None,
+        )
         if rec is None or rec.pre_digest is None:
+            touched = ", ".join(sorted(e.resource for e in rows)) or "nothing"
             raise EffectPreconditionFailed(
-                f"{where}the source run recorded no pre-state of {r.name} for {name!r}",
+                f"{where}the source run recorded no pre-state of {r.name} for {name!r} (that "
+                f"call touched {touched}): a call on another resource is a new effect",
                 fix,
             )
         try:
@@ -574,13 +871,21 @@ def _verify_pre_state(
         if rec.snapshot_hash is None:
             raise EffectPreconditionFailed(
                 f"{where}{r.name} is not in the state {name!r} was recorded against "
-                f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]})",
+                f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]}) and there is "
+                "no pinned snapshot to restore it from (a SQLite table, or a folder over "
+                "FileTree.max_snapshot_bytes or holding special files)",
                 "restore the resource, or replay with --effects recorded or --effects dry-run",
             )
         # Data outside the snapshot may go only when the user asked for it, or when the world
-        # holds exactly what the recorded call left (then the call itself wrote that data).
-        replace = ctx.restore_mode == "replace" or now.digest == rec.post_digest
-        r.restore(ctx.store.get_blob(rec.snapshot_hash), replace=replace)
+        # holds exactly what a call Rewind executed left (the recorded call, a grid sibling, an
+        # earlier live fork of the same slot): then that call wrote the data, not a person.
+        replace = ctx.restore_mode == "replace" or _left_by_rewind(ctx, r.name, now.digest, rec)
+        snapshot = ctx.store.get_blob(rec.snapshot_hash)
+        try:
+            changes = r.changes_from(snapshot)
+        except (OSError, ValueError):
+            changes = []
+        r.restore(snapshot, replace=replace)
         after = r.fingerprint()
         if after.digest != rec.pre_digest:
             raise EffectPreconditionFailed(
@@ -589,8 +894,28 @@ def _verify_pre_state(
                 fix,
             )
         pre[r.name] = after
+        if changes:
+            shown = ", ".join(changes[:5]) + (f" (+{len(changes) - 5} more)" if changes[5:] else "")
+            found += f" ({shown})"
         drift.append(found)
+        ctx.emit(
+            "warning",
+            run_id=ctx.run_id,
+            message=f"{where}restored {found} from the pinned snapshot before re-executing "
+            f"{name!r}: what was found there is replaced",
+        )
     return pre, drift
+
+
+def same_resource(name: str, run_id: str, other: str, other_run_id: str) -> bool:
+    """Whether resource ``name`` touched by run ``run_id`` is the resource ``other`` touched by
+    run ``other_run_id``: the same name, or a run-scoped name (a run's own artifact folder holds
+    the run id) that differs only by the run id."""
+    if name == other:
+        return True
+    return (
+        bool(other_run_id) and other_run_id in other and other.replace(other_run_id, run_id) == name
+    )
 
 
 def _effect_rows(

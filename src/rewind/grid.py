@@ -386,6 +386,7 @@ def grid(
     effects: str = "live",
     share_llm: bool = True,
     on_variant: VariantListener | None = None,
+    restore: str = "refuse",
 ) -> GridReport:
     """Fork ``run_id`` at ``at`` once per override, concurrently, and compare the variants.
 
@@ -408,6 +409,8 @@ def grid(
         share_llm: route LLM calls through one :class:`SharedChatClient` (see the module doc).
         on_variant: called (in the calling thread) with each variant's run as it finishes
             (matrix fields not filled in yet).
+        restore: ``refuse`` (default) or ``replace``: what a live restore does with data its
+            pinned snapshot does not hold (``replace`` needs ``effects="live"``).
     Returns:
         the report; a variant that failed is a column with ``error`` set (its run is recorded
         as failed at the node that failed).
@@ -429,7 +432,15 @@ def grid(
             f"workers must be at least 1, got {max_workers}", "pass --workers 4", field="workers"
         )
     plans = [
-        plan_fork(rw, run_id, at=at, override=o, effects=effects, override_field=f"overrides.{i}")
+        plan_fork(
+            rw,
+            run_id,
+            at=at,
+            override=o,
+            effects=effects,
+            restore=restore,
+            override_field=f"overrides.{i}",
+        )
         for i, o in enumerate(overrides)
     ]
     parent, nodes, idx = plans[0].parent, list(plans[0].nodes), plans[0].index
@@ -454,12 +465,14 @@ def grid(
                 override=overrides[i],
                 new_run_id=ids[i],
                 effects=effects,
+                restore=restore,
                 config=config,
             )
             return run, run.error, (time.perf_counter() - started) * 1000, None
         except RewindError as exc:
             # The fork recorded the run as failed before re-raising an environment error.
-            return _run_or_none(rw, ids[i]), exc.message, _ms(started), exc
+            said = exc.message + (f" — {exc.hint}" if exc.hint else "")  # the fix, too
+            return _run_or_none(rw, ids[i]), said, _ms(started), exc
         except BaseException as exc:  # a bug or a store failure: surface it after the pool drains
             return _run_or_none(rw, ids[i]), f"{type(exc).__name__}: {exc}", _ms(started), exc
 
@@ -768,8 +781,10 @@ def grid_command(
     workers: int,
     as_json: bool,
     effects: str = "live",
+    restore: str = "refuse",
 ) -> int:
-    """``rewind grid RUN --at NODE --set node.param=V1 --set node.param=V2 … [--workers N]``.
+    """``rewind grid RUN --at NODE --set node.param=V1 --set node.param=V2 … [--workers N]
+    [--effects MODE] [--restore replace]``.
 
     Each ``--set`` is one variant. Opens a session on ``store`` (the model endpoint starts only
     when a call needs it), runs :func:`grid`, prints the matrix (a line per finished variant on
@@ -801,6 +816,7 @@ def grid_command(
                 max_workers=workers,
                 effects=effects,
                 on_variant=progress,
+                restore=restore,
             )
     except RewindError as exc:
         err.print(error_line(exc), soft_wrap=True)

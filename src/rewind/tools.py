@@ -115,6 +115,16 @@ class Tool:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ctx = current()
+        if ctx is not None and ctx.in_child_process():
+            if self.determinism == "side-effect":
+                raise ContextLost(
+                    f"side-effecting tool {self.name!r} was called in a child process of run "
+                    f"{ctx.run_id[:12]}: nothing recorded there comes back, so it would execute "
+                    "unrecorded",
+                    "call it from the node's process (a thread pool carries the run context), "
+                    "or return what the child computed and call the tool in the node",
+                )
+            return self.fn(*args, **kwargs)  # not recordable here; a pure call changes nothing
         if ctx is None:
             if self.determinism == "side-effect":
                 _refuse_unrecorded_effect(self.name)

@@ -76,6 +76,11 @@ class GridRequest(BaseModel):
     )
     workers: int = Field(4, ge=1, le=MAX_GRID_WORKERS, description="variants run at once")
     effects: GridEffects = "live"
+    restore: Literal["refuse", "replace"] = Field(
+        "refuse",
+        description="effects=live only: when restoring a pinned snapshot, refuse (default) or "
+        "replace (delete) files the snapshot does not hold",
+    )
 
 
 class StabilityRequest(BaseModel):
@@ -504,13 +509,14 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 at=req.at,
                 override=_override(o, f"overrides.{i}"),
                 effects=req.effects,
+                restore=req.restore,
                 override_field=f"overrides.{i}",
             )
             for i, o in enumerate(req.overrides)
         ]
         nodes, idx = plans[0].nodes, plans[0].index
         overrides = [p.override for p in plans if p.override is not None]
-        workers, effects = req.workers, req.effects
+        workers, effects, restore = req.workers, req.effects, req.restore
 
         def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
             from rewind.grid import grid
@@ -523,6 +529,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 max_workers=workers,
                 effects=effects,
                 on_variant=lambda v: job.add_progress(_variant_progress(v)),
+                restore=restore,
             )
             return report.to_json()
 
@@ -533,6 +540,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
             "overrides": [o.to_json() for o in overrides],
             "workers": workers,
             "effects": effects,
+            "restore": restore,
         }
         job = reports.submit(
             ReportJob(

@@ -477,7 +477,9 @@ def debug_command(
     session = DebugSession(
         view,
         state_loader=lambda step: state_at(rw.store, step),
-        forker=lambda step, spec, output, effects: _fork(rw, view, step, spec, output, effects),
+        forker=lambda step, spec, output, effects, restore: _fork(
+            rw, view, step, spec, output, effects, restore
+        ),
     )
 
     def write(text: str) -> None:
@@ -507,7 +509,13 @@ def debug_command(
 
 
 def _fork(
-    rw: Rewind, view: TraceView, step: StepView, spec: str | None, output: bool, effects: str
+    rw: Rewind,
+    view: TraceView,
+    step: StepView,
+    spec: str | None,
+    output: bool,
+    effects: str,
+    restore: str = "refuse",
 ) -> str:
     try:
         if view.kind == "trace":
@@ -522,7 +530,9 @@ def _fork(
             what = "replayed trace"
         else:
             override = parse_override(spec, output=output) if spec else None
-            record = rw.fork(view.trace_id, at=step.number, override=override, effects=effects)
+            record = rw.fork(
+                view.trace_id, at=step.number, override=override, effects=effects, restore=restore
+            )
             what = f"forked at step {step.number} ({step.name}), effects {effects}:"
         d = rw.diff(view.trace_id, record.run_id)
         first = d.first_divergence

@@ -12,7 +12,7 @@ The session has a cursor on one step. Commands (one per line; ``help`` lists the
     watch [NAME=]EXPR         evaluate EXPR at every stop;  unwatch NAME | all;  watches
     print EXPR                evaluate EXPR once
     input | output | state    the current step's input, output, or the state after it (JSON)
-    fork [--set X=V | --set-output X=V] [--effects recorded|dry-run|live]
+    fork [--set X=V | --set-output X=V] [--effects recorded|dry-run|live] [--restore replace]
                                           fork (Burr run) / replay (trace) from the current step
     quit
 
@@ -36,14 +36,31 @@ from typing import Any, ClassVar
 import jmespath
 from jmespath.exceptions import JMESPathError
 
-from rewind.effects import EFFECT_MODES
+from rewind.effects import EFFECT_MODES, RESTORE_MODES
 from rewind.tracing.inspect import preview
 from rewind.tracing.model import StepView, TraceView
 
 __all__ = ["DebugQuit", "DebugSession", "run_script"]
 
 StateLoader = Callable[[StepView], dict[str, Any] | None]
-Forker = Callable[[StepView, str | None, bool, str], str]
+Forker = Callable[[StepView, str | None, bool, str, str], str]
+
+
+def _option(args: list[str], flag: str, choices: tuple[str, ...], default: str) -> str:
+    """Take ``flag VALUE`` out of ``args`` (``flag=VALUE`` was split before); ``default`` when
+    absent.
+
+    Raises:
+        DebugError: the value is missing or not one of ``choices``.
+    """
+    if flag not in args:
+        return default
+    at = args.index(flag)
+    if at + 1 >= len(args) or args[at + 1] not in choices:
+        raise DebugError(f"{flag} takes one of: {', '.join(choices)}")
+    value = args[at + 1]
+    del args[at : at + 2]
+    return value
 
 
 class DebugQuit(Exception):
@@ -89,7 +106,8 @@ class DebugSession:
         view: the trace (see :func:`rewind.tracing.store.load_trace`).
         state_loader: returns the semantic state after a step (``state`` command and the
             ``state`` field of expressions); None disables them.
-        forker: ``(step, change spec or None, is_output_change, effects mode) -> message``:
+        forker: ``(step, change spec or None, is_output_change, effects mode, restore mode)
+            -> message``:
             forks (or replays) from a step; None disables ``fork``. The effects mode is
             ``recorded`` unless the user typed ``--effects dry-run|live``.
     """
@@ -408,23 +426,24 @@ class DebugSession:
             args = shlex.split(rest)
         except ValueError as exc:
             raise DebugError(f"cannot read the arguments: {exc}") from exc
-        effects = "recorded"
-        if "--effects" in args:
-            at = args.index("--effects")
-            if at + 1 >= len(args) or args[at + 1] not in EFFECT_MODES:
-                raise DebugError(f"--effects takes one of: {', '.join(EFFECT_MODES)}")
-            effects = args[at + 1]
-            del args[at : at + 2]
+        args = [p for a in args for p in (a.split("=", 1) if a.startswith("--") else [a])]
+        effects = _option(args, "--effects", EFFECT_MODES, "recorded")
+        restore = _option(args, "--restore", RESTORE_MODES, "refuse")
+        if restore == "replace" and effects != "live":
+            raise DebugError(
+                "--restore replace deletes files a pinned snapshot does not hold: it needs "
+                "--effects live"
+            )
         spec: str | None = None
         output = False
         if args:
             if len(args) != 2 or args[0] not in ("--set", "--set-output"):
                 raise DebugError(
                     "use: fork [--set NODE.PARAM=VALUE | --set-output NODE.FIELD=JSON] "
-                    "[--effects recorded|dry-run|live]"
+                    "[--effects recorded|dry-run|live] [--restore refuse|replace]"
                 )
             spec, output = args[1], args[0] == "--set-output"
-        return [self._forker(s, spec, output, effects)]
+        return [self._forker(s, spec, output, effects, restore)]
 
     def _quit(self, _: str) -> list[str]:
         raise DebugQuit

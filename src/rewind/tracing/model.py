@@ -212,6 +212,8 @@ class StepData:
             they produced.
         effects: the effect rows of the step's side-effecting calls (pre/post fingerprints,
             pinned snapshots under ``_snapshot``), as :mod:`rewind.effects` builds them.
+        determinism: the node's recorded determinism flag, kept when it is stronger than what
+            its calls say (an imported inherited node whose calls stayed with its producer).
         cache_outcome, cache_reason: set to keep a recorded outcome (imports); computed from the
             calls otherwise.
     """
@@ -239,6 +241,7 @@ class StepData:
     effects: list[dict[str, Any]] = field(default_factory=list)
     cache_outcome: str | None = None
     cache_reason: str | None = None
+    determinism: str | None = None
 
 
 @dataclass

@@ -1438,6 +1438,7 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
             cache_outcome=str(a.get("rewind.cache.outcome") or "none"),
             cache_reason=str(a.get("rewind.cache.reason") or "imported"),
             effects=effects_from_attribute(a.get(EFFECTS_ATTRIBUTE)),
+            determinism=str(a.get("rewind.determinism") or "") or None,
         )
     step_type = _foreign_type(a)
     failed = s.status_code == 2

@@ -153,7 +153,7 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 "completion_tokens": int(s.completion_tokens),
                 "cache_outcome": outcome,
                 "cache_reason": reason,
-                "determinism": node_determinism(scope),
+                "determinism": _determinism(s, scope),
                 "error": error,
                 "started_at": s.started_at if s.started_at is not None else data.started_at,
             }
@@ -717,3 +717,14 @@ def parse_time(text: str | float | int | None, *, now: float | None = None) -> f
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.timestamp()
+
+
+def _determinism(step: StepData, scope: NodeScope) -> str:
+    """The node's flag from its calls, or the recorded one when that is stronger (an imported
+    node whose side-effecting calls were not exported keeps its ``side-effect`` flag, so the
+    audit cannot take it for a node without side effects)."""
+    computed = node_determinism(scope)
+    order = ("deterministic", "time-bound", "non-deterministic", "side-effect")
+    if step.determinism in order and order.index(step.determinism) > order.index(computed):
+        return step.determinism
+    return computed
