@@ -75,6 +75,9 @@ SHORT_HASH = 8
 """Hex characters of an output hash shown in a matrix cell."""
 
 VariantListener = Callable[["VariantResult"], None]
+RemoteFork = Callable[[str, int, Override, str, str, dict[str, Any]], RunRecord]
+"""``(parent_run_id, at, override, new_run_id, effects, config) -> run``: one grid variant's
+fork executed elsewhere (see :func:`grid`'s ``run_fork``)."""
 
 
 # -- sharing LLM requests between concurrent variants ----------------------------------------------
@@ -388,6 +391,7 @@ def grid(
     effects: str = "live",
     share_llm: bool = True,
     on_variant: VariantListener | None = None,
+    run_fork: RemoteFork | None = None,
 ) -> GridReport:
     """Fork ``run_id`` at ``at`` once per override, concurrently, and compare the variants.
 
@@ -409,6 +413,11 @@ def grid(
         share_llm: route LLM calls through one :class:`SharedChatClient` (see the module doc).
         on_variant: called (in the calling thread) with each variant's run as it finishes
             (matrix fields not filled in yet).
+        run_fork: executes one variant's fork elsewhere and returns its run once it ended —
+            ``run_fork(parent_run_id, at, override, new_run_id, effects, config)`` (``at``
+            1-based); default: ``rw.fork`` on this process's threads. With a task queue
+            (:meth:`rewind.api.runner.QueueRunManager.fork_and_wait`) the variants execute on
+            the queue's workers; ``max_workers`` then bounds how many are queued at once.
     Returns:
         the report; a variant that failed is a column with ``error`` set (its run is recorded
         as failed at the node that failed).
@@ -449,7 +458,8 @@ def grid(
                 raise InvalidOverride(f"the new value cannot be hashed: {exc}", "") from exc
 
     batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-    shared = SharedChatClient(rw.chat_client) if share_llm and rw.chat_client else None
+    local = run_fork is None
+    shared = SharedChatClient(rw.chat_client) if local and share_llm and rw.chat_client else None
     session = rw
     if shared is not None:
         # Same store, persister and registered pipelines; only the chat client differs.
@@ -462,14 +472,17 @@ def grid(
         started = time.perf_counter()
         config = parent.config | {"purpose": "grid", "grid_batch": batch, "grid_variant": i}
         try:
-            run = session.fork(
-                parent.run_id,
-                at=idx + 1,
-                override=overrides[i],
-                new_run_id=ids[i],
-                effects=effects,
-                config=config,
-            )
+            if run_fork is not None:
+                run = run_fork(parent.run_id, idx + 1, overrides[i], ids[i], effects, config)
+            else:
+                run = session.fork(
+                    parent.run_id,
+                    at=idx + 1,
+                    override=overrides[i],
+                    new_run_id=ids[i],
+                    effects=effects,
+                    config=config,
+                )
             return run, run.error, (time.perf_counter() - started) * 1000, None
         except RewindError as exc:
             # The fork recorded the run as failed before re-raising an environment error.

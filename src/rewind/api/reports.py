@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import views
 from rewind.api.app import NodeRef, UnknownJob, _check_value, _field_error
-from rewind.api.runner import ReportJob
+from rewind.api.runner import QueueRunManager, ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
 from rewind.errors import ForkError, InvalidOverride, RewindError, RunBusy, UnknownNode, UnknownRun
 from rewind.replay import (
@@ -560,14 +560,18 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
             from rewind.grid import grid
 
+            # With a task queue every variant is queued at once and executes on the queue's
+            # workers (their processes bound the concurrency); else on `workers` threads here.
+            queued = ctx.manager if isinstance(ctx.manager, QueueRunManager) else None
             report = grid(
                 session,
                 parent.run_id,
                 at=idx + 1,
                 overrides=overrides,
-                max_workers=workers,
+                max_workers=len(overrides) if queued else workers,
                 effects=effects,
                 on_variant=lambda v: job.add_progress(_variant_progress(v)),
+                run_fork=queued.fork_and_wait if queued else None,
             )
             return report.to_json()
 

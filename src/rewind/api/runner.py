@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 JobFn = Callable[[Rewind], RunRecord]
 KEEP_FINISHED_JOBS = 500
+JOB_POLL_S = 0.1
+"""How often (seconds) a server waiting for a queued job reads its row."""
 
 
 @dataclass
@@ -623,6 +625,67 @@ class QueueRunManager(RunManager):
             job_state.forget_job(self.store, spec.job_id)
             raise
         return job
+
+    def fork_and_wait(
+        self,
+        parent_run_id: str,
+        at: int,
+        override: Any,
+        new_run_id: str,
+        effects: str,
+        config: dict[str, Any],
+    ) -> RunRecord:
+        """Queue one fork and wait for its job to end (a grid variant on the workers).
+
+        Args:
+            parent_run_id: the parent run's full id.
+            at: the fork node's 1-based number.
+            override: a :data:`rewind.replay.Override` or None.
+            new_run_id: the fork's run id (a retry after a lost worker gets another).
+            effects: the side-effect mode.
+            config: settings stored on the fork's run row.
+        Returns:
+            the run of the job's last attempt, as it ended.
+        Raises:
+            QueueUnavailable: the broker cannot be reached.
+            RewindError: the job ended without a run (its row's error), or this server is
+                stopping.
+        """
+        from rewind.jobs import state as job_state
+        from rewind.jobs.spec import new_job_id, store_location
+
+        parent = self.store.get_run(parent_run_id)
+        spec = Job(
+            "fork",
+            new_job_id(),
+            new_run_id,
+            store_location(self.store),
+            parent.pipeline,
+            parent.pipeline_ref,
+            {
+                "parent_run_id": parent.run_id,
+                "at": at,
+                "override": override.to_json() if override is not None else None,
+                "effects": effects,
+                "config": config,
+            },
+        )
+        self.submit(RunJob(new_run_id, "fork", parent.pipeline, None, spec=spec))
+        while True:
+            row = job_state.get_job(self.store, spec.job_id)
+            if row is not None and row.done:
+                try:
+                    return self.store.get_run(row.job.run_id)
+                except UnknownRun:
+                    raise RewindError(
+                        f"job {spec.job_id} failed before its run started: {row.error}", ""
+                    ) from None
+            if self._stopping:
+                raise RewindError(
+                    "the server stopped while a grid variant was queued",
+                    f"its job {spec.job_id} still executes on a worker",
+                )
+            time.sleep(JOB_POLL_S)
 
     def job(self, run_id: str) -> RunJob | None:
         """None: no job's progress is held in this process."""
