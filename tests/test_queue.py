@@ -232,6 +232,21 @@ def grid_report(c: TestClient, run_id: str, factors: list[int]) -> dict[str, Any
     return report
 
 
+def stability_report(c: TestClient, run_id: str) -> dict[str, Any]:
+    r = c.post(f"/api/runs/{run_id}/stability", json={"k": 3, "from_node": "scale"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+
+    def done() -> dict[str, Any] | None:
+        body: dict[str, Any] = c.get(f"/api/stability/{job_id}").json()
+        return body if body["status"] not in ("queued", "running") else None
+
+    body = wait_until(done, f"stability job {job_id}")
+    assert body["status"] == "completed", body
+    report: dict[str, Any] = body["report"]
+    return report
+
+
 def matrix(report: dict[str, Any]) -> list[Any]:
     """The grid's results without run ids and timings: per row, each variant's cell."""
     return [
@@ -251,7 +266,7 @@ def test_grid_of_8_over_2_workers_equals_in_process(
     factors = list(range(1, 9))
     local = create_app(local_store, chat_client=None, pipelines=REGISTRY)
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
-    reports, trajectories = {}, {}
+    reports, trajectories, stabilities, samples = {}, {}, {}, {}
     with (
         Workers(queue, tmp_path / "queued", tmp_path / "logs", count=2, gate=gate),
         TestClient(local, base_url="http://127.0.0.1") as lc,
@@ -263,7 +278,17 @@ def test_grid_of_8_over_2_workers_equals_in_process(
                 (gate / "mode").write_text("rendezvous")
             reports[name] = grid_report(c, parent["run_id"], factors)
             trajectories[name] = [trajectory(c, v["run_id"]) for v in reports[name]["variants"]]
+            # Stability samples (caches bypassed) execute on the workers too, one at a time.
+            (gate / "mode").write_text("")
+            stabilities[name] = stability_report(c, parent["run_id"])
+            samples[name] = [trajectory(c, x["run_id"]) for x in stabilities[name]["samples"]]
     assert matrix(reports["queued"]) == matrix(reports["local"])
+    assert samples["queued"] == samples["local"]
+    assert [o for _, o, *_ in samples["queued"][0]] == ["inherited", "bypass", "none"]
+    assert [n["distinct"] for n in stabilities["queued"]["nodes"]] == [1, 1]
+    for x in stabilities["queued"]["samples"]:
+        row = job_state.job_of_run(queued_store, x["run_id"])
+        assert row is not None and pid_of(row.worker) != os.getpid(), row
     assert trajectories["queued"] == trajectories["local"]
     variants = reports["queued"]["variants"]
     assert [v["status"] for v in variants] == ["completed"] * 8

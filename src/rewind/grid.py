@@ -54,7 +54,7 @@ from rewind.replay import (
     resolve_node,
     validate_override,
 )
-from rewind.stability import merge_key_orders, occurrence_keys
+from rewind.stability import RemoteFork, merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import console as make_console
 from rewind.terminal import inert
@@ -75,9 +75,6 @@ SHORT_HASH = 8
 """Hex characters of an output hash shown in a matrix cell."""
 
 VariantListener = Callable[["VariantResult"], None]
-RemoteFork = Callable[[str, int, Override, str, str, dict[str, Any]], RunRecord]
-"""``(parent_run_id, at, override, new_run_id, effects, config) -> run``: one grid variant's
-fork executed elsewhere (see :func:`grid`'s ``run_fork``)."""
 
 
 # -- sharing LLM requests between concurrent variants ----------------------------------------------

@@ -16,6 +16,7 @@ report that grows a field is still served as is.
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -674,6 +675,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                     }
                 )
 
+            queued = ctx.manager if isinstance(ctx.manager, QueueRunManager) else None
             report = stability(
                 session,
                 parent.run_id,
@@ -681,6 +683,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 from_node=idx + 1,
                 override=override,
                 on_sample=on_sample,
+                run_fork=partial(queued.fork_and_wait, cache_mode="stability") if queued else None,
             )
             return report.to_json()
 

@@ -634,8 +634,11 @@ class QueueRunManager(RunManager):
         new_run_id: str,
         effects: str,
         config: dict[str, Any],
+        *,
+        cache_mode: str = "replay",
     ) -> RunRecord:
-        """Queue one fork and wait for its job to end (a grid variant on the workers).
+        """Queue one fork and wait for its job to end (a grid variant or a stability sample
+        on the workers).
 
         Args:
             parent_run_id: the parent run's full id.
@@ -644,6 +647,7 @@ class QueueRunManager(RunManager):
             new_run_id: the fork's run id (a retry after a lost worker gets another).
             effects: the side-effect mode.
             config: settings stored on the fork's run row.
+            cache_mode: ``replay`` or ``stability`` (see :meth:`rewind.replay.Rewind.fork`).
         Returns:
             the run of the job's last attempt, as it ended.
         Raises:
@@ -668,6 +672,7 @@ class QueueRunManager(RunManager):
                 "override": override.to_json() if override is not None else None,
                 "effects": effects,
                 "config": config,
+                "cache_mode": cache_mode,
             },
         )
         self.submit(RunJob(new_run_id, "fork", parent.pipeline, None, spec=spec))

@@ -124,6 +124,7 @@ def _execute(rw: Rewind, job: Job) -> RunRecord:
             config=None if config is None else dict(config),
             allow_code_change=bool(a.get("allow_code_change", False)),
             restore=str(a.get("restore") or "refuse"),
+            cache_mode=str(a.get("cache_mode") or "replay"),
         )
     raise JobError(f"unknown job kind {job.kind!r}", "")
 

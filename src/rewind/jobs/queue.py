@@ -21,8 +21,10 @@ and ``rewind worker`` marks runs of dead processes of its host ``interrupted`` w
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 from rewind.errors import RewindError
 from rewind.jobs.spec import Job
@@ -129,6 +131,11 @@ def check_queue(url: str) -> None:
         QueueUnavailable: the broker does not answer, with how to fix it.
     """
     app = celery_app(url)
+    _probe(
+        url,
+        "cannot reach the task queue at",
+        "start Redis (redis-server) or fix --queue / REWIND_QUEUE",
+    )
     try:
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=CONNECT_TIMEOUT_S)
@@ -146,6 +153,8 @@ def publish(url: str, job: Job) -> None:
         QueueUnavailable: the broker refused the message or cannot be reached.
     """
     app = celery_app(url)
+    hint = "start Redis (redis-server) or fix REWIND_QUEUE, then retry"
+    _probe(url, "cannot hand the job to the task queue at", hint)
     try:
         app.send_task(
             TASK_NAME,
@@ -156,7 +165,7 @@ def publish(url: str, job: Job) -> None:
     except Exception as exc:
         raise QueueUnavailable(
             f"cannot hand the job to the task queue at {_safe(url)}: {_first_line(exc)}",
-            "start Redis (redis-server) or fix REWIND_QUEUE, then retry",
+            hint,
         ) from exc
 
 
@@ -180,6 +189,21 @@ def start_worker(url: str, *, concurrency: int, loglevel: str = "INFO", name: st
     if name:
         argv.append(f"--hostname={name}")
     app.worker_main(argv)
+
+
+def _probe(url: str, what: str, hint: str) -> None:
+    """Fail fast when nothing listens at the broker's address (the Redis client would retry a
+    refused connection with back-off for seconds before giving up)."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return
+    try:
+        with socket.create_connection(
+            (parts.hostname, parts.port or 6379), timeout=CONNECT_TIMEOUT_S
+        ):
+            pass
+    except OSError as exc:
+        raise QueueUnavailable(f"{what} {_safe(url)}: {exc.strerror or exc}", hint) from exc
 
 
 def _safe(url: str) -> str:

@@ -48,7 +48,7 @@ class Job:
         args: the kind's arguments, JSON values. ``record``: ``state`` (the initial state),
             ``config``. ``fork``: ``parent_run_id``, ``at`` (1-based node number), ``override``
             (``Override.to_json()`` or None), ``effects``, ``allow_code_change``, ``restore``,
-            optional ``config``.
+            optional ``config`` and ``cache_mode`` (``replay``; ``stability`` for a sample).
     """
 
     kind: str
