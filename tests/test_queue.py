@@ -14,8 +14,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +152,10 @@ def trajectory(c: TestClient, run_id: str) -> list[tuple[Any, ...]]:
     ]  # fmt: skip
 
 
-def events(c: TestClient, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+def events(
+    c: TestClient, run_id: str, progress: threading.Event | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every event of the run's stream; ``progress`` is set at the first ``refresh``."""
     found: list[tuple[str, dict[str, Any]]] = []
     with c.stream("GET", f"/api/runs/{run_id}/events") as response:
         assert response.status_code == 200
@@ -160,6 +165,8 @@ def events(c: TestClient, run_id: str) -> list[tuple[str, dict[str, Any]]]:
                 name = line.split(":", 1)[1].strip()
             elif line.startswith("data:"):
                 found.append((name, json.loads(line.split(":", 1)[1])))
+                if name == "refresh" and progress is not None:
+                    progress.set()
     return found
 
 
@@ -175,8 +182,10 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
     local = create_app(local_store, chat_client=None, pipelines=REGISTRY)
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
     results: dict[str, Any] = {}
+    gate = tmp_path / "gate"
+    gate.mkdir()
     with (
-        Workers(queue, tmp_path / "queued", tmp_path / "logs"),
+        Workers(queue, tmp_path / "queued", tmp_path / "logs", gate=gate),
         TestClient(local, base_url="http://127.0.0.1") as lc,
         TestClient(queued, base_url="http://127.0.0.1") as qc,
     ):
@@ -195,13 +204,23 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
                 "record_job": job_state.get_job(st, accepted["job_id"]),
             }
             if name == "queued":
-                # A queued run streams its progress from the store: it ends finished.
+                # A run a worker executes streams its progress from the store to the UI: held
+                # mid-run at `scale`, the stream shows the nodes so far, then the end.
+                (gate / "mode").write_text("hold")
                 third = fork(qc, parent["run_id"], 7)
-                streamed = events(qc, third["run_id"])
-                assert streamed[0][0] == "hello"
+                wait_until(lambda: list(gate.glob("entered-*")), "the fork to reach scale")
+                with ThreadPoolExecutor(1) as pool:
+                    progress = threading.Event()
+                    stream = pool.submit(events, qc, third["run_id"], progress)
+                    assert progress.wait(HANG_S), "no progress event while the fork was held"
+                    (gate / "release").write_text("go")
+                    streamed = stream.result()
+                assert streamed[0] == ("hello", streamed[0][1])
+                assert streamed[0][1]["status"] == "running", streamed
+                refreshes = [d["nodes"] for e, d in streamed if e == "refresh"]
+                assert refreshes[0] < 3 and refreshes[-1] == 3, streamed
                 assert streamed[-1][0] == "run_finished"
                 assert streamed[-1][1]["status"] == "completed", streamed
-                assert any(e == "refresh" and d["nodes"] == 3 for e, d in streamed), streamed
     assert results["queued"]["parent"] == results["local"]["parent"]
     assert results["queued"]["fork"] == results["local"]["fork"]
     assert [o for _, o, *_ in results["queued"]["fork"]] == ["inherited", "miss", "none"]
@@ -215,36 +234,30 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
     assert pid_of(results["queued"]["record_job"].worker) != os.getpid()
 
 
+def report_of(c: TestClient, run_id: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Start a grid (``kind="grid"``) or stability job and return its report once completed."""
+    r = c.post(f"/api/runs/{run_id}/{kind}", json=body)
+    assert r.status_code == 202, r.text
+    url = f"/api/{'grids' if kind == 'grid' else kind}/{r.json()['id']}"
+
+    def done() -> dict[str, Any] | None:
+        found: dict[str, Any] = c.get(url).json()
+        return found if found["status"] not in ("queued", "running") else None
+
+    found = wait_until(done, url)
+    assert found["status"] == "completed", found
+    report: dict[str, Any] = found["report"]
+    return report
+
+
 def grid_report(c: TestClient, run_id: str, factors: list[int]) -> dict[str, Any]:
     overrides = [{"kind": "param", "node": "scale", "param": "factor", "value": f}
                  for f in factors]  # fmt: skip
-    r = c.post(f"/api/runs/{run_id}/grid", json={"at": "scale", "overrides": overrides})
-    assert r.status_code == 202, r.text
-    grid_id = r.json()["id"]
-
-    def done() -> dict[str, Any] | None:
-        body: dict[str, Any] = c.get(f"/api/grids/{grid_id}").json()
-        return body if body["status"] not in ("queued", "running") else None
-
-    body = wait_until(done, f"grid {grid_id}")
-    assert body["status"] == "completed", body
-    report: dict[str, Any] = body["report"]
-    return report
+    return report_of(c, run_id, "grid", {"at": "scale", "overrides": overrides})
 
 
 def stability_report(c: TestClient, run_id: str) -> dict[str, Any]:
-    r = c.post(f"/api/runs/{run_id}/stability", json={"k": 3, "from_node": "scale"})
-    assert r.status_code == 202, r.text
-    job_id = r.json()["id"]
-
-    def done() -> dict[str, Any] | None:
-        body: dict[str, Any] = c.get(f"/api/stability/{job_id}").json()
-        return body if body["status"] not in ("queued", "running") else None
-
-    body = wait_until(done, f"stability job {job_id}")
-    assert body["status"] == "completed", body
-    report: dict[str, Any] = body["report"]
-    return report
+    return report_of(c, run_id, "stability", {"k": 3, "from_node": "scale"})
 
 
 def matrix(report: dict[str, Any]) -> list[Any]:
