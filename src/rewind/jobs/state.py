@@ -10,6 +10,7 @@ marks that run ``interrupted`` and retries under a new run id, up to :data:`MAX_
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from rewind.store import Store, schema
 from rewind.store.store import current_owner
 
 JOB_STATES = ("queued", "running", "succeeded", "failed")
+_LOST_ELSEWHERE = "the worker executing it was lost (the task queue handed its job out again)"
 MAX_ATTEMPTS = 3
 """Deliveries of one job before it is failed for good (each lost worker costs one)."""
 
@@ -155,7 +157,15 @@ def begin_attempt(store: Store, job: Job, new_run_id: str) -> tuple[JobRow | Non
     run_id, earlier = row.job.run_id, list(row.earlier_runs)
     if row.state == "running":
         store.reap_orphans([run_id])
-        if _run_exists(store, run_id):
+        found = _run_row(store, run_id)
+        if found is not None and found.status == "running":
+            if found.owner and found.owner.partition(":")[0] == socket.gethostname():
+                # Its process on this host still lives: a duplicate delivery, not a lost one.
+                return row, f"run {run_id} is still executing in process {found.owner}"
+            # Executed on another host, whose processes cannot be seen from here: the broker
+            # handed the job out again because that worker was lost.
+            store.finish_run(run_id, "interrupted", error=_LOST_ELSEWHERE)
+        if found is not None:
             earlier.append(run_id)
             run_id = new_run_id
     now = time.time()
@@ -202,9 +212,7 @@ def _update(store: Store, job_id: str, **values: Any) -> None:
         conn.execute(update(schema.jobs).where(schema.jobs.c.job_id == job_id).values(**values))
 
 
-def _run_exists(store: Store, run_id: str) -> bool:
+def _run_row(store: Store, run_id: str) -> Any:
+    t = schema.runs
     with store.read() as conn:
-        found = conn.execute(
-            select(schema.runs.c.run_id).where(schema.runs.c.run_id == run_id)
-        ).first()
-    return found is not None
+        return conn.execute(select(t.c.status, t.c.owner).where(t.c.run_id == run_id)).first()
