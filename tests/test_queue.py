@@ -30,7 +30,7 @@ from rewind.jobs import state as job_state
 from rewind.jobs.queue import celery_app
 from rewind.store import Store, open_store
 from tests import queue_pipelines
-from tests.conftest import row_counts
+from tests.conftest import StoreTarget, row_counts
 from tests.services import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ class Workers:
     ``gate``: the folder the workers' ``scale`` nodes wait on (tests/queue_pipelines.py)."""
 
     def __init__(
-        self, queue: str, store: Path, logs: Path, count: int = 1, gate: Path | None = None
+        self, queue: str, store: StoreTarget, logs: Path, count: int = 1, gate: Path | None = None
     ) -> None:
         self.queue, self.store, self.logs, self.count, self.gate = queue, store, logs, count, gate
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -57,8 +57,10 @@ class Workers:
         for i in range(self.count):
             log = (self.logs / f"worker-{i}.log").open("wb")
             command = [sys.executable, "-m", "rewind", "worker", "--queue", self.queue]
-            command += ["--store", str(self.store), "--concurrency", "1"]
-            self.procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log))
+            command += ["--store", str(self.store.location), "--concurrency", "1"]
+            # cwd: a database URL's artifact folder (.rewind) is made below it
+            proc = subprocess.Popen(command, cwd=self.logs, env=env, stdout=log, stderr=log)
+            self.procs.append(proc)
         self._wait_ready()
         return self
 
@@ -100,8 +102,15 @@ def local_store(tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
-def queued_store(tmp_path: Path) -> Iterator[Store]:
-    st = open_store(tmp_path / "queued")
+def queued_target(store_target: StoreTarget) -> StoreTarget:
+    """The store the queued API and its workers share: a SQLite file, then PostgreSQL (the
+    realistic one for several processes and machines)."""
+    return store_target
+
+
+@pytest.fixture
+def queued_store(queued_target: StoreTarget) -> Iterator[Store]:
+    st = queued_target.open()
     yield st
     st.close()
 
@@ -124,6 +133,17 @@ def wait_until(check: Any, what: str) -> Any:
             return found
         time.sleep(0.05)
     raise AssertionError(f"gave up waiting for {what}")
+
+
+def wait_job(c: TestClient, job_id: str) -> dict[str, Any]:
+    """The job's row once it is ``succeeded`` or ``failed``."""
+
+    def done() -> dict[str, Any] | None:
+        job: dict[str, Any] = c.get(f"/api/jobs/{job_id}").json()
+        return job if job["state"] in ("succeeded", "failed") else None
+
+    found: dict[str, Any] = wait_until(done, f"job {job_id}")
+    return found
 
 
 def start(c: TestClient) -> dict[str, Any]:
@@ -177,7 +197,11 @@ def pid_of(owner: str | None) -> int:
 
 @pytest.mark.slow
 def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
-    tmp_path: Path, queue: str, local_store: Store, queued_store: Store
+    tmp_path: Path,
+    queue: str,
+    local_store: Store,
+    queued_target: StoreTarget,
+    queued_store: Store,
 ) -> None:
     local = create_app(local_store, chat_client=None, pipelines=REGISTRY)
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
@@ -185,23 +209,23 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
     gate = tmp_path / "gate"
     gate.mkdir()
     with (
-        Workers(queue, tmp_path / "queued", tmp_path / "logs", gate=gate),
+        Workers(queue, queued_target, tmp_path / "logs", gate=gate),
         TestClient(local, base_url="http://127.0.0.1") as lc,
         TestClient(queued, base_url="http://127.0.0.1") as qc,
     ):
-        for name, c, st in (("local", lc, local_store), ("queued", qc, queued_store)):
+        for name, c in (("local", lc), ("queued", qc)):
             accepted = start(c)
             parent = wait_run(c, accepted["run_id"])
             assert parent["status"] == "completed", parent
             forked = fork(c, parent["run_id"], 5)
             child = wait_run(c, forked["run_id"])
             assert child["status"] == "completed", child
-            job = c.get(f"/api/jobs/{forked['job_id']}").json()
             results[name] = {
                 "parent": trajectory(c, parent["run_id"]),
                 "fork": trajectory(c, child["run_id"]),
-                "job": job,
-                "record_job": job_state.get_job(st, accepted["job_id"]),
+                # The run ends first, then its job's row (written by the same process).
+                "job": wait_job(c, forked["job_id"]),
+                "record_job": wait_job(c, accepted["job_id"]),
             }
             if name == "queued":
                 # A run a worker executes streams its progress from the store to the UI: held
@@ -227,11 +251,11 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
     for name in ("local", "queued"):
         job = results[name]["job"]
         assert (job["state"], job["attempts"], job["error"]) == ("succeeded", 1, None), job
-        assert results[name]["record_job"].state == "succeeded"
+        assert results[name]["record_job"]["state"] == "succeeded"
     # The queued jobs executed in a worker process; the local ones in this process's threads.
     assert pid_of(results["local"]["job"]["worker"]) == os.getpid()
     assert pid_of(results["queued"]["job"]["worker"]) != os.getpid()
-    assert pid_of(results["queued"]["record_job"].worker) != os.getpid()
+    assert pid_of(results["queued"]["record_job"]["worker"]) != os.getpid()
 
 
 def report_of(c: TestClient, run_id: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +296,11 @@ def matrix(report: dict[str, Any]) -> list[Any]:
 
 @pytest.mark.slow
 def test_grid_of_8_over_2_workers_equals_in_process(
-    tmp_path: Path, queue: str, local_store: Store, queued_store: Store
+    tmp_path: Path,
+    queue: str,
+    local_store: Store,
+    queued_target: StoreTarget,
+    queued_store: Store,
 ) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -281,7 +309,7 @@ def test_grid_of_8_over_2_workers_equals_in_process(
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
     reports, trajectories, stabilities, samples = {}, {}, {}, {}
     with (
-        Workers(queue, tmp_path / "queued", tmp_path / "logs", count=2, gate=gate),
+        Workers(queue, queued_target, tmp_path / "logs", count=2, gate=gate),
         TestClient(local, base_url="http://127.0.0.1") as lc,
         TestClient(queued, base_url="http://127.0.0.1") as qc,
     ):
@@ -316,7 +344,11 @@ def test_grid_of_8_over_2_workers_equals_in_process(
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
-    tmp_path: Path, queue: str, local_store: Store, queued_store: Store
+    tmp_path: Path,
+    queue: str,
+    local_store: Store,
+    queued_target: StoreTarget,
+    queued_store: Store,
 ) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -324,7 +356,7 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
     local = create_app(local_store, chat_client=None, pipelines=REGISTRY)
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
     with (
-        Workers(queue, tmp_path / "queued", tmp_path / "logs", gate=gate) as workers,
+        Workers(queue, queued_target, tmp_path / "logs", gate=gate) as workers,
         TestClient(local, base_url="http://127.0.0.1") as lc,
         TestClient(queued, base_url="http://127.0.0.1") as qc,
     ):
@@ -349,7 +381,7 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
         (gate / "release").write_text("go")
         retried = wait_run(qc, job["run_id"])
         assert retried["status"] == "completed", retried
-        job = qc.get(f"/api/jobs/{job_id}").json()
+        job = wait_job(qc, job_id)
         assert (job["state"], job["attempts"], job["error"]) == ("succeeded", 2, None), job
         assert pid_of(job["worker"]) != victim
         # The retry recorded what an uninterrupted run records.
@@ -361,7 +393,7 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
 
 @pytest.mark.slow
 def test_a_job_whose_workers_keep_dying_fails_visibly(
-    tmp_path: Path, queue: str, queued_store: Store
+    tmp_path: Path, queue: str, queued_target: StoreTarget, queued_store: Store
 ) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -369,7 +401,7 @@ def test_a_job_whose_workers_keep_dying_fails_visibly(
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
     killed: set[int] = set()
     with (
-        Workers(queue, tmp_path / "queued", tmp_path / "logs", gate=gate) as workers,
+        Workers(queue, queued_target, tmp_path / "logs", gate=gate) as workers,
         TestClient(queued, base_url="http://127.0.0.1") as qc,
     ):
         job_id = start(qc)["job_id"]
@@ -396,8 +428,9 @@ def test_a_job_whose_workers_keep_dying_fails_visibly(
 
 
 def test_an_unreachable_queue_is_one_clear_error_and_writes_nothing(
-    tmp_path: Path, queued_store: Store
+    tmp_path: Path, local_store: Store
 ) -> None:
+    queued_store = local_store
     dead = f"redis://127.0.0.1:{free_port()}/0"
     app = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=dead)
     before = row_counts(queued_store)
