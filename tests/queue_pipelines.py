@@ -51,8 +51,21 @@ def total(state: State) -> State:
     return state.update(total=sum(state["scaled"]))
 
 
-def _entered_pids(folder: Path) -> set[str]:
-    return {p.name.split("-")[1] for p in folder.glob("entered-*")}
+def entered_pid(path: Path) -> int:
+    """The pid of the process that wrote ``entered-<pid>-<n>`` (named, so a reader never sees
+    a half-written file)."""
+    return int(path.name.split("-")[1])
+
+
+def set_gate(folder: Path, name: str, text: str) -> None:
+    """Write ``folder/name`` atomically (workers read it while the test writes it)."""
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, folder / name)
+
+
+def _entered_pids(folder: Path) -> set[int]:
+    return {entered_pid(p) for p in folder.glob("entered-*")}
 
 
 def _gate() -> None:
@@ -63,7 +76,7 @@ def _gate() -> None:
     mode = (folder / "mode").read_text().strip() if (folder / "mode").exists() else ""
     if mode not in ("hold", "rendezvous"):
         return
-    (folder / f"entered-{os.getpid()}-{uuid.uuid4().hex[:8]}").write_text(str(os.getpid()))
+    set_gate(folder, f"entered-{os.getpid()}-{uuid.uuid4().hex[:8]}", "")
     deadline = time.monotonic() + GATE_WAIT_S
     while time.monotonic() < deadline:
         if mode == "hold" and (folder / "release").exists():

@@ -31,6 +31,7 @@ from rewind.jobs.queue import celery_app
 from rewind.store import Store, open_store
 from tests import queue_pipelines
 from tests.conftest import StoreTarget, row_counts
+from tests.queue_pipelines import entered_pid, set_gate
 from tests.services import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,6 +80,8 @@ class Workers:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))
 
     def __exit__(self, *exc: object) -> None:
+        if self.gate is not None:  # a test that failed mid-hold: let the held job end
+            set_gate(self.gate, "release", "exit")
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -230,14 +233,14 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
             if name == "queued":
                 # A run a worker executes streams its progress from the store to the UI: held
                 # mid-run at `scale`, the stream shows the nodes so far, then the end.
-                (gate / "mode").write_text("hold")
+                set_gate(gate, "mode", "hold")
                 third = fork(qc, parent["run_id"], 7)
                 wait_until(lambda: list(gate.glob("entered-*")), "the fork to reach scale")
                 with ThreadPoolExecutor(1) as pool:
                     progress = threading.Event()
                     stream = pool.submit(events, qc, third["run_id"], progress)
                     assert progress.wait(HANG_S), "no progress event while the fork was held"
-                    (gate / "release").write_text("go")
+                    set_gate(gate, "release", "go")
                     streamed = stream.result()
                 assert streamed[0] == ("hello", streamed[0][1])
                 assert streamed[0][1]["status"] == "running", streamed
@@ -316,11 +319,11 @@ def test_grid_of_8_over_2_workers_equals_in_process(
         for name, c in (("local", lc), ("queued", qc)):
             parent = wait_run(c, start(c)["run_id"])
             if name == "queued":  # variants wait until two workers took one (not the parent)
-                (gate / "mode").write_text("rendezvous")
+                set_gate(gate, "mode", "rendezvous")
             reports[name] = grid_report(c, parent["run_id"], factors)
             trajectories[name] = [trajectory(c, v["run_id"]) for v in reports[name]["variants"]]
             # Stability samples (caches bypassed) execute on the workers too, one at a time.
-            (gate / "mode").write_text("")
+            set_gate(gate, "mode", "")
             stabilities[name] = stability_report(c, parent["run_id"])
             samples[name] = [trajectory(c, x["run_id"]) for x in stabilities[name]["samples"]]
     assert matrix(reports["queued"]) == matrix(reports["local"])
@@ -352,7 +355,7 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
 ) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
-    (gate / "mode").write_text("hold")
+    set_gate(gate, "mode", "hold")
     local = create_app(local_store, chat_client=None, pipelines=REGISTRY)
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
     with (
@@ -363,12 +366,12 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
         accepted = start(qc)
         first_run, job_id = accepted["run_id"], accepted["job_id"]
         entered = wait_until(lambda: sorted(gate.glob("entered-*")), "the job to reach scale")
-        victim = int(entered[0].read_text())
+        victim = entered_pid(entered[0])
         assert qc.get(f"/api/runs/{first_run}").json()["status"] == "running"
         os.kill(victim, signal.SIGKILL)  # the pool process executing the job, mid-node
 
         def second_attempt() -> list[Path]:
-            return [p for p in gate.glob("entered-*") if int(p.read_text()) != victim]
+            return [p for p in gate.glob("entered-*") if entered_pid(p) != victim]
 
         wait_until(second_attempt, f"the job to be retried:\n{workers.log_text()}")
         job = qc.get(f"/api/jobs/{job_id}").json()
@@ -378,7 +381,7 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
         lost = qc.get(f"/api/runs/{first_run}").json()
         assert lost["status"] == "interrupted", lost
         assert lost["error"], lost
-        (gate / "release").write_text("go")
+        set_gate(gate, "release", "go")
         retried = wait_run(qc, job["run_id"])
         assert retried["status"] == "completed", retried
         job = wait_job(qc, job_id)
@@ -397,7 +400,7 @@ def test_a_job_whose_workers_keep_dying_fails_visibly(
 ) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
-    (gate / "mode").write_text("hold")  # never released: every attempt is killed mid-node
+    set_gate(gate, "mode", "hold")  # never released: every attempt is killed mid-node
     queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
     killed: set[int] = set()
     with (
@@ -411,7 +414,7 @@ def test_a_job_whose_workers_keep_dying_fails_visibly(
             if job["state"] == "failed":
                 return job
             for p in gate.glob("entered-*"):
-                pid = int(p.read_text())
+                pid = entered_pid(p)
                 if pid not in killed:
                     killed.add(pid)
                     os.kill(pid, signal.SIGKILL)
