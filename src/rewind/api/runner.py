@@ -36,6 +36,7 @@ from typing import Any
 
 from rewind.errors import RewindError, UnknownRun
 from rewind.jobs import Job, run_job
+from rewind.jobs import state as job_state
 from rewind.replay import Pipeline, Rewind
 from rewind.store import RunRecord, Store
 
@@ -210,6 +211,9 @@ class RunManager(_WorkerPool):
             with contextlib.suppress(Exception):
                 self.store.finish_run(job.run_id, "interrupted", error="the server stopped")
                 marked.append(job.run_id)
+            if job.spec is not None:
+                with contextlib.suppress(Exception):
+                    job_state.abandon_job(self.store, job.spec.job_id, "the server stopped")
             self._emit(job, "run_finished", {"status": "interrupted", "error": "server stopped"})
         return marked
 
@@ -698,14 +702,10 @@ class QueueRunManager(RunManager):
 
     def active(self) -> list[RunJob]:
         """Jobs the store lists as queued or running."""
-        from rewind.jobs import state as job_state
-
         return [self._placeholder_job(row) for row in job_state.active_jobs(self.store)]
 
     def is_active(self, run_id: str) -> bool:
         """True while the store lists the run's job as queued or running."""
-        from rewind.jobs import state as job_state
-
         row = job_state.job_of_run(self.store, run_id)
         return row is not None and not row.done
 
@@ -716,8 +716,6 @@ class QueueRunManager(RunManager):
         Raises:
             UnknownRun: neither a run nor a job has this id.
         """
-        from rewind.jobs import state as job_state
-
         try:
             return self.store.get_run(run_id)
         except UnknownRun:

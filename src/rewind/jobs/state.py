@@ -207,6 +207,18 @@ def end_attempt(store: Store, job_id: str, *, error: str | None) -> None:
     )
 
 
+def abandon_job(store: Store, job_id: str, reason: str) -> None:
+    """Mark a job that will never finish (its server stopped) ``failed`` with ``reason``;
+    a job already ``succeeded``/``failed`` is left as it is."""
+    t = schema.jobs
+    with store.write() as conn:
+        conn.execute(
+            update(t)
+            .where(t.c.job_id == job_id, t.c.state.in_(("queued", "running")))
+            .values(state="failed", error=reason, finished_at=time.time())
+        )
+
+
 def _update(store: Store, job_id: str, **values: Any) -> None:
     with store.write() as conn:
         conn.execute(update(schema.jobs).where(schema.jobs.c.job_id == job_id).values(**values))
