@@ -16,7 +16,6 @@ report that grows a field is still served as is.
 from __future__ import annotations
 
 import uuid
-from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import views
 from rewind.api.app import NodeRef, UnknownJob, _check_value, _field_error
-from rewind.api.runner import QueueRunManager, ReportJob
+from rewind.api.runner import ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
 from rewind.errors import ForkError, InvalidOverride, RewindError, RunBusy, UnknownNode, UnknownRun
 from rewind.replay import (
@@ -563,16 +562,16 @@ def report_routes(ctx: ServerContext) -> APIRouter:
 
             # With a task queue every variant is queued at once and executes on the queue's
             # workers (their processes bound the concurrency); else on `workers` threads here.
-            queued = ctx.manager if isinstance(ctx.manager, QueueRunManager) else None
+            run_fork = ctx.manager.remote_fork()
             report = grid(
                 session,
                 parent.run_id,
                 at=idx + 1,
                 overrides=overrides,
-                max_workers=len(overrides) if queued else workers,
+                max_workers=len(overrides) if run_fork else workers,
                 effects=effects,
                 on_variant=lambda v: job.add_progress(_variant_progress(v)),
-                run_fork=queued.fork_and_wait if queued else None,
+                run_fork=run_fork,
             )
             return report.to_json()
 
@@ -675,7 +674,6 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                     }
                 )
 
-            queued = ctx.manager if isinstance(ctx.manager, QueueRunManager) else None
             report = stability(
                 session,
                 parent.run_id,
@@ -683,7 +681,7 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 from_node=idx + 1,
                 override=override,
                 on_sample=on_sample,
-                run_fork=partial(queued.fork_and_wait, cache_mode="stability") if queued else None,
+                run_fork=ctx.manager.remote_fork(cache_mode="stability"),
             )
             return report.to_json()
 

@@ -32,12 +32,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rewind.errors import RewindError, UnknownRun
 from rewind.jobs import Job, run_job
 from rewind.jobs import state as job_state
 from rewind.replay import Pipeline, Rewind
+from rewind.stability import RemoteFork
 from rewind.store import RunRecord, Store
 
 logger = logging.getLogger(__name__)
@@ -238,6 +240,11 @@ class RunManager(_WorkerPool):
         """Jobs queued or running."""
         with self._lock:
             return [j for j in self._jobs.values() if j.state != "done"]
+
+    def remote_fork(self, cache_mode: str = "replay") -> RemoteFork | None:
+        """How a grid or stability job executes its forks elsewhere; None: on this process's
+        threads (the in-process default)."""
+        return None
 
     def is_active(self, run_id: str) -> bool:
         """True when this server is executing (or about to execute) the run."""
@@ -695,6 +702,11 @@ class QueueRunManager(RunManager):
                     f"its job {spec.job_id} still executes on a worker",
                 )
             time.sleep(JOB_POLL_S)
+
+    def remote_fork(self, cache_mode: str = "replay") -> RemoteFork | None:
+        """Forks of grid and stability jobs are queued for the workers
+        (:meth:`fork_and_wait`)."""
+        return partial(self.fork_and_wait, cache_mode=cache_mode)
 
     def job(self, run_id: str) -> RunJob | None:
         """None: no job's progress is held in this process."""
