@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry
 from rewind.jobs import state as job_state
-from rewind.jobs.queue import celery_app
+from rewind.jobs.queue import VISIBILITY_ENV, celery_app
 from rewind.store import Store, open_store
 from tests import queue_pipelines
 from tests.conftest import StoreTarget, row_counts
@@ -44,13 +44,21 @@ class Workers:
     ``gate``: the folder the workers' ``scale`` nodes wait on (tests/queue_pipelines.py)."""
 
     def __init__(
-        self, queue: str, store: StoreTarget, logs: Path, count: int = 1, gate: Path | None = None
+        self,
+        queue: str,
+        store: StoreTarget,
+        logs: Path,
+        count: int = 1,
+        gate: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.queue, self.store, self.logs, self.count, self.gate = queue, store, logs, count, gate
+        self.env = env or {}
+        self.release_on_exit = True
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Workers:
-        env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{REPO}")
+        env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{REPO}", **self.env)
         env.pop(queue_pipelines.GATE_ENV, None)
         if self.gate is not None:
             env[queue_pipelines.GATE_ENV] = str(self.gate)
@@ -80,7 +88,7 @@ class Workers:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.logs.glob("*.log")))
 
     def __exit__(self, *exc: object) -> None:
-        if self.gate is not None:  # a test that failed mid-hold: let the held job end
+        if self.gate is not None and self.release_on_exit:  # a test failed mid-hold: end the job
             set_gate(self.gate, "release", "exit")
         for p in self.procs:
             p.terminate()
@@ -392,6 +400,42 @@ def test_a_worker_killed_mid_job_leaves_the_run_interrupted_and_the_job_retried(
         assert trajectory(qc, retried["run_id"]) == trajectory(lc, reference["run_id"])
         # The lost attempt stays interrupted (recorded runs are immutable): its stream ends so.
         assert events(qc, first_run)[-1][1]["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_whole_worker_killed_mid_job_has_its_job_handed_out_again(
+    tmp_path: Path, queue: str, queued_target: StoreTarget, queued_store: Store
+) -> None:
+    """The worker's parent process and its pool process both killed (a machine lost): the
+    unacknowledged job comes back after the broker's visibility timeout (3 s here)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    set_gate(gate, "mode", "hold")
+    env = {VISIBILITY_ENV: "3"}
+    queued = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=queue)
+    with TestClient(queued, base_url="http://127.0.0.1") as qc:
+        with Workers(queue, queued_target, tmp_path / "logs1", gate=gate, env=env) as first:
+            first.release_on_exit = False
+            accepted = start(qc)
+            entered = wait_until(lambda: sorted(gate.glob("entered-*")), "the job to reach scale")
+            child = entered_pid(entered[0])
+            os.kill(first.procs[0].pid, signal.SIGKILL)
+            os.kill(child, signal.SIGKILL)
+            first.procs[0].wait()
+        run_id, job_id = accepted["run_id"], accepted["job_id"]
+        assert qc.get(f"/api/jobs/{job_id}").json()["state"] == "running"  # nobody knows yet
+        with Workers(queue, queued_target, tmp_path / "logs2", gate=gate, env=env) as second:
+            # The new worker marked the run of its host's dead process interrupted at start.
+            assert qc.get(f"/api/runs/{run_id}").json()["status"] == "interrupted"
+
+            def retried() -> list[Path]:
+                return [p for p in gate.glob("entered-*") if entered_pid(p) != child]
+
+            wait_until(retried, f"the job to come back:\n{second.log_text()}")
+            set_gate(gate, "release", "go")
+            job = wait_job(qc, job_id)
+    assert (job["state"], job["attempts"], job["earlier_runs"]) == ("succeeded", 2, [run_id])
+    assert queued_store.get_run(job["run_id"]).status == "completed"
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ with the reason. ``worker_prefetch_multiplier=1``: a worker reserves one job per
 so a grid's variants spread over every worker.
 
 A whole worker (the parent process) killed leaves its reserved message unacknowledged in Redis;
-Redis hands it out again after the broker's visibility timeout (:data:`VISIBILITY_TIMEOUT_S`),
-and ``rewind worker`` marks runs of dead processes of its host ``interrupted`` when it starts.
+it is handed out again after the broker's visibility timeout (:data:`VISIBILITY_TIMEOUT_S`;
+every running worker looks for such messages at least every 10 s), and ``rewind worker`` marks
+runs of dead processes of its host ``interrupted`` when it starts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ QUEUE_ENV = "REWIND_QUEUE"
 """Environment variable naming the broker (``redis://host:port/db``); unset: in-process."""
 TASK_NAME = "rewind.run_job"
 VISIBILITY_TIMEOUT_S = 3600
+"""Seconds after which Redis hands out again a job a worker reserved but never acknowledged (its
+whole worker died); ``REWIND_QUEUE_VISIBILITY_S`` changes it. Keep it above the longest job: a
+job still executing past it is handed out a second time (a second worker on the same host sees
+the first one alive and skips it; on another host the first attempt's run is marked
+``interrupted`` and the job retried)."""
+VISIBILITY_ENV = "REWIND_QUEUE_VISIBILITY_S"
 CONNECT_TIMEOUT_S = 3.0
 
 
@@ -73,6 +80,7 @@ def celery_app(url: str) -> Any:
                 "the task queue needs Celery, which is not installed",
                 "pip install 'rewind-replay[queue]'",
             ) from exc
+        visibility = _visibility_s()
         app = Celery("rewind", broker=url, set_as_current=False)
         app.conf.update(
             task_acks_late=True,
@@ -84,7 +92,11 @@ def celery_app(url: str) -> Any:
             broker_connection_retry_on_startup=False,
             broker_connection_timeout=CONNECT_TIMEOUT_S,
             broker_transport_options={
-                "visibility_timeout": VISIBILITY_TIMEOUT_S,
+                "visibility_timeout": visibility,
+                # Every running worker looks for jobs whose worker vanished (kombu's default
+                # scans once every 10 × 10 s); a scan is one sorted-set range query.
+                "unacked_restore_interval": max(1.0, min(10.0, visibility / 3)),
+                "unacked_restore_throttle": 1,
                 "socket_connect_timeout": CONNECT_TIMEOUT_S,
                 "socket_timeout": 30,
             },
@@ -94,6 +106,20 @@ def celery_app(url: str) -> Any:
         app.task(name=TASK_NAME, bind=False)(_run_job_task)
         _apps[url] = app
         return app
+
+
+def _visibility_s() -> float:
+    raw = os.environ.get(VISIBILITY_ENV, "").strip()
+    try:
+        value = float(raw) if raw else float(VISIBILITY_TIMEOUT_S)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise QueueUnavailable(
+            f"{VISIBILITY_ENV}={raw!r} is not a positive number of seconds",
+            f"unset it (default {VISIBILITY_TIMEOUT_S}) or set it above your longest job",
+        )
+    return value
 
 
 def _run_job_task(doc: dict[str, Any]) -> None:
