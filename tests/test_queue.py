@@ -224,6 +224,8 @@ def test_record_and_fork_execute_on_a_worker_and_equal_in_process(
         TestClient(local, base_url="http://127.0.0.1") as lc,
         TestClient(queued, base_url="http://127.0.0.1") as qc,
     ):
+        assert lc.get("/api/health").json()["execution"] == {"mode": "threads", "workers": 2}
+        assert qc.get("/api/health").json()["execution"]["reachable"] is True
         for name, c in (("local", lc), ("queued", qc)):
             accepted = start(c)
             parent = wait_run(c, accepted["run_id"])
@@ -478,11 +480,16 @@ def test_an_unreachable_queue_is_one_clear_error_and_writes_nothing(
     tmp_path: Path, local_store: Store
 ) -> None:
     queued_store = local_store
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
     app = create_app(queued_store, chat_client=None, pipelines=REGISTRY, queue=dead)
     before = row_counts(queued_store)
     with TestClient(app, base_url="http://127.0.0.1") as c:
         r = c.post("/api/runs", json={"pipeline": "scaling"})
+        health = c.get("/api/health").json()
+    assert health["execution"] == {
+        "mode": "queue", "queue": dead.replace(":s3cret@", "***@"), "reachable": False
+    }  # fmt: skip
+    assert "s3cret" not in r.text
     assert r.status_code == 503, r.text
     body = r.json()
     assert body["error"] == "QueueUnavailable"

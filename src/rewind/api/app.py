@@ -704,6 +704,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "version": rewind.__version__,
             "runs_in_flight": len(manager.active()),
             "reports_in_flight": len(ctx.reports.active()),
+            "execution": manager.execution(),
             "interrupted_at_start": ctx.interrupted_at_start,
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }

@@ -246,6 +246,10 @@ class RunManager(_WorkerPool):
         threads (the in-process default)."""
         return None
 
+    def execution(self) -> dict[str, Any]:
+        """Where jobs execute, for ``/api/health``: ``{"mode": "threads", "workers": N}``."""
+        return {"mode": "threads", "workers": len(self._threads)}
+
     def is_active(self, run_id: str) -> bool:
         """True when this server is executing (or about to execute) the run."""
         job = self.job(run_id)
@@ -707,6 +711,17 @@ class QueueRunManager(RunManager):
         """Forks of grid and stability jobs are queued for the workers
         (:meth:`fork_and_wait`)."""
         return partial(self.fork_and_wait, cache_mode=cache_mode)
+
+    def execution(self) -> dict[str, Any]:
+        """``{"mode": "queue", "queue": URL without password, "reachable": bool}``."""
+        from rewind.jobs.queue import QueueUnavailable, check_queue, safe_url
+
+        try:
+            check_queue(self.queue)
+            reachable = True
+        except QueueUnavailable:
+            reachable = False
+        return {"mode": "queue", "queue": safe_url(self.queue), "reachable": reachable}
 
     def job(self, run_id: str) -> RunJob | None:
         """None: no job's progress is held in this process."""

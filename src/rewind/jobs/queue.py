@@ -167,7 +167,7 @@ def check_queue(url: str) -> None:
             conn.ensure_connection(max_retries=1, timeout=CONNECT_TIMEOUT_S)
     except Exception as exc:  # kombu's OperationalError, socket errors, bad credentials
         raise QueueUnavailable(
-            f"cannot reach the task queue at {_safe(url)}: {_first_line(exc)}",
+            f"cannot reach the task queue at {safe_url(url)}: {_first_line(exc)}",
             "start Redis (redis-server) or fix --queue / REWIND_QUEUE",
         ) from exc
 
@@ -190,7 +190,7 @@ def publish(url: str, job: Job) -> None:
         )
     except Exception as exc:
         raise QueueUnavailable(
-            f"cannot hand the job to the task queue at {_safe(url)}: {_first_line(exc)}",
+            f"cannot hand the job to the task queue at {safe_url(url)}: {_first_line(exc)}",
             hint,
         ) from exc
 
@@ -229,11 +229,11 @@ def _probe(url: str, what: str, hint: str) -> None:
         ):
             pass
     except OSError as exc:
-        raise QueueUnavailable(f"{what} {_safe(url)}: {exc.strerror or exc}", hint) from exc
+        raise QueueUnavailable(f"{what} {safe_url(url)}: {exc.strerror or exc}", hint) from exc
 
 
-def _safe(url: str) -> str:
-    """The URL without a password."""
+def safe_url(url: str) -> str:
+    """``url`` with its credentials hidden (for messages and ``/api/health``)."""
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
