@@ -7,7 +7,7 @@ UI_INDEX := src/rewind/static/index.html
 UI_SOURCES := web/package.json web/package-lock.json web/index.html web/vite.config.ts \
 	web/tailwind.config.js $(shell find web/src web/public -type f 2>/dev/null)
 
-.PHONY: demo test lint verify bench serve ui chromium postgresql clean
+.PHONY: demo test lint verify bench serve ui chromium postgresql redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,10 +32,15 @@ chromium:
 postgresql:
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update && apt-get install -y --no-install-recommends postgresql)
 
+# Debian's Redis server for the task-queue tests: they start their own on 127.0.0.1 at a free port
+# without persistence (tests/services.py) and stop it; the package's own service is never used.
+redis:
+	command -v redis-server >/dev/null 2>&1 || (apt-get update && apt-get install -y --no-install-recommends redis-server)
+
 demo: $(STAMP)
 	$(BIN)/rewind demo
 
-test: $(STAMP) $(UI_INDEX) chromium postgresql
+test: $(STAMP) $(UI_INDEX) chromium postgresql redis
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest -q

@@ -19,9 +19,13 @@ from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import Store, open_store
 from tests import pipelines
-from tests.services import PostgresServer, postgres_server, s3_server
+from tests.services import PostgresServer, postgres_server, redis_server, s3_server
 
-__all__ = ["postgres_server", "s3_server"]  # session fixtures: started only when a test asks
+__all__ = [
+    "postgres_server",
+    "redis_server",
+    "s3_server",
+]  # session fixtures: started only when a test asks
 
 FAKE_MODEL = "fake-model"
 FAKE_BASE_URL = "http://fake.test/v1"

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -188,3 +189,66 @@ def s3_server() -> Iterator[S3Server]:
         yield S3Server(endpoint_url=f"http://127.0.0.1:{port}")
     finally:
         server.stop()
+
+
+REDIS_START_WAIT_S = 60  # a bound on waiting for a hung start, not a speed requirement
+
+
+@dataclass
+class RedisServer:
+    """A running throwaway Redis server on loopback; :meth:`new_url` gives each test its own
+    database (0–15), so one test's queued jobs never reach another test's workers."""
+
+    port: int
+    _next_db: int = 0
+
+    def new_url(self) -> str:
+        """A ``redis://`` URL of a database no other test of the session used (flushed)."""
+        import redis
+
+        db = self._next_db % 16
+        self._next_db += 1
+        client = redis.Redis(host="127.0.0.1", port=self.port, db=db)
+        client.flushdb()
+        client.close()
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """Start Debian's ``redis-server`` (``make redis`` installs it) on 127.0.0.1 at a free port,
+    without persistence, for the test session; stop it at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        missing_service("no redis-server binary (make redis installs Debian's redis-server)")
+    try:
+        import redis
+    except ModuleNotFoundError:
+        missing_service("the redis client is not installed (pip install -e '.[dev]')")
+    folder = Path(tempfile.mkdtemp(prefix="rewind-redis-"))
+    port = free_port()
+    command = [str(binary), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    command += ["--appendonly", "no", "--dir", str(folder), "--protected-mode", "yes"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+    try:
+        for _ in range(REDIS_START_WAIT_S * 10):
+            if proc.poll() is not None:
+                pytest.fail(f"redis-server exited at start with status {proc.returncode}")
+            try:
+                if client.ping():
+                    break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"redis-server did not answer on port {port}")
+        yield RedisServer(port=port)
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)

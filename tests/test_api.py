@@ -28,6 +28,7 @@ from rewind.api.command import serve, server_url
 from rewind.api.pipelines import PipelineEntry, research_entry
 from rewind.artifacts import publish
 from rewind.errors import RewindError
+from rewind.jobs import state as job_state
 from rewind.llm import ChatClient
 from rewind.replay import Pipeline
 from rewind.store import Store, open_store
@@ -740,6 +741,8 @@ def test_restart_marks_runs_in_flight_interrupted(store: Store, chat_client: Cha
     pipelines.BLOCK_RELEASE.set()
     time.sleep(0.2)
     assert store.get_run(rid).status == "interrupted"  # the late finish does not overwrite it
+    job = job_state.job_of_run(store, rid)  # the job's row says so too, never "running"
+    assert job is not None and (job.state, job.error) == ("failed", "the server stopped")
 
     # A run left "running" by a process that died is marked when the next server starts.
     script = (

@@ -1086,6 +1086,43 @@ def serve(
 
 
 @app.command()
+def worker(
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            envvar="REWIND_QUEUE", help="The task queue's Redis URL (redis://HOST:PORT/0)."
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Worker processes: jobs executed at once.")] = 2,
+    store: StoreOpt = None,
+) -> None:
+    """Execute runs and forks from the task queue (a Celery worker over Redis) until stopped.
+
+    Jobs name their store; --store (or $REWIND_STORE) makes every job use this one instead
+    (needed for a database URL with a password, which jobs never carry).
+    """
+    from rewind.jobs.queue import WORKER_STORE_ENV, QueueUnavailable, check_queue, start_worker
+    from rewind.store import open_store
+
+    _count("--concurrency", concurrency)
+    if not queue or not queue.strip():
+        raise QueueUnavailable(
+            "no task queue is configured",
+            "pass --queue redis://127.0.0.1:6379/0 or set REWIND_QUEUE",
+        )
+    check_queue(queue)
+    if _state["store"] is not None or os.environ.get(STORE_ENV) is not None:
+        location = _store()
+        st = open_store(location)  # checks, creates or migrates it before any job arrives
+        reaped = st.reap_orphans()
+        st.close()
+        if reaped:
+            err_console.print(f"marked {len(reaped)} run(s) of dead processes interrupted")
+        os.environ[WORKER_STORE_ENV] = location
+    start_worker(queue, concurrency=concurrency)
+
+
+@app.command()
 def verify(
     keep: Annotated[
         bool, typer.Option(help="Keep the temporary store and print its path.")

@@ -52,7 +52,7 @@ from rewind.replay import (
     parse_override,
     plan_fork,
 )
-from rewind.stability import merge_key_orders, occurrence_keys
+from rewind.stability import RemoteFork, merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import console as make_console
 from rewind.terminal import inert
@@ -387,6 +387,7 @@ def grid(
     share_llm: bool = True,
     on_variant: VariantListener | None = None,
     restore: str = "refuse",
+    run_fork: RemoteFork | None = None,
 ) -> GridReport:
     """Fork ``run_id`` at ``at`` once per override, concurrently, and compare the variants.
 
@@ -411,6 +412,11 @@ def grid(
             (matrix fields not filled in yet).
         restore: ``refuse`` (default) or ``replace``: what a live restore does with data its
             pinned snapshot does not hold (``replace`` needs ``effects="live"``).
+        run_fork: executes one variant's fork elsewhere and returns its run once it ended —
+            ``run_fork(parent_run_id, at, override, new_run_id, effects, config)`` (``at``
+            1-based); default: ``rw.fork`` on this process's threads. With a task queue
+            (:meth:`rewind.api.runner.QueueRunManager.fork_and_wait`) the variants execute on
+            the queue's workers; ``max_workers`` then bounds how many are queued at once.
     Returns:
         the report; a variant that failed is a column with ``error`` set (its run is recorded
         as failed at the node that failed).
@@ -446,7 +452,8 @@ def grid(
     parent, nodes, idx = plans[0].parent, list(plans[0].nodes), plans[0].index
 
     batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-    shared = SharedChatClient(rw.chat_client) if share_llm and rw.chat_client else None
+    local = run_fork is None
+    shared = SharedChatClient(rw.chat_client) if local and share_llm and rw.chat_client else None
     session = rw
     if shared is not None:
         # Same store, persister and registered pipelines; only the chat client differs.
@@ -459,15 +466,18 @@ def grid(
         started = time.perf_counter()
         config = parent.config | {"purpose": "grid", "grid_batch": batch, "grid_variant": i}
         try:
-            run = session.fork(
-                parent.run_id,
-                at=idx + 1,
-                override=overrides[i],
-                new_run_id=ids[i],
-                effects=effects,
-                restore=restore,
-                config=config,
-            )
+            if run_fork is not None:
+                run = run_fork(parent.run_id, idx + 1, overrides[i], ids[i], effects, config)
+            else:
+                run = session.fork(
+                    parent.run_id,
+                    at=idx + 1,
+                    override=overrides[i],
+                    new_run_id=ids[i],
+                    effects=effects,
+                    restore=restore,
+                    config=config,
+                )
             return run, run.error, (time.perf_counter() - started) * 1000, None
         except RewindError as exc:
             # The fork recorded the run as failed before re-raising an environment error.

@@ -73,6 +73,11 @@ REPORTS_DIR = "reports"
 
 SampleListener = Callable[[int, RunRecord], None]
 
+RemoteFork = Callable[[str, int, Override | None, str, str, dict[str, Any]], RunRecord]
+"""``(parent_run_id, at, override, new_run_id, effects, config) -> run``: one fork (a grid
+variant, a stability sample) executed elsewhere — on a task queue's workers — returning its run
+once it ended."""
+
 
 # -- records -----------------------------------------------------------------------------------
 
@@ -352,6 +357,7 @@ def stability(
     temperature: float | None = None,
     save: bool = True,
     on_sample: SampleListener | None = None,
+    run_fork: RemoteFork | None = None,
 ) -> StabilityReport:
     """Run the branch of ``run_id`` from ``from_node`` K times live and measure hash spread.
 
@@ -370,6 +376,10 @@ def stability(
             ``from_node`` (see :func:`temperature_override`); excludes ``override``.
         save: write the report under ``<store root>/reports/`` (see :func:`save_report`).
         on_sample: called with (0-based sample index, its run) after each sample.
+        run_fork: executes one sample's fork elsewhere and returns its run once it ended —
+            ``run_fork(parent_run_id, at, override, new_run_id, effects, config)`` with
+            ``cache_mode="stability"`` applied by the callee (a task queue's workers); default:
+            ``rw.fork`` here. Samples still run one after the other.
     Returns:
         the report; ``report.path`` is set when saved.
     Raises:
@@ -405,6 +415,12 @@ def stability(
             "k": k,
         }
         try:
+            if run_fork is not None:
+                child = run_fork(parent.run_id, idx + 1, override, child_id, "recorded", config)
+                samples.append(child)
+                if on_sample is not None:
+                    on_sample(i, child)
+                continue
             child = rw.fork(
                 parent.run_id,
                 at=idx + 1,

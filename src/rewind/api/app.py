@@ -41,7 +41,7 @@ import rewind
 from rewind.api import access, views
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
-from rewind.api.runner import ReportManager, RunJob, RunManager
+from rewind.api.runner import QueueRunManager, ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
 from rewind.api.security import bearer_token, cross_site_reason
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
@@ -56,6 +56,9 @@ from rewind.errors import (
     UnknownNode,
     UnknownRun,
 )
+from rewind.jobs import Job, JobError
+from rewind.jobs.queue import QueueUnavailable, queue_url
+from rewind.jobs.spec import new_job_id, store_location
 from rewind.replay import (
     InputOverride,
     OutputOverride,
@@ -92,6 +95,8 @@ _STATUS = {
     ForkError: 409,
     EndpointUnavailable: 503,
     StoreError: 500,
+    QueueUnavailable: 503,
+    JobError: 422,
 }
 
 CSP = (
@@ -537,6 +542,7 @@ def create_app(
     workers: int = 2,
     static_dir: Path | None = None,
     require_auth: bool = False,
+    queue: str | None = None,
 ) -> FastAPI:
     """Build the API + UI application.
 
@@ -557,6 +563,8 @@ def create_app(
         require_auth: every API request needs a token even while the store has no users
             (``rewind serve --auth``). Without it, requests need one as soon as the store has
             a user (:mod:`rewind.store.users`): each sees only their own and their team's runs.
+        queue: a Redis URL: runs and forks execute on ``rewind worker`` processes (Celery)
+            instead of this server's threads; None reads ``REWIND_QUEUE`` (unset: threads).
     """
     owns_store = not isinstance(store, Store)
     st = store if isinstance(store, Store) else open_store(store)
@@ -574,7 +582,12 @@ def create_app(
     for entry in registry.values():
         with suppress(Exception):
             prebuilt.append(entry.build())
-    manager = RunManager(st, chat_client, workers=workers, pipelines=prebuilt)
+    broker = queue_url(queue)
+    manager: RunManager = (
+        QueueRunManager(st, broker, chat_client, pipelines=prebuilt)
+        if broker
+        else RunManager(st, chat_client, workers=workers, pipelines=prebuilt)
+    )
     reports = ReportManager(st, chat_client, workers=1, pipelines=prebuilt)
     ctx = ServerContext(
         st,
@@ -675,6 +688,7 @@ def _accepted(job: RunJob) -> JSONResponse:
     rid = job.run_id
     body = {
         "run_id": rid,
+        "job_id": job.job_id,
         "status": "queued",
         "kind": job.kind,
         "pipeline": job.pipeline,
@@ -786,6 +800,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "version": rewind.__version__,
             "runs_in_flight": len(manager.active()),
             "reports_in_flight": len(ctx.reports.active()),
+            "execution": manager.execution(),
             "interrupted_at_start": ctx.interrupted_at_start if access.current().admin else [],
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }
@@ -861,13 +876,34 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         rid = new_run_id()
         config = {"model": _model_name(ctx.chat_client), "source": "api"}
 
-        def job(rw: Rewind) -> RunRecord:
-            return rw.record(pipeline, state, run_id=rid, config=config)
-
+        spec = Job(
+            "record",
+            new_job_id(),
+            rid,
+            store_location(store),
+            pipeline.name,
+            pipeline.ref or "",
+            {"state": state, "config": config, "created_by": access.current().name},
+        )
         created_by = access.current().name
         return _accepted(
-            manager.submit(RunJob(rid, "record", pipeline.name, job, created_by=created_by))
+            manager.submit(
+                RunJob(rid, "record", pipeline.name, None, created_by=created_by, spec=spec)
+            )
         )
+
+    @r.get("/jobs/{job_id}", tags=["runs"], responses=_LOOKUP)
+    def get_job(job_id: str) -> dict[str, Any]:
+        """A run or fork job as the store keeps it: ``queued``, ``running``, ``succeeded`` or
+        ``failed`` (with ``error``), its attempts, the run of the current attempt and the runs
+        of earlier attempts a lost worker left ``interrupted``."""
+        from rewind.jobs import state as job_state
+
+        row = job_state.get_job(store, job_id)
+        if row is None or not access.current().can_see(row.job.args.get("created_by")):
+            # another user's job answers like one that does not exist
+            raise UnknownJob(f"no job {job_id!r}", "job ids come from POST /api/runs or /fork")
+        return row.to_json()
 
     @r.get("/runs/{run_id}", tags=["runs"], responses=_LOOKUP)
     def get_run(run_id: str) -> dict[str, Any]:
@@ -1092,31 +1128,38 @@ def _submit_fork(
     restore: str = "refuse",
 ) -> JSONResponse:
     rid = new_run_id()
-
-    def job(rw: Rewind) -> RunRecord:
-        return rw.fork(
-            parent.run_id,
-            at=idx + 1,
-            override=override,
-            new_run_id=rid,
-            effects=effects,
-            allow_code_change=allow_code_change,
-            restore=restore,
-        )
-
+    spec = Job(
+        "fork",
+        new_job_id(),
+        rid,
+        store_location(ctx.store),
+        parent.pipeline,
+        parent.pipeline_ref,
+        {
+            "parent_run_id": parent.run_id,
+            "at": idx + 1,
+            "fork_node": fork_node.name,
+            "override": override.to_json() if override else None,
+            "effects": effects,
+            "allow_code_change": allow_code_change,
+            "restore": restore,
+            "created_by": access.current().name,
+        },
+    )
     return _accepted(
         ctx.manager.submit(
             RunJob(
                 rid,
                 "fork",
                 parent.pipeline,
-                job,
+                None,
                 parent_run_id=parent.run_id,
                 fork_node=fork_node.name,
                 fork_position=idx,
                 override=override.to_json() if override else None,
                 effects=effects,
                 created_by=access.current().name,
+                spec=spec,
             )
         )
     )
@@ -1172,7 +1215,7 @@ async def _follow_store(
     """Follow a run another process executes by polling the store once a second."""
     seen = -1
     while not await request.is_disconnected():
-        run = await run_in_threadpool(ctx.store.get_run, run_id)
+        run = await run_in_threadpool(ctx.manager.resolve, run_id)
         count = len(await run_in_threadpool(ctx.store.nodes_of, run_id, with_calls=False))
         if count != seen:
             seen = count

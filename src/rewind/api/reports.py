@@ -521,15 +521,19 @@ def report_routes(ctx: ServerContext) -> APIRouter:
         def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
             from rewind.grid import grid
 
+            # With a task queue every variant is queued at once and executes on the queue's
+            # workers (their processes bound the concurrency); else on `workers` threads here.
+            run_fork = ctx.manager.remote_fork(restore=restore, created_by=session.created_by)
             report = grid(
                 session,
                 parent.run_id,
                 at=idx + 1,
                 overrides=overrides,
-                max_workers=workers,
+                max_workers=len(overrides) if run_fork else workers,
                 effects=effects,
                 on_variant=lambda v: job.add_progress(_variant_progress(v)),
                 restore=restore,
+                run_fork=run_fork,
             )
             return report.to_json()
 
@@ -643,6 +647,9 @@ def report_routes(ctx: ServerContext) -> APIRouter:
                 from_node=idx + 1,
                 override=override,
                 on_sample=on_sample,
+                run_fork=ctx.manager.remote_fork(
+                    cache_mode="stability", created_by=session.created_by
+                ),
             )
             return report.to_json()
 

@@ -32,16 +32,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rewind.errors import RewindError, UnknownRun
+from rewind.jobs import Job, run_job
+from rewind.jobs import state as job_state
 from rewind.replay import Pipeline, Rewind
+from rewind.stability import RemoteFork
 from rewind.store import RunRecord, Store
 
 logger = logging.getLogger(__name__)
 
 JobFn = Callable[[Rewind], RunRecord]
 KEEP_FINISHED_JOBS = 500
+JOB_POLL_S = 0.1
+"""How often (seconds) a server waiting for a queued job reads its row."""
 
 
 @dataclass
@@ -67,7 +73,7 @@ class RunJob:
     run_id: str
     kind: str
     pipeline: str
-    fn: JobFn
+    fn: JobFn | None
     parent_run_id: str | None = None
     fork_node: str | None = None
     fork_position: int | None = None
@@ -80,6 +86,13 @@ class RunJob:
     events: list[dict[str, Any]] = field(default_factory=list)
     running: dict[str, Any] | None = None
     finished: dict[int, dict[str, Any]] = field(default_factory=dict)
+    spec: Job | None = None
+    """The job as data; executed with :func:`rewind.jobs.run_job` (``fn`` is then None)."""
+
+    @property
+    def job_id(self) -> str | None:
+        """The id of the job row in the store (None for a job given as a function)."""
+        return self.spec.job_id if self.spec is not None else None
 
     def placeholder(self) -> RunRecord:
         """A run record for a job whose row the worker has not created yet."""
@@ -203,6 +216,9 @@ class RunManager(_WorkerPool):
             with contextlib.suppress(Exception):
                 self.store.finish_run(job.run_id, "interrupted", error="the server stopped")
                 marked.append(job.run_id)
+            if job.spec is not None:
+                with contextlib.suppress(Exception):
+                    job_state.abandon_job(self.store, job.spec.job_id, "the server stopped")
             self._emit(job, "run_finished", {"status": "interrupted", "error": "server stopped"})
         return marked
 
@@ -227,6 +243,21 @@ class RunManager(_WorkerPool):
         """Jobs queued or running."""
         with self._lock:
             return [j for j in self._jobs.values() if j.state != "done"]
+
+    def remote_fork(
+        self,
+        cache_mode: str = "replay",
+        *,
+        restore: str = "refuse",
+        created_by: str | None = None,
+    ) -> RemoteFork | None:
+        """How a grid or stability job executes its forks elsewhere; None: on this process's
+        threads (the in-process default)."""
+        return None
+
+    def execution(self) -> dict[str, Any]:
+        """Where jobs execute, for ``/api/health``: ``{"mode": "threads", "workers": N}``."""
+        return {"mode": "threads", "workers": len(self._threads)}
 
     def is_active(self, run_id: str) -> bool:
         """True when this server is executing (or about to execute) the run."""
@@ -272,7 +303,16 @@ class RunManager(_WorkerPool):
             rw.register(p)
         error: str | None = None
         try:
-            job.fn(rw)
+            if job.spec is not None:
+                run_job(
+                    job.spec,
+                    store=self.store,
+                    chat_client=self.chat_client,
+                    pipelines=self.pipelines,
+                    on_event=rw.on_event,
+                )
+            elif job.fn is not None:
+                job.fn(rw)
         except RewindError as exc:
             error = exc.message + (f" — {exc.hint}" if exc.hint else "")
         except Exception as exc:  # a worker must survive any run
@@ -545,3 +585,224 @@ class ReportManager(_WorkerPool):
             job.error = error
             job.state = "failed" if error else "completed"
             job.finished_at = time.time()
+
+
+# -- the distributed seam: jobs on Celery workers over Redis --------------------------------------
+
+
+class QueueRunManager(RunManager):
+    """:class:`RunManager`'s interface over a task queue (``REWIND_QUEUE=redis://…``).
+
+    ``submit`` writes the job's row (``queued``) and publishes the job to the broker; ``rewind
+    worker`` processes execute it with :func:`rewind.jobs.run_job`. Nothing about a job lives in
+    this process: queued placeholders, whether a run is active and its progress are read from
+    the store (the event stream polls it), so any number of API servers can share the workers.
+
+    Args:
+        store: the store the API and the workers share.
+        queue: the broker URL.
+        chat_client: the API's model client (unused for execution: workers have their own).
+        pipelines: pipelines the API knows (a record job of one needs a ``ref`` workers import).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        queue: str,
+        chat_client: Any = None,
+        *,
+        pipelines: list[Pipeline] | None = None,
+    ) -> None:
+        super().__init__(store, chat_client, workers=1, pipelines=pipelines)
+        self.queue = queue
+
+    def start(self) -> None:
+        """Nothing to start: the workers are other processes."""
+
+    def shutdown(self) -> list[str]:
+        """Nothing to interrupt: the workers own the runs they execute."""
+        self._stopping = True
+        return []
+
+    def submit(self, job: RunJob) -> RunJob:
+        """Write the job's row and hand the job to the queue.
+
+        Raises:
+            JobError: the job is not described as data, or its pipeline cannot be imported by a
+                worker (no ``ref``).
+            QueueUnavailable: the broker cannot be reached (the job's row is removed again).
+        """
+        from rewind.jobs import JobError
+        from rewind.jobs import state as job_state
+        from rewind.jobs.queue import QueueUnavailable, publish
+
+        spec = job.spec
+        if spec is None:
+            raise JobError("this job is not described as data", "submit a rewind.jobs.Job")
+        if spec.kind == "record" and not spec.pipeline_ref:
+            raise JobError(
+                f"pipeline {spec.pipeline!r} has no reference a worker can import",
+                "give the Pipeline a ref='module:attr', or run the server without REWIND_QUEUE",
+            )
+        if self._stopping:
+            raise RewindError("the server is shutting down", "retry on the restarted server")
+        job_state.add_job(self.store, spec)
+        try:
+            publish(self.queue, spec)
+        except QueueUnavailable:
+            job_state.forget_job(self.store, spec.job_id)
+            raise
+        return job
+
+    def fork_and_wait(
+        self,
+        parent_run_id: str,
+        at: int,
+        override: Any,
+        new_run_id: str,
+        effects: str,
+        config: dict[str, Any],
+        *,
+        cache_mode: str = "replay",
+        restore: str = "refuse",
+        created_by: str | None = None,
+    ) -> RunRecord:
+        """Queue one fork and wait for its job to end (a grid variant or a stability sample
+        on the workers).
+
+        Args:
+            parent_run_id: the parent run's full id.
+            at: the fork node's 1-based number.
+            override: a :data:`rewind.replay.Override` or None.
+            new_run_id: the fork's run id (a retry after a lost worker gets another).
+            effects: the side-effect mode.
+            config: settings stored on the fork's run row.
+            cache_mode: ``replay`` or ``stability`` (see :meth:`rewind.replay.Rewind.fork`).
+            restore: ``refuse`` or ``replace`` (see :meth:`rewind.replay.Rewind.fork`).
+            created_by: the user the fork belongs to (None: unowned).
+        Returns:
+            the run of the job's last attempt, as it ended.
+        Raises:
+            QueueUnavailable: the broker cannot be reached.
+            RewindError: the job ended without a run (its row's error), or this server is
+                stopping.
+        """
+        from rewind.jobs import state as job_state
+        from rewind.jobs.spec import new_job_id, store_location
+
+        parent = self.store.get_run(parent_run_id)
+        spec = Job(
+            "fork",
+            new_job_id(),
+            new_run_id,
+            store_location(self.store),
+            parent.pipeline,
+            parent.pipeline_ref,
+            {
+                "parent_run_id": parent.run_id,
+                "at": at,
+                "override": override.to_json() if override is not None else None,
+                "effects": effects,
+                "config": config,
+                "cache_mode": cache_mode,
+                "restore": restore,
+                "created_by": created_by,
+            },
+        )
+        self.submit(RunJob(new_run_id, "fork", parent.pipeline, None, spec=spec))
+        while True:
+            row = job_state.get_job(self.store, spec.job_id)
+            if row is not None and row.done:
+                try:
+                    return self.store.get_run(row.job.run_id)
+                except UnknownRun:
+                    raise RewindError(
+                        f"job {spec.job_id} failed before its run started: {row.error}", ""
+                    ) from None
+            if self._stopping:
+                raise RewindError(
+                    "the server stopped while a grid variant was queued",
+                    f"its job {spec.job_id} still executes on a worker",
+                )
+            time.sleep(JOB_POLL_S)
+
+    def remote_fork(
+        self,
+        cache_mode: str = "replay",
+        *,
+        restore: str = "refuse",
+        created_by: str | None = None,
+    ) -> RemoteFork | None:
+        """Forks of grid and stability jobs are queued for the workers
+        (:meth:`fork_and_wait`), with the job's restore mode and on behalf of its requester."""
+        return partial(
+            self.fork_and_wait, cache_mode=cache_mode, restore=restore, created_by=created_by
+        )
+
+    def execution(self) -> dict[str, Any]:
+        """``{"mode": "queue", "queue": URL without password, "reachable": bool}``."""
+        from rewind.jobs.queue import QueueUnavailable, check_queue, safe_url
+
+        try:
+            check_queue(self.queue)
+            reachable = True
+        except QueueUnavailable:
+            reachable = False
+        return {"mode": "queue", "queue": safe_url(self.queue), "reachable": reachable}
+
+    def job(self, run_id: str) -> RunJob | None:
+        """None: no job's progress is held in this process."""
+        return None
+
+    def active(self) -> list[RunJob]:
+        """Jobs the store lists as queued or running."""
+        return [self._placeholder_job(row) for row in job_state.active_jobs(self.store)]
+
+    def is_active(self, run_id: str) -> bool:
+        """True while the store lists the run's job as queued or running."""
+        row = job_state.job_of_run(self.store, run_id)
+        return row is not None and not row.done
+
+    def resolve(self, run_id: str) -> RunRecord:
+        """The run from the store, or a placeholder from its job's row while it is queued (or
+        ``failed`` with the job's error when the job ended before the run existed).
+
+        Raises:
+            UnknownRun: neither a run nor a job has this id.
+        """
+        try:
+            return self.store.get_run(run_id)
+        except UnknownRun:
+            row = job_state.job_of_run(self.store, run_id)
+            if row is None:
+                raise
+            try:
+                return self.store.get_run(run_id)
+            except UnknownRun:
+                return self._placeholder_job(row).placeholder()
+
+    def subscribe(
+        self, run_id: str, loop: asyncio.AbstractEventLoop
+    ) -> tuple[asyncio.Queue[dict[str, Any]], list[dict[str, Any]], bool]:
+        """No events in this process: the stream follows the run through the store."""
+        return asyncio.Queue(), [], True
+
+    def _placeholder_job(self, row: Any) -> RunJob:
+        spec = row.job
+        a = spec.args
+        at = a.get("at")
+        job = RunJob(
+            spec.run_id,
+            spec.kind,
+            spec.pipeline,
+            None,
+            parent_run_id=a.get("parent_run_id"),
+            fork_position=int(at) - 1 if at is not None else None,
+            override=a.get("override"),
+            effects=a.get("effects"),
+            submitted_at=row.created_at,
+            state="done" if row.done else "queued",
+            error=row.error,
+            spec=spec,
+        )
+        return job

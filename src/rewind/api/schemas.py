@@ -59,6 +59,9 @@ class RunAccepted(BaseModel):
     """A run or fork accepted for execution (``202``); it executes on a worker thread."""
 
     run_id: str
+    job_id: str | None = Field(
+        None, description="the job's id: GET /api/jobs/{job_id} (queued/running/succeeded/failed)"
+    )
     status: str = Field(description="queued")
     kind: str = Field(description="record or fork")
     pipeline: str

@@ -290,3 +290,23 @@ users = Table(
     Column("created_at", Float, nullable=False),  # unix seconds
     Column("revoked_at", Float, nullable=True),  # set: the token is refused
 )
+
+jobs = Table(
+    # Long-running work the API accepted (record, fork): what to do (the job description as
+    # JSON) and where it is — queued, running, succeeded, failed — whether an in-process worker
+    # thread or a Celery worker executes it. Rows change as the job moves (unlike runs).
+    "jobs",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("kind", String(24), nullable=False),  # record | fork
+    Column("run_id", String(64), nullable=False),  # the run of the current attempt
+    Column("state", String(16), nullable=False),  # queued | running | succeeded | failed
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("spec_json", Text, nullable=False),  # rewind.jobs.Job.to_json()
+    Column("error", Text, nullable=True),
+    Column("worker", String(200), nullable=True),  # host:pid of the last executing process
+    Column("runs_json", Text, nullable=False, default="[]"),  # run ids of earlier attempts
+    Column("created_at", Float, nullable=False),  # unix seconds
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+)
