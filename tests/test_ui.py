@@ -528,6 +528,14 @@ def test_what_if_grid_from_the_ui(server: dict[str, Any], page: Any) -> None:
     form.get_by_test_id("grid-value-1").fill(json.dumps(recorded))
     form.get_by_test_id("grid-value-2").fill(json.dumps(other))
     expect(form.get_by_test_id("grid-run")).to_have_text("Run grid (2 variants)")
+    # Variants default to dry-run; live names what each variant would touch and waits for a
+    # confirmation before the grid can run.
+    expect(form.get_by_test_id("grid-effects")).to_have_value("dry-run")
+    form.get_by_test_id("grid-effects").select_option("live")
+    expect(form.get_by_test_id("live-resources")).to_contain_text("publish")
+    expect(form.get_by_test_id("grid-run")).to_be_disabled()
+    form.get_by_test_id("live-confirm-check").check()
+    expect(form.get_by_test_id("grid-run")).to_be_enabled()
     shot(page, "14-grid-form")
     form.get_by_test_id("grid-run").click()
 

@@ -7,6 +7,7 @@ import { fmtInt, fmtMs, shortId } from "../api";
 import { isDone, useJob } from "../jobs";
 import type { Execution, GridCell, GridReport, GridVariant, Job, Run } from "../types";
 import { JobPicker, JobProgress, RequestError } from "./JobStatus";
+import { LiveConfirm } from "./LiveConfirm";
 
 type Effects = "live" | "recorded" | "dry-run";
 
@@ -217,7 +218,10 @@ export function GridPanel({
   const target = options.find((t) => t.key === targetKey) ?? options[0] ?? null;
   const [values, setValues] = useState<string[]>([]);
   const [workers, setWorkers] = useState(4);
-  const [effects, setEffects] = useState<Effects>("live");
+  // Variants default to dry-run (side-effecting calls logged, nothing executed): live re-executes
+  // them for real, so it names the resources each variant would touch and waits for a confirmation.
+  const [effects, setEffects] = useState<Effects>("dry-run");
+  const [liveConfirmed, setLiveConfirmed] = useState(false);
   const grid = useJob<GridReport>("grid", run.run_id);
 
   // Prefill: the recorded value and one alternative.
@@ -232,7 +236,14 @@ export function GridPanel({
   const parsed = values.map(parseJson);
   const finished = run.status !== "running" && run.status !== "queued";
   const running = grid.job !== null && !isDone(grid.job);
-  const canRun = finished && !!target && values.length > 0 && parsed.every((p) => p.ok) && !grid.submitting && !running;
+  const canRun =
+    finished &&
+    !!target &&
+    values.length > 0 &&
+    parsed.every((p) => p.ok) &&
+    (effects !== "live" || liveConfirmed) &&
+    !grid.submitting &&
+    !running;
 
   const submit = () => {
     if (!canRun || !target) return;
@@ -301,12 +312,15 @@ export function GridPanel({
               value={effects}
               onChange={(e) => setEffects(e.target.value as Effects)}
             >
-              <option value="live">live</option>
-              <option value="recorded">recorded</option>
               <option value="dry-run">dry-run</option>
+              <option value="recorded">recorded</option>
+              <option value="live">live</option>
             </select>
           </label>
         </div>
+        {effects === "live" && (
+          <LiveConfirm runId={run.run_id} at={at} what="each live variant" confirmed={liveConfirmed} onConfirmed={setLiveConfirmed} />
+        )}
         {options.length === 0 && (
           <p className="text-xs text-slate-500">No node from {at} on read a param: pick an earlier fork node.</p>
         )}

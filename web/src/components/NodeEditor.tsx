@@ -3,13 +3,12 @@
 import { useEffect, useMemo, useState } from "react";
 import { api, ApiError } from "../api";
 import type { NodeDetail, Run } from "../types";
+import { LiveConfirm } from "./LiveConfirm";
 import { toText } from "./TextBlock";
 
 type Mode = "param" | "input" | "output" | "replay";
 type ChangeMode = Exclude<Mode, "replay">;
 type Effects = "recorded" | "dry-run" | "live";
-// A resource a live fork would re-execute a side-effecting call against (GET live-fork-resources).
-type LiveResource = { number: number; node: string; call_index: number; tool: string; resource: string | null };
 
 const EFFECTS_HELP: Record<Effects, string> = {
   live: "re-execute side-effecting tools (e.g. publish) against a verified pre-state",
@@ -53,7 +52,6 @@ export function NodeEditor({
   // Forks default to recorded (as the CLI does); live re-executes side effects for real, so it
   // names the resources it would touch and waits for a confirmation.
   const [effects, setEffects] = useState<Effects>("recorded");
-  const [liveResources, setLiveResources] = useState<LiveResource[] | null>(null);
   const [liveConfirmed, setLiveConfirmed] = useState(false);
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<ApiError | null>(null);
@@ -67,19 +65,6 @@ export function NodeEditor({
     setError(null);
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [run.run_id, node.number]);
-
-  useEffect(() => {
-    setLiveConfirmed(false);
-    setLiveResources(null);
-    if (effects !== "live") return;
-    let cancelled = false;
-    api<LiveResource[]>(`/api/runs/${run.run_id}/live-fork-resources?at=${node.number}`)
-      .then((rows) => !cancelled && setLiveResources(rows))
-      .catch(() => !cancelled && setLiveResources([]));
-    return () => {
-      cancelled = true;
-    };
-  }, [effects, run.run_id, node.number]);
 
   const current = mode === "replay" ? undefined : values[mode][name];
   useEffect(() => {
@@ -214,33 +199,7 @@ export function NodeEditor({
         <span className="ml-2 text-slate-500">{EFFECTS_HELP[effects]}</span>
       </label>
       {effects === "live" && (
-        <div className="rounded border border-amber-300 bg-amber-50 p-2 text-xs text-amber-900" data-testid="live-confirm">
-          {liveResources === null ? (
-            <div>listing the resources a live fork would touch…</div>
-          ) : liveResources.length === 0 ? (
-            <div>No side-effecting call at or after this node: a live fork touches nothing.</div>
-          ) : (
-            <>
-              <div>A live fork re-executes these side effects for real (pre-state verified or restored first):</div>
-              <ul className="ml-4 list-disc" data-testid="live-resources">
-                {liveResources.map((r) => (
-                  <li key={`${r.number}/${r.call_index}/${r.resource}`}>
-                    node {r.number} {r.node} · {r.tool} → <code className="break-all">{r.resource ?? "no declared resource"}</code>
-                  </li>
-                ))}
-              </ul>
-            </>
-          )}
-          <label className="mt-1 block">
-            <input
-              type="checkbox"
-              data-testid="live-confirm-check"
-              checked={liveConfirmed}
-              onChange={(e) => setLiveConfirmed(e.target.checked)}
-            />{" "}
-            I confirm: run these side effects live
-          </label>
-        </div>
+        <LiveConfirm runId={run.run_id} at={node.number} what="a live fork" confirmed={liveConfirmed} onConfirmed={setLiveConfirmed} />
       )}
       {!finished && <p className="text-xs text-amber-700">This run is still {run.status}; fork it once it finishes.</p>}
       <button
