@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
 import rewind
-from rewind.api import access, views
+from rewind.api import access, calls_view, views
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
@@ -936,11 +936,52 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return {
             "run_id": run.run_id,
             "node": views.node_json(n),
+            "calls": calls_view.calls_detail(store, run.run_id, n.position + 1, n.calls),
             "sub_runs": [views.run_json(c) for c in spawned],
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),
         }
+
+    @r.get("/runs/{run_id}/nodes/{node}/calls", tags=["nodes"], responses=_LOOKUP)
+    def get_node_calls(run_id: str, node: str) -> dict[str, Any]:
+        """The node's LLM and tool calls with their requests (messages with roles, params,
+        tools, response schema; a tool's args) and responses (content, tool calls, finish
+        reason, usage; a tool's result), cache outcome, key and latency. Long strings and lists
+        are cut (``request_truncated``); ``request_url``/``response_url`` serve the whole."""
+        run, n = _node_of(ctx, run_id, node)
+        number = n.position + 1
+        return {
+            "run_id": run.run_id,
+            "number": number,
+            "calls": calls_view.calls_detail(store, run.run_id, number, n.calls),
+        }
+
+    @r.get(
+        "/runs/{run_id}/nodes/{node}/calls/{index}/{part}",
+        tags=["nodes"],
+        response_class=Response,
+        responses=error_responses(404, 422) | {200: {"content": {"application/json": {}}}},
+    )
+    def get_call_blob(
+        run_id: str, node: str, index: int, part: Literal["request", "response"]
+    ) -> Response:
+        """The whole request or response bytes of one call, as recorded (the call's
+        ``request_hash``/``result_hash`` blob)."""
+        run, n = _node_of(ctx, run_id, node)
+        call = next((c for c in n.calls if c.call_index == index), None)
+        if call is None:
+            raise UnknownNode(
+                f"node {n.position + 1} of run {run.run_id[:12]} has no call {index}",
+                f"list them with GET /api/runs/{run.run_id[:12]}/nodes/{n.position + 1}/calls",
+                field="index",
+            )
+        digest = call.request_hash if part == "request" else call.result_hash
+        if not digest:
+            raise UnknownNode(f"call {index} recorded no {part}", "", field="part")
+        data = store.get_blob(digest)
+        media = "application/json" if data[:1] in (b"{", b"[") else "application/octet-stream"
+        return Response(data, media_type=media, headers={"X-Content-SHA256": digest})
 
     @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"], responses=_LOOKUP)
     def get_node_input(run_id: str, node: str) -> dict[str, Any]:

@@ -1,0 +1,157 @@
+"""Prompts and responses through the HTTP API: each call of a node with its request (messages
+with roles, params, tools, response schema; a tool's args) and response (content, finish reason,
+usage; a tool's result), cache outcome and key, latency; long bodies cut with a byte count and a
+route serving the whole recorded blob. Real app (TestClient), real SQLite store, the fake
+OpenAI-compatible model of conftest."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+from fastapi.testclient import TestClient
+
+import rewind
+from rewind.api import create_app
+from rewind.api.calls_view import STRING_LIMIT
+from rewind.api.pipelines import PipelineEntry
+from rewind.canonical import sha256_hex
+from rewind.llm import ChatClient
+from rewind.replay import Pipeline
+from rewind.store import Store, open_store
+from tests.test_api import wait
+
+LONG = "Context line with <b>markup</b>. " * 400  # ~13,000 characters, over the string limit
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {"name": "answer", "schema": {"type": "object"}},
+}
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+@rewind.tool("calls.lookup")
+def lookup(city: str, year: int) -> dict[str, Any]:
+    return {"city": city, "year": year, "rows": list(range(300))}
+
+
+@action(reads=["question"], writes=["answer"])
+def ask(state: State, temperature: float = 0.0) -> State:
+    response = rewind.chat(
+        [
+            {"role": "system", "content": LONG},
+            {"role": "user", "content": state["question"]},
+        ],
+        temperature=temperature,
+        max_tokens=64,
+        response_format=SCHEMA,
+        tools=TOOLS,
+    )
+    return state.update(answer=response.content)
+
+
+@action(reads=["answer"], writes=["facts"])
+def look(state: State) -> State:
+    return state.update(facts=lookup("Seattle", 2_015))
+
+
+chatty = Pipeline(
+    name="chatty",
+    graph=GraphBuilder()
+    .with_actions(ask=ask, look=look)
+    .with_transitions(("ask", "look", default))
+    .build(),
+    entrypoint="ask",
+    ref="tests.test_api_calls:chatty",
+)
+
+
+@pytest.fixture
+def client(tmp_path: Path, chat_client: ChatClient) -> Iterator[TestClient]:
+    store: Store = open_store(tmp_path / "store")
+    app = create_app(
+        store,
+        chat_client=chat_client,
+        pipelines={"chatty": PipelineEntry.of(chatty, {"question": "why <i>rain</i>?"})},
+    )
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        yield c
+    store.close()
+
+
+def test_node_api_shows_the_prompt_and_the_response(client: TestClient) -> None:
+    r = client.post("/api/runs", json={"pipeline": "chatty"})
+    assert r.status_code == 202, r.text
+    run = wait(client, r.json()["run_id"])
+    assert run["status"] == "completed", run["error"]
+    run_id = run["run_id"]
+
+    node = client.get(f"/api/runs/{run_id}/nodes/ask").json()
+    (call,) = node["calls"]
+    assert call["kind"] == "llm" and call["name"] == "fake-model"
+    assert call["outcome"] == "miss" and call["reason"] == node["node"]["calls"][0]["reason"]
+    assert len(call["key"]) == 64 and call["key"] == node["node"]["calls"][0]["key"]
+    assert call["latency_ms"] >= 0 and call["tokens"] == node["node"]["tokens"] > 0
+
+    request = call["request"]
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
+    assert request["messages"][1]["content"] == "why <i>rain</i>?"
+    system = request["messages"][0]["content"]
+    assert system.startswith(LONG[:STRING_LIMIT]) and len(system) < len(LONG)
+    assert f"{len(LONG) - STRING_LIMIT:,} more characters" in system
+    assert request["params"]["temperature"] == 0.0 and request["params"]["max_tokens"] == 64
+    assert request["params"]["model"] == "fake-model"
+    assert request["tools"] == TOOLS and request["response_schema"] == SCHEMA
+    assert call["request_truncated"] is True
+
+    response = call["response"]
+    assert response["content"] == run_answer(client, run_id)
+    assert response["finish_reason"] == "stop"
+    assert response["usage"]["prompt_tokens"] == call["prompt_tokens"]
+    assert call["response_truncated"] is False
+
+    # The whole request: exactly the recorded blob, its hash the call's request_hash.
+    full = client.get(call["request_url"])
+    assert full.status_code == 200 and full.headers["content-type"] == "application/json"
+    assert sha256_hex(full.content) == call["request_hash"] == full.headers["x-content-sha256"]
+    assert len(full.content) == call["request_bytes"]
+    assert json.loads(full.content)["messages"][0]["content"] == LONG
+
+    # A tool call: args and result; a list over the bound is cut with a count.
+    calls = client.get(f"/api/runs/{run_id}/nodes/2/calls").json()
+    (tool_call,) = calls["calls"]
+    assert tool_call["kind"] == "tool" and tool_call["name"] == "calls.lookup"
+    assert tool_call["request"]["args"] == {"city": "Seattle", "year": 2015}
+    rows = tool_call["response"]["result"]["rows"]
+    assert rows[:200] == list(range(200)) and rows[200] == "… [100 more items]"
+    assert tool_call["response_truncated"] is True
+    whole = client.get(tool_call["response_url"]).json()
+    assert whole["rows"] == list(range(300))
+
+    # An unchanged replay: the same call served from the cache under the same key.
+    r = client.post(f"/api/runs/{run_id}/replay", json={})
+    assert r.status_code == 202, r.text
+    replay = wait(client, r.json()["run_id"])
+    (hit,) = client.get(f"/api/runs/{replay['run_id']}/nodes/1/calls").json()["calls"]
+    assert (hit["outcome"], hit["tokens"], hit["key"]) == ("hit", 0, call["key"])
+    assert hit["response"]["content"] == response["content"]
+
+
+def run_answer(c: TestClient, run_id: str) -> str:
+    return str(c.get(f"/api/runs/{run_id}/nodes/ask/output").json()["output"]["answer"])
+
+
+def test_call_blob_route_refuses_unknown_calls(client: TestClient) -> None:
+    r = client.post("/api/runs", json={"pipeline": "chatty"})
+    run_id = wait(client, r.json()["run_id"])["run_id"]
+    missing = client.get(f"/api/runs/{run_id}/nodes/1/calls/7/request")
+    assert missing.status_code == 404, missing.text
+    body = missing.json()
+    assert body["field"] == "index" and "has no call 7" in body["message"]
+    bad = client.get(f"/api/runs/{run_id}/nodes/1/calls/0/headers")
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["error"] == "InvalidRequest" and bad.json()["field"] == "part"
