@@ -106,6 +106,42 @@ export function followEvents(
   return () => controller.abort();
 }
 
+/** Fetch a file with the bearer token (a plain link cannot send it) and save it under
+ * ``filename`` through a Blob URL. Throws ApiError with the server's message on a refusal. */
+export async function downloadFile(path: string, filename: string): Promise<number> {
+  const response = await fetch(path, { headers: headers({ Accept: "*/*" }) });
+  if (!response.ok) {
+    let message = `HTTP ${response.status}`;
+    let hint = "";
+    try {
+      const body = (await response.json()) as Record<string, unknown>;
+      message = String(body.message ?? message);
+      hint = String(body.hint ?? "");
+    } catch {
+      /* not JSON */
+    }
+    throw new ApiError(response.status, message, hint);
+  }
+  const blob = await response.blob();
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = filename;
+  a.rel = "noopener";
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  window.setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  return blob.size;
+}
+
+export function fmtBytes(n: number | null | undefined): string {
+  if (n === null || n === undefined) return "—";
+  if (n >= 1_000_000) return `${(n / 1_000_000).toFixed(1)} MB`;
+  if (n >= 1_000) return `${(n / 1_000).toFixed(1)} kB`;
+  return `${n} bytes`;
+}
+
 export function shortId(id: string): string {
   return id.slice(0, 8);
 }

@@ -2,7 +2,8 @@
 // old/new values, unified text diffs for long strings, and both outputs side by side.
 import { useEffect, useState } from "react";
 import { api, ApiError, fmtInt, signed } from "../api";
-import type { Diff, DiffChange, DiffRow, Run } from "../types";
+import type { CallDetail, Diff, DiffChange, DiffRow, Run } from "../types";
+import { CallPair } from "./Calls";
 import { JsonBlock, TextBlock, toText } from "./TextBlock";
 
 const ROW_COLOUR: Record<DiffRow["status"], string> = {
@@ -78,9 +79,41 @@ function Change({ c }: { c: DiffChange }) {
   );
 }
 
-function Row({ row, first }: { row: DiffRow; first: boolean }) {
+function CallsSideBySide({ runA, runB, row }: { runA: string; runB: string; row: DiffRow }) {
+  const [pairs, setPairs] = useState<[CallDetail[], CallDetail[]] | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  useEffect(() => {
+    let cancelled = false;
+    const calls = (run: string, side: DiffRow["a"]) =>
+      side
+        ? api<{ calls: CallDetail[] }>(`/api/runs/${encodeURIComponent(run)}/nodes/${side.position + 1}/calls`).then((r) => r.calls)
+        : Promise.resolve([] as CallDetail[]);
+    Promise.all([calls(runA, row.a), calls(runB, row.b)])
+      .then((p) => !cancelled && setPairs(p))
+      .catch((e: ApiError) => !cancelled && setError(e.message));
+    return () => {
+      cancelled = true;
+    };
+  }, [runA, runB, row.a, row.b]);
+  if (error) return <div className="text-xs text-red-700">{error}</div>;
+  if (!pairs) return <div className="text-xs text-slate-500">loading calls…</div>;
+  const [a, b] = pairs;
+  const count = Math.max(a.length, b.length);
+  if (count === 0) return <div className="text-xs text-slate-500">this node made no LLM or tool call</div>;
+  const indexes = Array.from(new Set([...a.map((c) => c.index), ...b.map((c) => c.index)])).sort((x, y) => x - y);
+  return (
+    <div className="mt-1 space-y-2" data-testid="calls-side-by-side">
+      {indexes.map((i) => (
+        <CallPair key={i} a={a.find((c) => c.index === i)} b={b.find((c) => c.index === i)} />
+      ))}
+    </div>
+  );
+}
+
+function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: string; runB: string }) {
   const [open, setOpen] = useState(row.status !== "equal" && row.changes.length <= 50);
   const [sideBySide, setSideBySide] = useState(false);
+  const [showCalls, setShowCalls] = useState(false);
   const shownChanges = row.changes.slice(0, 200);
   return (
     <>
@@ -154,6 +187,20 @@ function Row({ row, first }: { row: DiffRow; first: boolean }) {
             >
               {sideBySide ? "hide outputs" : "original vs fork side by side"}
             </button>
+            {row.a && row.b && (
+              <button
+                type="button"
+                className="ml-3 mt-1 text-xs text-sky-700 underline"
+                data-testid={`diff-calls-${row.index + 1}`}
+                onClick={(e) => {
+                  e.stopPropagation();
+                  setShowCalls(!showCalls);
+                }}
+              >
+                {showCalls ? "hide prompts" : "prompts and responses side by side"}
+              </button>
+            )}
+            {showCalls && <CallsSideBySide runA={runA} runB={runB} row={row} />}
             {sideBySide && (
               <div className="mt-1 grid grid-cols-2 gap-2" data-testid="side-by-side">
                 <div className="rounded border border-slate-200 p-2">
@@ -250,7 +297,13 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
             </thead>
             <tbody>
               {diff.nodes.map((row) => (
-                <Row key={`${against}-${row.index}`} row={row} first={row.index === diff.first_divergence} />
+                <Row
+                  key={`${against}-${row.index}`}
+                  row={row}
+                  first={row.index === diff.first_divergence}
+                  runA={diff.run_a}
+                  runB={diff.run_b}
+                />
               ))}
             </tbody>
           </table>

@@ -3,6 +3,7 @@ import type { NodeDetail } from "../types";
 import { NodeBadge } from "./Status";
 import { Hash, JsonBlock } from "./TextBlock";
 import { fmtInt, fmtMs } from "../api";
+import { CallsList } from "./Calls";
 
 export function NodeInfo({ detail }: { detail: NodeDetail }) {
   const n = detail.node;
@@ -45,7 +46,8 @@ export function NodeInfo({ detail }: { detail: NodeDetail }) {
         )}
       </dl>
       {n.error && <div className="rounded bg-red-50 p-2 text-xs text-red-800">{n.error}</div>}
-      {n.calls.length > 0 && (
+      {detail.calls && <CallsList calls={detail.calls} />}
+      {!detail.calls && n.calls.length > 0 && (
         <table className="w-full text-left text-xs">
           <thead className="text-slate-500">
             <tr>

@@ -4,6 +4,7 @@ import { useEffect, useState } from "react";
 import { api, fmtInt, fmtMs, shortId } from "../api";
 import type { NodeDetail, Run } from "../types";
 import { useLiveRun } from "../live";
+import { ArtifactLink } from "./ArtifactLink";
 import { AuditPanel } from "./AuditPanel";
 import { CostBar } from "./CostBar";
 import { DiffPanel } from "./DiffPanel";
@@ -119,9 +120,7 @@ export function RunView({
             artifacts:{" "}
             {run.artifacts.map((a) => (
               <span key={a.name} className="mr-2">
-                <a className="text-sky-700 underline" href={a.url} download>
-                  {a.name}
-                </a>{" "}
+                <ArtifactLink url={a.url} name={a.name} />{" "}
                 <span className="font-mono">{a.sha256.slice(0, 12)}</span> ({fmtInt(a.size)} B)
               </span>
             ))}

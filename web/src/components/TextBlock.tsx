@@ -36,7 +36,7 @@ export function TextBlock({
   const shown = long && !all ? text.slice(0, limit) : text;
   return (
     <div className={className} data-testid={testId}>
-      <pre className="whitespace-pre-wrap break-all font-mono text-xs leading-5">{shown}</pre>
+      <pre className="whitespace-pre-wrap font-mono text-xs leading-5 [overflow-wrap:anywhere]">{shown}</pre>
       {long && (
         <div className="mt-1 flex items-center gap-2 text-xs text-slate-500">
           <span data-testid="truncated-note">

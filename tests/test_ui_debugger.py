@@ -1,0 +1,240 @@
+"""The browser UI as a debugger (issue 14): prompts and responses of each call, the same side by
+side in the diff, artifact download with a bearer token, the cost bar's defined figures,
+Settings' effective configuration and a rejected token, keyboard focus on graph nodes, and the
+UI at 390 px wide.
+
+Debian's headless Chromium driven by Playwright for Python against the real app under uvicorn
+on loopback, over real SQLite stores; the model is the fake OpenAI-compatible endpoint of
+``tests/test_ui.py`` whose every answer carries an HTML/script payload (so every view here is
+also exercised with hostile text). Screenshots go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import playwright.sync_api as playwright_api
+import pytest
+
+from rewind.api import create_app
+from rewind.api.pipelines import PipelineEntry, research_entry
+from rewind.examples import research
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.replay import Rewind
+from rewind.store import open_store
+from rewind.store.users import add_user
+from tests.conftest import CHROMIUM
+from tests.test_api import publisher
+from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, XSS, ThreadServer, fake_model, shot
+
+expect = playwright_api.expect
+
+
+def _client() -> ChatClient:
+    return ChatClient(
+        Endpoint(base_url="http://fake.test/v1", model="fake-model"),
+        transport=httpx.MockTransport(fake_model),
+        retry=RetryPolicy(attempts=1),
+    )
+
+
+def _check_prerequisites() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (make installs it)")
+    if not STATIC_INDEX.exists():
+        pytest.fail("the UI is not built: cd web && npm ci && npm run build (make does it)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A research run and a fork of it at node 3 (group_by changed), served without tokens."""
+    _check_prerequisites()
+    client = _client()
+    store = open_store(tmp_path_factory.mktemp("ui-debugger-store"))
+    rw = Rewind(store, chat_client=client)
+    parent = rw.record(research.build(), research.initial_state(), config={"model": "fake-model"})
+    assert parent.status == "completed", parent.error
+    app = create_app(store, chat_client=client, pipelines={"research": research_entry()})
+    with ThreadServer(app) as srv:
+        yield {"url": srv.url, "parent": parent.run_id, "store": store}
+    client.close()
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server with a user (so every request needs a bearer token) and a run that published
+    an artifact."""
+    _check_prerequisites()
+    store = open_store(tmp_path_factory.mktemp("ui-token-store"))
+    rw = Rewind(store)
+    run = rw.record(publisher, {"text": f"hello {XSS}"})
+    assert run.status == "completed", run.error
+    _, token = add_user(store, "ada", admin=True)
+    app = create_app(store, pipelines={"publisher": PipelineEntry.of(publisher, {"text": "x"})})
+    with ThreadServer(app) as srv:
+        yield {"url": srv.url, "run": run.run_id, "token": token, "store": store}
+    store.close()
+
+
+def _page(browser: Any, width: int = 1500, height: int = 1000) -> Any:
+    viewport = {"width": width, "height": height}
+    context = browser.new_context(viewport=viewport, accept_downloads=True)
+    pg = context.new_page()
+    pg.dialogs = []
+    pg.errors = []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
+    pg.set_default_timeout(TIMEOUT_MS)
+    return pg
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    pg = _page(browser)
+    yield pg
+    pg.context.close()
+
+
+def get(url: str, path: str, token: str | None = None, **params: Any) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    r = httpx.get(url + path, params=params or None, headers=headers, timeout=30, trust_env=False)
+    r.raise_for_status()
+    return r.json()
+
+
+def wait_finished(url: str, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = get(url, f"/api/runs/{run_id}")
+        if run["status"] not in ("queued", "running"):
+            return run
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} did not finish")
+
+
+def fork_group_by(url: str, parent: str) -> str:
+    recorded = get(url, f"/api/runs/{parent}/nodes/3")["node"]["params"]["group_by"]
+    value = "month" if recorded == "season" else "season"
+    override = {"kind": "param", "node": "analyse", "param": "group_by", "value": value}
+    body = {"at": 3, "override": override, "effects": "dry-run"}
+    r = httpx.post(f"{url}/api/runs/{parent}/fork", json=body, timeout=30, trust_env=False)
+    assert r.status_code == 202, r.text
+    run = wait_finished(url, r.json()["run_id"])
+    assert run["status"] == "completed", run["error"]
+    return str(run["run_id"])
+
+
+# -- 1. prompts and responses ----------------------------------------------------------------------
+
+
+def test_calls_show_prompts_and_responses(server: dict[str, Any], page: Any) -> None:
+    url, parent = server["url"], server["parent"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph&node=1")
+    info = page.get_by_test_id("node-info")
+    expect(info).to_contain_text("Node 1 · plan")
+    calls = info.get_by_test_id("calls-list")
+    expect(calls).to_be_visible()
+    api_call = get(url, f"/api/runs/{parent}/nodes/1/calls")["calls"][0]
+    calls.get_by_test_id("call-toggle-0").click()
+    detail = calls.get_by_test_id("call-detail-0")
+    roles = [m["role"] for m in api_call["request"]["messages"]]
+    shown = detail.get_by_test_id("call-message").evaluate_all(
+        "els => els.map(e => e.dataset.role)"
+    )
+    assert shown == roles and "user" in roles
+    expect(detail.get_by_test_id("call-outcome")).to_contain_text(api_call["label"])
+    expect(detail.get_by_test_id("call-params")).to_contain_text('"temperature"')
+    expect(detail.get_by_test_id("call-finish")).to_contain_text("stop")
+    expect(detail.get_by_test_id("call-usage")).to_contain_text("prompt_tokens")
+    # The model's answer carries markup: shown as text, never as elements.
+    expect(detail.get_by_test_id("call-content")).to_contain_text(XSS)
+    markup = "[data-testid=call-content] img, [data-testid=call-content] script"
+    assert page.locator(markup).count() == 0
+    shot(page, "calls-1-prompt-and-response")
+
+    # A long message is collapsed to a preview with "show all".
+    first = detail.get_by_test_id("call-message").first
+    text = api_call["request"]["messages"][0]["content"]
+    if len(text) > 400:
+        expect(first.get_by_test_id("truncated-note")).to_be_visible()
+
+    # A tool call: its args and result.
+    page.goto(f"{url}/#/runs/{parent}?tab=graph&node=2")
+    expect(page.get_by_test_id("node-info")).to_contain_text("Node 2 · research")
+    page.get_by_test_id("call-toggle-0").click()
+    expect(page.get_by_test_id("call-args")).to_be_visible()
+    expect(page.get_by_test_id("call-result")).to_be_visible()
+
+    # The whole recorded request, fetched and saved by the UI.
+    page.goto(f"{url}/#/runs/{parent}?tab=graph&node=1")
+    page.get_by_test_id("call-toggle-0").click()
+    with page.expect_download() as info_dl:
+        page.get_by_test_id("call-whole-request").click()
+    saved = Path(info_dl.value.path()).read_bytes()
+    assert hashlib.sha256(saved).hexdigest() == api_call["request_hash"]
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_diff_shows_a_changed_call_side_by_side(server: dict[str, Any], page: Any) -> None:
+    url, parent = server["url"], server["parent"]
+    fork = fork_group_by(url, parent)
+    diff = get(url, "/api/diff", a=parent, b=fork)
+    # The first node after analyse with a changed LLM call (critique reads the analysis).
+    row = next(
+        r
+        for r in diff["nodes"]
+        if r["status"] == "changed" and r["name"] in ("critique", "revise", "compose")
+    )
+    number = row["index"] + 1
+    page.goto(f"{url}/#/runs/{fork}?tab=diff")
+    row_el = page.get_by_test_id(f"diff-row-{number}")
+    expect(row_el).to_have_attribute("data-status", "changed")
+    button = page.get_by_test_id(f"diff-calls-{number}")
+    if not button.is_visible():
+        row_el.click()
+    button.click()
+    pair = page.get_by_test_id("call-pair").first
+    expect(pair).to_have_attribute("data-changed", "yes")
+    expect(pair).to_contain_text("prompt differs")
+    a = get(url, f"/api/runs/{parent}/nodes/{number}/calls")["calls"][0]
+    b = get(url, f"/api/runs/{fork}/nodes/{number}/calls")["calls"][0]
+    assert a["request_hash"] != b["request_hash"]
+    original = pair.get_by_test_id("call-side-original")
+    forked = pair.get_by_test_id("call-side-fork")
+    expect(original.get_by_test_id("call-content")).to_contain_text(a["response"]["content"][:60])
+    expect(forked.get_by_test_id("call-content")).to_contain_text(b["response"]["content"][:60])
+    boxes = [original.bounding_box(), forked.bounding_box()]
+    assert boxes[0]["x"] + boxes[0]["width"] <= boxes[1]["x"] + 1  # side by side, not stacked
+    pair.scroll_into_view_if_needed()
+    shot(page, "calls-2-diff-side-by-side")
+    assert page.dialogs == [] and page.errors == []
+
+
+# -- 3. artifact download with a token -------------------------------------------------------------
+
+
+def test_artifact_download_sends_the_token(token_server: dict[str, Any], page: Any) -> None:
+    url, run_id, token = token_server["url"], token_server["run"], token_server["token"]
+    (artifact,) = get(url, f"/api/runs/{run_id}/artifacts", token=token)["artifacts"]
+    assert httpx.get(url + artifact["url"], trust_env=False).status_code == 401
+    page.goto(f"{url}/#token={token}")
+    page.evaluate(f"window.location.hash = '#/runs/{run_id}?tab=graph'")
+    link = page.get_by_test_id(f"artifact-{artifact['name']}")
+    expect(link).to_be_visible()
+    with page.expect_download() as info:
+        link.click()
+    download = info.value
+    assert download.suggested_filename == artifact["name"]
+    data = Path(download.path()).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == artifact["sha256"]
+    assert b"hello" in data
+    expect(link).to_have_attribute("data-state", "saved")
+    shot(page, "artifact-download-with-token")
+    assert page.dialogs == [] and page.errors == []
+    ARTIFACTS.mkdir(exist_ok=True)
