@@ -28,6 +28,7 @@ from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import open_store
 from rewind.store.users import add_user
+from tests import pipelines as test_pipelines
 from tests.conftest import CHROMIUM
 from tests.test_api import publisher
 from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, XSS, ThreadServer, fake_model, shot
@@ -59,9 +60,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     rw = Rewind(store, chat_client=client)
     parent = rw.record(research.build(), research.initial_state(), config={"model": "fake-model"})
     assert parent.status == "completed", parent.error
-    app = create_app(store, chat_client=client, pipelines={"research": research_entry()})
+    test_pipelines.BLOCK_RELEASE.set()
+    blocked = rw.record(test_pipelines.blocking, {"x": 1})
+    assert blocked.status == "completed", blocked.error
+    app = create_app(
+        store,
+        chat_client=client,
+        pipelines={
+            "research": research_entry(),
+            "blocking": PipelineEntry.of(test_pipelines.blocking, {"x": 1}),
+        },
+    )
     with ThreadServer(app) as srv:
-        yield {"url": srv.url, "parent": parent.run_id, "store": store}
+        yield {"url": srv.url, "parent": parent.run_id, "blocked": blocked.run_id, "store": store}
     client.close()
     store.close()
 
@@ -118,16 +129,14 @@ def wait_finished(url: str, run_id: str) -> dict[str, Any]:
     raise AssertionError(f"run {run_id} did not finish")
 
 
-def fork_group_by(url: str, parent: str) -> str:
+def fork_group_by(url: str, parent: str, effects: str = "dry-run") -> str:
     recorded = get(url, f"/api/runs/{parent}/nodes/3")["node"]["params"]["group_by"]
     value = "month" if recorded == "season" else "season"
     override = {"kind": "param", "node": "analyse", "param": "group_by", "value": value}
-    body = {"at": 3, "override": override, "effects": "dry-run"}
+    body = {"at": 3, "override": override, "effects": effects}
     r = httpx.post(f"{url}/api/runs/{parent}/fork", json=body, timeout=30, trust_env=False)
     assert r.status_code == 202, r.text
-    run = wait_finished(url, r.json()["run_id"])
-    assert run["status"] == "completed", run["error"]
-    return str(run["run_id"])
+    return str(wait_finished(url, r.json()["run_id"])["run_id"])
 
 
 # -- 1. prompts and responses ----------------------------------------------------------------------
@@ -184,6 +193,7 @@ def test_calls_show_prompts_and_responses(server: dict[str, Any], page: Any) -> 
 def test_diff_shows_a_changed_call_side_by_side(server: dict[str, Any], page: Any) -> None:
     url, parent = server["url"], server["parent"]
     fork = fork_group_by(url, parent)
+    assert get(url, f"/api/runs/{fork}")["status"] == "completed"
     diff = get(url, "/api/diff", a=parent, b=fork)
     # The first node after analyse with a changed LLM call (critique reads the analysis).
     row = next(
@@ -213,6 +223,76 @@ def test_diff_shows_a_changed_call_side_by_side(server: dict[str, Any], page: An
     assert boxes[0]["x"] + boxes[0]["width"] <= boxes[1]["x"] + 1  # side by side, not stacked
     pair.scroll_into_view_if_needed()
     shot(page, "calls-2-diff-side-by-side")
+    assert page.dialogs == [] and page.errors == []
+
+
+# -- 2. cost bar -----------------------------------------------------------------------------------
+
+
+def test_cost_bar_defines_each_figure(server: dict[str, Any], page: Any) -> None:
+    url, parent = server["url"], server["parent"]
+    fork = fork_group_by(url, parent)
+    cost = get(url, f"/api/runs/{fork}/cost")
+    page.goto(f"{url}/#/runs/{fork}?tab=graph")
+    bar = page.get_by_test_id("cost-bar")
+    expect(bar).to_have_attribute("data-run-status", "completed")
+    expect(bar.get_by_test_id("cost-saved-tokens")).to_have_text(f"{cost['saved']['tokens']:,}")
+    for name in ("original", "replay", "delta", "saved"):
+        title = bar.get_by_test_id(f"cost-label-{name}").first.get_attribute("title")
+        assert title and len(title) > 20, name
+    bar.get_by_text("what these figures mean").click()
+    expect(bar.get_by_test_id("cost-define-delta")).to_contain_text("replay − original")
+    expect(bar.get_by_test_id("cost-define-saved")).to_contain_text("reused")
+    # The identity on screen holds with the API's numbers.
+    reused = ("inherited", "hit")
+    spent = sum(n["replay_tokens"] for n in cost["nodes"] if n["status"] not in reused)
+    before = sum(n["original_tokens"] or 0 for n in cost["nodes"] if n["status"] not in reused)
+    assert cost["saved"]["tokens"] == sum(
+        n["original_tokens"] for n in cost["nodes"] if n["status"] in reused
+    )
+    assert cost["delta"]["tokens"] == (spent - before) - cost["saved"]["tokens"]
+    identity = bar.get_by_test_id("cost-identity")
+    expect(identity).to_contain_text(f"saved {cost['saved']['tokens']:,}")
+    expect(identity).to_contain_text(f"now {spent:,}, were {before:,}")
+    shot(page, "cost-1-completed-with-legend")
+
+
+def test_cost_bar_claims_no_saving_on_failed_or_running_runs(
+    server: dict[str, Any], page: Any
+) -> None:
+    url, parent = server["url"], server["parent"]
+    # recorded effects with new publish arguments: the fork fails at publish
+    failed = fork_group_by(url, parent, effects="recorded")
+    assert get(url, f"/api/runs/{failed}")["status"] == "failed"
+    page.goto(f"{url}/#/runs/{failed}?tab=graph")
+    bar = page.get_by_test_id("cost-bar")
+    expect(bar).to_have_attribute("data-run-status", "failed")
+    for unit in ("tokens", "latency"):
+        expect(bar.get_by_test_id(f"cost-saved-{unit}")).to_have_attribute("data-shown", "no")
+        expect(bar.get_by_test_id(f"cost-saved-{unit}")).to_have_text("—")
+    bar.get_by_text("what these figures mean").click()
+    expect(bar.get_by_test_id("cost-saved-why")).to_contain_text("failed")
+    shot(page, "cost-2-failed")
+
+    test_pipelines.BLOCK_ENTERED.clear()
+    test_pipelines.BLOCK_RELEASE.clear()
+    try:
+        r = httpx.post(
+            f"{url}/api/runs/{server['blocked']}/replay", json={"at": 2}, trust_env=False
+        )
+        assert r.status_code == 202, r.text
+        running = r.json()["run_id"]
+        assert test_pipelines.BLOCK_ENTERED.wait(20)
+        page.goto(f"{url}/#/runs/{running}?tab=graph")
+        bar = page.get_by_test_id("cost-bar")
+        expect(bar).to_have_attribute("data-run-status", "running")
+        expect(bar.get_by_test_id("cost-saved-tokens")).to_have_attribute("data-shown", "no")
+        expect(bar).to_contain_text("figures so far")
+        shot(page, "cost-3-running")
+    finally:
+        test_pipelines.BLOCK_RELEASE.set()
+    expect(bar).to_have_attribute("data-run-status", "completed")
+    expect(bar.get_by_test_id("cost-saved-tokens")).to_have_attribute("data-shown", "yes")
     assert page.dialogs == [] and page.errors == []
 
 

@@ -127,7 +127,7 @@ export function RunView({
           </div>
         )}
       </header>
-      {live.cost && <CostBar cost={live.cost} />}
+      {live.cost && <CostBar cost={live.cost} status={run.status} />}
       <div className="flex gap-1 border-b border-slate-200">
         {tabButton("graph", "Graph")}
         {tabButton("diff", "Diff")}
