@@ -20,12 +20,15 @@ from typing import Any
 import httpx
 import playwright.sync_api as playwright_api
 import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
 
+import rewind
 from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry, research_entry
 from rewind.examples import research
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
-from rewind.replay import Rewind
+from rewind.replay import Pipeline, Rewind
 from rewind.store import open_store
 from rewind.store.users import add_user
 from tests import pipelines as test_pipelines
@@ -34,6 +37,34 @@ from tests.test_api import publisher
 from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, XSS, ThreadServer, fake_model, shot
 
 expect = playwright_api.expect
+BIG = 2**64  # beyond 2^53: a float64 would print 18446744073709552000
+
+
+@action(reads=["topic"], writes=["report", "big", "rows"])
+def draft(state: State) -> State:
+    tone = rewind.param("tone", "steady")
+    report = (
+        f"The {state['topic']} report. Rainfall was {tone} across the winter months, "
+        "and the summer stayed dry, as the daily records show."
+    )
+    rows = [{"day": i, "mm": i * len(tone)} for i in range(120)]
+    return state.update(report=report, big=BIG + len(tone), rows=rows)
+
+
+@action(reads=["rows"], writes=["total"])
+def tally(state: State) -> State:
+    return state.update(total=sum(r["mm"] for r in state["rows"]))
+
+
+prose = Pipeline(
+    name="prose",
+    graph=GraphBuilder()
+    .with_actions(draft=draft, tally=tally)
+    .with_transitions(("draft", "tally", default))
+    .build(),
+    entrypoint="draft",
+    ref="tests.test_ui_debugger:prose",
+)
 
 
 def _client() -> ChatClient:
@@ -63,16 +94,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     test_pipelines.BLOCK_RELEASE.set()
     blocked = rw.record(test_pipelines.blocking, {"x": 1})
     assert blocked.status == "completed", blocked.error
+    written = rw.record(prose, {"topic": "Seattle <b>weather</b>"})
+    assert written.status == "completed", written.error
     app = create_app(
         store,
         chat_client=client,
         pipelines={
             "research": research_entry(),
             "blocking": PipelineEntry.of(test_pipelines.blocking, {"x": 1}),
+            "prose": PipelineEntry.of(prose, {"topic": "x"}),
         },
     )
     with ThreadServer(app) as srv:
-        yield {"url": srv.url, "parent": parent.run_id, "blocked": blocked.run_id, "store": store}
+        yield {
+            "url": srv.url,
+            "parent": parent.run_id,
+            "blocked": blocked.run_id,
+            "prose": written.run_id,
+            "store": store,
+        }
     client.close()
     store.close()
 
@@ -293,6 +333,67 @@ def test_cost_bar_claims_no_saving_on_failed_or_running_runs(
         test_pipelines.BLOCK_RELEASE.set()
     expect(bar).to_have_attribute("data-run-status", "completed")
     expect(bar.get_by_test_id("cost-saved-tokens")).to_have_attribute("data-shown", "yes")
+    assert page.dialogs == [] and page.errors == []
+
+
+# -- 4. diff readability -----------------------------------------------------------------------
+
+
+def test_diff_is_collapsed_worded_paged_and_exact(server: dict[str, Any], page: Any) -> None:
+    url, parent = server["url"], server["prose"]
+    override = {"kind": "param", "node": "draft", "param": "tone", "value": "erratic"}
+    r = httpx.post(
+        f"{url}/api/runs/{parent}/fork", json={"at": 1, "override": override}, trust_env=False
+    )
+    assert r.status_code == 202, r.text
+    fork = wait_finished(url, r.json()["run_id"])["run_id"]
+    diff = get(url, "/api/diff", a=parent, b=fork)
+    changes = diff["nodes"][0]["changes"]
+    assert len(changes) > 100  # report, big, and 119 rows
+
+    page.goto(f"{url}/#/runs/{fork}?tab=diff")
+    panel = page.get_by_test_id("diff-panel")
+    # The first divergence is open; every other row is collapsed to a one-line summary.
+    expect(panel.get_by_test_id("diff-row-1")).to_have_attribute("data-open", "yes")
+    expect(panel.get_by_test_id("diff-row-2")).to_have_attribute("data-open", "no")
+    expect(panel.get_by_test_id("diff-summary-2")).to_have_text("▸1 field: total")
+    expect(panel.get_by_test_id("diff-summary-1")).to_contain_text(f"{len(changes)} fields:")
+    # Prose: word by word.
+    words = panel.get_by_test_id("word-diff").first
+    expect(words.get_by_test_id("word-removed")).to_have_text("steady")
+    expect(words.get_by_test_id("word-added")).to_have_text("erratic")
+    # A big integer, exact on both sides (no float64 rounding).
+    expect(panel).to_contain_text(str(BIG + len("steady")))
+    expect(panel).to_contain_text(str(BIG + len("erratic")))
+    # Long lists are paged: 50 changes, then 50 more on demand.
+    assert panel.get_by_test_id("diff-change").count() == 50
+    panel.get_by_test_id("diff-more-1").click()
+    expect(panel.get_by_test_id("diff-change")).to_have_count(100)
+    # A collapsed row opens from the keyboard.
+    panel.get_by_test_id("diff-row-2").focus()
+    page.keyboard.press("Enter")
+    expect(panel.get_by_test_id("diff-row-2")).to_have_attribute("data-open", "yes")
+    panel.get_by_test_id("diff-row-1").scroll_into_view_if_needed()
+    shot(page, "diff-collapsed-words-exact")
+
+    # Raw JSON: the node picker on top, a collapsible tree, the big integer exact.
+    page.goto(f"{url}/#/runs/{fork}?tab=raw&node=1")
+    raw = page.get_by_test_id("raw-json")
+    expect(raw).to_have_attribute("data-exact", "yes")
+    tree = raw.get_by_test_id("raw-output-tree")
+    expect(tree).to_contain_text(str(BIG + len("erratic")))
+    assert "18446744073709552000" not in tree.inner_text()
+    picker = page.get_by_test_id("raw-node-picker").bounding_box()
+    assert picker["y"] < raw.bounding_box()["y"]
+    buttons = tree.get_by_role("button")
+    assert buttons.count() > 100  # the output, its rows list and each row: collapsible
+    open_before = tree.locator("[role=button][aria-expanded=true]").count()
+    buttons.nth(1).click()  # collapse the first field that has children
+    expect(tree.locator("[role=button][aria-expanded=true]")).not_to_have_count(open_before)
+    raw.get_by_test_id("raw-output-view").click()  # the same as text, exact too
+    expect(raw.get_by_test_id("raw-output")).to_have_attribute("data-view", "text")
+    expect(raw.get_by_test_id("raw-output")).to_contain_text(str(BIG + len("erratic")))
+    shot(page, "raw-json-tree")
     assert page.dialogs == [] and page.errors == []
 
 

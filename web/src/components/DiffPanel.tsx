@@ -1,7 +1,8 @@
 // Original vs fork, node by node: status, hash match, first divergence, changed field paths with
 // old/new values, unified text diffs for long strings, and both outputs side by side.
-import { useEffect, useState } from "react";
-import { api, ApiError, fmtInt, signed } from "../api";
+import { diffWords } from "diff";
+import { useEffect, useMemo, useState } from "react";
+import { api, apiExact, ApiError, fmtInt, signed } from "../api";
 import type { CallDetail, Diff, DiffChange, DiffRow, Run } from "../types";
 import { CallPair } from "./Calls";
 import { JsonBlock, TextBlock, toText } from "./TextBlock";
@@ -47,7 +48,71 @@ function TextDiff({ diff }: { diff: string }) {
   );
 }
 
+const WORD_DIFF_MAX_CHARS = 50_000;
+
+/** Prose changes word by word (the `diff` package): removed words struck through in red, added
+ * ones in green, the rest as is. Null when the strings are too long or the diff gives up. */
+function WordDiff({ old, next }: { old: string; next: string }) {
+  const parts = useMemo(
+    () => (old.length + next.length > WORD_DIFF_MAX_CHARS ? undefined : diffWords(old, next, { timeout: 300 })),
+    [old, next],
+  );
+  if (!parts) return null;
+  return (
+    <div className="rounded border border-slate-200 bg-slate-50 p-2" data-testid="word-diff">
+      <p className="whitespace-pre-wrap font-mono text-xs leading-5 [overflow-wrap:anywhere]">
+        {parts.map((p, i) =>
+          p.removed ? (
+            <del key={i} className="bg-red-100 text-red-900" data-testid="word-removed">
+              {p.value}
+            </del>
+          ) : p.added ? (
+            <ins key={i} className="bg-emerald-100 text-emerald-900 no-underline" data-testid="word-added">
+              {p.value}
+            </ins>
+          ) : (
+            <span key={i}>{p.value}</span>
+          ),
+        )}
+      </p>
+    </div>
+  );
+}
+
+function StringChange({ c }: { c: DiffChange }) {
+  const [lines, setLines] = useState(false);
+  const words = !lines ? <WordDiff old={c.old as string} next={c.new as string} /> : null;
+  return (
+    <div>
+      {c.text_diff && (
+        <button type="button" className="mb-1 text-xs text-sky-700 underline" onClick={() => setLines(!lines)} data-testid="diff-view-toggle">
+          {lines ? "word diff" : "line diff"}
+        </button>
+      )}
+      {words ?? (c.text_diff ? <TextDiff diff={c.text_diff} /> : null)}
+    </div>
+  );
+}
+
 function Change({ c }: { c: DiffChange }) {
+  if (c.kind === "changed" && typeof c.old === "string" && typeof c.new === "string") {
+    return (
+      <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+        <div className="flex items-center gap-2 text-xs">
+          <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
+            {c.path || "(whole value)"}
+          </code>
+          {c.old_path && <span className="text-slate-500">(was {c.old_path})</span>}
+          <span className="text-slate-500">text changed</span>
+        </div>
+        <StringChange c={c} />
+      </li>
+    );
+  }
+  return <ValueChange c={c} />;
+}
+
+function ValueChange({ c }: { c: DiffChange }) {
   return (
     <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
       <div className="flex items-center gap-2 text-xs">
@@ -110,18 +175,38 @@ function CallsSideBySide({ runA, runB, row }: { runA: string; runB: string; row:
   );
 }
 
+const CHANGES_PAGE = 50;
+
+function summary(row: DiffRow): string {
+  if (row.changes.length === 0) return row.status === "equal" ? "" : row.status.replace("_", " ");
+  const paths = row.changes.slice(0, 3).map((c) => c.path || "(whole value)");
+  const more = row.changes.length - paths.length;
+  return `${row.changes.length} field${row.changes.length === 1 ? "" : "s"}: ${paths.join(", ")}${more > 0 ? ` +${more} more` : ""}`;
+}
+
 function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: string; runB: string }) {
-  const [open, setOpen] = useState(row.status !== "equal" && row.changes.length <= 50);
+  // Collapsed by default (the row shows a summary); the first divergence opens itself.
+  const [open, setOpen] = useState(first);
   const [sideBySide, setSideBySide] = useState(false);
   const [showCalls, setShowCalls] = useState(false);
-  const shownChanges = row.changes.slice(0, 200);
+  const [pages, setPages] = useState(1);
+  const shownChanges = row.changes.slice(0, CHANGES_PAGE * pages);
   return (
     <>
       <tr
         data-testid={`diff-row-${row.index + 1}`}
         data-status={row.status}
+        data-open={open ? "yes" : "no"}
         className={`cursor-pointer border-t border-slate-100 ${first ? "bg-orange-50" : ""}`}
         onClick={() => setOpen(!open)}
+        tabIndex={0}
+        aria-expanded={open}
+        onKeyDown={(e) => {
+          if (e.key === "Enter" || e.key === " ") {
+            e.preventDefault();
+            setOpen(!open);
+          }
+        }}
       >
         <td className="py-1 pr-2">{row.index + 1}</td>
         <td className="pr-2 font-medium">{row.name}</td>
@@ -161,7 +246,10 @@ function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: s
           {row.a?.outcome ?? "—"} → {row.b?.outcome ?? "—"}
         </td>
         <td className="pr-2 text-right tabular-nums">{signed(row.token_delta)}</td>
-        <td className="pr-2 text-slate-600">{row.changes.length ? `${row.changes.length} field(s)` : ""}</td>
+        <td className="max-w-[28rem] truncate pr-2 text-slate-600" data-testid={`diff-summary-${row.index + 1}`} title={summary(row)}>
+          <span className="mr-1 text-slate-400">{open ? "▾" : "▸"}</span>
+          {summary(row)}
+        </td>
       </tr>
       {open && (
         <tr>
@@ -173,7 +261,20 @@ function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: s
                   <Change key={`${c.path}-${i}`} c={c} />
                 ))}
                 {row.changes.length > shownChanges.length && (
-                  <li className="text-xs text-slate-500">… {row.changes.length - shownChanges.length} more changes</li>
+                  <li className="text-xs text-slate-500">
+                    showing {shownChanges.length} of {row.changes.length} changes{" "}
+                    <button
+                      type="button"
+                      className="ml-1 rounded border border-slate-300 px-2 py-0.5 hover:bg-slate-100"
+                      data-testid={`diff-more-${row.index + 1}`}
+                      onClick={(e) => {
+                        e.stopPropagation();
+                        setPages(pages + 1);
+                      }}
+                    >
+                      show {Math.min(CHANGES_PAGE, row.changes.length - shownChanges.length)} more
+                    </button>
+                  </li>
                 )}
               </ul>
             )}
@@ -232,7 +333,7 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
       return;
     }
     let cancelled = false;
-    api<Diff>(`/api/diff?a=${encodeURIComponent(against)}&b=${encodeURIComponent(run.run_id)}`)
+    apiExact<Diff>(`/api/diff?a=${encodeURIComponent(against)}&b=${encodeURIComponent(run.run_id)}`)
       .then((d) => !cancelled && (setDiff(d), setError(null)))
       .catch((e: ApiError) => !cancelled && setError(e.message));
     return () => {

@@ -159,14 +159,8 @@ export function RunView({
       {tab === "stability" && (
         <StabilityPanel run={run} executions={graph.executions} node={node} onOpenRun={(id) => navigate(id, "graph", null)} />
       )}
-      {tab === "raw" &&
-        (detail ? (
-          <RawJson detail={detail} />
-        ) : (
-          <p className="text-sm text-slate-500">Select a node in the Graph tab (or below) to see its raw JSON.</p>
-        ))}
       {tab === "raw" && (
-        <div className="flex flex-wrap gap-1">
+        <div className="flex flex-wrap gap-1" data-testid="raw-node-picker">
           {graph.executions.map((e) => (
             <button
               key={e.number}
@@ -179,6 +173,12 @@ export function RunView({
           ))}
         </div>
       )}
+      {tab === "raw" &&
+        (detail ? (
+          <RawJson runId={runId} detail={detail} />
+        ) : (
+          <p className="text-sm text-slate-500">Select a node in the Graph tab (or below) to see its raw JSON.</p>
+        ))}
     </div>
   );
 }
