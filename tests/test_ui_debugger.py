@@ -419,3 +419,117 @@ def test_artifact_download_sends_the_token(token_server: dict[str, Any], page: A
     shot(page, "artifact-download-with-token")
     assert page.dialogs == [] and page.errors == []
     ARTIFACTS.mkdir(exist_ok=True)
+
+
+# -- 5. settings, keyboard, 390 px -----------------------------------------------------------------
+
+
+def test_settings_show_the_effective_configuration(server: dict[str, Any], page: Any) -> None:
+    url = server["url"]
+    page.goto(f"{url}/#/settings")
+    settings = get(url, "/api/settings")
+    table = page.get_by_test_id("effective-config")
+    expect(table).to_be_visible()
+    for row in settings["effective"]:
+        shown = table.get_by_test_id(f"effective-{row['name'].replace(' ', '-')}")
+        expect(shown).to_contain_text(str(row["value"]))
+        expect(shown.get_by_test_id("effective-source")).to_have_text(row["source"])
+    names = {row["name"] for row in settings["effective"]}
+    assert {"model endpoint", "model", "database", "object storage", "authentication"} <= names
+    auth = next(r for r in settings["effective"] if r["name"] == "authentication")
+    assert auth["value"].startswith("none")  # no users, no server token
+    expect(page.get_by_test_id("token-rejected")).to_have_count(0)
+    shot(page, "settings-effective")
+
+
+def test_settings_say_when_a_token_was_rejected(token_server: dict[str, Any], page: Any) -> None:
+    url, token = token_server["url"], token_server["token"]
+    page.goto(f"{url}/#token=rwd_not-a-real-token")
+    page.evaluate("window.location.hash = '#/settings'")
+    rejected = page.get_by_test_id("token-rejected")
+    expect(rejected).to_be_visible()
+    expect(rejected).to_contain_text("rejected")
+    expect(page.get_by_role("banner").locator("..")).to_contain_text(
+        "The server rejected this tab's access token"
+    )
+    shot(page, "settings-token-rejected")
+    page.get_by_test_id("token-input").fill(token)
+    page.get_by_test_id("token-save").click()
+    page.evaluate("window.location.hash = '#/settings'")
+    expect(page.get_by_test_id("token-accepted")).to_contain_text("user ada")
+    expect(page.get_by_test_id("token-rejected")).to_have_count(0)
+    auth = page.get_by_test_id("effective-authentication")
+    expect(auth).to_contain_text("users:")
+    expect(auth.get_by_test_id("effective-source")).to_have_text("users")
+    shot(page, "settings-token-accepted")
+    # Without any token: told that one is needed (not that one was rejected).
+    page.evaluate("sessionStorage.clear()")
+    page.reload()
+    expect(page.get_by_test_id("token-missing")).to_be_visible()
+    expect(page.get_by_test_id("token-rejected")).to_have_count(0)
+
+
+def _tab_to(page: Any, test_id: str, presses: int = 80) -> None:
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement?.dataset?.testid") == test_id:
+            return
+    raise AssertionError(f"{test_id} is not reachable with Tab")
+
+
+def test_fork_from_the_keyboard(server: dict[str, Any], page: Any) -> None:
+    url, parent = server["url"], server["prose"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph")
+    expect(page.get_by_test_id("graph-node-tally")).to_have_attribute("data-number", "2")
+    _tab_to(page, "graph-node-tally")
+    node = page.get_by_test_id("graph-node-tally")
+    expect(node).to_have_attribute("role", "button")
+    assert "node 2 tally" in (node.get_attribute("aria-label") or "")
+    stroke = page.evaluate("getComputedStyle(document.activeElement.querySelector('rect')).stroke")
+    assert stroke == "rgb(37, 99, 235)", stroke  # the focus ring
+    shot(page, "keyboard-1-node-focused")
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("node-editor")).to_contain_text("Fork at node 2 · tally")
+    expect(page.get_by_test_id("node-panel")).to_be_focused()
+    _tab_to(page, "editor-mode-replay", presses=20)
+    page.keyboard.press("Enter")
+    _tab_to(page, "fork-button", presses=20)
+    shot(page, "keyboard-2-fork-button")
+    page.keyboard.press("Enter")
+    view = page.get_by_test_id("run-view")
+    expect(view).not_to_have_attribute("data-run-id", parent)
+    expect(view).to_have_attribute("data-run-status", "completed")
+    fork = get(url, f"/api/runs/{view.get_attribute('data-run-id')}")
+    assert fork["parent_run_id"] == parent and fork["fork_number"] == 2
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_usable_at_390_px(server: dict[str, Any], browser: Any) -> None:
+    url, parent = server["url"], server["parent"]
+    page = _page(browser, width=390, height=844)
+    try:
+        fits = "document.documentElement.scrollWidth <= window.innerWidth"
+        main_fits = "(m => m.scrollWidth <= m.clientWidth + 1)(document.querySelector('main'))"
+        page.goto(f"{url}/#/runs/{parent}?tab=graph&node=4")
+        expect(page.get_by_test_id("node-editor")).to_contain_text("Fork at node 4")
+        expect(page.get_by_test_id("nav-settings")).to_be_visible()
+        assert page.evaluate(fits) and page.evaluate(main_fits)
+        editor = page.get_by_test_id("node-editor").bounding_box()
+        assert editor["x"] >= 0 and editor["x"] + editor["width"] <= 390
+        page.get_by_test_id("fork-button").scroll_into_view_if_needed()
+        expect(page.get_by_test_id("fork-button")).to_be_in_viewport()
+        page.get_by_test_id("call-toggle-0").click()
+        assert page.evaluate(main_fits)
+        shot(page, "390-1-run")
+        page.get_by_test_id("tab-diff").scroll_into_view_if_needed()
+        page.get_by_test_id("tab-diff").click()
+        expect(page.get_by_test_id("diff-panel")).to_be_visible()
+        assert page.evaluate(fits) and page.evaluate(main_fits)
+        shot(page, "390-2-diff")
+        page.get_by_test_id("nav-settings").click()
+        expect(page.get_by_test_id("effective-config")).to_be_visible()
+        assert page.evaluate(fits) and page.evaluate(main_fits)
+        shot(page, "390-3-settings")
+        assert page.dialogs == [] and page.errors == []
+    finally:
+        page.context.close()

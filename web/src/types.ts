@@ -276,6 +276,8 @@ export interface Settings {
   workers: number;
   version: string;
   pipelines: string[];
+  /** each setting in force and where it came from (an env variable, "server" or "default") */
+  effective?: { name: string; value: unknown; source: string; note: string }[];
 }
 
 export interface RunEvent {

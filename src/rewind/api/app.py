@@ -40,6 +40,7 @@ from starlette.staticfiles import StaticFiles
 import rewind
 from rewind.api import access, calls_view, views
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
+from rewind.api.effective import effective_config
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
@@ -792,8 +793,11 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
 
     @r.get("/settings", tags=["server"])
     def settings() -> dict[str, Any]:
-        """Model endpoint, model, temperature default, store location (never secrets)."""
-        return _settings(ctx)
+        """Model endpoint, model, temperature default, store location (never secrets), and
+        ``effective``: each setting in force with where it came from."""
+        out = _settings(ctx)
+        out["effective"] = effective_config(out, store, token_required=ctx.auth_on())
+        return out
 
     @r.get("/pipelines", tags=["runs"])
     def list_pipelines() -> dict[str, Any]:

@@ -384,6 +384,7 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
               tokens {fmtInt(diff.tokens_a)} → {fmtInt(diff.tokens_b)} ({signed(diff.token_delta)})
             </span>
           </div>
+          <div className="overflow-x-auto">
           <table className="w-full text-left text-xs">
             <thead className="text-slate-500">
               <tr>
@@ -408,6 +409,7 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
               ))}
             </tbody>
           </table>
+          </div>
         </>
       )}
     </section>

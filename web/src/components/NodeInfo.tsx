@@ -15,7 +15,7 @@ export function NodeInfo({ detail }: { detail: NodeDetail }) {
         </h3>
         <NodeBadge status={n.status} />
       </div>
-      <dl className="grid grid-cols-[auto_1fr] gap-x-3 gap-y-0.5 text-xs">
+      <dl className="grid grid-cols-[auto_minmax(0,1fr)] gap-x-3 gap-y-0.5 text-xs [overflow-wrap:anywhere]">
         <dt className="text-slate-500">cache</dt>
         <dd>
           {n.cache_outcome} ({n.cache_reason})

@@ -1,6 +1,6 @@
 // One run: header, cost bar, and the Graph / Diff / Raw JSON / Audit / What-if grid / Stability
 // tabs with the node editor.
-import { useEffect, useState } from "react";
+import { useEffect, useRef, useState } from "react";
 import { api, fmtInt, fmtMs, shortId } from "../api";
 import type { NodeDetail, Run } from "../types";
 import { useLiveRun } from "../live";
@@ -39,6 +39,16 @@ export function RunView({
   const live = useLiveRun(runId, onRunsChanged);
   const [detail, setDetail] = useState<NodeDetail | null>(null);
   const [nodeError, setNodeError] = useState<string | null>(null);
+  // A node chosen from the keyboard moves focus to its panel (editor first), so a fork needs
+  // no mouse: Tab from there reaches the editor's controls and "Fork here".
+  const panel = useRef<HTMLDivElement>(null);
+  const focusPanel = useRef(false);
+  useEffect(() => {
+    if (detail && focusPanel.current) {
+      focusPanel.current = false;
+      panel.current?.focus();
+    }
+  }, [detail]);
   const graph = live.graph;
   const run = live.detail;
   const exec = graph?.executions.find((e) => e.number === node) ?? null;
@@ -88,7 +98,7 @@ export function RunView({
     <div className="space-y-3" data-testid="run-view" data-run-id={run.run_id} data-run-status={run.status}>
       <header className="space-y-1">
         <div className="flex flex-wrap items-center gap-2">
-          <h2 className="font-mono text-base font-semibold">{run.run_id}</h2>
+          <h2 className="break-all font-mono text-base font-semibold">{run.run_id}</h2>
           <CopyButton text={run.run_id} label="copy id" />
           <RunBadge status={run.status} />
           <span className="text-sm text-slate-600">{run.pipeline}</span>
@@ -128,7 +138,7 @@ export function RunView({
         )}
       </header>
       {live.cost && <CostBar cost={live.cost} status={run.status} />}
-      <div className="flex gap-1 border-b border-slate-200">
+      <div className="flex gap-1 overflow-x-auto border-b border-slate-200" role="tablist">
         {tabButton("graph", "Graph")}
         {tabButton("diff", "Diff")}
         {tabButton("raw", "Raw JSON")}
@@ -139,10 +149,24 @@ export function RunView({
       {tab === "graph" && (
         <div className="grid grid-cols-1 gap-3 xl:grid-cols-[minmax(0,1fr)_26rem]">
           <div className="space-y-3">
-            <GraphView graph={graph} selected={node} onSelect={select} />
+            <GraphView
+              graph={graph}
+              selected={node}
+              onSelect={select}
+              onKeyboardSelect={(n) => {
+                focusPanel.current = true;
+                select(n);
+              }}
+            />
             <Executions executions={graph.executions} selected={node} onSelect={select} />
           </div>
-          <div className="space-y-3">
+          <div
+            className="min-w-0 space-y-3 outline-none"
+            ref={panel}
+            tabIndex={-1}
+            aria-label="selected node"
+            data-testid="node-panel"
+          >
             {!exec && <p className="text-sm text-slate-500">Click a node to inspect it and fork there.</p>}
             {exec?.live && <p className="text-sm text-slate-500">Node {exec.number} is being written…</p>}
             {nodeError && <p className="text-sm text-red-700">{nodeError}</p>}
