@@ -24,8 +24,10 @@ from rewind.canonical import sha256_hex
 from rewind.llm import ChatClient
 from rewind.replay import Pipeline
 from rewind.store import Store, open_store
+from rewind.store.users import add_user, rotate_token
 from tests.test_api import wait
 
+LOCAL = "http://127.0.0.1"
 LONG = "Context line with <b>markup</b>. " * 400  # ~13,000 characters, over the string limit
 SCHEMA = {
     "type": "json_schema",
@@ -155,3 +157,41 @@ def test_call_blob_route_refuses_unknown_calls(client: TestClient) -> None:
     bad = client.get(f"/api/runs/{run_id}/nodes/1/calls/0/headers")
     assert bad.status_code == 422, bad.text
     assert bad.json()["error"] == "InvalidRequest" and bad.json()["field"] == "part"
+
+
+def test_settings_list_the_effective_configuration(
+    tmp_path: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REWIND_API_KEY", "sk-secret-never-shown")
+    monkeypatch.setenv("REWIND_JSON_SCHEMA_STYLE", "json_object")
+    monkeypatch.delenv("REWIND_HTTP_CAPTURE", raising=False)
+    store = open_store(tmp_path / "store")
+    try:
+        with TestClient(create_app(store, chat_client=chat_client), base_url=LOCAL) as c:
+            r = c.get("/api/settings")
+            assert "sk-secret-never-shown" not in r.text
+            rows = {row["name"]: row for row in r.json()["effective"]}
+        assert rows["model API key"]["value"] == "set (not shown)"
+        assert rows["model API key"]["source"] == "REWIND_API_KEY"
+        assert rows["JSON schema style"] == {
+            "name": "JSON schema style",
+            "value": "json_object",
+            "source": "REWIND_JSON_SCHEMA_STYLE",
+            "note": "how response_format schemas are sent to the endpoint",
+        }
+        assert (rows["SDK HTTP capture"]["value"], rows["SDK HTTP capture"]["source"]) == (
+            "on",
+            "default",
+        )
+        assert rows["model endpoint"]["source"] == "server"  # the client it was created with
+        assert rows["database"]["value"].startswith("sqlite")
+        assert rows["authentication"]["value"].startswith("none")
+        add_user(store, "ada")
+        with TestClient(create_app(store, chat_client=chat_client), base_url=LOCAL) as c:
+            assert c.get("/api/settings").status_code == 401
+            _, token = rotate_token(store, "ada")
+            body = c.get("/api/settings", headers={"Authorization": f"Bearer {token}"}).json()
+        auth = next(row for row in body["effective"] if row["name"] == "authentication")
+        assert auth["source"] == "users" and auth["value"].startswith("users:")
+    finally:
+        store.close()
