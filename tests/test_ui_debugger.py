@@ -525,6 +525,10 @@ def test_usable_at_390_px(server: dict[str, Any], browser: Any) -> None:
         page.get_by_test_id("tab-diff").click()
         expect(page.get_by_test_id("diff-panel")).to_be_visible()
         assert page.evaluate(fits) and page.evaluate(main_fits)
+        fork = fork_group_by(url, parent)  # a fork's diff: wide tables scroll in their own box
+        page.goto(f"{url}/#/runs/{fork}?tab=diff")
+        expect(page.get_by_test_id("diff-row-3")).to_have_attribute("data-open", "yes")
+        assert page.evaluate(fits) and page.evaluate(main_fits)
         shot(page, "390-2-diff")
         page.get_by_test_id("nav-settings").click()
         expect(page.get_by_test_id("effective-config")).to_be_visible()

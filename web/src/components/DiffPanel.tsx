@@ -16,9 +16,9 @@ const ROW_COLOUR: Record<DiffRow["status"], string> = {
 
 function TextDiff({ diff }: { diff: string }) {
   const lines = diff.split("\n");
-  const limit = 400;
-  const [all, setAll] = useState(false);
-  const shown = all ? lines : lines.slice(0, limit);
+  const page = 400;
+  const [limit, setLimit] = useState(page); // paged: a huge diff never renders at once
+  const shown = lines.slice(0, limit);
   return (
     <div className="rounded border border-slate-200 bg-slate-50 p-2" data-testid="text-diff">
       <pre className="whitespace-pre-wrap break-all font-mono text-xs leading-5">
@@ -39,10 +39,22 @@ function TextDiff({ diff }: { diff: string }) {
           </div>
         ))}
       </pre>
-      {lines.length > limit && (
-        <button type="button" className="mt-1 text-xs underline" onClick={() => setAll(!all)}>
-          {all ? "show less" : `show all ${lines.length} lines`}
-        </button>
+      {lines.length > page && (
+        <div className="mt-1 flex gap-2 text-xs text-slate-500">
+          <span>
+            lines 1–{Math.min(limit, lines.length)} of {lines.length}
+          </span>
+          {lines.length > limit && (
+            <button type="button" className="underline" onClick={() => setLimit(limit + page)}>
+              show {Math.min(page, lines.length - limit)} more
+            </button>
+          )}
+          {limit > page && (
+            <button type="button" className="underline" onClick={() => setLimit(page)}>
+              show less
+            </button>
+          )}
+        </div>
       )}
     </div>
   );
@@ -344,11 +356,11 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
   const others = runs.filter((r) => r.run_id !== run.run_id && r.pipeline === run.pipeline);
   return (
     <section className="space-y-3" data-testid="diff-panel">
-      <div className="flex items-center gap-2 text-sm">
+      <div className="flex flex-wrap items-center gap-2 text-sm">
         <span className="text-slate-600">compare</span>
         <select
           data-testid="diff-against"
-          className="rounded border border-slate-300 px-1 py-0.5 text-xs"
+          className="min-w-0 max-w-full rounded border border-slate-300 px-1 py-0.5 text-xs"
           value={against}
           onChange={(e) => setAgainst(e.target.value)}
         >

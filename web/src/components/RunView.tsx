@@ -88,7 +88,7 @@ export function RunView({
       type="button"
       data-testid={`tab-${t}`}
       onClick={() => navigate(runId, t, node)}
-      className={`rounded-t border-b-2 px-3 py-1 text-sm ${tab === t ? "border-orange-600 font-semibold" : "border-transparent text-slate-600"}`}
+      className={`shrink-0 whitespace-nowrap rounded-t border-b-2 px-3 py-1 text-sm ${tab === t ? "border-orange-600 font-semibold" : "border-transparent text-slate-600"}`}
     >
       {label}
     </button>
