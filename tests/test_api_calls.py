@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 
 import rewind
 from rewind.api import create_app
-from rewind.api.calls_view import STRING_LIMIT
+from rewind.api.calls_view import STRING_LIMIT, llm_request, llm_response
 from rewind.api.pipelines import PipelineEntry
 from rewind.canonical import sha256_hex
+from rewind.capture.exchange import encode_envelope, recorded_from
 from rewind.llm import ChatClient
 from rewind.replay import Pipeline
 from rewind.store import Store, open_store
@@ -195,3 +196,53 @@ def test_settings_list_the_effective_configuration(
         assert auth["source"] == "users" and auth["value"].startswith("users:")
     finally:
         store.close()
+
+
+def test_captured_anthropic_and_streamed_calls_are_laid_out() -> None:
+    """Captured SDK calls store ``{method, url, headers, body}`` requests and HTTP envelopes:
+    the layout reads through them (Anthropic's system prompt and content blocks; streamed
+    chat-completion chunks folded into one answer)."""
+    request = {
+        "method": "POST",
+        "url": "anthropic/v1/messages",
+        "headers": [],
+        "body": {
+            "model": "claude-x",
+            "system": "Be brief.",
+            "messages": [{"role": "user", "content": "hi <script>"}],
+            "max_tokens": 10,
+        },
+    }
+    laid = llm_request(request)
+    assert laid["endpoint"] == "POST anthropic/v1/messages"
+    assert [(m["role"], m["content"]) for m in laid["messages"]] == [
+        ("system", "Be brief."),
+        ("user", "hi <script>"),
+    ]
+    assert laid["params"] == {"model": "claude-x", "max_tokens": 10}
+
+    answer = {
+        "content": [
+            {"type": "text", "text": "Hello"},
+            {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": 1}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 5, "output_tokens": 2},
+    }
+    headers = [("content-type", "application/json")]
+    envelope = encode_envelope(recorded_from(200, headers, json.dumps(answer).encode()))
+    out = llm_response(envelope)
+    assert (out["status"], out["content"], out["finish_reason"]) == (200, "Hello", "tool_use")
+    assert out["tool_calls"][0]["name"] == "lookup"
+    assert out["usage"] == {"input_tokens": 5, "output_tokens": 2}
+
+    chunks = [
+        {"choices": [{"delta": {"content": "Hel"}, "finish_reason": None}]},
+        {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    ]
+    stream = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    sse = [("content-type", "text/event-stream")]
+    out = llm_response(encode_envelope(recorded_from(200, sse, stream.encode())))
+    assert (out["content"], out["finish_reason"], out["streamed_events"]) == ("Hello", "stop", 4)
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
