@@ -252,6 +252,12 @@ def test_diff_shows_a_changed_call_side_by_side(server: dict[str, Any], page: An
     pair = page.get_by_test_id("call-pair").first
     expect(pair).to_have_attribute("data-changed", "yes")
     expect(pair).to_contain_text("prompt differs")
+    # The changed prompt message, word by word (the table went from months to seasons).
+    words = pair.get_by_test_id("prompt-word-diff")
+    expect(words).to_contain_text("(user) changed")
+    removed = words.get_by_test_id("word-removed").all_inner_texts()
+    added = words.get_by_test_id("word-added").all_inner_texts()
+    assert removed and added and removed != added
     a = get(url, f"/api/runs/{parent}/nodes/{number}/calls")["calls"][0]
     b = get(url, f"/api/runs/{fork}/nodes/{number}/calls")["calls"][0]
     assert a["request_hash"] != b["request_hash"]

@@ -7,6 +7,7 @@ import { useState } from "react";
 import { ApiError, downloadFile, fmtBytes, fmtInt, fmtMs } from "../api";
 import type { CallDetail, ChatMessage, LlmRequest, LlmResponse } from "../types";
 import { Hash, TextBlock, toText } from "./TextBlock";
+import { WordDiff } from "./WordDiff";
 
 const MESSAGE_PREVIEW = 400;
 const ROLE_COLOUR: Record<string, string> = {
@@ -199,6 +200,16 @@ export function CallPair({ a, b }: { a: CallDetail | undefined; b: CallDetail | 
       )}
     </div>
   );
+  const promptChanges: { index: number; role: string; old: string; next: string }[] = [];
+  if (a?.kind === "llm" && b?.kind === "llm") {
+    const ma = (a.request as LlmRequest).messages;
+    const mb = (b.request as LlmRequest).messages;
+    for (let i = 0; i < Math.min(ma.length, mb.length); i++) {
+      const x = toText(ma[i].content);
+      const y = toText(mb[i].content);
+      if (x !== y) promptChanges.push({ index: i, role: mb[i].role, old: x, next: y });
+    }
+  }
   return (
     <div data-testid="call-pair" data-changed={changed ? "yes" : "no"}>
       <div className="mb-1 text-xs text-slate-600">
@@ -206,6 +217,18 @@ export function CallPair({ a, b }: { a: CallDetail | undefined; b: CallDetail | 
         {a && b && a.request_hash !== b.request_hash && <span className="ml-2">prompt differs</span>}
         {a && b && a.result_hash !== b.result_hash && <span className="ml-2">response differs</span>}
       </div>
+      {promptChanges.length > 0 && (
+        <div className="mb-2 space-y-1" data-testid="prompt-word-diff">
+          {promptChanges.map((p) => (
+            <div key={p.index}>
+              <div className="text-[11px] text-slate-500">
+                message #{p.index + 1} ({p.role}) changed, word by word:
+              </div>
+              <WordDiff old={p.old} next={p.next} />
+            </div>
+          ))}
+        </div>
+      )}
       <div className="grid gap-2 md:grid-cols-2">
         {side(a, "original")}
         {side(b, "fork")}
