@@ -59,6 +59,7 @@ export function RawJson({ runId, detail }: { runId: string; detail: NodeDetail }
   useEffect(() => {
     let cancelled = false;
     setExact(null);
+    setError(null);
     apiExact<NodeDetail>(`/api/runs/${encodeURIComponent(runId)}/nodes/${number}`)
       .then((d) => !cancelled && setExact(d))
       .catch((e: ApiError) => !cancelled && setError(e.message));
@@ -66,16 +67,19 @@ export function RawJson({ runId, detail }: { runId: string; detail: NodeDetail }
       cancelled = true;
     };
   }, [runId, number, detail.node.output_hash]);
-  const shown = exact ?? detail;
+  // Rendered once the exact copy is here (the plain one only if that fetch failed): swapping one
+  // for the other would reset what the reader opened.
+  const shown = exact ?? (error ? detail : null);
+  if (!shown) return <p className="text-sm text-slate-500" data-testid="raw-json-loading">Loading node {number}…</p>;
   const n = shown.node;
   const hashes = { input_hash: n.input_hash, output_hash: n.output_hash, state_hash: n.state_hash };
   return (
     <div className="space-y-3" data-testid="raw-json" data-exact={exact ? "yes" : "no"}>
       {error && <p className="text-xs text-red-700">{error}</p>}
       <Section title={`Hashes · node ${n.number} ${n.name}`} value={hashes} testId="raw-hashes" />
-      <Section key={`o-${n.number}-${exact ? 1 : 0}`} title="Outputs" value={shown.output} hash={n.output_hash} testId="raw-output" />
-      <Section key={`i-${n.number}-${exact ? 1 : 0}`} title="Inputs" value={shown.input} hash={n.input_hash} testId="raw-input" />
-      <Section key={`s-${n.number}-${exact ? 1 : 0}`} title="State after the node" value={shown.state} hash={n.state_hash} testId="raw-state" />
+      <Section title="Outputs" value={shown.output} hash={n.output_hash} testId="raw-output" />
+      <Section title="Inputs" value={shown.input} hash={n.input_hash} testId="raw-input" />
+      <Section title="State after the node" value={shown.state} hash={n.state_hash} testId="raw-state" />
       <Section title="Node row" value={n} testId="raw-node" />
     </div>
   );
