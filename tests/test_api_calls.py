@@ -62,11 +62,16 @@ def look(state: State) -> State:
     return state.update(facts=lookup("Seattle", 2_015))
 
 
+@action(reads=["facts"], writes=["years"])
+def many(state: State) -> State:
+    return state.update(years=[lookup("Tacoma", y)["year"] for y in range(1950, 2010)])
+
+
 chatty = Pipeline(
     name="chatty",
     graph=GraphBuilder()
-    .with_actions(ask=ask, look=look)
-    .with_transitions(("ask", "look", default))
+    .with_actions(ask=ask, look=look, many=many)
+    .with_transitions(("ask", "look", default), ("look", "many", default))
     .build(),
     entrypoint="ask",
     ref="tests.test_api_calls:chatty",
@@ -134,6 +139,16 @@ def test_node_api_shows_the_prompt_and_the_response(client: TestClient) -> None:
     assert tool_call["response_truncated"] is True
     whole = client.get(tool_call["response_url"]).json()
     assert whole["rows"] == list(range(300))
+
+    # A node with 60 calls: its page holds 50, the calls route pages the rest.
+    node3 = client.get(f"/api/runs/{run_id}/nodes/many").json()
+    assert node3["calls_total"] == 60 and len(node3["calls"]) == 50
+    rest = client.get(f"/api/runs/{run_id}/nodes/3/calls", params={"offset": 50}).json()
+    assert rest["total"] == 60 and rest["offset"] == 50
+    assert [c["index"] for c in rest["calls"]] == list(range(50, 60))
+    assert rest["calls"][-1]["request"]["args"] == {"city": "Tacoma", "year": 2009}
+    bad = client.get(f"/api/runs/{run_id}/nodes/3/calls", params={"limit": 0})
+    assert bad.status_code == 422 and bad.json()["field"] == "limit"
 
     # An unchanged replay: the same call served from the cache under the same key.
     r = client.post(f"/api/runs/{run_id}/replay", json={})

@@ -34,6 +34,7 @@ from rewind.store.users import add_user
 from tests import pipelines as test_pipelines
 from tests.conftest import CHROMIUM
 from tests.test_api import publisher
+from tests.test_api_calls import chatty
 from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, XSS, ThreadServer, fake_model, shot
 
 expect = playwright_api.expect
@@ -96,6 +97,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     assert blocked.status == "completed", blocked.error
     written = rw.record(prose, {"topic": "Seattle <b>weather</b>"})
     assert written.status == "completed", written.error
+    calls = rw.record(chatty, {"question": "why?"})
+    assert calls.status == "completed", calls.error
     app = create_app(
         store,
         chat_client=client,
@@ -111,6 +114,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "parent": parent.run_id,
             "blocked": blocked.run_id,
             "prose": written.run_id,
+            "calls": calls.run_id,
             "store": store,
         }
     client.close()
@@ -227,6 +231,22 @@ def test_calls_show_prompts_and_responses(server: dict[str, Any], page: Any) -> 
         page.get_by_test_id("call-whole-request").click()
     saved = Path(info_dl.value.path()).read_bytes()
     assert hashlib.sha256(saved).hexdigest() == api_call["request_hash"]
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_a_node_with_many_calls_pages_them(server: dict[str, Any], page: Any) -> None:
+    url, run_id = server["url"], server["calls"]
+    page.goto(f"{url}/#/runs/{run_id}?tab=graph&node=3")
+    calls = page.get_by_test_id("calls-list")
+    expect(calls).to_contain_text("calls (60)")
+    expect(calls.locator("[data-testid^=call-toggle-]")).to_have_count(50)
+    calls.get_by_test_id("calls-more").click()
+    expect(calls.locator("[data-testid^=call-toggle-]")).to_have_count(60)
+    expect(calls.get_by_test_id("calls-more")).to_have_count(0)
+    calls.get_by_test_id("call-toggle-59").click()
+    expect(calls.get_by_test_id("call-detail-59").get_by_test_id("call-args")).to_contain_text(
+        "2009"
+    )
     assert page.dialogs == [] and page.errors == []
 
 

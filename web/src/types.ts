@@ -180,6 +180,8 @@ export interface NodeDetail {
   run_id: string;
   node: Execution;
   calls?: CallDetail[];
+  /** all calls of the node (``calls`` holds the first page) */
+  calls_total?: number;
   input: Record<string, unknown>;
   output: Record<string, unknown>;
   state: Record<string, unknown> | null;

@@ -940,7 +940,10 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return {
             "run_id": run.run_id,
             "node": views.node_json(n),
-            "calls": calls_view.calls_detail(store, run.run_id, n.position + 1, n.calls),
+            "calls": calls_view.calls_detail(
+                store, run.run_id, n.position + 1, n.calls[: calls_view.PAGE]
+            ),
+            "calls_total": len(n.calls),
             "sub_runs": [views.run_json(c) for c in spawned],
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
@@ -948,17 +951,26 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         }
 
     @r.get("/runs/{run_id}/nodes/{node}/calls", tags=["nodes"], responses=_LOOKUP)
-    def get_node_calls(run_id: str, node: str) -> dict[str, Any]:
+    def get_node_calls(
+        run_id: str,
+        node: str,
+        offset: Annotated[int, Query(ge=0, description="first call (0-based)")] = 0,
+        limit: Annotated[int, Query(ge=1, le=500, description="calls per page")] = 50,
+    ) -> dict[str, Any]:
         """The node's LLM and tool calls with their requests (messages with roles, params,
         tools, response schema; a tool's args) and responses (content, tool calls, finish
-        reason, usage; a tool's result), cache outcome, key and latency. Long strings and lists
-        are cut (``request_truncated``); ``request_url``/``response_url`` serve the whole."""
+        reason, usage; a tool's result), cache outcome, key and latency, a page at a time
+        (``total`` calls in all). Long strings and lists are cut (``request_truncated``);
+        ``request_url``/``response_url`` serve the whole."""
         run, n = _node_of(ctx, run_id, node)
         number = n.position + 1
+        page = n.calls[offset : offset + limit]
         return {
             "run_id": run.run_id,
             "number": number,
-            "calls": calls_view.calls_detail(store, run.run_id, number, n.calls),
+            "total": len(n.calls),
+            "offset": offset,
+            "calls": calls_view.calls_detail(store, run.run_id, number, page),
         }
 
     @r.get(

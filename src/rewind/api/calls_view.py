@@ -27,7 +27,8 @@ STRING_LIMIT = 4_000
 LIST_LIMIT = 200
 """Items of one list kept in a call's detail."""
 _CHAT_FIELDS = ("messages", "tools", "response_format", "tool_choice", "functions")
-PARTS = ("request", "response")
+PAGE = 50
+"""Calls laid out in a node's page (``GET .../nodes/{n}``); the calls route pages the rest."""
 
 
 def blob_url(run_id: str, number: int, index: int, part: str) -> str:

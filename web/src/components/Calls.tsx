@@ -4,7 +4,7 @@
 // Long messages are collapsed; a body the server cut links to the whole recorded blob (fetched
 // with the bearer token). Everything renders as text, never as HTML.
 import { useState } from "react";
-import { ApiError, downloadFile, fmtBytes, fmtInt, fmtMs } from "../api";
+import { api, ApiError, downloadFile, fmtBytes, fmtInt, fmtMs } from "../api";
 import type { CallDetail, ChatMessage, LlmRequest, LlmResponse } from "../types";
 import { Hash, TextBlock, toText } from "./TextBlock";
 import { WordDiff } from "./WordDiff";
@@ -167,16 +167,47 @@ function CallItem({ call }: { call: CallDetail }) {
   );
 }
 
-export function CallsList({ calls }: { calls: CallDetail[] }) {
-  if (calls.length === 0) return null;
+export function CallsList({
+  calls,
+  total,
+  runId,
+  number,
+}: {
+  calls: CallDetail[];
+  total: number;
+  runId: string;
+  number: number;
+}) {
+  const [more, setMore] = useState<CallDetail[]>([]);
+  const [error, setError] = useState<string | null>(null);
+  const shown = [...calls, ...more];
+  if (shown.length === 0) return null;
+  const loadMore = () => {
+    api<{ calls: CallDetail[] }>(`/api/runs/${encodeURIComponent(runId)}/nodes/${number}/calls?offset=${shown.length}&limit=50`)
+      .then((r) => setMore([...more, ...r.calls]))
+      .catch((e: ApiError) => setError(e.message));
+  };
   return (
     <div data-testid="calls-list">
-      <h4 className="mb-1 text-xs font-semibold text-slate-600">calls ({calls.length}) · prompts and responses</h4>
+      <h4 className="mb-1 text-xs font-semibold text-slate-600">
+        calls ({total}) · prompts and responses
+      </h4>
       <ul className="space-y-1">
-        {calls.map((c) => (
+        {shown.map((c) => (
           <CallItem key={c.index} call={c} />
         ))}
       </ul>
+      {shown.length < total && (
+        <button
+          type="button"
+          className="mt-1 rounded border border-slate-300 px-2 py-0.5 text-xs hover:bg-slate-100"
+          data-testid="calls-more"
+          onClick={loadMore}
+        >
+          showing {shown.length} of {total} · load {Math.min(50, total - shown.length)} more
+        </button>
+      )}
+      {error && <p className="text-xs text-red-700">{error}</p>}
     </div>
   );
 }

@@ -46,7 +46,15 @@ export function NodeInfo({ detail }: { detail: NodeDetail }) {
         )}
       </dl>
       {n.error && <div className="rounded bg-red-50 p-2 text-xs text-red-800">{n.error}</div>}
-      {detail.calls && <CallsList calls={detail.calls} />}
+      {detail.calls && (
+        <CallsList
+          key={`${detail.run_id}-${n.number}`}
+          calls={detail.calls}
+          total={detail.calls_total ?? detail.calls.length}
+          runId={detail.run_id}
+          number={n.number}
+        />
+      )}
       {!detail.calls && n.calls.length > 0 && (
         <table className="w-full text-left text-xs">
           <thead className="text-slate-500">
