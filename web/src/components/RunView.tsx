@@ -167,7 +167,7 @@ export function RunView({
             aria-label="selected node"
             data-testid="node-panel"
           >
-            {!exec && <p className="text-sm text-slate-500">Click a node to inspect it and fork there.</p>}
+            {!exec && <p className="text-sm text-slate-500">Click a node (or Tab to it and press Enter) to inspect it and fork there.</p>}
             {exec?.live && <p className="text-sm text-slate-500">Node {exec.number} is being written…</p>}
             {nodeError && <p className="text-sm text-red-700">{nodeError}</p>}
             {detail && <NodeEditor run={run} detail={detail} onForked={(id) => navigate(id, "graph", null)} />}
