@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UI_INDEX := src/rewind/static/index.html
-UI_SOURCES := web/package.json web/package-lock.json web/index.html web/vite.config.ts \
+UI_SOURCES := web/package.json web/package-lock.json web/index.html web/vite.config.ts web/eslint.config.js \
 	web/tailwind.config.js $(shell find web/src web/public -type f 2>/dev/null)
 
 .PHONY: demo test lint verify bench serve ui chromium postgresql redis clean

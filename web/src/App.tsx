@@ -1,7 +1,7 @@
 // Rewind's UI shell: hash routes (#/runs/<id>?tab=graph&node=3, #/traces, #/traces/<id>,
 // #/failures, #/settings), the runs sidebar, and the selected run or trace.
 import { useCallback, useEffect, useState } from "react";
-import { api, ApiError } from "./api";
+import { api, ApiError, getToken } from "./api";
 import type { RunsResponse } from "./types";
 import { RunsList } from "./components/RunsList";
 import { RunView, TABS, type Tab } from "./components/RunView";
@@ -72,12 +72,12 @@ export default function App() {
 
   return (
     <div className="flex h-screen flex-col">
-      <header className="flex items-center gap-4 border-b border-slate-200 bg-slate-900 px-4 py-2 text-white">
+      <header className="flex flex-wrap items-center gap-x-4 gap-y-1 border-b border-slate-200 bg-slate-900 px-4 py-2 text-white">
         <a href="#/" className="text-lg font-bold tracking-tight">
           <img src="/favicon.svg" alt="" className="mr-1 inline h-5 w-5 align-[-3px]" />
           Rewind
         </a>
-        <span className="text-xs text-slate-300">record · fork · replay · diff</span>
+        <span className="hidden text-xs text-slate-300 sm:inline">record · fork · replay · diff</span>
         <nav className="ml-auto flex gap-3 text-sm">
           <a href="#/" data-testid="nav-runs" className={route.view === "runs" ? "underline" : ""}>
             Runs
@@ -95,11 +95,17 @@ export default function App() {
       </header>
       {error?.status === 401 && (
         <div className="bg-amber-100 px-4 py-2 text-sm text-amber-900">
-          This server needs an access token: enter it under <a className="underline" href="#/settings">Settings</a>.
+          {getToken()
+            ? "The server rejected this tab's access token: enter a current one under "
+            : "This server needs an access token: enter it under "}
+          <a className="underline" href="#/settings">
+            Settings
+          </a>
+          .
         </div>
       )}
-      <div className="flex min-h-0 flex-1">
-        <aside className="w-80 shrink-0 overflow-y-auto border-r border-slate-200 bg-slate-50 p-2">
+      <div className="flex min-h-0 flex-1 flex-col md:flex-row">
+        <aside className="max-h-[30vh] w-full shrink-0 overflow-y-auto border-b border-slate-200 bg-slate-50 p-2 md:max-h-none md:w-80 md:border-b-0 md:border-r">
           <RunsList
             runs={runs.runs}
             tree={runs.tree}
@@ -107,7 +113,7 @@ export default function App() {
             onSelect={(id) => navigate(id, "graph", null)}
           />
         </aside>
-        <main className="min-w-0 flex-1 overflow-y-auto p-4">
+        <main className="min-h-0 min-w-0 flex-1 overflow-y-auto p-2 sm:p-4">
           {route.view === "settings" && <Settings />}
           {route.view === "failures" && <FailuresView />}
           {route.view === "traces" && !route.traceId && <TracesList />}

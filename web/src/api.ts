@@ -1,5 +1,6 @@
 // Fetch wrapper for Rewind's API: bearer token (when the server needs one), JSON errors, and a
 // server-sent-events reader built on fetch (EventSource cannot send an Authorization header).
+import { isInteger, isSafeNumber, LosslessNumber, parse as parseLossless } from "lossless-json";
 import type { RunEvent } from "./types";
 
 const TOKEN_KEY = "rewind-token";
@@ -40,7 +41,30 @@ function headers(extra: Record<string, string> = {}): Record<string, string> {
   return h;
 }
 
-export async function api<T>(path: string, init: { method?: string; body?: unknown } = {}): Promise<T> {
+/** A JSON number without loss: a plain number when float64 holds it exactly, a BigInt for a
+ * larger integer (beyond 2^53), a LosslessNumber (its digits kept) for a long decimal. */
+function exactNumber(text: string): number | bigint | LosslessNumber {
+  if (isSafeNumber(text)) return Number(text);
+  if (isInteger(text)) return BigInt(text);
+  return new LosslessNumber(text);
+}
+
+/** JSON.parse that keeps every number exact (see exactNumber). */
+export function parseExact(text: string): unknown {
+  return parseLossless(text, null, exactNumber);
+}
+
+/** Like api() for a GET, but numbers stay exact (big integers as BigInt): for views that show
+ * recorded values (raw JSON, the diff) rather than compute with them. */
+export function apiExact<T>(path: string): Promise<T> {
+  return api<T>(path, {}, parseExact);
+}
+
+export async function api<T>(
+  path: string,
+  init: { method?: string; body?: unknown } = {},
+  parseJson: (text: string) => unknown = JSON.parse,
+): Promise<T> {
   const response = await fetch(path, {
     method: init.method ?? "GET",
     headers: headers(init.body !== undefined ? { "Content-Type": "application/json" } : {}),
@@ -49,7 +73,7 @@ export async function api<T>(path: string, init: { method?: string; body?: unkno
   const text = await response.text();
   let data: unknown = null;
   try {
-    data = text ? JSON.parse(text) : null;
+    data = text ? parseJson(text) : null;
   } catch {
     data = text;
   }
@@ -104,6 +128,42 @@ export function followEvents(
     }
   })();
   return () => controller.abort();
+}
+
+/** Fetch a file with the bearer token (a plain link cannot send it) and save it under
+ * ``filename`` through a Blob URL. Throws ApiError with the server's message on a refusal. */
+export async function downloadFile(path: string, filename: string): Promise<number> {
+  const response = await fetch(path, { headers: headers({ Accept: "*/*" }) });
+  if (!response.ok) {
+    let message = `HTTP ${response.status}`;
+    let hint = "";
+    try {
+      const body = (await response.json()) as Record<string, unknown>;
+      message = String(body.message ?? message);
+      hint = String(body.hint ?? "");
+    } catch {
+      /* not JSON */
+    }
+    throw new ApiError(response.status, message, hint);
+  }
+  const blob = await response.blob();
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = filename;
+  a.rel = "noopener";
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  window.setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  return blob.size;
+}
+
+export function fmtBytes(n: number | null | undefined): string {
+  if (n === null || n === undefined) return "—";
+  if (n >= 1_000_000) return `${(n / 1_000_000).toFixed(1)} MB`;
+  if (n >= 1_000) return `${(n / 1_000).toFixed(1)} kB`;
+  return `${n} bytes`;
 }
 
 export function shortId(id: string): string {

@@ -120,9 +120,68 @@ export interface Graph {
   live: boolean;
 }
 
+export interface ChatMessage {
+  role: string;
+  content: unknown;
+  name?: string;
+  tool_calls?: unknown;
+  tool_call_id?: string;
+}
+
+export interface LlmRequest {
+  endpoint: string | null;
+  messages: ChatMessage[];
+  params: Record<string, unknown>;
+  tools: unknown;
+  tool_choice?: unknown;
+  response_schema?: unknown;
+  body?: unknown;
+}
+
+export interface LlmResponse {
+  status: number | null;
+  content: unknown;
+  tool_calls: unknown;
+  finish_reason: string | null;
+  usage: Record<string, unknown> | null;
+  streamed_events: number | null;
+}
+
+/** One call of a node with its request and response (GET /api/runs/{id}/nodes/{n}/calls). */
+export interface CallDetail {
+  index: number;
+  kind: string;
+  name: string;
+  key: string;
+  request_hash: string;
+  result_hash: string | null;
+  outcome: string;
+  reason: string;
+  label: string;
+  determinism: string | null;
+  prompt_tokens: number;
+  completion_tokens: number;
+  tokens: number;
+  latency_ms: number;
+  produced_at: number | null;
+  /** llm: LlmRequest; tool: { args } */
+  request: LlmRequest | { args: unknown };
+  /** llm: LlmResponse; tool: { result } */
+  response: LlmResponse | { result: unknown };
+  request_bytes: number | null;
+  request_truncated: boolean;
+  request_url: string | null;
+  response_bytes: number | null;
+  response_truncated: boolean;
+  response_url: string | null;
+}
+
 export interface NodeDetail {
   run_id: string;
   node: Execution;
+  calls?: CallDetail[];
+  /** all calls of the node (``calls`` holds the first page) */
+  calls_total?: number;
   input: Record<string, unknown>;
   output: Record<string, unknown>;
   state: Record<string, unknown> | null;
@@ -219,6 +278,8 @@ export interface Settings {
   workers: number;
   version: string;
   pipelines: string[];
+  /** each setting in force and where it came from (an env variable, "server" or "default") */
+  effective?: { name: string; value: unknown; source: string; note: string }[];
 }
 
 export interface RunEvent {

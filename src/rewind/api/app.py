@@ -38,8 +38,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
 import rewind
-from rewind.api import access, views
+from rewind.api import access, calls_view, views
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
+from rewind.api.effective import effective_config
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import QueueRunManager, ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
@@ -807,8 +808,11 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
 
     @r.get("/settings", tags=["server"])
     def settings() -> dict[str, Any]:
-        """Model endpoint, model, temperature default, store location (never secrets)."""
-        return _settings(ctx)
+        """Model endpoint, model, temperature default, store location (never secrets), and
+        ``effective``: each setting in force with where it came from."""
+        out = _settings(ctx)
+        out["effective"] = effective_config(out, store, token_required=ctx.auth_on())
+        return out
 
     @r.get("/pipelines", tags=["runs"])
     def list_pipelines() -> dict[str, Any]:
@@ -972,11 +976,64 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return {
             "run_id": run.run_id,
             "node": views.node_json(n),
+            "calls": calls_view.calls_detail(
+                store, run.run_id, n.position + 1, n.calls[: calls_view.PAGE]
+            ),
+            "calls_total": len(n.calls),
             "sub_runs": [views.run_json(c) for c in spawned],
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),
         }
+
+    @r.get("/runs/{run_id}/nodes/{node}/calls", tags=["nodes"], responses=_LOOKUP)
+    def get_node_calls(
+        run_id: str,
+        node: str,
+        offset: Annotated[int, Query(ge=0, description="first call (0-based)")] = 0,
+        limit: Annotated[int, Query(ge=1, le=500, description="calls per page")] = 50,
+    ) -> dict[str, Any]:
+        """The node's LLM and tool calls with their requests (messages with roles, params,
+        tools, response schema; a tool's args) and responses (content, tool calls, finish
+        reason, usage; a tool's result), cache outcome, key and latency, a page at a time
+        (``total`` calls in all). Long strings and lists are cut (``request_truncated``);
+        ``request_url``/``response_url`` serve the whole."""
+        run, n = _node_of(ctx, run_id, node)
+        number = n.position + 1
+        page = n.calls[offset : offset + limit]
+        return {
+            "run_id": run.run_id,
+            "number": number,
+            "total": len(n.calls),
+            "offset": offset,
+            "calls": calls_view.calls_detail(store, run.run_id, number, page),
+        }
+
+    @r.get(
+        "/runs/{run_id}/nodes/{node}/calls/{index}/{part}",
+        tags=["nodes"],
+        response_class=Response,
+        responses=error_responses(404, 422) | {200: {"content": {"application/json": {}}}},
+    )
+    def get_call_blob(
+        run_id: str, node: str, index: int, part: Literal["request", "response"]
+    ) -> Response:
+        """The whole request or response bytes of one call, as recorded (the call's
+        ``request_hash``/``result_hash`` blob)."""
+        run, n = _node_of(ctx, run_id, node)
+        call = next((c for c in n.calls if c.call_index == index), None)
+        if call is None:
+            raise UnknownNode(
+                f"node {n.position + 1} of run {run.run_id[:12]} has no call {index}",
+                f"list them with GET /api/runs/{run.run_id[:12]}/nodes/{n.position + 1}/calls",
+                field="index",
+            )
+        digest = call.request_hash if part == "request" else call.result_hash
+        if not digest:
+            raise UnknownNode(f"call {index} recorded no {part}", "", field="part")
+        data = store.get_blob(digest)
+        media = "application/json" if data[:1] in (b"{", b"[") else "application/octet-stream"
+        return Response(data, media_type=media, headers={"X-Content-SHA256": digest})
 
     @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"], responses=_LOOKUP)
     def get_node_input(run_id: str, node: str) -> dict[str, Any]:

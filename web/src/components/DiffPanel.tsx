@@ -1,8 +1,10 @@
 // Original vs fork, node by node: status, hash match, first divergence, changed field paths with
 // old/new values, unified text diffs for long strings, and both outputs side by side.
 import { useEffect, useState } from "react";
-import { api, ApiError, fmtInt, signed } from "../api";
-import type { Diff, DiffChange, DiffRow, Run } from "../types";
+import { api, apiExact, ApiError, fmtInt, signed } from "../api";
+import type { CallDetail, Diff, DiffChange, DiffRow, Run } from "../types";
+import { CallPair } from "./Calls";
+import { WordDiff } from "./WordDiff";
 import { JsonBlock, TextBlock, toText } from "./TextBlock";
 
 const ROW_COLOUR: Record<DiffRow["status"], string> = {
@@ -14,9 +16,9 @@ const ROW_COLOUR: Record<DiffRow["status"], string> = {
 
 function TextDiff({ diff }: { diff: string }) {
   const lines = diff.split("\n");
-  const limit = 400;
-  const [all, setAll] = useState(false);
-  const shown = all ? lines : lines.slice(0, limit);
+  const page = 400;
+  const [limit, setLimit] = useState(page); // paged: a huge diff never renders at once
+  const shown = lines.slice(0, limit);
   return (
     <div className="rounded border border-slate-200 bg-slate-50 p-2" data-testid="text-diff">
       <pre className="whitespace-pre-wrap break-all font-mono text-xs leading-5">
@@ -37,16 +39,61 @@ function TextDiff({ diff }: { diff: string }) {
           </div>
         ))}
       </pre>
-      {lines.length > limit && (
-        <button type="button" className="mt-1 text-xs underline" onClick={() => setAll(!all)}>
-          {all ? "show less" : `show all ${lines.length} lines`}
-        </button>
+      {lines.length > page && (
+        <div className="mt-1 flex gap-2 text-xs text-slate-500">
+          <span>
+            lines 1–{Math.min(limit, lines.length)} of {lines.length}
+          </span>
+          {lines.length > limit && (
+            <button type="button" className="underline" onClick={() => setLimit(limit + page)}>
+              show {Math.min(page, lines.length - limit)} more
+            </button>
+          )}
+          {limit > page && (
+            <button type="button" className="underline" onClick={() => setLimit(page)}>
+              show less
+            </button>
+          )}
+        </div>
       )}
     </div>
   );
 }
 
+function StringChange({ c }: { c: DiffChange }) {
+  const [lines, setLines] = useState(false);
+  const words = !lines ? <WordDiff old={c.old as string} next={c.new as string} /> : null;
+  return (
+    <div>
+      {c.text_diff && (
+        <button type="button" className="mb-1 text-xs text-sky-700 underline" onClick={() => setLines(!lines)} data-testid="diff-view-toggle">
+          {lines ? "word diff" : "line diff"}
+        </button>
+      )}
+      {words ?? (c.text_diff ? <TextDiff diff={c.text_diff} /> : null)}
+    </div>
+  );
+}
+
 function Change({ c }: { c: DiffChange }) {
+  if (c.kind === "changed" && typeof c.old === "string" && typeof c.new === "string") {
+    return (
+      <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+        <div className="flex items-center gap-2 text-xs">
+          <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
+            {c.path || "(whole value)"}
+          </code>
+          {c.old_path && <span className="text-slate-500">(was {c.old_path})</span>}
+          <span className="text-slate-500">text changed</span>
+        </div>
+        <StringChange c={c} />
+      </li>
+    );
+  }
+  return <ValueChange c={c} />;
+}
+
+function ValueChange({ c }: { c: DiffChange }) {
   return (
     <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
       <div className="flex items-center gap-2 text-xs">
@@ -78,17 +125,69 @@ function Change({ c }: { c: DiffChange }) {
   );
 }
 
-function Row({ row, first }: { row: DiffRow; first: boolean }) {
-  const [open, setOpen] = useState(row.status !== "equal" && row.changes.length <= 50);
+function CallsSideBySide({ runA, runB, row }: { runA: string; runB: string; row: DiffRow }) {
+  const [pairs, setPairs] = useState<[CallDetail[], CallDetail[]] | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  useEffect(() => {
+    let cancelled = false;
+    const calls = (run: string, side: DiffRow["a"]) =>
+      side
+        ? api<{ calls: CallDetail[] }>(`/api/runs/${encodeURIComponent(run)}/nodes/${side.position + 1}/calls`).then((r) => r.calls)
+        : Promise.resolve([] as CallDetail[]);
+    Promise.all([calls(runA, row.a), calls(runB, row.b)])
+      .then((p) => !cancelled && setPairs(p))
+      .catch((e: ApiError) => !cancelled && setError(e.message));
+    return () => {
+      cancelled = true;
+    };
+  }, [runA, runB, row.a, row.b]);
+  if (error) return <div className="text-xs text-red-700">{error}</div>;
+  if (!pairs) return <div className="text-xs text-slate-500">loading calls…</div>;
+  const [a, b] = pairs;
+  const count = Math.max(a.length, b.length);
+  if (count === 0) return <div className="text-xs text-slate-500">this node made no LLM or tool call</div>;
+  const indexes = Array.from(new Set([...a.map((c) => c.index), ...b.map((c) => c.index)])).sort((x, y) => x - y);
+  return (
+    <div className="mt-1 space-y-2" data-testid="calls-side-by-side">
+      {indexes.map((i) => (
+        <CallPair key={i} a={a.find((c) => c.index === i)} b={b.find((c) => c.index === i)} />
+      ))}
+    </div>
+  );
+}
+
+const CHANGES_PAGE = 50;
+
+function summary(row: DiffRow): string {
+  if (row.changes.length === 0) return row.status === "equal" ? "" : row.status.replace("_", " ");
+  const paths = row.changes.slice(0, 3).map((c) => c.path || "(whole value)");
+  const more = row.changes.length - paths.length;
+  return `${row.changes.length} field${row.changes.length === 1 ? "" : "s"}: ${paths.join(", ")}${more > 0 ? ` +${more} more` : ""}`;
+}
+
+function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: string; runB: string }) {
+  // Collapsed by default (the row shows a summary); the first divergence opens itself.
+  const [open, setOpen] = useState(first);
   const [sideBySide, setSideBySide] = useState(false);
-  const shownChanges = row.changes.slice(0, 200);
+  const [showCalls, setShowCalls] = useState(false);
+  const [pages, setPages] = useState(1);
+  const shownChanges = row.changes.slice(0, CHANGES_PAGE * pages);
   return (
     <>
       <tr
         data-testid={`diff-row-${row.index + 1}`}
         data-status={row.status}
+        data-open={open ? "yes" : "no"}
         className={`cursor-pointer border-t border-slate-100 ${first ? "bg-orange-50" : ""}`}
         onClick={() => setOpen(!open)}
+        tabIndex={0}
+        aria-expanded={open}
+        onKeyDown={(e) => {
+          if (e.key === "Enter" || e.key === " ") {
+            e.preventDefault();
+            setOpen(!open);
+          }
+        }}
       >
         <td className="py-1 pr-2">{row.index + 1}</td>
         <td className="pr-2 font-medium">{row.name}</td>
@@ -128,7 +227,10 @@ function Row({ row, first }: { row: DiffRow; first: boolean }) {
           {row.a?.outcome ?? "—"} → {row.b?.outcome ?? "—"}
         </td>
         <td className="pr-2 text-right tabular-nums">{signed(row.token_delta)}</td>
-        <td className="pr-2 text-slate-600">{row.changes.length ? `${row.changes.length} field(s)` : ""}</td>
+        <td className="max-w-[28rem] truncate pr-2 text-slate-600" data-testid={`diff-summary-${row.index + 1}`} title={summary(row)}>
+          <span className="mr-1 text-slate-400">{open ? "▾" : "▸"}</span>
+          {summary(row)}
+        </td>
       </tr>
       {open && (
         <tr>
@@ -140,7 +242,20 @@ function Row({ row, first }: { row: DiffRow; first: boolean }) {
                   <Change key={`${c.path}-${i}`} c={c} />
                 ))}
                 {row.changes.length > shownChanges.length && (
-                  <li className="text-xs text-slate-500">… {row.changes.length - shownChanges.length} more changes</li>
+                  <li className="text-xs text-slate-500">
+                    showing {shownChanges.length} of {row.changes.length} changes{" "}
+                    <button
+                      type="button"
+                      className="ml-1 rounded border border-slate-300 px-2 py-0.5 hover:bg-slate-100"
+                      data-testid={`diff-more-${row.index + 1}`}
+                      onClick={(e) => {
+                        e.stopPropagation();
+                        setPages(pages + 1);
+                      }}
+                    >
+                      show {Math.min(CHANGES_PAGE, row.changes.length - shownChanges.length)} more
+                    </button>
+                  </li>
                 )}
               </ul>
             )}
@@ -154,6 +269,20 @@ function Row({ row, first }: { row: DiffRow; first: boolean }) {
             >
               {sideBySide ? "hide outputs" : "original vs fork side by side"}
             </button>
+            {row.a && row.b && (
+              <button
+                type="button"
+                className="ml-3 mt-1 text-xs text-sky-700 underline"
+                data-testid={`diff-calls-${row.index + 1}`}
+                onClick={(e) => {
+                  e.stopPropagation();
+                  setShowCalls(!showCalls);
+                }}
+              >
+                {showCalls ? "hide prompts" : "prompts and responses side by side"}
+              </button>
+            )}
+            {showCalls && <CallsSideBySide runA={runA} runB={runB} row={row} />}
             {sideBySide && (
               <div className="mt-1 grid grid-cols-2 gap-2" data-testid="side-by-side">
                 <div className="rounded border border-slate-200 p-2">
@@ -185,7 +314,7 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
       return;
     }
     let cancelled = false;
-    api<Diff>(`/api/diff?a=${encodeURIComponent(against)}&b=${encodeURIComponent(run.run_id)}`)
+    apiExact<Diff>(`/api/diff?a=${encodeURIComponent(against)}&b=${encodeURIComponent(run.run_id)}`)
       .then((d) => !cancelled && (setDiff(d), setError(null)))
       .catch((e: ApiError) => !cancelled && setError(e.message));
     return () => {
@@ -196,11 +325,11 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
   const others = runs.filter((r) => r.run_id !== run.run_id && r.pipeline === run.pipeline);
   return (
     <section className="space-y-3" data-testid="diff-panel">
-      <div className="flex items-center gap-2 text-sm">
+      <div className="flex flex-wrap items-center gap-2 text-sm">
         <span className="text-slate-600">compare</span>
         <select
           data-testid="diff-against"
-          className="rounded border border-slate-300 px-1 py-0.5 text-xs"
+          className="min-w-0 max-w-full rounded border border-slate-300 px-1 py-0.5 text-xs"
           value={against}
           onChange={(e) => setAgainst(e.target.value)}
         >
@@ -236,6 +365,7 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
               tokens {fmtInt(diff.tokens_a)} → {fmtInt(diff.tokens_b)} ({signed(diff.token_delta)})
             </span>
           </div>
+          <div className="overflow-x-auto">
           <table className="w-full text-left text-xs">
             <thead className="text-slate-500">
               <tr>
@@ -250,10 +380,17 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
             </thead>
             <tbody>
               {diff.nodes.map((row) => (
-                <Row key={`${against}-${row.index}`} row={row} first={row.index === diff.first_divergence} />
+                <Row
+                  key={`${against}-${row.index}`}
+                  row={row}
+                  first={row.index === diff.first_divergence}
+                  runA={diff.run_a}
+                  runB={diff.run_b}
+                />
               ))}
             </tbody>
           </table>
+          </div>
         </>
       )}
     </section>

@@ -15,6 +15,7 @@ export function Executions({
 }) {
   if (executions.length === 0) return <p className="text-sm text-slate-500">No node has finished yet.</p>;
   return (
+    <div className="overflow-x-auto">
     <table className="w-full text-left text-xs" data-testid="executions">
       <thead className="text-slate-500">
         <tr>
@@ -53,5 +54,6 @@ export function Executions({
         ))}
       </tbody>
     </table>
+    </div>
   );
 }

@@ -64,10 +64,13 @@ export function GraphView({
   graph,
   selected,
   onSelect,
+  onKeyboardSelect,
 }: {
   graph: GraphData;
   selected: number | null;
   onSelect: (number: number) => void;
+  /** a node chosen with Enter or Space (default: onSelect) */
+  onKeyboardSelect?: (number: number) => void;
 }) {
   const { placed, width, height } = useMemo(() => layout(graph.nodes, graph.edges), [graph.nodes, graph.edges]);
   const at = new Map(placed.map((p) => [p.node.name, p]));
@@ -76,7 +79,7 @@ export function GraphView({
     <div className="space-y-2">
       <Legend />
       <div className="overflow-auto rounded border border-slate-200 bg-white" data-testid="graph">
-        <svg width={width} height={height} role="img" aria-label={`graph of run ${graph.run.run_id}`}>
+        <svg width={width} height={height} role="group" aria-label={`graph of run ${graph.run.run_id}`}>
           <defs>
             <marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">
               <path d="M 0 0 L 10 5 L 0 10 z" fill="#64748b" />
@@ -124,9 +127,21 @@ export function GraphView({
                 data-testid={`graph-node-${node.name}`}
                 data-status={node.status}
                 data-number={last ?? ""}
-                className={`${node.status === "running" ? "node-running" : ""} ${last !== undefined ? "cursor-pointer" : ""}`}
+                className={`graph-node ${node.status === "running" ? "node-running" : ""} ${last !== undefined ? "cursor-pointer" : ""}`}
                 onClick={() => last !== undefined && onSelect(last)}
+                tabIndex={last !== undefined ? 0 : -1}
+                role="button"
+                aria-pressed={isSelected}
+                aria-disabled={last === undefined}
+                aria-label={`node ${last !== undefined ? `${last} ` : ""}${node.name}: ${node.status}; ${sub}`}
+                onKeyDown={(e) => {
+                  if (last !== undefined && (e.key === "Enter" || e.key === " ")) {
+                    e.preventDefault();
+                    (onKeyboardSelect ?? onSelect)(last);
+                  }
+                }}
               >
+                <title>{`${node.name}${last !== undefined ? ` (node ${last})` : ""}: ${sub}`}</title>
                 <rect
                   x={x}
                   y={y}

@@ -3,6 +3,7 @@ import type { NodeDetail } from "../types";
 import { NodeBadge } from "./Status";
 import { Hash, JsonBlock } from "./TextBlock";
 import { fmtInt, fmtMs } from "../api";
+import { CallsList } from "./Calls";
 
 export function NodeInfo({ detail }: { detail: NodeDetail }) {
   const n = detail.node;
@@ -14,7 +15,7 @@ export function NodeInfo({ detail }: { detail: NodeDetail }) {
         </h3>
         <NodeBadge status={n.status} />
       </div>
-      <dl className="grid grid-cols-[auto_1fr] gap-x-3 gap-y-0.5 text-xs">
+      <dl className="grid grid-cols-[auto_minmax(0,1fr)] gap-x-3 gap-y-0.5 text-xs [overflow-wrap:anywhere]">
         <dt className="text-slate-500">cache</dt>
         <dd>
           {n.cache_outcome} ({n.cache_reason})
@@ -45,7 +46,16 @@ export function NodeInfo({ detail }: { detail: NodeDetail }) {
         )}
       </dl>
       {n.error && <div className="rounded bg-red-50 p-2 text-xs text-red-800">{n.error}</div>}
-      {n.calls.length > 0 && (
+      {detail.calls && (
+        <CallsList
+          key={`${detail.run_id}-${n.number}`}
+          calls={detail.calls}
+          total={detail.calls_total ?? detail.calls.length}
+          runId={detail.run_id}
+          number={n.number}
+        />
+      )}
+      {!detail.calls && n.calls.length > 0 && (
         <table className="w-full text-left text-xs">
           <thead className="text-slate-500">
             <tr>

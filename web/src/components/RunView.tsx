@@ -1,9 +1,10 @@
 // One run: header, cost bar, and the Graph / Diff / Raw JSON / Audit / What-if grid / Stability
 // tabs with the node editor.
-import { useEffect, useState } from "react";
+import { useEffect, useRef, useState } from "react";
 import { api, fmtInt, fmtMs, shortId } from "../api";
 import type { NodeDetail, Run } from "../types";
 import { useLiveRun } from "../live";
+import { ArtifactLink } from "./ArtifactLink";
 import { AuditPanel } from "./AuditPanel";
 import { CostBar } from "./CostBar";
 import { DiffPanel } from "./DiffPanel";
@@ -38,6 +39,16 @@ export function RunView({
   const live = useLiveRun(runId, onRunsChanged);
   const [detail, setDetail] = useState<NodeDetail | null>(null);
   const [nodeError, setNodeError] = useState<string | null>(null);
+  // A node chosen from the keyboard moves focus to its panel (editor first), so a fork needs
+  // no mouse: Tab from there reaches the editor's controls and "Fork here".
+  const panel = useRef<HTMLDivElement>(null);
+  const focusPanel = useRef(false);
+  useEffect(() => {
+    if (detail && focusPanel.current) {
+      focusPanel.current = false;
+      panel.current?.focus();
+    }
+  }, [detail]);
   const graph = live.graph;
   const run = live.detail;
   const exec = graph?.executions.find((e) => e.number === node) ?? null;
@@ -77,7 +88,7 @@ export function RunView({
       type="button"
       data-testid={`tab-${t}`}
       onClick={() => navigate(runId, t, node)}
-      className={`rounded-t border-b-2 px-3 py-1 text-sm ${tab === t ? "border-orange-600 font-semibold" : "border-transparent text-slate-600"}`}
+      className={`shrink-0 whitespace-nowrap rounded-t border-b-2 px-3 py-1 text-sm ${tab === t ? "border-orange-600 font-semibold" : "border-transparent text-slate-600"}`}
     >
       {label}
     </button>
@@ -87,7 +98,7 @@ export function RunView({
     <div className="space-y-3" data-testid="run-view" data-run-id={run.run_id} data-run-status={run.status}>
       <header className="space-y-1">
         <div className="flex flex-wrap items-center gap-2">
-          <h2 className="font-mono text-base font-semibold">{run.run_id}</h2>
+          <h2 className="break-all font-mono text-base font-semibold">{run.run_id}</h2>
           <CopyButton text={run.run_id} label="copy id" />
           <RunBadge status={run.status} />
           <span className="text-sm text-slate-600">{run.pipeline}</span>
@@ -119,17 +130,15 @@ export function RunView({
             artifacts:{" "}
             {run.artifacts.map((a) => (
               <span key={a.name} className="mr-2">
-                <a className="text-sky-700 underline" href={a.url} download>
-                  {a.name}
-                </a>{" "}
+                <ArtifactLink url={a.url} name={a.name} />{" "}
                 <span className="font-mono">{a.sha256.slice(0, 12)}</span> ({fmtInt(a.size)} B)
               </span>
             ))}
           </div>
         )}
       </header>
-      {live.cost && <CostBar cost={live.cost} />}
-      <div className="flex gap-1 border-b border-slate-200">
+      {live.cost && <CostBar cost={live.cost} status={run.status} />}
+      <div className="flex gap-1 overflow-x-auto border-b border-slate-200" role="tablist">
         {tabButton("graph", "Graph")}
         {tabButton("diff", "Diff")}
         {tabButton("raw", "Raw JSON")}
@@ -140,11 +149,25 @@ export function RunView({
       {tab === "graph" && (
         <div className="grid grid-cols-1 gap-3 xl:grid-cols-[minmax(0,1fr)_26rem]">
           <div className="space-y-3">
-            <GraphView graph={graph} selected={node} onSelect={select} />
+            <GraphView
+              graph={graph}
+              selected={node}
+              onSelect={select}
+              onKeyboardSelect={(n) => {
+                focusPanel.current = true;
+                select(n);
+              }}
+            />
             <Executions executions={graph.executions} selected={node} onSelect={select} />
           </div>
-          <div className="space-y-3">
-            {!exec && <p className="text-sm text-slate-500">Click a node to inspect it and fork there.</p>}
+          <div
+            className="min-w-0 space-y-3 outline-none"
+            ref={panel}
+            tabIndex={-1}
+            aria-label="selected node"
+            data-testid="node-panel"
+          >
+            {!exec && <p className="text-sm text-slate-500">Click a node (or Tab to it and press Enter) to inspect it and fork there.</p>}
             {exec?.live && <p className="text-sm text-slate-500">Node {exec.number} is being written…</p>}
             {nodeError && <p className="text-sm text-red-700">{nodeError}</p>}
             {detail && <NodeEditor run={run} detail={detail} onForked={(id) => navigate(id, "graph", null)} />}
@@ -160,14 +183,8 @@ export function RunView({
       {tab === "stability" && (
         <StabilityPanel run={run} executions={graph.executions} node={node} onOpenRun={(id) => navigate(id, "graph", null)} />
       )}
-      {tab === "raw" &&
-        (detail ? (
-          <RawJson detail={detail} />
-        ) : (
-          <p className="text-sm text-slate-500">Select a node in the Graph tab (or below) to see its raw JSON.</p>
-        ))}
       {tab === "raw" && (
-        <div className="flex flex-wrap gap-1">
+        <div className="flex flex-wrap gap-1" data-testid="raw-node-picker">
           {graph.executions.map((e) => (
             <button
               key={e.number}
@@ -180,6 +197,12 @@ export function RunView({
           ))}
         </div>
       )}
+      {tab === "raw" &&
+        (detail ? (
+          <RawJson runId={runId} detail={detail} />
+        ) : (
+          <p className="text-sm text-slate-500">Select a node in the Graph tab (or below) to see its raw JSON.</p>
+        ))}
     </div>
   );
 }

@@ -1,5 +1,6 @@
 // Renders model/tool output as plain text (React text nodes only — never as HTML), truncated
 // so a 1 MB value stays responsive; "show all" renders the rest on demand.
+import { stringify as stringifyExact } from "lossless-json";
 import { useState } from "react";
 
 export const DEFAULT_LIMIT = 2000;
@@ -8,7 +9,8 @@ export function toText(value: unknown): string {
   if (typeof value === "string") return value;
   if (value === undefined) return "undefined";
   try {
-    return JSON.stringify(value, null, 2) ?? String(value);
+    // lossless-json writes BigInt and LosslessNumber values with all their digits
+    return stringifyExact(value, null, 2) ?? String(value);
   } catch {
     return String(value);
   }
@@ -36,7 +38,7 @@ export function TextBlock({
   const shown = long && !all ? text.slice(0, limit) : text;
   return (
     <div className={className} data-testid={testId}>
-      <pre className="whitespace-pre-wrap break-all font-mono text-xs leading-5">{shown}</pre>
+      <pre className="whitespace-pre-wrap font-mono text-xs leading-5 [overflow-wrap:anywhere]">{shown}</pre>
       {long && (
         <div className="mt-1 flex items-center gap-2 text-xs text-slate-500">
           <span data-testid="truncated-note">
