@@ -476,9 +476,11 @@ def _result_bytes(ctx: RunContext, scope: NodeScope | None, key: str, result_has
     pending = (scope.pending.get(key) if scope is not None else None) or ctx.recent.get(key)
     if pending is not None and pending.result_hash == result_hash:
         return pending.result_bytes
-    if result_hash in ctx.lineage_blobs:
-        return ctx.lineage_blobs[result_hash]
-    return ctx.store.get_blob(result_hash)
+    data = ctx.lineage_blobs.get(result_hash)
+    if data is None:
+        # Kept by hash: the step that made the call reads its answer again when it ends.
+        data = ctx.lineage_blobs[result_hash] = ctx.store.get_blob(result_hash)
+    return data
 
 
 def _lookup(

@@ -153,7 +153,8 @@ class RunContext:
         lineage: ``{cache key: result blob hash}`` of the calls the source trajectory made; a
             replay serves these first, so an unchanged replay returns exactly the parent's results
             even if the cache holds a newer entry for the same key.
-        lineage_blobs: the lineage's result bytes, fetched in one query when the fork starts.
+        lineage_blobs: result bytes by hash: the lineage's, fetched in one query when the fork
+            starts, and those the run was served from the cache since (read once).
         lineage_at: ``{(node position, cache key): entry}`` over the same calls; served before
             ``lineage`` so each execution of a looped node gets its own recorded answer.
         effects_mode: how a replay treats side-effecting calls: ``recorded`` (serve the record),

@@ -48,6 +48,7 @@ from rewind.tracing.model import (
 __all__ = [
     "count_traces",
     "is_trace",
+    "lineage_index",
     "lineage_of",
     "load_trace",
     "load_traces",
@@ -665,17 +666,45 @@ def lineage_of(store: Store, run: RunRecord) -> dict[str, LineageEntry]:
     """Cache key → the call that produced its result, over the run and its ancestors (nearest
     wins): what a replay serves first, so an unchanged replay returns exactly the recorded
     results."""
+    return lineage_index(store, run)[0]
+
+
+def lineage_index(
+    store: Store, run: RunRecord
+) -> tuple[dict[str, LineageEntry], dict[tuple[int, str], LineageEntry]]:
+    """The lineage of ``run`` read in one transaction (its ancestors' walk aside): ``(by cache
+    key, by (node position, cache key))`` over the calls of the run and its ancestors, nearest
+    run winning. Served/dry-run side-effect records and calls without a result are left out."""
     chain = [run.run_id, *(a.run_id for a in store.ancestors(run))]
-    lineage: dict[str, LineageEntry] = {}
-    for rid in reversed(chain):
-        for node in store.nodes_of(rid):
-            for call in node.calls:
-                if not call.result_hash or call.outcome in ("served", "dry-run"):
-                    continue
-                lineage[call.key] = LineageEntry(
-                    call.result_hash, call.produced_at, rid, node.position, call.call_index
+    rank = {rid: i for i, rid in enumerate(chain)}
+    t = schema.calls
+    rows: list[Any] = []
+    with store.read() as conn:
+        for i in range(0, len(chain), _IN_CHUNK):
+            rows.extend(
+                conn.execute(
+                    select(
+                        t.c.run_id,
+                        t.c.position,
+                        t.c.call_index,
+                        t.c.key,
+                        t.c.result_hash,
+                        t.c.outcome,
+                        t.c.produced_at,
+                    ).where(t.c.run_id.in_(chain[i : i + _IN_CHUNK]))
                 )
-    return lineage
+            )
+    # Farthest ancestor first, calls in order: later (nearer) entries overwrite earlier ones.
+    rows.sort(key=lambda r: (-rank[r.run_id], r.position, r.call_index))
+    lineage: dict[str, LineageEntry] = {}
+    at: dict[tuple[int, str], LineageEntry] = {}
+    for r in rows:
+        if not r.result_hash or r.outcome in ("served", "dry-run"):
+            continue
+        entry = LineageEntry(r.result_hash, r.produced_at, r.run_id, r.position, r.call_index)
+        lineage[r.key] = entry
+        at[(r.position, r.key)] = entry
+    return lineage, at
 
 
 _RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -838,6 +838,26 @@ class Tracer:
             callbacks=self.callbacks,
         )
 
+    def replay(
+        self,
+        source: str,
+        *,
+        name: str | None = None,
+        input: Any = None,
+        switches: Any = None,
+        trace_id: str | None = None,
+    ) -> Trace:
+        """A trace that replays the recorded trace ``source`` in place, around the caller's own
+        code: ``with tracer.replay(trace_id): run_the_same_code()``. Calls are served from
+        ``source``'s recorded calls first (loaded once, in memory), then from the cache; the
+        replay is written as a child of ``source``. See
+        :func:`rewind.tracing.replay.replay_in_place` (arguments, errors)."""
+        from rewind.tracing.replay import replay_in_place
+
+        return replay_in_place(
+            self, source, name=name, input=input, switches=switches, trace_id=trace_id
+        )
+
     def chain(self, name: str | None = None, **attributes: Any) -> Callable[[F], F]:
         """Decorate a chain function (sync or async): each call is one trace whose input is the
         call's bound arguments and output its return value. Called inside another trace, it is a
