@@ -442,6 +442,30 @@ def test_in_place_replay_of_a_changed_block_goes_live_for_the_change(
         tracer.replay("0000ffff")
 
 
+def test_calls_outside_any_step_become_steps_and_are_served_on_replay(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    with tracer.trace("bare") as t:
+        docs = kb_search("bare call", 2)  # a tool called in the chain's body, no step around it
+        reply = chat([{"role": "user", "content": "bare"}], temperature=0)
+    nodes = store.nodes_of(t.trace_id)
+    assert [(n.name, [c.kind for c in n.calls]) for n in nodes] == [
+        ("kb_search", ["tool"]),
+        (fake_model.requests[-1]["model"], ["llm"]),
+    ]
+    view = load_trace(store, t.trace_id)
+    assert [s.step_type for s in view.steps] == ["tool_call", "llm_call"]
+    assert view.steps[0].output == docs and view.steps[1].output == reply.content
+    assert view.steps[0].input == {"query": "bare call", "k": 2}
+    calls, tools = fake_model.count, len(SEEN)
+    with tracer.replay(t.trace_id) as r:
+        assert kb_search("bare call", 2) == docs
+        assert chat([{"role": "user", "content": "bare"}], temperature=0).content == reply.content
+    assert fake_model.count == calls and len(SEEN) == tools
+    outcomes = [c.outcome for n in store.nodes_of(r.trace_id) for c in n.calls]
+    assert outcomes == ["hit", "hit"]
+
+
 def test_replay_with_a_changed_input_field(
     tracer: Tracer, store: Store, chat_client: ChatClient, fake_model: FakeModel
 ) -> None:

@@ -197,6 +197,10 @@ class RunContext:
     bypass_reason: str = "bypass"
     cached_kinds: frozenset[str] = frozenset({"llm", "tool"})
     clock: Callable[[], float] = time.time
+    outside_node: Callable[[str, str, bytes], contextlib.AbstractContextManager[Any]] | None = None
+    """For a traced chain: ``fn(kind, name, request)``, a context manager (yielding the step)
+    that runs a call made outside any step as a ``tool_call``/``llm_call`` step of its own, so
+    the call is stored and served on replay like any other. None elsewhere."""
 
     def remember(self, scope: NodeScope) -> None:
         """Keep a finished node's new cache entries visible to later nodes of this run until
