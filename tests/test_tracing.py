@@ -31,7 +31,7 @@ from rewind.tools import tool
 from rewind.tracing import StepStatus, StepType, Tracer, chat_step, propagate, step
 from rewind.tracing.model import jsonable
 from rewind.tracing.replay import parse_change, replay_trace
-from rewind.tracing.store import is_trace, load_trace, search_runs
+from rewind.tracing.store import is_trace, load_trace, search_runs, state_at
 from tests.conftest import FakeModel
 
 # -- chains at module level, so a replay can import them ---------------------------------------
@@ -425,6 +425,17 @@ def test_in_place_replay_serves_the_source_calls_and_links_to_it(
     ]
     assert {c.outcome for n in b for c in n.calls} == {"hit"}
     assert Rewind(store).diff(t.trace_id, r.trace_id).first_divergence is None
+    # Its states are the source's: its steps refer to the source's state rows, no copies.
+    assert _state_rows(store, r.trace_id) == 0 < _state_rows(store, t.trace_id)
+    source_view, replay_view = load_trace(store, t.trace_id), load_trace(store, r.trace_id)
+    for x, y in zip(source_view.steps, replay_view.steps, strict=True):
+        assert state_at(store, y) == state_at(store, x) is not None
+
+
+def _state_rows(store: Store, app_id: str) -> int:
+    t = schema.burr_state
+    with store.read() as conn:
+        return len(conn.execute(t.select().where(t.c.app_id == app_id)).all())
 
 
 def test_in_place_replay_of_a_changed_block_goes_live_for_the_change(
@@ -438,6 +449,7 @@ def test_in_place_replay_of_a_changed_block_goes_live_for_the_change(
     assert fake_model.count == before + 3
     outcomes = [c.outcome for n in store.nodes_of(r.trace_id) for c in n.calls if c.kind == "llm"]
     assert outcomes == ["miss", "miss", "miss"]
+    assert _state_rows(store, r.trace_id) == len(store.nodes_of(r.trace_id))  # all changed
     with pytest.raises(RewindError):
         tracer.replay("0000ffff")
 

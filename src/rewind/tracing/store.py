@@ -100,6 +100,9 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
     # Node, call, cache and effect rows go through the recorder's batch and Store.write_batch:
     # one write path for Burr runs and traced chains.
     batch = WriteBatch(blobs=blobs, states=states)
+    # A replay step whose state is its source's at the same position refers to the source's
+    # state row (as a fork's inherited node does) instead of storing a copy of it.
+    source_states = _state_rows_of(store, data.parent_run_id) if data.parent_run_id else {}
     node_rows = batch.nodes
     spans: list[dict[str, Any]] = []
     for s in steps:
@@ -119,17 +122,23 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 state = state | written
             state_doc, state_hash = map_hash(state)
             blobs[state_hash] = state_doc
-        states.append(
-            state_row(
-                partition_key="",
-                app_id=data.trace_id,
-                sequence_id=s.position,
-                position=s.name,
-                status="failed" if failed else "completed",
-                fields=dict(state),
-                internal={},
+        status = "failed" if failed else "completed"
+        src_app_id, src_sequence_id = data.trace_id, s.position
+        same = source_states.get(s.position)
+        if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
+            src_app_id, src_sequence_id = same[3], same[4]
+        else:
+            states.append(
+                state_row(
+                    partition_key="",
+                    app_id=data.trace_id,
+                    sequence_id=s.position,
+                    position=s.name,
+                    status=status,
+                    fields=dict(state),
+                    internal={},
+                )
             )
-        )
         scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
         scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
         scope.effects = _effect_rows(data.trace_id, s, scope.calls)
@@ -142,8 +151,8 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 "position": s.position,
                 "name": s.name,
                 "sequence_id": s.position,
-                "src_app_id": data.trace_id,
-                "src_sequence_id": s.position,
+                "src_app_id": src_app_id,
+                "src_sequence_id": src_sequence_id,
                 "inherited": False,
                 "input_hash": input_hash,
                 "output_hash": output_hash,
@@ -232,6 +241,26 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
     if edges:
         store.put_edges(data.name, sorted(edges))
     return store.get_run(data.trace_id)
+
+
+def _state_rows_of(store: Store, run_id: str) -> dict[int, tuple[str, str, str, str, int]]:
+    """Position → (node name, state hash, state row status, app id, sequence id) of the nodes of
+    ``run_id`` whose state row exists (one query); empty when the run has none."""
+    n, st = schema.nodes, schema.burr_state
+    query = (
+        select(
+            n.c.position, n.c.name, n.c.state_hash, st.c.status, n.c.src_app_id, n.c.src_sequence_id
+        )
+        .join(
+            st,
+            (st.c.partition_key == "")
+            & (st.c.app_id == n.c.src_app_id)
+            & (st.c.sequence_id == n.c.src_sequence_id),
+        )
+        .where(n.c.run_id == run_id)
+    )
+    with store.read() as conn:
+        return {r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in conn.execute(query)}
 
 
 def _effect_rows(run_id: str, s: StepData, calls: list[CallRecord]) -> list[dict[str, Any]]:
