@@ -382,3 +382,29 @@ def test_open_store_on_an_unwritable_location_raises_store_error(tmp_path: Path)
     blocker.write_text("not a folder")
     with pytest.raises(StoreError, match="cannot create store folder"):
         open_store(blocker / "store")
+
+
+def test_a_batch_of_mostly_stored_blobs_writes_only_the_missing_ones(tmp_path: Path) -> None:
+    from rewind.store.store import PRESENCE_CHECK_MIN_BLOBS, WriteBatch
+
+    old = {hashlib.sha256(b"%d" % i).hexdigest(): b"%d" % i for i in range(40)}
+    first = open_store(tmp_path / "s")
+    first.write_batch(WriteBatch(blobs=dict(old)))
+    first.close()
+    new = {hashlib.sha256(b"new %d" % i).hexdigest(): b"new %d" % i for i in range(5)}
+    assert len(old) + len(new) >= PRESENCE_CHECK_MIN_BLOBS
+    second = open_store(tmp_path / "s")  # a new instance: it has written none of them
+    inserted: list[int] = []
+
+    def count(conn: object, cursor: object, statement: str, params: object, *a: object) -> None:
+        if statement.lstrip().upper().startswith("INSERT") and "blobs" in statement:
+            inserted.append(len(params) if isinstance(params, list) else 1)
+
+    from sqlalchemy import event
+
+    event.listen(second.engine, "before_cursor_execute", count)
+    second.write_batch(WriteBatch(blobs=old | new))
+    assert sum(inserted) == len(new)  # the 40 stored ones were not sent again
+    assert second.get_blobs([*old, *new]) == old | new
+    assert scalar(second, "SELECT COUNT(*) FROM blobs") == len(old) + len(new)
+    second.close()
