@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rewind._lazy import submodule
+
 if TYPE_CHECKING:
     from rewind.calls import chat
     from rewind.context import param
@@ -71,7 +73,7 @@ def __getattr__(name: str) -> Any:
     """
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'rewind' has no attribute {name!r}")
+        return submodule("rewind", name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

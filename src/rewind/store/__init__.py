@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rewind._lazy import submodule
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def __getattr__(name: str) -> Any:
         AttributeError: any other name that is not a submodule.
     """
     if name not in _LAZY:
-        raise AttributeError(f"module 'rewind.store' has no attribute {name!r}")
+        return submodule("rewind.store", name)
     value = getattr(importlib.import_module("rewind.store.store"), name)
     globals()[name] = value
     return value
