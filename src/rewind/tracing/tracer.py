@@ -460,12 +460,22 @@ def bound_input(
     """A call's arguments by parameter name (defaults applied; ``self``/``cls`` dropped), as
     JSON."""
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        try:
+            signature = _signature(fn)
+        except TypeError:  # an unhashable callable object: not cached
+            signature = inspect.signature(fn)
+        bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
     except (TypeError, ValueError):
         values = {"args": list(args), "kwargs": kwargs}
     return jsonable(values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature(fn)``, computed once per function (it costs more than the bind)."""
+    return inspect.signature(fn)
 
 
 def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatResponse:
