@@ -194,19 +194,20 @@ def _measure(stub: StubProcess, tmp: Path, n: int, rounds: int, prof: bool, quic
     # Warm-up (imports, connections), then the rounds; a round's store is recorded first.
     for r in range(-1, rounds):
         order = sides if r % 2 == 0 else [sides[0], sides[1], *reversed(sides[2:])]
-        before_bytes = 0
+        recorded_bytes = replay_added = 0
         for side, fn in order:
             requests_before = stub.count()
-            if side == "replay_in_place":
-                before_bytes = dir_bytes(tmp / f"r{r}")
+            before_bytes = dir_bytes(tmp / f"r{r}") if side == "replay_in_place" else 0
             fn(r)
             if side.startswith("replay") and stub.count() != requests_before:
                 raise SystemExit(f"{side} sent requests to the model")
+            if side == "record":
+                recorded_bytes = dir_bytes(tmp / f"r{r}")
+            elif side == "replay_in_place":
+                replay_added = dir_bytes(tmp / f"r{r}") - before_bytes
         if r == -1:
             for k in times:
                 times[k].clear()
-        recorded_bytes = dir_bytes(tmp / f"r{r}")
-    replay_added = recorded_bytes - before_bytes
     med = {k: statistics.median(v) for k, v in times.items()}
     if prof:
         last = tmp / f"r{rounds - 1}"
