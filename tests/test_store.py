@@ -408,3 +408,24 @@ def test_a_batch_of_mostly_stored_blobs_writes_only_the_missing_ones(tmp_path: P
     assert second.get_blobs([*old, *new]) == old | new
     assert scalar(second, "SELECT COUNT(*) FROM blobs") == len(old) + len(new)
     second.close()
+
+
+def test_a_store_reopened_in_this_process_reuses_its_engine_on_the_file_as_it_is_now(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    folder = tmp_path / "s"
+    first = open_store(folder)
+    with first.write() as conn:
+        first.create_run(conn, run_id="r" * 32, pipeline="p", pipeline_ref="")
+    kept_open = open_store(folder)  # shares the engine while the first is still open
+    assert kept_open.engine is first.engine
+    first.close()
+    assert kept_open.run_exists("r" * 32)  # closing one store does not break the other
+    kept_open.close()
+    shutil.rmtree(folder)  # a new store at the same path must not see the old file
+    again = open_store(folder)
+    assert again.engine is first.engine
+    assert not again.run_exists("r" * 32)
+    again.close()
