@@ -832,14 +832,24 @@ class Store:
             }
 
     # -- edges --------------------------------------------------------------------------------
-    def put_edges(self, pipeline: str, edges: Iterable[tuple[str, str, str]]) -> None:
-        """Record a pipeline's graph edges (src, dst, condition); idempotent."""
+    def put_edges(
+        self,
+        pipeline: str,
+        edges: Iterable[tuple[str, str, str]],
+        conn: Connection | None = None,
+    ) -> None:
+        """Record a pipeline's graph edges (src, dst, condition); idempotent. With ``conn``,
+        inside that write transaction; else in a transaction of its own."""
         rows = [{"pipeline": pipeline, "src": s, "dst": d, "condition": c} for s, d, c in edges]
         if not rows:
             return
-        with self.write() as conn:
-            stmt = _insert_ignore_stmt(conn.dialect.name, schema.edges, ["pipeline", "src", "dst"])
+        keys = ["pipeline", "src", "dst"]
+        stmt = _insert_ignore_stmt(self.engine.dialect.name, schema.edges, keys)
+        if conn is not None:
             conn.execute(stmt, rows)
+            return
+        with self.write() as own:
+            own.execute(stmt, rows)
 
     def edges_of(self, pipeline: str) -> list[tuple[str, str, str]]:
         """A pipeline's edges as (src, dst, condition)."""

@@ -235,11 +235,10 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
             owner=None,
         )
         conn.execute(insert(schema.spans), spans)
+        store.put_edges(data.name, edges, conn)
 
+    edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
     store.write_batch(batch, before=run_row)
-    edges = {(a.name, b.name, "default") for a, b in itertools.pairwise(steps)}
-    if edges:
-        store.put_edges(data.name, sorted(edges))
     return store.get_run(data.trace_id)
 
 
