@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("storage.py", "storage_ratio"),
         ("grid.py", "grid_vs_serial_ratio"),
         ("capture_overhead.py", "hit_ms_per_call"),
+        ("trace_replay.py", "replay_in_place_ms_per_step"),
     ],
 )
 def test_benchmark_prints_its_figure(script: str, figure: str) -> None:

@@ -307,8 +307,9 @@ def test_request_shape_headers_and_filled_fields() -> None:
     assert request.headers["content-type"] == "application/json"
     sent = recorder.sent_json()
     assert sent["model"] == "m-default"
-    # Sent explicitly so the server samples the way the key says (llama.cpp would use 0.8/0.95).
-    assert sent["temperature"] == 1.0 and sent["top_p"] == 1.0
+    # Temperature is sent so the server samples the way the key says (llama.cpp would use 0.8);
+    # top_p only when asked: the body has the fields an OpenAI SDK would send.
+    assert sent["temperature"] == 1.0 and "top_p" not in sent
     assert "stream" not in sent and "stream_options" not in sent
     assert "run_id" not in sent and "trace_id" not in sent
     assert sent["user"] == "alice"
@@ -330,6 +331,29 @@ def test_sampling_defaults_can_be_left_to_the_provider() -> None:
     client.complete({"messages": []})
     client.close()
     assert "temperature" not in recorder.sent_json()
+
+
+def test_every_keyed_sampling_default_is_sent_when_asked_and_the_key_never_changes() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "model": "m"}
+    sent = []
+    for flag in (True, ("top_p",), ("temperature",), False):
+        recorder = Recorder(ok())
+        client = ChatClient(
+            ENDPOINT, transport=httpx.MockTransport(recorder), send_sampling_defaults=flag
+        )
+        client.complete(body)
+        client.close()
+        sent.append({k: recorder.sent_json().get(k) for k in ("temperature", "top_p")})
+    assert sent == [
+        {"temperature": 1.0, "top_p": 1.0},
+        {"temperature": None, "top_p": 1.0},
+        {"temperature": 1.0, "top_p": None},
+        {"temperature": None, "top_p": None},
+    ]
+    # The cache key fills the provider defaults whatever is sent: keys of recorded runs stay.
+    assert llm_cache_key(body) == llm_cache_key(body | {"top_p": 1.0, "temperature": 1.0})
+    with pytest.raises(ValueError, match="top_k"):
+        ChatClient(ENDPOINT, send_sampling_defaults=("top_k",))
 
 
 # --- responses ------------------------------------------------------------------------------------

@@ -51,6 +51,41 @@ def test_migrated_schema_equals_the_declared_tables(store_target: StoreTarget) -
     assert diff == [], "schema.py changed without a migration: add a revision"
 
 
+def _schema_and_rows(db: Path) -> tuple[list[tuple[str, str, str]], dict[str, list[tuple]]]:
+    with sqlite3.connect(db) as conn:
+        objects = conn.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+            "ORDER BY type, name"
+        ).fetchall()
+        rows = {
+            name: sorted(conn.execute(f'SELECT * FROM "{name}"').fetchall())
+            for kind, name, _ in objects
+            if kind == "table"
+        }
+    return objects, rows
+
+
+def test_a_new_sqlite_store_from_the_template_equals_a_migrated_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate, "_SQLITE_TEMPLATE", None)
+    open_store(tmp_path / "migrated").close()  # runs Alembic, keeps the template
+    assert migrate._SQLITE_TEMPLATE is not None
+    calls: list[str] = []
+    monkeypatch.setattr("alembic.command.upgrade", lambda *a, **k: calls.append("upgrade"))
+    store = open_store(tmp_path / "templated")  # made from the template: no Alembic
+    with store.read() as conn:
+        assert migrate.current_revision(conn) == migrate.HEAD
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+    store.close()
+    assert calls == []
+    assert _schema_and_rows(tmp_path / "migrated" / DB_FILENAME) == _schema_and_rows(
+        tmp_path / "templated" / DB_FILENAME
+    )
+    # A store that is not new still goes through Alembic (here: already at head, nothing to do).
+    open_store(tmp_path / "templated").close()
+
+
 def test_new_store_is_stamped_at_head(store_target: StoreTarget) -> None:
     store = store_target.open()
     with store.read() as conn:

@@ -382,3 +382,50 @@ def test_open_store_on_an_unwritable_location_raises_store_error(tmp_path: Path)
     blocker.write_text("not a folder")
     with pytest.raises(StoreError, match="cannot create store folder"):
         open_store(blocker / "store")
+
+
+def test_a_batch_of_mostly_stored_blobs_writes_only_the_missing_ones(tmp_path: Path) -> None:
+    from rewind.store.store import PRESENCE_CHECK_MIN_BLOBS, WriteBatch
+
+    old = {hashlib.sha256(b"%d" % i).hexdigest(): b"%d" % i for i in range(40)}
+    first = open_store(tmp_path / "s")
+    first.write_batch(WriteBatch(blobs=dict(old)))
+    first.close()
+    new = {hashlib.sha256(b"new %d" % i).hexdigest(): b"new %d" % i for i in range(5)}
+    assert len(old) + len(new) >= PRESENCE_CHECK_MIN_BLOBS
+    second = open_store(tmp_path / "s")  # a new instance: it has written none of them
+    inserted: list[int] = []
+
+    def count(conn: object, cursor: object, statement: str, params: object, *a: object) -> None:
+        if statement.lstrip().upper().startswith("INSERT") and "blobs" in statement:
+            inserted.append(len(params) if isinstance(params, list) else 1)
+
+    from sqlalchemy import event
+
+    event.listen(second.engine, "before_cursor_execute", count)
+    second.write_batch(WriteBatch(blobs=old | new))
+    assert sum(inserted) == len(new)  # the 40 stored ones were not sent again
+    assert second.get_blobs([*old, *new]) == old | new
+    assert scalar(second, "SELECT COUNT(*) FROM blobs") == len(old) + len(new)
+    second.close()
+
+
+def test_a_store_reopened_in_this_process_reuses_its_engine_on_the_file_as_it_is_now(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    folder = tmp_path / "s"
+    first = open_store(folder)
+    with first.write() as conn:
+        first.create_run(conn, run_id="r" * 32, pipeline="p", pipeline_ref="")
+    kept_open = open_store(folder)  # shares the engine while the first is still open
+    assert kept_open.engine is first.engine
+    first.close()
+    assert kept_open.run_exists("r" * 32)  # closing one store does not break the other
+    kept_open.close()
+    shutil.rmtree(folder)  # a new store at the same path must not see the old file
+    again = open_store(folder)
+    assert again.engine is first.engine
+    assert not again.run_exists("r" * 32)
+    again.close()

@@ -26,12 +26,12 @@ from rewind.errors import InvalidOverride, RewindError
 from rewind.llm import ChatClient
 from rewind.persister import encode_value, map_hash
 from rewind.replay import Rewind
-from rewind.store import Store, open_store
+from rewind.store import Store, open_store, schema
 from rewind.tools import tool
 from rewind.tracing import StepStatus, StepType, Tracer, chat_step, propagate, step
 from rewind.tracing.model import jsonable
 from rewind.tracing.replay import parse_change, replay_trace
-from rewind.tracing.store import is_trace, load_trace, search_runs
+from rewind.tracing.store import is_trace, load_trace, search_runs, state_at
 from tests.conftest import FakeModel
 
 # -- chains at module level, so a replay can import them ---------------------------------------
@@ -384,6 +384,98 @@ def test_unchanged_replay_hits_every_call_with_identical_hashes(
     assert [n.cache_outcome for n in b] == ["hit", "hit", "none", "none"]
     assert Rewind(store).diff(original, replay.run_id).first_divergence is None
     assert replay.override is None
+
+
+def _loop_block(question: str) -> list[Any]:
+    """A block of plain code (no importable chain function) that a trace wraps."""
+    out = []
+    for i in range(3):
+        with step("generate", StepType.LLM_CALL, input={"i": i}) as s:
+            reply = chat([{"role": "user", "content": f"{question} {i}"}], temperature=0)
+            s.set_output(reply.content)
+        out.append(retrieve(reply.content))
+    return out
+
+
+def test_in_place_replay_serves_the_source_calls_and_links_to_it(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    with tracer.trace("block") as t:
+        recorded = _loop_block("in place")
+    calls_before, tools_before = fake_model.count, len(SEEN)
+    # A newer cache entry for one of the recorded requests must not be served: the source's
+    # own recorded answer comes first (its lineage).
+    first_key = store.nodes_of(t.trace_id)[0].calls[0].key
+    with store.write() as conn:
+        conn.execute(
+            schema.llm_cache.update()
+            .where(schema.llm_cache.c.key == first_key)
+            .values(response_hash=store.put_blob(conn, b'{"not": "the recorded answer"}'))
+        )
+    with tracer.replay(t.trace_id) as r:
+        replayed = _loop_block("in place")
+    assert replayed == recorded
+    assert fake_model.count == calls_before and len(SEEN) == tools_before
+    run = store.get_run(r.trace_id)
+    assert run.parent_run_id == t.trace_id and run.config["replay_mode"] == "in-place"
+    assert run.tokens == 0
+    a, b = store.nodes_of(t.trace_id), store.nodes_of(r.trace_id)
+    assert [(n.name, n.input_hash, n.output_hash, n.state_hash) for n in a] == [
+        (n.name, n.input_hash, n.output_hash, n.state_hash) for n in b
+    ]
+    assert {c.outcome for n in b for c in n.calls} == {"hit"}
+    assert Rewind(store).diff(t.trace_id, r.trace_id).first_divergence is None
+    # Its states are the source's: its steps refer to the source's state rows, no copies.
+    assert _state_rows(store, r.trace_id) == 0 < _state_rows(store, t.trace_id)
+    source_view, replay_view = load_trace(store, t.trace_id), load_trace(store, r.trace_id)
+    for x, y in zip(source_view.steps, replay_view.steps, strict=True):
+        assert state_at(store, y) == state_at(store, x) is not None
+
+
+def _state_rows(store: Store, app_id: str) -> int:
+    t = schema.burr_state
+    with store.read() as conn:
+        return len(conn.execute(t.select().where(t.c.app_id == app_id)).all())
+
+
+def test_in_place_replay_of_a_changed_block_goes_live_for_the_change(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    with tracer.trace("block") as t:
+        _loop_block("first")
+    before = fake_model.count
+    with tracer.replay(t.trace_id) as r:
+        _loop_block("second")
+    assert fake_model.count == before + 3
+    outcomes = [c.outcome for n in store.nodes_of(r.trace_id) for c in n.calls if c.kind == "llm"]
+    assert outcomes == ["miss", "miss", "miss"]
+    assert _state_rows(store, r.trace_id) == len(store.nodes_of(r.trace_id))  # all changed
+    with pytest.raises(RewindError):
+        tracer.replay("0000ffff")
+
+
+def test_calls_outside_any_step_become_steps_and_are_served_on_replay(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    with tracer.trace("bare") as t:
+        docs = kb_search("bare call", 2)  # a tool called in the chain's body, no step around it
+        reply = chat([{"role": "user", "content": "bare"}], temperature=0)
+    nodes = store.nodes_of(t.trace_id)
+    assert [(n.name, [c.kind for c in n.calls]) for n in nodes] == [
+        ("kb_search", ["tool"]),
+        (fake_model.requests[-1]["model"], ["llm"]),
+    ]
+    view = load_trace(store, t.trace_id)
+    assert [s.step_type for s in view.steps] == ["tool_call", "llm_call"]
+    assert view.steps[0].output == docs and view.steps[1].output == reply.content
+    assert view.steps[0].input == {"query": "bare call", "k": 2}
+    calls, tools = fake_model.count, len(SEEN)
+    with tracer.replay(t.trace_id) as r:
+        assert kb_search("bare call", 2) == docs
+        assert chat([{"role": "user", "content": "bare"}], temperature=0).content == reply.content
+    assert fake_model.count == calls and len(SEEN) == tools
+    outcomes = [c.outcome for n in store.nodes_of(r.trace_id) for c in n.calls]
+    assert outcomes == ["hit", "hit"]
 
 
 def test_replay_with_a_changed_input_field(

@@ -17,11 +17,14 @@ served from the shared cache and never silently re-executed on replay (see
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from rewind.canonical import key_of, sha256_hex
 from rewind.context import (
@@ -29,6 +32,7 @@ from rewind.context import (
     NodeScope,
     PendingWrite,
     RunContext,
+    current,
     current_lane,
     executing_call,
 )
@@ -204,6 +208,11 @@ def through_cache(
         SideEffectBlocked, EffectPreconditionFailed: see :mod:`rewind.effects`.
     """
     scope = ctx.node
+    if scope is None and ctx.outside_node is not None:
+        # A call in a traced chain's own body: recorded as a step of its own, not lost.
+        with _own_step(ctx, kind, name, request) as (inner, done):
+            args = {"kind": kind, "name": name, "key": key, "request": request}
+            return done(through_cache(inner, execute=execute, policy=policy, **args))
     call = _new_call(scope, kind, name, key, request, execute, policy)
     if policy.determinism == "side-effect":
         from rewind.effects import side_effect_call
@@ -244,6 +253,10 @@ async def athrough_cache(
     if policy.determinism == "side-effect":
         raise ValueError("side-effecting calls go through the synchronous through_cache")
     scope = ctx.node
+    if scope is None and ctx.outside_node is not None:
+        with _own_step(ctx, kind, name, request) as (inner, done):
+            args = {"kind": kind, "name": name, "key": key, "request": request}
+            return done(await athrough_cache(inner, aexecute=aexecute, policy=policy, **args))
     call = _new_call(scope, kind, name, key, request, _no_sync_execute, policy)
     found, reason = _lookup(ctx, scope, kind, call.key, policy)
     if found is not None:
@@ -258,6 +271,41 @@ async def athrough_cache(
     if scope is not None:
         scope.add_call(record)
     return data, record
+
+
+@contextmanager
+def _own_step(
+    ctx: RunContext, kind: str, name: str, request: bytes
+) -> Iterator[tuple[RunContext, Callable[[tuple[bytes, CallRecord]], tuple[bytes, CallRecord]]]]:
+    """The step of its own a call outside any step runs in (a traced chain's body): yields the
+    step's run context and ``done(result)``, which sets the step's output and returns
+    ``result``."""
+    assert ctx.outside_node is not None
+    with ctx.outside_node(kind, name, request) as step:
+        inner = current()
+        assert inner is not None and inner.node is not None
+
+        def done(result: tuple[bytes, CallRecord]) -> tuple[bytes, CallRecord]:
+            step.set_output(call_output(kind, result[0]))
+            return result
+
+        yield inner, done
+
+
+def call_output(kind: str, data: bytes) -> Any:
+    """What a call returned, as a step's output: a tool's decoded result, an LLM answer's text
+    (the raw JSON when it is not a chat completion)."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")
+    if kind == "llm" and isinstance(value, dict):
+        choices = value.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            message = choices[0].get("message")
+            if isinstance(message, dict) and "content" in message:
+                return message["content"]
+    return value
 
 
 def occurrence_key(key: str, lane: tuple[int, ...], occurrence: int) -> str:
@@ -476,9 +524,11 @@ def _result_bytes(ctx: RunContext, scope: NodeScope | None, key: str, result_has
     pending = (scope.pending.get(key) if scope is not None else None) or ctx.recent.get(key)
     if pending is not None and pending.result_hash == result_hash:
         return pending.result_bytes
-    if result_hash in ctx.lineage_blobs:
-        return ctx.lineage_blobs[result_hash]
-    return ctx.store.get_blob(result_hash)
+    data = ctx.lineage_blobs.get(result_hash)
+    if data is None:
+        # Kept by hash: the step that made the call reads its answer again when it ends.
+        data = ctx.lineage_blobs[result_hash] = ctx.store.get_blob(result_hash)
+    return data
 
 
 def _lookup(

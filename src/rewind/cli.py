@@ -17,19 +17,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
 
 from rewind.canonical import canonical_bytes
-from rewind.diff import NodeDiff, TrajectoryDiff
 from rewind.errors import InvalidOverride, RewindError, StoreError
-from rewind.replay import Override, Rewind, load_pipeline, override_target, parse_override
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import InertLogFormatter, inert, json_text, visible
 from rewind.terminal import console as make_console
+
+if TYPE_CHECKING:
+    # Imported where used: Burr (and pandas through it), SQLAlchemy and httpx cost ~0.8 s at
+    # start-up, which `rewind --help` and the read commands need not pay.
+    from rewind.diff import NodeDiff, TrajectoryDiff
+    from rewind.replay import Override, Rewind
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
@@ -100,6 +103,13 @@ def _store() -> str:
     return env
 
 
+def _is_store_error(exc: BaseException) -> bool:
+    """True for a SQLAlchemy error (without importing SQLAlchemy when nothing loaded it: then no
+    such error can have been raised)."""
+    module = sys.modules.get("sqlalchemy.exc")
+    return module is not None and isinstance(exc, module.SQLAlchemyError)
+
+
 def main() -> None:
     """Entry point of the ``rewind`` console script.
 
@@ -124,7 +134,9 @@ def main() -> None:
         raise SystemExit(130) from None
     except RewindError as exc:
         _fail(exc)
-    except SQLAlchemyError as exc:
+    except Exception as exc:
+        if not _is_store_error(exc):
+            raise
         orig = getattr(exc, "orig", None) or exc
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
         _fail(RewindError(f"the store failed: {first}", "check that --store is writable"))
@@ -185,6 +197,8 @@ def _session(
             "[yellow]warning:[/] REWIND_MODEL is set but REWIND_BASE_URL is not, so the embedded "
             "model is used; set REWIND_BASE_URL too, or unset REWIND_MODEL"
         )
+    from rewind.replay import Rewind
+
     rw = Rewind(opened, chat_client=client, on_event=_Progress().on_event)
     try:
         yield rw
@@ -393,6 +407,8 @@ def _drift_lines(drift: dict[str, Any] | None) -> list[str]:
 
 
 def _override_text(override: dict[str, Any]) -> str:
+    from rewind.replay import override_target
+
     kind, node, name = override_target(override)
     value = json.dumps(override.get("value"))
     return inert(f"{kind} {node}.{name}={value[:60]}")
@@ -604,6 +620,8 @@ def run(
     initial: dict[str, Any] | None = None
     run_inputs: dict[str, Any] | None = None
     if ref:
+        from rewind.replay import load_pipeline
+
         p = load_pipeline(ref)
         initial = _json_object("--state", state) if state is not None else None
         run_inputs = _json_object("--inputs", inputs) if inputs is not None else None
@@ -875,6 +893,8 @@ def fork(
         )
     override: Override | None = None
     if specs:
+        from rewind.replay import parse_override
+
         spec, kind = specs[0]
         override = parse_override(spec, output=kind == "output", input_=kind == "input")
     with _session() as rw:

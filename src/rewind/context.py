@@ -154,7 +154,8 @@ class RunContext:
         lineage: ``{cache key: result blob hash}`` of the calls the source trajectory made; a
             replay serves these first, so an unchanged replay returns exactly the parent's results
             even if the cache holds a newer entry for the same key.
-        lineage_blobs: the lineage's result bytes, fetched in one query when the fork starts.
+        lineage_blobs: result bytes by hash: the lineage's, fetched in one query when the fork
+            starts, and those the run was served from the cache since (read once).
         lineage_at: ``{(node position, cache key): entry}`` over the same calls; served before
             ``lineage`` so each execution of a looped node gets its own recorded answer.
         effects_mode: how a replay treats side-effecting calls: ``recorded`` (serve the record),
@@ -200,6 +201,11 @@ class RunContext:
     pid: int = field(default_factory=os.getpid)
     """The process the run executes in: a forked child inherits the context but nothing it
     records comes back (see :func:`in_child_process`)."""
+
+    outside_node: Callable[[str, str, bytes], contextlib.AbstractContextManager[Any]] | None = None
+    """For a traced chain: ``fn(kind, name, request)``, a context manager (yielding the step)
+    that runs a call made outside any step as a ``tool_call``/``llm_call`` step of its own, so
+    the call is stored and served on replay like any other. None elsewhere."""
 
     def in_child_process(self) -> bool:
         """Whether the calling code runs in a child process forked from the run's process

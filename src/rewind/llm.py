@@ -9,9 +9,13 @@ Two concerns live here because they must agree on what a request *means*:
   choke on the extra fields local servers add to responses — retries what is worth retrying, and
   keeps the exact response bytes so that a cache hit can return them byte for byte.
 
-The client sends ``temperature`` and ``top_p`` explicitly even when the caller omitted them: the
-key treats an omitted temperature as OpenAI's documented 1.0, but llama-cpp-python and Ollama use
-0.8 when it is omitted. Sending the keyed value makes the key describe what the server really did.
+The client sends ``temperature`` explicitly even when the caller omitted it: the key treats an
+omitted temperature as OpenAI's documented 1.0, but llama-cpp-python and Ollama use 0.8 when it is
+omitted. Sending the keyed value makes the key describe what the server really did. ``top_p`` is
+sent only when the caller gave it, or when the client is told to (Rewind's own sessions, which may
+talk to the embedded llama.cpp server, whose default is 0.95): otherwise the body carries the same
+fields an OpenAI SDK would send. What is sent never changes the cache key (it always fills the
+provider defaults).
 """
 
 from __future__ import annotations
@@ -399,9 +403,12 @@ class ChatClient:
         timeout: per-attempt timeouts; :data:`DEFAULT_TIMEOUT` when ``None``.
         retry: see :class:`RetryPolicy`.
         transport: an ``httpx`` transport (tests pass ``httpx.MockTransport``).
-        send_sampling_defaults: send ``temperature``/``top_p`` with their keyed defaults (1.0)
-            when the caller omits them, so the server samples the way the key says. Turn it off
-            only for a provider that rejects these fields.
+        send_sampling_defaults: which sampling fields to send with their keyed defaults (1.0)
+            when the caller omits them, so the server samples the way the key says: the default
+            sends ``temperature`` only (the request otherwise has the fields the SDK would send);
+            True sends ``temperature`` and ``top_p`` (for servers whose defaults differ from
+            OpenAI's, e.g. llama.cpp); False sends neither (a provider that rejects them); or a
+            sequence of these names.
 
     Proxy environment variables are ignored for loopback endpoints: a stray ``HTTP_PROXY`` would
     otherwise send requests for the embedded server to the proxy. Use as a context manager or
@@ -415,11 +422,20 @@ class ChatClient:
         timeout: httpx.Timeout | None = None,
         retry: RetryPolicy = RetryPolicy(),  # frozen, so one shared default is safe
         transport: httpx.BaseTransport | None = None,
-        send_sampling_defaults: bool = True,
+        send_sampling_defaults: bool | tuple[str, ...] = ("temperature",),
     ) -> None:
         self.endpoint = endpoint
         self.retry = retry
-        self._send_sampling_defaults = send_sampling_defaults
+        if send_sampling_defaults is True:
+            send_sampling_defaults = _SAMPLING_SENT_EXPLICITLY
+        elif send_sampling_defaults is False:
+            send_sampling_defaults = ()
+        unknown = set(send_sampling_defaults) - set(_SAMPLING_SENT_EXPLICITLY)
+        if unknown:
+            raise ValueError(
+                f"send_sampling_defaults names {sorted(unknown)}; it takes temperature, top_p"
+            )
+        self._send_sampling_defaults = tuple(send_sampling_defaults)
         headers = {"Accept": "application/json"}
         if endpoint.api_key:
             headers["Authorization"] = f"Bearer {endpoint.api_key}"
@@ -532,10 +548,9 @@ class ChatClient:
         wire = {k: v for k, v in body.items() if k not in _NEVER_SENT}
         if wire.get("model") is None:
             wire["model"] = self.endpoint.model
-        if self._send_sampling_defaults:
-            for name in _SAMPLING_SENT_EXPLICITLY:
-                if wire.get(name) is None:
-                    wire[name] = PROVIDER_DEFAULTS[name]
+        for name in self._send_sampling_defaults:
+            if wire.get(name) is None:
+                wire[name] = PROVIDER_DEFAULTS[name]
         response_format = wire.get("response_format")
         if (
             self.endpoint.json_schema_style == "json_object"

@@ -358,7 +358,7 @@ def model_endpoint() -> Iterator[Endpoint]:
     """
     endpoint = Endpoint.from_env()
     if endpoint is not None:
-        with ChatClient(endpoint) as client:
+        with ChatClient(endpoint, send_sampling_defaults=True) as client:
             alive = client.health() or client.reachable()
         if not alive:
             raise EndpointUnavailable(

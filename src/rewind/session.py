@@ -61,7 +61,11 @@ class LazyChatClient:
         with self._lock:
             if self._client is None:
                 endpoint = self._stack.enter_context(model_endpoint())
-                self._client = self._stack.enter_context(ChatClient(endpoint))
+                # The endpoint may be the embedded llama.cpp server (top_p default 0.95): send
+                # every keyed sampling default.
+                self._client = self._stack.enter_context(
+                    ChatClient(endpoint, send_sampling_defaults=True)
+                )
                 self.started = True
             return self._client
 

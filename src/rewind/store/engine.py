@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -18,7 +20,36 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a writer waits for another writer's lock before failing (ms)."""
 
 
+_ENGINES: OrderedDict[tuple[int, str], Engine] = OrderedDict()
+_ENGINES_LOCK = threading.Lock()
+_ENGINES_KEPT = 8
+
+
 def sqlite_engine(db_path: Path) -> Engine:
+    """An engine for a SQLite file (see :func:`new_sqlite_engine`), reused when this process
+    opened the same file before: SQLAlchemy caches compiled statements per engine, and a store
+    opened per trace (a :class:`rewind.tracing.Tracer` per run) otherwise compiles its ~13
+    statements again every time (~30 ms). A reused engine's idle connections are closed first
+    (``dispose``), so every connection it hands out is opened on the file as it is now; stores
+    still open on it keep theirs. The last few paths are kept, per process.
+    """
+    key = (os.getpid(), str(db_path))
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is not None:
+            _ENGINES.move_to_end(key)
+    if engine is not None:
+        engine.dispose()
+        return engine
+    engine = new_sqlite_engine(db_path)
+    with _ENGINES_LOCK:
+        _ENGINES[key] = engine
+        while len(_ENGINES) > _ENGINES_KEPT:
+            _ENGINES.popitem(last=False)
+    return engine
+
+
+def new_sqlite_engine(db_path: Path) -> Engine:
     """Create an engine for a SQLite file with WAL, ``synchronous=NORMAL`` and ``busy_timeout``.
 
     Writes open with ``BEGIN IMMEDIATE`` (pass ``execution_options(immediate=True)``): a deferred

@@ -47,6 +47,9 @@ COMPRESS_MIN_BYTES = 1024
 """Blobs at least this large are stored zlib-compressed when that saves 10% or more; the hash
 is always taken over the uncompressed bytes."""
 _IN_CHUNK = 500
+PRESENCE_CHECK_MIN_BLOBS = 32
+"""A write batch with at least this many blobs the store instance has not written asks which are
+stored already before packing and inserting them (one query per 500)."""
 GC_LOCK_KEY = 0x5245_5749_4E47  # "REWING": writers share it, ``rewind gc`` takes it alone (PG)
 """PostgreSQL advisory lock key that orders writers against ``rewind gc``'s blob sweep: every write
 transaction holds it shared, the sweep exclusively (on SQLite the database write lock does the
@@ -351,6 +354,13 @@ class Store:
             return
         epoch = self._blob_epoch
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
+        if len(new) >= PRESENCE_CHECK_MIN_BLOBS:
+            # Many blobs this process has not written: most may be stored already (a replay of
+            # a recorded trace through a new Store). Ask once instead of packing and inserting
+            # each; a gc that deletes blobs before the commit bumps the epoch, and then every
+            # blob of the batch is written below.
+            present = self._present_blobs(new)
+            new = {h: d for h, d in new.items() if h not in present}
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows = [self._blob_row(digest, data) for digest, data in new.items()]
         with self.write() as conn:
@@ -389,6 +399,19 @@ class Store:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
             self._known_blobs.update(new)
+
+    def _present_blobs(self, digests: Collection[str]) -> set[str]:
+        """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
+        t = schema.blobs
+        listed = list(digests)
+        present: set[str] = set()
+        with self.read() as conn:
+            for i in range(0, len(listed), _IN_CHUNK):
+                chunk = listed[i : i + _IN_CHUNK]
+                present.update(
+                    r[0] for r in conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk)))
+                )
+        return present
 
     def _check_objects(self, rows: list[dict[str, Any]], data: dict[str, bytes]) -> None:
         """Upload again the offloaded blobs of ``rows`` whose object is gone (called under the
@@ -809,14 +832,24 @@ class Store:
             }
 
     # -- edges --------------------------------------------------------------------------------
-    def put_edges(self, pipeline: str, edges: Iterable[tuple[str, str, str]]) -> None:
-        """Record a pipeline's graph edges (src, dst, condition); idempotent."""
+    def put_edges(
+        self,
+        pipeline: str,
+        edges: Iterable[tuple[str, str, str]],
+        conn: Connection | None = None,
+    ) -> None:
+        """Record a pipeline's graph edges (src, dst, condition); idempotent. With ``conn``,
+        inside that write transaction; else in a transaction of its own."""
         rows = [{"pipeline": pipeline, "src": s, "dst": d, "condition": c} for s, d, c in edges]
         if not rows:
             return
-        with self.write() as conn:
-            stmt = _insert_ignore_stmt(conn.dialect.name, schema.edges, ["pipeline", "src", "dst"])
+        keys = ["pipeline", "src", "dst"]
+        stmt = _insert_ignore_stmt(self.engine.dialect.name, schema.edges, keys)
+        if conn is not None:
             conn.execute(stmt, rows)
+            return
+        with self.write() as own:
+            own.execute(stmt, rows)
 
     def edges_of(self, pipeline: str) -> list[tuple[str, str, str]]:
         """A pipeline's edges as (src, dst, condition)."""

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewind.canonical import canonical_bytes
+from rewind.context import RunContext
 from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
-from rewind.tracing.store import load_trace
+from rewind.tracing.store import lineage_index, load_trace
 from rewind.tracing.switches import (
     ReplaySwitches,
     divergence_check,
@@ -37,10 +38,12 @@ from rewind.tracing.switches import (
     replay_trace_of,
     run_replay,
 )
-from rewind.tracing.tracer import new_trace_id
+from rewind.tracing.tracer import Trace, Tracer, new_trace_id
 
 CHAIN_MODE = "chain"
 """The ``replay_mode`` of a replay that ran the chain's code."""
+IN_PLACE_MODE = "in-place"
+"""The ``replay_mode`` of a replay whose code ran in the caller's own ``with`` block."""
 
 __all__ = [
     "ReplaySwitches",
@@ -48,6 +51,7 @@ __all__ = [
     "divergence_check",
     "load_chain",
     "parse_change",
+    "replay_in_place",
     "replay_trace",
 ]
 
@@ -309,3 +313,64 @@ def _call(fn: Any, values: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(fn):
         return asyncio.run(fn(*args, **kwargs))
     return fn(*args, **kwargs)
+
+
+def replay_in_place(
+    tracer: Tracer,
+    source: str,
+    *,
+    name: str | None = None,
+    input: Any = None,
+    switches: ReplaySwitches | None = None,
+    trace_id: str | None = None,
+) -> Trace:
+    """A new trace that replays the recorded trace ``source`` around the caller's own code (use
+    it with ``with``): the block runs again, and its LLM and tool calls are served from the
+    calls ``source`` (and its ancestors) recorded first, then from the cache.
+
+    The source's calls and their result bytes are read once, when this is called (one
+    transaction for the calls, one query per 500 blobs); lookups during the block are
+    dictionary reads, so an unchanged replay makes no SQL query until it is written. The new
+    trace's parent is ``source`` (``rewind diff SOURCE REPLAY`` compares them) and its config
+    says ``replay_mode: in-place``.
+
+    Args:
+        tracer: whose store, model client (for calls that miss), clock and callbacks to use.
+        source: the recorded trace (id or unique prefix).
+        name: the new trace's name (default: the source's).
+        input: the block's input (default: none, as ``Tracer.trace``).
+        switches: :class:`ReplaySwitches` (default: everything cached, no stop).
+        trace_id: the new trace's id (default: a new one).
+    Raises:
+        UnknownRun: no such trace. RunBusy: it is still running.
+    """
+    store = tracer.store
+    run = store.get_run(source)
+    if run.status == "running":
+        raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
+    switches = switches or ReplaySwitches()
+    ctx = RunContext(
+        store=store,
+        run_id=trace_id or new_trace_id(),
+        read_cache=True,
+        chat_client=tracer.chat_client,
+        clock=tracer.clock,
+    )
+    ctx.cached_kinds = switches.cached_kinds
+    ctx.lineage, ctx.lineage_at = lineage_index(store, run)
+    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+    trace = Trace(
+        name or run.pipeline,
+        input=input,
+        store=lambda: store,
+        run_context=ctx,
+        clock=tracer.clock,
+        trace_id=ctx.run_id,
+        parent_run_id=run.run_id,
+        raise_on_write_error=tracer.raise_on_write_error,
+        config={"replay_mode": IN_PLACE_MODE, "switches": switches.to_json()},
+        callbacks=tracer.callbacks,
+    )
+    if switches.stop_at_divergence:
+        trace.stop_after = divergence_check(load_trace(store, run.run_id))
+    return trace

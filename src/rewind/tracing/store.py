@@ -48,6 +48,7 @@ from rewind.tracing.model import (
 __all__ = [
     "count_traces",
     "is_trace",
+    "lineage_index",
     "lineage_of",
     "load_trace",
     "load_traces",
@@ -99,6 +100,9 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
     # Node, call, cache and effect rows go through the recorder's batch and Store.write_batch:
     # one write path for Burr runs and traced chains.
     batch = WriteBatch(blobs=blobs, states=states)
+    # A replay step whose state is its source's at the same position refers to the source's
+    # state row (as a fork's inherited node does) instead of storing a copy of it.
+    source_states = _state_rows_of(store, data.parent_run_id) if data.parent_run_id else {}
     node_rows = batch.nodes
     spans: list[dict[str, Any]] = []
     for s in steps:
@@ -118,17 +122,23 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 state = state | written
             state_doc, state_hash = map_hash(state)
             blobs[state_hash] = state_doc
-        states.append(
-            state_row(
-                partition_key="",
-                app_id=data.trace_id,
-                sequence_id=s.position,
-                position=s.name,
-                status="failed" if failed else "completed",
-                fields=dict(state),
-                internal={},
+        status = "failed" if failed else "completed"
+        src_app_id, src_sequence_id = data.trace_id, s.position
+        same = source_states.get(s.position)
+        if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
+            src_app_id, src_sequence_id = same[3], same[4]
+        else:
+            states.append(
+                state_row(
+                    partition_key="",
+                    app_id=data.trace_id,
+                    sequence_id=s.position,
+                    position=s.name,
+                    status=status,
+                    fields=dict(state),
+                    internal={},
+                )
             )
-        )
         scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
         scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
         scope.effects = _effect_rows(data.trace_id, s, scope.calls)
@@ -141,8 +151,8 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
                 "position": s.position,
                 "name": s.name,
                 "sequence_id": s.position,
-                "src_app_id": data.trace_id,
-                "src_sequence_id": s.position,
+                "src_app_id": src_app_id,
+                "src_sequence_id": src_sequence_id,
                 "inherited": False,
                 "input_hash": input_hash,
                 "output_hash": output_hash,
@@ -225,12 +235,31 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
             owner=None,
         )
         conn.execute(insert(schema.spans), spans)
+        store.put_edges(data.name, edges, conn)
 
+    edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
     store.write_batch(batch, before=run_row)
-    edges = {(a.name, b.name, "default") for a, b in itertools.pairwise(steps)}
-    if edges:
-        store.put_edges(data.name, sorted(edges))
     return store.get_run(data.trace_id)
+
+
+def _state_rows_of(store: Store, run_id: str) -> dict[int, tuple[str, str, str, str, int]]:
+    """Position → (node name, state hash, state row status, app id, sequence id) of the nodes of
+    ``run_id`` whose state row exists (one query); empty when the run has none."""
+    n, st = schema.nodes, schema.burr_state
+    query = (
+        select(
+            n.c.position, n.c.name, n.c.state_hash, st.c.status, n.c.src_app_id, n.c.src_sequence_id
+        )
+        .join(
+            st,
+            (st.c.partition_key == "")
+            & (st.c.app_id == n.c.src_app_id)
+            & (st.c.sequence_id == n.c.src_sequence_id),
+        )
+        .where(n.c.run_id == run_id)
+    )
+    with store.read() as conn:
+        return {r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in conn.execute(query)}
 
 
 def _effect_rows(run_id: str, s: StepData, calls: list[CallRecord]) -> list[dict[str, Any]]:
@@ -665,17 +694,45 @@ def lineage_of(store: Store, run: RunRecord) -> dict[str, LineageEntry]:
     """Cache key → the call that produced its result, over the run and its ancestors (nearest
     wins): what a replay serves first, so an unchanged replay returns exactly the recorded
     results."""
+    return lineage_index(store, run)[0]
+
+
+def lineage_index(
+    store: Store, run: RunRecord
+) -> tuple[dict[str, LineageEntry], dict[tuple[int, str], LineageEntry]]:
+    """The lineage of ``run`` read in one transaction (its ancestors' walk aside): ``(by cache
+    key, by (node position, cache key))`` over the calls of the run and its ancestors, nearest
+    run winning. Served/dry-run side-effect records and calls without a result are left out."""
     chain = [run.run_id, *(a.run_id for a in store.ancestors(run))]
-    lineage: dict[str, LineageEntry] = {}
-    for rid in reversed(chain):
-        for node in store.nodes_of(rid):
-            for call in node.calls:
-                if not call.result_hash or call.outcome in ("served", "dry-run"):
-                    continue
-                lineage[call.key] = LineageEntry(
-                    call.result_hash, call.produced_at, rid, node.position, call.call_index
+    rank = {rid: i for i, rid in enumerate(chain)}
+    t = schema.calls
+    rows: list[Any] = []
+    with store.read() as conn:
+        for i in range(0, len(chain), _IN_CHUNK):
+            rows.extend(
+                conn.execute(
+                    select(
+                        t.c.run_id,
+                        t.c.position,
+                        t.c.call_index,
+                        t.c.key,
+                        t.c.result_hash,
+                        t.c.outcome,
+                        t.c.produced_at,
+                    ).where(t.c.run_id.in_(chain[i : i + _IN_CHUNK]))
                 )
-    return lineage
+            )
+    # Farthest ancestor first, calls in order: later (nearer) entries overwrite earlier ones.
+    rows.sort(key=lambda r: (-rank[r.run_id], r.position, r.call_index))
+    lineage: dict[str, LineageEntry] = {}
+    at: dict[tuple[int, str], LineageEntry] = {}
+    for r in rows:
+        if not r.result_hash or r.outcome in ("served", "dry-run"):
+            continue
+        entry = LineageEntry(r.result_hash, r.produced_at, r.run_id, r.position, r.call_index)
+        lineage[r.key] = entry
+        at[(r.position, r.key)] = entry
+    return lineage, at
 
 
 _RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

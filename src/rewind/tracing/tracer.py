@@ -28,8 +28,9 @@ step or chain is recorded (type and message) and re-raised. Nothing is written u
 ends; then the whole trace is written in one transaction. A failure to write is logged and kept in
 :attr:`Trace.write_error`, never raised into the chain (unless ``raise_on_write_error``).
 
-Calls to ``chat`` made in the chain's own body, outside any step, go through the cache but are not
-recorded on any node: put model calls inside a step.
+A tool or ``chat`` call made in the chain's own body, outside any step, becomes a ``tool_call`` /
+``llm_call`` step of its own (named after the tool or model), so it is stored and served on replay
+like any other call.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import json
 import logging
 import os
 import secrets
@@ -458,12 +460,22 @@ def bound_input(
     """A call's arguments by parameter name (defaults applied; ``self``/``cls`` dropped), as
     JSON."""
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        try:
+            signature = _signature(fn)
+        except TypeError:  # an unhashable callable object: not cached
+            signature = inspect.signature(fn)
+        bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
     except (TypeError, ValueError):
         values = {"args": list(args), "kwargs": kwargs}
     return jsonable(values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature(fn)``, computed once per function (it costs more than the bind)."""
+    return inspect.signature(fn)
 
 
 def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatResponse:
@@ -588,6 +600,7 @@ class Trace:
         self.started_at = self.clock()
         self._perf = time.perf_counter()
         ctx = self.run_context
+        ctx.outside_node = self._outside_step
         self._tokens = [_TRACE.set(self), _STEP.set(None)]
         self._stack = ExitStack()
         self._stack.enter_context(activate(ctx))
@@ -623,6 +636,17 @@ class Trace:
             for fn in self.callbacks.chain_end:
                 self._notify(fn, trace=data, record=self.record)
         return self.record
+
+    def _outside_step(self, kind: str, name: str, request: bytes) -> Step:
+        """The step a call made in the chain's body, outside any step, runs in (see
+        :attr:`rewind.context.RunContext.outside_node`): a ``tool_call`` or ``llm_call`` step
+        named after the tool or model, whose input is the call's request."""
+        try:
+            inputs = as_fields(json.loads(request))
+        except ValueError:
+            inputs = {}
+        step_type = StepType.TOOL_CALL if kind == "tool" else StepType.LLM_CALL
+        return self.step(name or kind, step_type, inputs=inputs)
 
     def _notify(self, fn: Callable[..., Any], **kwargs: Any) -> None:
         """Call a callback; what it raises is logged and kept, never raised into the chain."""
@@ -836,6 +860,26 @@ class Tracer:
             attributes=attributes,
             raise_on_write_error=self.raise_on_write_error,
             callbacks=self.callbacks,
+        )
+
+    def replay(
+        self,
+        source: str,
+        *,
+        name: str | None = None,
+        input: Any = None,
+        switches: Any = None,
+        trace_id: str | None = None,
+    ) -> Trace:
+        """A trace that replays the recorded trace ``source`` in place, around the caller's own
+        code: ``with tracer.replay(trace_id): run_the_same_code()``. Calls are served from
+        ``source``'s recorded calls first (loaded once, in memory), then from the cache; the
+        replay is written as a child of ``source``. See
+        :func:`rewind.tracing.replay.replay_in_place` (arguments, errors)."""
+        from rewind.tracing.replay import replay_in_place
+
+        return replay_in_place(
+            self, source, name=name, input=input, switches=switches, trace_id=trace_id
         )
 
     def chain(self, name: str | None = None, **attributes: Any) -> Callable[[F], F]:
