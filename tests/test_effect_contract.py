@@ -481,14 +481,13 @@ def test_6_a_traced_chain_records_effect_rows_and_audits_like_a_burr_run(
     assert audit_run(rw, trace.run_id).verdicts[0].verdict == "divergent"
 
 
-def test_6_a_side_effect_outside_any_step_of_a_traced_chain_is_refused(
+def test_6_a_side_effect_outside_any_step_of_a_traced_chain_gets_a_step_of_its_own(
     rw: Rewind, tmp_path: Path
 ) -> None:
-    # No step, no node row to hang the call and its fingerprints on: it would execute unrecorded
-    # and the trace would pass the audit vacuously.
-    from rewind.errors import ContextLost
+    # Never executed unrecorded: a call in the chain's own body becomes a tool_call step of its
+    # own, with its effect rows and pinned snapshot, and audits like a call inside a step.
     from rewind.tracing import Tracer, step
-    from rewind.tracing.store import search_runs
+    from rewind.tracing.store import load_trace, search_runs
 
     tracer = Tracer()
     tracer.configure(store=rw.store)
@@ -502,11 +501,19 @@ def test_6_a_side_effect_outside_any_step_of_a_traced_chain_is_refused(
         pipelines.fx_write_note(str(folder), "note.txt", text)  # not inside a step
         return text
 
-    with pytest.raises(ContextLost, match="outside any step"):
-        write_notes("traced")
-    assert list(folder.iterdir()) == []
+    assert write_notes("traced") == "traced"
     trace = search_runs(rw.store, kind="trace", limit=1)[0][0]
-    assert not audit_run(rw, trace.run_id, record=False).passed
+    steps = load_trace(rw.store, trace.run_id).steps
+    assert [(s.name, s.step_type) for s in steps] == [
+        ("prep", "tool_call"),
+        ("fx_write_note", "tool_call"),
+    ]
+    (effect,) = rw.store.effects_of(trace.run_id)
+    assert (effect.resource, effect.mode) == (f"file:{folder}", "record")
+    assert effect.pre_digest and effect.post_digest and effect.snapshot_hash
+    report = audit_run(rw, trace.run_id)
+    (v,) = report.verdicts
+    assert (v.node, v.verdict) == ("fx_write_note", "faithful") and report.passed
 
 
 # -- 7. OpenTelemetry export → import keeps calls, flags and effect fingerprints ---------------

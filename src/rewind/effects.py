@@ -585,8 +585,8 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
     """
     scope = ctx.node
     if scope is None:
-        # No node or step to hang the call and its fingerprints on (a traced chain's body
-        # outside any step): it would execute unrecorded and the run would audit vacuously.
+        # No node or step to hang the call and its fingerprints on (a traced chain gives such
+        # a call a step of its own first): it would execute unrecorded and audit vacuously.
         raise ContextLost(
             f"side-effecting tool {call.name!r} was called outside any step of run "
             f"{ctx.run_id[:12]}, so it would execute unrecorded",
