@@ -1155,6 +1155,7 @@ def open_store(
     if not loc.strip():
         raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
     object_store = _objects(objects)  # a bad object store URL fails before anything is created
+    offload_min_bytes_env()  # so does a bad REWIND_OBJECTS_MIN_BYTES
     if "://" in loc:
         folder = (root or Path(".rewind")).resolve()
         try:
