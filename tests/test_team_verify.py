@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from rewind.api.verify_http import queue_workers
+from rewind.api.verify_http import TeamSetup, queue_workers, verification_worker
 from rewind.store import open_store
 from rewind.store.objects import ObjectStore
 from tests.services import PostgresServer, RedisServer, S3Server
@@ -138,3 +138,18 @@ def test_verify_server_with_a_queue_but_no_database_store_is_bad_input(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "needs the team's database --store" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+@pytest.mark.postgres
+def test_verify_starts_a_worker_when_none_consumes_the_queue_and_stops_it(
+    postgres_server: PostgresServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    queue = redis_server.new_url()
+    setup = TeamSetup(postgres_server.new_database(), queue, None, workdir=str(tmp_path))
+    said: list[str] = []
+    assert queue_workers(queue, timeout=0.5) == []
+    with verification_worker(setup, said.append):
+        assert len(queue_workers(queue)) == 1  # it answers before verify goes on
+        assert "started one for this verification" in said[0]
+    assert queue_workers(queue, timeout=1.0) == []
+    assert "stopped the rewind worker verify started" in said[-1]
