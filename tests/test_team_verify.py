@@ -85,6 +85,7 @@ def test_verify_server_passes_on_postgres_redis_workers_and_s3(
             worker.wait()
         worker_log.close()
     report = verify.stdout + verify.stderr
+    print(report)  # shown with -s, and on failure
     assert verify.returncode == 0, report + (tmp_path / "worker.log").read_text()
     assert "14/14 checks passed over HTTP" in verify.stdout, report
     assert "1 rewind worker(s) consume the queue" in verify.stdout, report  # not one of its own

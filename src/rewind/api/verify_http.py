@@ -484,7 +484,8 @@ def verification_worker(setup: TeamSetup, say: Callable[[str], Any]) -> Iterator
 def _servers(
     folder: str, setup: TeamSetup | None = None
 ) -> Iterator[tuple[ApiClient, Callable[[], ApiClient]]]:
-    token = os.environ.get("REWIND_TOKEN", "").strip() or None  # a user's, on a team store
+    # A user's token, for a team store with users (a fresh store's server requires none).
+    token = (os.environ.get("REWIND_TOKEN", "").strip() or None) if setup and setup.store else None
     stack = contextlib.ExitStack()
     first = stack.enter_context(ServerProcess(folder, setup=setup))
     api = stack.enter_context(ApiClient(first.url, token=token))
