@@ -102,3 +102,36 @@ def test_bad_object_store_url_creates_no_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="nosuchproto"):
         open_store(tmp_path / "store", objects="nosuchproto://bucket/x")
     assert not (tmp_path / "store").exists()
+
+
+def test_offload_threshold_comes_from_the_environment(
+    tmp_path: Path, objects: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REWIND_OBJECTS_MIN_BYTES", "100")
+    store = open_store(tmp_path / "store", objects=objects)
+    assert store.offload_min_bytes == 100
+    with store.write() as conn:
+        digest = store.put_blob(conn, b"L" * 100)
+    with store.read() as conn:
+        codec = conn.execute(text("SELECT codec FROM blobs WHERE hash = :h"), {"h": digest})
+        assert codec.scalar_one() == "object"
+    store.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "64k", "1.5"])
+def test_bad_offload_threshold_is_a_clear_error_and_creates_no_store(
+    tmp_path: Path, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REWIND_OBJECTS_MIN_BYTES", value)
+    with pytest.raises(StoreError, match=r"REWIND_OBJECTS_MIN_BYTES=.* is not a whole number"):
+        open_store(tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
+def test_artifacts_are_copied_to_the_object_store(tmp_path: Path, objects: ObjectStore) -> None:
+    store = open_store(tmp_path / "store", objects=objects)
+    digest, path = store.put_artifact("run1", "report.md", b"# report\n")
+    assert path.read_bytes() == b"# report\n"
+    ref = f"{objects.url}/artifacts/run1/report.md"
+    assert objects.get_object(ref, digest) == b"# report\n"  # hash-verified
+    store.close()

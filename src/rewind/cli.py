@@ -1150,12 +1150,45 @@ def verify(
     server: Annotated[
         bool, typer.Option("--server", help="Run the checks through the HTTP API.")
     ] = False,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            envvar="REWIND_QUEUE",
+            help="With --server and a database --store: the Redis URL jobs go through (a "
+            "`rewind worker` must consume it, else verify starts one).",
+        ),
+    ] = None,
+    objects: Annotated[
+        str | None,
+        typer.Option(
+            envvar="REWIND_OBJECTS",
+            help="With --server: the object store URL for large blobs and artifacts "
+            "(s3://bucket/prefix; endpoint and credentials from AWS_* / FSSPEC_S3_ENDPOINT_URL).",
+        ),
+    ] = None,
+    store: StoreOpt = None,
 ) -> None:
-    """Run the demo in a fresh store and prove its claims with 15 checks (exit 0 if all pass)."""
+    """Run the demo in a fresh store and prove its claims with 15 checks (exit 0 if all pass).
+
+    With --server and a database URL as --store (or $REWIND_STORE), the checks run against the
+    team setup: that store, --queue and --objects (or their variables). A store folder is
+    ignored: verify records into a fresh one.
+    """
     if server:
         from rewind.api.command import verify_server
 
-        raise SystemExit(verify_server(keep=keep))
+        team_store = None
+        if _state["store"] is not None or os.environ.get(STORE_ENV) is not None:
+            location = _store()
+            team_store = location if "://" in location else None
+        raise SystemExit(
+            verify_server(
+                keep=keep,
+                store=team_store,
+                queue=(queue or "").strip() or None,
+                objects=(objects or "").strip() or None,
+            )
+        )
     from rewind.demo import run_demo
     from rewind.verify import run_checks
 

@@ -1131,9 +1131,14 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             )
         path = Path(found["path"]).resolve()
         root = store.root.resolve()
-        if not path.is_relative_to(root) or not path.is_file():
+        if not path.is_relative_to(root):
             raise StoreError(f"artifact {name!r} is missing from the store folder", "")
-        data = path.read_bytes()
+        if path.is_file():
+            data = path.read_bytes()
+        elif store.objects is not None:  # published by a worker elsewhere: the object's copy
+            data = _artifact_object(store, run.run_id, found)
+        else:
+            raise StoreError(f"artifact {name!r} is missing from the store folder", "")
         actual = sha256_hex(data)
         headers = {
             "X-Content-SHA256": actual,
@@ -1281,6 +1286,20 @@ async def _follow_store(
             yield {"event": "run_finished", "run_id": run_id, "status": run.status, "seq": 0}
             return
         await asyncio.sleep(1.0)
+
+
+def _artifact_object(store: Store, run_id: str, found: dict[str, Any]) -> bytes:
+    """An artifact's bytes from the object store's copy (hash-verified).
+
+    Raises:
+        StoreError: the object is missing, unreadable or does not match the recorded sha256.
+    """
+    from rewind.store.objects import artifact_key
+
+    objects = store.objects
+    assert objects is not None
+    ref = f"{objects.url}/{artifact_key(run_id, found['name'])}"
+    return objects.get_object(ref, found["sha256"])
 
 
 def _artifact_json(run_id: str, a: dict[str, Any]) -> dict[str, Any]:

@@ -144,16 +144,28 @@ def _store_has_users(location: str) -> bool:
         opened.close()
 
 
-def verify_server(*, keep: bool = False, out: TextIO | None = None) -> int:
-    """Boot a server on a fresh store and a free port, run the demo through the HTTP API and
-    prove its claims with the 14 checks (see :mod:`rewind.api.verify_http`).
+def verify_server(
+    *,
+    keep: bool = False,
+    out: TextIO | None = None,
+    store: str | None = None,
+    queue: str | None = None,
+    objects: str | None = None,
+) -> int:
+    """Boot a server on a free port — on a fresh store, or on the team's ``store`` (database
+    URL), ``queue`` (Redis URL) and ``objects`` (object store URL) — run the demo through the
+    HTTP API and prove its claims with the 14 checks (see :mod:`rewind.api.verify_http`).
 
     Returns:
         0 when all 14 pass, else 1.
+    Raises:
+        InvalidOverride: ``store`` is not a URL, or ``queue`` is given without ``store``.
     """
     from rewind.api.verify_http import run_server_verification
 
-    return run_server_verification(keep=keep, out=out or sys.stdout)
+    return run_server_verification(
+        keep=keep, out=out or sys.stdout, store=store, queue=queue, objects=objects
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

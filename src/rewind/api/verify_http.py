@@ -44,22 +44,33 @@ class ServerProcess:
         startup_timeout: seconds to wait for the URL line.
     """
 
-    def __init__(self, store: str, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self, store: str, startup_timeout: float = 60.0, setup: TeamSetup | None = None
+    ) -> None:
         self.store = store
         self.startup_timeout = startup_timeout
+        self.setup = setup
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.output: list[str] = []
 
     def __enter__(self) -> ServerProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("REWIND_TOKEN", None)
+        argv = [sys.executable, "-m", "rewind.api", "serve", "--port", "0"]
+        cwd = None
+        if self.setup is None:
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env.pop("REWIND_TOKEN", None)
+            argv += ["--store", self.store]
+        else:  # the store URL travels in the environment: a password never shows in `ps`
+            env = self.setup.environment()
+            cwd = self.setup.workdir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rewind.api", "serve", "--store", self.store, "--port", "0"],
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
+            cwd=cwd,
         )
         found = threading.Event()
 
@@ -334,18 +345,157 @@ def run_http_checks(
     return checks
 
 
+@dataclass
+class TeamSetup:
+    """The team services ``rewind verify --server`` runs against (each None: not used).
+
+    Args:
+        store: a database URL (``postgresql+psycopg://user:password@host/db``), or None for a
+            fresh SQLite folder.
+        queue: the task queue's Redis URL; jobs then execute on ``rewind worker`` processes.
+        objects: the object store URL (``s3://bucket/prefix``); large blobs and artifact copies
+            go there. S3 endpoint and credentials come from the usual ``AWS_*`` and
+            ``FSSPEC_S3_ENDPOINT_URL`` variables, as for the server.
+        workdir: the folder the server (and a worker started by verify) run in: a URL store
+            writes its local artifact files below ``./.rewind`` there.
+    """
+
+    store: str | None = None
+    queue: str | None = None
+    objects: str | None = None
+    workdir: str = ""
+
+    @property
+    def is_team(self) -> bool:
+        """True when any team service is configured."""
+        return bool(self.store or self.queue or self.objects)
+
+    def environment(self) -> dict[str, str]:
+        """The environment of a server or worker process of this setup (no ``REWIND_TOKEN``:
+        the process must not adopt the caller's token as its own)."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("REWIND_TOKEN", None)
+        for name, value in (
+            ("REWIND_STORE", self.store),
+            ("REWIND_QUEUE", self.queue),
+            ("REWIND_OBJECTS", self.objects),
+        ):
+            if value:
+                env[name] = value
+            else:
+                env.pop(name, None)
+        return env
+
+    def describe(self) -> str:
+        """One line naming the services, with credentials hidden."""
+        from rewind.jobs.queue import safe_url
+
+        parts = [f"store {safe_url(self.store)}" if self.store else "fresh SQLite store"]
+        parts.append(f"queue {safe_url(self.queue)}" if self.queue else "jobs on server threads")
+        if self.objects:
+            parts.append(f"objects {safe_url(self.objects)}")
+        return ", ".join(parts)
+
+
+def check_team_setup(store: str | None, queue: str | None, objects: str | None) -> None:
+    """Reject a setup verify cannot run against, before anything starts.
+
+    Raises:
+        InvalidOverride: ``store`` is not a database URL, or a queue is given without one (a
+            team worker would run the jobs against its own store, not verify's fresh one).
+    """
+    from rewind.errors import InvalidOverride
+
+    if store is not None and "://" not in store:
+        raise InvalidOverride(
+            f"verify --server --store takes a database URL, not {store!r}",
+            "pass --store postgresql+psycopg://USER:PASSWORD@HOST/DB, or leave it out for a "
+            "fresh SQLite store",
+        )
+    if queue and not store:
+        raise InvalidOverride(
+            "verify --server --queue needs the team's database --store (workers run jobs "
+            "against the store they were started with, not a fresh one)",
+            "pass --store postgresql+psycopg://… too (or set REWIND_STORE), or unset REWIND_QUEUE",
+        )
+
+
+def queue_workers(queue: str, timeout: float = 3.0) -> list[str]:
+    """Names of the Celery workers answering a ping on the queue ``queue`` (may be empty).
+
+    Raises:
+        QueueUnavailable: the broker cannot be reached.
+    """
+    from rewind.jobs.queue import celery_app, check_queue
+
+    check_queue(queue)
+    replies = celery_app(queue).control.ping(timeout=timeout) or []
+    return sorted(name for reply in replies for name in reply)
+
+
 @contextlib.contextmanager
-def _servers(folder: str) -> Iterator[tuple[ApiClient, Callable[[], ApiClient]]]:
+def verification_worker(setup: TeamSetup, say: Callable[[str], Any]) -> Iterator[None]:
+    """Make sure a ``rewind worker`` consumes ``setup.queue`` during the verification: use the
+    ones already running, else start one (stopped again on exit) and wait until it answers.
+
+    Raises:
+        RewindError: the worker verify started exited or did not answer within 120 s.
+    """
+    assert setup.queue is not None
+    running = queue_workers(setup.queue)
+    if running:
+        say(f"{len(running)} rewind worker(s) consume the queue: {', '.join(running)}")
+        yield
+        return
+    log = open(os.path.join(setup.workdir, "worker.log"), "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rewind", "worker", "--concurrency", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=setup.environment(),
+        cwd=setup.workdir,
+    )
+    say(f"no rewind worker consumes the queue; started one for this verification (pid {proc.pid})")
+    try:
+        deadline = time.monotonic() + 120
+        while not queue_workers(setup.queue, timeout=1.0):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                with open(log.name) as f:
+                    tail = " | ".join(f.read().strip().splitlines()[-3:])
+                raise RewindError(
+                    f"the rewind worker verify started did not come up: {tail}",
+                    "run `rewind worker` by hand with the same REWIND_STORE and REWIND_QUEUE",
+                )
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        say(f"stopped the rewind worker verify started (pid {proc.pid})")
+
+
+@contextlib.contextmanager
+def _servers(
+    folder: str, setup: TeamSetup | None = None
+) -> Iterator[tuple[ApiClient, Callable[[], ApiClient]]]:
+    # A user's token, for a team store with users (a fresh store's server requires none).
+    token = (os.environ.get("REWIND_TOKEN", "").strip() or None) if setup and setup.store else None
     stack = contextlib.ExitStack()
-    first = stack.enter_context(ServerProcess(folder))
-    api = stack.enter_context(ApiClient(first.url))
+    first = stack.enter_context(ServerProcess(folder, setup=setup))
+    api = stack.enter_context(ApiClient(first.url, token=token))
     state: dict[str, Any] = {"first": first, "api": api}
 
     def fresh() -> ApiClient:
         state["api"].close()
         state["first"].__exit__()
-        second = stack.enter_context(ServerProcess(folder))
-        client = stack.enter_context(ApiClient(second.url))
+        second = stack.enter_context(ServerProcess(folder, setup=setup))
+        client = stack.enter_context(ApiClient(second.url, token=token))
         state["api"], state["first"] = client, second
         return client
 
@@ -355,18 +505,53 @@ def _servers(folder: str) -> Iterator[tuple[ApiClient, Callable[[], ApiClient]]]
         stack.close()
 
 
-def run_server_verification(*, keep: bool = False, out: TextIO) -> int:
-    """Boot a server, drive the demo through the API, print the 14 checks; 0 if all pass."""
+def run_server_verification(
+    *,
+    keep: bool = False,
+    out: TextIO,
+    store: str | None = None,
+    queue: str | None = None,
+    objects: str | None = None,
+) -> int:
+    """Boot a server, drive the demo through the API, print the 14 checks; 0 if all pass.
+
+    Args:
+        keep: keep the temporary folder (the fresh store, or a team setup's work folder).
+        out: where the progress and the checks are printed.
+        store: a database URL to run against (None: a fresh SQLite store). Runs recorded in a
+            team store stay there (runs are immutable); verify removes only its temporary
+            folder and the processes it started.
+        queue: a Redis URL: jobs execute on ``rewind worker`` processes (verify starts one
+            when none answers). Needs ``store``.
+        objects: an object store URL for large blobs and artifact copies.
+    Raises:
+        InvalidOverride: a setup :func:`check_team_setup` rejects (nothing started).
+    """
+    check_team_setup(store, queue, objects)
     folder = tempfile.mkdtemp(prefix="rewind-verify-server-")
     started = time.perf_counter()
+    setup = TeamSetup(store, queue, objects, workdir=folder)
 
     def say(text: str) -> None:
         print(f"  {text}…", file=out, flush=True)
 
-    print(f"verify --server: fresh store {folder}", file=out, flush=True)
+    if setup.is_team:
+        print(f"verify --server: {setup.describe()}", file=out, flush=True)
+    else:
+        print(f"verify --server: fresh store {folder}", file=out, flush=True)
+    demo: ServerDemo | None = None
     try:
-        with _servers(folder) as (api, fresh):
+        with contextlib.ExitStack() as stack:
+            if queue:
+                stack.enter_context(verification_worker(setup, say))
+            api, fresh = stack.enter_context(
+                _servers(store or folder, setup if setup.is_team else None)
+            )
             print(f"  server at {api.http.base_url}", file=out, flush=True)
+            if queue:
+                execution = api.get("/api/health")["execution"]
+                mode = f"{execution.get('mode')} {execution.get('queue', '')}"
+                say(f"server executes jobs on: {mode.strip()}")
             demo = run_demo_over_http(api, say)
             checks = run_http_checks(api, demo, fresh)
     except RewindError as exc:
@@ -385,6 +570,13 @@ def run_server_verification(*, keep: bool = False, out: TextIO) -> int:
         file=out,
         flush=True,
     )
+    if store and demo is not None:
+        ids = [demo.parent["run_id"], demo.fork["run_id"], demo.replay["run_id"]]
+        print(
+            f"runs {', '.join(i[:12] for i in ids)} (and check 14's replay) stay in the store: "
+            "runs are immutable; `rewind gc` expires them like any other",
+            file=out,
+        )
     if keep:
-        print(f"store kept at {folder}", file=out)
+        print(f"{'work folder' if store else 'store'} kept at {folder}", file=out)
     return 0 if passed == len(checks) else 1

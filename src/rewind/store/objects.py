@@ -22,6 +22,34 @@ OFFLOAD_MIN_BYTES = 64 * 1024
 """Blobs at least this large (bytes, uncompressed) go to the object store when one is set;
 smaller ones stay in the database, where a row costs less than a network round trip."""
 
+OFFLOAD_MIN_BYTES_ENV = "REWIND_OBJECTS_MIN_BYTES"
+"""Environment variable overriding :data:`OFFLOAD_MIN_BYTES` (a whole number of bytes, >= 1)."""
+
+
+def offload_min_bytes() -> int:
+    """The offload threshold in bytes: ``$REWIND_OBJECTS_MIN_BYTES``, else
+    :data:`OFFLOAD_MIN_BYTES`.
+
+    Raises:
+        StoreError: the variable is set but is not a whole number >= 1.
+    """
+    import os
+
+    raw = os.environ.get(OFFLOAD_MIN_BYTES_ENV, "").strip()
+    if not raw:
+        return OFFLOAD_MIN_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise StoreError(
+            f"{OFFLOAD_MIN_BYTES_ENV}={raw!r} is not a whole number of bytes >= 1",
+            f"unset it (default {OFFLOAD_MIN_BYTES}) or set it to e.g. 65536",
+        )
+    return int(raw)
+
+
+def artifact_key(run_id: str, name: str) -> str:
+    """The object key of a run's artifact: ``artifacts/<run_id>/<name>``."""
+    return f"artifacts/{run_id}/{name}"
+
 
 class ObjectStore:
     """Content-addressed objects under one URL.

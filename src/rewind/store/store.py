@@ -31,7 +31,8 @@ from rewind.errors import RewindError, StoreError
 from rewind.serde import decode_field
 from rewind.store import migrate, schema
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
-from rewind.store.objects import OFFLOAD_MIN_BYTES, ObjectStore
+from rewind.store.objects import ObjectStore, artifact_key
+from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
 
 DB_FILENAME = "rewind.db"
@@ -124,7 +125,10 @@ class Store:
         read_only: only read: the schema is checked, never created, :meth:`write` refuses, and
             :meth:`reap_orphans` reports dead runs as ``interrupted`` without writing.
         objects: where blobs of at least ``offload_min_bytes`` (bytes, uncompressed) are
-            written; None keeps every blob in the database.
+            written, and a copy of every artifact (so a server reads what a worker on another
+            machine published); None keeps every blob in the database.
+        offload_min_bytes: the threshold; None reads ``$REWIND_OBJECTS_MIN_BYTES`` (unset:
+            :data:`rewind.store.objects.OFFLOAD_MIN_BYTES`).
 
     Raises:
         StoreError: the database has another schema version than this code (or, read-only,
@@ -138,14 +142,16 @@ class Store:
         *,
         read_only: bool = False,
         objects: ObjectStore | None = None,
-        offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+        offload_min_bytes: int | None = None,
     ) -> None:
         self.root = root
         self.engine = engine
         self.read_only = read_only
         self._orphans: frozenset[str] = frozenset()
         self.objects = objects
-        self.offload_min_bytes = offload_min_bytes
+        self.offload_min_bytes = (
+            offload_min_bytes if offload_min_bytes is not None else offload_min_bytes_env()
+        )
         self._known_blobs: set[str] = set()
         self._known_lock = threading.Lock()
         self._blob_epoch: str | None = None
@@ -996,6 +1002,8 @@ class Store:
         tmp.write_bytes(data)
         tmp.replace(path)
         digest = sha256_hex(data)
+        if self.objects is not None:  # servers and workers on other machines read it there
+            self.objects.put_object(artifact_key(run_id, name), data)
         with self.write() as conn:
             stmt = _upsert_stmt(conn.dialect.name, schema.artifacts, ["run_id", "name"])
             row = {"run_id": run_id, "name": name, "sha256": digest, "size": len(data)}
@@ -1180,6 +1188,7 @@ def open_store(
     if not loc.strip():
         raise StoreError("the store location is empty", "pass --store FOLDER (default .rewind)")
     object_store = _objects(objects)  # a bad object store URL fails before anything is created
+    offload_min_bytes_env()  # so does a bad REWIND_OBJECTS_MIN_BYTES
     if "://" in loc:
         folder = (root or Path(".rewind")).resolve()
         try:
