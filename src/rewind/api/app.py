@@ -837,9 +837,9 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         """Runs the requester may see, newest first, filtered (``pipeline``, ``status``,
         ``since``/``until``, ``q``), and their tree: a fork nests under its parent, grid
         variants and stability samples under their job, sub-runs (Burr sub-applications)
-        under the run that spawned them (``sub_runs`` of the run's tree item; the runs list
-        them with ``spawning_run_id`` set). ``include_sub_runs`` also matches sub-runs
-        themselves against the filters. Runs carry no tags, so there is no tag filter."""
+        under the run that spawned them (``sub_runs`` of the run's tree item; the top-level
+        ``sub_runs`` holds their records). ``include_sub_runs`` lists sub-runs in ``runs`` and
+        matches them against the filters too. Runs carry no tags, so there is no tag filter."""
         who = access.current()
         statuses = [s.value for s in status] if status else None
         records = store.list_runs(
@@ -870,8 +870,9 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             for r in visible(store.sub_runs_of([r.run_id for r in records]))
             if r.run_id not in known
         ]
-        runs = [views.run_json(x) for x in queued + records + subs]
-        return {"runs": runs, "tree": run_tree(runs)}
+        runs = [views.run_json(x) for x in queued + records]
+        sub_runs = [views.run_json(x) for x in subs]
+        return {"runs": runs, "sub_runs": sub_runs, "tree": run_tree(runs + sub_runs)}
 
     @r.post(
         "/runs",

@@ -192,6 +192,9 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
         if not dry_run:
             await run_in_threadpool(store.reap_orphans, [run.run_id])
         deleted = await run_in_threadpool(lambda: delete_run(store, run.run_id, dry_run=dry_run))
+        if not dry_run:
+            for rid in (deleted.run_id, *deleted.sub_runs):
+                manager.forget(rid)
         return {"dry_run": dry_run} | deleted.to_json()
 
     @r.get("/runs/{run_id}/progress", responses=error_responses(404))
