@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 
 from rewind import progress
 from rewind.api import access, views
-from rewind.api.schemas import error_responses
+from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.errors import RewindError, RunBusy
 from rewind.store import RunRecord
 from rewind.store.retention import delete_run
@@ -153,10 +153,10 @@ def live_run_json(ctx: ServerContext, run: RunRecord) -> dict[str, Any]:
 
 def manage_routes(ctx: ServerContext) -> APIRouter:
     """The routes of this module (see the module doc), bound to the server's context."""
-    r = APIRouter(prefix="/api", tags=["runs"])
+    r = APIRouter(prefix="/api", tags=["runs"], responses=error_responses(*SERVER_ERRORS))
     store, manager = ctx.store, ctx.manager
 
-    @r.post("/runs/{run_id}/cancel", status_code=202, responses=error_responses(403, 404, 409))
+    @r.post("/runs/{run_id}/cancel", status_code=202, responses=error_responses(403, 404, 409, 422))
     def cancel_run(run_id: str) -> JSONResponse:
         """Cancel a queued or running run: it stops before its next node and ends
         ``cancelled`` (a node already executing finishes first). A run whose executing process
@@ -179,7 +179,7 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
             "only a queued or running run can be cancelled",
         )
 
-    @r.delete("/runs/{run_id}", responses=error_responses(403, 404, 409))
+    @r.delete("/runs/{run_id}", responses=error_responses(403, 404, 409, 422))
     async def delete(run_id: str, dry_run: bool = False) -> dict[str, Any]:
         """Delete a run for good with ``rewind gc``'s rules: never a run a kept run descends
         from (delete its forks first: 409), its sub-runs go with it, a sub-run only with its
@@ -197,7 +197,7 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
                 manager.forget(rid)
         return {"dry_run": dry_run} | deleted.to_json()
 
-    @r.get("/runs/{run_id}/progress", responses=error_responses(404))
+    @r.get("/runs/{run_id}/progress", responses=error_responses(404, 422))
     def run_progress(run_id: str) -> dict[str, Any]:
         """What the store says of a run in flight, whoever executes it: the node executing now
         (null once the run finished), tokens of its committed nodes, a pending cancel."""
