@@ -21,6 +21,7 @@ from sqlalchemy import func, select, text
 
 from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry
+from rewind.replay import Pipeline
 from rewind.store import Store, open_store, schema
 from rewind.store.users import add_user
 from tests import pipelines
@@ -60,7 +61,26 @@ gated = pipelines._linear(
     "gated", "tests.test_run_management:gated", ask=pipelines.ask, gate=gate, shout=pipelines.shout
 )
 
+
+def _factor_hint(node: str, name: str, node_input: dict[str, Any]) -> dict[str, Any] | None:
+    if node == "expand" and name == "factor":
+        return {"choices": [2, 3, 5], "description": "how much the series is scaled"}
+    if node == "start" and name == "offset":
+        return {"type": "integer", "min": 0, "max": 100}
+    return None
+
+
+# ``tiny`` whose params declare the values a fork may give them
+hinted = Pipeline(
+    name="hinted",
+    graph=pipelines.graph,
+    entrypoint="start",
+    ref="tests.test_run_management:hinted",
+    param_hints=_factor_hint,
+)
+
 REGISTRY = {
+    "hinted": PipelineEntry.of(hinted, {"x": 15}),
     "tiny": PipelineEntry.of(pipelines.pipeline, {"x": 15}),
     "failing": PipelineEntry.of(pipelines.failing, {"x": 1}),
     "held": PipelineEntry.of(held, {"x": 1}),
@@ -286,6 +306,66 @@ def test_a_sub_run_alone_cannot_be_deleted(tmp_path: Path) -> None:
     assert "sub-run" in body["message"] and parent.run_id[:12] in body["hint"]
     assert _counts(rw.store) == before
     rw.store.close()
+
+
+# -- fork hints -------------------------------------------------------------------------------
+
+
+def test_fork_hints_show_the_declared_values_and_forks_outside_them_are_refused(
+    team: Team,
+) -> None:
+    run = team.record("alice", "hinted")
+    rid = run["run_id"]
+    with team.client("alice") as c:
+        node = c.get(f"/api/runs/{rid}/nodes/expand").json()
+        assert node["param_hints"] == {
+            "factor": {"choices": [2, 3, 5], "description": "how much the series is scaled"}
+        }
+        first = c.get(f"/api/runs/{rid}/nodes/1").json()
+        assert first["param_hints"] == {"offset": {"type": "integer", "min": 0, "max": 100}}
+        before = _counts(team.store)
+        change = {"kind": "param", "node": "expand", "param": "factor"}
+        body = _error(
+            c.post(f"/api/runs/{rid}/fork", json={"at": 2, "override": change | {"value": 4}}),
+            422,
+            "InvalidOverride",
+        )
+        assert "allowed values: 2, 3, 5" in body["message"] and body["field"] == "override.value"
+        offset = {"kind": "param", "node": "start", "param": "offset", "value": 101}
+        body = _error(
+            c.post(f"/api/runs/{rid}/fork", json={"at": 1, "override": offset}),
+            422,
+            "InvalidOverride",
+        )
+        assert "must be from 0 to 100" in body["message"]
+        # a grid checks every variant the same way, before any runs
+        grid = {"at": 2, "overrides": [change | {"value": 3}, change | {"value": 7}]}
+        body = _error(c.post(f"/api/runs/{rid}/grid", json=grid), 422, "InvalidOverride")
+        assert body["field"] == "overrides.1.value"
+        assert _counts(team.store) == before  # nothing written
+        r = c.post(f"/api/runs/{rid}/fork", json={"at": 2, "override": change | {"value": 5}})
+        assert r.status_code == 202, r.text
+    assert team.wait("alice", r.json()["run_id"])["status"] == "completed"
+    with team.client("alice") as c:  # a pipeline without hints: none
+        plain = team.record("alice", "tiny")
+        assert c.get(f"/api/runs/{plain['run_id']}/nodes/2").json()["param_hints"] == {}
+
+
+def test_the_demo_pipeline_declares_its_analyse_choices() -> None:
+    from rewind.engine.plan import hint_problem
+    from rewind.examples import research, weather
+
+    selection = {"values": [1.0], "dates": ["2012-01-01"], "categories": {"weather": ["rain"]}}
+    node_input = {"reads": {"selection": selection}}
+    group_by = research.param_hints("analyse", "group_by", node_input)
+    assert group_by is not None
+    assert group_by["choices"] == [*weather.DATE_GROUP_BYS, "weather"]
+    aggregate = research.param_hints("analyse", "aggregate", node_input)
+    assert aggregate is not None and aggregate["choices"] == list(weather.AGGREGATES)
+    assert research.param_hints("plan", "temperature", {})["max"] == 2  # type: ignore[index]
+    assert hint_problem(aggregate, "mode") is not None and hint_problem(aggregate, "sum") is None
+    assert hint_problem({"type": "integer", "min": 1, "max": 9}, 2.5) == "must be an integer"
+    assert hint_problem({"type": "number", "min": 0, "max": 2}, True) == "must be a number"
 
 
 # -- cancel -----------------------------------------------------------------------------------

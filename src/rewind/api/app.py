@@ -47,6 +47,7 @@ from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
 from rewind.api.security import bearer_token, cross_site_reason
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
+from rewind.engine.plan import param_hints
 from rewind.errors import (
     EndpointUnavailable,
     ForkError,
@@ -974,7 +975,8 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP)
     def get_node(run_id: str, node: str) -> dict[str, Any]:
         """One node (name, ``name#k`` or 1-based number): its row, the inputs it read, the
-        output it wrote and the semantic state after it."""
+        output it wrote, the semantic state after it, and ``param_hints``: per param, the values
+        the pipeline allows (``choices``; ``type``/``min``/``max``), where it declares them."""
         run, n = _node_of(ctx, run_id, node)
         rw = ctx.session()
         spawned = node_sub_runs(store, run.run_id).get(n.position, [])
@@ -985,6 +987,8 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),
+            # the values a fork may give each param, where the pipeline declares them
+            "param_hints": param_hints(rw, run.run_id, n.position + 1),
         }
 
     @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"], responses=_LOOKUP)
