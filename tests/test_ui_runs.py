@@ -23,7 +23,7 @@ from rewind.api.pipelines import PipelineEntry
 from rewind.store import open_store
 from tests import pipelines
 from tests.model_stub import ModelStub
-from tests.test_run_management import _cli_env, held
+from tests.test_run_management import _cli_env, held, hinted
 from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, ThreadServer
 
 XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
@@ -40,6 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         "tiny": PipelineEntry.of(pipelines.pipeline, {"x": 15}),
         "failing": PipelineEntry.of(pipelines.failing, {"x": 1}),
         "held": PipelineEntry.of(held, {"x": 1}),
+        "hinted": PipelineEntry.of(hinted, {"x": 15}),
     }
     app = create_app(store, chat_client=None, pipelines=registry)
     with ThreadServer(app) as srv:
@@ -195,6 +196,34 @@ def test_cancel_and_delete_from_the_ui(server: dict[str, Any], page: Any) -> Non
         expect(page.get_by_test_id(f"run-item-{target}")).to_have_count(0)
         assert httpx.get(f"{url}/api/runs/{target}", trust_env=False).status_code == 404
     shot(page, "07-deleted")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_the_node_editor_offers_the_declared_values(server: dict[str, Any], page: Any) -> None:
+    url = server["url"]
+    rid = record(url, "hinted")["run_id"]
+    page.goto(f"{url}/#/runs/{rid}?tab=graph&node=2")
+    editor = page.get_by_test_id("node-editor")
+    expect(editor).to_contain_text("Fork at node 2 · expand")
+    hint = editor.get_by_test_id("param-hint")
+    expect(hint).to_contain_text("how much the series is scaled")
+    expect(hint.get_by_test_id("param-choice")).to_have_text(["2", "3", "5"])
+    editor.get_by_test_id("editor-value").fill("4")
+    editor.get_by_test_id("fork-button").click()
+    error = editor.get_by_test_id("editor-error")
+    expect(error).to_contain_text("allowed values: 2, 3, 5")
+    shot(page, "10-hint-refused")
+    before = len(httpx.get(f"{url}/api/runs", trust_env=False).json()["runs"])
+    hint.get_by_test_id("param-choice").nth(2).click()
+    expect(editor.get_by_test_id("editor-value")).to_have_value("5")
+    editor.get_by_test_id("fork-button").click()
+    expect(page.get_by_test_id("run-view")).not_to_have_attribute("data-run-id", rid)
+    fork_id = page.get_by_test_id("run-view").get_attribute("data-run-id")
+    assert wait_run(url, fork_id)["override"]["value"] == 5
+    assert len(httpx.get(f"{url}/api/runs", trust_env=False).json()["runs"]) == before + 1
+    page.goto(f"{url}/#/runs/{rid}?tab=graph&node=1")
+    expect(page.get_by_test_id("param-range")).to_have_text("allowed: an integer from 0 to 100")
+    shot(page, "11-hint-range")
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 

@@ -154,6 +154,16 @@ export interface NodeDetail {
   input: Record<string, unknown>;
   output: Record<string, unknown>;
   state: Record<string, unknown> | null;
+  /** Per param, the values the pipeline allows a fork to give it (where it declares them). */
+  param_hints?: Record<string, ParamHint>;
+}
+
+export interface ParamHint {
+  choices?: unknown[];
+  type?: "number" | "integer";
+  min?: number;
+  max?: number;
+  description?: string;
 }
 
 export interface DiffChange {
