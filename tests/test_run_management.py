@@ -585,3 +585,37 @@ def _wait_for_running(url: str, node: str, hang_s: float = 120.0) -> dict[str, A
                 return graph
         time.sleep(0.05)
     raise AssertionError(f"no run reached {node}")
+
+
+@pytest.mark.slow
+def test_rewind_cancel_stops_a_run_another_process_executes(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(store_dir)
+    opener = tmp_path / "gate"
+    with ModelStub() as stub, LiveServer(create_app(store, chat_client=None)) as server:
+        env = {"REWIND_BASE_URL": stub.base_url, "REWIND_API_KEY": "x", "REWIND_MODEL": "stub"}
+        state = json.dumps({"question": "why?", "gate": str(opener)})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rewind", "run", "--pipeline",
+             "tests.test_run_management:gated", "--state", state, "--store", str(store_dir)],
+            env=_cli_env(env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            rid = _wait_for_running(server.url, "gate")["run"]["run_id"]
+            cancel = run_rewind("cancel", rid[:10], "--store", str(store_dir))
+            assert cancel.returncode == 0, cancel.stderr
+            assert "stops before its next node" in cancel.stdout
+            opener.write_text("open")
+            proc.wait(120)
+        finally:
+            opener.write_text("open")
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        run = httpx.get(f"{server.url}/api/runs/{rid}", trust_env=False).json()
+    assert run["status"] == "cancelled", run
+    assert "before node 3 (shout)" in run["error"]
+    assert [n.name for n in store.nodes_of(rid)] == ["ask", "gate"]
+    again = run_rewind("cancel", rid, "--store", str(store_dir))
+    assert again.returncode == 2 and "already finished (cancelled)" in again.stderr
+    store.close()

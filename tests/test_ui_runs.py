@@ -254,6 +254,7 @@ def test_a_terminal_run_shows_its_running_node_and_tokens(
             tokens = server["store"].nodes_of(rid)[0].tokens
             assert tokens > 0
             expect(page.get_by_test_id("run-tokens")).to_contain_text(f"{tokens} tokens")
+            expect(page.get_by_test_id(f"run-item-{rid}")).to_contain_text(f"{tokens} tok")
             shot(page, "08-terminal-run-live")
             opener.write_text("open")
             expect(page.get_by_test_id("run-view")).to_have_attribute(

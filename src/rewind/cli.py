@@ -1408,6 +1408,43 @@ def gc_cmd(
     )
 
 
+@app.command("cancel")
+def cancel_cmd(
+    run_id: Annotated[str, typer.Argument(help="The running run (id or unique prefix).")],
+    store: StoreOpt = None,
+) -> None:
+    """Cancel a running run, whichever process executes it (a server, another `rewind run`):
+    it stops before its next node and ends `cancelled`; a run whose process is gone is marked
+    `interrupted` at once."""
+    from rewind import progress
+    from rewind.store import open_store
+
+    try:
+        location = _store()
+        _require_existing_store(location)
+        opened = open_store(location)
+    except RewindError as exc:
+        _fail(exc)
+    try:
+        run = opened.get_run(run_id)
+        if opened.reap_orphans([run.run_id]):
+            console.print(f"run {inert(run.run_id)}: its process is gone; marked interrupted")
+            return
+        if not progress.request_cancel(opened, run.run_id, os.environ.get("REWIND_USER")):
+            raise InvalidOverride(
+                f"run {run.run_id[:12]} already finished ({opened.get_run(run.run_id).status})",
+                "only a running run can be cancelled",
+            )
+    except RewindError as exc:
+        _fail(exc)
+    finally:
+        opened.close()
+    console.print(
+        f"cancel requested: run {inert(run.run_id)} stops before its next node "
+        "(a node already executing finishes first)"
+    )
+
+
 @app.command("delete")
 def delete_cmd(
     run_id: Annotated[str, typer.Argument(help="The run to delete (id or unique prefix).")],

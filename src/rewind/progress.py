@@ -3,7 +3,8 @@
 The process executing a run (a server's worker, a ``rewind run`` in a terminal, a Celery
 worker) writes, at each top-level node start, which node it executes now onto the run's row
 (``runs.live_node``, ``live_position``, ``live_since``) and in the same transaction reads
-``runs.cancel_requested``. So:
+``runs.cancel_requested`` — at most every :data:`WRITE_INTERVAL_S` per run (a start within it is
+written by a background thread at the end of the interval). So:
 
 - any server reading the same store shows the running node of a run it does not execute, and
   the tokens so far (the sum over the node rows committed so far: the recorder commits a
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, func, select, update
@@ -62,25 +65,100 @@ def _take_pending(run_id: str) -> bool:
         return run_id in _pending
 
 
-def node_started(store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
-    """Record that ``run_id`` starts node ``name`` at ``position`` (0-based) now, and say
-    whether a cancel was asked.
+WRITE_INTERVAL_S = 0.1
+"""Shortest time between two progress writes of one run: a node start within it is written by a
+background thread at the end of the interval (the latest start only), so a pipeline of fast
+nodes costs at most ten small writes a second, off its own thread."""
 
-    Never raises for a store problem (progress must not break a run): it then reports no
-    cancel.
 
-    Returns:
-        the cancel request (``{"by", "at"}``) when one was made, else None.
-    """
-    if _take_pending(run_id):
-        return {"by": None, "at": time.time()}
+@dataclass
+class _RunMarks:
+    store: Store
+    last_write: float = 0.0  # time.monotonic() of the last write
+    waiting: tuple[int, str, float] | None = None  # (position, name, unix s) not written yet
+    cancel: dict[str, Any] | None = None  # the cancel request seen by the last write
+
+
+class _ProgressWriter:
+    """Coalesces node-start marks per run and reads the cancel flag with each write."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.runs: dict[str, _RunMarks] = {}
+        self.thread: threading.Thread | None = None
+        self.pid = 0
+
+    def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
+        now = time.monotonic()
+        with self.lock:
+            marks = self.runs.get(run_id)
+            if marks is None or marks.store is not store:
+                marks = self.runs[run_id] = _RunMarks(store)
+            due = now - marks.last_write >= WRITE_INTERVAL_S
+            if not due:
+                marks.waiting = (position, name, time.time())
+                self._ensure_thread()
+                self.lock.notify()
+                return marks.cancel
+            marks.waiting = None
+            marks.last_write = now
+        asked = _write(store, run_id, position, name, time.time())
+        with self.lock:
+            marks.cancel = asked
+        return asked
+
+    def _ensure_thread(self) -> None:
+        if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
+            self.pid = os.getpid()
+            self.thread = threading.Thread(target=self._loop, name="rewind-progress", daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                ready = [
+                    (rid, m)
+                    for rid, m in self.runs.items()
+                    if m.waiting is not None and now - m.last_write >= WRITE_INTERVAL_S
+                ]
+                waits = [
+                    WRITE_INTERVAL_S - (now - m.last_write)
+                    for m in self.runs.values()
+                    if m.waiting is not None
+                ]
+                if not ready:
+                    stale = [r for r, m in self.runs.items() if now - m.last_write > 600]
+                    for rid in stale:
+                        del self.runs[rid]
+                    self.lock.wait(timeout=min(waits) if waits else 60.0)
+                    continue
+                jobs = []
+                for rid, m in ready:
+                    assert m.waiting is not None
+                    jobs.append((rid, m, m.waiting))
+                    m.waiting = None
+                    m.last_write = now
+            for rid, m, (position, name, since) in jobs:
+                asked = _write(m.store, rid, position, name, since)
+                with self.lock:
+                    m.cancel = asked
+
+
+_WRITER = _ProgressWriter()
+
+
+def _write(
+    store: Store, run_id: str, position: int, name: str, since: float
+) -> dict[str, Any] | None:
+    """Write one node-start mark; returns the run's cancel request, if any. Never raises."""
     t = schema.runs
     try:
         with store.write() as conn:
             conn.execute(
                 update(t)
                 .where(and_(t.c.run_id == run_id, t.c.status == "running"))
-                .values(live_node=name, live_position=position, live_since=time.time())
+                .values(live_node=name, live_position=position, live_since=since)
             )
             asked = conn.execute(select(t.c.cancel_requested).where(t.c.run_id == run_id)).scalar()
     except Exception:  # a progress write must never break the run
@@ -92,6 +170,23 @@ def node_started(store: Store, run_id: str, position: int, name: str) -> dict[st
         if isinstance(value, dict):
             return value
     return {"by": None, "at": None}
+
+
+def node_started(store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
+    """Record that ``run_id`` starts node ``name`` at ``position`` (0-based) now, and say
+    whether a cancel was asked.
+
+    The mark is written at once, or — within :data:`WRITE_INTERVAL_S` of the run's last write —
+    by a background thread at the end of the interval; the cancel request is the one the last
+    write read. Never raises for a store problem (progress must not break a run): it then
+    reports no cancel.
+
+    Returns:
+        the cancel request (``{"by", "at"}``) when one was seen, else None.
+    """
+    if _take_pending(run_id):
+        return {"by": None, "at": time.time()}
+    return _WRITER.mark(store, run_id, position, name)
 
 
 def request_cancel(store: Store, run_id: str, by: str | None) -> bool:

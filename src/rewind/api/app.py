@@ -871,8 +871,8 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             for r in visible(store.sub_runs_of([r.run_id for r in records]))
             if r.run_id not in known
         ]
-        runs = [views.run_json(x) for x in queued + records]
-        sub_runs = [views.run_json(x) for x in subs]
+        runs = [views.run_json(x) for x in queued] + [live_run_json(ctx, x) for x in records]
+        sub_runs = [live_run_json(ctx, x) for x in subs]
         return {"runs": runs, "sub_runs": sub_runs, "tree": run_tree(runs + sub_runs)}
 
     @r.post(

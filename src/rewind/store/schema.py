@@ -44,7 +44,7 @@ runs = Table(
     Column("run_id", String(64), primary_key=True),
     Column("pipeline", String(200), nullable=False),
     Column("pipeline_ref", String(400), nullable=False, default=""),
-    Column("status", String(16), nullable=False),  # running | completed | failed | interrupted
+    Column("status", String(16), nullable=False),  # running|completed|failed|interrupted|cancelled
     Column("parent_run_id", String(64), ForeignKey("runs.run_id"), nullable=True),
     Column("fork_node", String(200), nullable=True),
     Column("fork_position", Integer, nullable=True),
