@@ -160,6 +160,41 @@ def test_runs_list_groups_jobs_and_filters(server: dict[str, Any], page: Any) ->
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 
+def test_sub_runs_collapse_under_their_spawning_run(server: dict[str, Any], page: Any) -> None:
+    from rewind import Rewind
+    from rewind.engine import attach
+    from tests import burr_apps
+
+    url = server["url"]
+    with ModelStub() as stub, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPENAI_BASE_URL", stub.base_url)
+        mp.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+        rw = Rewind(server["store"])
+        app = attach(
+            burr_apps.sdk_recursive_application(), ref="tests.burr_apps:sdk_recursive_application"
+        )
+        parent = rw.record(app, inputs={"question": "why?"})
+    subs = [r.run_id for r in server["store"].sub_runs(parent.run_id)]
+    assert len(subs) == 2
+    page.goto(f"{url}/#/")
+    listing = page.get_by_test_id("runs-list")
+    expect(listing.get_by_test_id(f"run-item-{parent.run_id}")).to_be_visible()
+    for sub in subs:
+        expect(listing.get_by_test_id(f"run-item-{sub}")).to_have_count(0)
+    toggle = listing.get_by_test_id(f"subruns-toggle-{parent.run_id}")
+    expect(toggle).to_contain_text("2 sub-runs")
+    toggle.click()
+    for sub in subs:
+        item = listing.get_by_test_id(f"subruns-{parent.run_id}").get_by_test_id(f"run-item-{sub}")
+        expect(item).to_contain_text("sub-run of node 2")
+    shot(page, "12-sub-runs")
+    listing.get_by_test_id(f"run-item-{subs[0]}").click()
+    expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-id", subs[0])
+    # the selected sub-run keeps its group open
+    expect(listing.get_by_test_id(f"subruns-{parent.run_id}")).to_be_visible()
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
 def test_cancel_and_delete_from_the_ui(server: dict[str, Any], page: Any) -> None:
     url = server["url"]
     rid = post(url, "/api/runs", {"pipeline": "held"})["run_id"]
