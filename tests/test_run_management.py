@@ -302,8 +302,11 @@ def test_a_sub_run_alone_cannot_be_deleted(tmp_path: Path) -> None:
     before = _counts(rw.store)
     with LiveServer(create_app(rw.store, chat_client=None)) as server:
         r = httpx.delete(f"{server.url}/api/runs/{sub.run_id}", trust_env=False)
+        cancel = httpx.post(f"{server.url}/api/runs/{sub.run_id}/cancel", trust_env=False)
     body = _error(r, 409, "RunInUse")
     assert "sub-run" in body["message"] and parent.run_id[:12] in body["hint"]
+    body = _error(cancel, 409, "RunBusy")  # a sub-run stops with its spawning run
+    assert parent.run_id[:12] in body["hint"]
     assert _counts(rw.store) == before
     rw.store.close()
 
@@ -618,4 +621,49 @@ def test_rewind_cancel_stops_a_run_another_process_executes(tmp_path: Path) -> N
     assert [n.name for n in store.nodes_of(rid)] == ["ask", "gate"]
     again = run_rewind("cancel", rid, "--store", str(store_dir))
     assert again.returncode == 2 and "already finished (cancelled)" in again.stderr
+    store.close()
+
+
+def test_a_job_that_failed_before_its_run_row_is_listed_as_failed(tmp_path: Path) -> None:
+    from rewind.api.manage import unrecorded_runs
+    from rewind.api.runner import RunJob
+
+    store = open_store(tmp_path / "store")
+    with store.write() as conn:
+        store.create_run(conn, run_id="r" * 32, pipeline="tiny")
+
+    def never(_rw: Any) -> Any:
+        raise AssertionError("not executed here")
+
+    failed = RunJob("f" * 32, "fork", "tiny", never, parent_run_id="p" * 32, state="done")
+    failed.error = "the parent run was deleted"
+    queued = RunJob("q" * 32, "record", "failing", never)
+    recorded = RunJob("r" * 32, "record", "tiny", never, state="done")
+    jobs = [failed, queued, recorded]
+    listed = unrecorded_runs(store, jobs, set())
+    assert [(r.run_id[0], r.status) for r in listed] == [("q", "queued"), ("f", "failed")]
+    assert listed[1].error == "the parent run was deleted"
+    only_failed = unrecorded_runs(store, jobs, set(), statuses=["failed"])
+    assert [r.run_id[0] for r in only_failed] == ["f"]
+    assert unrecorded_runs(store, jobs, set(), pipeline="failing")[0].run_id[0] == "q"
+    assert unrecorded_runs(store, jobs, set(), q="deleted")[0].run_id[0] == "f"
+    store.close()
+
+
+def test_a_run_with_a_queued_fork_is_not_deleted(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "store")
+    server, tokens = _team(store, workers=1)
+    with server:
+        team = Team(server, store, tokens)
+        parent = team.record("root", "tiny")
+        blocker = team.start("root", "held")
+        assert pipelines.BLOCK_ENTERED.wait(60)
+        with team.client("root") as c:
+            r = c.post(f"/api/runs/{parent['run_id']}/fork", json={"at": 2})
+            assert r.status_code == 202, r.text
+            body = _error(c.delete(f"/api/runs/{parent['run_id']}"), 409, "RunBusy")
+            assert "queued fork" in body["message"]
+        pipelines.BLOCK_RELEASE.set()
+        team.wait("root", blocker)
+        assert team.wait("root", r.json()["run_id"])["status"] == "completed"
     store.close()

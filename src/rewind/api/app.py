@@ -41,7 +41,14 @@ import rewind
 from rewind import progress
 from rewind.api import access, views
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
-from rewind.api.manage import NotOwner, RunStatusFilter, live_run_json, manage_routes, run_tree
+from rewind.api.manage import (
+    NotOwner,
+    RunStatusFilter,
+    live_run_json,
+    manage_routes,
+    run_tree,
+    unrecorded_runs,
+)
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
@@ -856,14 +863,18 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         if statuses:  # a dead process's "running" run reads as interrupted
             records = [r for r in records if r.status in statuses]
         known = {r.run_id for r in records}
-        filtered = bool(pipeline or statuses or since is not None or until is not None or q)
-        queued = (
-            []
-            if filtered
-            else visible(
-                j.placeholder()
-                for j in manager.active()
-                if j.run_id not in known and _row_missing(store, j.run_id)
+        # runs this server accepted that have no row: queued, or failed before they started
+        # (listed like any other failed run, never vanishing)
+        queued = visible(
+            unrecorded_runs(
+                store,
+                manager.jobs(),
+                known,
+                pipeline=pipeline,
+                statuses=statuses,
+                since=since,
+                until=until,
+                q=q,
             )
         )
         subs = [
@@ -1120,14 +1131,6 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         return EventSourceResponse(_event_stream(ctx, run, q, history, done, request), ping=10)
 
     return r
-
-
-def _row_missing(store: Store, run_id: str) -> bool:
-    try:
-        store.get_run(run_id)
-        return False
-    except UnknownRun:
-        return True
 
 
 def _submit_fork(

@@ -16,19 +16,21 @@ also need the run to be the requester's own (an admin: any run), else 403.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy import select
 
 from rewind import progress
 from rewind.api import access, views
+from rewind.api.runner import RunJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.errors import RewindError, RunBusy
-from rewind.store import RunRecord
+from rewind.store import RunRecord, Store, schema
 from rewind.store.retention import delete_run
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ __all__ = [
     "live_run_json",
     "manage_routes",
     "run_tree",
+    "unrecorded_runs",
 ]
 
 JOB_KINDS = {"grid": "grid_batch", "stability": "stability_batch"}
@@ -127,6 +130,53 @@ def run_tree(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [item for _, item in roots]
 
 
+def unrecorded_runs(
+    store: Store,
+    jobs: Sequence[RunJob],
+    known: Collection[str],
+    *,
+    pipeline: str | None = None,
+    statuses: Collection[str] | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    q: str | None = None,
+) -> list[RunRecord]:
+    """Placeholders of the server's jobs that have no run row: queued, or failed before the
+    run could start (so a failed job never vanishes from the runs list), newest first and
+    matching the same filters as :meth:`Store.list_runs`."""
+    candidates = [j for j in jobs if j.run_id not in known]
+    if not candidates:
+        return []
+    t = schema.runs
+    ids = [j.run_id for j in candidates]
+    with store.read() as conn:
+        present = {r[0] for r in conn.execute(select(t.c.run_id).where(t.c.run_id.in_(ids))).all()}
+    out = []
+    text = (q or "").lower()
+    for job in candidates:
+        if job.run_id in present:
+            continue
+        run = job.placeholder()
+        if pipeline and run.pipeline != pipeline:
+            continue
+        if statuses and run.status not in statuses:
+            continue
+        if since is not None and run.created_at < since:
+            continue
+        if until is not None and run.created_at >= until:
+            continue
+        if text and not (
+            run.run_id.lower().startswith(text)
+            or text in run.pipeline.lower()
+            or text in (run.fork_node or "").lower()
+            or text in (run.error or "").lower()
+        ):
+            continue
+        out.append(run)
+    out.sort(key=lambda r: r.created_at, reverse=True)
+    return out
+
+
 def _own(run: RunRecord, action: str) -> None:
     who = access.current()
     if who.admin or (who.name is not None and who.name == run.created_by):
@@ -163,6 +213,11 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
         is gone is marked ``interrupted`` at once. 409 when it already finished."""
         run = ctx.resolve(run_id)
         _own(run, "cancel")
+        if run.is_sub_run:
+            raise RunBusy(
+                f"run {run.run_id[:12]} is a sub-run: it stops with the run that spawned it",
+                f"cancel run {str(run.spawning_run_id)[:12]} instead",
+            )
         who = access.current().name
         if run.status == "queued":
             progress.cancel_pending(run.run_id)
@@ -189,6 +244,13 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
         _own(run, "delete")
         if manager.is_active(run.run_id):
             raise progress_busy(run)
+        waiting = [j.run_id for j in manager.active() if j.parent_run_id == run.run_id]
+        if waiting:
+            raise RunBusy(
+                f"run {run.run_id[:12]} has a queued fork: {waiting[0][:12]}",
+                "a run a kept run descends from is never deleted; wait for the fork, then "
+                "delete it first",
+            )
         if not dry_run:
             await run_in_threadpool(store.reap_orphans, [run.run_id])
         deleted = await run_in_threadpool(lambda: delete_run(store, run.run_id, dry_run=dry_run))
