@@ -4,7 +4,8 @@ The process executing a run (a server's worker, a ``rewind run`` in a terminal, 
 worker) writes, at each top-level node start, which node it executes now onto the run's row
 (``runs.live_node``, ``live_position``, ``live_since``) and in the same transaction reads
 ``runs.cancel_requested`` — at most every :data:`WRITE_INTERVAL_S` per run (a start within it is
-written by a background thread at the end of the interval). So:
+written by a background thread at the end of the interval, which also reads the cancel flags of
+the runs in flight that often). So:
 
 - any server reading the same store shows the running node of a run it does not execute, and
   the tokens so far (the sum over the node rows committed so far: the recorder commits a
@@ -91,21 +92,20 @@ class _ProgressWriter:
     def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
         now = time.monotonic()
         with self.lock:
+            self._ensure_thread()
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
-            due = now - marks.last_write >= WRITE_INTERVAL_S
-            if not due:
+            if now - marks.last_write < WRITE_INTERVAL_S:
                 marks.waiting = (position, name, time.time())
-                self._ensure_thread()
                 self.lock.notify()
                 return marks.cancel
             marks.waiting = None
             marks.last_write = now
         asked = _write(store, run_id, position, name, time.time())
         with self.lock:
-            marks.cancel = asked
-        return asked
+            marks.cancel = asked or marks.cancel
+            return marks.cancel
 
     def _ensure_thread(self) -> None:
         if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
@@ -114,35 +114,67 @@ class _ProgressWriter:
             self.thread.start()
 
     def _loop(self) -> None:
+        """Write the waiting marks when their interval ends; between writes, read the cancel
+        flags of the runs this process executes every :data:`WRITE_INTERVAL_S` (one query per
+        store), so a cancel asked during a long node is seen by the next node start."""
+        last_poll = 0.0
         while True:
             with self.lock:
                 now = time.monotonic()
-                ready = [
-                    (rid, m)
-                    for rid, m in self.runs.items()
-                    if m.waiting is not None and now - m.last_write >= WRITE_INTERVAL_S
-                ]
-                waits = [
-                    WRITE_INTERVAL_S - (now - m.last_write)
-                    for m in self.runs.values()
-                    if m.waiting is not None
-                ]
-                if not ready:
-                    stale = [r for r, m in self.runs.items() if now - m.last_write > 600]
-                    for rid in stale:
-                        del self.runs[rid]
-                    self.lock.wait(timeout=min(waits) if waits else 60.0)
-                    continue
                 jobs = []
-                for rid, m in ready:
-                    assert m.waiting is not None
-                    jobs.append((rid, m, m.waiting))
-                    m.waiting = None
-                    m.last_write = now
+                for rid, m in self.runs.items():
+                    if m.waiting is not None and now - m.last_write >= WRITE_INTERVAL_S:
+                        jobs.append((rid, m, m.waiting))
+                        m.waiting = None
+                        m.last_write = now
+                poll = bool(self.runs) and now - last_poll >= WRITE_INTERVAL_S
+                watched = list(self.runs.items()) if poll else []
+                if not jobs and not poll:
+                    waits = [
+                        WRITE_INTERVAL_S - (now - m.last_write)
+                        for m in self.runs.values()
+                        if m.waiting is not None
+                    ]
+                    if self.runs:
+                        waits.append(WRITE_INTERVAL_S - (now - last_poll))
+                    self.lock.wait(timeout=max(0.005, min(waits)) if waits else 60.0)
+                    continue
             for rid, m, (position, name, since) in jobs:
                 asked = _write(m.store, rid, position, name, since)
                 with self.lock:
-                    m.cancel = asked
+                    m.cancel = asked or m.cancel
+            if poll:
+                last_poll = time.monotonic()
+                self._poll(watched)
+
+    def _poll(self, watched: list[tuple[str, _RunMarks]]) -> None:
+        by_store: dict[int, list[tuple[str, _RunMarks]]] = {}
+        for rid, m in watched:
+            by_store.setdefault(id(m.store), []).append((rid, m))
+        t = schema.runs
+        for items in by_store.values():
+            store = items[0][1].store
+            try:
+                with store.read() as conn:
+                    rows = {
+                        r.run_id: r
+                        for r in conn.execute(
+                            select(t.c.run_id, t.c.status, t.c.cancel_requested).where(
+                                t.c.run_id.in_([rid for rid, _ in items])
+                            )
+                        ).all()
+                    }
+            except Exception:  # a closed store, a lost connection: try again later
+                continue
+            with self.lock:
+                for rid, m in items:
+                    row = rows.get(rid)
+                    if row is not None and row.status != "running":
+                        if self.runs.get(rid) is m and m.waiting is None:
+                            del self.runs[rid]  # finished: stop watching it
+                        continue
+                    if row is not None and row.cancel_requested:
+                        m.cancel = _cancel_value(row.cancel_requested)
 
 
 _WRITER = _ProgressWriter()
@@ -163,10 +195,12 @@ def _write(
             asked = conn.execute(select(t.c.cancel_requested).where(t.c.run_id == run_id)).scalar()
     except Exception:  # a progress write must never break the run
         return None
-    if not asked:
-        return None
+    return _cancel_value(asked) if asked else None
+
+
+def _cancel_value(raw: str) -> dict[str, Any]:
     with contextlib.suppress(ValueError):
-        value = json.loads(asked)
+        value = json.loads(raw)
         if isinstance(value, dict):
             return value
     return {"by": None, "at": None}
@@ -177,9 +211,10 @@ def node_started(store: Store, run_id: str, position: int, name: str) -> dict[st
     whether a cancel was asked.
 
     The mark is written at once, or — within :data:`WRITE_INTERVAL_S` of the run's last write —
-    by a background thread at the end of the interval; the cancel request is the one the last
-    write read. Never raises for a store problem (progress must not break a run): it then
-    reports no cancel.
+    by a background thread at the end of the interval. The cancel request is the one last seen:
+    a cancel asked in this process is seen at once; one asked by another process within
+    :data:`WRITE_INTERVAL_S` (the background thread reads the flags that often). Never raises
+    for a store problem (progress must not break a run): it then reports no cancel.
 
     Returns:
         the cancel request (``{"by", "at"}``) when one was seen, else None.
@@ -207,7 +242,13 @@ def request_cancel(store: Store, run_id: str, by: str | None) -> bool:
             .where(and_(t.c.run_id == run_id, t.c.status == "running"))
             .values(cancel_requested=json.dumps({"by": by, "at": time.time()}))
         )
-    return bool(result.rowcount)
+    if not result.rowcount:
+        return False
+    with _WRITER.lock:  # a run this process executes sees it at its very next node start
+        marks = _WRITER.runs.get(run_id)
+        if marks is not None and marks.store is store:
+            marks.cancel = {"by": by, "at": time.time()}
+    return True
 
 
 def live_progress(store: Store, run_id: str) -> dict[str, Any]:
