@@ -644,7 +644,7 @@ def test_unknown_things_are_404_json(client: TestClient) -> None:
     assert_error(client.get("/api/diff", params={"a": rid}), 422, "InvalidRequest", "b")
     assert_error(client.get(f"/api/runs/{rid}/cost"), 422, "InvalidOverride", "against")
     assert_error(client.get("/api/no-such-route"), 404, "NotFound")
-    assert_error(client.delete(f"/api/runs/{rid}"), 405, "MethodNotAllowed")
+    assert_error(client.put(f"/api/runs/{rid}"), 405, "MethodNotAllowed")
 
 
 @pytest.mark.parametrize(
@@ -955,7 +955,7 @@ def test_every_status_class_carries_the_security_headers(
             "404 api": (c.get("/api/runs/nope"), 404),
             "404 route": (c.get("/api/no-such-route"), 404),
             "404 static": (c.get("/assets/missing.js", headers=anonymous), 404),
-            "405": (c.delete(f"/api/runs/{rid}"), 405),
+            "405": (c.put(f"/api/runs/{rid}"), 405),
             "421": (c.get("/api/health", headers={"Host": "evil.example"}), 421),
             "422": (c.get("/api/runs?limit=0"), 422),
         }

@@ -1508,6 +1508,102 @@ def gc_cmd(
     )
 
 
+@app.command("cancel")
+def cancel_cmd(
+    run_id: Annotated[str, typer.Argument(help="The running run (id or unique prefix).")],
+    store: StoreOpt = None,
+) -> None:
+    """Cancel a running run, whichever process executes it (a server, another `rewind run`):
+    it stops before its next node and ends `cancelled`; a run whose process is gone is marked
+    `interrupted` at once."""
+    from rewind import progress
+    from rewind.store import open_store
+
+    try:
+        location = _store()
+        _require_existing_store(location)
+        opened = open_store(location)
+    except RewindError as exc:
+        _fail(exc)
+    try:
+        run = opened.get_run(run_id)
+        if opened.reap_orphans([run.run_id]):
+            console.print(f"run {inert(run.run_id)}: its process is gone; marked interrupted")
+            return
+        if not progress.request_cancel(opened, run.run_id, os.environ.get("REWIND_USER")):
+            raise InvalidOverride(
+                f"run {run.run_id[:12]} already finished ({opened.get_run(run.run_id).status})",
+                "only a running run can be cancelled",
+            )
+    except RewindError as exc:
+        _fail(exc)
+    finally:
+        opened.close()
+    console.print(
+        f"cancel requested: run {inert(run.run_id)} stops before its next node "
+        "(a node already executing finishes first)"
+    )
+
+
+@app.command("delete")
+def delete_cmd(
+    run_id: Annotated[str, typer.Argument(help="The run to delete (id or unique prefix).")],
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete without asking for confirmation.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only check and print what would go.")
+    ] = False,
+    as_json: JsonOpt = False,
+    store: StoreOpt = None,
+) -> None:
+    """Delete a run for good (no archive), with gc's rules: never a run a kept run descends
+    from (delete its forks first), its sub-runs go with it, never a running run; then the blobs
+    no row names any more."""
+    from rewind.store import open_store
+    from rewind.store.retention import delete_run
+
+    try:
+        location = _store()
+        _require_existing_store(location)
+        opened = open_store(location, read_only=dry_run)
+    except RewindError as exc:
+        _fail(exc)
+    try:
+        run = opened.get_run(run_id)
+        if not dry_run:
+            opened.reap_orphans([run.run_id])  # a dead process's run is no longer running
+        plan = delete_run(opened, run.run_id, dry_run=True)
+        if not (dry_run or yes):
+            if not sys.stdin.isatty():
+                raise InvalidOverride(
+                    f"deleting run {run.run_id[:12]} needs a confirmation",
+                    "pass --yes (or --dry-run to see what would go)",
+                    field="yes",
+                )
+            subs = f" and its {len(plan.sub_runs)} sub-run(s)" if plan.sub_runs else ""
+            if not typer.confirm(f"Delete run {inert(run.run_id)}{subs} ({plan.rows} rows)?"):
+                raise SystemExit(1)
+        deleted = plan if dry_run else delete_run(opened, run.run_id)
+    except RewindError as exc:
+        _fail(exc)
+    finally:
+        opened.close()
+    if as_json:
+        _emit_json({"dry_run": dry_run} | deleted.to_json())
+        return
+    verb = "would delete" if dry_run else "deleted"
+    console.print(
+        f"{verb} run {inert(deleted.run_id)}: {deleted.rows} rows"
+        + (f", {len(deleted.sub_runs)} sub-run(s)" if deleted.sub_runs else "")
+    )
+    if not dry_run:
+        console.print(
+            f"  blobs deleted: {deleted.blobs_deleted} ({deleted.blob_bytes} bytes; "
+            f"{deleted.objects_deleted} in the object store)"
+        )
+
+
 def _require_existing_store(location: str) -> None:
     """Refuse a SQLite location holding no store (gc must not create an empty one)."""
     from rewind.store.store import DB_FILENAME

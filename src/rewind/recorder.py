@@ -40,6 +40,7 @@ from burr.core import State
 from burr.core.action import Action
 from burr.lifecycle import PostApplicationCreateHook, PostRunStepHook, PreRunStepHook
 
+from rewind import progress
 from rewind.cache import release_flights
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.context import (
@@ -280,6 +281,17 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             self.ctx.emit("node_started", position=self.position, name=action.name)
         except Exception as exc:
             self._fail("before", action, exc)
+        if not self.path:
+            # The running node goes to the store (other processes show it) and a cancel asked
+            # anywhere stops the run here, before the node executes (rewind.progress).
+            ctx = self.ctx
+            asked = progress.node_started(ctx.store, ctx.run_id, self.position, action.name)
+            if asked is not None:
+                who = f" by {asked['by']}" if asked.get("by") else ""
+                raise progress.RunCancelled(
+                    f"the run was cancelled{who} before node {self.position + 1} ({action.name})",
+                    "fork it from that node to continue",
+                )
 
     def post_run_step(
         self,

@@ -26,6 +26,7 @@ from typing import Any
 
 from burr.core import Application, ApplicationBuilder
 
+from rewind import progress
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.drift import GraphDrift, compare_graphs
@@ -855,9 +856,13 @@ class Rewind:
         ctx.emit("run_started", run_id=ctx.run_id)
         error: str | None = None
         unavailable: RewindError | None = None
+        cancelled: progress.RunCancelled | None = None
         try:
             with activate(ctx):
                 drive(app, launch, input_overrides)
+        except progress.RunCancelled as exc:
+            recorder.close()
+            cancelled = exc
         except Exception as exc:
             recorder.close()
             error = _first_line(exc)
@@ -882,7 +887,10 @@ class Rewind:
         recorder.close()
         if error is None and recorder.errors:
             error = recorder.errors[0]
-        self.store.finish_run(ctx.run_id, "failed" if error else "completed", error=error)
+        status = "failed" if error else "completed"
+        if cancelled is not None:
+            status, error = progress.CANCELLED, cancelled.message
+        self.store.finish_run(ctx.run_id, status, error=error)
         run = self.store.get_run(ctx.run_id)
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:

@@ -2,8 +2,8 @@
 // #/failures, #/settings), the runs sidebar, and the selected run or trace.
 import { useCallback, useEffect, useState } from "react";
 import { api, ApiError, getToken } from "./api";
-import type { RunsResponse } from "./types";
-import { RunsList } from "./components/RunsList";
+import type { RunFilters, RunsResponse } from "./types";
+import { filterQuery, NO_FILTERS, RunsList } from "./components/RunsList";
 import { RunView, TABS, type Tab } from "./components/RunView";
 import { Settings } from "./components/Settings";
 import { FailuresView } from "./components/FailuresView";
@@ -42,6 +42,7 @@ export default function App() {
   const [route, setRoute] = useState<Route>(() => parseRoute(window.location.hash));
   const [runs, setRuns] = useState<RunsResponse>({ runs: [], tree: [] });
   const [error, setError] = useState<ApiError | null>(null);
+  const [filters, setFilters] = useState<RunFilters>(NO_FILTERS);
 
   useEffect(() => {
     const onHash = () => setRoute(parseRoute(window.location.hash));
@@ -50,13 +51,13 @@ export default function App() {
   }, []);
 
   const loadRuns = useCallback(() => {
-    api<RunsResponse>("/api/runs")
+    api<RunsResponse>(`/api/runs${filterQuery(filters)}`)
       .then((r) => {
         setRuns(r);
         setError(null);
       })
       .catch((e) => setError(e instanceof ApiError ? e : new ApiError(0, String(e))));
-  }, []);
+  }, [filters]);
 
   useEffect(() => {
     loadRuns();
@@ -108,9 +109,12 @@ export default function App() {
         <aside className="max-h-[30vh] w-full shrink-0 overflow-y-auto border-b border-slate-200 bg-slate-50 p-2 md:max-h-none md:w-80 md:border-b-0 md:border-r">
           <RunsList
             runs={runs.runs}
+            subRuns={runs.sub_runs ?? []}
             tree={runs.tree}
             selected={route.runId}
             onSelect={(id) => navigate(id, "graph", null)}
+            filters={filters}
+            onFilters={setFilters}
           />
         </aside>
         <main className="min-h-0 min-w-0 flex-1 overflow-y-auto p-2 sm:p-4">

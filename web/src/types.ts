@@ -1,6 +1,6 @@
 // Shapes of Rewind's HTTP API (see /openapi.json and src/rewind/api/views.py).
 
-export type RunStatus = "queued" | "running" | "completed" | "failed" | "interrupted";
+export type RunStatus = "queued" | "running" | "completed" | "failed" | "interrupted" | "cancelled";
 export type NodeStatus =
   | "inherited"
   | "hit"
@@ -39,6 +39,10 @@ export interface Run {
   config: Record<string, unknown>;
   // how a Burr app run was launched: runtime inputs and halt conditions (forks replay them)
   launch?: { inputs?: Record<string, unknown>; halt_after?: string[]; halt_before?: string[] };
+  // the run of a Burr sub-application: the run and node (1-based) that spawned it
+  spawning_run_id?: string | null;
+  spawning_number?: number | null;
+  created_by?: string | null;
 }
 
 export interface Artifact {
@@ -55,14 +59,38 @@ export interface RunDetail extends Run {
   live: boolean;
 }
 
+/** A grid or stability job whose runs the runs list groups (GET /api/runs, tree). */
+export interface JobGroupInfo {
+  id: string;
+  kind: "grid" | "stability";
+  batch: string;
+  parent_run_id: string | null;
+  count: number;
+  statuses: Record<string, number>;
+}
+
+/** A run of the runs tree (run_id set), or a job group (run_id null, job set). */
 export interface TreeItem {
-  run_id: string;
+  run_id: string | null;
   children: TreeItem[];
+  jobs?: TreeItem[];
+  sub_runs?: TreeItem[];
+  job?: JobGroupInfo;
 }
 
 export interface RunsResponse {
   runs: Run[];
+  sub_runs?: Run[];
   tree: TreeItem[];
+}
+
+/** Filters of the runs list (query parameters of GET /api/runs). */
+export interface RunFilters {
+  q: string;
+  pipeline: string;
+  status: string;
+  since: string; // yyyy-mm-dd (local day start), or ""
+  until: string; // yyyy-mm-dd (inclusive day), or ""
 }
 
 export interface Call {
@@ -185,6 +213,16 @@ export interface NodeDetail {
   input: Record<string, unknown>;
   output: Record<string, unknown>;
   state: Record<string, unknown> | null;
+  /** Per param, the values the pipeline allows a fork to give it (where it declares them). */
+  param_hints?: Record<string, ParamHint>;
+}
+
+export interface ParamHint {
+  choices?: unknown[];
+  type?: "number" | "integer";
+  min?: number;
+  max?: number;
+  description?: string;
 }
 
 export interface DiffChange {

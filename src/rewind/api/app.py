@@ -38,14 +38,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 
 import rewind
+from rewind import progress
 from rewind.api import access, calls_view, views
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
 from rewind.api.effective import effective_config
+from rewind.api.manage import (
+    NotOwner,
+    RunStatusFilter,
+    live_run_json,
+    manage_routes,
+    run_tree,
+    unrecorded_runs,
+)
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import QueueRunManager, ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
 from rewind.api.security import bearer_token, cross_site_reason
 from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
+from rewind.engine.plan import param_hints
 from rewind.errors import (
     EndpointUnavailable,
     ForkError,
@@ -98,6 +108,7 @@ _STATUS = {
     StoreError: 500,
     QueueUnavailable: 503,
     JobError: 422,
+    NotOwner: 403,
 }
 
 CSP = (
@@ -624,6 +635,7 @@ def create_app(
     _install_error_handlers(app)
     ctx.auth_on = _install_security(app, token, allowed_hosts, st, require_auth=require_auth)
     app.include_router(_api_routes(ctx))
+    app.include_router(manage_routes(ctx))
     from rewind.tracing.service import trace_router
 
     app.include_router(trace_router(st, chat_client=chat_client))
@@ -833,25 +845,65 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
 
     @r.get("/runs", tags=["runs"], responses=error_responses(422))
     def list_runs(
-        limit: Annotated[int, Query(ge=1, le=1000)] = 200, include_sub_runs: bool = False
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+        include_sub_runs: bool = False,
+        pipeline: Annotated[str | None, Query(max_length=200, description="exact name")] = None,
+        status: Annotated[
+            list[RunStatusFilter] | None, Query(description="repeat for several statuses")
+        ] = None,
+        since: Annotated[float | None, Query(description="created at or after (unix s)")] = None,
+        until: Annotated[float | None, Query(description="created before (unix s)")] = None,
+        q: Annotated[
+            str | None,
+            Query(
+                max_length=200,
+                description="run id prefix, or text in the pipeline, fork node, override, error",
+            ),
+        ] = None,
     ) -> dict[str, Any]:
-        """Runs, newest first, and their fork tree (a run with a parent nests under it). The
-        runs of Burr sub-applications only with ``include_sub_runs`` (``GET /api/runs/{id}``
-        lists them under the node that spawned them)."""
+        """Runs the requester may see, newest first, filtered (``pipeline``, ``status``,
+        ``since``/``until``, ``q``), and their tree: a fork nests under its parent, grid
+        variants and stability samples under their job, sub-runs (Burr sub-applications)
+        under the run that spawned them (``sub_runs`` of the run's tree item; the top-level
+        ``sub_runs`` holds their records). ``include_sub_runs`` lists sub-runs in ``runs`` and
+        matches them against the filters too. Runs carry no tags, so there is no tag filter."""
         who = access.current()
+        statuses = [s.value for s in status] if status else None
         records = store.list_runs(
             limit,
             include_sub_runs=include_sub_runs,
             created_by=None if who.admin else who.sees,
+            pipeline=pipeline,
+            statuses=statuses,
+            created_after=since,
+            created_before=until,
+            search=q,
         )
+        if statuses:  # a dead process's "running" run reads as interrupted
+            records = [r for r in records if r.status in statuses]
         known = {r.run_id for r in records}
+        # runs this server accepted that have no row: queued, or failed before they started
+        # (listed like any other failed run, never vanishing)
         queued = visible(
-            j.placeholder()
-            for j in manager.active()
-            if j.run_id not in known and _row_missing(store, j.run_id)
+            unrecorded_runs(
+                store,
+                manager.jobs(),
+                known,
+                pipeline=pipeline,
+                statuses=statuses,
+                since=since,
+                until=until,
+                q=q,
+            )
         )
-        runs = [views.run_json(x) for x in queued + records]
-        return {"runs": runs, "tree": views.fork_tree(runs)}
+        subs = [
+            r
+            for r in visible(store.sub_runs_of([r.run_id for r in records]))
+            if r.run_id not in known
+        ]
+        runs = [views.run_json(x) for x in queued] + [live_run_json(ctx, x) for x in records]
+        sub_runs = [live_run_json(ctx, x) for x in subs]
+        return {"runs": runs, "sub_runs": sub_runs, "tree": run_tree(runs + sub_runs)}
 
     @r.post(
         "/runs",
@@ -919,7 +971,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             if not who.can_see(current.created_by):
                 break  # a fork of a run shared no longer: its chain stops here for this user
             ancestors.append(views.run_json(current))
-        return views.run_json(run) | {
+        return live_run_json(ctx, run) | {
             "ancestors": ancestors,
             "children": [views.run_json(c) for c in visible(store.children(run.run_id))],
             # runs of the Burr sub-applications its nodes spawned, by node number
@@ -950,7 +1002,12 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         nodes = store.nodes_of(run.run_id)
         if run.status == "running" or (job is not None and job.state != "done"):
             run = manager.resolve(run.run_id)
-        return views.graph_json(run, nodes, edges, live_finished=finished, running=running)
+        if run.status == "running" and running is None:
+            # executed by another process (a `rewind run`, a worker): the store says which node
+            running = progress.live_progress(store, run.run_id)["node"]
+        out = views.graph_json(run, nodes, edges, live_finished=finished, running=running)
+        out["run"] = live_run_json(ctx, run)
+        return out
 
     @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP)
     def list_nodes(run_id: str) -> dict[str, Any]:
@@ -969,7 +1026,8 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP)
     def get_node(run_id: str, node: str) -> dict[str, Any]:
         """One node (name, ``name#k`` or 1-based number): its row, the inputs it read, the
-        output it wrote and the semantic state after it."""
+        output it wrote, the semantic state after it, and ``param_hints``: per param, the values
+        the pipeline allows (``choices``; ``type``/``min``/``max``), where it declares them."""
         run, n = _node_of(ctx, run_id, node)
         rw = ctx.session()
         spawned = node_sub_runs(store, run.run_id).get(n.position, [])
@@ -984,6 +1042,8 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "input": display(rw.node_input(n)),
             "output": display(rw.node_output(n)),
             "state": _node_state(rw, n),
+            # the values a fork may give each param, where the pipeline declares them
+            "param_hints": param_hints(rw, run.run_id, n.position + 1),
         }
 
     @r.get("/runs/{run_id}/nodes/{node}/calls", tags=["nodes"], responses=_LOOKUP)
@@ -1171,14 +1231,6 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     return r
 
 
-def _row_missing(store: Store, run_id: str) -> bool:
-    try:
-        store.get_run(run_id)
-        return False
-    except UnknownRun:
-        return True
-
-
 def _submit_fork(
     ctx: ServerContext,
     parent: RunRecord,
@@ -1275,13 +1327,22 @@ async def _follow_store(
     ctx: ServerContext, run_id: str, request: Request
 ) -> AsyncIterator[dict[str, Any]]:
     """Follow a run another process executes by polling the store once a second."""
-    seen = -1
+    seen: tuple[Any, ...] | None = None
     while not await request.is_disconnected():
         run = await run_in_threadpool(ctx.manager.resolve, run_id)
-        count = len(await run_in_threadpool(ctx.store.nodes_of, run_id, with_calls=False))
-        if count != seen:
-            seen = count
-            yield {"event": "refresh", "run_id": run_id, "nodes": count, "seq": 0}
+        now = await run_in_threadpool(progress.live_progress, ctx.store, run_id)
+        node = now["node"] or {}
+        key = (now["nodes"], node.get("position"), now["tokens"])
+        if key != seen:
+            seen = key
+            yield {
+                "event": "refresh",
+                "run_id": run_id,
+                "nodes": now["nodes"],
+                "running": now["node"],
+                "tokens": now["tokens"],
+                "seq": 0,
+            }
         if run.status not in views.ACTIVE_STATUSES:
             yield {"event": "run_finished", "run_id": run_id, "status": run.status, "seq": 0}
             return

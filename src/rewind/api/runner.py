@@ -239,6 +239,18 @@ class RunManager(_WorkerPool):
         with self._lock:
             return self._jobs.get(run_id)
 
+    def jobs(self) -> list[RunJob]:
+        """Every job this server still remembers (queued, running, done), oldest first."""
+        with self._lock:
+            return sorted(self._jobs.values(), key=lambda j: j.submitted_at)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a finished job (its run was deleted: the id must read as unknown again)."""
+        with self._lock:
+            job = self._jobs.get(run_id)
+            if job is not None and job.state == "done":
+                del self._jobs[run_id]
+
     def active(self) -> list[RunJob]:
         """Jobs queued or running."""
         with self._lock:

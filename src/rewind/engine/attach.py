@@ -44,6 +44,11 @@ class Pipeline:
         param_check: optional ``(node, param, value, node_input) -> error message | None``;
             a fork calls it before anything is written, so a param value the node cannot use is
             refused up front (``node_input`` is the node's recorded input document, decoded).
+        param_hints: optional ``(node, param, node_input) -> hint | None``: the values a param
+            may take, for people choosing an override (the UI's node editor) — ``{"choices":
+            [...]}`` and/or ``{"type": "number"|"integer", "min": x, "max": y}``, plus an
+            optional ``"description"``. A fork refuses a value outside a declared hint before
+            anything is written (:func:`rewind.engine.plan.param_hints`).
         initial_state: the state a run starts from when ``Rewind.record`` gets none (an app's
             ``with_state(...)``/``initialize_from(default_state=...)``); Burr's ``__`` keys removed.
         hooks: the app's own Burr lifecycle adapters, added to every run's app.
@@ -63,6 +68,7 @@ class Pipeline:
     tracker: Any = None
     typing_system: Any = None
     executor_factory: Callable[[], Any] | None = None
+    param_hints: Callable[[str, str, dict[str, Any]], dict[str, Any] | None] | None = None
 
     def node_names(self) -> list[str]:
         """Names of the graph's nodes."""

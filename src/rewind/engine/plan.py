@@ -526,18 +526,87 @@ def _check_param(
     Raises:
         InvalidOverride: it cannot (the message is the pipeline's).
     """
-    if pipeline.param_check is None:
+    if pipeline.param_check is None and pipeline.param_hints is None:
         return
     target = next(n for n in nodes[idx:] if n.name == override.node)
-    problem = pipeline.param_check(
-        override.node, override.param, override.value, rw.node_input(target)
-    )
+    node_input = rw.node_input(target)
+    problem = None
+    if pipeline.param_check is not None:
+        problem = pipeline.param_check(override.node, override.param, override.value, node_input)
+    if not problem:
+        problem = hint_problem(
+            _declared_hint(pipeline, override.node, override.param, node_input), override.value
+        )
     if problem:
         raise InvalidOverride(
             f"{override.node}.{override.param}={json.dumps(override.value)}: {problem}",
             "",
             field=field,
         )
+
+
+def _declared_hint(
+    pipeline: Pipeline, node: str, param: str, node_input: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The pipeline's ``param_hints`` for one param (None: nothing declared, or the hook
+    failed: a hint is advice, it never breaks a fork by raising)."""
+    if pipeline.param_hints is None:
+        return None
+    try:
+        hint = pipeline.param_hints(node, param, node_input)
+    except Exception:  # a pipeline's hook must not turn a fork into a crash
+        return None
+    return dict(hint) if isinstance(hint, Mapping) else None
+
+
+def hint_problem(hint: Mapping[str, Any] | None, value: Any) -> str | None:
+    """Why ``value`` is outside a declared param hint (``choices``, ``type``, ``min``,
+    ``max``), or None when it fits (or nothing is declared)."""
+    if not hint:
+        return None
+    choices = hint.get("choices")
+    if isinstance(choices, list) and choices and value not in choices:
+        shown = ", ".join(json.dumps(c) for c in choices[:20])
+        return f"allowed values: {shown}" + (" …" if len(choices) > 20 else "")
+    kind = hint.get("type")
+    if kind in ("number", "integer"):
+        is_num = isinstance(value, int | float) and not isinstance(value, bool)
+        if not is_num or (kind == "integer" and not isinstance(value, int)):
+            return f"must be {'an integer' if kind == 'integer' else 'a number'}"
+        low, high = hint.get("min"), hint.get("max")
+        if (low is not None and value < low) or (high is not None and value > high):
+            return f"must be from {low} to {high}"
+    return None
+
+
+def param_hints(rw: Rewind, run_id: str, at: str | int) -> dict[str, dict[str, Any]]:
+    """The declared hints of each param a node execution recorded (what a fork at it may set),
+    from the run's pipeline's ``param_hints``: ``{param: hint}``; params without a hint are
+    left out.
+
+    Args:
+        rw: the session (its registered pipelines, or the run's ``pipeline_ref``).
+        run_id: the run (id or unique prefix).
+        at: the node (name, ``name#k`` or 1-based number).
+    Raises:
+        UnknownRun, UnknownNode: as :func:`plan_fork`.
+    """
+    run = rw.store.get_run(run_id)
+    nodes = rw.store.nodes_of(run.run_id, with_calls=False)
+    node = nodes[resolve_node(run, nodes, at)]
+    try:
+        pipeline = rw.pipeline_of(run)
+    except RewindError:
+        return {}  # its code cannot be imported here: no hints (a fork would say why)
+    if pipeline.param_hints is None:
+        return {}
+    node_input = rw.node_input(node)
+    out: dict[str, dict[str, Any]] = {}
+    for name in node.params:
+        hint = _declared_hint(pipeline, node.name, name, node_input)
+        if hint:
+            out[name] = hint
+    return out
 
 
 def _source(

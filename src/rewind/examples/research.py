@@ -212,6 +212,26 @@ def check_param(node: str, name: str, value: Any, node_input: dict[str, Any]) ->
     return None
 
 
+def param_hints(node: str, name: str, node_input: dict[str, Any]) -> dict[str, Any] | None:
+    """The values a fork may give a param (the node editor offers them; a fork refuses others):
+    ``analyse.group_by`` — the groupings the node's recorded selection provides; ``aggregate``
+    — :data:`weather.AGGREGATES`; ``temperature`` a number in [0, 2]; ``max_tokens`` an integer
+    in [1, 4096]."""
+    if name == "temperature":
+        return {"type": "number", "min": 0, "max": 2, "description": "sampling temperature"}
+    if name == "max_tokens":
+        return {"type": "integer", "min": 1, "max": 4096, "description": "answer length cap"}
+    if node == "analyse" and name == "aggregate":
+        return {"choices": list(weather.AGGREGATES), "description": "applied within each group"}
+    if node == "analyse" and name == "group_by":
+        selection = node_input.get("reads", {}).get("selection")
+        if isinstance(selection, dict):
+            choices = weather.selection_group_bys(selection)
+            if choices:
+                return {"choices": choices, "description": "how the rows are grouped"}
+    return None
+
+
 def build() -> Pipeline:
     """The demo pipeline (a fresh graph each call)."""
     graph = (
@@ -236,6 +256,7 @@ def build() -> Pipeline:
         ref="rewind.examples.research:build",
         halt_after=("publish",),
         param_check=check_param,
+        param_hints=param_hints,
     )
 
 

@@ -753,7 +753,9 @@ def _decimals(values: Iterable[float]) -> int:
     return max(2, min(6, 2 - math.floor(math.log10(largest))))
 
 
-def _selection_group_bys(selection: Mapping[str, Any]) -> list[str]:
+def selection_group_bys(selection: Mapping[str, Any]) -> list[str]:
+    """Group-bys a selection (the output of :func:`research`) provides: the date groupings when
+    it has dates, then its categorical columns."""
     has_date = isinstance(selection.get("dates"), list)
     categories = selection.get("categories") or {}
     return (list(DATE_GROUP_BYS) if has_date else []) + [
@@ -817,7 +819,7 @@ def analyse(selection: dict[str, Any], *, group_by: str, aggregate: str) -> dict
     if not isinstance(selection, Mapping) or not isinstance(selection.get("values"), list):
         raise DataError("selection has no 'values' list; pass the output of research()")
     _check_aggregate(aggregate)
-    group_bys = _selection_group_bys(selection)
+    group_bys = selection_group_bys(selection)
     _check_group_by(group_bys, group_by, isinstance(selection.get("dates"), list))
     values = pd.Series(selection["values"], dtype="float64")
     if group_by in DATE_GROUP_BYS:

@@ -60,14 +60,14 @@ from sqlalchemy import Connection, Table, delete, func, insert, select, text, up
 from sqlalchemy.exc import IntegrityError
 
 from rewind.canonical import sha256_hex
-from rewind.errors import RewindError, StoreError, UnknownRun
+from rewind.errors import RewindError, RunBusy, StoreError, UnknownRun
 from rewind.store import schema
 from rewind.store.objects import ObjectStore
 from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store
 
 ARCHIVE_FORMAT = "rewind-run-archive"
 ARCHIVE_VERSION = 1
-ARCHIVABLE_STATUSES = ("completed", "failed")
+ARCHIVABLE_STATUSES = ("completed", "failed", "cancelled")
 """Statuses of runs gc may archive; ``running`` and ``interrupted`` runs are left alone."""
 
 RUN_TABLES: tuple[tuple[Table, str], ...] = (
@@ -480,11 +480,7 @@ def _archive_and_delete(
         with store.write() as conn:
             if _run_rows(conn, run_id) != doc["tables"]:
                 raise _Skip("its rows changed during the gc (an audit, an artifact)")
-            conn.execute(insert(schema.archive_permits).values(run_id=run_id))
-            for table, column in RUN_TABLES:
-                conn.execute(delete(table).where(table.c[column] == run_id))
-            permits = schema.archive_permits
-            conn.execute(delete(permits).where(permits.c.run_id == run_id))
+            _delete_run_rows(conn, run_id)
             conn.execute(
                 insert(schema.archived_runs).values(
                     run_id=run_id,
@@ -501,12 +497,27 @@ def _archive_and_delete(
             )
     except IntegrityError as exc:  # a fork of it was recorded after the plan
         raise _Skip("a run recorded during the gc refers to it") from exc
-    for row in doc["tables"].get("artifacts", []):
+    _remove_artifact_files(store, doc["tables"].get("artifacts", []))
+    return ref
+
+
+def _delete_run_rows(conn: Connection, run_id: str) -> None:
+    """Delete a run's rows from every run-scoped table inside ``conn``'s transaction, under a
+    permit row (node rows are immutable otherwise, rule 7)."""
+    conn.execute(insert(schema.archive_permits).values(run_id=run_id))
+    for table, column in RUN_TABLES:
+        conn.execute(delete(table).where(table.c[column] == run_id))
+    permits = schema.archive_permits
+    conn.execute(delete(permits).where(permits.c.run_id == run_id))
+
+
+def _remove_artifact_files(store: Store, rows: Iterable[dict[str, Any]]) -> None:
+    """Remove a deleted run's artifact files (and its folder, once empty)."""
+    for row in rows:
         path = store.root / row["path"]
         path.unlink(missing_ok=True)
-        with suppress(OSError):  # the run's folder, once empty
+        with suppress(OSError):
             path.parent.rmdir()
-    return ref
 
 
 def _read_archive(target: ObjectStore | None, ref: str, digest: str) -> dict[str, Any]:
@@ -537,6 +548,131 @@ def _objects_of(ref: str, archive: ObjectStore | None) -> ObjectStore:
     if archive is not None and ref.startswith(archive.url + "/"):
         return archive
     return ObjectStore(ref.rsplit("/archive/runs/", 1)[0])
+
+
+# -- delete ------------------------------------------------------------------------------------
+class RunInUse(RunBusy):
+    """A run cannot be deleted: it is running, a kept run descends from it, or it is a sub-run
+    (it goes only with the run that spawned it)."""
+
+
+@dataclass(frozen=True)
+class DeletedRun:
+    """What :func:`delete_run` removed: the run and the sub-runs its nodes spawned (deepest
+    first), their rows over every run-scoped table, and the blobs no row named afterwards
+    (``blob_bytes`` uncompressed)."""
+
+    run_id: str
+    sub_runs: tuple[str, ...]
+    rows: int
+    blobs_deleted: int
+    blob_bytes: int
+    objects_deleted: int
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON values (the API's answer, ``rewind delete --json``)."""
+        return asdict(self) | {"sub_runs": list(self.sub_runs)}
+
+
+def delete_run(store: Store, run_id: str, *, dry_run: bool = False) -> DeletedRun:
+    """Delete a run for good (no archive) with gc's rules: never a run a kept run descends
+    from (a fork of it, stored or archived), a sub-run only with the run that spawned it (they
+    go together), never a ``running`` run; then the blobs no row names any more, as gc sweeps
+    them.
+
+    Args:
+        store: a writable store.
+        run_id: the run's full id.
+        dry_run: check and count, delete nothing.
+    Raises:
+        UnknownRun: no such run.
+        RunInUse: a sub-run, a running run (or one of its sub-runs running), or a run with forks
+            (their ids in the message); nothing is deleted.
+        StoreError: the store is read-only.
+    """
+    if store.read_only and not dry_run:
+        raise StoreError(f"the store at {store.root} is open read-only", "open it writable")
+    with store.read() as conn:
+        doomed, artifacts, count = _deletion_plan(conn, run_id)
+    if dry_run:
+        return DeletedRun(doomed[-1], tuple(doomed[:-1]), count, 0, 0, 0)
+    try:
+        with store.write() as conn:
+            doomed, artifacts, count = _deletion_plan(conn, run_id)  # again, under the lock
+            for rid in doomed:
+                _delete_run_rows(conn, rid)
+    except IntegrityError as exc:  # a fork of it was recorded meanwhile (PostgreSQL)
+        raise RunInUse(
+            f"run {run_id[:12]} got a fork while it was being deleted",
+            "delete the fork first",
+        ) from exc
+    _remove_artifact_files(store, artifacts)
+    report = GcReport(False, 0.0, time.time(), "")
+    _sweep_blobs(store, report)
+    return DeletedRun(
+        doomed[-1],
+        tuple(doomed[:-1]),
+        count,
+        report.blobs_deleted,
+        report.blob_bytes,
+        report.objects_deleted,
+    )
+
+
+def _deletion_plan(conn: Connection, run_id: str) -> tuple[list[str], list[dict[str, Any]], int]:
+    """(the run and its sub-runs, deepest first with the run last; their artifact rows; their
+    row count) — or RunInUse / UnknownRun."""
+    t = schema.runs
+    row = conn.execute(select(t).where(t.c.run_id == run_id)).first()
+    if row is None:
+        raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
+    if row.spawning_run_id:
+        raise RunInUse(
+            f"run {run_id[:12]} is a sub-run: it goes only with the run that spawned it",
+            f"delete run {row.spawning_run_id[:12]} instead",
+        )
+    family = [run_id]
+    frontier = [run_id]
+    while frontier:  # the sub-runs its nodes spawned, and theirs
+        subs = conn.execute(select(t.c.run_id).where(t.c.spawning_run_id.in_(frontier))).all()
+        frontier = [r[0] for r in subs if r[0] not in family]
+        family.extend(frontier)
+    members = set(family)
+    rows = conn.execute(select(t.c.run_id, t.c.status).where(t.c.run_id.in_(family))).all()
+    running = sorted(r.run_id for r in rows if r.status in ("running", "queued"))
+    if running:
+        raise RunInUse(
+            f"run {running[0][:12]} is still running",
+            "cancel it (or wait for it to finish), then delete it",
+        )
+    forks = sorted(
+        r[0]
+        for r in conn.execute(select(t.c.run_id).where(t.c.parent_run_id.in_(family))).all()
+        if r[0] not in members
+    )
+    a = schema.archived_runs
+    forks += sorted(
+        r[0]
+        for r in conn.execute(select(a.c.run_id).where(a.c.parent_run_id.in_(family))).all()
+        if r[0] not in members
+    )
+    if forks:
+        shown = ", ".join(f[:12] for f in forks[:5]) + (" …" if len(forks) > 5 else "")
+        raise RunInUse(
+            f"run {run_id[:12]} has {len(forks)} fork(s) that descend from it: {shown}",
+            "a run a kept run descends from is never deleted; delete its forks first",
+        )
+    count = 0
+    artifacts: list[dict[str, Any]] = []
+    for table, column in RUN_TABLES:
+        count += conn.execute(
+            select(func.count()).select_from(table).where(table.c[column].in_(family))
+        ).scalar_one()
+    art = schema.artifacts
+    artifacts = [
+        dict(r._mapping) for r in conn.execute(select(art).where(art.c.run_id.in_(family))).all()
+    ]
+    return list(reversed(family)), artifacts, count
 
 
 # -- restore -----------------------------------------------------------------------------------
@@ -791,13 +927,16 @@ __all__ = [
     "ARCHIVABLE_STATUSES",
     "RUN_TABLES",
     "ArchivedRun",
+    "DeletedRun",
     "GcReport",
     "InvalidAge",
     "RestoredRun",
+    "RunInUse",
     "archive_store",
     "archived_runs",
     "bump_blob_epoch",
     "collect_garbage",
+    "delete_run",
     "parse_age",
     "restore_run",
 ]

@@ -44,7 +44,7 @@ runs = Table(
     Column("run_id", String(64), primary_key=True),
     Column("pipeline", String(200), nullable=False),
     Column("pipeline_ref", String(400), nullable=False, default=""),
-    Column("status", String(16), nullable=False),  # running | completed | failed | interrupted
+    Column("status", String(16), nullable=False),  # running|completed|failed|interrupted|cancelled
     Column("parent_run_id", String(64), ForeignKey("runs.run_id"), nullable=True),
     Column("fork_node", String(200), nullable=True),
     Column("fork_position", Integer, nullable=True),
@@ -70,6 +70,13 @@ runs = Table(
     # The user the run belongs to (rewind.store.users): the API's authenticated user, the CLI's
     # REWIND_USER, or None (an unowned local run: only admins see it over an API with users).
     Column("created_by", String(64), nullable=True, index=True),
+    # What the run executes now, written by its executing process at each node start (migration
+    # 0008; rewind.progress): a server that does not execute the run shows it from here.
+    Column("live_node", String(200), nullable=True),
+    Column("live_position", Integer, nullable=True),
+    Column("live_since", Float, nullable=True),
+    # JSON {"by", "at"} once a cancel was asked; the executing process stops at its next node.
+    Column("cancel_requested", Text, nullable=True),
 )
 
 nodes = Table(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import Connection, Engine, and_, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
@@ -612,15 +612,45 @@ class Store:
         *,
         include_sub_runs: bool = False,
         created_by: Collection[str] | None = None,
+        pipeline: str | None = None,
+        statuses: Collection[str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]:
         """Most recent runs first; the runs of Burr sub-applications only with
         ``include_sub_runs`` (they are listed under the node that spawned them); with
-        ``created_by``, only runs created by those users."""
-        query = select(schema.runs)
+        ``created_by``, only runs created by those users.
+
+        Filters (all optional, combined with AND): ``pipeline`` (exact name), ``statuses``,
+        ``created_after`` / ``created_before`` (unix seconds, inclusive / exclusive), ``search``
+        (case-insensitive: a run id prefix, or a substring of the pipeline, the fork node, the
+        override or the error)."""
+        t = schema.runs
+        query = select(t)
         if not include_sub_runs:
-            query = query.where(schema.runs.c.spawning_run_id.is_(None))
+            query = query.where(t.c.spawning_run_id.is_(None))
         if created_by is not None:
-            query = query.where(schema.runs.c.created_by.in_(list(created_by)))
+            query = query.where(t.c.created_by.in_(list(created_by)))
+        if pipeline:
+            query = query.where(t.c.pipeline == pipeline)
+        if statuses:
+            query = query.where(t.c.status.in_(list(statuses)))
+        if created_after is not None:
+            query = query.where(t.c.created_at >= created_after)
+        if created_before is not None:
+            query = query.where(t.c.created_at < created_before)
+        if search:
+            q = search.lower()
+            query = query.where(
+                or_(
+                    func.lower(t.c.run_id).startswith(q, autoescape=True),
+                    *(
+                        func.lower(col).contains(q, autoescape=True)
+                        for col in (t.c.pipeline, t.c.fork_node, t.c.override_json, t.c.error)
+                    ),
+                )
+            )
         with self.read() as conn:
             rows = conn.execute(query.order_by(schema.runs.c.created_at.desc()).limit(limit)).all()
         return self._with_audits([self._run_record(r) for r in rows])
@@ -636,6 +666,32 @@ class Store:
             rows = conn.execute(query).all()
         found = [self._run_record(r) for r in rows]
         found.sort(key=lambda r: (r.spawning_position or 0, _key_order(r.spawn_key or "")))
+        return self._with_audits(found)
+
+    def sub_runs_of(self, run_ids: Collection[str]) -> list[RunRecord]:
+        """The sub-runs spawned by any of ``run_ids``, and theirs in turn (every level), by
+        spawning run, node position, then spawn key."""
+        t = schema.runs
+        found: list[RunRecord] = []
+        seen = set(run_ids)
+        frontier = sorted(seen)
+        with self.read() as conn:
+            while frontier:
+                rows: list[Any] = []
+                for i in range(0, len(frontier), _IN_CHUNK):
+                    chunk = frontier[i : i + _IN_CHUNK]
+                    rows += conn.execute(select(t).where(t.c.spawning_run_id.in_(chunk))).all()
+                level = [self._run_record(r) for r in rows if r.run_id not in seen]
+                seen.update(r.run_id for r in level)
+                found += level
+                frontier = [r.run_id for r in level]
+        found.sort(
+            key=lambda r: (
+                r.spawning_run_id or "",
+                r.spawning_position or 0,
+                _key_order(r.spawn_key or ""),
+            )
+        )
         return self._with_audits(found)
 
     def run_exists(self, run_id: str) -> bool:

@@ -2,7 +2,7 @@
 // submit), fork there.
 import { useEffect, useMemo, useState } from "react";
 import { api, ApiError } from "../api";
-import type { NodeDetail, Run } from "../types";
+import type { NodeDetail, ParamHint, Run } from "../types";
 import { LiveConfirm } from "./LiveConfirm";
 import { toText } from "./TextBlock";
 
@@ -25,6 +25,39 @@ function parseJson(text: string): { ok: true; value: unknown } | { ok: false; er
   } catch (e) {
     return { ok: false, error: `not valid JSON: ${(e as Error).message}` };
   }
+}
+
+/** The values the pipeline allows for a param: clickable choices, or a number range. */
+function ParamHintView({ hint, text, onPick }: { hint: ParamHint; text: string; onPick: (json: string) => void }) {
+  const range =
+    hint.type !== undefined
+      ? `${hint.type === "integer" ? "an integer" : "a number"}${hint.min !== undefined || hint.max !== undefined ? ` from ${hint.min ?? "−∞"} to ${hint.max ?? "∞"}` : ""}`
+      : null;
+  return (
+    <div className="space-y-1 text-xs text-slate-600" data-testid="param-hint">
+      {hint.description && <div className="text-slate-500">{hint.description}</div>}
+      {hint.choices && hint.choices.length > 0 && (
+        <div className="flex flex-wrap items-center gap-1">
+          allowed:
+          {hint.choices.map((c) => {
+            const json = JSON.stringify(c);
+            return (
+              <button
+                key={json}
+                type="button"
+                data-testid="param-choice"
+                onClick={() => onPick(json)}
+                className={`rounded border px-1.5 py-0.5 font-mono ${text.trim() === json ? "border-orange-500 bg-orange-50" : "border-slate-300 bg-slate-50 hover:bg-slate-100"}`}
+              >
+                {toText(c)}
+              </button>
+            );
+          })}
+        </div>
+      )}
+      {range && <div data-testid="param-range">allowed: {range}</div>}
+    </div>
+  );
 }
 
 export function NodeEditor({
@@ -155,6 +188,9 @@ export function NodeEditor({
           <div className="text-xs text-slate-500">
             current: <code className="break-all">{toText(current).slice(0, 200)}</code>
           </div>
+          {mode === "param" && detail.param_hints?.[name] && (
+            <ParamHintView hint={detail.param_hints[name]} text={text} onPick={setText} />
+          )}
           <textarea
             data-testid="editor-value"
             spellCheck={false}

@@ -14,6 +14,7 @@ import { GridPanel } from "./GridPanel";
 import { NodeEditor } from "./NodeEditor";
 import { NodeInfo } from "./NodeInfo";
 import { RawJson } from "./RawJson";
+import { RunActions } from "./RunActions";
 import { StabilityPanel } from "./StabilityPanel";
 import { RunBadge } from "./Status";
 import { CopyButton } from "./TextBlock";
@@ -124,6 +125,15 @@ export function RunView({
             )}
           </div>
         )}
+        <RunActions
+          key={`${run.run_id}:${run.status}`}
+          run={run}
+          onChanged={onRunsChanged}
+          onDeleted={() => {
+            onRunsChanged();
+            window.location.hash = "#/";
+          }}
+        />
         {run.error && <div className="rounded bg-red-50 p-2 text-sm text-red-800">{run.error}</div>}
         {run.artifacts.length > 0 && (
           <div className="text-xs text-slate-600">

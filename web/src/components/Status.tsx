@@ -18,6 +18,7 @@ const RUN_BADGE: Record<RunStatus, string> = {
   completed: "bg-emerald-100 text-emerald-800",
   failed: "bg-red-100 text-red-800",
   interrupted: "bg-amber-100 text-amber-800",
+  cancelled: "bg-zinc-200 text-zinc-800",
 };
 
 export function RunBadge({ status }: { status: RunStatus }) {
