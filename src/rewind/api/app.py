@@ -1331,14 +1331,16 @@ async def _follow_store(
     while not await request.is_disconnected():
         run = await run_in_threadpool(ctx.manager.resolve, run_id)
         now = await run_in_threadpool(progress.live_progress, ctx.store, run_id)
+        # every node row so far, inherited ones included (live_progress counts executed ones)
+        count = len(await run_in_threadpool(ctx.store.nodes_of, run_id, with_calls=False))
         node = now["node"] or {}
-        key = (now["nodes"], node.get("position"), now["tokens"])
+        key = (count, node.get("position"), now["tokens"])
         if key != seen:
             seen = key
             yield {
                 "event": "refresh",
                 "run_id": run_id,
-                "nodes": now["nodes"],
+                "nodes": count,
                 "running": now["node"],
                 "tokens": now["tokens"],
                 "seq": 0,
