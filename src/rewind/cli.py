@@ -994,8 +994,11 @@ def audit(
         try:
             # Writable, so the verdict is kept as the run's "admissible" label.
             code = audit_command(_store(), run_id, against, as_json, read_only=False)
-        except StoreError:
-            # A store on read-only media is still audited; the verdict is then not kept.
+        except Exception as exc:
+            if not (isinstance(exc, StoreError) or _is_store_error(exc)):
+                raise
+            # A store on read-only media (refused at open, or at the verdict's write) is still
+            # audited; the verdict is then not kept.
             code = audit_command(_store(), run_id, against, as_json, read_only=True)
     except RewindError as exc:
         _fail(exc)

@@ -140,12 +140,27 @@ class _ProgressWriter:
                     self.lock.wait(timeout=max(0.005, min(waits)) if waits else 60.0)
                     continue
             for rid, m, (position, name, since) in jobs:
+                with self.lock:
+                    if self.runs.get(rid) is not m:
+                        continue  # the run ended meanwhile (forget): never touch its store
                 asked = _write(m.store, rid, position, name, since)
                 with self.lock:
                     m.cancel = asked or m.cancel
             if poll:
                 last_poll = time.monotonic()
                 self._poll(watched)
+
+    def forget(self, run_id: str | None = None, store: Store | None = None) -> None:
+        """Stop watching a run (it finished) or every run of a store (it is closing). Waits for
+        a poll in flight, so no read of that store happens afterwards (a closed SQLite store
+        must not be reopened: that would recreate its -wal/-shm files)."""
+        with self.lock:
+            for rid in [
+                r
+                for r, m in self.runs.items()
+                if (run_id is not None and r == run_id) or (store is not None and m.store is store)
+            ]:
+                del self.runs[rid]
 
     def _poll(self, watched: list[tuple[str, _RunMarks]]) -> None:
         by_store: dict[int, list[tuple[str, _RunMarks]]] = {}
@@ -154,19 +169,24 @@ class _ProgressWriter:
         t = schema.runs
         for items in by_store.values():
             store = items[0][1].store
-            try:
-                with store.read() as conn:
-                    rows = {
-                        r.run_id: r
-                        for r in conn.execute(
-                            select(t.c.run_id, t.c.status, t.c.cancel_requested).where(
-                                t.c.run_id.in_([rid for rid, _ in items])
-                            )
-                        ).all()
-                    }
-            except Exception:  # a closed store, a lost connection: try again later
-                continue
+            # Under the lock (one small read every WRITE_INTERVAL_S), so forget() cannot let a
+            # store close while this reads it.
             with self.lock:
+                items = [(rid, m) for rid, m in items if self.runs.get(rid) is m]
+                if not items:
+                    continue
+                try:
+                    with store.read() as conn:
+                        rows = {
+                            r.run_id: r
+                            for r in conn.execute(
+                                select(t.c.run_id, t.c.status, t.c.cancel_requested).where(
+                                    t.c.run_id.in_([rid for rid, _ in items])
+                                )
+                            ).all()
+                        }
+                except Exception:  # a lost connection: try again later
+                    continue
                 for rid, m in items:
                     row = rows.get(rid)
                     if row is not None and row.status != "running":
@@ -178,6 +198,16 @@ class _ProgressWriter:
 
 
 _WRITER = _ProgressWriter()
+
+
+def run_ended(run_id: str) -> None:
+    """A run finished: stop watching its cancel flag (called by :meth:`Store.finish_run`)."""
+    _WRITER.forget(run_id=run_id)
+
+
+def store_closing(store: Store) -> None:
+    """A store closes: stop every read and write of it (called by :meth:`Store.close`)."""
+    _WRITER.forget(store=store)
 
 
 def _write(

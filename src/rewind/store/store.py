@@ -12,6 +12,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -269,7 +270,11 @@ class Store:
             self._check_version(version)
 
     def close(self) -> None:
-        """Release the engine's connections."""
+        """Release the engine's connections (and stop the progress thread's reads of this
+        store, :mod:`rewind.progress`)."""
+        progress = sys.modules.get("rewind.progress")
+        if progress is not None:
+            progress.store_closing(self)
         self.engine.dispose()
 
     # -- blobs --------------------------------------------------------------------------------
@@ -520,6 +525,9 @@ class Store:
                     error=error,
                 )
             )
+        progress = sys.modules.get("rewind.progress")
+        if progress is not None:  # a finished run's cancel flag is no longer watched
+            progress.run_ended(run_id)
 
     def reap_orphans(self, run_ids: Iterable[str] | None = None) -> list[str]:
         """Mark ``running`` runs whose executing process (on this host) is gone as ``interrupted``.
