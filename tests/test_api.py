@@ -1541,3 +1541,25 @@ def test_oversized_or_unmeasured_bodies_are_refused_before_they_are_read(
         assert row_counts(store) == before
         # A body of ordinary size still works.
         assert c.post(f"/api/runs/{parent}/fork", json={"at": 2}).status_code == 202
+
+
+def test_a_run_gc_archived_while_the_server_runs_leaves_the_list_and_says_where_it_went(
+    store: Store, tmp_path: Path
+) -> None:
+    """A run this server executed, archived by `rewind gc` from another process, is not shown
+    as a "failed" placeholder of its finished job: it leaves the list and answers 404 naming
+    the archive."""
+    from rewind.store.objects import ObjectStore
+    from rewind.store.retention import collect_garbage
+
+    app = create_app(store, chat_client=None, pipelines=REGISTRY)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        rid = record(c)["run_id"]
+        assert [r["run_id"] for r in c.get("/api/runs").json()["runs"]] == [rid]
+        objects = ObjectStore((tmp_path / "archive").resolve().as_uri())
+        report = collect_garbage(store, 0.0, archive=objects)
+        assert [a.run_id for a in report.archived] == [rid]
+        assert c.get("/api/runs").json()["runs"] == []
+        r = c.get(f"/api/runs/{rid}")
+        assert r.status_code == 404 and "archived by rewind gc" in r.json()["message"], r.text
+        assert "rewind archive restore" in r.json()["hint"]

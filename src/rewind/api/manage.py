@@ -31,7 +31,7 @@ from rewind.api.runner import RunJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.errors import RewindError, RunBusy
 from rewind.store import RunRecord, Store, schema
-from rewind.store.retention import delete_run
+from rewind.store.retention import archived_run_ids, delete_run
 
 if TYPE_CHECKING:
     from rewind.api.app import ServerContext
@@ -151,6 +151,7 @@ def unrecorded_runs(
     ids = [j.run_id for j in candidates]
     with store.read() as conn:
         present = {r[0] for r in conn.execute(select(t.c.run_id).where(t.c.run_id.in_(ids))).all()}
+    present |= archived_run_ids(store, ids)  # archived by gc: gone from the list, not "failed"
     out = []
     text = (q or "").lower()
     for job in candidates:

@@ -41,6 +41,7 @@ from rewind.jobs import state as job_state
 from rewind.replay import Pipeline, Rewind
 from rewind.stability import RemoteFork
 from rewind.store import RunRecord, Store
+from rewind.store.retention import archived_run_ids
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +290,11 @@ class RunManager(_WorkerPool):
             if job is None:
                 raise
             if job.state == "done":
+                if archived_run_ids(self.store, [run_id]):
+                    raise UnknownRun(
+                        f"run {run_id} was archived by rewind gc",
+                        f"bring it back with `rewind archive restore {run_id}`",
+                    ) from None
                 # The job ended before its run row existed: report why.
                 return job.placeholder()
             try:

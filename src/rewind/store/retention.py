@@ -676,6 +676,16 @@ def _deletion_plan(conn: Connection, run_id: str) -> tuple[list[str], list[dict[
 
 
 # -- restore -----------------------------------------------------------------------------------
+def archived_run_ids(store: Store, run_ids: Iterable[str]) -> set[str]:
+    """Which of ``run_ids`` are archived (their rows gone, an archive holds them)."""
+    ids = list(run_ids)
+    if not ids:
+        return set()
+    t = schema.archived_runs
+    with store.read() as conn:
+        return {r[0] for r in conn.execute(select(t.c.run_id).where(t.c.run_id.in_(ids))).all()}
+
+
 def archived_runs(store: Store) -> list[dict[str, Any]]:
     """The archived runs, newest archive first: run_id, parent_run_id, pipeline, status,
     created_at, archived_at (unix s), archive_ref, archive_sha256, archive_bytes."""
