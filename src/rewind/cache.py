@@ -19,26 +19,24 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from rewind.canonical import key_of, sha256_hex
-from rewind.context import (
-    LineageEntry,
-    NodeScope,
-    PendingWrite,
-    RunContext,
-    current,
-    current_lane,
-    executing_call,
+from rewind.call import (
+    DEFAULT_POLICY,
+    DETERMINISM_FLAGS,
+    Call,
+    CallPolicy,
+    Executed,
+    aexecute_call,
+    execute_call,
 )
+from rewind.canonical import key_of
+from rewind.context import LineageEntry, NodeScope, RunContext, current, current_lane
+from rewind.effects import side_effect_call
 from rewind.store.records import CallRecord
-
-DETERMINISM_FLAGS = ("deterministic", "time-bound", "side-effect", "non-deterministic")
 
 _INFLIGHT: dict[tuple[int, str], Future[tuple[bytes, str | None, float | None]]] = {}
 _INFLIGHT_LOCK = threading.Lock()
@@ -53,133 +51,6 @@ def release_flights(store: object, keys: Sequence[str]) -> None:
             future = _INFLIGHT.get((id(store), key))
             if future is not None and future.done():
                 del _INFLIGHT[(id(store), key)]
-
-
-@dataclass(frozen=True)
-class Executed:
-    """What executing a call live produced: result bytes, tokens spent, latency (ms), and
-    whether the result may become a shared cache entry."""
-
-    result: bytes
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_ms: float = 0.0
-    cacheable: bool = True
-    """False keeps the result on the run (an unchanged replay serves it from lineage) but writes
-    no shared cache entry: e.g. an HTTP error status, which must not answer other runs."""
-
-
-@dataclass(frozen=True)
-class CallPolicy:
-    """How the cache treats one call.
-
-    Args:
-        determinism: one of :data:`DETERMINISM_FLAGS` (``non-deterministic`` marks LLM calls
-            sampled at temperature > 0: still cached, shown as such).
-        ttl_s: seconds a ``time-bound`` result stays valid (required for, and only for,
-            ``time-bound``; ``None`` never becomes a default TTL).
-        resources: for ``side-effect`` calls, the resources the call touches (fingerprinted
-            before and after, see :mod:`rewind.effects`).
-        on_served: called with (request bytes, recorded result bytes) when a side-effecting call
-            is served from record (Rewind's artifact tool re-materializes the recorded artifact).
-        idempotency_key: the salted key handed to the tool, recorded with its effects.
-    """
-
-    determinism: str = "deterministic"
-    ttl_s: float | None = None
-    resources: Sequence[object] = field(default=())
-    on_served: Callable[[bytes, bytes], None] | None = None
-    idempotency_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.determinism not in DETERMINISM_FLAGS:
-            raise ValueError(f"determinism must be one of {DETERMINISM_FLAGS}")
-        if self.determinism == "time-bound" and (self.ttl_s is None or self.ttl_s < 0):
-            raise ValueError("a time-bound call needs ttl_s >= 0 (seconds); there is no default")
-        if self.determinism != "time-bound" and self.ttl_s is not None:
-            raise ValueError("ttl_s applies only to time-bound calls")
-
-
-DEFAULT_POLICY = CallPolicy()
-
-
-@dataclass(frozen=True)
-class Call:
-    """One LLM or tool call as the cache sees it.
-
-    Args:
-        kind: ``"llm"`` or ``"tool"``.
-        name: model or tool name (shown in the call record).
-        key: the call's cache key.
-        request: canonical bytes of the request (stored as a blob for inspection).
-        execute: runs the call live; called only when the rules say so.
-        policy: determinism flag, TTL, resources.
-        index: the call's position among its node's calls.
-    """
-
-    kind: str
-    name: str
-    key: str
-    request: bytes
-    execute: Callable[[], Executed]
-    policy: CallPolicy
-    index: int = 0
-
-    @property
-    def request_hash(self) -> str:
-        """sha256 hex of the request bytes."""
-        return sha256_hex(self.request)
-
-    def record(
-        self,
-        result_hash: str | None,
-        outcome: str,
-        reason: str,
-        *,
-        produced_at: float | None,
-        done: Executed | None = None,
-        latency_ms: float = 0.0,
-    ) -> CallRecord:
-        """The call's record with an outcome and the rule's reason (tokens from ``done``)."""
-        return CallRecord(
-            self.index,
-            self.kind,
-            self.name,
-            self.key,
-            self.request_hash,
-            result_hash,
-            outcome,
-            reason,
-            done.prompt_tokens if done else 0,
-            done.completion_tokens if done else 0,
-            latency_ms,
-            determinism=self.policy.determinism,
-            produced_at=produced_at,
-        )
-
-    def pending(
-        self,
-        result_hash: str,
-        data: bytes,
-        *,
-        cacheable: bool,
-        produced_at: float | None,
-        done: Executed | None = None,
-    ) -> PendingWrite:
-        """The write that keeps this call's result (and, if ``cacheable``, its cache entry)."""
-        return PendingWrite(
-            self.kind,
-            self.key,
-            self.name,
-            self.request_hash,
-            self.request,
-            result_hash,
-            data,
-            done.prompt_tokens if done else 0,
-            done.completion_tokens if done else 0,
-            cacheable=cacheable,
-            produced_at=produced_at,
-        )
 
 
 def through_cache(
@@ -215,8 +86,6 @@ def through_cache(
             return done(through_cache(inner, execute=execute, policy=policy, **args))
     call = _new_call(scope, kind, name, key, request, execute, policy)
     if policy.determinism == "side-effect":
-        from rewind.effects import side_effect_call
-
         data, record = side_effect_call(ctx, call)
         return data, record
     found, reason = _lookup(ctx, scope, kind, call.key, policy)
@@ -454,70 +323,6 @@ def _follow(
             result_hash or "", data, cacheable=False, produced_at=produced_at
         )
     return data, call.record(result_hash, "hit", "in-flight", produced_at=produced_at)
-
-
-def execute_call(
-    ctx: RunContext,
-    scope: NodeScope | None,
-    call: Call,
-    outcome: str,
-    reason: str,
-    *,
-    cacheable: bool,
-    pending_key: str | None = None,
-) -> tuple[bytes, CallRecord]:
-    """Execute a call live and queue its result (and, if ``cacheable`` and the result says it
-    may be cached, its cache entry) on the node's scope under ``pending_key`` (default: the
-    cache key). HTTP requests the call makes itself are not captured again."""
-    started = time.perf_counter()
-    with executing_call():
-        done = call.execute()
-    return _executed(ctx, scope, call, done, started, outcome, reason, cacheable, pending_key)
-
-
-async def aexecute_call(
-    ctx: RunContext,
-    scope: NodeScope | None,
-    call: Call,
-    aexecute: Callable[[], Awaitable[Executed]],
-    outcome: str,
-    reason: str,
-    *,
-    cacheable: bool,
-) -> tuple[bytes, CallRecord]:
-    """The async twin of :func:`execute_call`: awaits ``aexecute`` instead of ``call.execute``."""
-    started = time.perf_counter()
-    with executing_call():
-        done = await aexecute()
-    return _executed(ctx, scope, call, done, started, outcome, reason, cacheable, None)
-
-
-def _executed(
-    ctx: RunContext,
-    scope: NodeScope | None,
-    call: Call,
-    done: Executed,
-    started: float,
-    outcome: str,
-    reason: str,
-    cacheable: bool,
-    pending_key: str | None,
-) -> tuple[bytes, CallRecord]:
-    latency = done.latency_ms or (time.perf_counter() - started) * 1000
-    produced_at = ctx.clock()
-    result_hash = sha256_hex(done.result)
-    record = call.record(
-        result_hash, outcome, reason, produced_at=produced_at, done=done, latency_ms=latency
-    )
-    if scope is not None:
-        scope.pending[pending_key or call.key] = call.pending(
-            result_hash,
-            done.result,
-            cacheable=cacheable and done.cacheable,
-            produced_at=produced_at,
-            done=done,
-        )
-    return done.result, record
 
 
 def _result_bytes(ctx: RunContext, scope: NodeScope | None, key: str, result_hash: str) -> bytes:
