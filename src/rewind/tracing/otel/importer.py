@@ -298,29 +298,8 @@ def trace_from_spans(store: Store | None, trace_id: str, spans: list[_Span]) -> 
     if not spans:
         raise ValueError(f"trace {trace_id} has no spans")
     spans = _break_cycles(trace_id, list({s.span_id: s for s in reversed(spans)}.values()))
-    ids = {s.span_id for s in spans}
-    roots = _by_start([s for s in spans if s.parent_id is None or s.parent_id not in ids])
-    children: dict[str, list[_Span]] = {}
-    for s in spans:
-        if s.parent_id in ids:
-            children.setdefault(s.parent_id, []).append(s)
+    roots, ordered = _span_order(spans)
     root: _Span | None = roots[0] if len(roots) == 1 else None
-    ordered: list[tuple[_Span, str | None]] = []
-
-    def walk(top: _Span, top_parent: str | None) -> None:
-        stack = [(top, top_parent)]
-        while stack:
-            node, parent = stack.pop()
-            ordered.append((node, parent))
-            kids = _by_start(children.get(node.span_id, []))
-            stack.extend((c, node.span_id) for c in reversed(kids))
-
-    if root is not None and (children.get(root.span_id) or "rewind.kind" in root.attributes):
-        for c in _by_start(children.get(root.span_id, [])):
-            walk(c, None)
-    else:
-        for r in roots:
-            walk(r, None)
     head = root or roots[0]
     positions = {s.span_id: i for i, (s, _) in enumerate(ordered)}
     steps = [
@@ -328,28 +307,14 @@ def trace_from_spans(store: Store | None, trace_id: str, spans: list[_Span]) -> 
         for i, (s, parent) in enumerate(ordered)
     ]
     ra = head.attributes
-    status = ra.get("rewind.status")
-    if not isinstance(status, str) or status not in STEP_STATUSES:
-        status = (
-            "failed"
-            if head.status_code == 2
-            or (root is None and any(s.status == StepStatus.FAILED for s in steps))
-            else "success"
-        )
+    status = _trace_status(ra, head, root is None, steps)
     err_type, err_msg = _exception(head) if status == "failed" else (None, None)
-    started = min(s.start_ns for s in spans) / 1e9 if root is None else head.start_ns / 1e9
-    ended = max(s.end_ns for s in spans) / 1e9 if root is None else head.end_ns / 1e9
+    if root is None:
+        started = min(s.start_ns for s in spans) / 1e9
+        ended = max(s.end_ns for s in spans) / 1e9
+    else:
+        started, ended = head.start_ns / 1e9, head.end_ns / 1e9
     chain_input = _json_value(ra.get("input.value"), ra.get("input.mime_type"))
-    config: dict[str, Any] = {"source": "otlp"}
-    service = head.resource.get("service.name")
-    if service:
-        config["service.name"] = service
-    if ra.get("rewind.chain_ref"):
-        config["chain_ref"] = ra["rewind.chain_ref"]
-    parent_run = ra.get("rewind.parent_run_id")
-    if parent_run and (store is None or not trace_exists(store, str(parent_run))):
-        parent_run = None
-    override = _json_value(ra.get("rewind.override"), JSON) if ra.get("rewind.override") else None
     return TraceData(
         trace_id=trace_id,
         name=str(ra.get("rewind.name") or head.name)[:200],
@@ -363,13 +328,78 @@ def trace_from_spans(store: Store | None, trace_id: str, spans: list[_Span]) -> 
         ended_at=ended,
         duration_ms=_number(ra, "rewind.duration_ms", (ended - started) * 1000.0),
         attributes=_extra(ra, root_span=True),
-        config=config,
-        parent_run_id=str(parent_run) if parent_run else None,
-        fork_node=steps[0].name if parent_run and steps else None,
-        fork_position=0 if parent_run else None,
-        override=jsonable(override) if isinstance(override, dict) else None,
+        config=_trace_config(head),
+        **_fork_fields(store, ra, steps),
         steps=steps,
     )
+
+
+def _span_order(spans: list[_Span]) -> tuple[list[_Span], list[tuple[_Span, str | None]]]:
+    """(the trace's roots by start, every step span with its parent span id in step order).
+
+    A single root that has children (or says it is a Rewind chain) is the chain itself, not a
+    step: its children are the top steps. Otherwise every root is a top step."""
+    ids = {s.span_id for s in spans}
+    roots = _by_start([s for s in spans if s.parent_id is None or s.parent_id not in ids])
+    children: dict[str, list[_Span]] = {}
+    for s in spans:
+        if s.parent_id in ids:
+            children.setdefault(s.parent_id, []).append(s)
+    root: _Span | None = roots[0] if len(roots) == 1 else None
+    if root is not None and (children.get(root.span_id) or "rewind.kind" in root.attributes):
+        tops = _by_start(children.get(root.span_id, []))
+    else:
+        tops = roots
+    ordered: list[tuple[_Span, str | None]] = []
+    for top in tops:
+        stack: list[tuple[_Span, str | None]] = [(top, None)]
+        while stack:
+            node, parent = stack.pop()
+            ordered.append((node, parent))
+            kids = _by_start(children.get(node.span_id, []))
+            stack.extend((c, node.span_id) for c in reversed(kids))
+    return roots, ordered
+
+
+def _trace_status(ra: Mapping[str, Any], head: _Span, rootless: bool, steps: list[StepData]) -> str:
+    """The recorded ``rewind.status``; else failed when the head span failed (or, without a
+    single root, when any step did)."""
+    status = ra.get("rewind.status")
+    if isinstance(status, str) and status in STEP_STATUSES:
+        return status
+    if head.status_code == 2 or (rootless and any(s.status == StepStatus.FAILED for s in steps)):
+        return "failed"
+    return "success"
+
+
+def _fork_fields(
+    store: Store | None, ra: Mapping[str, Any], steps: list[StepData]
+) -> dict[str, Any]:
+    """A fork's parent run, fork node/position and override, when its parent trace is stored
+    (else none: the trace imports as a run of its own)."""
+    parent_run = ra.get("rewind.parent_run_id")
+    if not parent_run or store is None or not trace_exists(store, str(parent_run)):
+        parent_run = None
+    raw = ra.get("rewind.override")
+    override = _json_value(raw, JSON) if raw else None
+    return {
+        "parent_run_id": str(parent_run) if parent_run else None,
+        "fork_node": steps[0].name if parent_run and steps else None,
+        "fork_position": 0 if parent_run else None,
+        "override": jsonable(override) if isinstance(override, dict) else None,
+    }
+
+
+def _trace_config(head: _Span) -> dict[str, Any]:
+    """The trace's config: its source, the exporting service and the chain reference."""
+    ra = head.attributes
+    config: dict[str, Any] = {"source": "otlp"}
+    service = head.resource.get("service.name")
+    if service:
+        config["service.name"] = service
+    if ra.get("rewind.chain_ref"):
+        config["chain_ref"] = ra["rewind.chain_ref"]
+    return config
 
 
 def _json_value(value: Any, mime: Any) -> Any:
@@ -501,49 +531,63 @@ def _number(a: Mapping[str, Any], key: str, default: float) -> float:
 
 
 def _step(position: int, s: _Span, parent_position: int) -> StepData:
+    """The step of one span: rebuilt exactly when Rewind exported it, mapped otherwise."""
+    if "rewind.node" in s.attributes:  # exported by Rewind: rebuild the exact node documents
+        return _rewind_step(position, s, parent_position)
+    return _foreign_step(position, s, parent_position)
+
+
+def _span_times(s: _Span) -> tuple[float, float, float]:
+    """(start, end in epoch seconds, duration in ms: the recorded one, else end - start)."""
+    duration = _number(s.attributes, "rewind.duration_ms", max(0.0, (s.end_ns - s.start_ns) / 1e6))
+    return s.start_ns / 1e9, s.end_ns / 1e9, duration
+
+
+def _rewind_step(position: int, s: _Span, parent_position: int) -> StepData:
+    """A step Rewind exported, from its ``rewind.*`` attributes (the same node documents)."""
     a = s.attributes
-    start, end = s.start_ns / 1e9, s.end_ns / 1e9
-    duration = _number(a, "rewind.duration_ms", max(0.0, (s.end_ns - s.start_ns) / 1e6))
-    if "rewind.node" in a:  # exported by Rewind: rebuild the exact node documents
-        doc = _json_value(a.get("input.value"), JSON)
-        doc = doc if isinstance(doc, dict) else {}
-        inputs, reads, params = (_fields_of(doc.get(k)) for k in ("inputs", "reads", "params"))
-        fields = _json_value(a.get("output.value"), JSON) if "output.value" in a else None
-        status = str(a.get("rewind.step.status") or "success")
-        step_type = str(a.get("rewind.step.type") or "transform")
-        if step_type not in STEP_TYPES:
-            step_type = "transform"
-        err = _exception(s) if status == StepStatus.FAILED else (None, None)
-        calls, pending = exported_calls(a.get("rewind.calls"))
-        return StepData(
-            position=position,
-            name=str(a["rewind.node"])[:200],
-            step_type=step_type,
-            status=status if status in STEP_STATUSES else "success",
-            inputs=inputs,
-            reads=reads,
-            params=params,
-            fields=jsonable(fields) if isinstance(fields, dict) else None,
-            error_type=err[0],
-            error_message=err[1],
-            parent_position=parent_position,
-            span_id=s.span_id,
-            started_at=start,
-            ended_at=end,
-            duration_ms=duration,
-            prompt_tokens=_first_int(a, "gen_ai.usage.input_tokens"),
-            completion_tokens=_first_int(a, "gen_ai.usage.output_tokens"),
-            attributes=_extra(a) if "rewind.attributes" in a else {},
-            calls=calls,
-            pending=pending,
-            cache_outcome=str(a.get("rewind.cache.outcome") or "none"),
-            cache_reason=str(a.get("rewind.cache.reason") or "imported"),
-            effects=effects_from_attribute(a.get(EFFECTS_ATTRIBUTE)),
-            determinism=str(a.get("rewind.determinism") or "") or None,
-        )
-    step_type = _foreign_type(a)
-    failed = s.status_code == 2
-    inp, out = _foreign_io(a, step_type)
+    start, end, duration = _span_times(s)
+    doc = _json_value(a.get("input.value"), JSON)
+    doc = doc if isinstance(doc, dict) else {}
+    inputs, reads, params = (_fields_of(doc.get(k)) for k in ("inputs", "reads", "params"))
+    fields = _json_value(a.get("output.value"), JSON) if "output.value" in a else None
+    status = str(a.get("rewind.step.status") or "success")
+    step_type = str(a.get("rewind.step.type") or "transform")
+    if step_type not in STEP_TYPES:
+        step_type = "transform"
+    err = _exception(s) if status == StepStatus.FAILED else (None, None)
+    calls, pending = exported_calls(a.get("rewind.calls"))
+    return StepData(
+        position=position,
+        name=str(a["rewind.node"])[:200],
+        step_type=step_type,
+        status=status if status in STEP_STATUSES else "success",
+        inputs=inputs,
+        reads=reads,
+        params=params,
+        fields=jsonable(fields) if isinstance(fields, dict) else None,
+        error_type=err[0],
+        error_message=err[1],
+        parent_position=parent_position,
+        span_id=s.span_id,
+        started_at=start,
+        ended_at=end,
+        duration_ms=duration,
+        prompt_tokens=_first_int(a, "gen_ai.usage.input_tokens"),
+        completion_tokens=_first_int(a, "gen_ai.usage.output_tokens"),
+        attributes=_extra(a) if "rewind.attributes" in a else {},
+        calls=calls,
+        pending=pending,
+        cache_outcome=str(a.get("rewind.cache.outcome") or "none"),
+        cache_reason=str(a.get("rewind.cache.reason") or "imported"),
+        effects=effects_from_attribute(a.get(EFFECTS_ATTRIBUTE)),
+        determinism=str(a.get("rewind.determinism") or "") or None,
+    )
+
+
+def _foreign_attributes(a: Mapping[str, Any], step_type: str, out: Any) -> dict[str, Any]:
+    """A foreign span's step attributes: its extra attributes plus model, finish reason and
+    (for a retrieval) the documents' scores."""
     attributes = _extra(a)
     model = (
         a.get("gen_ai.request.model") or a.get("gen_ai.response.model") or a.get("llm.model_name")
@@ -559,6 +603,17 @@ def _step(position: int, s: _Span, parent_position: int) -> StepData:
         scores = [d.get("score") for d in out if isinstance(d, Mapping)]
         if scores and all(isinstance(x, int | float) for x in scores):
             attributes["scores"] = scores
+    return attributes
+
+
+def _foreign_step(position: int, s: _Span, parent_position: int) -> StepData:
+    """A step from another tracer's span (GenAI / OpenInference attributes)."""
+    a = s.attributes
+    start, end, duration = _span_times(s)
+    step_type = _foreign_type(a)
+    failed = s.status_code == 2
+    inp, out = _foreign_io(a, step_type)
+    attributes = _foreign_attributes(a, step_type, out)
     err = _exception(s) if failed else (None, None)
     name = str(a.get("gen_ai.tool.name") or s.name) if step_type == "tool_call" else s.name
     recorded = [] if failed else calls_of_span(a, s.events, step_type)

@@ -8,7 +8,7 @@ import binascii
 import contextlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -368,6 +368,25 @@ def _span_of(sp: Any, resource: dict[str, Any]) -> _Span:
     end = _nanos(_get(sp, "endTimeUnixNano"), "endTimeUnixNano")
     if end and end < start:
         raise _Bad("endTimeUnixNano", f"{end} is before startTimeUnixNano {start}")
+    code, message = _status_of(sp)
+    parsed_events = _events_of(sp)
+    return _Span(
+        trace_id=_hex_id(_get(sp, "traceId"), 16, "traceId"),
+        span_id=_hex_id(_get(sp, "spanId"), 8, "spanId"),
+        parent_id=parent_id,
+        name=name or "span",
+        start_ns=start,
+        end_ns=end,
+        attributes=_attrs(_get(sp, "attributes"), "attributes", 0),
+        status_code=code,
+        status_message=message or "",
+        events=parsed_events,
+        resource=resource,
+    )
+
+
+def _status_of(sp: Mapping[str, Any]) -> tuple[int, str | None]:
+    """A span's (status code 0/1/2, status message); a missing status is UNSET."""
     status = _get(sp, "status")
     if status is None:
         status = {}
@@ -380,7 +399,11 @@ def _span_of(sp: Any, resource: dict[str, Any]) -> _Span:
         code = 0
     if isinstance(code, bool) or code not in (0, 1, 2):
         raise _Bad("status.code", f"{_label(code)} is not 0, 1, 2 or a STATUS_CODE_* name")
-    message = _text(_get(status, "message"), "status.message")
+    return int(code), _text(_get(status, "message"), "status.message")
+
+
+def _events_of(sp: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A span's events as ``{"name", "attributes"}``."""
     events = _get(sp, "events")
     if events is not None and not isinstance(events, list):
         raise _Bad("events", f"is {_kind(events)}, not an array")
@@ -395,19 +418,7 @@ def _span_of(sp: Any, resource: dict[str, Any]) -> _Span:
                 "attributes": _attrs(_get(e, "attributes"), f"events[{i}].attributes", 0),
             }
         )
-    return _Span(
-        trace_id=_hex_id(_get(sp, "traceId"), 16, "traceId"),
-        span_id=_hex_id(_get(sp, "spanId"), 8, "spanId"),
-        parent_id=parent_id,
-        name=name or "span",
-        start_ns=start,
-        end_ns=end,
-        attributes=_attrs(_get(sp, "attributes"), "attributes", 0),
-        status_code=int(code),
-        status_message=message or "",
-        events=parsed_events,
-        resource=resource,
-    )
+    return parsed_events
 
 
 def _text(value: Any, name: str, *, required: bool = False) -> Any:
@@ -490,36 +501,9 @@ def _any(value: Any, path: str, depth: int) -> Any:
     kind = present[0]
     x = _get(value, kind)
     where = f"{path}.{kind}"
-    if kind == "stringValue":
-        return _text(x, where, required=True)
-    if kind == "boolValue":
-        if not isinstance(x, bool):
-            raise _Bad(where, f"is {_kind(x)}, not true or false")
-        return x
-    if kind == "intValue":
-        if isinstance(x, str) and re.fullmatch(r"-?[0-9]{1,19}", x):
-            x = int(x)
-        if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
-            raise _Bad(where, f"{_shown(x)} not a 64-bit integer")
-        return x
-    if kind == "doubleValue":
-        if isinstance(x, str) and (x in ("NaN", "Infinity", "-Infinity") or _NUMBER.fullmatch(x)):
-            x = float(x)
-        if isinstance(x, bool) or not isinstance(x, int | float):
-            raise _Bad(where, f"{_shown(x)} not a number")
-        try:
-            return float(x)
-        except OverflowError as exc:
-            raise _Bad(where, f"{_label(x)} is beyond a 64-bit float") from exc
-    if kind == "bytesValue":
-        if not isinstance(x, str):
-            raise _Bad(where, f"is {_kind(x)}, not a base64 string")
-        padded = x.replace("-", "+").replace("_", "/")
-        try:
-            base64.b64decode(padded + "=" * (-len(padded) % 4), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise _Bad(where, f"{_label(x)} is not base64") from exc
-        return x
+    scalar = _SCALAR_VALUES.get(kind)
+    if scalar is not None:
+        return scalar(x, where)
     if x is None:
         x = {}
     if not isinstance(x, Mapping):
@@ -532,6 +516,58 @@ def _any(value: Any, path: str, depth: int) -> Any:
     if kind == "arrayValue":
         return [_any(v, f"{where}.values[{i}]", depth + 1) for i, v in enumerate(values)]
     return _attrs(values, f"{where}", depth + 1)
+
+
+def _string_value(x: Any, where: str) -> str:
+    return _text(x, where, required=True)
+
+
+def _bool_value(x: Any, where: str) -> bool:
+    if not isinstance(x, bool):
+        raise _Bad(where, f"is {_kind(x)}, not true or false")
+    return x
+
+
+def _int_value(x: Any, where: str) -> int:
+    """An ``intValue``: a 64-bit integer, as a number or a decimal string."""
+    if isinstance(x, str) and re.fullmatch(r"-?[0-9]{1,19}", x):
+        x = int(x)
+    if isinstance(x, bool) or not isinstance(x, int) or not -_INT64 <= x < _INT64:
+        raise _Bad(where, f"{_shown(x)} not a 64-bit integer")
+    return x
+
+
+def _double_value(x: Any, where: str) -> float:
+    """A ``doubleValue``: a number, or its string form (``NaN``, ``Infinity`` included)."""
+    if isinstance(x, str) and (x in ("NaN", "Infinity", "-Infinity") or _NUMBER.fullmatch(x)):
+        x = float(x)
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise _Bad(where, f"{_shown(x)} not a number")
+    try:
+        return float(x)
+    except OverflowError as exc:
+        raise _Bad(where, f"{_label(x)} is beyond a 64-bit float") from exc
+
+
+def _bytes_value(x: Any, where: str) -> str:
+    """A ``bytesValue``: kept as its (checked) base64 string, standard or URL-safe."""
+    if not isinstance(x, str):
+        raise _Bad(where, f"is {_kind(x)}, not a base64 string")
+    padded = x.replace("-", "+").replace("_", "/")
+    try:
+        base64.b64decode(padded + "=" * (-len(padded) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _Bad(where, f"{_label(x)} is not base64") from exc
+    return x
+
+
+_SCALAR_VALUES: dict[str, Callable[[Any, str], Any]] = {
+    "stringValue": _string_value,
+    "boolValue": _bool_value,
+    "intValue": _int_value,
+    "doubleValue": _double_value,
+    "bytesValue": _bytes_value,
+}
 
 
 def _attrs(items: Any, path: str, depth: int) -> dict[str, Any]:

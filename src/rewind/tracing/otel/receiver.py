@@ -12,6 +12,7 @@ from rewind.tracing.otel.otlp_json import (
     MAX_OTLP_BYTES,
     InvalidOtlp,
     OtlpTooLarge,
+    SpanRejection,
     _Span,
     load_otlp_json,
     parse_otlp,
@@ -104,65 +105,18 @@ class OtlpReceiver:
         spans, rejections = parse_otlp(docs)
         share = size // max(1, len(spans)) + 1
         now = time.monotonic()
-        ready: list[list[_Span]] = []
         rejected = sum(r.spans for r in rejections)
         errors = [str(r) for r in rejections]
         with self._lock:
-            for tid in [t for t, (at, _) in self._waiting.items() if now - at > self.max_age_s]:
-                rejected += len(self._take(tid))
-                errors.append(f"trace {tid}: its root span never arrived")
-            # A trace is imported whole or not at all: a rejected span spoils its trace, for
-            # the spans already waiting and for those still to come (remembered max_age_s).
-            while self._spoiled and now - next(iter(self._spoiled.values())) > self.max_age_s:
-                del self._spoiled[next(iter(self._spoiled))]
-            for r in rejections:
-                if r.trace_id:
-                    self._spoiled.pop(r.trace_id, None)
-                    self._spoiled[r.trace_id] = now
-            while len(self._spoiled) > self.max_spans:
-                del self._spoiled[next(iter(self._spoiled))]
-            late: dict[str, int] = {}
-            for s in spans:
-                if s.trace_id in self._spoiled:
-                    late[s.trace_id] = late.get(s.trace_id, 0) + 1
-                else:
-                    self._waiting.setdefault(s.trace_id, (now, []))[1].append(s)
-                    held_before = self._waiting_bytes.get(s.trace_id, 0)
-                    self._waiting_bytes[s.trace_id] = held_before + share
-            for r in rejections:
-                if r.trace_id and r.trace_id in self._waiting:
-                    late[r.trace_id] = late.get(r.trace_id, 0) + len(self._take(r.trace_id))
-            for tid, n in sorted(late.items()):
-                rejected += n
-                errors.append(str(_whole_trace(tid, n)))
-            for tid in sorted({s.trace_id for s in spans} & self._waiting.keys()):
-                group = self._waiting[tid][1]
-                # A parent cycle never resolves by waiting: import (and break) it now.
-                if any(s.parent_id is None for s in group) or _has_cycle(group):
-                    ready.append(self._take(tid))
-            waiting = sum(len(g) for _, g in self._waiting.values())
-            held = sum(self._waiting_bytes.values())
-            while (waiting > self.max_spans or held > self.max_bytes) and self._waiting:
-                tid = next(iter(self._waiting))
-                held -= self._waiting_bytes.get(tid, 0)
-                dropped = len(self._take(tid))
-                waiting -= dropped
-                rejected += dropped
-                errors.append(f"trace {tid}: dropped, too many spans waiting for their root")
+            rejected += self._expire(now, errors)
+            self._spoil(rejections, now)
+            rejected += self._hold(spans, rejections, share, now, errors)
+            ready = self._ready(spans)
+            rejected += self._shed(errors)
         imported: list[str] = []
         notes: list[str] = []
         for group in ready:
-            with self._import_lock:  # two requests must not both write one trace
-                result = import_otlp(self.store, spans=group)
-            imported.extend(result.imported)
-            rejected += result.rejected
-            errors.extend(result.errors)
-            notes.extend(result.notes)
-            for tid in result.skipped:  # new spans of a stored trace are already counted
-                counted = sum(r.spans for r in result.rejections if r.trace_id == tid)
-                rejected += len([s for s in group if s.trace_id == tid]) - counted
-                if not counted:
-                    errors.append(f"trace {tid} is already stored")
+            rejected += self._import(group, imported, errors, notes)
         response: dict[str, Any] = {}
         if rejected or notes:
             response["partialSuccess"] = {
@@ -171,6 +125,96 @@ class OtlpReceiver:
             }
         self.last_imported = imported
         return response
+
+    def _expire(self, now: float, errors: list[str]) -> int:
+        """Drop traces whose root never arrived within ``max_age_s``; the spans dropped
+        (call with the lock held)."""
+        rejected = 0
+        for tid in [t for t, (at, _) in self._waiting.items() if now - at > self.max_age_s]:
+            rejected += len(self._take(tid))
+            errors.append(f"trace {tid}: its root span never arrived")
+        return rejected
+
+    def _spoil(self, rejections: list[SpanRejection], now: float) -> None:
+        """Remember the traces a rejected span spoils (call with the lock held).
+
+        A trace is imported whole or not at all: a rejected span spoils its trace, for the
+        spans already waiting and for those still to come (remembered ``max_age_s``)."""
+        while self._spoiled and now - next(iter(self._spoiled.values())) > self.max_age_s:
+            del self._spoiled[next(iter(self._spoiled))]
+        for r in rejections:
+            if r.trace_id:
+                self._spoiled.pop(r.trace_id, None)
+                self._spoiled[r.trace_id] = now
+        while len(self._spoiled) > self.max_spans:
+            del self._spoiled[next(iter(self._spoiled))]
+
+    def _hold(
+        self,
+        spans: list[_Span],
+        rejections: list[SpanRejection],
+        share: int,
+        now: float,
+        errors: list[str],
+    ) -> int:
+        """Queue the spans of unspoiled traces; reject those of spoiled ones (and what was
+        waiting for them). The spans rejected (call with the lock held)."""
+        late: dict[str, int] = {}
+        for s in spans:
+            if s.trace_id in self._spoiled:
+                late[s.trace_id] = late.get(s.trace_id, 0) + 1
+            else:
+                self._waiting.setdefault(s.trace_id, (now, []))[1].append(s)
+                held_before = self._waiting_bytes.get(s.trace_id, 0)
+                self._waiting_bytes[s.trace_id] = held_before + share
+        for r in rejections:
+            if r.trace_id and r.trace_id in self._waiting:
+                late[r.trace_id] = late.get(r.trace_id, 0) + len(self._take(r.trace_id))
+        for tid, n in sorted(late.items()):
+            errors.append(str(_whole_trace(tid, n)))
+        return sum(late.values())
+
+    def _ready(self, spans: list[_Span]) -> list[list[_Span]]:
+        """Take the traces these spans touched that can be imported now: their root arrived
+        (a parent cycle never resolves by waiting: imported, and broken, now). Lock held."""
+        ready: list[list[_Span]] = []
+        for tid in sorted({s.trace_id for s in spans} & self._waiting.keys()):
+            group = self._waiting[tid][1]
+            if any(s.parent_id is None for s in group) or _has_cycle(group):
+                ready.append(self._take(tid))
+        return ready
+
+    def _shed(self, errors: list[str]) -> int:
+        """Drop the oldest waiting traces while over ``max_spans`` or ``max_bytes``; the spans
+        dropped (call with the lock held)."""
+        rejected = 0
+        waiting = sum(len(g) for _, g in self._waiting.values())
+        held = sum(self._waiting_bytes.values())
+        while (waiting > self.max_spans or held > self.max_bytes) and self._waiting:
+            tid = next(iter(self._waiting))
+            held -= self._waiting_bytes.get(tid, 0)
+            dropped = len(self._take(tid))
+            waiting -= dropped
+            rejected += dropped
+            errors.append(f"trace {tid}: dropped, too many spans waiting for their root")
+        return rejected
+
+    def _import(
+        self, group: list[_Span], imported: list[str], errors: list[str], notes: list[str]
+    ) -> int:
+        """Import one whole trace; the spans rejected (new spans of a stored trace count)."""
+        with self._import_lock:  # two requests must not both write one trace
+            result = import_otlp(self.store, spans=group)
+        imported.extend(result.imported)
+        rejected = result.rejected
+        errors.extend(result.errors)
+        notes.extend(result.notes)
+        for tid in result.skipped:  # new spans of a stored trace are already counted
+            counted = sum(r.spans for r in result.rejections if r.trace_id == tid)
+            rejected += len([s for s in group if s.trace_id == tid]) - counted
+            if not counted:
+                errors.append(f"trace {tid} is already stored")
+        return rejected
 
     @property
     def waiting(self) -> int:
