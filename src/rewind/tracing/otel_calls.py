@@ -347,24 +347,7 @@ def _count(value: Any) -> int:
 def _model_call(a: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> RecordedCall:
     problems: list[str] = []
     convention, messages, output = _messages(a, events, problems)
-    invocation = _json(a.get("llm.invocation_parameters"))
-    params: dict[str, Any] = {}
-    if convention == "openinference":
-        if isinstance(invocation, dict):
-            params = {k: v for k, v in invocation.items() if k not in ("messages", "stream")}
-        else:
-            problems.append("llm.invocation_parameters is not recorded (the request's parameters)")
-    else:
-        for attr, name in _GENAI_PARAMS.items():
-            if a.get(attr) is not None:
-                params[name] = a[attr]
-        fmt = a.get("gen_ai.openai.request.response_format") or a.get("gen_ai.output.type")
-        if fmt in ("json_object", "json"):
-            params["response_format"] = {"type": "json_object"}
-        elif fmt not in (None, "text"):
-            problems.append(f"the response format {fmt!r} is recorded without its schema")
-        if any(k.startswith("llm.request.functions.") for k in a):
-            problems.append("the tool definitions (llm.request.functions.*) are not replayed")
+    params = _request_params(a, convention, problems)
     model = params.pop("model", None) or a.get("gen_ai.request.model") or a.get("llm.model_name")
     if not isinstance(model, str) or not model:
         problems.append("the request's model is not recorded (gen_ai.request.model)")
@@ -377,23 +360,12 @@ def _model_call(a: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> Re
     content, finish, tool_calls = output if output is not None else (None, None, None)
     if output is None:
         problems.append("the answer is not recorded (output messages)")
-    if isinstance(finish, list):
-        finish = finish[0] if finish else None
-    finish = finish or _first(a.get("gen_ai.response.finish_reasons")) or a.get("llm.finish_reason")
-    prompt = _tokens(a, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
-    prompt = prompt or _tokens(a, "llm.token_count.prompt")
-    completion = _tokens(a, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
-    completion = completion or _tokens(a, "llm.token_count.completion")
+    finish = _finish_reason(a, finish)
+    prompt, completion = _usage(a)
     response_model = a.get("gen_ai.response.model") or model
     body = {"model": model, "messages": messages, **params}
     temperature = params.get("temperature", 1.0)
-    provider = (
-        a.get("gen_ai.provider.name")
-        or a.get("gen_ai.system")
-        or a.get("llm.provider")
-        or a.get("llm.system")
-        or a.get("server.address")
-    )
+    provider = _provider(a)
     return RecordedCall(
         "llm",
         model,
@@ -418,6 +390,56 @@ def _model_call(a: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> Re
     )
 
 
+def _finish_reason(a: Mapping[str, Any], finish: Any) -> Any:
+    """The answer's finish reason: from the output message, else the span's attributes."""
+    if isinstance(finish, list):
+        finish = finish[0] if finish else None
+    return finish or _first(a.get("gen_ai.response.finish_reasons")) or a.get("llm.finish_reason")
+
+
+def _usage(a: Mapping[str, Any]) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) under the GenAI names, else OpenInference's."""
+    prompt = _tokens(a, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
+    prompt = prompt or _tokens(a, "llm.token_count.prompt")
+    completion = _tokens(a, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+    completion = completion or _tokens(a, "llm.token_count.completion")
+    return prompt, completion
+
+
+def _request_params(a: Mapping[str, Any], convention: str, problems: list[str]) -> dict[str, Any]:
+    """The request's parameters (``temperature``, ``max_tokens``, ``response_format``...; may
+    hold ``model``): OpenInference's invocation parameters, else the GenAI attributes."""
+    if convention == "openinference":
+        invocation = _json(a.get("llm.invocation_parameters"))
+        if isinstance(invocation, dict):
+            return {k: v for k, v in invocation.items() if k not in ("messages", "stream")}
+        problems.append("llm.invocation_parameters is not recorded (the request's parameters)")
+        return {}
+    params: dict[str, Any] = {}
+    for attr, name in _GENAI_PARAMS.items():
+        if a.get(attr) is not None:
+            params[name] = a[attr]
+    fmt = a.get("gen_ai.openai.request.response_format") or a.get("gen_ai.output.type")
+    if fmt in ("json_object", "json"):
+        params["response_format"] = {"type": "json_object"}
+    elif fmt not in (None, "text"):
+        problems.append(f"the response format {fmt!r} is recorded without its schema")
+    if any(k.startswith("llm.request.functions.") for k in a):
+        problems.append("the tool definitions (llm.request.functions.*) are not replayed")
+    return params
+
+
+def _provider(a: Mapping[str, Any]) -> Any:
+    """The model provider as the span names it (``gen_ai.provider.name`` and older names)."""
+    return (
+        a.get("gen_ai.provider.name")
+        or a.get("gen_ai.system")
+        or a.get("llm.provider")
+        or a.get("llm.system")
+        or a.get("server.address")
+    )
+
+
 _Output = tuple[str | None, Any, list[dict[str, Any]] | None]
 
 
@@ -430,36 +452,50 @@ def _messages(
         outs = [_oi_message(m, problems) for m in indexed_attributes(a, "llm.output_messages")]
         return "openinference", ins, _answer(outs[0]) if outs else None
     if any(k.startswith("gen_ai.prompt.") for k in a):
-        ins = [_plain_message(m) for m in indexed_attributes(a, "gen_ai.prompt")]
-        outs = indexed_attributes(a, "gen_ai.completion")
-        if outs:
-            first = outs[0]
-            answer = _answer(_plain_message(first))
-            return "openllmetry", ins, (answer[0], first.get("finish_reason"), answer[2])
-        return "openllmetry", ins, None
+        return _openllmetry_messages(a)
     if "gen_ai.input.messages" in a or "gen_ai.output.messages" in a:
-        ins = []
-        system = _json(a.get("gen_ai.system_instructions"))
-        if isinstance(system, list) and system:
-            ins.append({"role": "system", "content": _parts_text(system, problems)})
-        for m in _json(a.get("gen_ai.input.messages")) or []:
-            ins.append(_parts_message(m, problems))
-        outs = _json(a.get("gen_ai.output.messages")) or []
-        if outs and isinstance(outs[0], Mapping):
-            msg = _parts_message(outs[0], problems)
-            return "genai", ins, (msg.get("content"), outs[0].get("finish_reason"), None)
-        return "genai", ins, None
-    ins, output = [], None
+        return _genai_messages(a, problems)
+    return _event_messages(events)
+
+
+def _openllmetry_messages(a: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], _Output | None]:
+    """OpenLLMetry's flattened ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``."""
+    ins = [_plain_message(m) for m in indexed_attributes(a, "gen_ai.prompt")]
+    outs = indexed_attributes(a, "gen_ai.completion")
+    if not outs:
+        return "openllmetry", ins, None
+    first = outs[0]
+    answer = _answer(_plain_message(first))
+    return "openllmetry", ins, (answer[0], first.get("finish_reason"), answer[2])
+
+
+def _genai_messages(
+    a: Mapping[str, Any], problems: list[str]
+) -> tuple[str, list[dict[str, Any]], _Output | None]:
+    """The GenAI conventions' JSON ``gen_ai.input.messages`` / ``gen_ai.output.messages``."""
+    ins = []
+    system = _json(a.get("gen_ai.system_instructions"))
+    if isinstance(system, list) and system:
+        ins.append({"role": "system", "content": _parts_text(system, problems)})
+    for m in _json(a.get("gen_ai.input.messages")) or []:
+        ins.append(_parts_message(m, problems))
+    outs = _json(a.get("gen_ai.output.messages")) or []
+    if outs and isinstance(outs[0], Mapping):
+        msg = _parts_message(outs[0], problems)
+        return "genai", ins, (msg.get("content"), outs[0].get("finish_reason"), None)
+    return "genai", ins, None
+
+
+def _event_messages(
+    events: Sequence[Mapping[str, Any]],
+) -> tuple[str, list[dict[str, Any]], _Output | None]:
+    """The older GenAI conventions: messages and the choice as span events."""
+    ins: list[dict[str, Any]] = []
+    output: _Output | None = None
     for e in events:
         name, ea = e.get("name"), e.get("attributes") or {}
         if name in _EVENT_ROLES:
-            body = _json(ea.get("gen_ai.event.content")) or {k: v for k, v in ea.items()}
-            msg = {"role": body.get("role") or _EVENT_ROLES[name], "content": body.get("content")}
-            if body.get("tool_calls"):
-                msg["tool_calls"] = body["tool_calls"]
-            if body.get("id") and name == "gen_ai.tool.message":
-                msg["tool_call_id"] = body["id"]
-            ins.append(msg)
+            ins.append(_event_message(name, ea))
         elif name == "gen_ai.choice" and output is None:
             body = _json(ea.get("gen_ai.event.content")) or dict(ea)
             message = body.get("message") if isinstance(body.get("message"), Mapping) else {}
@@ -472,6 +508,17 @@ def _messages(
             if isinstance(done, list) and done and isinstance(done[0], Mapping):
                 output = (done[0].get("content"), None, None)
     return "genai", ins, output
+
+
+def _event_message(name: str, ea: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``gen_ai.{system,user,assistant,tool}.message`` event as a chat message."""
+    body = _json(ea.get("gen_ai.event.content")) or {k: v for k, v in ea.items()}
+    msg = {"role": body.get("role") or _EVENT_ROLES[name], "content": body.get("content")}
+    if body.get("tool_calls"):
+        msg["tool_calls"] = body["tool_calls"]
+    if body.get("id") and name == "gen_ai.tool.message":
+        msg["tool_call_id"] = body["id"]
+    return msg
 
 
 def indexed_attributes(

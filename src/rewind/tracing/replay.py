@@ -95,6 +95,19 @@ def parse_change(
             f"malformed change {spec!r}",
             "write it as --set input.field=VALUE (or step.param=VALUE)",
         )
+    value = _change_value(left.strip(), raw)
+    path = tuple(p for p in rest.split("."))
+    if any(not p for p in path):
+        raise InvalidOverride(f"malformed path in {left.strip()!r}", "e.g. input.options.k=5")
+    if target == INPUT_KEY:
+        _check_input_path(view, path)
+        return TraceChange(INPUT_KEY, path, value)
+    _check_step_param(view, target, path, extra_params)
+    return TraceChange(target, path, value)
+
+
+def _change_value(left: str, raw: str) -> Any:
+    """A change's VALUE: JSON when it parses as JSON, else the plain string; it must hash."""
     try:
         value = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError:
@@ -103,28 +116,37 @@ def parse_change(
         canonical_bytes(value)
     except ValueError as exc:
         raise InvalidOverride(
-            f"the value of {left.strip()} cannot be hashed: {exc}",
+            f"the value of {left} cannot be hashed: {exc}",
             "use a finite number or a string",
         ) from exc
-    path = tuple(p for p in rest.split("."))
-    if any(not p for p in path):
-        raise InvalidOverride(f"malformed path in {left.strip()!r}", "e.g. input.options.k=5")
-    if target == INPUT_KEY:
-        fields = sorted(view.input)
-        if path[0] not in view.input:
+    return value
+
+
+def _check_input_path(view: TraceView, path: tuple[str, ...]) -> None:
+    """Refuse an input field the chain's input does not have (or a path through a non-object)."""
+    fields = sorted(view.input)
+    if path[0] not in view.input:
+        raise InvalidOverride(
+            f"the chain's input has no field {path[0]!r}",
+            f"its fields: {', '.join(fields) or 'none'}",
+        )
+    node: Any = view.input
+    for i, key in enumerate(path[:-1]):
+        node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
             raise InvalidOverride(
-                f"the chain's input has no field {path[0]!r}",
-                f"its fields: {', '.join(fields) or 'none'}",
+                f"input.{'.'.join(path[: i + 1])} is not an object",
+                "set the whole field instead",
             )
-        node: Any = view.input
-        for i, key in enumerate(path[:-1]):
-            node = node.get(key) if isinstance(node, dict) else None
-            if not isinstance(node, dict):
-                raise InvalidOverride(
-                    f"input.{'.'.join(path[: i + 1])} is not an object",
-                    "set the whole field instead",
-                )
-        return TraceChange(INPUT_KEY, path, value)
+
+
+def _check_step_param(
+    view: TraceView,
+    target: str,
+    path: tuple[str, ...],
+    extra_params: Mapping[str, Sequence[str]] | None,
+) -> None:
+    """Refuse a step (``name`` or ``name#k``) the trace does not have, or a param it lacks."""
     name, _, occ = target.partition("#")
     steps = [s for s in view.steps if s.name == name]
     if occ and steps:
@@ -144,7 +166,6 @@ def parse_change(
             f"step {target!r} has no param {'.'.join(path)!r}",
             f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
         )
-    return TraceChange(target, path, value)
 
 
 def _split_target(left: str, view: TraceView) -> tuple[str, str, str]:

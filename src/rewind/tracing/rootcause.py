@@ -116,14 +116,7 @@ def root_cause(view: TraceView, settings: InspectionSettings | None = None) -> R
     if pointed is not None and step is not None and pointed.position != step.position:
         upstream.append(f"step {pointed.number} {pointed.name!r}: {c.reason}")
     limit = step.position if step is not None else len(view.steps)
-    for earlier in view.steps[:limit]:
-        for f in inspect_step(earlier, s).findings:
-            if f.severity not in (ERROR, WARNING) or f.code in ("slow_step", "slow_response"):
-                continue
-            if pointed is not None and earlier.position == pointed.position and f.code == c.pattern:
-                continue  # the pattern's own note and fix already say it
-            upstream.append(f"step {earlier.number} {earlier.name!r}: {f.message}")
-            suggestions.append(f.suggestion)
+    _upstream_findings(view, s, c, pointed, limit, upstream, suggestions)
     if step is not None:
         for f in inspect_step(step, s).findings:
             if f.code != "step_failed":
@@ -146,22 +139,7 @@ def root_cause(view: TraceView, settings: InspectionSettings | None = None) -> R
             "error_message": step.error_message,
             "model": step.model,
         }
-    fork_command = replay_command = None
-    if view.kind == "run" and step is not None:
-        at = view.occurrence(step)
-        fork_command = f"rewind fork {view.trace_id} --at {at}"
-        if step.params:
-            name = sorted(step.params)[0]
-            suggestions.append(
-                f"try another value of {step.name}.{name}: "
-                f"{fork_command} --set {step.name}.{name}=VALUE"
-            )
-    elif view.kind == "trace" and view.config.get("chain_ref"):
-        field_name = next(iter(sorted(view.input)), None)
-        if field_name is not None:
-            replay_command = f"rewind replay-trace {view.trace_id} --set input.{field_name}=VALUE"
-        else:
-            replay_command = f"rewind replay-trace {view.trace_id}"
+    fork_command, replay_command = _next_commands(view, step, suggestions)
     return RootCause(
         trace_id=view.trace_id,
         name=view.name,
@@ -179,6 +157,50 @@ def root_cause(view: TraceView, settings: InspectionSettings | None = None) -> R
         fork_command=fork_command,
         replay_command=replay_command,
     )
+
+
+def _upstream_findings(
+    view: TraceView,
+    s: InspectionSettings,
+    c: Any,
+    pointed: StepView | None,
+    limit: int,
+    upstream: list[str],
+    suggestions: list[str],
+) -> None:
+    """Add the errors and warnings of the steps before the failure (not slowness, not the
+    classified pattern's own note) to ``upstream`` and their fixes to ``suggestions``."""
+    for earlier in view.steps[:limit]:
+        for f in inspect_step(earlier, s).findings:
+            if f.severity not in (ERROR, WARNING) or f.code in ("slow_step", "slow_response"):
+                continue
+            if pointed is not None and earlier.position == pointed.position and f.code == c.pattern:
+                continue  # the pattern's own note and fix already say it
+            upstream.append(f"step {earlier.number} {earlier.name!r}: {f.message}")
+            suggestions.append(f.suggestion)
+
+
+def _next_commands(
+    view: TraceView, step: StepView | None, suggestions: list[str]
+) -> tuple[str | None, str | None]:
+    """(fork command for a failed run, replay command for a failed chain trace); a run's
+    failing step with params also suggests trying another value."""
+    if view.kind == "run" and step is not None:
+        at = view.occurrence(step)
+        fork_command = f"rewind fork {view.trace_id} --at {at}"
+        if step.params:
+            name = sorted(step.params)[0]
+            suggestions.append(
+                f"try another value of {step.name}.{name}: "
+                f"{fork_command} --set {step.name}.{name}=VALUE"
+            )
+        return fork_command, None
+    if view.kind == "trace" and view.config.get("chain_ref"):
+        field_name = next(iter(sorted(view.input)), None)
+        if field_name is not None:
+            return None, f"rewind replay-trace {view.trace_id} --set input.{field_name}=VALUE"
+        return None, f"rewind replay-trace {view.trace_id}"
+    return None, None
 
 
 def _failing(view: TraceView, pointed: StepView | None) -> StepView | None:

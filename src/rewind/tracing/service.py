@@ -195,62 +195,21 @@ def trace_data_of(doc: TraceIn, *, now: float | None = None) -> TraceData:
     for i, s in enumerate(doc.steps):
         span_id = (s.span_id or new_span_id()).lower()
         span_ids[span_id] = i
-        s_start = _seconds(s.start_time) or started
-        s_end = _seconds(s.end_time)
-        duration = (
-            s.duration_ms
-            if s.duration_ms is not None
-            else ((s_end - s_start) * 1000.0 if s_end is not None else 0.0)
-        )
-        if s_end is None:
-            s_end = s_start + duration / 1000.0
-        attributes = dict(s.attributes)
-        if s.model:
-            attributes["model"] = s.model
-        if s.finish_reason:
-            attributes["finish_reason"] = s.finish_reason
-        failed = s.status == StepStatus.FAILED
-        err_type = (s.error.type if s.error else "StepFailed") if failed else None
-        err_msg = (s.error.message if s.error else "") if failed else None
-        steps.append(
-            StepData(
-                position=i,
-                name=s.name,
-                step_type=s.type.value,
-                status=s.status.value,
-                inputs=as_fields(s.input) if s.input is not None else {},
-                params=jsonable(s.params),
-                fields={s.name: jsonable(s.output)} if s.status == StepStatus.SUCCESS else None,
-                error_type=err_type,
-                error_message=err_msg,
-                parent_position=span_ids[s.parent_span_id.lower()] if s.parent_span_id else -1,
-                span_id=span_id,
-                started_at=s_start,
-                ended_at=s_end,
-                duration_ms=float(duration),
-                prompt_tokens=s.prompt_tokens,
-                completion_tokens=s.completion_tokens,
-                attributes=jsonable(attributes),
-                cache_outcome="none",
-                cache_reason="posted",
-            )
-        )
+        parent = span_ids[s.parent_span_id.lower()] if s.parent_span_id else -1
+        steps.append(_step_data_of(s, i, span_id, parent, started))
     if ended is None:
         ends = [s.ended_at for s in steps if s.ended_at is not None]
         ended = max(ends) if ends else started
     status = doc.status.value if doc.status else ("failed" if doc.error else "success")
+    err_type, err_msg = _error_of(doc.error, "ChainFailed", status == StepStatus.FAILED)
     return TraceData(
         trace_id=(doc.trace_id or new_trace_id()).lower(),
         name=doc.name,
         status=status,
         input=as_fields(doc.input) if doc.input is not None else {},
         output=jsonable(doc.output),
-        error_type=(doc.error.type if doc.error else "ChainFailed")
-        if status == StepStatus.FAILED
-        else None,
-        error_message=(doc.error.message if doc.error else "")
-        if status == StepStatus.FAILED
-        else None,
+        error_type=err_type,
+        error_message=err_msg,
         span_id=new_span_id(),
         started_at=started,
         ended_at=ended,
@@ -258,6 +217,58 @@ def trace_data_of(doc: TraceIn, *, now: float | None = None) -> TraceData:
         attributes=jsonable(doc.attributes),
         config={"source": "api"},
         steps=steps,
+    )
+
+
+def _error_of(
+    error: ErrorIn | None, default_type: str, failed: bool
+) -> tuple[str | None, str | None]:
+    """(error type, message) of a failed trace or step (``default_type`` when it names none);
+    (None, None) unless ``failed``."""
+    if not failed:
+        return None, None
+    return (error.type, error.message) if error else (default_type, "")
+
+
+def _step_data_of(
+    s: StepIn, position: int, span_id: str, parent_position: int, trace_started: float
+) -> StepData:
+    """One posted step as stored (its start defaults to the trace's; its end to start plus
+    its duration)."""
+    s_start = _seconds(s.start_time) or trace_started
+    s_end = _seconds(s.end_time)
+    if s.duration_ms is not None:
+        duration = s.duration_ms
+    else:
+        duration = (s_end - s_start) * 1000.0 if s_end is not None else 0.0
+    if s_end is None:
+        s_end = s_start + duration / 1000.0
+    attributes = dict(s.attributes)
+    if s.model:
+        attributes["model"] = s.model
+    if s.finish_reason:
+        attributes["finish_reason"] = s.finish_reason
+    err_type, err_msg = _error_of(s.error, "StepFailed", s.status == StepStatus.FAILED)
+    return StepData(
+        position=position,
+        name=s.name,
+        step_type=s.type.value,
+        status=s.status.value,
+        inputs=as_fields(s.input) if s.input is not None else {},
+        params=jsonable(s.params),
+        fields={s.name: jsonable(s.output)} if s.status == StepStatus.SUCCESS else None,
+        error_type=err_type,
+        error_message=err_msg,
+        parent_position=parent_position,
+        span_id=span_id,
+        started_at=s_start,
+        ended_at=s_end,
+        duration_ms=float(duration),
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        attributes=jsonable(attributes),
+        cache_outcome="none",
+        cache_reason="posted",
     )
 
 
