@@ -400,13 +400,7 @@ def compare_graphs(
     cur_nodes: dict[str, str] = dict(current["nodes"])
     gone = sorted(set(rec_nodes) - set(cur_nodes))
     new = sorted(set(cur_nodes) - set(rec_nodes))
-    renames: dict[str, str] = {}
-    for old in gone:
-        match = next(
-            (n for n in new if n not in renames.values() and cur_nodes[n] == rec_nodes[old]), None
-        )
-        if match is not None:
-            renames[old] = match
+    renames = _renames(gone, new, rec_nodes, cur_nodes)
 
     def translate(name: str) -> str:
         return renames.get(name, name)
@@ -429,19 +423,11 @@ def compare_graphs(
         cur_sources = cur_region | {translate(resume_from)}
 
     touched = set(rec_region) | set(inherited) | ({resume_from} if resume_from else set())
-    for old, now in sorted(renames.items()):
-        if old in touched or now in cur_region:
-            where = " (inherited)" if old in inherited else ""
-            structural.append(f"node {old!r}{where} renamed to {now!r}")
     removed = [n for n in sorted(touched) if n in gone and n not in renames]
     inserted = [n for n in sorted(cur_region) if n in new and n not in renames.values()]
-    for n in removed:
-        where = "inherited node" if n in inherited else "node"
-        structural.append(f"{where} {n!r} removed")
-    for n in inserted:
-        before = sorted(s for s, d, _ in cur_edges if d == n and s in cur_sources)
-        after = f" after {', '.join(repr(b) for b in before)}" if before else ""
-        structural.append(f"node {n!r} inserted{after}")
+    structural += _node_changes(
+        renames, touched, cur_region, inherited, removed, inserted, cur_edges, cur_sources
+    )
     structural.extend(
         _transition_changes(
             [(translate(s), translate(d), c) for s, d, c in rec_edges if s in rec_sources],
@@ -451,7 +437,67 @@ def compare_graphs(
         )
     )
     executed = sorted({translate(n) for n in rec_region} & cur_region)
-    inverse = {v: k for k, v in renames.items()}
+    code_changed, helpers_changed = _code_changes(
+        recorded, current, rec_nodes, executed, {v: k for k, v in renames.items()}
+    )
+    return GraphDrift(
+        structural=tuple(structural),
+        code_changed=code_changed,
+        param_check_changed=recorded.get("param_check") != current.get("param_check"),
+        helpers_changed=helpers_changed,
+    )
+
+
+def _renames(
+    gone: list[str], new: list[str], rec_nodes: Mapping[str, str], cur_nodes: Mapping[str, str]
+) -> dict[str, str]:
+    """Old name → new name: a node gone and a node new with identical code (first match)."""
+    renames: dict[str, str] = {}
+    for old in gone:
+        match = next(
+            (n for n in new if n not in renames.values() and cur_nodes[n] == rec_nodes[old]), None
+        )
+        if match is not None:
+            renames[old] = match
+    return renames
+
+
+def _node_changes(
+    renames: Mapping[str, str],
+    touched: set[str],
+    cur_region: set[str],
+    inherited: Sequence[str],
+    removed: list[str],
+    inserted: list[str],
+    cur_edges: Sequence[tuple[Any, ...]],
+    cur_sources: set[str],
+) -> list[str]:
+    """Sentences for the nodes the fork touches that were renamed, removed or inserted."""
+    out: list[str] = []
+    for old, now in sorted(renames.items()):
+        if old in touched or now in cur_region:
+            where = " (inherited)" if old in inherited else ""
+            out.append(f"node {old!r}{where} renamed to {now!r}")
+    for n in removed:
+        where = "inherited node" if n in inherited else "node"
+        out.append(f"{where} {n!r} removed")
+    for n in inserted:
+        before = sorted(s for s, d, _ in cur_edges if d == n and s in cur_sources)
+        after = f" after {', '.join(repr(b) for b in before)}" if before else ""
+        out.append(f"node {n!r} inserted{after}")
+    return out
+
+
+def _code_changes(
+    recorded: Mapping[str, Any],
+    current: Mapping[str, Any],
+    rec_nodes: Mapping[str, str],
+    executed: list[str],
+    inverse: Mapping[str, str],
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(nodes the fork executes whose code or helpers changed, ``node: helper`` lines);
+    ``inverse`` maps a renamed node's new name to its recorded one."""
+    cur_nodes: Mapping[str, str] = current["nodes"]
     helpers_changed = tuple(
         f"{n}: {h}"
         for n in executed
@@ -463,12 +509,7 @@ def compare_graphs(
         for n in executed
         if rec_nodes.get(inverse.get(n, n), cur_nodes[n]) != cur_nodes[n] or n in with_helper
     )
-    return GraphDrift(
-        structural=tuple(structural),
-        code_changed=code_changed,
-        param_check_changed=recorded.get("param_check") != current.get("param_check"),
-        helpers_changed=helpers_changed,
-    )
+    return code_changed, helpers_changed
 
 
 def _reachable(edges: Sequence[tuple[Any, ...]], start: str) -> set[str]:
@@ -507,12 +548,18 @@ def _transition_changes(
         for s, d, c in cur
         if (s, d, c) not in rec and not _through(recorded, s, d, removed)
     ]
-    for src in sorted({e[0] for e in rec}):
-        if [e for e in rec if e[0] == src and e in cur] != [
-            e for e in cur if e[0] == src and e in rec
-        ]:
-            out.append(f"transitions out of {src!r} reordered")
+    out += [f"transitions out of {src!r} reordered" for src in _reordered(rec, cur)]
     return out
+
+
+def _reordered(rec: Sequence[tuple[Any, ...]], cur: Sequence[tuple[Any, ...]]) -> list[str]:
+    """Source nodes whose transitions kept in both lists are in another order now."""
+    return [
+        src
+        for src in sorted({e[0] for e in rec})
+        if [e for e in rec if e[0] == src and e in cur]
+        != [e for e in cur if e[0] == src and e in rec]
+    ]
 
 
 def _through(edges: Sequence[tuple[Any, ...]], src: str, dst: str, via: set[str]) -> bool:
