@@ -451,16 +451,7 @@ def audit_run(
         UnknownRun: the run or the reference run does not exist.
     """
     run = rw.store.get_run(run_id)
-    ref_run: RunRecord | None = None
-    if against is not None and against != CURRENT:
-        ref_run = rw.store.get_run(against)
-        if ref_run.run_id == run.run_id:
-            raise InvalidOverride(
-                "a run cannot be audited against itself",
-                "audit it against its parent, another run, or --against current",
-            )
-    elif against is None and run.parent_run_id:
-        ref_run = rw.store.get_run(run.parent_run_id)
+    ref_run = _reference_run(rw, run, against)
     runs = _Runs(rw)
     nodes = runs.nodes(run.run_id)
     own = [c for c in runs.side_effect_calls(run.run_id) if c.run_id == run.run_id]
@@ -477,16 +468,7 @@ def audit_run(
         judge = _AgainstCurrent(rw, runs, run, own, known)
         label = CURRENT if own or against == CURRENT else None
     graph = _Dataflow(rw, nodes)
-    verdicts = []
-    for c in inherited:
-        # Executed by an ancestor, not by this run: the run's conclusions downstream rest on an
-        # effect it never re-executed (its own verdict belongs to the run that executed it).
-        why = (
-            f"inherited from run {c.run_id[:12]}, which executed it at #{c.position + 1}; this "
-            f"run did not re-execute it (audit run {c.run_id[:12]} for its effect)"
-        )
-        decision = _Decision(NOT_RE_EXECUTED, [], why)
-        verdicts.append(_verdict(run.run_id, c, decision, graph.dependents(c.position)))
+    verdicts = [_inherited_verdict(run.run_id, c, graph) for c in inherited]
     for c in own:
         d = _Decision(*judge.judge(c))
         deps = () if d.verdict == FAITHFUL else graph.dependents(c.position)
@@ -506,6 +488,33 @@ def audit_run(
             counts=report.counts,
         )
     return report
+
+
+def _reference_run(rw: Rewind, run: RunRecord, against: str | None) -> RunRecord | None:
+    """The run ``run`` is audited against: ``against`` (not the run itself), else its parent;
+    None for the resources' current state."""
+    if against is not None and against != CURRENT:
+        ref_run = rw.store.get_run(against)
+        if ref_run.run_id == run.run_id:
+            raise InvalidOverride(
+                "a run cannot be audited against itself",
+                "audit it against its parent, another run, or --against current",
+            )
+        return ref_run
+    if against is None and run.parent_run_id:
+        return rw.store.get_run(run.parent_run_id)
+    return None
+
+
+def _inherited_verdict(run_id: str, c: _Call, graph: _Dataflow) -> CallVerdict:
+    """``not-re-executed`` for a call an ancestor executed: the run's conclusions downstream rest
+    on an effect it never re-executed (its own verdict belongs to the run that executed it)."""
+    why = (
+        f"inherited from run {c.run_id[:12]}, which executed it at #{c.position + 1}; this "
+        f"run did not re-execute it (audit run {c.run_id[:12]} for its effect)"
+    )
+    decision = _Decision(NOT_RE_EXECUTED, [], why)
+    return _verdict(run_id, c, decision, graph.dependents(c.position))
 
 
 def _not_re_executed(runs: _Runs, run: RunRecord, ref: RunRecord) -> list[CallVerdict]:
@@ -744,70 +753,42 @@ class _AgainstRun(_Judge):
             )
         return None, "no corresponding call"
 
+    def _nothing_to_compare(
+        self, c: _Call, rows: list[EffectRecord], at: tuple[str, int, int] | None, how: str
+    ) -> tuple[str, list[ResourceAudit], str]:
+        """``audit-incomplete``: the reference has no such call (``at`` None), or never executed
+        it (served it from this run's record)."""
+        ref_id = self.ref.run_id[:12]
+        details = [_detail(e, "", None, None, "missing") for e in rows]
+        if at is None:
+            return INCOMPLETE, details, f"run {ref_id} has {how} to compare with"
+        return (
+            INCOMPLETE,
+            details,
+            f"run {ref_id} never executed this call (it served it from this run's record), "
+            "so there is no independent post-state to compare with",
+        )
+
     def judge(self, c: _Call) -> tuple[str, list[ResourceAudit], str]:
         rows = self.runs.effects(c.run_id, c.position, c.call.call_index)
         early = self.preliminary(c, rows)
         if early is not None:
             return early
         at, how = self._reference(c)
-        ref_id = self.ref.run_id[:12]
-        if at is None:
-            details = [_detail(e, "", None, None, "missing") for e in rows]
-            return INCOMPLETE, details, f"run {ref_id} has {how} to compare with"
-        if at == (c.run_id, c.position, c.call.call_index):
-            details = [_detail(e, "", None, None, "missing") for e in rows]
-            return (
-                INCOMPLETE,
-                details,
-                f"run {ref_id} never executed this call (it served it from this run's record), "
-                "so there is no independent post-state to compare with",
-            )
+        if at is None or at == (c.run_id, c.position, c.call.call_index):
+            return self._nothing_to_compare(c, rows, at, how)
         ref_rows = self.runs.effects(*at)
         where = f"run {at[0][:12]} #{at[1] + 1}/{at[2]}"
         pairs, unmatched_ref = _pair(rows, ref_rows)
-        details = []
-        for e, r in pairs:
-            if r is None:
-                details.append(_detail(e, where, None, None, "missing"))
-                continue
-            status = (
-                "missing"
-                if e.post_digest is None or r.post_digest is None
-                else ("match" if e.post_digest == r.post_digest else "mismatch")
-            )
-            details.append(_detail(e, where, r.post_digest, r.post_epoch, status))
-        for r in unmatched_ref:
-            details.append(
-                ResourceAudit(
-                    r.resource,
-                    r.kind,
-                    None,
-                    None,
-                    where,
-                    r.post_digest,
-                    r.post_epoch,
-                    "",
-                    "missing",
-                )
-            )
+        details = _paired_details(pairs, unmatched_ref, where)
         extra = "" if how == "same cache key" else f" ({how}: a new call, not a replay)"
         ref_call = self.runs.call_at(*at)
         output = ""
         if ref_call is not None and ref_call.result_hash and c.call.result_hash:
             output = "match" if ref_call.result_hash == c.call.result_hash else "mismatch"
-        collided = [
-            e.idempotency_key
-            for e, r in pairs
-            if r is not None and e.idempotency_key and e.idempotency_key == r.idempotency_key
-        ]
-        if collided:
-            return (
-                NOT_RE_EXECUTED,
-                details,
-                f"idempotency key {collided[0][:16]} is the one {where} consumed: a tool-side "
-                "idempotency cache can answer with the original result without re-executing "
-                "(salt it with rewind.effects.idempotency_key)",
-            )
+        collided = _collided_key(pairs, where)
+        if collided is not None:
+            return NOT_RE_EXECUTED, details, collided
         decided = _decide(details, where, extra)
         if output == "mismatch" and ref_call is not None:
             post = decided[0] == DIVERGENT
@@ -820,37 +801,94 @@ class _AgainstRun(_Judge):
             return _Decision(DIVERGENT, details, f"{said}; {tail}", output, halves)
         if decided[0] == DIVERGENT:
             return _Decision(*decided, output, ("post-state",))
-        compared = [(e, r) for e, r in pairs if r is not None]
-        if (
-            decided[0] == FAITHFUL
-            and all(e.pre_digest is not None and e.pre_digest == e.post_digest for e, _ in compared)
-            and any(r.pre_digest is not None and r.pre_digest != r.post_digest for _, r in compared)
-        ):
-            # The end state matches only because the world already held it: re-execution
-            # cannot be told from an idempotency cache answering with the original result.
-            return (
-                NOT_RE_EXECUTED,
-                details,
-                f"the call changed nothing while {where} changed its resource: its matching "
-                "post-state cannot be told from an answer served by an idempotency cache",
-                output,
-            )
-        other_pre = [
-            (e, r) for e, r in compared if e.pre_digest is None or e.pre_digest != r.pre_digest
-        ]
-        if decided[0] == FAITHFUL and other_pre:
-            # Seed 004, condition 2: only a call run against the recorded pre-state reproduces
-            # the recorded effect; the same end state from another start is not evidence.
-            e, r = other_pre[0]
-            return _Decision(
-                INCOMPLETE,
-                details,
-                f"{_shorten_name(e.resource)}: the call ran against another pre-state than "
-                f"{where} ({_short(e.pre_digest)} vs {_short(r.pre_digest)}), so its equal "
-                "post-state is not a reproduction of that effect",
-                output,
-            )
+        if decided[0] == FAITHFUL:
+            doubt = _faithful_doubt([(e, r) for e, r in pairs if r is not None], where)
+            if doubt is not None:
+                return _Decision(doubt[0], details, doubt[1], output)
         return _Decision(*decided, output)
+
+
+def _collided_key(pairs: list[tuple[EffectRecord, EffectRecord | None]], where: str) -> str | None:
+    """Why the call counts as not re-executed when it reused the idempotency key the reference
+    call consumed; None when no key collided."""
+    collided = [
+        e.idempotency_key
+        for e, r in pairs
+        if r is not None and e.idempotency_key and e.idempotency_key == r.idempotency_key
+    ]
+    if not collided:
+        return None
+    return (
+        f"idempotency key {collided[0][:16]} is the one {where} consumed: a tool-side "
+        "idempotency cache can answer with the original result without re-executing "
+        "(salt it with rewind.effects.idempotency_key)"
+    )
+
+
+def _paired_details(
+    pairs: list[tuple[EffectRecord, EffectRecord | None]],
+    unmatched_ref: list[EffectRecord],
+    where: str,
+) -> list[ResourceAudit]:
+    """One resource audit per pair (post-states compared) and per reference resource the
+    call did not touch (``missing``)."""
+    details = []
+    for e, r in pairs:
+        if r is None:
+            details.append(_detail(e, where, None, None, "missing"))
+            continue
+        status = (
+            "missing"
+            if e.post_digest is None or r.post_digest is None
+            else ("match" if e.post_digest == r.post_digest else "mismatch")
+        )
+        details.append(_detail(e, where, r.post_digest, r.post_epoch, status))
+    for r in unmatched_ref:
+        details.append(
+            ResourceAudit(
+                r.resource,
+                r.kind,
+                None,
+                None,
+                where,
+                r.post_digest,
+                r.post_epoch,
+                "",
+                "missing",
+            )
+        )
+    return details
+
+
+def _faithful_doubt(
+    compared: list[tuple[EffectRecord, EffectRecord]], where: str
+) -> tuple[str, str] | None:
+    """(verdict, why) when matching post-states are no evidence of a faithful re-execution;
+    None when they are."""
+    if all(e.pre_digest is not None and e.pre_digest == e.post_digest for e, _ in compared) and any(
+        r.pre_digest is not None and r.pre_digest != r.post_digest for _, r in compared
+    ):
+        # The end state matches only because the world already held it: re-execution
+        # cannot be told from an idempotency cache answering with the original result.
+        return (
+            NOT_RE_EXECUTED,
+            f"the call changed nothing while {where} changed its resource: its matching "
+            "post-state cannot be told from an answer served by an idempotency cache",
+        )
+    other_pre = [
+        (e, r) for e, r in compared if e.pre_digest is None or e.pre_digest != r.pre_digest
+    ]
+    if other_pre:
+        # Seed 004, condition 2: only a call run against the recorded pre-state reproduces
+        # the recorded effect; the same end state from another start is not evidence.
+        e, r = other_pre[0]
+        return (
+            INCOMPLETE,
+            f"{_shorten_name(e.resource)}: the call ran against another pre-state than "
+            f"{where} ({_short(e.pre_digest)} vs {_short(r.pre_digest)}), so its equal "
+            "post-state is not a reproduction of that effect",
+        )
+    return None
 
 
 def _pair(
