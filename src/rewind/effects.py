@@ -87,15 +87,28 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
             f"{ctx.run_id[:12]}, so it would execute unrecorded",
             'call it inside a step: with rewind.tracing.step("name", "tool_call"): ...',
         )
-    policy, key, index = call.policy, call.key, call.index
-    entry = ctx.lineage.get(key) if ctx.read_cache or not ctx.write_cache else None
+    entry = ctx.lineage.get(call.key) if ctx.read_cache or not ctx.write_cache else None
     mode = "record" if not ctx.read_cache and ctx.write_cache else ctx.effects_mode
     if not ctx.write_cache:
         # Stability runs never repeat effects: serve the record, or log the call when its
         # arguments spread upstream (there is then no record to serve).
         mode = "recorded" if entry is not None else "dry-run"
-    where = f"node {scope.name!r}: " if scope is not None else ""
-    wrong = [r for r in policy.resources if not isinstance(r, Fingerprinter)]
+    where = f"node {scope.name!r}: "
+    resources = _declared_resources(call, where)
+    if mode == "recorded" or (mode == "dry-run" and entry is not None):
+        data, record = _served_effect(ctx, scope, call, resources, mode, entry, where)
+    elif mode == "dry-run":
+        data, record = _dry_run_effect(ctx, scope, call, resources)
+    else:
+        with _holding(resources):
+            data, record = _execute_effect(ctx, call, resources, mode, where)
+    scope.add_call(record)
+    return data, record
+
+
+def _declared_resources(call: Call, where: str) -> list[Fingerprinter]:
+    """The call's declared resources, each a :class:`Fingerprinter` (RewindError otherwise)."""
+    wrong = [r for r in call.policy.resources if not isinstance(r, Fingerprinter)]
     if wrong:
         raise RewindError(
             f"{where}side-effecting tool {call.name!r} declares a resource that cannot be "
@@ -103,43 +116,53 @@ def side_effect_call(ctx: RunContext, call: Call) -> tuple[bytes, CallRecord]:
             "declare resources as rewind.effects.FileTree(path), SQLiteTable(db, table) or "
             "HttpResource(url)",
         )
-    resources: list[Fingerprinter] = list(policy.resources)
+    return list(call.policy.resources)
 
-    if mode == "recorded" or (mode == "dry-run" and entry is not None):
-        if entry is None:
-            raise SideEffectBlocked(
-                f"{where}side-effecting tool {call.name!r} is called with arguments the source "
-                "run never used, so there is no recorded result to serve",
-                "replay with --effects live (re-execute against a verified pre-state) or "
-                "--effects dry-run (log the call, execute nothing)",
-            )
-        data = ctx.lineage_blobs.get(entry.result_hash) or ctx.store.get_blob(entry.result_hash)
-        outcome, reason = (
-            ("served", "side-effect-recorded")
-            if mode == "recorded"
-            else ("dry-run", "side-effect-dry-run")
+
+def _served_effect(
+    ctx: RunContext,
+    scope: NodeScope,
+    call: Call,
+    resources: list[Fingerprinter],
+    mode: str,
+    entry: LineageEntry | None,
+    where: str,
+) -> tuple[bytes, CallRecord]:
+    """``recorded`` (or ``dry-run`` with a record): the recorded result, nothing executed."""
+    if entry is None:
+        raise SideEffectBlocked(
+            f"{where}side-effecting tool {call.name!r} is called with arguments the source "
+            "run never used, so there is no recorded result to serve",
+            "replay with --effects live (re-execute against a verified pre-state) or "
+            "--effects dry-run (log the call, execute nothing)",
         )
-        record = call.record(entry.result_hash, outcome, reason, produced_at=entry.produced_at)
-        if mode == "recorded" and policy.on_served is not None:
-            policy.on_served(call.request, data)
-        _effect_rows(ctx, scope, index, resources, mode, None, None, None, policy)
-    elif mode == "dry-run":
-        data = canonical_bytes(
-            {"dry_run": True, "tool": call.name, "request_sha256": call.request_hash}
-        )
-        record = call.record(
-            sha256_hex(data), "dry-run", "side-effect-dry-run", produced_at=ctx.clock()
-        )
-        _effect_rows(ctx, scope, index, resources, mode, None, None, None, policy)
-        if scope is not None:
-            scope.pending[f"dry-run:{key}:{index}"] = call.pending(
-                record.result_hash or "", data, cacheable=False, produced_at=None
-            )
-    else:
-        with _holding(resources):
-            data, record = _execute_effect(ctx, call, resources, mode, where)
-    if scope is not None:
-        scope.add_call(record)
+    data = ctx.lineage_blobs.get(entry.result_hash) or ctx.store.get_blob(entry.result_hash)
+    outcome, reason = (
+        ("served", "side-effect-recorded")
+        if mode == "recorded"
+        else ("dry-run", "side-effect-dry-run")
+    )
+    record = call.record(entry.result_hash, outcome, reason, produced_at=entry.produced_at)
+    if mode == "recorded" and call.policy.on_served is not None:
+        call.policy.on_served(call.request, data)
+    _effect_rows(ctx, scope, call.index, resources, mode, None, None, None, call.policy)
+    return data, record
+
+
+def _dry_run_effect(
+    ctx: RunContext, scope: NodeScope, call: Call, resources: list[Fingerprinter]
+) -> tuple[bytes, CallRecord]:
+    """``dry-run`` without a record: log the intended call, execute nothing."""
+    data = canonical_bytes(
+        {"dry_run": True, "tool": call.name, "request_sha256": call.request_hash}
+    )
+    record = call.record(
+        sha256_hex(data), "dry-run", "side-effect-dry-run", produced_at=ctx.clock()
+    )
+    _effect_rows(ctx, scope, call.index, resources, "dry-run", None, None, None, call.policy)
+    scope.pending[f"dry-run:{call.key}:{call.index}"] = call.pending(
+        record.result_hash or "", data, cacheable=False, produced_at=None
+    )
     return data, record
 
 
@@ -332,23 +355,7 @@ def _verify_pre_state(
     pre: dict[str, Fingerprint | None] = {}
     drift: list[str] = []
     for r in resources:
-        # Only the same resource: a call that now touches another folder is a new effect, and
-        # the recorded folder's snapshot must never be restored into it.
-        rec = next(
-            (
-                e
-                for e in rows
-                if e.kind == r.kind and same_resource(r.name, ctx.run_id, e.resource, e.run_id)
-            ),
-            None,
-        )
-        if rec is None or rec.pre_digest is None:
-            touched = ", ".join(sorted(e.resource for e in rows)) or "nothing"
-            raise EffectPreconditionFailed(
-                f"{where}the source run recorded no pre-state of {r.name} for {name!r} (that "
-                f"call touched {touched}): a call on another resource is a new effect",
-                fix,
-            )
+        rec = _recorded_pre_state(ctx, rows, r, where, name, fix)
         try:
             now = r.fingerprint()
         except FingerprintUnavailable as exc:
@@ -360,36 +367,7 @@ def _verify_pre_state(
         if now.digest == rec.pre_digest:
             pre[r.name] = now
             continue
-        found = f"{r.name}: found {now.digest[:12]}, recorded {rec.pre_digest[:12]}"
-        if rec.snapshot_hash is None:
-            raise EffectPreconditionFailed(
-                f"{where}{r.name} is not in the state {name!r} was recorded against "
-                f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]}) and there is "
-                "no pinned snapshot to restore it from (a SQLite table, or a folder over "
-                "FileTree.max_snapshot_bytes or holding special files)",
-                "restore the resource, or replay with --effects recorded or --effects dry-run",
-            )
-        # Data outside the snapshot may go only when the user asked for it, or when the world
-        # holds exactly what a call Rewind executed left (the recorded call, a grid sibling, an
-        # earlier live fork of the same slot): then that call wrote the data, not a person.
-        replace = ctx.restore_mode == "replace" or _left_by_rewind(ctx, r.name, now.digest, rec)
-        snapshot = ctx.store.get_blob(rec.snapshot_hash)
-        try:
-            changes = r.changes_from(snapshot)
-        except (OSError, ValueError):
-            changes = []
-        r.restore(snapshot, replace=replace)
-        after = r.fingerprint()
-        if after.digest != rec.pre_digest:
-            raise EffectPreconditionFailed(
-                f"{where}restoring {r.name} did not give the recorded pre-state of {name!r} "
-                f"({after.digest[:12]} vs {rec.pre_digest[:12]})",
-                fix,
-            )
-        pre[r.name] = after
-        if changes:
-            shown = ", ".join(changes[:5]) + (f" (+{len(changes) - 5} more)" if changes[5:] else "")
-            found += f" ({shown})"
+        pre[r.name], found = _restore_pre_state(ctx, r, rec, now, where, name, fix)
         drift.append(found)
         ctx.emit(
             "warning",
@@ -398,6 +376,80 @@ def _verify_pre_state(
             f"{name!r}: what was found there is replaced",
         )
     return pre, drift
+
+
+def _recorded_pre_state(
+    ctx: RunContext,
+    rows: list[EffectRecord],
+    r: Fingerprinter,
+    where: str,
+    name: str,
+    fix: str,
+) -> EffectRecord:
+    """The slot's effect row of resource ``r``, with a recorded pre-state.
+
+    Only the same resource: a call that now touches another folder is a new effect, and the
+    recorded folder's snapshot must never be restored into it."""
+    rec = next(
+        (
+            e
+            for e in rows
+            if e.kind == r.kind and same_resource(r.name, ctx.run_id, e.resource, e.run_id)
+        ),
+        None,
+    )
+    if rec is None or rec.pre_digest is None:
+        touched = ", ".join(sorted(e.resource for e in rows)) or "nothing"
+        raise EffectPreconditionFailed(
+            f"{where}the source run recorded no pre-state of {r.name} for {name!r} (that "
+            f"call touched {touched}): a call on another resource is a new effect",
+            fix,
+        )
+    return rec
+
+
+def _restore_pre_state(
+    ctx: RunContext,
+    r: Fingerprinter,
+    rec: EffectRecord,
+    now: Fingerprint,
+    where: str,
+    name: str,
+    fix: str,
+) -> tuple[Fingerprint, str]:
+    """Restore a drifted resource from the slot's pinned snapshot: (its fingerprint after, the
+    ``"resource: found …, recorded …"`` line with what changed)."""
+    assert rec.pre_digest is not None
+    found = f"{r.name}: found {now.digest[:12]}, recorded {rec.pre_digest[:12]}"
+    if rec.snapshot_hash is None:
+        raise EffectPreconditionFailed(
+            f"{where}{r.name} is not in the state {name!r} was recorded against "
+            f"(pre-state {now.digest[:12]} vs recorded {rec.pre_digest[:12]}) and there is "
+            "no pinned snapshot to restore it from (a SQLite table, or a folder over "
+            "FileTree.max_snapshot_bytes or holding special files)",
+            "restore the resource, or replay with --effects recorded or --effects dry-run",
+        )
+    # Data outside the snapshot may go only when the user asked for it, or when the world
+    # holds exactly what a call Rewind executed left (the recorded call, a grid sibling, an
+    # earlier live fork of the same slot): then that call wrote the data, not a person.
+    replace = ctx.restore_mode == "replace" or _left_by_rewind(ctx, r.name, now.digest, rec)
+    snapshot = ctx.store.get_blob(rec.snapshot_hash)
+    try:
+        changes = r.changes_from(snapshot)
+    except (OSError, ValueError):
+        changes = []
+    r.restore(snapshot, replace=replace)
+    after = r.fingerprint()
+    if after.digest != rec.pre_digest:
+        raise EffectPreconditionFailed(
+            f"{where}restoring {r.name} did not give the recorded pre-state of {name!r} "
+            f"({after.digest[:12]} vs {rec.pre_digest[:12]})",
+            fix,
+        )
+    if changes:
+        shown = ", ".join(changes[:5]) + (f" (+{len(changes) - 5} more)" if changes[5:] else "")
+        found += f" ({shown})"
+    return after, found
 
 
 def same_resource(name: str, run_id: str, other: str, other_run_id: str) -> bool:

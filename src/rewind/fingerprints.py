@@ -259,7 +259,25 @@ class FileTree(Fingerprinter):
         files: dict[str, str] = {} if absent else doc["files"]
         links: dict[str, str] = {} if absent else doc.get("links", {})
         dirs: list[str] = [] if absent else doc.get("dirs", [])
-        kept = set(files) | set(links) | set(dirs)
+        self._refuse_extra(set(files) | set(links) | set(dirs), replace)
+        # Build the restored state beside the resource, then swap it in with one atomic exchange
+        # (renameat2): a failure while writing, or a crash at any point, leaves the resource
+        # either as it was found or restored, never missing. A declared path that is a link is
+        # followed (its folder is the resource; the link stays).
+        where = self.path.resolve() if self.path.is_symlink() else self.path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{where.name}.restore-", dir=where.parent))
+        try:
+            target = staging / "new"
+            if not absent:
+                _write_snapshot(target, doc, files, links, dirs)
+            _swap_in(target, where, staging / "old")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _refuse_extra(self, kept: set[str], replace: bool) -> None:
+        """Refuse (unless ``replace``) when the tree holds entries outside ``kept`` (the
+        snapshot's), which a restore would delete."""
         extra = sorted(
             rel
             for rel, kind, _, _ in self._entries()
@@ -275,38 +293,36 @@ class FileTree(Fingerprinter):
                 f"does not hold: {shown}",
                 "move them away, or replay with --effects live --restore=replace to delete them",
             )
-        # Build the restored state beside the resource, then swap it in with one atomic exchange
-        # (renameat2): a failure while writing, or a crash at any point, leaves the resource
-        # either as it was found or restored, never missing. A declared path that is a link is
-        # followed (its folder is the resource; the link stays).
-        where = self.path.resolve() if self.path.is_symlink() else self.path
-        where.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{where.name}.restore-", dir=where.parent))
-        try:
-            target = staging / "new"
-            if not absent:
-                modes: dict[str, int] = doc.get("modes", {})
-                if doc["dir"]:
-                    target.mkdir()
-                    for rel, content in files.items():
-                        out = target / rel
-                        out.parent.mkdir(parents=True, exist_ok=True)
-                        out.write_bytes(base64.b64decode(content))
-                        if rel in modes:
-                            os.chmod(out, modes[rel])
-                    for rel, dest in links.items():
-                        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-                        os.symlink(dest, target / rel)
-                    for rel in dirs:
-                        (target / rel).mkdir(parents=True, exist_ok=True)
-                else:
-                    ((rel, content),) = files.items()
-                    target.write_bytes(base64.b64decode(content))
-                    if rel in modes:
-                        os.chmod(target, modes[rel])
-            _swap_in(target, where, staging / "old")
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_snapshot(
+    target: Path,
+    doc: Mapping[str, Any],
+    files: Mapping[str, str],
+    links: Mapping[str, str],
+    dirs: list[str],
+) -> None:
+    """Write a (present) :class:`FileTree` snapshot at ``target``: a folder with its files,
+    modes, links and empty folders, or a single file."""
+    modes: dict[str, int] = doc.get("modes", {})
+    if not doc["dir"]:
+        ((rel, content),) = files.items()
+        target.write_bytes(base64.b64decode(content))
+        if rel in modes:
+            os.chmod(target, modes[rel])
+        return
+    target.mkdir()
+    for rel, content in files.items():
+        out = target / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(base64.b64decode(content))
+        if rel in modes:
+            os.chmod(out, modes[rel])
+    for rel, dest in links.items():
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(dest, target / rel)
+    for rel in dirs:
+        (target / rel).mkdir(parents=True, exist_ok=True)
 
 
 def _file_sha256(path: Path) -> str:
