@@ -64,7 +64,7 @@ from rewind.persister import (
 )
 from rewind.serde import encode
 from rewind.store.records import CallRecord
-from rewind.store.store import WriteBatch, call_rows, state_row
+from rewind.store.store import Store, WriteBatch, call_rows, state_row
 
 logger = logging.getLogger(__name__)
 
@@ -402,18 +402,9 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         """Create the sub-run of a sub-application being built (the root recorder does this)."""
         setup = self.sub_run_setup
         assert setup is not None
-        ctx = current()
-        with self.family.lock:
-            known = self.family.by_app.get(app_id)
-            if known is not None and not known._seen:
-                return  # the same build, reported by its second route
-            parent = self.family.by_run.get(ctx.run_id) if ctx is not None else None
-            if parent is None and spawning_parent_pointer is not None:
-                parent = self.family.by_app.get(spawning_parent_pointer.app_id)
-                if parent is None and spawning_parent_pointer.app_id == self.app_id:
-                    parent = self
+        parent = self._spawning_parent(app_id, spawning_parent_pointer)
         if parent is None or parent.ctx.node is None:
-            return  # not built by a node of this run: nothing to link it to
+            return  # not built by a node of this run (or already seen): nothing to link it to
         scope = parent.ctx.node
         key = scope.spawn_key(current_lane())
         path = (*parent.path, (scope.position, key))
@@ -429,6 +420,34 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         if setup.source is not None and parent.source_run_id is not None:
             source = setup.source(parent.source_run_id, scope.position, scope.name, key)
         params, inputs = setup.overrides.get(path, ({}, {}))
+        child_ctx = self._sub_run_context(pctx, store, run_id, params, inputs, source)
+        self._create_sub_run(run_id, state, graph, pctx.run_id, scope.position, key)
+        child = Recorder(
+            child_ctx,
+            self.persister,
+            0,
+            flush_interval_ms=self.flush_interval_ms,
+            source_run_id=source.run_id if source is not None else None,
+            _family=self.family,
+            _app_id=app_id,
+            _path=path,
+        )
+        with self.family.lock:
+            self.family.by_app[app_id] = child
+            self.family.by_run[run_id] = child
+            parent.open_sub_runs.setdefault(scope.position, []).append(child)
+
+    @staticmethod
+    def _sub_run_context(
+        pctx: RunContext,
+        store: Store,
+        run_id: str,
+        params: dict[str, dict[str, Any]],
+        inputs: dict[str, dict[str, Any]],
+        source: Any,
+    ) -> RunContext:
+        """A sub-run's context: the spawning run's settings, the sub-run's own overrides, and
+        the recorded sub-run's lineage (else what the spawning run's source made)."""
         child_ctx = RunContext(
             store=store,
             run_id=run_id,
@@ -452,6 +471,30 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         else:  # no recorded sub-run to replay: serve from what the spawning run's source made
             child_ctx.lineage = pctx.lineage
             child_ctx.lineage_blobs = pctx.lineage_blobs
+        return child_ctx
+
+    def _spawning_parent(self, app_id: str, pointer: Any) -> Recorder | None:
+        """The recorder of the run whose node builds this sub-application (the current run,
+        else the app the pointer names); None when unknown or this build was seen already."""
+        ctx = current()
+        with self.family.lock:
+            known = self.family.by_app.get(app_id)
+            if known is not None and not known._seen:
+                return None  # the same build, reported by its second route
+            parent = self.family.by_run.get(ctx.run_id) if ctx is not None else None
+            if parent is None and pointer is not None:
+                parent = self.family.by_app.get(pointer.app_id)
+                if parent is None and pointer.app_id == self.app_id:
+                    parent = self
+        return parent
+
+    def _create_sub_run(
+        self, run_id: str, state: State, graph: Any, spawning_run_id: str, position: int, key: str
+    ) -> None:
+        """Write the sub-run's row (its initial state when storable) and its graph."""
+        setup = self.sub_run_setup
+        assert setup is not None
+        store = self.ctx.store
         initial_hash: str | None = None
         try:
             fields, _ = FieldEncoder().encode(semantic_state(state.get_all()))
@@ -472,25 +515,11 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 initial_state_hash=initial_hash,
                 config=dict(setup.config),
                 launch={},
-                spawning_run_id=pctx.run_id,
-                spawning_position=scope.position,
+                spawning_run_id=spawning_run_id,
+                spawning_position=position,
                 spawn_key=key,
             )
             store.put_run_graph(conn, run_id, document)
-        child = Recorder(
-            child_ctx,
-            self.persister,
-            0,
-            flush_interval_ms=self.flush_interval_ms,
-            source_run_id=source.run_id if source is not None else None,
-            _family=self.family,
-            _app_id=app_id,
-            _path=path,
-        )
-        with self.family.lock:
-            self.family.by_app[app_id] = child
-            self.family.by_run[run_id] = child
-            parent.open_sub_runs.setdefault(scope.position, []).append(child)
 
     def _finish_sub_runs(self, position: int, status: str | None = None) -> None:
         """Commit and finish the sub-runs the node at ``position`` spawned (their apps are done

@@ -323,70 +323,14 @@ class Rewind:
             allow_code_change=allow_code_change,
         )
         parent, nodes, idx, fork_node = plan.parent, plan.nodes, plan.index, plan.fork_node
-        pipeline, launch, drift, current_graph = plan.pipeline, plan.launch, plan.drift, plan.graph
+        pipeline, launch, drift = plan.pipeline, plan.launch, plan.drift
         child_id = new_run_id or new_run_id_default()
-        builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
-        builder = pipeline.builder(child_id)
-        burr_src: tuple[str | None, int | None] = (None, None)
-        state_row_: dict[str, Any] | None = None
-
-        if isinstance(override, OutputOverride):
-            state_row_ = self._state_row_of(fork_node, values=False)
-        elif plan.source is None:
-            initial_fields = self.store.get_json(str(parent.initial_state_hash))
-            first_builder = builder
-
-            def start_from_initial() -> ApplicationBuilder:
-                # Loaded when the fork starts, so a value that cannot be loaded fails the fork
-                # run (like a Burr load from the persister) instead of leaving no trace.
-                initial = self.store.resolve_fields(initial_fields)
-                return first_builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
-
-            builder = start_from_initial
-        else:
-            burr_src = plan.source
-            builder = builder.initialize_from(
-                # loads the fork's start only: sub-applications start fresh, as when recorded
-                ForkStartLoader(self.persister, str(plan.source[0])),
-                resume_at_next_action=True,
-                default_state={},
-                default_entrypoint=pipeline.entrypoint,
-                fork_from_app_id=plan.source[0],
-                fork_from_sequence_id=plan.source[1],
-            )
-
-        # A fork of a fork keeps the params and inputs its ancestors changed, plus its own change.
-        param_overrides = self._ancestor_overrides(parent, "param")
-        input_overrides = self._ancestor_overrides(parent, "input")
-        if isinstance(override, ParamOverride):
-            param_overrides.setdefault(override.node, {})[override.param] = override.value
-        if isinstance(override, InputOverride):
-            input_overrides.setdefault(override.node, {})[override.name] = override.value
-        ctx = self._context(child_id, read_cache=cache_mode == "replay")
-        if cache_mode == "stability":
-            ctx.write_cache = False
-            ctx.bypass_reason = "stability"
-        ctx.param_overrides = param_overrides
-        ctx.input_overrides = input_overrides
-        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent)
-        ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
-        ctx.effects_mode = effects
-        ctx.restore_mode = restore
-        ctx.fork_node = fork_node.name
-        first = idx + 1 if isinstance(override, OutputOverride) else idx
-        sub_setup = SubRunSetup(
-            parent.pipeline,
-            parent.pipeline_ref,
-            parent.config if config is None else config,
-            source=self._sub_run_source,
+        builder, burr_src, state_row_ = self._fork_builder(plan, override, child_id)
+        ctx, input_overrides = self._fork_context(
+            plan, override, child_id, cache_mode=cache_mode, effects=effects, restore=restore
         )
-        sub_changes = self._ancestor_sub_run_overrides(parent)
-        if _sub_run is not None and _sub_run[1] is not None:
-            sub_changes.append((_sub_run[0], _sub_run[1].to_json()))
-        for path, doc in sub_changes:
-            params, changed = sub_setup.overrides.setdefault(path, ({}, {}))
-            kind, node, name = override_target(doc)
-            (params if kind == "param" else changed).setdefault(node, {})[name] = doc["value"]
+        first = idx + 1 if isinstance(override, OutputOverride) else idx
+        sub_setup = self._fork_sub_runs(parent, config, _sub_run)
         recorder = Recorder(
             ctx, self.persister, first, sub_runs=sub_setup, source_run_id=parent.run_id
         )
@@ -408,7 +352,136 @@ class Rewind:
                 message=f"run {parent.run_id[:12]} was recorded without its graph, so code "
                 "and graph drift cannot be checked for this fork",
             )
+        self._write_fork_rows(
+            plan,
+            override,
+            child_id,
+            burr_src,
+            state_row_,
+            config=config,
+            launch=launch.to_json() | {"effects": effects} | (_sub_run[2] if _sub_run else {}),
+        )
+        if isinstance(override, OutputOverride):
+            assert isinstance(builder, ApplicationBuilder)
+            builder = builder.initialize_from(
+                ForkStartLoader(self.persister, child_id),
+                resume_at_next_action=True,
+                default_state={},
+                default_entrypoint=pipeline.entrypoint,
+            )
+        return self._execute(start, ctx, recorder, launch, input_overrides)
 
+    def _fork_builder(
+        self, plan: ForkPlan, override: Override | None, child_id: str
+    ) -> tuple[
+        ApplicationBuilder | Callable[[], ApplicationBuilder],
+        tuple[str | None, int | None],
+        dict[str, Any] | None,
+    ]:
+        """(the fork's application builder, the Burr (app id, sequence id) it forks from, the
+        fork node's state row for an output override)."""
+        pipeline = plan.pipeline
+        builder: ApplicationBuilder | Callable[[], ApplicationBuilder]
+        builder = pipeline.builder(child_id)
+        if isinstance(override, OutputOverride):
+            return builder, (None, None), self._state_row_of(plan.fork_node, values=False)
+        if plan.source is None:
+            initial_fields = self.store.get_json(str(plan.parent.initial_state_hash))
+            first_builder = builder
+
+            def start_from_initial() -> ApplicationBuilder:
+                # Loaded when the fork starts, so a value that cannot be loaded fails the fork
+                # run (like a Burr load from the persister) instead of leaving no trace.
+                initial = self.store.resolve_fields(initial_fields)
+                return first_builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
+
+            return start_from_initial, (None, None), None
+        builder = builder.initialize_from(
+            # loads the fork's start only: sub-applications start fresh, as when recorded
+            ForkStartLoader(self.persister, str(plan.source[0])),
+            resume_at_next_action=True,
+            default_state={},
+            default_entrypoint=pipeline.entrypoint,
+            fork_from_app_id=plan.source[0],
+            fork_from_sequence_id=plan.source[1],
+        )
+        return builder, plan.source, None
+
+    def _fork_context(
+        self,
+        plan: ForkPlan,
+        override: Override | None,
+        child_id: str,
+        *,
+        cache_mode: str,
+        effects: str,
+        restore: str,
+    ) -> tuple[RunContext, dict[str, dict[str, Any]]]:
+        """The fork's run context (overrides, lineage, effects mode) and its input overrides."""
+        parent = plan.parent
+        # A fork of a fork keeps the params and inputs its ancestors changed, plus its own change.
+        param_overrides = self._ancestor_overrides(parent, "param")
+        input_overrides = self._ancestor_overrides(parent, "input")
+        if isinstance(override, ParamOverride):
+            param_overrides.setdefault(override.node, {})[override.param] = override.value
+        if isinstance(override, InputOverride):
+            input_overrides.setdefault(override.node, {})[override.name] = override.value
+        ctx = self._context(child_id, read_cache=cache_mode == "replay")
+        if cache_mode == "stability":
+            ctx.write_cache = False
+            ctx.bypass_reason = "stability"
+        ctx.param_overrides = param_overrides
+        ctx.input_overrides = input_overrides
+        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent)
+        ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+        ctx.effects_mode = effects
+        ctx.restore_mode = restore
+        ctx.fork_node = plan.fork_node.name
+        return ctx, input_overrides
+
+    def _fork_sub_runs(
+        self,
+        parent: RunRecord,
+        config: dict[str, Any] | None,
+        sub_run: tuple[SubRunPath, Override | None, dict[str, Any]] | None,
+    ) -> SubRunSetup:
+        """How the fork's sub-applications run: the changes its ancestors made to sub-runs,
+        plus this fork's own sub-run change."""
+        sub_setup = SubRunSetup(
+            parent.pipeline,
+            parent.pipeline_ref,
+            parent.config if config is None else config,
+            source=self._sub_run_source,
+        )
+        sub_changes = self._ancestor_sub_run_overrides(parent)
+        if sub_run is not None and sub_run[1] is not None:
+            sub_changes.append((sub_run[0], sub_run[1].to_json()))
+        for path, doc in sub_changes:
+            params, changed = sub_setup.overrides.setdefault(path, ({}, {}))
+            kind, node, name = override_target(doc)
+            (params if kind == "param" else changed).setdefault(node, {})[name] = doc["value"]
+        return sub_setup
+
+    def _write_fork_rows(
+        self,
+        plan: ForkPlan,
+        override: Override | None,
+        child_id: str,
+        burr_src: tuple[str | None, int | None],
+        state_row_: dict[str, Any] | None,
+        *,
+        config: dict[str, Any] | None,
+        launch: dict[str, Any],
+    ) -> None:
+        """One transaction: the fork's run row, its graph and drift, its inherited nodes and an
+        output override's node row."""
+        parent, nodes, idx, fork_node, drift = (
+            plan.parent,
+            plan.nodes,
+            plan.index,
+            plan.fork_node,
+            plan.drift,
+        )
         with self.store.write() as conn:
             self.store.create_run(
                 conn,
@@ -423,14 +496,14 @@ class Rewind:
                 burr_fork_app_id=burr_src[0],
                 burr_fork_sequence_id=burr_src[1],
                 config=parent.config if config is None else config,
-                launch=launch.to_json() | {"effects": effects} | (_sub_run[2] if _sub_run else {}),
+                launch=launch,
                 created_by=self.created_by,
             )
             drift_doc = (drift or GraphDrift()).to_json() | {
                 "checked": drift is not None,
                 "allowed": bool(drift is not None and drift.structural),
             }
-            self.store.put_run_graph(conn, child_id, current_graph, drift_doc)
+            self.store.put_run_graph(conn, child_id, plan.graph, drift_doc)
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
             if isinstance(override, OutputOverride) and state_row_ is not None:
@@ -438,15 +511,6 @@ class Rewind:
                 self._write_output_override(
                     conn, child_id, fork_node, override, plan.output, state_row_
                 )
-        if isinstance(override, OutputOverride):
-            assert isinstance(builder, ApplicationBuilder)
-            builder = builder.initialize_from(
-                ForkStartLoader(self.persister, child_id),
-                resume_at_next_action=True,
-                default_state={},
-                default_entrypoint=pipeline.entrypoint,
-            )
-        return self._execute(start, ctx, recorder, launch, input_overrides)
 
     # -- sub-runs (Burr sub-applications) -------------------------------------------------------
     def fork_sub_run(

@@ -81,6 +81,23 @@ def plan_launch(
             a halt node is not in the graph, or the graph loops with no halt condition given.
     """
     inputs = dict(inputs or {})
+    _check_inputs(pipeline, inputs)
+    _check_halt_nodes(pipeline, halt_after, halt_before)
+    after = tuple(halt_after or ())
+    before = tuple(halt_before or ())
+    if not after and not before:
+        after = tuple(pipeline.halt_after) or tuple(pipeline.terminal_nodes())
+        if not after:
+            raise InvalidOverride(
+                f"pipeline {pipeline.name!r} loops (no node ends it), so the run would not stop",
+                "pass halt_after (CLI: --halt-after NODE), as you would to app.run",
+            )
+    return Launch(inputs=inputs, halt_after=after, halt_before=before)
+
+
+def _check_inputs(pipeline: Pipeline, inputs: Mapping[str, Any]) -> None:
+    """Refuse a runtime input that Burr reserves or that is not JSON, and a missing input the
+    entrypoint requires."""
     for name, value in inputs.items():
         if not isinstance(name, str) or name.startswith("__"):
             raise InvalidOverride(
@@ -103,6 +120,12 @@ def plan_launch(
             f"node {pipeline.entrypoint!r} needs the runtime input(s) {', '.join(missing)}",
             f"pass them as inputs={{{example}}} (CLI: --inputs '{{{example}}}')",
         )
+
+
+def _check_halt_nodes(
+    pipeline: Pipeline, halt_after: Sequence[str] | None, halt_before: Sequence[str] | None
+) -> None:
+    """Refuse a halt node (or ``tag:`` name) the graph does not have."""
     names = set(pipeline.node_names())
     tags = {t for a in pipeline.graph.actions for t in a.tags}
     for flag, given in (("halt_after", halt_after), ("halt_before", halt_before)):
@@ -117,16 +140,6 @@ def plan_launch(
                 f"its nodes: {', '.join(pipeline.node_names())}"
                 + (f"; its tags: {', '.join(sorted(tags))}" if tags else ""),
             )
-    after = tuple(halt_after or ())
-    before = tuple(halt_before or ())
-    if not after and not before:
-        after = tuple(pipeline.halt_after) or tuple(pipeline.terminal_nodes())
-        if not after:
-            raise InvalidOverride(
-                f"pipeline {pipeline.name!r} loops (no node ends it), so the run would not stop",
-                "pass halt_after (CLI: --halt-after NODE), as you would to app.run",
-            )
-    return Launch(inputs=inputs, halt_after=after, halt_before=before)
 
 
 def drive(

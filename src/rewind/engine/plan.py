@@ -244,20 +244,7 @@ def validate_override(
             )
         return
     what = "param" if isinstance(override, ParamOverride) else "input"
-    later = [n for n in nodes[idx:] if n.name == override.node]
-    if not later:
-        if any(n.name == override.node for n in nodes[:idx]):
-            raise InvalidOverride(
-                f"node {override.node!r} runs before the fork node {fork_node.name!r}, so "
-                f"changing its {what} would have no effect",
-                f"fork at {override.node} instead",
-                field=f"{field}.node",
-            )
-        raise InvalidOverride(
-            f"the run has no node {override.node!r}",
-            f"nodes from the fork point on: {', '.join(n.name for n in nodes[idx:])}",
-            field=f"{field}.node",
-        )
+    later = _override_nodes(nodes, idx, override.node, what, field)
     if isinstance(override, ParamOverride):
         name, known, where = override.param, [n.params for n in later], f"{field}.param"
     else:
@@ -272,10 +259,38 @@ def validate_override(
             field=where,
         )
     recorded = next(doc[name] for doc in known if name in doc)
-    was, now = _json_type(recorded), _json_type(override.value)
-    if recorded is not None and override.value is not None and was != now:
+    _check_value_type(override.node, name, what, recorded, override.value, where)
+
+
+def _override_nodes(
+    nodes: Sequence[NodeRecord], idx: int, node: str, what: str, field: str
+) -> list[NodeRecord]:
+    """The executions of ``node`` at or after the fork point (InvalidOverride when none)."""
+    later = [n for n in nodes[idx:] if n.name == node]
+    if later:
+        return later
+    if any(n.name == node for n in nodes[:idx]):
         raise InvalidOverride(
-            f"{override.node}.{name} was recorded as a {was} "
+            f"node {node!r} runs before the fork node {nodes[idx].name!r}, so "
+            f"changing its {what} would have no effect",
+            f"fork at {node} instead",
+            field=f"{field}.node",
+        )
+    raise InvalidOverride(
+        f"the run has no node {node!r}",
+        f"nodes from the fork point on: {', '.join(n.name for n in nodes[idx:])}",
+        field=f"{field}.node",
+    )
+
+
+def _check_value_type(
+    node: str, name: str, what: str, recorded: Any, value: Any, where: str
+) -> None:
+    """Refuse a new value of another JSON type than the recorded one (null fits any)."""
+    was, now = _json_type(recorded), _json_type(value)
+    if recorded is not None and value is not None and was != now:
+        raise InvalidOverride(
+            f"{node}.{name} was recorded as a {was} "
             f"({json.dumps(recorded)[:40]}); the new value is a {now}",
             f"pass a {was}"
             + (

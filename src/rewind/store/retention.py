@@ -359,6 +359,20 @@ def _runs_to_archive(conn: Connection, cutoff: float) -> tuple[list[str], list[s
         for r in rows
         if r.status not in ARCHIVABLE_STATUSES and (r.finished_at or r.created_at) < cutoff
     )
+    needed = _ancestors_of_kept(parent, old)
+    doomed = old - needed
+    changed = True
+    while changed:  # a sub-run goes only with the run that spawned it
+        kept_subs = {r for r in doomed if r in spawner and spawner[r] not in doomed}
+        changed = bool(kept_subs)
+        doomed -= kept_subs
+        needed |= kept_subs
+    order = sorted(doomed, key=lambda r: (-_depth(parent, r), r))
+    return order, sorted(old & needed), unfinished
+
+
+def _ancestors_of_kept(parent: dict[str, str | None], old: set[str]) -> set[str]:
+    """Every ancestor (parent or spawning run) of a run that is not old: they must stay."""
     needed: set[str] = set()
     for run_id in parent:
         if run_id in old:
@@ -367,22 +381,15 @@ def _runs_to_archive(conn: Connection, cutoff: float) -> tuple[list[str], list[s
         while up is not None and up not in needed:
             needed.add(up)
             up = parent.get(up)
-    doomed = old - needed
-    changed = True
-    while changed:  # a sub-run goes only with the run that spawned it
-        kept_subs = {r for r in doomed if r in spawner and spawner[r] not in doomed}
-        changed = bool(kept_subs)
-        doomed -= kept_subs
-        needed |= kept_subs
+    return needed
 
-    def depth(run_id: str) -> int:
-        d, up = 0, parent.get(run_id)
-        while up is not None:
-            d, up = d + 1, parent.get(up)
-        return d
 
-    order = sorted(doomed, key=lambda r: (-depth(r), r))
-    return order, sorted(old & needed), unfinished
+def _depth(parent: dict[str, str | None], run_id: str) -> int:
+    """How many ancestors a run has."""
+    d, up = 0, parent.get(run_id)
+    while up is not None:
+        d, up = d + 1, parent.get(up)
+    return d
 
 
 # -- archives ----------------------------------------------------------------------------------
