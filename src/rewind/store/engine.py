@@ -18,6 +18,7 @@ from sqlalchemy import Engine, create_engine, event
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a writer waits for another writer's lock before failing (ms)."""
+SQLITE_PAGE_SIZE = int(os.environ.get("REWIND_SQLITE_PAGE_SIZE", "1024"))
 
 
 _ENGINES: OrderedDict[tuple[int, str], Engine] = OrderedDict()
@@ -67,6 +68,7 @@ def new_sqlite_engine(db_path: Path) -> Engine:
         # Let SQLAlchemy's begin event, not pysqlite, decide how transactions start.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
