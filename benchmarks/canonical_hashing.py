@@ -33,8 +33,36 @@ from rewind.canonical import canonical_bytes, content_hash
 
 TARGET_MB_PER_S = 50.0
 WORDS = [
-    *"rain sun fog wind cloud drizzle snow mean max min temperature seattle week month".split(),
-    *"trend warm cold wet dry station daily record average median anomaly summary".split(),
+    *[
+        "rain",
+        "sun",
+        "fog",
+        "wind",
+        "cloud",
+        "drizzle",
+        "snow",
+        "mean",
+        "max",
+        "min",
+        "temperature",
+        "seattle",
+        "week",
+        "month",
+    ],
+    *[
+        "trend",
+        "warm",
+        "cold",
+        "wet",
+        "dry",
+        "station",
+        "daily",
+        "record",
+        "average",
+        "median",
+        "anomaly",
+        "summary",
+    ],
     *["café", "naïve", "Zürich", "東京", "🌧️", "«quoted»", "tab\there", "line\nbreak"],
 ]
 
