@@ -28,7 +28,6 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
-from rewind.serde import decode_field
 from rewind.store import migrate, schema
 from rewind.store.codec import pack, unpack
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
@@ -1005,6 +1004,8 @@ class Store:
         m["internal"] = internal
         if not values:
             return m
+        from rewind.serde import decode_field  # imports Burr (and pandas): only when values load
+
         m["values"] = {k: decode_field(k, blobs[h]) for k, h in fields.items()} | internal
         return m
 
@@ -1015,6 +1016,8 @@ class Store:
             StateLoadError: a value cannot be rebuilt (see :func:`rewind.serde.decode_field`).
             StoreError: a blob is missing.
         """
+        from rewind.serde import decode_field  # imports Burr (and pandas): only when values load
+
         blobs = self.get_blobs(fields.values())
         return {k: decode_field(k, blobs[h]) for k, h in fields.items()}
 
