@@ -10,11 +10,15 @@ What it does:
    arguments, ~40 bytes, and a JSON result of 80–600 bytes of words and numbers), so the
    ``tool_cache`` and ``blobs`` indexes have the size they would have after many runs;
 3. alternates, ``--replays`` times, one plain-Burr run of the same graph (no persistence, tool
-   functions called directly) and one ``Rewind.replay(run_id, at=1)``, and checks every replayed
-   node is a cache hit with the parent's output hash and 0 tokens.
+   functions called directly), one plain-Burr run with Burr's ``SQLitePersister`` (WAL,
+   ``synchronous=NORMAL``, a fresh app id each time) and one ``Rewind.replay(run_id, at=1)``,
+   and checks every replayed node is a cache hit with the parent's output hash and 0 tokens.
 
 Figures (last line, JSON): ``cached_replay_ms_per_node`` = median replay wall time / nodes
-(target ≤ 1.0 ms), ``plain_burr_ms_per_node`` (context), ``cache_rows`` (tool + LLM cache rows).
+(target ≤ 1.0 ms), ``plain_burr_ms_per_node`` and ``burr_sqlite_ms_per_node`` (the baselines),
+``replay_added_ms_per_node`` = replay − plain Burr per node (target ≤ 0.2 ms),
+``replay_vs_burr_sqlite_ratio`` = replay / Burr + SQLitePersister, ``cache_rows`` (tool + LLM
+cache rows).
 
 Run: ``.venv/bin/python benchmarks/replay_overhead.py [--quick] [--profile]``
 """
@@ -35,6 +39,7 @@ from sqlalchemy import insert
 
 from chain import (
     SEED_STATE,
+    burr_sqlite_persister,
     chain_graph,
     chain_pipeline,
     median,
@@ -48,6 +53,7 @@ from rewind.replay import Rewind
 from rewind.store import Store, schema
 
 TARGET_MS_PER_NODE = 1.0
+TARGET_ADDED_MS_PER_NODE = 0.2
 WORDS_TEXT = (
     "rain sun fog wind cloud drizzle snow mean max min precipitation temperature seattle week "
     "month year trend warm cold wet dry station daily record average median anomaly summary"
@@ -144,39 +150,60 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check_replay(rw, parent.run_id, warm.run_id, nodes)
         run_plain_burr(plain_graph, "plain-warm")
 
+        persister = burr_sqlite_persister(Path(tmp) / "burr.db")
+        run_plain_burr(plain_graph, "burr-warm", persister)
         replay_ms: list[float] = []
         plain_ms: list[float] = []
+        burr_ms: list[float] = []
         for r in range(replays):
-            order = ("plain", "replay") if r % 2 == 0 else ("replay", "plain")
+            order = ("plain", "burr", "replay") if r % 2 == 0 else ("replay", "burr", "plain")
             for which in order:
                 if which == "plain":
                     with timed() as t:
                         run_plain_burr(plain_graph, f"plain-{r}")
                     plain_ms.extend(t)
+                elif which == "burr":
+                    with timed() as t:
+                        run_plain_burr(plain_graph, f"burr-{r}", persister)
+                    burr_ms.extend(t)
                 else:
                     with timed() as t:
                         child = rw.replay(parent.run_id, at=1)
                     replay_ms.extend(t)
                     check_replay(rw, parent.run_id, child.run_id, nodes)
         print(f"plain Burr run ({nodes} nodes, no persistence): {spread(plain_ms)}")
+        print(f"Burr + SQLitePersister (WAL, NORMAL):        {spread(burr_ms)}")
         print(f"Rewind unchanged replay ({nodes} nodes, all hits): {spread(replay_ms)}")
 
         if args.profile:
             print("cProfile of one unchanged replay (cumulative):")
             profile(lambda: rw.replay(parent.run_id, at=1))
+        persister.connection.close()
         rw.store.close()
 
     per_node = median(replay_ms) / nodes
     plain_per_node = median(plain_ms) / nodes
+    burr_per_node = median(burr_ms) / nodes
+    added = per_node - plain_per_node
     verdict = "meets" if per_node <= TARGET_MS_PER_NODE else "MISSES"
+    added_verdict = "meets" if added <= TARGET_ADDED_MS_PER_NODE else "MISSES"
     print(
         f"cached replay: {per_node:.3f} ms/node ({verdict} target ≤ {TARGET_MS_PER_NODE} ms); "
         f"plain Burr: {plain_per_node:.3f} ms/node; cache rows: {cache_rows:,}"
+    )
+    print(
+        f"replay adds {added:.3f} ms/node over plain Burr ({added_verdict} target ≤ "
+        f"{TARGET_ADDED_MS_PER_NODE} ms); replay / Burr + SQLitePersister = "
+        f"{per_node / burr_per_node:.2f} ({burr_per_node:.3f} ms/node)"
     )
     return {
         "cached_replay_ms_per_node": round(per_node, 4),
         "cached_replay_target_ms_per_node": TARGET_MS_PER_NODE,
         "plain_burr_ms_per_node": round(plain_per_node, 4),
+        "burr_sqlite_ms_per_node": round(burr_per_node, 4),
+        "replay_added_ms_per_node": round(added, 4),
+        "replay_added_target_ms_per_node": TARGET_ADDED_MS_PER_NODE,
+        "replay_vs_burr_sqlite_ratio": round(per_node / burr_per_node, 3),
         "cache_rows": cache_rows,
         "nodes": nodes,
         "replays": replays,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import json
 import subprocess
 import sys
@@ -26,6 +27,23 @@ __all__ = [
     "redis_server",
     "s3_server",
 ]  # session fixtures: started only when a test asks
+
+SRC_PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rewind"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile this checkout's sources to ``__pycache__`` once per session.
+
+    Tests run ``rewind`` in subprocesses (``tests/cli_process.py``); with
+    ``PYTHONDONTWRITEBYTECODE=1`` in the environment none of them writes bytecode, so each one
+    compiled every module it imports from source again (``rewind --help``: 1.07 s without, 0.46 s
+    with cached bytecode, measured on the 2-core CI machine). Bytecode is only *read* from
+    ``__pycache__`` when its recorded source mtime and size still match, so a stale file is
+    never used; ``py_compile`` writes each one atomically, so parallel sessions are safe.
+    Ignored by git (``__pycache__/`` in .gitignore).
+    """
+    compileall.compile_dir(SRC_PACKAGE, quiet=1, workers=1)
+
 
 FAKE_MODEL = "fake-model"
 FAKE_BASE_URL = "http://fake.test/v1"

@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ("grid.py", "grid_vs_serial_ratio"),
         ("capture_overhead.py", "hit_ms_per_call"),
         ("trace_replay.py", "replay_in_place_ms_per_step"),
+        ("canonical_hashing.py", "canonical_hash_mb_per_s"),
+        ("store_scaling.py", "burr_replay_largest_vs_smallest"),
     ],
 )
 def test_benchmark_prints_its_figure(script: str, figure: str) -> None:

@@ -676,3 +676,81 @@ def test_key_of_matches_its_definition(parts: list[str | bytes]) -> None:
         b"%d:%s" % (len(p), p) for p in (x.encode() if isinstance(x, str) else x for x in parts)
     )
     assert key_of(*parts) == hashlib.sha256(blob).hexdigest()
+
+
+# --- pinned digests: a faster encoder must never change a hash ------------------------------------
+
+
+def _pinned_table() -> list[dict[str, object]]:
+    """A deterministic table of 400 records with every JSON type, non-ASCII text and floats."""
+    rows: list[dict[str, object]] = []
+    for i in range(400):
+        rows.append(
+            {
+                "id": i,
+                "name": f"row {i} café 東京 «{i % 7}»",
+                "score": (i * 37 % 1000) / 7.0 - 50.0,
+                "ok": i % 3 == 0,
+                "none": None,
+                "big": 3**i if i % 50 == 0 else i,
+                "tags": ["a", "b\n", "\t", "\u2028"][: i % 5],
+                "nested": {"x": i / 3, "y": [i, -i, 0.5], "z": {"deep": str(i)}},
+            }
+        )
+    return rows
+
+
+PINNED_DIGESTS = {
+    "plain": "5e002b0e99fda3b5648f8e100e83fdab598695122cd6b4a59571e7c31168afcb",
+    "chat": "92f9c8ce772d6faaf855010693ac1fd20e596b3daff4f8e2228dcfc258dc659e",
+    "floats": "1c5f136b4c34eb3b7aefd45f06ff51a5ad1be426ea18406934b7073cab023fb3",
+    "table": "2676d662c862afe537f5a0a4d7a2781417a45844a5738d7c5eb4d45951e8d0c5",
+}
+
+
+def _pinned_values() -> dict[str, object]:
+    return {
+        "plain": {
+            "b": [1, 2.5, "x", None, True, False],
+            "a": {"é": "café", "k": -0.0, "n": 10**30},
+            "z": "line\nbreak\t\u2028",
+        },
+        "chat": {
+            "messages": [
+                {"content": "You are a terse arithmetic agent.", "role": "system"},
+                {"content": "step 0: previous tool result 0", "role": "user"},
+            ],
+            "model": "stub-model",
+            "temperature": 0,
+            "max_tokens": 64,
+        },
+        "floats": [
+            0.0,
+            1.0,
+            1e-4,
+            0.1,
+            123456789.123,
+            9999999999999998.0,
+            1e16,
+            1e-7,
+            5e-324,
+            -1.5e300,
+        ],
+        "table": _pinned_table(),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_DIGESTS))
+def test_known_values_keep_their_pinned_digest(name: str) -> None:
+    # Digests recorded before the encoder was made faster: every stored hash depends on them.
+    assert content_hash(_pinned_values()[name]) == PINNED_DIGESTS[name]
+
+
+@given(json_values)
+def test_canonical_bytes_equal_the_reference_encoders_utf8(value: object) -> None:
+    # canonical_bytes has a fast path of its own (orjson when installed).
+    try:
+        expected = canonical._python_json(value).encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    assert canonical_bytes(value) == expected

@@ -206,7 +206,7 @@ blobs = Table(
     metadata,
     Column("hash", String(64), primary_key=True),
     Column("size", Integer, nullable=False),  # bytes before compression
-    Column("codec", String(8), nullable=False, default="raw"),  # raw | zlib | object
+    Column("codec", String(8), nullable=False, default="raw"),  # raw|zlib|zd1|object (codec.py)
     Column("data", LargeBinary, nullable=False),  # empty when codec is object
     Column("ref", Text, nullable=True),  # object URL when codec is object (store/objects.py)
 )

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,8 +28,8 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import RewindError, StoreError
-from rewind.serde import decode_field
 from rewind.store import migrate, schema
+from rewind.store.codec import pack, unpack
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
 from rewind.store.objects import ObjectStore, artifact_key
 from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
@@ -45,9 +44,6 @@ OWNER_START_TOLERANCE_S = 1.0
 process: start times are read from the kernel at 10 ms resolution, pid reuse takes far longer."""
 MIN_PREFIX = 4
 """Shortest run id prefix accepted in place of a full id."""
-COMPRESS_MIN_BYTES = 1024
-"""Blobs at least this large are stored zlib-compressed when that saves 10% or more; the hash
-is always taken over the uncompressed bytes."""
 _IN_CHUNK = 500
 PRESENCE_CHECK_MIN_BLOBS = 32
 """A write batch with at least this many blobs the store instance has not written asks which are
@@ -89,18 +85,6 @@ class WriteBatch:
         self.nodes.extend(other.nodes)
         self.calls.extend(other.calls)
         self.effects.extend(other.effects)
-
-
-def _pack(data: bytes) -> tuple[str, bytes]:
-    if len(data) >= COMPRESS_MIN_BYTES:
-        packed = zlib.compress(data, 6)
-        if len(packed) <= len(data) * 0.9:
-            return "zlib", packed
-    return "raw", data
-
-
-def _unpack(codec: str, data: bytes) -> bytes:
-    return zlib.decompress(data) if codec == "zlib" else bytes(data)
 
 
 @dataclass(frozen=True)
@@ -291,7 +275,7 @@ class Store:
         if self.objects is not None and len(data) >= self.offload_min_bytes:
             ref = self.objects.put_blob(digest, data)
             return {"hash": digest, "size": len(data), "codec": "object", "data": b"", "ref": ref}
-        codec, packed = _pack(data)
+        codec, packed = pack(data)
         return {"hash": digest, "size": len(data), "codec": codec, "data": packed, "ref": None}
 
     def put_json(self, conn: Connection, value: Any) -> str:
@@ -327,7 +311,7 @@ class Store:
                 if row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
                 else:
-                    out[row.hash] = _unpack(row.codec, row.data)
+                    out[row.hash] = unpack(row.codec, row.data)
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
@@ -1020,6 +1004,8 @@ class Store:
         m["internal"] = internal
         if not values:
             return m
+        from rewind.serde import decode_field  # imports Burr (and pandas): only when values load
+
         m["values"] = {k: decode_field(k, blobs[h]) for k, h in fields.items()} | internal
         return m
 
@@ -1030,6 +1016,8 @@ class Store:
             StateLoadError: a value cannot be rebuilt (see :func:`rewind.serde.decode_field`).
             StoreError: a blob is missing.
         """
+        from rewind.serde import decode_field  # imports Burr (and pandas): only when values load
+
         blobs = self.get_blobs(fields.values())
         return {k: decode_field(k, blobs[h]) for k, h in fields.items()}
 
