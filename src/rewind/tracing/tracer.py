@@ -55,6 +55,7 @@ from rewind.context import NodeScope, RunContext, activate
 from rewind.errors import RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
+from rewind.store.references import SourceRows
 from rewind.tracing.model import (
     ROOT_POSITION,
     StepData,
@@ -568,6 +569,7 @@ class Trace:
         self._perf = 0.0
         self._tokens: list[contextvars.Token[Any]] = []
         self._stack: ExitStack | None = None
+        self._source: SourceRows | None = None
 
     @property
     def run_context(self) -> RunContext:
@@ -579,7 +581,33 @@ class Trace:
                 read_cache=self._read_cache,
                 chat_client=self._chat_client,
             )
+            if self._read_cache and self.parent_run_id is None:
+                self._ctx.find_source = self._find_source
         return self._ctx
+
+    def _find_source(self, kind: str, key: str) -> dict[tuple[str, str], Any] | None:
+        """At the first cache lookup of a cached trace: link the trace to the recorded trace
+        that made this call and read that trace's cache entries and results ahead (see
+        :mod:`rewind.tracing.tracer_source`). Returns the entries read (None: no source)."""
+        from rewind.tracing.tracer_source import find_source
+
+        ctx = self.run_context  # steps run in copies of it: they see what is set here
+        with self._lock:
+            if ctx.find_source is None:
+                return ctx.prefetched
+            ctx.find_source = None
+            try:
+                found = find_source(ctx.store, self.name, kind, key)
+            except Exception:  # reading ahead is an optimisation: lookups use the store
+                logger.exception("finding the source of trace %s failed", self.trace_id)
+                return None
+            if found is None or self.parent_run_id is not None:
+                return None
+            self.parent_run_id = found.rows.run_id
+            self._source = found.rows
+            ctx.lineage_blobs.update(found.blobs)
+            ctx.prefetched = found.entries
+            return found.entries
 
     @property
     def steps(self) -> list[Step]:
@@ -626,7 +654,7 @@ class Trace:
         self._tokens = []
         data = self.data()
         try:
-            self.record = write_trace(self.run_context.store, data)
+            self.record = write_trace(self.run_context.store, data, source=self._source)
         except Exception as exc_write:
             self.write_error = f"{type(exc_write).__name__}: {exc_write}"
             logger.error("writing trace %s failed: %s", self.trace_id, self.write_error)
