@@ -16,18 +16,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, text
 
 from rewind.errors import StoreError
 from rewind.store import Store, schema
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
 from rewind.store.store import CacheEntry
+from rewind.store.store import _unpack as unpack_blob
 
 __all__ = ["CANDIDATES", "FoundSource", "find_source"]
 
 CANDIDATES = 4
 """How many of the newest traces of the same name are tried."""
-_CHUNK = 400
 
 
 @dataclass
@@ -77,21 +77,38 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
 def _prefetch(
     store: Store, conn: Connection, rows: SourceRows, calls: set[tuple[str, str]]
 ) -> FoundSource:
+    """The cache entries of the source's calls and their result bytes: joins over the calls of
+    the runs holding the source's rows (no list of keys sent to the database)."""
     found = FoundSource(rows)
-    for kind, table, result in (
-        ("llm", schema.llm_cache, schema.llm_cache.c.response_hash),
-        ("tool", schema.tool_cache, schema.tool_cache.c.result_hash),
-    ):
-        keys = sorted(k for c, k in calls if c == kind)
-        for i in range(0, len(keys), _CHUNK):
-            for r in conn.execute(
-                select(table.c.key, result, table.c.created_at, table.c.origin).where(
-                    table.c.key.in_(keys[i : i + _CHUNK])
-                )
-            ):
-                found.entries[(kind, r[0])] = CacheEntry(r[0], r[1], r[2], origin=r[3])
-    try:
-        found.blobs = store.get_blobs({e.result_hash for e in found.entries.values()}, conn)
-    except StoreError:  # a missing blob: read lazily, and fail there as before
-        found.blobs = {}
+    wanted: set[str] = set()
+    for holder in rows.holders:
+        for kind, key, result, created, origin, codec, data in conn.execute(
+            _CACHED, {"r": holder}
+        ).fetchall():
+            if (kind, key) not in calls:
+                continue
+            found.entries[(kind, key)] = CacheEntry(key, result, created, origin=origin)
+            if codec in ("raw", "zlib") and data is not None:
+                found.blobs[result] = unpack_blob(codec, data)
+            else:
+                wanted.add(result)
+    if wanted:
+        try:
+            found.blobs.update(store.get_blobs(wanted, conn))
+        except StoreError:  # a missing blob: read lazily, and fail there as before
+            pass
     return found
+
+
+_CACHED = text(
+    "SELECT c.kind, l.key, l.response_hash, l.created_at, l.origin, b.codec, b.data"
+    " FROM calls c JOIN llm_cache l ON l.key = c.key"
+    " LEFT JOIN blobs b ON b.hash = l.response_hash"
+    " WHERE c.run_id = :r AND c.kind = 'llm'"
+    " UNION ALL"
+    " SELECT c.kind, t.key, t.result_hash, t.created_at, t.origin, b.codec, b.data"
+    " FROM calls c JOIN tool_cache t ON t.key = c.key"
+    " LEFT JOIN blobs b ON b.hash = t.result_hash"
+    " WHERE c.run_id = :r AND c.kind = 'tool'"
+)
+"""The cache entries (and stored result blobs) of one run's calls."""
