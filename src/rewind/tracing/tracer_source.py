@@ -13,6 +13,7 @@ reference where it is identical (:mod:`rewind.store.references`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 
@@ -93,10 +94,9 @@ def _prefetch(
             else:
                 wanted.add(result)
     if wanted:
-        try:
+        # A missing blob is read lazily, and fails there as before.
+        with contextlib.suppress(StoreError):
             found.blobs.update(store.get_blobs(wanted, conn))
-        except StoreError:  # a missing blob: read lazily, and fail there as before
-            pass
     return found
 
 
