@@ -36,6 +36,7 @@ like any other call.
 from __future__ import annotations
 
 import contextvars
+import copy
 import dataclasses
 import functools
 import inspect
@@ -173,6 +174,7 @@ class Step:
         self._stack: ExitStack | None = None
         self._token: contextvars.Token[Step | None] | None = None
         self._snapshot: Any = None
+        self._response: ChatResponse | None = None
 
     # -- life cycle ------------------------------------------------------------------------
     def __enter__(self) -> Step:
@@ -205,7 +207,11 @@ class Step:
                 param_overrides=dict(base.param_overrides.get(self.name, {})),
             )
             self._stack = ExitStack()
-            self._stack.enter_context(activate(dataclasses.replace(base, node=self.scope)))
+            # A shallow copy with this step's scope (cheaper than dataclasses.replace, which
+            # runs __init__ over every field; the copy shares the trace's maps, as replace does).
+            ctx = copy.copy(base)
+            ctx.node = self.scope
+            self._stack.enter_context(activate(ctx))
 
     def finish(self, exc: BaseException | None = None) -> None:
         """End the step: record the exception (if any), duration, calls and tokens."""
@@ -267,10 +273,13 @@ class Step:
             raw = _result_bytes(ctx, scope, call.key, call.result_hash)
             if raw is None:
                 continue
-            try:
-                response = ChatResponse.from_raw(raw)
-            except Exception:
-                continue
+            if self._response is not None and self._response.raw is raw:
+                response = self._response  # the answer set as the output: parsed already
+            else:
+                try:
+                    response = ChatResponse.from_raw(raw)
+                except Exception:
+                    continue
             usage[0] += response.prompt_tokens
             usage[1] += response.completion_tokens
             last_finish = response.finish_reason
@@ -286,6 +295,7 @@ class Step:
         """Set the step's output (a decorated step's return value is set automatically)."""
         if isinstance(value, ChatResponse):
             self._from_response(value)
+            self._response = value
             value = value.content
         self.output = value
 
