@@ -357,7 +357,7 @@ def _lookup(
     if entry is not None:
         found: tuple[str, float | None] = (entry.result_hash, entry.produced_at)
     else:
-        cached = ctx.store.llm_cache_get(key) if kind == "llm" else ctx.store.tool_cache_get(key)
+        cached = _cache_entry(ctx, kind, key)
         if cached is None or cached.origin is not None:
             # An answer seeded by a trace import serves that trace's replays only, and those
             # find it in their lineage above: never another run (a crafted trace file must not
@@ -369,6 +369,21 @@ def _lookup(
         if produced is None or ctx.clock() - produced > policy.ttl_s:
             return None, "ttl-expired"
     return found, ""
+
+
+def _cache_entry(ctx: RunContext, kind: str, key: str) -> Any:
+    """The cache table's entry for a key (a :class:`rewind.store.store.CacheEntry`) or None:
+    from the entries read ahead when the run has them (the first lookup of a cached trace
+    reads its source's, see :mod:`rewind.tracing.tracer_source`), else from the store."""
+    finder = ctx.find_source
+    if finder is not None:
+        ctx.find_source = None  # this copy of the run context; the finder clears the trace's
+        ctx.prefetched = finder(kind, key)
+    if ctx.prefetched is not None:
+        entry = ctx.prefetched.get((kind, key))
+        if entry is not None:
+            return entry
+    return ctx.store.llm_cache_get(key) if kind == "llm" else ctx.store.tool_cache_get(key)
 
 
 def _miss_reason(ctx: RunContext, scope: NodeScope | None) -> str:

@@ -13,10 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rewind.cache import DEFAULT_POLICY, CallPolicy, Executed, through_cache
-from rewind.canonical import canonical_bytes
 from rewind.context import current
 from rewind.errors import EndpointUnavailable
-from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, llm_cache_key, normalize_request
+from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, llm_request_key
 
 
 def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
@@ -68,8 +67,7 @@ def send(body: Mapping[str, Any], *, default_model: str | None = None) -> ChatRe
             "no Rewind run is active", "call it inside a traced step or a Rewind run"
         )
     body = {k: v for k, v in body.items() if v is not None}
-    key = llm_cache_key(body, default_model=default_model)
-    request = canonical_bytes(normalize_request(body, default_model=default_model))
+    key, request = llm_request_key(body, default_model=default_model)
     client = ctx.chat_client
 
     def execute() -> Executed:

@@ -207,6 +207,15 @@ class RunContext:
     that runs a call made outside any step as a ``tool_call``/``llm_call`` step of its own, so
     the call is stored and served on replay like any other. None elsewhere."""
 
+    find_source: Callable[[str, str], dict[tuple[str, str], Any] | None] | None = None
+    """For a cached trace not yet linked to a source: ``fn(kind, key)``, called once at the
+    first cache lookup; it returns the entries to use as :attr:`prefetched` (and may fill
+    :attr:`lineage_blobs`) from the recorded trace that made that call
+    (:mod:`rewind.tracing.tracer_source`)."""
+    prefetched: dict[tuple[str, str], Any] | None = None
+    """Cache entries read ahead, by ``(kind, key)``: what the cache table held for them when
+    they were read (a key not listed is looked up in the store)."""
+
     def in_child_process(self) -> bool:
         """Whether the calling code runs in a child process forked from the run's process
         (``multiprocessing`` with ``fork``, ``os.fork``): a call made there cannot be recorded."""

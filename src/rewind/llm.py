@@ -49,6 +49,7 @@ __all__ = [
     "RetryPolicy",
     "json_schema_format",
     "llm_cache_key",
+    "llm_request_key",
     "normalize_request",
 ]
 
@@ -253,6 +254,19 @@ def llm_cache_key(body: Mapping[str, Any], *, default_model: str | None = None) 
     return key_of(
         _KEY_VERSION, canonical_bytes(normalize_request(body, default_model=default_model))
     )
+
+
+def llm_request_key(
+    body: Mapping[str, Any], *, default_model: str | None = None
+) -> tuple[str, bytes]:
+    """``(cache key, canonical request bytes)`` of a chat request body, the request encoded
+    once: the key is :func:`llm_cache_key`'s, the bytes those it hashes.
+
+    Raises:
+        ValueError, rewind.canonical.CanonicalError: as :func:`llm_cache_key`.
+    """
+    request = canonical_bytes(normalize_request(body, default_model=default_model))
+    return key_of(_KEY_VERSION, request), request
 
 
 def json_schema_format(

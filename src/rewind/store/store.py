@@ -837,7 +837,38 @@ class Store:
                     .order_by(schema.calls.c.position, schema.calls.c.call_index)
                 ):
                     by_pos.setdefault(r._mapping["position"], []).append(CallRecord.from_row(r))
+        if not rows or rows[0]._mapping["position"] != 0:
+            # A replay stored by reference has no rows (or none before its divergence).
+            by_reference = self._nodes_by_reference(run_id, with_calls=with_calls)
+            if by_reference is not None:
+                return by_reference
         return [NodeRecord.from_row(r, tuple(by_pos.get(r._mapping["position"], ()))) for r in rows]
+
+    def _nodes_by_reference(self, run_id: str, *, with_calls: bool) -> list[NodeRecord] | None:
+        """The node rows of a replay stored by reference (:mod:`rewind.store.references`),
+        the source's shared steps resolved; None when the run is not stored by reference."""
+        from rewind.store.references import MappingRow, resolve
+
+        with self.read() as conn:
+            run = conn.execute(
+                select(schema.runs.c.config_json, schema.runs.c.created_at).where(
+                    schema.runs.c.run_id == run_id
+                )
+            ).first()
+            if run is None:
+                return None
+            rows = resolve(conn, run_id, json.loads(run[0] or "{}"), float(run[1]))
+        if rows is None:
+            return None
+        return [
+            NodeRecord.from_row(
+                MappingRow(n),
+                tuple(CallRecord.from_row(MappingRow(c)) for c in rows.calls.get(n["position"], ()))
+                if with_calls
+                else (),
+            )
+            for n in rows.nodes
+        ]
 
     # -- caches -------------------------------------------------------------------------------
     def llm_cache_get(self, key: str) -> CacheEntry | None:

@@ -117,6 +117,9 @@ def step_type_of(value: str | StepType) -> str:
 # -- values ------------------------------------------------------------------------------------
 
 
+_EXACT_INT = 2**63
+
+
 def jsonable(value: Any, _depth: int = 0) -> Any:
     """A plain JSON value (dict/list/str/int/float/bool/None) the canonical hasher accepts.
 
@@ -125,6 +128,13 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     else (a client object, NaN, bytes) becomes ``{"$unhashable": "<type>"}`` at the place it
     occurs, so one odd argument does not hide the rest of an input. Never raises.
     """
+    t = type(value)
+    if t is str and value.isascii():  # the common scalars, as the round trip returns them
+        return value
+    if t is bool or value is None or (t is int and -_EXACT_INT < value < _EXACT_INT):
+        return value
+    if t is dict and not value:
+        return {}
     try:
         return json.loads(canonical_bytes(value))
     except (CanonicalError, ValueError, TypeError, RecursionError):

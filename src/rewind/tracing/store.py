@@ -28,6 +28,18 @@ from rewind.persister import encode_value, map_hash
 from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sorted_calls
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
 from rewind.store.records import EffectRecord
+from rewind.store.references import (
+    REFERENCE_KEY,
+    MappingRow,
+    SourceRows,
+    load_rows,
+    same_calls,
+    same_node,
+    same_span,
+    virtual_call,
+    virtual_node,
+)
+from rewind.store.references import resolve as resolve_reference
 from rewind.store.store import WriteBatch, call_rows, state_row
 from rewind.tracing.model import (
     CHAIN_TYPE,
@@ -65,12 +77,19 @@ _IN_CHUNK = 400
 # -- write -------------------------------------------------------------------------------------
 
 
-def write_trace(store: Store, data: TraceData) -> RunRecord:
+def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = None) -> RunRecord:
     """Write a trace: run row, node rows, calls, cache entries, blobs, state rows, spans.
+
+    A replay (``data.parent_run_id`` set) whose first steps are, row for row, what its source
+    recorded seen through the cache (same hashes, call keys and results, every call a hit) is
+    stored by reference (:mod:`rewind.store.references`): those steps get no rows of their own,
+    only the steps from the first divergence on are written in full.
 
     Args:
         store: the store.
         data: the trace; steps in any order (written by position, which must be 0..n-1).
+        source: the rows of ``data.parent_run_id`` when the caller has them already (read
+            here otherwise).
     Returns:
         the run row as written.
     Raises:
@@ -84,51 +103,58 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
             "positions must be 0, 1, 2, ... in execution order",
         )
     blobs: dict[str, bytes] = {}
-    states: list[dict[str, Any]] = []
 
-    def encode_map(values: dict[str, Any]) -> dict[str, str]:
+    def encode_map(values: dict[str, Any], into: dict[str, bytes]) -> dict[str, str]:
         out = {}
         for k, v in values.items():
             f = encode_value(k, v)
-            blobs[f.digest] = f.data
+            into[f.digest] = f.data
             out[k] = f.digest
         return out
 
-    state = encode_map(data.input)
+    state = encode_map(data.input, blobs)
     init_doc, init_hash = map_hash(state)
     blobs[init_hash] = init_doc
     # Node, call, cache and effect rows go through the recorder's batch and Store.write_batch:
     # one write path for Burr runs and traced chains.
-    batch = WriteBatch(blobs=blobs, states=states)
+    batch = WriteBatch(blobs=blobs)
     # A replay step whose state is its source's at the same position refers to the source's
     # state row (as a fork's inherited node does) instead of storing a copy of it.
-    source_states = _state_rows_of(store, data.parent_run_id) if data.parent_run_id else {}
-    node_rows = batch.nodes
-    spans: list[dict[str, Any]] = []
+    if data.parent_run_id and source is None:
+        with store.read() as conn:
+            source = load_rows(conn, data.parent_run_id)
+    source_states = _source_states(store, data.parent_run_id, source)
+    parts: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]] = []
     for s in steps:
+        part = WriteBatch()
         input_doc = canonical_bytes(
-            {"node": s.name, "reads": encode_map(s.reads), "inputs": s.inputs, "params": s.params}
+            {
+                "node": s.name,
+                "reads": encode_map(s.reads, part.blobs),
+                "inputs": s.inputs,
+                "params": s.params,
+            }
         )
         input_hash = sha256_hex(input_doc)
-        blobs[input_hash] = input_doc
+        part.blobs[input_hash] = input_doc
         output_hash: str | None = None
         state_hash: str | None = None
         failed = s.status == StepStatus.FAILED
         if not failed:
             if s.fields is not None:
-                written = encode_map(s.fields)
+                written = encode_map(s.fields, part.blobs)
                 output_doc, output_hash = map_hash(written)
-                blobs[output_hash] = output_doc
+                part.blobs[output_hash] = output_doc
                 state = state | written
             state_doc, state_hash = map_hash(state)
-            blobs[state_hash] = state_doc
+            part.blobs[state_hash] = state_doc
         status = "failed" if failed else "completed"
         src_app_id, src_sequence_id = data.trace_id, s.position
         same = source_states.get(s.position)
         if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
             src_app_id, src_sequence_id = same[3], same[4]
         else:
-            states.append(
+            part.states.append(
                 state_row(
                     partition_key="",
                     app_id=data.trace_id,
@@ -142,50 +168,59 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
         scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
         scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
         scope.effects = _effect_rows(data.trace_id, s, scope.calls)
-        add_scope_rows(batch, scope)
+        add_scope_rows(part, scope)
         outcome, reason = _outcome(s, scope)
         error = error_line(s.error_type, s.error_message) if failed else None
-        node_rows.append(
-            {
-                "run_id": data.trace_id,
-                "position": s.position,
-                "name": s.name,
-                "sequence_id": s.position,
-                "src_app_id": src_app_id,
-                "src_sequence_id": src_sequence_id,
-                "inherited": False,
-                "input_hash": input_hash,
-                "output_hash": output_hash,
-                "state_hash": state_hash,
-                "params_json": canonical_bytes(s.params).decode(),
-                "latency_ms": float(s.duration_ms),
-                "prompt_tokens": int(s.prompt_tokens),
-                "completion_tokens": int(s.completion_tokens),
-                "cache_outcome": outcome,
-                "cache_reason": reason,
-                "determinism": _determinism(s, scope),
-                "error": error,
-                "started_at": s.started_at if s.started_at is not None else data.started_at,
-            }
-        )
-        batch.calls.extend(call_rows(data.trace_id, s.position, sorted_calls(scope)))
-        spans.append(
-            {
-                "run_id": data.trace_id,
-                "position": s.position,
-                "span_id": s.span_id,
-                "parent_position": s.parent_position,
-                "step_type": s.step_type,
-                "status": s.status,
-                "error_type": s.error_type,
-                "error_message": s.error_message,
-                "attributes_json": json.dumps(s.attributes, sort_keys=True, default=str),
-                "started_at": s.started_at,
-                "ended_at": s.ended_at,
-                "duration_ms": float(s.duration_ms),
-                "output_hash": None,
-            }
-        )
+        node = {
+            "run_id": data.trace_id,
+            "position": s.position,
+            "name": s.name,
+            "sequence_id": s.position,
+            "src_app_id": src_app_id,
+            "src_sequence_id": src_sequence_id,
+            "inherited": False,
+            "input_hash": input_hash,
+            "output_hash": output_hash,
+            "state_hash": state_hash,
+            "params_json": canonical_bytes(s.params).decode(),
+            "latency_ms": float(s.duration_ms),
+            "prompt_tokens": int(s.prompt_tokens),
+            "completion_tokens": int(s.completion_tokens),
+            "cache_outcome": outcome,
+            "cache_reason": reason,
+            "determinism": _determinism(s, scope),
+            "error": error,
+            "started_at": s.started_at if s.started_at is not None else data.started_at,
+        }
+        calls = call_rows(data.trace_id, s.position, sorted_calls(scope))
+        span = {
+            "run_id": data.trace_id,
+            "position": s.position,
+            "span_id": s.span_id,
+            "parent_position": s.parent_position,
+            "step_type": s.step_type,
+            "status": s.status,
+            "error_type": s.error_type,
+            "error_message": s.error_message,
+            "attributes_json": json.dumps(s.attributes, sort_keys=True, default=str),
+            "started_at": s.started_at,
+            "ended_at": s.ended_at,
+            "duration_ms": float(s.duration_ms),
+            "output_hash": None,
+        }
+        parts.append((node, calls, span, part))
+    shared = _shared_prefix(data.trace_id, parts, source)
+    node_rows = [p[0] for p in parts]
+    spans: list[dict[str, Any]] = []
+    for node, calls, span, part in parts[shared:]:
+        batch.absorb(part)
+        batch.nodes.append(node)
+        batch.calls.extend(calls)
+        spans.append(span)
+    config = {"kind": "trace"} | data.config
+    if shared and source is not None:
+        every = shared == len(parts) == len(source.nodes)
+        config[REFERENCE_KEY] = {"run": source.run_id, "steps": shared, "all": every}
     output_bytes = canonical_bytes(data.output)
     output_hash = sha256_hex(output_bytes)
     blobs[output_hash] = output_bytes
@@ -225,7 +260,7 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
             fork_position=data.fork_position,
             override=data.override,
             initial_state_hash=init_hash,
-            config={"kind": "trace"} | data.config,
+            config=config,
             created_at=data.started_at,
             finished_at=None if run_status == "running" else data.ended_at,
             prompt_tokens=sum(int(r["prompt_tokens"]) for r in node_rows),
@@ -240,6 +275,58 @@ def write_trace(store: Store, data: TraceData) -> RunRecord:
     edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
+
+
+def _shared_prefix(
+    trace_id: str,
+    parts: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]],
+    source: SourceRows | None,
+) -> int:
+    """How many leading steps of a replay are exactly its source's, seen through the cache
+    (same node row but timing, every call a hit on the source's call, same span, nothing
+    new to store): those are stored by reference."""
+    if source is None or not source.is_trace:
+        return 0
+    shared = 0
+    for (node, calls, span, part), src in zip(parts, source.nodes, strict=False):
+        p = node["position"]
+        src_span = source.spans.get(p)
+        if src["position"] != p or src_span is None:
+            break
+        if part.states or part.llm_cache or part.tool_cache or part.effects:
+            break
+        virtual = [virtual_call(c, trace_id) for c in source.calls.get(p, ())]
+        if not (
+            same_calls(calls, virtual)
+            and same_node(node, virtual_node(src, virtual, trace_id, 0.0))
+            and same_span(span, src_span)
+        ):
+            break
+        shared += 1
+    return shared
+
+
+def _source_states(
+    store: Store, run_id: str | None, source: SourceRows | None
+) -> dict[int, tuple[str, str, str, str, int]]:
+    """Position → (node name, state hash, state row status, app id, sequence id) of the
+    source's nodes with a state row: from its rows when it is a trace (every step of a trace
+    has a state row unless it failed), else read from the store."""
+    if run_id is None:
+        return {}
+    if source is None or not source.is_trace:
+        return _state_rows_of(store, run_id)
+    return {
+        n["position"]: (
+            n["name"],
+            n["state_hash"],
+            "completed",
+            n["src_app_id"],
+            n["src_sequence_id"],
+        )
+        for n in source.nodes
+        if n["state_hash"] and n["error"] is None
+    }
 
 
 def _state_rows_of(store: Store, run_id: str) -> dict[int, tuple[str, str, str, str, int]]:
@@ -380,6 +467,8 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
         for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
             m = dict(r._mapping)
             spans[(m["run_id"], m["position"])] = m
+        for run in runs:
+            _by_reference(conn, run, nodes, calls, spans)
         # Round 1: documents (input docs, output/state maps, initial states, trace outputs).
         docs = set()
         for rows in nodes.values():
@@ -423,6 +512,28 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
             run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload, effects
         )
     return out
+
+
+def _by_reference(
+    conn: Connection,
+    run: RunRecord,
+    nodes: dict[str, list[Any]],
+    calls: dict[tuple[str, int], list[CallRecord]],
+    spans: dict[tuple[str, int], dict[str, Any]],
+) -> None:
+    """Put the resolved rows of a replay stored by reference (:mod:`rewind.store.references`)
+    in place of its own rows; nothing for any other run."""
+    own = nodes.get(run.run_id)
+    if own and own[0]._mapping["position"] == 0:
+        return
+    resolved = resolve_reference(conn, run.run_id, run.config, run.created_at)
+    if resolved is None:
+        return
+    nodes[run.run_id] = [MappingRow(n) for n in resolved.nodes]
+    for position, rows in resolved.calls.items():
+        calls[(run.run_id, position)] = [CallRecord.from_row(MappingRow(c)) for c in rows]
+    for position, span in resolved.spans.items():
+        spans[(run.run_id, position)] = span
 
 
 def _view(

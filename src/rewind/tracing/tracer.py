@@ -36,6 +36,7 @@ like any other call.
 from __future__ import annotations
 
 import contextvars
+import copy
 import dataclasses
 import functools
 import inspect
@@ -55,6 +56,7 @@ from rewind.context import NodeScope, RunContext, activate
 from rewind.errors import RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
+from rewind.store.references import SourceRows
 from rewind.tracing.model import (
     ROOT_POSITION,
     StepData,
@@ -172,6 +174,7 @@ class Step:
         self._stack: ExitStack | None = None
         self._token: contextvars.Token[Step | None] | None = None
         self._snapshot: Any = None
+        self._response: ChatResponse | None = None
 
     # -- life cycle ------------------------------------------------------------------------
     def __enter__(self) -> Step:
@@ -204,7 +207,11 @@ class Step:
                 param_overrides=dict(base.param_overrides.get(self.name, {})),
             )
             self._stack = ExitStack()
-            self._stack.enter_context(activate(dataclasses.replace(base, node=self.scope)))
+            # A shallow copy with this step's scope (cheaper than dataclasses.replace, which
+            # runs __init__ over every field; the copy shares the trace's maps, as replace does).
+            ctx = copy.copy(base)
+            ctx.node = self.scope
+            self._stack.enter_context(activate(ctx))
 
     def finish(self, exc: BaseException | None = None) -> None:
         """End the step: record the exception (if any), duration, calls and tokens."""
@@ -266,10 +273,13 @@ class Step:
             raw = _result_bytes(ctx, scope, call.key, call.result_hash)
             if raw is None:
                 continue
-            try:
-                response = ChatResponse.from_raw(raw)
-            except Exception:
-                continue
+            if self._response is not None and self._response.raw is raw:
+                response = self._response  # the answer set as the output: parsed already
+            else:
+                try:
+                    response = ChatResponse.from_raw(raw)
+                except Exception:
+                    continue
             usage[0] += response.prompt_tokens
             usage[1] += response.completion_tokens
             last_finish = response.finish_reason
@@ -285,6 +295,7 @@ class Step:
         """Set the step's output (a decorated step's return value is set automatically)."""
         if isinstance(value, ChatResponse):
             self._from_response(value)
+            self._response = value
             value = value.content
         self.output = value
 
@@ -568,6 +579,7 @@ class Trace:
         self._perf = 0.0
         self._tokens: list[contextvars.Token[Any]] = []
         self._stack: ExitStack | None = None
+        self._source: SourceRows | None = None
 
     @property
     def run_context(self) -> RunContext:
@@ -579,7 +591,33 @@ class Trace:
                 read_cache=self._read_cache,
                 chat_client=self._chat_client,
             )
+            if self._read_cache and self.parent_run_id is None:
+                self._ctx.find_source = self._find_source
         return self._ctx
+
+    def _find_source(self, kind: str, key: str) -> dict[tuple[str, str], Any] | None:
+        """At the first cache lookup of a cached trace: link the trace to the recorded trace
+        that made this call and read that trace's cache entries and results ahead (see
+        :mod:`rewind.tracing.tracer_source`). Returns the entries read (None: no source)."""
+        from rewind.tracing.tracer_source import find_source
+
+        ctx = self.run_context  # steps run in copies of it: they see what is set here
+        with self._lock:
+            if ctx.find_source is None:
+                return ctx.prefetched
+            ctx.find_source = None
+            try:
+                found = find_source(ctx.store, self.name, kind, key)
+            except Exception:  # reading ahead is an optimisation: lookups use the store
+                logger.exception("finding the source of trace %s failed", self.trace_id)
+                return None
+            if found is None or self.parent_run_id is not None:
+                return None
+            self.parent_run_id = found.rows.run_id
+            self._source = found.rows
+            ctx.lineage_blobs.update(found.blobs)
+            ctx.prefetched = found.entries
+            return found.entries
 
     @property
     def steps(self) -> list[Step]:
@@ -626,7 +664,7 @@ class Trace:
         self._tokens = []
         data = self.data()
         try:
-            self.record = write_trace(self.run_context.store, data)
+            self.record = write_trace(self.run_context.store, data, source=self._source)
         except Exception as exc_write:
             self.write_error = f"{type(exc_write).__name__}: {exc_write}"
             logger.error("writing trace %s failed: %s", self.trace_id, self.write_error)

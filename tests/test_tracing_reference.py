@@ -1,0 +1,205 @@
+"""Cached traces replay their source from memory and are stored by reference.
+
+A ``Tracer(read_cache=True)`` trace finds, at its first cache lookup, the recorded trace that
+made that call, links itself to it (``parent``) and reads that trace's cache entries and
+results ahead. When it ends, the steps it shares with its source (same hashes, every call a hit
+on the source's call) get no rows of their own (``config["reference"]``); only the steps from
+the first divergence on are written. Readers (nodes_of, load_trace, diff, show, cost, the API's
+node list) resolve the reference and see what a full write would have stored, timing aside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select, text
+from typer.testing import CliRunner
+
+from rewind.api import create_app
+from rewind.calls import chat
+from rewind.cli import app as cli_app
+from rewind.llm import ChatClient
+from rewind.replay import Rewind
+from rewind.store import Store, open_store, schema
+from rewind.tools import tool
+from rewind.tracing import StepType, Tracer, step
+from rewind.tracing.store import load_trace
+from tests.conftest import FakeModel
+
+EXECUTED: list[list[int]] = []
+
+
+@tool("sum_numbers")
+def sum_numbers(numbers: list[int]) -> int:
+    EXECUTED.append(numbers)
+    return sum(numbers)
+
+
+traced_sum = step("sum_numbers", "tool_call")(sum_numbers)
+
+
+def agent(steps: int, *, change_at: int | None = None) -> list[Any]:
+    """The peerbench workload's shape: an LLM step then a tool step, each prompt depending on
+    the previous answer; ``change_at`` changes the prompt of that step."""
+    out: list[Any] = []
+    reply, total = "start", 0
+    for i in range(steps):
+        extra = " (changed)" if i == change_at else ""
+        messages = [{"role": "user", "content": f"step {i}: {total} {reply}{extra}"}]
+        with step("llm", StepType.LLM_CALL, input={"messages": messages}) as s:
+            reply = chat(messages, temperature=0).content
+            s.set_output(reply)
+        total = traced_sum([len(reply), i])
+        out.append((reply, total))
+    return out
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@contextmanager
+def opened(folder: Path) -> Iterator[Store]:
+    st = open_store(folder)
+    try:
+        yield st
+    finally:
+        st.close()
+
+
+def trace_once(
+    folder: Path, client: ChatClient, read_cache: bool, steps: int = 6, **kw: Any
+) -> tuple[str, list[Any]]:
+    """One trace through a new Tracer (and Store) as a separate process would make it."""
+    tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    try:
+        with tracer.trace("agent") as t:
+            out = agent(steps, **kw)
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    return t.trace_id, out
+
+
+def pages(folder: Path) -> int:
+    with opened(folder) as st, st.read() as conn:
+        return int(conn.execute(text("PRAGMA page_count")).scalar_one())
+
+
+def own_rows(store: Store, run_id: str) -> dict[str, int]:
+    out = {}
+    for name in ("nodes", "calls", "spans", "burr_state"):
+        t = getattr(schema, name)
+        col = t.c.app_id if name == "burr_state" else t.c.run_id
+        with store.read() as conn:
+            out[name] = conn.execute(
+                select(func.count()).select_from(t).where(col == run_id)
+            ).scalar_one()
+    return out
+
+
+def test_unchanged_replay_is_one_run_row_linked_to_its_source(
+    folder: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    EXECUTED.clear()
+    source, recorded = trace_once(folder, chat_client, read_cache=False, steps=20)
+    before_pages, calls, tools = pages(folder), fake_model.count, len(EXECUTED)
+    replay, replayed = trace_once(folder, chat_client, read_cache=True, steps=20)
+    assert replayed == recorded
+    assert fake_model.count == calls and len(EXECUTED) == tools  # all served from the cache
+    assert pages(folder) - before_pages <= 1  # one run row and its root span, no copies
+
+    with opened(folder) as st:
+        run = st.get_run(replay)
+        assert run.parent_run_id == source  # linked to the trace it replays
+        assert run.config["reference"] == {"run": source, "steps": 40, "all": True}
+        assert own_rows(st, replay) == {"nodes": 0, "calls": 0, "spans": 1, "burr_state": 0}
+        a, b = st.nodes_of(source), st.nodes_of(replay)
+        assert len(b) == 40 and all(n.run_id == replay for n in b)
+        assert [(n.name, n.input_hash, n.output_hash, n.state_hash) for n in a] == [
+            (n.name, n.input_hash, n.output_hash, n.state_hash) for n in b
+        ]
+        assert {c.outcome for n in b for c in n.calls} == {"hit"}
+        assert {n.cache_outcome for n in b} == {"hit"} and run.tokens == 0
+        assert [c.key for n in a for c in n.calls] == [c.key for n in b for c in n.calls]
+        assert Rewind(st).diff(source, replay).first_divergence is None
+        view = load_trace(st, replay)
+        assert [s.output for s in view.steps] == [s.output for s in load_trace(st, source).steps]
+        assert len({s.span_id for s in view.steps}) == 40
+
+    # A replay of the replay points at the trace that holds the rows, not at the replay.
+    again, _ = trace_once(folder, chat_client, read_cache=True, steps=20)
+    with opened(folder) as st:
+        assert st.get_run(again).parent_run_id == source
+
+
+def test_a_changed_call_stores_the_replay_fully_from_the_divergence(
+    folder: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    source, recorded = trace_once(folder, chat_client, read_cache=False, steps=5)
+    calls = fake_model.count
+    replay, replayed = trace_once(folder, chat_client, read_cache=True, steps=5, change_at=3)
+    assert replayed[:3] == recorded[:3] and replayed[3] != recorded[3]
+    assert fake_model.count == calls + 2  # steps 3 and 4 ask the model again
+    with opened(folder) as st:
+        run = st.get_run(replay)
+        assert run.parent_run_id == source
+        assert run.config["reference"] == {"run": source, "steps": 6, "all": False}
+        rows = own_rows(st, replay)
+        assert rows["nodes"] == 4 and rows["calls"] == 4 and rows["spans"] == 5
+        b = st.nodes_of(replay)
+        assert [n.position for n in b] == list(range(10))
+        assert [n.cache_outcome for n in b[:6]] == ["hit"] * 6
+        assert b[6].cache_outcome == "miss" and b[6].calls[0].outcome == "miss"
+        d = Rewind(st).diff(source, replay)
+        assert d.first_divergence is not None and d.first_divergence.index == 6
+        assert [n.status for n in d.nodes[:6]] == ["equal"] * 6
+        assert d.nodes[6].status == "changed" and d.nodes[6].b is not None
+        view = load_trace(st, replay)
+        assert view.steps[6].input["messages"][0]["content"].endswith("(changed)")
+        assert [s.output for s in view.steps[:6]] == [
+            s.output for s in load_trace(st, source).steps[:6]
+        ]
+
+
+def test_readers_work_on_a_replay_stored_by_reference(
+    folder: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    source, _ = trace_once(folder, chat_client, read_cache=False, steps=3)
+    replay, _ = trace_once(folder, chat_client, read_cache=True, steps=3)
+    runner = CliRunner()
+    shown = runner.invoke(cli_app, ["--store", str(folder), "show", replay, "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert "sum_numbers" in shown.output and source in shown.output
+    diff = runner.invoke(cli_app, ["--store", str(folder), "diff", source, replay])
+    assert diff.exit_code == 0, diff.output
+    assert "no divergence: every node output is equal" in diff.output
+    with opened(folder) as st, TestClient(create_app(st, chat_client=None)) as client:
+        nodes = client.get(f"/api/runs/{replay}/nodes")
+        assert nodes.status_code == 200
+        listed = nodes.json()["nodes"]
+        assert [n["name"] for n in listed] == ["llm", "sum_numbers"] * 3
+        cost = client.get(f"/api/runs/{replay}/cost")
+        assert cost.status_code == 200, cost.text
+        spent = cost.json()
+        assert spent["replay"]["tokens"] == 0 < spent["saved"]["tokens"]
+        assert spent["saved"]["tokens"] == spent["original"]["tokens"]
+        assert [n["status"] for n in spent["nodes"]] == ["hit"] * 6
+
+
+def test_a_replay_that_shares_nothing_is_written_in_full(
+    folder: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    trace_once(folder, chat_client, read_cache=False, steps=3)
+    replay, _ = trace_once(folder, chat_client, read_cache=True, steps=3, change_at=0)
+    with opened(folder) as st:
+        run = st.get_run(replay)
+        # The first lookup misses: no recorded trace made that call, nothing to link to.
+        assert run.parent_run_id is None and "reference" not in run.config
+        assert own_rows(st, replay)["nodes"] == 6
