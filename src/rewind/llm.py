@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
-from typing import Any, Literal, Protocol, Self, cast
+from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 
 import httpx
 import tenacity
@@ -404,6 +404,7 @@ class NamesModel(Protocol):
     def model(self) -> str: ...
 
 
+@runtime_checkable
 class ChatBackend(Protocol):
     """What Rewind needs of a model client (:class:`ChatClient`,
     :class:`rewind.session.LazyChatClient`, :class:`rewind.grid.SharedChatClient`, a test
