@@ -11,12 +11,19 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from rewind.canonical import sha256_hex
 from rewind.context import NodeScope, PendingWrite, RunContext, executing_call
 from rewind.store.records import CallRecord
 
-DETERMINISM_FLAGS = ("deterministic", "time-bound", "side-effect", "non-deterministic")
+Determinism = Literal["deterministic", "time-bound", "side-effect", "non-deterministic"]
+"""How a call's result may be reused (see :mod:`rewind.cache`); stored as this string."""
+
+CallOutcome = Literal["hit", "miss", "bypass", "served", "dry-run"]
+"""A call record's cache outcome (its reason says which rule decided it); stored as this string."""
+
+DETERMINISM_FLAGS: tuple[Determinism, ...] = get_args(Determinism)
 """The determinism flags a call may declare (see :mod:`rewind.cache`)."""
 
 
@@ -50,7 +57,7 @@ class CallPolicy:
         idempotency_key: the salted key handed to the tool, recorded with its effects.
     """
 
-    determinism: str = "deterministic"
+    determinism: Determinism = "deterministic"
     ttl_s: float | None = None
     resources: Sequence[object] = field(default=())
     on_served: Callable[[bytes, bytes], None] | None = None
@@ -98,7 +105,7 @@ class Call:
     def record(
         self,
         result_hash: str | None,
-        outcome: str,
+        outcome: CallOutcome,
         reason: str,
         *,
         produced_at: float | None,
@@ -151,7 +158,7 @@ def execute_call(
     ctx: RunContext,
     scope: NodeScope | None,
     call: Call,
-    outcome: str,
+    outcome: CallOutcome,
     reason: str,
     *,
     cacheable: bool,
@@ -171,7 +178,7 @@ async def aexecute_call(
     scope: NodeScope | None,
     call: Call,
     aexecute: Callable[[], Awaitable[Executed]],
-    outcome: str,
+    outcome: CallOutcome,
     reason: str,
     *,
     cacheable: bool,
@@ -189,7 +196,7 @@ def _executed(
     call: Call,
     done: Executed,
     started: float,
-    outcome: str,
+    outcome: CallOutcome,
     reason: str,
     cacheable: bool,
     pending_key: str | None,
@@ -215,7 +222,9 @@ __all__ = [
     "DEFAULT_POLICY",
     "DETERMINISM_FLAGS",
     "Call",
+    "CallOutcome",
     "CallPolicy",
+    "Determinism",
     "Executed",
     "aexecute_call",
     "execute_call",

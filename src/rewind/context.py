@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from rewind.store.records import CallRecord
 
 if TYPE_CHECKING:
-    from rewind.llm import ChatClient
+    from rewind.llm import ChatBackend
     from rewind.store import Store
 
 P = ParamSpec("P")
@@ -184,7 +184,7 @@ class RunContext:
     param_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     input_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     lineage: dict[str, LineageEntry] = field(default_factory=dict)
-    chat_client: ChatClient | None = None
+    chat_client: ChatBackend | None = None
     fork_node: str | None = None
     node: NodeScope | None = None
     on_event: Any = None  # callable(event: str, payload: dict) for progress displays

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal, get_args
 
 from rewind.call import Call, CallPolicy, execute_call
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
@@ -36,7 +37,10 @@ from rewind.fingerprints import (
 )
 from rewind.store.records import CallRecord, EffectRecord
 
-EFFECT_MODES = ("recorded", "dry-run", "live")
+EffectsMode = Literal["recorded", "dry-run", "live"]
+"""A replay's side-effect mode (stored as this string in a fork's ``launch``)."""
+
+EFFECT_MODES: tuple[EffectsMode, ...] = get_args(EffectsMode)
 """How a replay treats side-effecting calls: serve the recorded result (default), log the call and
 execute nothing, or re-execute against a verified (or restored) pre-state."""
 
@@ -514,6 +518,7 @@ __all__ = [  # the fingerprint names are re-exported: rewind.effects stays their
     "EFFECT_MODES",
     "RESTORE_MODES",
     "EffectPreconditionFailed",
+    "EffectsMode",
     "FileTree",
     "Fingerprint",
     "FingerprintUnavailable",

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.errors import RewindError
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 ABSENT = "absent"
 """Fingerprint digest of a resource that does not exist."""
 
-RESTORE_MODES = ("refuse", "replace")
+RestoreMode = Literal["refuse", "replace"]
+
+RESTORE_MODES: tuple[RestoreMode, ...] = get_args(RestoreMode)
 """What a ``live`` restore does with files the pinned snapshot does not hold: ``refuse`` (the
 default: the restore stops and names them, nothing is touched) or ``replace`` (they are deleted;
 the user asked for it explicitly with ``--restore=replace``)."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 
 import httpx
 import tenacity
@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "PROVIDER_DEFAULTS",
     "VOLATILE_FIELDS",
+    "ChatBackend",
     "ChatClient",
     "ChatResponse",
     "Endpoint",
@@ -407,6 +408,32 @@ class _RetryableStatus(Exception):
         self.status = status
         self.text = text
         self.retry_after_s = retry_after_s
+
+
+class NamesModel(Protocol):
+    """Anything that names the model requests default to: an :class:`Endpoint`, or
+    :class:`rewind.session.ModelName` while no endpoint is open."""
+
+    @property
+    def model(self) -> str: ...
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """What Rewind needs of a model client (:class:`ChatClient`,
+    :class:`rewind.session.LazyChatClient`, :class:`rewind.grid.SharedChatClient`, a test
+    stub): the model its keys default to, the LLM cache key of a request, and sending it.
+
+    ``complete`` is called only on a cache miss; it raises :class:`EndpointUnavailable` when
+    the endpoint cannot be reached and :class:`ModelCallError` when it refuses the request.
+    """
+
+    @property
+    def endpoint(self) -> NamesModel: ...
+
+    def cache_key(self, body: Mapping[str, Any]) -> str: ...
+
+    def complete(self, body: Mapping[str, Any]) -> ChatResponse: ...
 
 
 class ChatClient:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-RUN_STATUSES = ("running", "completed", "failed", "interrupted")
+RunStatus = Literal["running", "completed", "failed", "interrupted"]
+"""A run's status, stored as this string."""
+
+RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 
 
 @dataclass(frozen=True)
