@@ -20,15 +20,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 import rewind
 from rewind.errors import StoreError
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
-from rewind.store import open_store
+from rewind.store import migrate, open_store
 from rewind.store.codec import ZDICT_V1, pack, unpack
 from rewind.store.engine import SQLITE_PAGE_SIZE
 from rewind.store.store import STATE_DELTA_MAX_DEPTH, WriteBatch, state_row
 from rewind.tracing import Tracer, chat_step, step
+from tests.conftest import StoreTarget
 from tests.model_stub import STUB_MODEL, ModelStub
 
 STEPS = 40
@@ -268,3 +270,35 @@ def test_a_state_row_whose_delta_base_is_gone_is_a_clear_error(tmp_path: Path) -
         assert store.load_state_row("p", "app-2", 0, values=False) is not None
     finally:
         store.close()
+
+
+def test_downgrading_below_0010_stores_raw_blobs_and_full_state_maps(
+    store_target: StoreTarget,
+) -> None:
+    from alembic import command
+
+    store = store_target.open()
+    rows = _state_rows("app-3", 20)
+    doc = {"messages": [{"content": "You are terse.", "role": "system"}] * 3, "model": "m"}
+    try:
+        with store.write() as conn:
+            digest = store.put_json(conn, doc)
+        store.write_batch(WriteBatch(states=rows))
+        with store.write() as conn:
+            assert conn.execute(text("SELECT codec FROM blobs")).scalar() == "zd1"
+            config = migrate._config(conn)
+            command.downgrade(config, "0009")  # type: ignore[arg-type]
+            codecs = {r[0] for r in conn.execute(text("SELECT codec FROM blobs"))}
+            data = conn.execute(text("SELECT data FROM blobs")).scalar()
+            stored = conn.execute(
+                text("SELECT fields_json FROM burr_state ORDER BY sequence_id")
+            ).all()
+            assert migrate.current_revision(conn) == "0009"
+            # State rows are immutable again after the rewrite.
+            with pytest.raises(DBAPIError, match="immutable"), conn.begin_nested():
+                conn.execute(text("UPDATE burr_state SET status = 'edited'"))
+    finally:
+        store.close()
+    assert codecs == {"raw"}
+    assert hashlib.sha256(bytes(data)).hexdigest() == digest
+    assert [json.loads(r[0]) for r in stored] == [json.loads(str(r["fields_json"])) for r in rows]
