@@ -374,9 +374,11 @@ class Store:
                 self._check_objects(rows, new)
             if before is not None:
                 before(conn)
-            self._bulk(conn, self._insert_blob, rows)
-            self._bulk(conn, self._upsert_llm, batch.llm_cache)
-            self._bulk(conn, self._upsert_tool, batch.tool_cache)
+            # In key order: each index then fills its pages in sequence instead of splitting
+            # them at random places (random hashes leave B-tree pages ~2/3 full).
+            self._bulk(conn, self._insert_blob, sorted(rows, key=_by_hash))
+            self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
+            self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
             try:
                 states, tails = state_deltas(batch.states, self._state_tails)
                 self._bulk(conn, self._insert_state, states)
@@ -1152,6 +1154,14 @@ def state_row(
         "internal_json": json.dumps(internal, sort_keys=True),
         "created_at": time.time(),
     }
+
+
+def _by_hash(row: dict[str, Any]) -> str:
+    return row["hash"]
+
+
+def _by_key(row: dict[str, Any]) -> str:
+    return row["key"]
 
 
 _BULK_TABLES = {
