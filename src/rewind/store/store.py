@@ -380,7 +380,10 @@ class Store:
             self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
             self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
             try:
-                states, tails = state_deltas(batch.states, self._state_tails)
+                apps = {(r["partition_key"], r["app_id"]) for r in batch.states}
+                with self._known_lock:
+                    known_tails = {a: self._state_tails[a] for a in apps if a in self._state_tails}
+                states, tails = state_deltas(batch.states, known_tails)
                 self._bulk(conn, self._insert_state, states)
             except IntegrityError as exc:
                 raise StoreError(
@@ -394,17 +397,17 @@ class Store:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
             self._known_blobs.update(new)
-        if len(self._state_tails) > 10_000:
-            self._state_tails.clear()
-        self._state_tails.update(tails)
+            if len(self._state_tails) > 10_000:
+                self._state_tails.clear()
+            self._state_tails.update(tails)
 
     def _bulk(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """Execute ``stmt`` (an insert or upsert of one table) for many rows in ``conn``.
 
         On SQLite the rows go to the driver's ``executemany`` as tuples through prepared SQL
-        (:func:`_sqlite_bulk_sql`): SQLAlchemy's per-row parameter processing cost ~3x the
-        database's own work when a trace is written (~2,000 rows, measured ~60 of ~80 ms).
-        Other dialects execute ``stmt`` itself.
+        (:func:`_sqlite_bulk_sql`), skipping SQLAlchemy's per-row parameter processing
+        (measured on peerbench's 100-step trace, ~2,000 rows: 36 ms of CPU for the whole
+        write batch through SQLAlchemy, 27 ms this way). Other dialects execute ``stmt``.
         """
         if not rows:
             return
