@@ -35,7 +35,7 @@ from rewind.store.retention import (
     parse_age,
     restore_run,
 )
-from rewind.store.store import WriteBatch, state_row
+from rewind.store.store import WriteBatch, state_row, state_row_hashes
 from tests import pipelines
 from tests.services import PostgresServer, S3Server
 
@@ -163,7 +163,7 @@ def referenced_blobs_exist(store: Store, run_id: str) -> None:
     wanted = {n["output_hash"] for n in rows["nodes"] if n["output_hash"]}
     wanted |= {n["input_hash"] for n in rows["nodes"]}
     for state in rows["burr_state"]:
-        wanted |= set(json.loads(state["fields_json"]).values())
+        wanted |= state_row_hashes(state["fields_json"])
     wanted |= {c["result_hash"] for c in rows["calls"] if c["result_hash"]}
     assert store.get_blobs(wanted)  # raises StoreError when one is missing
 

@@ -19,13 +19,18 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 import rewind
+from rewind.errors import StoreError
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
-from rewind.store import open_store
+from rewind.store import migrate, open_store
 from rewind.store.codec import ZDICT_V1, pack, unpack
 from rewind.store.engine import SQLITE_PAGE_SIZE
+from rewind.store.store import STATE_DELTA_MAX_DEPTH, WriteBatch, state_row
 from rewind.tracing import Tracer, chat_step, step
+from tests.conftest import StoreTarget
 from tests.model_stub import STUB_MODEL, ModelStub
 
 STEPS = 40
@@ -192,3 +197,108 @@ def test_a_store_made_with_4k_pages_keeps_them_and_records(tmp_path: Path) -> No
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
     assert os.path.getsize(db) % 4096 == 0
+
+
+# --- Burr state rows: stored as deltas, loaded whole ------------------------------------------
+
+
+def _state_rows(app_id: str, steps: int, fields: int = 20) -> list[dict[str, object]]:
+    """State rows of an app that rewrites one of ``fields`` fields per step and, at step 5,
+    removes a field (each field's "hash" is the sha256 of its name and version)."""
+    current = {
+        f"f{i:02d}": hashlib.sha256(f"f{i:02d}/0".encode()).hexdigest() for i in range(fields)
+    }
+    rows = []
+    for seq in range(steps):
+        name = f"f{seq % fields:02d}"
+        current[name] = hashlib.sha256(f"{name}/{seq + 1}".encode()).hexdigest()
+        if seq == 5:
+            current.pop("f19", None)
+        rows.append(
+            state_row(
+                partition_key="p",
+                app_id=app_id,
+                sequence_id=seq,
+                position=f"n{seq}",
+                status="completed",
+                fields=dict(current),
+                internal={"__SEQUENCE_ID": seq},
+            )
+        )
+    return rows
+
+
+def test_state_rows_are_stored_as_deltas_and_load_back_whole(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    rows = _state_rows("app-1", 40)
+    try:
+        # Two batches: the second one's first row is a delta of the first batch's last row.
+        store.write_batch(WriteBatch(states=rows[:25]))
+        store.write_batch(WriteBatch(states=rows[25:]))
+        for row in rows:
+            loaded = store.load_state_row("p", "app-1", row["sequence_id"], values=False)
+            assert loaded is not None
+            assert loaded["fields"] == json.loads(str(row["fields_json"]))
+            assert loaded["internal"] == {"__SEQUENCE_ID": row["sequence_id"]}
+        latest = store.load_state_row("p", "app-1", None, values=False)
+        assert latest is not None and latest["fields"] == json.loads(str(rows[-1]["fields_json"]))
+        with store.read() as conn:
+            stored = {
+                r.sequence_id: json.loads(r.fields_json)
+                for r in conn.execute(text("SELECT sequence_id, fields_json FROM burr_state"))
+            }
+    finally:
+        store.close()
+    full = sorted(seq for seq, f in stored.items() if isinstance(f, dict))
+    # Every STATE_DELTA_MAX_DEPTH + 1 rows one full map, the rest deltas of one changed field.
+    assert full == list(range(0, 40, STATE_DELTA_MAX_DEPTH + 1))
+    assert stored[1] == [0, {"f01": json.loads(str(rows[1]["fields_json"]))["f01"]}, []]
+    assert stored[5][2] == ["f19"]
+    stored_bytes = sum(len(json.dumps(f)) for f in stored.values())
+    full_bytes = sum(len(str(r["fields_json"])) for r in rows)
+    assert stored_bytes <= 0.25 * full_bytes
+
+
+def test_a_state_row_whose_delta_base_is_gone_is_a_clear_error(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        store.write_batch(WriteBatch(states=_state_rows("app-2", 3)))
+        with store.write() as conn:
+            conn.execute(text("DELETE FROM burr_state WHERE sequence_id = 1"))
+        with pytest.raises(StoreError, match=r"state row app-2#1 .* is missing"):
+            store.load_state_row("p", "app-2", 2, values=False)
+        assert store.load_state_row("p", "app-2", 0, values=False) is not None
+    finally:
+        store.close()
+
+
+def test_downgrading_below_0010_stores_raw_blobs_and_full_state_maps(
+    store_target: StoreTarget,
+) -> None:
+    from alembic import command
+
+    store = store_target.open()
+    rows = _state_rows("app-3", 20)
+    doc = {"messages": [{"content": "You are terse.", "role": "system"}] * 3, "model": "m"}
+    try:
+        with store.write() as conn:
+            digest = store.put_json(conn, doc)
+        store.write_batch(WriteBatch(states=rows))
+        with store.write() as conn:
+            assert conn.execute(text("SELECT codec FROM blobs")).scalar() == "zd1"
+            config = migrate._config(conn)
+            command.downgrade(config, "0009")  # type: ignore[arg-type]
+            codecs = {r[0] for r in conn.execute(text("SELECT codec FROM blobs"))}
+            data = conn.execute(text("SELECT data FROM blobs")).scalar()
+            stored = conn.execute(
+                text("SELECT fields_json FROM burr_state ORDER BY sequence_id")
+            ).all()
+            assert migrate.current_revision(conn) == "0009"
+            # State rows are immutable again after the rewrite.
+            with pytest.raises(DBAPIError, match="immutable"), conn.begin_nested():
+                conn.execute(text("UPDATE burr_state SET status = 'edited'"))
+    finally:
+        store.close()
+    assert codecs == {"raw"}
+    assert hashlib.sha256(bytes(data)).hexdigest() == digest
+    assert [json.loads(r[0]) for r in stored] == [json.loads(str(r["fields_json"])) for r in rows]

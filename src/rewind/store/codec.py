@@ -55,6 +55,7 @@ ZDICT_V1 = (
     b'"role":"user"}],"model":"","temperature":0},"node":"","params":{},"reads":{"":"'
 )
 """The ``zd1`` preset dictionary. Frozen: never edit it (see the module docstring)."""
+_PRIMED = zlib.compressobj(6, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, ZDICT_V1)
 
 
 def pack(data: bytes) -> tuple[str, bytes]:
@@ -71,9 +72,7 @@ def pack(data: bytes) -> tuple[str, bytes]:
         if len(packed) <= size * 0.9:
             return "zlib", packed
     elif size >= DICT_MIN_BYTES:
-        c = zlib.compressobj(
-            6, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, ZDICT_V1
-        )
+        c = _PRIMED.copy()  # cheaper than loading the dictionary into a new compressor
         packed = c.compress(data) + c.flush()
         if len(packed) <= size * 0.9:
             return "zd1", packed

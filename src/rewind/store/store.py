@@ -164,6 +164,10 @@ class Store:
         self._insert_state = insert(schema.burr_state)
         self._insert_node = insert(schema.nodes)
         self._insert_call = insert(schema.calls)
+        self._bulk_sql = _sqlite_bulk_sql() if dialect == "sqlite" else None
+        # (partition key, app id) -> (sequence id, fields, delta depth) of the last state row
+        # this instance committed: the base of the next row's delta (see state_deltas).
+        self._state_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
         self._epoch_ready = not read_only
         _OPEN_STORES.add(self)
 
@@ -370,30 +374,49 @@ class Store:
                 self._check_objects(rows, new)
             if before is not None:
                 before(conn)
-            if rows:
-                conn.execute(self._insert_blob, rows)
-            if batch.llm_cache:
-                conn.execute(self._upsert_llm, batch.llm_cache)
-            if batch.tool_cache:
-                conn.execute(self._upsert_tool, batch.tool_cache)
-            if batch.states:
-                try:
-                    conn.execute(self._insert_state, batch.states)
-                except IntegrityError as exc:
-                    raise StoreError(
-                        "a state row of this app id already exists",
-                        "an app id can be recorded once; fork it instead of re-running it",
-                    ) from exc
-            if batch.nodes:
-                conn.execute(self._insert_node, batch.nodes)
-            if batch.calls:
-                conn.execute(self._insert_call, batch.calls)
-            if batch.effects:
-                conn.execute(insert(schema.effects), batch.effects)
+            # In key order: each index then fills its pages in sequence instead of splitting
+            # them at random places (random hashes leave B-tree pages ~2/3 full).
+            self._bulk(conn, self._insert_blob, sorted(rows, key=_by_hash))
+            self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
+            self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
+            try:
+                apps = {(r["partition_key"], r["app_id"]) for r in batch.states}
+                with self._known_lock:
+                    known_tails = {a: self._state_tails[a] for a in apps if a in self._state_tails}
+                states, tails = state_deltas(batch.states, known_tails)
+                self._bulk(conn, self._insert_state, states)
+            except IntegrityError as exc:
+                raise StoreError(
+                    "a state row of this app id already exists",
+                    "an app id can be recorded once; fork it instead of re-running it",
+                ) from exc
+            self._bulk(conn, self._insert_node, batch.nodes)
+            self._bulk(conn, self._insert_call, batch.calls)
+            self._bulk(conn, insert(schema.effects), batch.effects)
         with self._known_lock:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
             self._known_blobs.update(new)
+            if len(self._state_tails) > 10_000:
+                self._state_tails.clear()
+            self._state_tails.update(tails)
+
+    def _bulk(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
+        """Execute ``stmt`` (an insert or upsert of one table) for many rows in ``conn``.
+
+        On SQLite the rows go to the driver's ``executemany`` as tuples through prepared SQL
+        (:func:`_sqlite_bulk_sql`), skipping SQLAlchemy's per-row parameter processing
+        (measured on peerbench's 100-step trace, ~2,000 rows: 36 ms of CPU for the whole
+        write batch through SQLAlchemy, 27 ms this way). Other dialects execute ``stmt``.
+        """
+        if not rows:
+            return
+        bulk = self._bulk_sql.get(stmt.table.name) if self._bulk_sql is not None else None
+        if bulk is None:
+            conn.execute(stmt, rows)
+            return
+        sql, columns = bulk
+        conn.exec_driver_sql(sql, [tuple(row.get(c, d) for c, d in columns) for row in rows])
 
     def _present_blobs(self, digests: Collection[str]) -> set[str]:
         """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
@@ -997,7 +1020,7 @@ class Store:
             StoreError: the row (app id, sequence id) exists already.
         """
         try:
-            conn.execute(self._insert_state, [row])
+            conn.execute(self._insert_state, state_deltas([row], {})[0])
         except IntegrityError as exc:
             raise StoreError(
                 f"state row {row['app_id']}#{row['sequence_id']} already exists",
@@ -1029,6 +1052,17 @@ class Store:
                 return None
             m = dict(row._mapping)
             fields = json.loads(m.pop("fields_json"))
+            if isinstance(fields, list):  # a delta: rebuild it from the rows before it
+                earlier = conn.execute(
+                    select(t.c.sequence_id, t.c.fields_json).where(
+                        cond,
+                        t.c.sequence_id < m["sequence_id"],
+                        t.c.sequence_id >= m["sequence_id"] - STATE_DELTA_MAX_DEPTH,
+                    )
+                ).all()
+                fields = _resolve_delta(
+                    fields, {r.sequence_id: r.fields_json for r in earlier}, f"{app_id}"
+                )
             internal = json.loads(m.pop("internal_json") or "{}")
             blobs = self.get_blobs(fields.values(), conn) if values else {}
         m["fields"] = fields
@@ -1154,6 +1188,127 @@ def state_row(
         "internal_json": json.dumps(internal, sort_keys=True),
         "created_at": time.time(),
     }
+
+
+def _by_hash(row: dict[str, Any]) -> str:
+    return row["hash"]
+
+
+def _by_key(row: dict[str, Any]) -> str:
+    return row["key"]
+
+
+_BULK_TABLES = {
+    # table: (conflict target, what to do on a conflict) as Store.write_batch inserts them
+    "blobs": ("hash", "NOTHING"),
+    "llm_cache": ("key", "UPDATE"),
+    "tool_cache": ("key", "UPDATE"),
+    "burr_state": (None, None),
+    "nodes": (None, None),
+    "calls": (None, None),
+    "effects": (None, None),
+}
+
+
+def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
+    """Per table of :data:`_BULK_TABLES`: the SQLite ``INSERT`` statement with ``?`` marks for
+    every column, and (column, value when a row omits it) in that order — the same statements
+    and defaults as the SQLAlchemy ones in :class:`Store` (scalar column defaults only)."""
+    out: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
+    for name, (target, action) in _BULK_TABLES.items():
+        table = schema.metadata.tables[name]
+        columns = []
+        for col in table.columns:
+            default = col.default
+            if default is not None and not default.is_scalar:
+                raise AssertionError(f"{name}.{col.name}: a bulk insert needs scalar defaults")
+            columns.append((col.name, None if default is None else default.arg))
+        names = [c for c, _d in columns]
+        sql = f"INSERT INTO {name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+        if action == "NOTHING":
+            sql += f" ON CONFLICT ({target}) DO NOTHING"
+        elif action == "UPDATE":
+            rest = ", ".join(f"{c} = excluded.{c}" for c in names if c != target)
+            sql += f" ON CONFLICT ({target}) DO UPDATE SET {rest}"
+        out[name] = (sql, columns)
+    return out
+
+
+STATE_DELTA_MAX_DEPTH = 16
+"""A state row is stored as a delta of the row before it (same app, previous sequence id) when
+that row is known to the writer, at most this many deltas in a row; then a full map again."""
+
+
+def state_deltas(
+    rows: list[dict[str, Any]],
+    tails: dict[tuple[str, str], tuple[int, dict[str, str], int]],
+) -> tuple[list[dict[str, Any]], dict[tuple[str, str], tuple[int, dict[str, str], int]]]:
+    """The rows to insert for Burr state rows (see :func:`state_row`), with ``fields_json``
+    stored as a delta wherever the previous row of the same app is in ``rows`` or in ``tails``.
+
+    Storage only: :meth:`Store.load_state_row` rebuilds the full map, hashes are unchanged. A
+    full row's ``fields_json`` is a JSON object ``{field: hash}``; a delta is a JSON array
+    ``[base sequence id, {changed or new field: hash}, [removed fields]]`` (never ambiguous:
+    a full map is always an object). A Burr run that rewrites one of 20 fields per step stores
+    one hash per step instead of 20.
+
+    Args:
+        rows: state row dicts, ``fields_json`` a full JSON map; not modified.
+        tails: (partition key, app id) → (sequence id, fields, delta depth) of the last row
+            already committed per app (the writer's memory); not modified.
+    Returns:
+        (the rows to insert, the new tails to remember once they are committed).
+    """
+    out: list[dict[str, Any]] = []
+    new_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
+    for row in rows:
+        app = (row["partition_key"], row["app_id"])
+        fields = json.loads(row["fields_json"])
+        seq = row["sequence_id"]
+        tail = new_tails.get(app) or tails.get(app)
+        depth = 0
+        if tail is not None and tail[0] == seq - 1 and tail[2] < STATE_DELTA_MAX_DEPTH:
+            base = tail[1]
+            changed = {k: h for k, h in fields.items() if base.get(k) != h}
+            removed = sorted(k for k in base if k not in fields)
+            delta = json.dumps([seq - 1, changed, removed], sort_keys=True)
+            if len(delta) < len(row["fields_json"]):
+                row = row | {"fields_json": delta}
+                depth = tail[2] + 1
+        out.append(row)
+        new_tails[app] = (seq, fields, depth)
+    return out, new_tails
+
+
+def state_row_hashes(fields_json: str) -> set[str]:
+    """The blob hashes a stored ``burr_state.fields_json`` names itself: every field's of a full
+    map, the changed fields' of a delta (the rest are named by the rows before it)."""
+    stored = json.loads(fields_json)
+    return set((stored[1] if isinstance(stored, list) else stored).values())
+
+
+def _resolve_delta(delta: list[Any], earlier: dict[int, str], where: str) -> dict[str, str]:
+    """The full {field: hash} map of a delta state row, from ``earlier`` rows' ``fields_json``
+    by sequence id.
+
+    Raises:
+        StoreError: a base row is missing (a damaged store).
+    """
+    chain = [delta]
+    while isinstance(chain[-1], list):
+        base_seq = chain[-1][0]
+        if base_seq not in earlier:
+            raise StoreError(
+                f"state row {where}#{base_seq} (the base of a stored state delta) is missing",
+                "the store is damaged",
+            )
+        chain.append(json.loads(earlier[base_seq]))
+    fields: dict[str, str] = dict(chain.pop())
+    for _base, changed, removed in reversed(chain):
+        fields.update(changed)
+        for k in removed:
+            fields.pop(k, None)
+    return fields
 
 
 def _dialect_insert(dialect: str, table: Any) -> Any:
