@@ -29,7 +29,7 @@ from rewind.store import Store, open_store, schema
 from rewind.tools import tool
 from rewind.tracing import StepType, Tracer, step
 from rewind.tracing.store import load_trace
-from tests.conftest import FakeModel
+from tests.conftest import FakeModel, StoreTarget
 
 EXECUTED: list[list[int]] = []
 
@@ -203,3 +203,33 @@ def test_a_replay_that_shares_nothing_is_written_in_full(
         # The first lookup misses: no recorded trace made that call, nothing to link to.
         assert run.parent_run_id is None and "reference" not in run.config
         assert own_rows(st, replay)["nodes"] == 6
+
+
+def test_a_replay_is_stored_by_reference_on_each_backend(
+    store_target: StoreTarget, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    st = store_target.open()
+    try:
+        made = []
+        for read_cache in (False, True):
+            tracer = Tracer(st, chat_client=chat_client, read_cache=read_cache)
+            with tracer.trace("agent") as t:
+                agent(3)
+            assert t.write_error is None
+            made.append(t.trace_id)
+        source, replay = made
+        run = st.get_run(replay)
+        assert run.parent_run_id == source and run.config["reference"]["all"] is True
+        assert own_rows(st, replay)["nodes"] == 0
+        a, b = st.nodes_of(source), st.nodes_of(replay)
+        assert [(n.input_hash, n.output_hash, n.state_hash) for n in a] == [
+            (n.input_hash, n.output_hash, n.state_hash) for n in b
+        ]
+        assert Rewind(st).diff(source, replay).first_divergence is None
+        # An in-place replay (Tracer.replay) of the source is stored by reference too.
+        with Tracer(st, chat_client=chat_client).replay(source) as r:
+            agent(3)
+        assert st.get_run(r.trace_id).config["reference"]["steps"] == 6
+        assert own_rows(st, r.trace_id)["nodes"] == 0
+    finally:
+        st.close()
