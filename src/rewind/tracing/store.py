@@ -7,6 +7,8 @@ step and the ``spans`` rows — so a trace is either wholly there or not at all.
 exactly as the Burr recorder makes them (see :mod:`rewind.recorder`): ``input_hash`` covers the
 node name, the hashes of the fields it read, its inputs and params; ``output_hash`` is the Merkle
 hash of ``{field: field hash}`` of what it wrote; ``state_hash`` that of the whole state after it.
+A replay's steps that equal its source's are not written again (:mod:`rewind.store.references`);
+the readers here resolve them.
 """
 
 from __future__ import annotations
