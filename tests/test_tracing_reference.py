@@ -29,7 +29,7 @@ from rewind.store import Store, open_store, schema
 from rewind.tools import tool
 from rewind.tracing import StepType, Tracer, step
 from rewind.tracing.store import load_trace
-from tests.conftest import FakeModel
+from tests.conftest import FakeModel, StoreTarget
 
 EXECUTED: list[list[int]] = []
 
@@ -87,9 +87,11 @@ def trace_once(
     return t.trace_id, out
 
 
-def pages(folder: Path) -> int:
+def store_bytes(folder: Path) -> int:
+    """The database's size in bytes (pages in use times the page size)."""
     with opened(folder) as st, st.read() as conn:
-        return int(conn.execute(text("PRAGMA page_count")).scalar_one())
+        count = conn.execute(text("PRAGMA page_count")).scalar_one()
+        return int(count) * int(conn.execute(text("PRAGMA page_size")).scalar_one())
 
 
 def own_rows(store: Store, run_id: str) -> dict[str, int]:
@@ -109,11 +111,10 @@ def test_unchanged_replay_is_one_run_row_linked_to_its_source(
 ) -> None:
     EXECUTED.clear()
     source, recorded = trace_once(folder, chat_client, read_cache=False, steps=20)
-    before_pages, calls, tools = pages(folder), fake_model.count, len(EXECUTED)
+    before, calls, tools = store_bytes(folder), fake_model.count, len(EXECUTED)
     replay, replayed = trace_once(folder, chat_client, read_cache=True, steps=20)
     assert replayed == recorded
     assert fake_model.count == calls and len(EXECUTED) == tools  # all served from the cache
-    assert pages(folder) - before_pages <= 1  # one run row and its root span, no copies
 
     with opened(folder) as st:
         run = st.get_run(replay)
@@ -133,8 +134,12 @@ def test_unchanged_replay_is_one_run_row_linked_to_its_source(
         assert [s.output for s in view.steps] == [s.output for s in load_trace(st, source).steps]
         assert len({s.span_id for s in view.steps}) == 40
 
-    # A replay of the replay points at the trace that holds the rows, not at the replay.
-    again, _ = trace_once(folder, chat_client, read_cache=True, steps=20)
+    # A replay of the replay points at the trace that holds the rows, not at the replay; five
+    # replays add at most 2 KB each (one run row and its root span; whole pages, so measured
+    # over several).
+    for _ in range(4):
+        again, _ = trace_once(folder, chat_client, read_cache=True, steps=20)
+    assert store_bytes(folder) - before <= 5 * 2048
     with opened(folder) as st:
         assert st.get_run(again).parent_run_id == source
 
@@ -203,3 +208,33 @@ def test_a_replay_that_shares_nothing_is_written_in_full(
         # The first lookup misses: no recorded trace made that call, nothing to link to.
         assert run.parent_run_id is None and "reference" not in run.config
         assert own_rows(st, replay)["nodes"] == 6
+
+
+def test_a_replay_is_stored_by_reference_on_each_backend(
+    store_target: StoreTarget, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    st = store_target.open()
+    try:
+        made = []
+        for read_cache in (False, True):
+            tracer = Tracer(st, chat_client=chat_client, read_cache=read_cache)
+            with tracer.trace("agent") as t:
+                agent(3)
+            assert t.write_error is None
+            made.append(t.trace_id)
+        source, replay = made
+        run = st.get_run(replay)
+        assert run.parent_run_id == source and run.config["reference"]["all"] is True
+        assert own_rows(st, replay)["nodes"] == 0
+        a, b = st.nodes_of(source), st.nodes_of(replay)
+        assert [(n.input_hash, n.output_hash, n.state_hash) for n in a] == [
+            (n.input_hash, n.output_hash, n.state_hash) for n in b
+        ]
+        assert Rewind(st).diff(source, replay).first_divergence is None
+        # An in-place replay (Tracer.replay) of the source is stored by reference too.
+        with Tracer(st, chat_client=chat_client).replay(source) as r:
+            agent(3)
+        assert st.get_run(r.trace_id).config["reference"]["steps"] == 6
+        assert own_rows(st, r.trace_id)["nodes"] == 0
+    finally:
+        st.close()

@@ -30,7 +30,7 @@ from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
-from rewind.tracing.store import lineage_index, load_trace
+from rewind.tracing.store import lineage_blobs, lineage_index, load_trace
 from rewind.tracing.switches import (
     ReplaySwitches,
     divergence_check,
@@ -379,7 +379,7 @@ def replay_in_place(
     )
     ctx.cached_kinds = switches.cached_kinds
     ctx.lineage, ctx.lineage_at = lineage_index(store, run)
-    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+    ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     trace = Trace(
         name or run.pipeline,
         input=input,

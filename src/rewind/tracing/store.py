@@ -7,6 +7,8 @@ step and the ``spans`` rows — so a trace is either wholly there or not at all.
 exactly as the Burr recorder makes them (see :mod:`rewind.recorder`): ``input_hash`` covers the
 node name, the hashes of the fields it read, its inputs and params; ``output_hash`` is the Merkle
 hash of ``{field: field hash}`` of what it wrote; ``state_hash`` that of the whole state after it.
+A replay's steps that equal its source's are not written again (:mod:`rewind.store.references`);
+the readers here resolve them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select
+from sqlalchemy import Connection, func, insert, select, text
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, NodeScope
@@ -41,6 +43,7 @@ from rewind.store.references import (
 )
 from rewind.store.references import resolve as resolve_reference
 from rewind.store.store import WriteBatch, call_rows, state_row
+from rewind.store.store import _unpack as unpack_blob
 from rewind.tracing.model import (
     CHAIN_TYPE,
     ROOT_POSITION,
@@ -60,6 +63,7 @@ from rewind.tracing.model import (
 __all__ = [
     "count_traces",
     "is_trace",
+    "lineage_blobs",
     "lineage_index",
     "lineage_of",
     "load_trace",
@@ -816,23 +820,10 @@ def lineage_index(
     run winning. Served/dry-run side-effect records and calls without a result are left out."""
     chain = [run.run_id, *(a.run_id for a in store.ancestors(run))]
     rank = {rid: i for i, rid in enumerate(chain)}
-    t = schema.calls
     rows: list[Any] = []
     with store.read() as conn:
-        for i in range(0, len(chain), _IN_CHUNK):
-            rows.extend(
-                conn.execute(
-                    select(
-                        t.c.run_id,
-                        t.c.position,
-                        t.c.call_index,
-                        t.c.key,
-                        t.c.result_hash,
-                        t.c.outcome,
-                        t.c.produced_at,
-                    ).where(t.c.run_id.in_(chain[i : i + _IN_CHUNK]))
-                )
-            )
+        for run_id in chain:  # a plain query per run: no key list, no Core compile per call
+            rows.extend(conn.execute(_LINEAGE_CALLS, {"r": run_id}).fetchall())
     # Farthest ancestor first, calls in order: later (nearer) entries overwrite earlier ones.
     rows.sort(key=lambda r: (-rank[r.run_id], r.position, r.call_index))
     lineage: dict[str, LineageEntry] = {}
@@ -844,6 +835,36 @@ def lineage_index(
         lineage[r.key] = entry
         at[(r.position, r.key)] = entry
     return lineage, at
+
+
+_LINEAGE_CALLS = text(
+    "SELECT run_id, position, call_index, key, result_hash, outcome, produced_at"
+    " FROM calls WHERE run_id = :r"
+)
+_RESULT_BLOBS = text(
+    "SELECT b.hash, b.codec, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
+    " WHERE c.run_id = :r"
+)
+
+
+def lineage_blobs(store: Store, lineage: dict[str, LineageEntry]) -> dict[str, bytes]:
+    """The result bytes of a lineage's calls by hash: one join per run that made them (blobs
+    kept in object storage are fetched the usual way).
+
+    Raises:
+        StoreError: a result blob is missing (a damaged store).
+    """
+    wanted = {e.result_hash for e in lineage.values()}
+    out: dict[str, bytes] = {}
+    with store.read() as conn:
+        for run_id in sorted({e.run_id for e in lineage.values()}):
+            for digest, codec, data in conn.execute(_RESULT_BLOBS, {"r": run_id}).fetchall():
+                if digest in wanted and codec in ("raw", "zlib"):
+                    out[digest] = unpack_blob(codec, data)
+    missing = wanted - out.keys()
+    if missing:
+        out.update(store.get_blobs(missing))
+    return out
 
 
 _RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

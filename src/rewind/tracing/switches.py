@@ -15,7 +15,7 @@ from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, RewindError
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import StepData, TraceView, jsonable
-from rewind.tracing.store import lineage_of
+from rewind.tracing.store import lineage_blobs, lineage_of
 from rewind.tracing.tracer import Trace
 
 __all__ = [
@@ -108,7 +108,7 @@ def replay_context(
     )
     ctx.cached_kinds = switches.cached_kinds
     ctx.lineage = lineage_of(store, run)
-    ctx.lineage_blobs = store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+    ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     return ctx
 
 

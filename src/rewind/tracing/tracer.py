@@ -31,6 +31,13 @@ ends; then the whole trace is written in one transaction. A failure to write is 
 A tool or ``chat`` call made in the chain's own body, outside any step, becomes a ``tool_call`` /
 ``llm_call`` step of its own (named after the tool or model), so it is stored and served on replay
 like any other call.
+
+A trace of a ``Tracer(read_cache=True)`` is a replay of the recorded trace its first cache hit
+comes from (:mod:`rewind.tracing.tracer_source`): that trace becomes its ``parent`` and its calls'
+cache entries and answers are read once, so later lookups are dictionary reads. A replay (this
+one, or :meth:`Tracer.replay`'s) is stored by reference where it equals its source step for step
+(:mod:`rewind.store.references`): an unchanged replay adds one run row and its root span; one
+that diverges is written in full from the first divergence on.
 """
 
 from __future__ import annotations
