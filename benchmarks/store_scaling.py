@@ -6,9 +6,10 @@ What it does, in one store:
    100-step traced chain of tool calls (``Tracer.trace``; each step one ``@rewind.tool`` call in
    a ``tool_call`` step, its argument the previous result) — no model server needed;
 2. for each size in ``--cache-sizes`` (default 10^3, 10^5, 10^6 cached calls, ascending), fills
-   the tool cache up to that many rows **directly through the store's engine** (``executemany``
-   in one transaction per 10,000 rows, each row pointing to two real blobs, as in
-   ``replay_overhead.py``), then times, alternating, ``--replays`` unchanged replays of each:
+   the tool cache up to that many rows **directly through the store's engine** (``executemany``,
+   10,000 rows a statement; each row's argument blob unique, its result one of 997 realistic
+   result blobs, see :func:`fill_cache_fast`), then times, alternating, ``--replays``
+   unchanged replays of each:
    ``Rewind.replay(run_id, at=1)`` (calls served from the parent's lineage) and the traced chain
    again under ``Tracer(read_cache=True)`` (every call looked up by key in the grown cache);
 3. then adds ``--runs`` stored runs (default 10^4; run rows with 10 node rows each, bulk
@@ -28,8 +29,10 @@ Run: ``.venv/bin/python benchmarks/store_scaling.py [--quick] [--cache-sizes 100
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import random
 import statistics
 import sys
 import tempfile
@@ -42,7 +45,8 @@ from sqlalchemy import insert
 
 import rewind
 from chain import SEED_STATE, chain_pipeline, timed
-from replay_overhead import check_replay, fill_tool_cache
+from replay_overhead import FILL_BATCH, _result_blob, check_replay
+from rewind.canonical import key_of
 from rewind.replay import Rewind
 from rewind.store import Store, schema
 from rewind.tracing import Tracer, step
@@ -68,6 +72,43 @@ def run_trace(tracer: Tracer) -> int:
         for _ in range(TRACE_STEPS):
             value = _TRACED(value)
     return value
+
+
+def fill_cache_fast(store: Store, rows: int, start: int, seed: int = 7) -> float:
+    """Insert ``rows`` tool-cache rows numbered from ``start``; returns seconds.
+
+    Like ``replay_overhead.fill_tool_cache`` but cheap enough for 10^6 rows: each row's
+    argument blob is unique (canonical JSON written directly, one SHA-256), its result one of
+    997 realistic result blobs made once, so the cache table and the blob index grow by one
+    row per cached call while the setup stays a few seconds per 10^5 rows."""
+    rng = random.Random(seed)
+    results = [_result_blob(rng) for _ in range(997)]
+    result_rows = [
+        {"hash": hashlib.sha256(r).hexdigest(), "size": len(r), "data": r} for r in results
+    ]
+    started = time.perf_counter()
+    now = time.time()
+    with store.write() as conn:
+        conn.execute(insert(schema.blobs).prefix_with("OR IGNORE", dialect="sqlite"), result_rows)
+        for lo in range(start, start + rows, FILL_BATCH):
+            blob_rows: list[dict[str, Any]] = []
+            cache_rows: list[dict[str, Any]] = []
+            for i in range(lo, min(start + rows, lo + FILL_BATCH)):
+                args = b'{"node":"x%09d","value":%d}' % (i, i * 7919 % 1_000_003)
+                args_hash = hashlib.sha256(args).hexdigest()
+                blob_rows.append({"hash": args_hash, "size": len(args), "data": args})
+                cache_rows.append(
+                    {
+                        "key": key_of("tool/v1", f"filler_{i % 17}", args),
+                        "tool": f"filler_{i % 17}",
+                        "args_hash": args_hash,
+                        "result_hash": result_rows[i % 997]["hash"],
+                        "created_at": now,
+                    }
+                )
+            conn.execute(insert(schema.blobs).prefix_with("OR IGNORE", dialect="sqlite"), blob_rows)
+            conn.execute(insert(schema.tool_cache), cache_rows)
+    return time.perf_counter() - started
 
 
 def fill_runs(store: Store, runs: int, nodes_per_run: int = 10) -> float:
@@ -177,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tracer.close()
         for size in sizes:
             have = sum(rw.store.cache_sizes().values())
-            seconds = fill_tool_cache(rw.store, max(0, size - have), seed=size)
+            seconds = fill_cache_fast(rw.store, max(0, size - have), start=have)
             cached = sum(rw.store.cache_sizes().values())
             burr, trace = measure(rw, parent.run_id, nodes, folder, expected, replays)
             rows.append({"cache_rows": cached, "burr": burr, "trace": trace})
