@@ -43,7 +43,7 @@ from rewind.store.references import (
 )
 from rewind.store.references import resolve as resolve_reference
 from rewind.store.store import WriteBatch, call_rows, state_row
-from rewind.store.store import _unpack as unpack_blob
+from rewind.store.codec import unpack as unpack_blob
 from rewind.tracing.model import (
     CHAIN_TYPE,
     ROOT_POSITION,
