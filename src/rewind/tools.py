@@ -73,6 +73,7 @@ class Tool:
         self.resources = resources
         self.on_served = on_served
         self.signature = inspect.signature(fn)
+        self._positional = positional_names(self.signature)
         if idempotency_arg is not None and idempotency_arg not in self.signature.parameters:
             raise ValueError(f"{name}: no argument named {idempotency_arg!r}")
         self.idempotency_arg = idempotency_arg
@@ -80,6 +81,9 @@ class Tool:
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Arguments by parameter name with defaults applied."""
+        names = self._positional
+        if names is not None and not kwargs and len(args) == len(names):
+            return dict(zip(names, args, strict=True))  # what bind + apply_defaults give
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -99,6 +103,13 @@ class Tool:
 
     def policy(self, args: dict[str, Any]) -> CallPolicy:
         """The cache policy of one call."""
+        if self.resources is None and self.idempotency_arg is None:
+            policy = self.__dict__.get("_policy")
+            if policy is None:  # the same for every call: built once
+                policy = self._policy = CallPolicy(
+                    self.determinism, self.ttl_s, (), self.on_served, None
+                )
+            return policy
         resources: Sequence[Any] = ()
         if callable(self.resources):
             resources = tuple(self.resources(**args))
@@ -146,6 +157,17 @@ class Tool:
             policy=self.policy(bound),
         )
         return json.loads(data)
+
+
+def positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    """The parameter names of a signature whose parameters are all positional-or-keyword
+    (``def f(a, b=1)``), else None. A call passing exactly that many positional arguments and
+    no keywords binds them by zipping (what ``signature.bind`` + ``apply_defaults`` return,
+    without their cost)."""
+    params = signature.parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(signature.parameters)
+    return None
 
 
 def _refuse_unrecorded_effect(name: str) -> None:

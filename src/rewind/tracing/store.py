@@ -29,6 +29,7 @@ from rewind.llm import ChatResponse
 from rewind.persister import encode_value, map_hash
 from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sorted_calls
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
+from rewind.store.codec import unpack as unpack_blob
 from rewind.store.records import EffectRecord
 from rewind.store.references import (
     REFERENCE_KEY,
@@ -43,7 +44,6 @@ from rewind.store.references import (
 )
 from rewind.store.references import resolve as resolve_reference
 from rewind.store.store import WriteBatch, call_rows, state_row
-from rewind.store.store import _unpack as unpack_blob
 from rewind.tracing.model import (
     CHAIN_TYPE,
     ROOT_POSITION,

@@ -59,7 +59,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rewind.context import NodeScope, RunContext, activate
+from rewind.context import NodeScope, RunContext, activate, enter, leave
 from rewind.errors import RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
@@ -178,7 +178,7 @@ class Step:
         self.scope: NodeScope | None = None
         self._manual_tokens: tuple[int, int] | None = None
         self._perf = 0.0
-        self._stack: ExitStack | None = None
+        self._ctx_token: contextvars.Token[RunContext | None] | None = None
         self._token: contextvars.Token[Step | None] | None = None
         self._snapshot: Any = None
         self._response: ChatResponse | None = None
@@ -213,12 +213,13 @@ class Step:
                 started_perf=self._perf,
                 param_overrides=dict(base.param_overrides.get(self.name, {})),
             )
-            self._stack = ExitStack()
             # A shallow copy with this step's scope (cheaper than dataclasses.replace, which
             # runs __init__ over every field; the copy shares the trace's maps, as replace does).
             ctx = copy.copy(base)
             ctx.node = self.scope
-            self._stack.enter_context(activate(ctx))
+            # The trace activated its run (capture installed, run counted as active): a step
+            # only switches the current context (no context manager, lock or counter per step).
+            self._ctx_token = enter(ctx)
 
     def finish(self, exc: BaseException | None = None) -> None:
         """End the step: record the exception (if any), duration, calls and tokens."""
@@ -239,9 +240,13 @@ class Step:
         except Exception:  # telemetry must never break the chain
             logger.exception("collecting step %r failed", self.name)
         finally:
-            if self._stack is not None:
-                self._stack.close()
-                self._stack = None
+            if self._ctx_token is not None:
+                try:
+                    leave(self._ctx_token)
+                except ValueError:  # finished in another context than it started in
+                    if self.trace is not None:
+                        enter(self.trace.run_context)
+                self._ctx_token = None
             if self._token is not None:
                 try:
                     _STEP.reset(self._token)
@@ -479,21 +484,29 @@ def bound_input(
     JSON."""
     try:
         try:
-            signature = _signature(fn)
+            signature, names = _signature(fn)
         except TypeError:  # an unhashable callable object: not cached
-            signature = inspect.signature(fn)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
+            signature, names = inspect.signature(fn), None
+        if names is not None and not kwargs and len(args) == len(names):
+            arguments = dict(zip(names, args, strict=True))  # what bind + apply_defaults give
+        else:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+        values = {k: v for k, v in arguments.items() if k not in ("self", "cls")}
     except (TypeError, ValueError):
         values = {"args": list(args), "kwargs": kwargs}
     return jsonable(values)
 
 
 @functools.lru_cache(maxsize=4096)
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
-    """``inspect.signature(fn)``, computed once per function (it costs more than the bind)."""
-    return inspect.signature(fn)
+def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature, tuple[str, ...] | None]:
+    """``inspect.signature(fn)`` and its positional names (:func:`rewind.tools.positional_names`),
+    computed once per function (they cost more than the bind)."""
+    from rewind.tools import positional_names
+
+    signature = inspect.signature(fn)
+    return signature, positional_names(signature)
 
 
 def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatResponse:

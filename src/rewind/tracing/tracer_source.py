@@ -21,9 +21,9 @@ from sqlalchemy import Connection, select, text
 
 from rewind.errors import StoreError
 from rewind.store import Store, schema
+from rewind.store.codec import unpack as unpack_blob
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
 from rewind.store.store import CacheEntry
-from rewind.store.store import _unpack as unpack_blob
 
 __all__ = ["CANDIDATES", "FoundSource", "find_source"]
 
