@@ -40,6 +40,7 @@ from starlette.staticfiles import StaticFiles
 import rewind
 from rewind import progress
 from rewind.api import access, calls_view, views
+from rewind.api import models as m
 from rewind.api.access import OPEN, SERVER_TOKEN, Principal, acting_as, check_visible, visible
 from rewind.api.effective import effective_config
 from rewind.api.manage import (
@@ -50,6 +51,7 @@ from rewind.api.manage import (
     run_tree,
     unrecorded_runs,
 )
+from rewind.api.models import typed
 from rewind.api.pipelines import PipelineEntry, StartInputs, default_pipelines
 from rewind.api.runner import QueueRunManager, ReportManager, RunJob, RunManager
 from rewind.api.schemas import SERVER_ERRORS, RunAccepted, error_responses, response_header
@@ -803,7 +805,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
     r = APIRouter(prefix="/api", responses=error_responses(*SERVER_ERRORS))
     store, manager = ctx.store, ctx.manager
 
-    @r.get("/health", tags=["server"])
+    @r.get("/health", tags=["server"], **typed(m.Health))
     def health() -> dict[str, Any]:
         """Liveness: the store answers; runs in flight."""
         with store.read() as conn:
@@ -818,7 +820,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }
 
-    @r.get("/settings", tags=["server"])
+    @r.get("/settings", tags=["server"], **typed(m.Settings))
     def settings() -> dict[str, Any]:
         """Model endpoint, model, temperature default, store location (never secrets), and
         ``effective``: each setting in force with where it came from."""
@@ -826,7 +828,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         out["effective"] = effective_config(out, store, token_required=ctx.auth_on())
         return out
 
-    @r.get("/pipelines", tags=["runs"])
+    @r.get("/pipelines", tags=["runs"], **typed(m.PipelineList))
     def list_pipelines() -> dict[str, Any]:
         """Pipelines runs can be started of, with their nodes and edges."""
         out = []
@@ -843,7 +845,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             )
         return {"pipelines": out}
 
-    @r.get("/runs", tags=["runs"], responses=error_responses(422))
+    @r.get("/runs", tags=["runs"], responses=error_responses(422), **typed(m.RunsResponse))
     def list_runs(
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
         include_sub_runs: bool = False,
@@ -961,7 +963,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             raise UnknownJob(f"no job {job_id!r}", "job ids come from POST /api/runs or /fork")
         return row.to_json()
 
-    @r.get("/runs/{run_id}", tags=["runs"], responses=_LOOKUP)
+    @r.get("/runs/{run_id}", tags=["runs"], responses=_LOOKUP, **typed(m.RunDetail))
     def get_run(run_id: str) -> dict[str, Any]:
         """A run with its parent chain, children (forks) and artifacts."""
         run = ctx.resolve(run_id)
@@ -986,7 +988,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "drift": graph.drift if (graph := store.run_graph(run.run_id)) else None,
         }
 
-    @r.get("/runs/{run_id}/graph", tags=["runs"], responses=_LOOKUP)
+    @r.get("/runs/{run_id}/graph", tags=["runs"], responses=_LOOKUP, **typed(m.Graph))
     def get_graph(run_id: str) -> dict[str, Any]:
         """The run's pipeline graph (nodes, edges) and node executions with status, cache
         outcome + reason, hashes, latency and tokens; poll it while the run is live."""
@@ -1009,7 +1011,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         out["run"] = live_run_json(ctx, run)
         return out
 
-    @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP)
+    @r.get("/runs/{run_id}/nodes", tags=["nodes"], responses=_LOOKUP, **typed(m.NodeList))
     def list_nodes(run_id: str) -> dict[str, Any]:
         """The run's node executions (no values; see the node routes for those), each with the
         ids of the sub-runs it spawned (Burr sub-applications)."""
@@ -1023,7 +1025,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             ],
         }
 
-    @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP)
+    @r.get("/runs/{run_id}/nodes/{node}", tags=["nodes"], responses=_LOOKUP, **typed(m.NodeDetail))
     def get_node(run_id: str, node: str) -> dict[str, Any]:
         """One node (name, ``name#k`` or 1-based number): its row, the inputs it read, the
         output it wrote, the semantic state after it, and ``param_hints``: per param, the values
@@ -1046,7 +1048,9 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             "param_hints": param_hints(rw, run.run_id, n.position + 1),
         }
 
-    @r.get("/runs/{run_id}/nodes/{node}/calls", tags=["nodes"], responses=_LOOKUP)
+    @r.get(
+        "/runs/{run_id}/nodes/{node}/calls", tags=["nodes"], responses=_LOOKUP, **typed(m.NodeCalls)
+    )
     def get_node_calls(
         run_id: str,
         node: str,
@@ -1095,19 +1099,28 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         media = "application/json" if data[:1] in (b"{", b"[") else "application/octet-stream"
         return Response(data, media_type=media, headers={"X-Content-SHA256": digest})
 
-    @r.get("/runs/{run_id}/nodes/{node}/input", tags=["nodes"], responses=_LOOKUP)
+    @r.get(
+        "/runs/{run_id}/nodes/{node}/input", tags=["nodes"], responses=_LOOKUP, **typed(m.NodeInput)
+    )
     def get_node_input(run_id: str, node: str) -> dict[str, Any]:
         """The node's input document: name, the state fields it read, Burr inputs, params."""
         _, n = _node_of(ctx, run_id, node)
         return {"input_hash": n.input_hash, "input": display(ctx.session().node_input(n))}
 
-    @r.get("/runs/{run_id}/nodes/{node}/output", tags=["nodes"], responses=_LOOKUP)
+    @r.get(
+        "/runs/{run_id}/nodes/{node}/output",
+        tags=["nodes"],
+        responses=_LOOKUP,
+        **typed(m.NodeOutput),
+    )
     def get_node_output(run_id: str, node: str) -> dict[str, Any]:
         """The fields the node wrote."""
         _, n = _node_of(ctx, run_id, node)
         return {"output_hash": n.output_hash, "output": display(ctx.session().node_output(n))}
 
-    @r.get("/runs/{run_id}/nodes/{node}/state", tags=["nodes"], responses=_LOOKUP)
+    @r.get(
+        "/runs/{run_id}/nodes/{node}/state", tags=["nodes"], responses=_LOOKUP, **typed(m.NodeState)
+    )
     def get_node_state(run_id: str, node: str) -> dict[str, Any]:
         """The semantic state after the node (null for a failed node)."""
         _, n = _node_of(ctx, run_id, node)
@@ -1138,7 +1151,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
             ctx, parent, idx, fork_node, override, req.effects, req.allow_code_change, req.restore
         )
 
-    @r.get("/runs/{run_id}/cost", tags=["diff"], responses=_LOOKUP)
+    @r.get("/runs/{run_id}/cost", tags=["diff"], responses=_LOOKUP, **typed(m.Cost))
     def cost(run_id: str, against: str | None = None) -> dict[str, Any]:
         """Tokens and latency of the run vs ``against`` (default: its parent): original,
         replay, delta and saved."""
@@ -1153,7 +1166,7 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         original = ctx.resolve(other_id)
         return views.cost_json(store, original, run)
 
-    @r.get("/diff", tags=["diff"], responses=_LOOKUP)
+    @r.get("/diff", tags=["diff"], responses=_LOOKUP, **typed(m.Diff))
     def diff(
         a: Annotated[str, Query(description="reference run (e.g. the parent)")],
         b: Annotated[str, Query(description="compared run (e.g. the fork)")],
@@ -1163,7 +1176,9 @@ def _api_routes(ctx: ServerContext) -> APIRouter:
         ra, rb = ctx.resolve(a), ctx.resolve(b)
         return ctx.session().diff(ra.run_id, rb.run_id).to_json()
 
-    @r.get("/runs/{run_id}/artifacts", tags=["artifacts"], responses=_LOOKUP)
+    @r.get(
+        "/runs/{run_id}/artifacts", tags=["artifacts"], responses=_LOOKUP, **typed(m.ArtifactList)
+    )
     def list_artifacts(run_id: str) -> dict[str, Any]:
         """Files the run published (name, sha256, size, download URL)."""
         run = ctx.resolve(run_id)

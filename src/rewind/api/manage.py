@@ -27,6 +27,7 @@ from sqlalchemy import select
 
 from rewind import progress
 from rewind.api import access, views
+from rewind.api.models import CancelAccepted, Progress, RunDeleted, typed
 from rewind.api.runner import RunJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.errors import RewindError, RunBusy
@@ -207,7 +208,13 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
     r = APIRouter(prefix="/api", tags=["runs"], responses=error_responses(*SERVER_ERRORS))
     store, manager = ctx.store, ctx.manager
 
-    @r.post("/runs/{run_id}/cancel", status_code=202, responses=error_responses(403, 404, 409, 422))
+    @r.post(
+        "/runs/{run_id}/cancel",
+        status_code=202,
+        response_model=None,
+        responses={202: {"model": CancelAccepted, "description": "cancel accepted"}}
+        | error_responses(403, 404, 409, 422),
+    )
     def cancel_run(run_id: str) -> JSONResponse:
         """Cancel a queued or running run: it stops before its next node and ends
         ``cancelled`` (a node already executing finishes first). A run whose executing process
@@ -235,7 +242,7 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
             "only a queued or running run can be cancelled",
         )
 
-    @r.delete("/runs/{run_id}", responses=error_responses(403, 404, 409, 422))
+    @r.delete("/runs/{run_id}", responses=error_responses(403, 404, 409, 422), **typed(RunDeleted))
     async def delete(run_id: str, dry_run: bool = False) -> dict[str, Any]:
         """Delete a run for good with ``rewind gc``'s rules: never a run a kept run descends
         from (delete its forks first: 409), its sub-runs go with it, a sub-run only with its
@@ -260,7 +267,7 @@ def manage_routes(ctx: ServerContext) -> APIRouter:
                 manager.forget(rid)
         return {"dry_run": dry_run} | deleted.to_json()
 
-    @r.get("/runs/{run_id}/progress", responses=error_responses(404, 422))
+    @r.get("/runs/{run_id}/progress", responses=error_responses(404, 422), **typed(Progress))
     def run_progress(run_id: str) -> dict[str, Any]:
         """What the store says of a run in flight, whoever executes it: the node executing now
         (null once the run finished), tokens of its committed nodes, a pending cancel."""

@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import access, views
 from rewind.api.app import NodeRef, UnknownJob
+from rewind.api.models import ApiModel
+from rewind.api.models import Override as OverrideJson
 from rewind.api.runner import ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
 from rewind.errors import InvalidOverride, RunBusy, UnknownRun
@@ -103,7 +105,7 @@ class StabilityRequest(BaseModel):
 # -- response models (documentation; extra fields allowed) ---------------------------------------
 
 
-class _Open(BaseModel):
+class _Open(ApiModel):
     """A response model that keeps fields it does not declare."""
 
     model_config = ConfigDict(extra="allow")
@@ -221,6 +223,13 @@ class GridVariant(_Open):
     wall_ms: float
 
 
+class GridParent(_Open):
+    """What the grid's parent run spent and published."""
+
+    tokens: int
+    artifacts: dict[str, str]
+
+
 class GridReportModel(_Open):
     """The N-way matrix of a what-if grid (rows = nodes, columns = variants)."""
 
@@ -231,6 +240,13 @@ class GridReportModel(_Open):
     effects: str
     workers: int
     tokens: int
+    batch: str | None = None
+    wall_ms: float = Field(description="wall time of the whole grid (ms)")
+    parent: GridParent
+    new_llm_inputs: int = Field(
+        description="LLM cache keys the variants needed that the parent did not"
+    )
+    llm_requests: int = Field(description="LLM requests the variants sent in total")
     changes_artifact: list[str] = Field(description="labels of variants that change the artifact")
     variants: list[GridVariant]
     rows: list[GridRow]
@@ -279,7 +295,11 @@ class StabilityReportModel(_Open):
     from_node: str
     from_number: int
     k: int
-    override: dict[str, Any] | None
+    override: OverrideJson | None
+    batch: str | None = None
+    wall_ms: float
+    created_at: float | None = None
+    path: str | None = None
     stable_share: float
     stable_nodes: int
     node_count: int
