@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from rewind.api import create_app
 from rewind.api import models as m
 from rewind.api.openapi import openapi_text
 from rewind.api.pipelines import PipelineEntry, research_entry
-from rewind.api.reports import AuditReportModel
+from rewind.api.reports import AuditReportModel, LiveForkResource
 from rewind.examples import research
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import ParamOverride, Rewind
@@ -109,16 +109,18 @@ def undeclared(value: Any, where: str = "") -> list[str]:
     return out
 
 
-def typed_get(c: TestClient, model: type[BaseModel], path: str, **params: Any) -> Any:
-    """GET ``path``; assert 200, a body every key of which ``model`` declares, served unchanged
-    by the model (validated and dumped as the route does)."""
+def typed_get(c: TestClient, model: Any, path: str, **params: Any) -> Any:
+    """GET ``path``; assert 200, a body every key of which ``model`` (a model, or a type such
+    as ``list[Model]``) declares, served unchanged by it (validated and dumped as the route
+    does)."""
     r = c.get(path, params=params)
     assert r.status_code == 200, (path, r.text)
     body = r.json()
-    parsed = model.model_validate(body)
+    adapter = TypeAdapter(model)
+    parsed = adapter.validate_python(body)
     missing = undeclared(parsed)
-    assert not missing, f"{path}: keys served that {model.__name__} does not declare: {missing}"
-    assert parsed.model_dump(mode="json", exclude_unset=True) == body
+    assert not missing, f"{path}: keys served that {model} does not declare: {missing}"
+    assert adapter.dump_python(parsed, mode="json", exclude_unset=True) == body
     return body
 
 
@@ -161,6 +163,12 @@ def test_every_typed_route_serves_only_declared_keys(served: dict[str, Any]) -> 
     assert failures["failed_traces"] > 0 and failures["correlations"]
     audit = typed_get(c, AuditReportModel, f"/api/runs/{parent}/audit")
     assert audit["run_id"] == parent
+    typed_get(c, list[LiveForkResource], f"/api/runs/{parent}/live-fork-resources", at=1)
+    r = c.delete(f"/api/runs/{served['failed']}", params={"dry_run": True})
+    assert r.status_code == 200, r.text
+    deleted = m.RunDeleted.model_validate(r.json())
+    assert not undeclared(deleted) and deleted.dry_run and deleted.rows > 0
+    assert store.run_exists(served["failed"])
 
 
 def test_cut_calls_and_failed_nodes_fit_their_models(served: dict[str, Any]) -> None:

@@ -2545,11 +2545,24 @@ export interface components {
         };
         /**
          * RunDeleted
-         * @description What a delete removed (or, ``dry_run``, would remove).
+         * @description What :func:`delete_run` removed: the run and the sub-runs its nodes spawned (deepest
+         *     first), their rows over every run-scoped table, and the blobs no row named afterwards
+         *     (``blob_bytes`` uncompressed).
          */
         RunDeleted: {
-            /** Dry Run */
+            /** Blob Bytes */
+            blob_bytes: number;
+            /** Blobs Deleted */
+            blobs_deleted: number;
+            /**
+             * Dry Run
+             * @description checked and counted only: nothing was deleted
+             */
             dry_run: boolean;
+            /** Objects Deleted */
+            objects_deleted: number;
+            /** Rows */
+            rows: number;
             /** Run Id */
             run_id: string;
             /** Sub Runs */

@@ -14,9 +14,12 @@ default: allowed), so the generated TypeScript types are closed records.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from rewind.store.retention import DeletedRun
 
 __all__ = [
     "ApiModel",
@@ -46,6 +49,8 @@ __all__ = [
     "TraceReplayResult",
     "TracesResponse",
     "TreeItem",
+    "model_of",
+    "typed",
 ]
 
 
@@ -199,12 +204,27 @@ class CancelAccepted(ApiModel):
     links: dict[str, str]
 
 
-class RunDeleted(ApiModel):
-    """What a delete removed (or, ``dry_run``, would remove)."""
+def model_of(record: type[Any], name: str, **fields: Any) -> type[ApiModel]:
+    """A response model with the fields of a domain dataclass (its ``to_json`` is ``asdict``),
+    plus ``fields`` (``name=(type, default)``): the record's one schema, not a copy.
 
-    dry_run: bool
-    run_id: str
-    sub_runs: list[str]
+    Args:
+        record: a dataclass whose JSON is its fields.
+        name: the model's (and the OpenAPI schema's) name.
+    """
+    hints = get_type_hints(record)
+    own = {f.name: (hints[f.name], ...) for f in dataclasses.fields(record)}
+    model: type[ApiModel] = create_model(
+        name, __base__=ApiModel, __doc__=record.__doc__, **fields, **own
+    )
+    return model
+
+
+RunDeleted = model_of(
+    DeletedRun,
+    "RunDeleted",
+    dry_run=(bool, Field(description="checked and counted only: nothing was deleted")),
+)
 
 
 class Progress(ApiModel):
