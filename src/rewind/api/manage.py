@@ -35,7 +35,7 @@ from rewind.store import RunRecord, Store, schema
 from rewind.store.retention import archived_run_ids, delete_run
 
 if TYPE_CHECKING:
-    from rewind.api.app import ServerContext
+    from rewind.api.context import ServerContext
 
 __all__ = [
     "NotOwner",
@@ -153,30 +153,39 @@ def unrecorded_runs(
     with store.read() as conn:
         present = {r[0] for r in conn.execute(select(t.c.run_id).where(t.c.run_id.in_(ids))).all()}
     present |= archived_run_ids(store, ids)  # archived by gc: gone from the list, not "failed"
-    out = []
-    text = (q or "").lower()
-    for job in candidates:
-        if job.run_id in present:
-            continue
-        run = job.placeholder()
-        if pipeline and run.pipeline != pipeline:
-            continue
-        if statuses and run.status not in statuses:
-            continue
-        if since is not None and run.created_at < since:
-            continue
-        if until is not None and run.created_at >= until:
-            continue
-        if text and not (
-            run.run_id.lower().startswith(text)
-            or text in run.pipeline.lower()
-            or text in (run.fork_node or "").lower()
-            or text in (run.error or "").lower()
-        ):
-            continue
-        out.append(run)
+    runs = (job.placeholder() for job in candidates if job.run_id not in present)
+    out = [
+        run
+        for run in runs
+        if _listed(run, pipeline=pipeline, statuses=statuses, since=since, until=until, q=q)
+    ]
     out.sort(key=lambda r: r.created_at, reverse=True)
     return out
+
+
+def _listed(
+    run: RunRecord,
+    *,
+    pipeline: str | None,
+    statuses: Collection[str] | None,
+    since: float | None,
+    until: float | None,
+    q: str | None,
+) -> bool:
+    """Whether ``run`` passes the runs list's filters (those of :meth:`Store.list_runs`)."""
+    if (pipeline and run.pipeline != pipeline) or (statuses and run.status not in statuses):
+        return False
+    if (since is not None and run.created_at < since) or (
+        until is not None and run.created_at >= until
+    ):
+        return False
+    text = (q or "").lower()
+    return not text or (
+        run.run_id.lower().startswith(text)
+        or any(
+            text in field.lower() for field in (run.pipeline, run.fork_node or "", run.error or "")
+        )
+    )
 
 
 def _own(run: RunRecord, action: str) -> None:

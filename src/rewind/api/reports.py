@@ -23,9 +23,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import access, views
-from rewind.api.app import NodeRef, UnknownJob
+from rewind.api.context import UnknownJob
 from rewind.api.models import ApiModel
 from rewind.api.models import Override as OverrideJson
+from rewind.api.requests import NodeRef
 from rewind.api.runner import ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
 from rewind.errors import InvalidOverride, RunBusy, UnknownRun
@@ -33,7 +34,7 @@ from rewind.replay import OutputOverride, Override, ParamOverride, Rewind, plan_
 from rewind.store import RunRecord
 
 if TYPE_CHECKING:
-    from rewind.api.app import ServerContext
+    from rewind.api.context import ServerContext
     from rewind.grid import VariantResult
 
 MAX_VARIANTS = 32
