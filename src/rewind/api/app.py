@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 import rewind
 from rewind.api.context import ServerContext, UnknownJob
 from rewind.api.errors import install_error_handlers
-from rewind.api.manage import manage_routes
+from rewind.api.manage import router as manage_router
 from rewind.api.middleware import (
     CSP,
     LOOPBACK_HOSTS,
@@ -36,7 +36,7 @@ from rewind.api.middleware import (
     is_loopback,
 )
 from rewind.api.pipelines import PipelineEntry, default_pipelines
-from rewind.api.reports import report_routes
+from rewind.api.reports import router as report_router
 from rewind.api.requests import ForkRequest, NodeRef, ReplayRequest, StartRunRequest
 from rewind.api.routes import artifacts, diff, events, forks, nodes, runs, server
 from rewind.api.routes.forks import validate_fork
@@ -159,11 +159,11 @@ def create_app(
     ctx.auth_on = install_security(app, token, allowed_hosts, st, require_auth=require_auth)
     for module in (server, runs, nodes, forks, diff, artifacts, events):
         app.include_router(module.router)
-    app.include_router(manage_routes(ctx))
+    app.include_router(manage_router)
     # imported here: rewind.tracing.service imports this package (its models)
     from rewind.tracing.service import trace_router
 
     app.include_router(trace_router(st, chat_client=chat_client))
-    app.include_router(report_routes(ctx))
+    app.include_router(report_router)
     install_static(app, static_dir or STATIC_DIR)
     return app
