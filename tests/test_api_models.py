@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,13 @@ from rewind.api import create_app
 from rewind.api import models as m
 from rewind.api.openapi import openapi_text
 from rewind.api.pipelines import PipelineEntry, research_entry
-from rewind.api.reports import AuditReportModel, LiveForkResource
+from rewind.api.reports import (
+    AuditReportModel,
+    GridJob,
+    JobList,
+    LiveForkResource,
+    StabilityJob,
+)
 from rewind.examples import research
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import ParamOverride, Rewind
@@ -169,6 +176,42 @@ def test_every_typed_route_serves_only_declared_keys(served: dict[str, Any]) -> 
     deleted = m.RunDeleted.model_validate(r.json())
     assert not undeclared(deleted) and deleted.dry_run and deleted.rows > 0
     assert store.run_exists(served["failed"])
+
+
+def _job(c: TestClient, path: str, body: dict[str, Any]) -> str:
+    """Submit a grid or stability job and wait for it; its GET path."""
+    r = c.post(path, json=body)
+    assert r.status_code == 202, r.text
+    location = r.headers["location"]
+    deadline = time.monotonic() + 300
+    while c.get(location).json()["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, f"{location} did not finish"
+        time.sleep(0.05)
+    return location
+
+
+def test_grid_and_stability_jobs_serve_only_declared_keys(served: dict[str, Any]) -> None:
+    """The jobs the UI's grid and stability panels read (``Job<GridReport>``,
+    ``Job<StabilityReport>``): every key of the job and of its report is declared."""
+    c, parent = served["client"], served["parent"]
+    analyse = served["store"].nodes_of(parent)[2].name
+    overrides = [
+        {"node": analyse, "param": "group_by", "value": value} for value in ("month", "year")
+    ]
+    grid = _job(
+        c,
+        f"/api/runs/{parent}/grid",
+        {"at": 3, "overrides": overrides, "workers": 1, "effects": "recorded"},
+    )
+    job = typed_get(c, GridJob, grid)
+    assert job["status"] == "completed", job["error"]
+    assert len(job["report"]["variants"]) == 2 and job["report"]["rows"]
+    stability = _job(c, f"/api/runs/{parent}/stability", {"k": 2, "from_node": 3})
+    job = typed_get(c, StabilityJob, stability)
+    assert job["status"] == "completed", job["error"]
+    assert len(job["report"]["samples"]) == 2
+    for path in ("/api/grids", "/api/stability"):
+        assert typed_get(c, JobList, path, run_id=parent)["jobs"]
 
 
 def test_cut_calls_and_failed_nodes_fit_their_models(served: dict[str, Any]) -> None:

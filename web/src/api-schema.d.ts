@@ -1860,6 +1860,11 @@ export interface components {
             };
             /** Changes Artifact */
             changes_artifact: boolean | null;
+            /**
+             * Completion Tokens
+             * @default 0
+             */
+            completion_tokens: number;
             /** Error */
             error: string | null;
             first_divergence: components["schemas"]["FirstDivergence"] | null;
@@ -1875,6 +1880,11 @@ export interface components {
             override: {
                 [key: string]: unknown;
             };
+            /**
+             * Prompt Tokens
+             * @default 0
+             */
+            prompt_tokens: number;
             /** Run Id */
             run_id: string | null;
             /** Status */
@@ -1944,6 +1954,11 @@ export interface components {
          * @description A variant or sample that finished.
          */
         JobFork: {
+            /**
+             * Error
+             * @description why the variant or sample failed
+             */
+            error?: string | null;
             /** Index */
             index: number;
             /** Label */

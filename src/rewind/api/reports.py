@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import access, views
 from rewind.api.context import Ctx, ServerContext, UnknownJob
-from rewind.api.models import ApiModel
+from rewind.api.models import ApiModel, typed
 from rewind.api.models import Override as OverrideJson
 from rewind.api.requests import NodeRef
 from rewind.api.runner import ReportJob
@@ -215,6 +215,8 @@ class GridVariant(_Open):
     status: str
     error: str | None
     tokens: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     first_divergence: FirstDivergence | None
     artifacts: dict[str, str]
     changes_artifact: bool | None
@@ -316,6 +318,7 @@ class JobFork(_Open):
     run_id: str | None
     status: str
     label: str
+    error: str | None = Field(None, description="why the variant or sample failed")
 
 
 class JobProgress(_Open):
@@ -450,7 +453,7 @@ router = APIRouter(prefix="/api", responses=error_responses(*SERVER_ERRORS))
     "/runs/{run_id}/audit",
     tags=["audit"],
     summary="Effect-equivalence audit of a run",
-    response_model=None,
+    **typed(AuditReportModel),
     responses=_doc(AuditReportModel, "one verdict per side-effecting call")
     | error_responses(404, 409, 422),
 )
@@ -587,7 +590,7 @@ def start_grid(ctx: Ctx, run_id: str, req: GridRequest) -> JSONResponse:
     "/grids",
     tags=["grid"],
     summary="List grid jobs",
-    response_model=None,
+    **typed(JobList),
     responses=_doc(JobList, "grid jobs of this server, newest first") | error_responses(404, 422),
 )
 def list_grids(
@@ -604,7 +607,7 @@ def list_grids(
     "/grids/{grid_id}",
     tags=["grid"],
     summary="A grid's status and matrix",
-    response_model=None,
+    **typed(GridJob),
     responses=_doc(GridJob, "status, progress and, once completed, the report")
     | error_responses(404, 422),
 )
@@ -703,7 +706,7 @@ def start_stability(ctx: Ctx, run_id: str, req: StabilityRequest) -> JSONRespons
     "/stability",
     tags=["stability"],
     summary="List stability jobs",
-    response_model=None,
+    **typed(JobList),
     responses=_doc(JobList, "stability jobs of this server, newest first")
     | error_responses(404, 422),
 )
@@ -723,7 +726,7 @@ def list_stability(
     "/stability/{job_id}",
     tags=["stability"],
     summary="A stability run's status and report",
-    response_model=None,
+    **typed(StabilityJob),
     responses=_doc(StabilityJob, "status, progress and, once completed, the report")
     | error_responses(404, 422),
 )
