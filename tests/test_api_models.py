@@ -37,6 +37,7 @@ from rewind.api.reports import (
     LiveForkResource,
     StabilityJob,
 )
+from rewind.api.schemas import RunAccepted
 from rewind.examples import research
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import ParamOverride, Rewind
@@ -212,6 +213,23 @@ def test_grid_and_stability_jobs_serve_only_declared_keys(served: dict[str, Any]
     assert len(job["report"]["samples"]) == 2
     for path in ("/api/grids", "/api/stability"):
         assert typed_get(c, JobList, path, run_id=parent)["jobs"]
+
+
+def test_a_started_run_and_its_job_serve_only_declared_keys(served: dict[str, Any]) -> None:
+    c = served["client"]
+    r = c.post("/api/runs", json={"pipeline": "failing"})
+    assert r.status_code == 202, r.text
+    accepted = r.json()
+    assert RunAccepted.model_validate(accepted).run_id == accepted["run_id"]
+    deadline = time.monotonic() + 120
+    while (job := typed_get(c, m.JobView, f"/api/jobs/{accepted['job_id']}"))["state"] in (
+        "queued",
+        "running",
+    ):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job["run_id"] == accepted["run_id"] and job["kind"] == "record"
+    assert typed_get(c, m.RunDetail, f"/api/runs/{accepted['run_id']}")["status"] == "failed"
 
 
 def test_cut_calls_and_failed_nodes_fit_their_models(served: dict[str, Any]) -> None:

@@ -2015,6 +2015,49 @@ export interface components {
             total: number;
         };
         /**
+         * JobView
+         * @description A run or fork job as the store keeps it (``GET /api/jobs/{job_id}``).
+         */
+        JobView: {
+            /** Attempts */
+            attempts: number;
+            /** Created At */
+            created_at: number;
+            /**
+             * Earlier Runs
+             * @description runs of earlier attempts, left interrupted
+             */
+            earlier_runs: string[];
+            /** Error */
+            error: string | null;
+            /** Finished At */
+            finished_at: number | null;
+            /** Job Id */
+            job_id: string;
+            /**
+             * Kind
+             * @description record or fork
+             */
+            kind: string;
+            /**
+             * Run Id
+             * @description the run of the current attempt
+             */
+            run_id: string;
+            /** Started At */
+            started_at: number | null;
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "queued" | "running" | "succeeded" | "failed";
+            /**
+             * Worker
+             * @description host:pid:start of the process that executed it last
+             */
+            worker: string | null;
+        };
+        /**
          * LiveForkResource
          * @description A resource a live fork would re-execute a side-effecting call against.
          */
@@ -3684,9 +3727,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": {
-                        [key: string]: unknown;
-                    };
+                    "application/json": components["schemas"]["JobView"];
                 };
             };
             /** @description the server needs a bearer token and the request has none or a wrong one */

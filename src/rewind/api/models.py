@@ -34,6 +34,7 @@ __all__ = [
     "FailuresResponse",
     "Graph",
     "Health",
+    "JobView",
     "NodeCalls",
     "NodeDetail",
     "NodeList",
@@ -239,6 +240,22 @@ class Progress(ApiModel):
     completion_tokens: int
     tokens: int
     cancel_requested: Any = None
+
+
+class JobView(ApiModel):
+    """A run or fork job as the store keeps it (``GET /api/jobs/{job_id}``)."""
+
+    job_id: str
+    kind: str = Field(description="record or fork")
+    run_id: str = Field(description="the run of the current attempt")
+    state: Literal["queued", "running", "succeeded", "failed"]
+    attempts: int
+    error: str | None
+    worker: str | None = Field(description="host:pid:start of the process that executed it last")
+    earlier_runs: list[str] = Field(description="runs of earlier attempts, left interrupted")
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
 
 
 # -- graph and nodes ---------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def start_run(ctx: Ctx, req: StartRunRequest) -> JSONResponse:
     )
 
 
-@router.get("/jobs/{job_id}", tags=["runs"], responses=LOOKUP_ERRORS)
+@router.get("/jobs/{job_id}", tags=["runs"], responses=LOOKUP_ERRORS, **typed(m.JobView))
 def get_job(ctx: Ctx, job_id: str) -> dict[str, Any]:
     """A run or fork job as the store keeps it: ``queued``, ``running``, ``succeeded`` or
     ``failed`` (with ``error``), its attempts, the run of the current attempt and the runs
