@@ -487,7 +487,7 @@ def audit(
                 reference = ctx.resolve(against).run_id
             except UnknownRun as exc:
                 raise UnknownRun(exc.message, exc.hint, field="against") from exc
-    return audit_run(Rewind(ctx.store), run.run_id, reference).to_json()
+    return audit_run(ctx.session(), run.run_id, reference).to_json()
 
 
 @router.get(
@@ -510,7 +510,7 @@ def live_resources(
     from rewind.audit import live_fork_resources
 
     run = ctx.resolve(run_id)
-    return live_fork_resources(Rewind(ctx.store), run.run_id, at)
+    return live_fork_resources(ctx.session(), run.run_id, at)
 
 
 @router.post(
