@@ -222,6 +222,14 @@ def test_a_started_run_and_its_job_serve_only_declared_keys(served: dict[str, An
     accepted = r.json()
     assert RunAccepted.model_validate(accepted).run_id == accepted["run_id"]
     deadline = time.monotonic() + 120
+    # (a job on this server's threads gets its row when a worker starts it: wait for the run)
+    while (run := typed_get(c, m.RunDetail, f"/api/runs/{accepted['run_id']}"))["status"] in (
+        "queued",
+        "running",
+    ):
+        assert time.monotonic() < deadline, run
+        time.sleep(0.05)
+    assert run["status"] == "failed"
     while (job := typed_get(c, m.JobView, f"/api/jobs/{accepted['job_id']}"))["state"] in (
         "queued",
         "running",
@@ -229,7 +237,7 @@ def test_a_started_run_and_its_job_serve_only_declared_keys(served: dict[str, An
         assert time.monotonic() < deadline, job
         time.sleep(0.05)
     assert job["run_id"] == accepted["run_id"] and job["kind"] == "record"
-    assert typed_get(c, m.RunDetail, f"/api/runs/{accepted['run_id']}")["status"] == "failed"
+    assert job["state"] == "failed" and job["error"]
 
 
 def test_cut_calls_and_failed_nodes_fit_their_models(served: dict[str, Any]) -> None:
