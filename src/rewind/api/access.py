@@ -1,6 +1,6 @@
 """Who is asking: the principal of the request being served, and which runs they may see.
 
-The security middleware (:func:`rewind.api.app._install_security`) authenticates every API
+The security middleware (:func:`rewind.api.middleware.install_security`) authenticates every API
 request and sets its :class:`Principal` for the request's context; routes then read runs through
 :func:`check_visible` (every run lookup of the API goes through ``ServerContext.resolve``), so a
 run the principal may not see answers exactly like a run that does not exist: 404

@@ -145,18 +145,7 @@ def _streamed(events: tuple[bytes, ...]) -> Any:
 def llm_response(data: bytes | None) -> dict[str, Any]:
     """An LLM response laid out: ``status`` (captured calls), ``content``, ``tool_calls``,
     ``finish_reason``, ``usage``, ``streamed_events``. ``data`` is the result blob."""
-    status = None
-    doc: Any = _json(data)
-    if isinstance(doc, Mapping) and "v" in doc and "status" in doc and data is not None:
-        try:
-            recorded = decode_envelope(data)
-        except (ValueError, KeyError, TypeError):
-            recorded = None
-        if recorded is not None:
-            status = recorded.status
-            doc = (
-                _streamed(recorded.events) if recorded.events is not None else _json(recorded.body)
-            )
+    status, doc = _response_doc(data)
     out: dict[str, Any] = {
         "status": status,
         "content": None,
@@ -170,6 +159,28 @@ def llm_response(data: bytes | None) -> dict[str, Any]:
         return out
     out["usage"] = doc.get("usage")
     out["streamed_events"] = doc.get("streamed_events")
+    return out | _answer(doc)
+
+
+def _response_doc(data: bytes | None) -> tuple[int | None, Any]:
+    """The HTTP status (captured calls, else None) and the response document of a result blob:
+    a captured envelope is opened (a streamed body folded into one document)."""
+    doc: Any = _json(data)
+    if isinstance(doc, Mapping) and "v" in doc and "status" in doc and data is not None:
+        try:
+            recorded = decode_envelope(data)
+        except (ValueError, KeyError, TypeError):
+            return None, doc
+        if recorded.events is not None:
+            return recorded.status, _streamed(recorded.events)
+        return recorded.status, _json(recorded.body)
+    return None, doc
+
+
+def _answer(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``content``, ``tool_calls`` and ``finish_reason`` of a response document (OpenAI chat
+    completions, Anthropic messages, an error, or anything else as the content)."""
+    out: dict[str, Any] = {}
     choices = doc.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
         first = choices[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
@@ -27,14 +27,13 @@ from sqlalchemy import select
 
 from rewind import progress
 from rewind.api import access, views
+from rewind.api.context import Ctx, ServerContext
+from rewind.api.models import CancelAccepted, Progress, RunDeleted, typed
 from rewind.api.runner import RunJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.errors import RewindError, RunBusy
 from rewind.store import RunRecord, Store, schema
 from rewind.store.retention import archived_run_ids, delete_run
-
-if TYPE_CHECKING:
-    from rewind.api.app import ServerContext
 
 __all__ = [
     "NotOwner",
@@ -42,7 +41,7 @@ __all__ = [
     "RunStatusFilter",
     "job_of",
     "live_run_json",
-    "manage_routes",
+    "router",
     "run_tree",
     "unrecorded_runs",
 ]
@@ -152,30 +151,39 @@ def unrecorded_runs(
     with store.read() as conn:
         present = {r[0] for r in conn.execute(select(t.c.run_id).where(t.c.run_id.in_(ids))).all()}
     present |= archived_run_ids(store, ids)  # archived by gc: gone from the list, not "failed"
-    out = []
-    text = (q or "").lower()
-    for job in candidates:
-        if job.run_id in present:
-            continue
-        run = job.placeholder()
-        if pipeline and run.pipeline != pipeline:
-            continue
-        if statuses and run.status not in statuses:
-            continue
-        if since is not None and run.created_at < since:
-            continue
-        if until is not None and run.created_at >= until:
-            continue
-        if text and not (
-            run.run_id.lower().startswith(text)
-            or text in run.pipeline.lower()
-            or text in (run.fork_node or "").lower()
-            or text in (run.error or "").lower()
-        ):
-            continue
-        out.append(run)
+    runs = (job.placeholder() for job in candidates if job.run_id not in present)
+    out = [
+        run
+        for run in runs
+        if _listed(run, pipeline=pipeline, statuses=statuses, since=since, until=until, q=q)
+    ]
     out.sort(key=lambda r: r.created_at, reverse=True)
     return out
+
+
+def _listed(
+    run: RunRecord,
+    *,
+    pipeline: str | None,
+    statuses: Collection[str] | None,
+    since: float | None,
+    until: float | None,
+    q: str | None,
+) -> bool:
+    """Whether ``run`` passes the runs list's filters (those of :meth:`Store.list_runs`)."""
+    if (pipeline and run.pipeline != pipeline) or (statuses and run.status not in statuses):
+        return False
+    if (since is not None and run.created_at < since) or (
+        until is not None and run.created_at >= until
+    ):
+        return False
+    text = (q or "").lower()
+    return not text or (
+        run.run_id.lower().startswith(text)
+        or any(
+            text in field.lower() for field in (run.pipeline, run.fork_node or "", run.error or "")
+        )
+    )
 
 
 def _own(run: RunRecord, action: str) -> None:
@@ -202,89 +210,94 @@ def live_run_json(ctx: ServerContext, run: RunRecord) -> dict[str, Any]:
     return out
 
 
-def manage_routes(ctx: ServerContext) -> APIRouter:
-    """The routes of this module (see the module doc), bound to the server's context."""
-    r = APIRouter(prefix="/api", tags=["runs"], responses=error_responses(*SERVER_ERRORS))
-    store, manager = ctx.store, ctx.manager
+router = APIRouter(prefix="/api", tags=["runs"], responses=error_responses(*SERVER_ERRORS))
+"""The routes of this module (see the module doc)."""
 
-    @r.post("/runs/{run_id}/cancel", status_code=202, responses=error_responses(403, 404, 409, 422))
-    def cancel_run(run_id: str) -> JSONResponse:
-        """Cancel a queued or running run: it stops before its next node and ends
-        ``cancelled`` (a node already executing finishes first). A run whose executing process
-        is gone is marked ``interrupted`` at once. 409 when it already finished."""
-        run = ctx.resolve(run_id)
-        _own(run, "cancel")
-        if run.is_sub_run:
-            raise RunBusy(
-                f"run {run.run_id[:12]} is a sub-run: it stops with the run that spawned it",
-                f"cancel run {str(run.spawning_run_id)[:12]} instead",
-            )
-        who = access.current().name
-        if run.status == "queued":
-            progress.cancel_pending(run.run_id)
-            if not store.run_exists(run.run_id):
-                return _cancel_answer(run.run_id, "cancelling")
-        if store.run_exists(run.run_id):
-            if not manager.is_active(run.run_id) and store.reap_orphans([run.run_id]):
-                return _cancel_answer(run.run_id, "interrupted")
-            if progress.request_cancel(store, run.run_id, who):
-                return _cancel_answer(run.run_id, "cancelling")
-            run = store.get_run(run.run_id)
-        raise NotRunning(
-            f"run {run.run_id[:12]} already finished ({run.status})",
-            "only a queued or running run can be cancelled",
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    status_code=202,
+    response_model=None,
+    responses={202: {"model": CancelAccepted, "description": "cancel accepted"}}
+    | error_responses(403, 404, 409, 422),
+)
+def cancel_run(ctx: Ctx, run_id: str) -> JSONResponse:
+    """Cancel a queued or running run: it stops before its next node and ends
+    ``cancelled`` (a node already executing finishes first). A run whose executing process
+    is gone is marked ``interrupted`` at once. 409 when it already finished."""
+    run = ctx.resolve(run_id)
+    _own(run, "cancel")
+    if run.is_sub_run:
+        raise RunBusy(
+            f"run {run.run_id[:12]} is a sub-run: it stops with the run that spawned it",
+            f"cancel run {str(run.spawning_run_id)[:12]} instead",
         )
+    who = access.current().name
+    if run.status == "queued":
+        progress.cancel_pending(run.run_id)
+        if not ctx.store.run_exists(run.run_id):
+            return _cancel_answer(run.run_id, "cancelling")
+    if ctx.store.run_exists(run.run_id):
+        if not ctx.manager.is_active(run.run_id) and ctx.store.reap_orphans([run.run_id]):
+            return _cancel_answer(run.run_id, "interrupted")
+        if progress.request_cancel(ctx.store, run.run_id, who):
+            return _cancel_answer(run.run_id, "cancelling")
+        run = ctx.store.get_run(run.run_id)
+    raise NotRunning(
+        f"run {run.run_id[:12]} already finished ({run.status})",
+        "only a queued or running run can be cancelled",
+    )
 
-    @r.delete("/runs/{run_id}", responses=error_responses(403, 404, 409, 422))
-    async def delete(run_id: str, dry_run: bool = False) -> dict[str, Any]:
-        """Delete a run for good with ``rewind gc``'s rules: never a run a kept run descends
-        from (delete its forks first: 409), its sub-runs go with it, a sub-run only with its
-        spawning run (409), never a running run (409); then the blobs no row names any more.
-        ``dry_run``: check and count only."""
-        run = await run_in_threadpool(ctx.resolve, run_id)
-        _own(run, "delete")
-        if manager.is_active(run.run_id):
-            raise progress_busy(run)
-        waiting = [j.run_id for j in manager.active() if j.parent_run_id == run.run_id]
-        if waiting:
-            raise RunBusy(
-                f"run {run.run_id[:12]} has a queued fork: {waiting[0][:12]}",
-                "a run a kept run descends from is never deleted; wait for the fork, then "
-                "delete it first",
-            )
-        if not dry_run:
-            await run_in_threadpool(store.reap_orphans, [run.run_id])
-        deleted = await run_in_threadpool(lambda: delete_run(store, run.run_id, dry_run=dry_run))
-        if not dry_run:
-            for rid in (deleted.run_id, *deleted.sub_runs):
-                manager.forget(rid)
-        return {"dry_run": dry_run} | deleted.to_json()
 
-    @r.get("/runs/{run_id}/progress", responses=error_responses(404, 422))
-    def run_progress(run_id: str) -> dict[str, Any]:
-        """What the store says of a run in flight, whoever executes it: the node executing now
-        (null once the run finished), tokens of its committed nodes, a pending cancel."""
-        run = ctx.resolve(run_id)
-        if not store.run_exists(run.run_id):
-            now: dict[str, Any] = {
-                "node": None,
-                "nodes": 0,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
-                "tokens": 0,
-                "cancel_requested": None,
-            }
-        else:
-            now = progress.live_progress(store, run.run_id)
-        if run.status != "running":
-            now["node"] = None
-        return {
-            "run_id": run.run_id,
-            "status": run.status,
-            "executing_here": manager.is_active(run.run_id),
-        } | now
+@router.delete("/runs/{run_id}", responses=error_responses(403, 404, 409, 422), **typed(RunDeleted))
+async def delete(ctx: Ctx, run_id: str, dry_run: bool = False) -> dict[str, Any]:
+    """Delete a run for good with ``rewind gc``'s rules: never a run a kept run descends
+    from (delete its forks first: 409), its sub-runs go with it, a sub-run only with its
+    spawning run (409), never a running run (409); then the blobs no row names any more.
+    ``dry_run``: check and count only."""
+    run = await run_in_threadpool(ctx.resolve, run_id)
+    _own(run, "delete")
+    if ctx.manager.is_active(run.run_id):
+        raise progress_busy(run)
+    waiting = [j.run_id for j in ctx.manager.active() if j.parent_run_id == run.run_id]
+    if waiting:
+        raise RunBusy(
+            f"run {run.run_id[:12]} has a queued fork: {waiting[0][:12]}",
+            "a run a kept run descends from is never deleted; wait for the fork, then "
+            "delete it first",
+        )
+    if not dry_run:
+        await run_in_threadpool(ctx.store.reap_orphans, [run.run_id])
+    deleted = await run_in_threadpool(lambda: delete_run(ctx.store, run.run_id, dry_run=dry_run))
+    if not dry_run:
+        for rid in (deleted.run_id, *deleted.sub_runs):
+            ctx.manager.forget(rid)
+    return {"dry_run": dry_run} | deleted.to_json()
 
-    return r
+
+@router.get("/runs/{run_id}/progress", responses=error_responses(404, 422), **typed(Progress))
+def run_progress(ctx: Ctx, run_id: str) -> dict[str, Any]:
+    """What the store says of a run in flight, whoever executes it: the node executing now
+    (null once the run finished), tokens of its committed nodes, a pending cancel."""
+    run = ctx.resolve(run_id)
+    if not ctx.store.run_exists(run.run_id):
+        now: dict[str, Any] = {
+            "node": None,
+            "nodes": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "tokens": 0,
+            "cancel_requested": None,
+        }
+    else:
+        now = progress.live_progress(ctx.store, run.run_id)
+    if run.status != "running":
+        now["node"] = None
+    return {
+        "run_id": run.run_id,
+        "status": run.status,
+        "executing_here": ctx.manager.is_active(run.run_id),
+    } | now
 
 
 def progress_busy(run: RunRecord) -> RunBusy:

@@ -23,7 +23,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rewind.api import access, views
-from rewind.api.app import NodeRef, UnknownJob
+from rewind.api.context import Ctx, ServerContext, UnknownJob
+from rewind.api.models import ApiModel, typed
+from rewind.api.models import Override as OverrideJson
+from rewind.api.requests import NodeRef
 from rewind.api.runner import ReportJob
 from rewind.api.schemas import SERVER_ERRORS, error_responses, response_header
 from rewind.errors import InvalidOverride, RunBusy, UnknownRun
@@ -31,7 +34,6 @@ from rewind.replay import OutputOverride, Override, ParamOverride, Rewind, plan_
 from rewind.store import RunRecord
 
 if TYPE_CHECKING:
-    from rewind.api.app import ServerContext
     from rewind.grid import VariantResult
 
 MAX_VARIANTS = 32
@@ -103,7 +105,7 @@ class StabilityRequest(BaseModel):
 # -- response models (documentation; extra fields allowed) ---------------------------------------
 
 
-class _Open(BaseModel):
+class _Open(ApiModel):
     """A response model that keeps fields it does not declare."""
 
     model_config = ConfigDict(extra="allow")
@@ -213,12 +215,21 @@ class GridVariant(_Open):
     status: str
     error: str | None
     tokens: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
     first_divergence: FirstDivergence | None
     artifacts: dict[str, str]
     changes_artifact: bool | None
     llm_requests: int
     llm_shared: int
     wall_ms: float
+
+
+class GridParent(_Open):
+    """What the grid's parent run spent and published."""
+
+    tokens: int
+    artifacts: dict[str, str]
 
 
 class GridReportModel(_Open):
@@ -231,6 +242,13 @@ class GridReportModel(_Open):
     effects: str
     workers: int
     tokens: int
+    batch: str | None = None
+    wall_ms: float = Field(description="wall time of the whole grid (ms)")
+    parent: GridParent
+    new_llm_inputs: int = Field(
+        description="LLM cache keys the variants needed that the parent did not"
+    )
+    llm_requests: int = Field(description="LLM requests the variants sent in total")
     changes_artifact: list[str] = Field(description="labels of variants that change the artifact")
     variants: list[GridVariant]
     rows: list[GridRow]
@@ -279,7 +297,11 @@ class StabilityReportModel(_Open):
     from_node: str
     from_number: int
     k: int
-    override: dict[str, Any] | None
+    override: OverrideJson | None
+    batch: str | None = None
+    wall_ms: float
+    created_at: float | None = None
+    path: str | None = None
     stable_share: float
     stable_nodes: int
     node_count: int
@@ -296,6 +318,7 @@ class JobFork(_Open):
     run_id: str | None
     status: str
     label: str
+    error: str | None = Field(None, description="why the variant or sample failed")
 
 
 class JobProgress(_Open):
@@ -422,293 +445,298 @@ def _variant_progress(v: VariantResult) -> dict[str, Any]:
 # -- routes ------------------------------------------------------------------------------------
 
 
-def report_routes(ctx: ServerContext) -> APIRouter:
-    """The audit, grid and stability routes of the API (mounted under ``/api``)."""
-    r = APIRouter(prefix="/api", responses=error_responses(*SERVER_ERRORS))
-    reports = ctx.reports
+router = APIRouter(prefix="/api", responses=error_responses(*SERVER_ERRORS))
+"""The audit, grid and stability routes of the API (mounted under ``/api``)."""
 
-    @r.get(
-        "/runs/{run_id}/audit",
-        tags=["audit"],
-        summary="Effect-equivalence audit of a run",
-        response_model=None,
-        responses=_doc(AuditReportModel, "one verdict per side-effecting call")
-        | error_responses(404, 409, 422),
-    )
-    def audit(
-        run_id: str,
-        against: Annotated[
-            str | None,
-            Query(
-                description="reference run (id or prefix), or 'current' for the resources' "
-                "current state; default: the run's parent, else the current state",
-                max_length=200,
-            ),
-        ] = None,
-    ) -> dict[str, Any]:
-        """One verdict per side-effecting call the run executed or served — ``faithful``,
-        ``divergent``, ``audit-incomplete`` or ``not-re-executed`` — with the fingerprints
-        compared, the epoch delta and the nodes depending on a call that is not faithful.
-        ``passed`` only when every call is faithful (fails closed)."""
-        from rewind.audit import CURRENT, audit_run
 
-        run = ctx.resolve(run_id)
-        if run.status == "queued":
-            raise RunBusy(f"run {run.run_id} is still queued", "audit it once it has started")
-        reference: str | None = None
-        if against:
-            if against == CURRENT:
-                reference = CURRENT
-            else:
-                try:
-                    reference = ctx.resolve(against).run_id
-                except UnknownRun as exc:
-                    raise UnknownRun(exc.message, exc.hint, field="against") from exc
-        return audit_run(Rewind(ctx.store), run.run_id, reference).to_json()
+@router.get(
+    "/runs/{run_id}/audit",
+    tags=["audit"],
+    summary="Effect-equivalence audit of a run",
+    **typed(AuditReportModel),
+    responses=_doc(AuditReportModel, "one verdict per side-effecting call")
+    | error_responses(404, 409, 422),
+)
+def audit(
+    ctx: Ctx,
+    run_id: str,
+    against: Annotated[
+        str | None,
+        Query(
+            description="reference run (id or prefix), or 'current' for the resources' "
+            "current state; default: the run's parent, else the current state",
+            max_length=200,
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """One verdict per side-effecting call the run executed or served — ``faithful``,
+    ``divergent``, ``audit-incomplete`` or ``not-re-executed`` — with the fingerprints
+    compared, the epoch delta and the nodes depending on a call that is not faithful.
+    ``passed`` only when every call is faithful (fails closed)."""
+    from rewind.audit import CURRENT, audit_run
 
-    @r.get(
-        "/runs/{run_id}/live-fork-resources",
-        tags=["audit"],
-        summary="Resources a live fork would touch",
-        response_model=list[LiveForkResource],
-        responses=error_responses(404, 409, 422),
-    )
-    def live_resources(
-        run_id: str,
-        at: Annotated[
-            str, Query(description="fork node: name, name#k or 1-based number", max_length=200)
-        ],
-    ) -> list[dict[str, Any]]:
-        """The resources a fork at ``at`` with ``effects=live`` would re-execute side-effecting
-        calls against (its pre-state verified or its pinned snapshot restored): show them and
-        ask for confirmation before a live fork."""
-        from rewind.audit import live_fork_resources
+    run = ctx.resolve(run_id)
+    if run.status == "queued":
+        raise RunBusy(f"run {run.run_id} is still queued", "audit it once it has started")
+    reference: str | None = None
+    if against:
+        if against == CURRENT:
+            reference = CURRENT
+        else:
+            try:
+                reference = ctx.resolve(against).run_id
+            except UnknownRun as exc:
+                raise UnknownRun(exc.message, exc.hint, field="against") from exc
+    return audit_run(ctx.session(), run.run_id, reference).to_json()
 
-        run = ctx.resolve(run_id)
-        return live_fork_resources(Rewind(ctx.store), run.run_id, at)
 
-    @r.post(
-        "/runs/{run_id}/grid",
-        status_code=202,
-        tags=["grid"],
-        summary="Start a what-if grid",
-        response_model=None,
-        responses=_accepted_doc(GridJob) | error_responses(400, 403, 404, 409, 422),
-    )
-    def start_grid(run_id: str, req: GridRequest) -> JSONResponse:
-        """Fork a finished run at ``at`` once per override (variants run concurrently on
-        ``workers`` threads; work they share is done once). Validated here — 404 unknown
-        run/node, 409 run still running, 422 bad override naming ``overrides.<i>.<field>`` —
-        then queued: answers 202 with the grid id; poll ``GET /api/grids/{grid_id}``."""
-        parent = _finished_parent(ctx, run_id)
-        rw = ctx.session()
-        plans = [
-            plan_fork(
-                rw,
-                parent.run_id,
-                at=req.at,
-                override=_override(o, f"overrides.{i}"),
-                effects=req.effects,
-                restore=req.restore,
-                override_field=f"overrides.{i}",
-            )
-            for i, o in enumerate(req.overrides)
-        ]
-        nodes, idx = plans[0].nodes, plans[0].index
-        overrides = [p.override for p in plans if p.override is not None]
-        workers, effects, restore = req.workers, req.effects, req.restore
+@router.get(
+    "/runs/{run_id}/live-fork-resources",
+    tags=["audit"],
+    summary="Resources a live fork would touch",
+    response_model=list[LiveForkResource],
+    responses=error_responses(404, 409, 422),
+)
+def live_resources(
+    ctx: Ctx,
+    run_id: str,
+    at: Annotated[
+        str, Query(description="fork node: name, name#k or 1-based number", max_length=200)
+    ],
+) -> list[dict[str, Any]]:
+    """The resources a fork at ``at`` with ``effects=live`` would re-execute side-effecting
+    calls against (its pre-state verified or its pinned snapshot restored): show them and
+    ask for confirmation before a live fork."""
+    from rewind.audit import live_fork_resources
 
-        def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
-            from rewind.grid import grid
+    run = ctx.resolve(run_id)
+    return live_fork_resources(ctx.session(), run.run_id, at)
 
-            # With a task queue every variant is queued at once and executes on the queue's
-            # workers (their processes bound the concurrency); else on `workers` threads here.
-            run_fork = ctx.manager.remote_fork(restore=restore, created_by=session.created_by)
-            report = grid(
-                session,
-                parent.run_id,
-                at=idx + 1,
-                overrides=overrides,
-                max_workers=len(overrides) if run_fork else workers,
-                effects=effects,
-                on_variant=lambda v: job.add_progress(_variant_progress(v)),
-                restore=restore,
-                run_fork=run_fork,
-            )
-            return report.to_json()
 
-        job_id = uuid.uuid4().hex
-        request = {
-            "at": nodes[idx].name,
-            "at_number": idx + 1,
-            "overrides": [o.to_json() for o in overrides],
-            "workers": workers,
-            "effects": effects,
-            "restore": restore,
-        }
-        job = reports.submit(
-            ReportJob(
-                job_id,
-                "grid",
-                parent.run_id,
-                request,
-                len(overrides),
-                work,
-                created_by=access.current().name,
-            )
-        )
-        return _accepted(job, f"/api/grids/{job_id}")
-
-    @r.get(
-        "/grids",
-        tags=["grid"],
-        summary="List grid jobs",
-        response_model=None,
-        responses=_doc(JobList, "grid jobs of this server, newest first")
-        | error_responses(404, 422),
-    )
-    def list_grids(
-        run_id: Annotated[str | None, Query(description="only grids of this run")] = None,
-    ) -> dict[str, Any]:
-        """Grid jobs this server accepted (kept in memory), newest first, without reports."""
-        rid = ctx.resolve(run_id).run_id if run_id else None
-        jobs = [j for j in reports.jobs("grid", rid) if access.current().can_see(j.created_by)]
-        return {"jobs": [j.to_json(with_report=False) for j in jobs]}
-
-    @r.get(
-        "/grids/{grid_id}",
-        tags=["grid"],
-        summary="A grid's status and matrix",
-        response_model=None,
-        responses=_doc(GridJob, "status, progress and, once completed, the report")
-        | error_responses(404, 422),
-    )
-    def get_grid(grid_id: str) -> dict[str, Any]:
-        """Status (``queued``, ``running``, ``completed``, ``failed``, ``interrupted``),
-        progress (finished variants) and, once completed, the matrix: rows = nodes, columns =
-        variants, each cell a short output hash and the number of fields changed vs the parent;
-        the first divergence per variant and which variants change the artifact."""
-        job = reports.get(grid_id, "grid")
-        if job is None or not access.current().can_see(job.created_by):
-            raise UnknownJob(f"no grid {grid_id!r} on this server", "list them: GET /api/grids")
-        return job.to_json()
-
-    @r.post(
-        "/runs/{run_id}/stability",
-        status_code=202,
-        tags=["stability"],
-        summary="Start a hash-stability run",
-        response_model=None,
-        responses=_accepted_doc(StabilityJob) | error_responses(400, 403, 404, 409, 422),
-    )
-    def start_stability(run_id: str, req: StabilityRequest) -> JSONResponse:
-        """Run the branch from ``from_node`` K times live (LLM and tool caches bypassed; side
-        effects never repeated: served from record, or logged as a dry run when their arguments
-        spread), one sample after the other. Validated here — 404 unknown
-        run/node, 409 run still running, 422 bad ``k`` (2–50) or override — then queued:
-        answers 202 with the job id; poll ``GET /api/stability/{job_id}``."""
-        from rewind.stability import plan_stability
-
-        parent = _finished_parent(ctx, run_id)
-        if req.temperature is not None and req.override is not None:
-            raise InvalidOverride(
-                "a stability run carries one change: temperature or override, not both",
-                "drop one of them",
-                field="temperature",
-            )
-        plan = plan_stability(
-            ctx.session(),
+@router.post(
+    "/runs/{run_id}/grid",
+    status_code=202,
+    tags=["grid"],
+    summary="Start a what-if grid",
+    response_model=None,
+    responses=_accepted_doc(GridJob) | error_responses(400, 403, 404, 409, 422),
+)
+def start_grid(ctx: Ctx, run_id: str, req: GridRequest) -> JSONResponse:
+    """Fork a finished run at ``at`` once per override (variants run concurrently on
+    ``workers`` threads; work they share is done once). Validated here — 404 unknown
+    run/node, 409 run still running, 422 bad override naming ``overrides.<i>.<field>`` —
+    then queued: answers 202 with the grid id; poll ``GET /api/grids/{grid_id}``."""
+    parent = _finished_parent(ctx, run_id)
+    rw = ctx.session()
+    plans = [
+        plan_fork(
+            rw,
             parent.run_id,
-            req.from_node,
-            _override(req.override, "override") if req.override is not None else None,
-            req.temperature,
+            at=req.at,
+            override=_override(o, f"overrides.{i}"),
+            effects=req.effects,
+            restore=req.restore,
+            override_field=f"overrides.{i}",
         )
-        nodes, idx, override = plan.nodes, plan.index, plan.override
-        k = req.k
+        for i, o in enumerate(req.overrides)
+    ]
+    nodes, idx = plans[0].nodes, plans[0].index
+    overrides = [p.override for p in plans if p.override is not None]
+    workers, effects, restore = req.workers, req.effects, req.restore
 
-        def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
-            from rewind.stability import stability
+    def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
+        from rewind.grid import grid
 
-            def on_sample(i: int, run: RunRecord) -> None:
-                job.add_progress(
-                    {
-                        "index": i,
-                        "run_id": run.run_id,
-                        "status": run.status,
-                        "label": f"sample {i + 1}",
-                        "error": run.error,
-                    }
-                )
-
-            report = stability(
-                session,
-                parent.run_id,
-                k=k,
-                from_node=idx + 1,
-                override=override,
-                on_sample=on_sample,
-                run_fork=ctx.manager.remote_fork(
-                    cache_mode="stability", created_by=session.created_by
-                ),
-            )
-            return report.to_json()
-
-        job_id = uuid.uuid4().hex
-        request = {
-            "k": k,
-            "from_node": nodes[idx].name,
-            "from_number": idx + 1,
-            "override": override.to_json() if override is not None else None,
-            "temperature": req.temperature,
-        }
-        job = reports.submit(
-            ReportJob(
-                job_id,
-                "stability",
-                parent.run_id,
-                request,
-                k,
-                work,
-                created_by=access.current().name,
-            )
+        # With a task queue every variant is queued at once and executes on the queue's
+        # workers (their processes bound the concurrency); else on `workers` threads here.
+        run_fork = ctx.manager.remote_fork(restore=restore, created_by=session.created_by)
+        report = grid(
+            session,
+            parent.run_id,
+            at=idx + 1,
+            overrides=overrides,
+            max_workers=len(overrides) if run_fork else workers,
+            effects=effects,
+            on_variant=lambda v: job.add_progress(_variant_progress(v)),
+            restore=restore,
+            run_fork=run_fork,
         )
-        return _accepted(job, f"/api/stability/{job_id}")
+        return report.to_json()
 
-    @r.get(
-        "/stability",
-        tags=["stability"],
-        summary="List stability jobs",
-        response_model=None,
-        responses=_doc(JobList, "stability jobs of this server, newest first")
-        | error_responses(404, 422),
+    job_id = uuid.uuid4().hex
+    request = {
+        "at": nodes[idx].name,
+        "at_number": idx + 1,
+        "overrides": [o.to_json() for o in overrides],
+        "workers": workers,
+        "effects": effects,
+        "restore": restore,
+    }
+    job = ctx.reports.submit(
+        ReportJob(
+            job_id,
+            "grid",
+            parent.run_id,
+            request,
+            len(overrides),
+            work,
+            created_by=access.current().name,
+        )
     )
-    def list_stability(
-        run_id: Annotated[str | None, Query(description="only jobs of this run")] = None,
-    ) -> dict[str, Any]:
-        """Stability jobs this server accepted (kept in memory), newest first, without reports
-        (saved reports are also under the store's ``reports/`` folder)."""
-        rid = ctx.resolve(run_id).run_id if run_id else None
-        who = access.current()
-        jobs = [j for j in reports.jobs("stability", rid) if who.can_see(j.created_by)]
-        return {"jobs": [j.to_json(with_report=False) for j in jobs]}
+    return _accepted(job, f"/api/grids/{job_id}")
 
-    @r.get(
-        "/stability/{job_id}",
-        tags=["stability"],
-        summary="A stability run's status and report",
-        response_model=None,
-        responses=_doc(StabilityJob, "status, progress and, once completed, the report")
-        | error_responses(404, 422),
+
+@router.get(
+    "/grids",
+    tags=["grid"],
+    summary="List grid jobs",
+    **typed(JobList),
+    responses=_doc(JobList, "grid jobs of this server, newest first") | error_responses(404, 422),
+)
+def list_grids(
+    ctx: Ctx,
+    run_id: Annotated[str | None, Query(description="only grids of this run")] = None,
+) -> dict[str, Any]:
+    """Grid jobs this server accepted (kept in memory), newest first, without reports."""
+    rid = ctx.resolve(run_id).run_id if run_id else None
+    jobs = [j for j in ctx.reports.jobs("grid", rid) if access.current().can_see(j.created_by)]
+    return {"jobs": [j.to_json(with_report=False) for j in jobs]}
+
+
+@router.get(
+    "/grids/{grid_id}",
+    tags=["grid"],
+    summary="A grid's status and matrix",
+    **typed(GridJob),
+    responses=_doc(GridJob, "status, progress and, once completed, the report")
+    | error_responses(404, 422),
+)
+def get_grid(ctx: Ctx, grid_id: str) -> dict[str, Any]:
+    """Status (``queued``, ``running``, ``completed``, ``failed``, ``interrupted``),
+    progress (finished variants) and, once completed, the matrix: rows = nodes, columns =
+    variants, each cell a short output hash and the number of fields changed vs the parent;
+    the first divergence per variant and which variants change the artifact."""
+    job = ctx.reports.get(grid_id, "grid")
+    if job is None or not access.current().can_see(job.created_by):
+        raise UnknownJob(f"no grid {grid_id!r} on this server", "list them: GET /api/grids")
+    return job.to_json()
+
+
+@router.post(
+    "/runs/{run_id}/stability",
+    status_code=202,
+    tags=["stability"],
+    summary="Start a hash-stability run",
+    response_model=None,
+    responses=_accepted_doc(StabilityJob) | error_responses(400, 403, 404, 409, 422),
+)
+def start_stability(ctx: Ctx, run_id: str, req: StabilityRequest) -> JSONResponse:
+    """Run the branch from ``from_node`` K times live (LLM and tool caches bypassed; side
+    effects never repeated: served from record, or logged as a dry run when their arguments
+    spread), one sample after the other. Validated here — 404 unknown
+    run/node, 409 run still running, 422 bad ``k`` (2–50) or override — then queued:
+    answers 202 with the job id; poll ``GET /api/stability/{job_id}``."""
+    from rewind.stability import plan_stability
+
+    parent = _finished_parent(ctx, run_id)
+    if req.temperature is not None and req.override is not None:
+        raise InvalidOverride(
+            "a stability run carries one change: temperature or override, not both",
+            "drop one of them",
+            field="temperature",
+        )
+    plan = plan_stability(
+        ctx.session(),
+        parent.run_id,
+        req.from_node,
+        _override(req.override, "override") if req.override is not None else None,
+        req.temperature,
     )
-    def get_stability(job_id: str) -> dict[str, Any]:
-        """Status, progress (finished samples) and, once completed, per node: distinct output
-        hashes, the modal hash's share, whether it matches the recorded run; the first node
-        where hashes spread and the overall stable share."""
-        job = reports.get(job_id, "stability")
-        if job is None or not access.current().can_see(job.created_by):
-            raise UnknownJob(
-                f"no stability job {job_id!r} on this server", "list them: GET /api/stability"
+    nodes, idx, override = plan.nodes, plan.index, plan.override
+    k = req.k
+
+    def work(job: ReportJob, session: Rewind) -> dict[str, Any]:
+        from rewind.stability import stability
+
+        def on_sample(i: int, run: RunRecord) -> None:
+            job.add_progress(
+                {
+                    "index": i,
+                    "run_id": run.run_id,
+                    "status": run.status,
+                    "label": f"sample {i + 1}",
+                    "error": run.error,
+                }
             )
-        return job.to_json()
 
-    return r
+        report = stability(
+            session,
+            parent.run_id,
+            k=k,
+            from_node=idx + 1,
+            override=override,
+            on_sample=on_sample,
+            run_fork=ctx.manager.remote_fork(cache_mode="stability", created_by=session.created_by),
+        )
+        return report.to_json()
+
+    job_id = uuid.uuid4().hex
+    request = {
+        "k": k,
+        "from_node": nodes[idx].name,
+        "from_number": idx + 1,
+        "override": override.to_json() if override is not None else None,
+        "temperature": req.temperature,
+    }
+    job = ctx.reports.submit(
+        ReportJob(
+            job_id,
+            "stability",
+            parent.run_id,
+            request,
+            k,
+            work,
+            created_by=access.current().name,
+        )
+    )
+    return _accepted(job, f"/api/stability/{job_id}")
+
+
+@router.get(
+    "/stability",
+    tags=["stability"],
+    summary="List stability jobs",
+    **typed(JobList),
+    responses=_doc(JobList, "stability jobs of this server, newest first")
+    | error_responses(404, 422),
+)
+def list_stability(
+    ctx: Ctx,
+    run_id: Annotated[str | None, Query(description="only jobs of this run")] = None,
+) -> dict[str, Any]:
+    """Stability jobs this server accepted (kept in memory), newest first, without reports
+    (saved reports are also under the store's ``reports/`` folder)."""
+    rid = ctx.resolve(run_id).run_id if run_id else None
+    who = access.current()
+    jobs = [j for j in ctx.reports.jobs("stability", rid) if who.can_see(j.created_by)]
+    return {"jobs": [j.to_json(with_report=False) for j in jobs]}
+
+
+@router.get(
+    "/stability/{job_id}",
+    tags=["stability"],
+    summary="A stability run's status and report",
+    **typed(StabilityJob),
+    responses=_doc(StabilityJob, "status, progress and, once completed, the report")
+    | error_responses(404, 422),
+)
+def get_stability(ctx: Ctx, job_id: str) -> dict[str, Any]:
+    """Status, progress (finished samples) and, once completed, per node: distinct output
+    hashes, the modal hash's share, whether it matches the recorded run; the first node
+    where hashes spread and the overall stable share."""
+    job = ctx.reports.get(job_id, "stability")
+    if job is None or not access.current().can_see(job.created_by):
+        raise UnknownJob(
+            f"no stability job {job_id!r} on this server", "list them: GET /api/stability"
+        )
+    return job.to_json()

@@ -14,7 +14,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 __all__ = [
+    "ACCEPTED",
     "ERROR_DESCRIPTIONS",
+    "FORK_ERRORS",
+    "LOOKUP_ERRORS",
     "SERVER_ERRORS",
     "STATE_CHANGING_ERRORS",
     "ErrorBody",
@@ -120,3 +123,17 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             }
         out[status] = entry
     return out
+
+
+LOOKUP_ERRORS = error_responses(404, 422)
+"""Errors of a route reading a run, node, trace or job: unknown (404), bad request (422)."""
+FORK_ERRORS = error_responses(400, 403, 404, 409, 422)
+"""Errors of a route starting a fork."""
+ACCEPTED: dict[int | str, dict[str, Any]] = {
+    202: {
+        "model": RunAccepted,
+        "description": "accepted: queued, executes in the background",
+        "headers": {"Location": response_header("the run's URL")},
+    }
+}
+"""The ``202`` of a route that queues a run or a fork."""

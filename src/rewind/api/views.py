@@ -200,6 +200,25 @@ def pipeline_nodes(edges: Sequence[tuple[str, str, str]], executed: Iterable[str
     return order
 
 
+def _executions(
+    nodes: Sequence[NodeRecord],
+    live_finished: Mapping[int, Mapping[str, Any]] | None,
+    running: Mapping[str, Any] | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A run's node executions by position (committed rows, then the finished nodes only the
+    worker's events know of yet), and the node running now unless it already has a row."""
+    executions = [node_json(n) for n in nodes]
+    committed = {n.position for n in nodes}
+    for pos, event in sorted((live_finished or {}).items()):
+        if pos not in committed:
+            executions.append(live_node_json(event))
+    executions.sort(key=lambda e: e["position"])
+    if running is None or any(e["position"] == running["position"] for e in executions):
+        return executions, None
+    position = running["position"]
+    return executions, {"position": position, "number": position + 1, "name": running["name"]}
+
+
 def graph_json(
     run: RunRecord,
     nodes: Sequence[NodeRecord],
@@ -217,19 +236,7 @@ def graph_json(
         live_finished: node_finished events (by position) not yet visible as rows.
         running: the node_started event of the node executing now, if any.
     """
-    executions = [node_json(n) for n in nodes]
-    committed = {n.position for n in nodes}
-    for pos, event in sorted((live_finished or {}).items()):
-        if pos not in committed:
-            executions.append(live_node_json(event))
-    executions.sort(key=lambda e: e["position"])
-    running_json = None
-    if running is not None and not any(e["position"] == running["position"] for e in executions):
-        running_json = {
-            "position": running["position"],
-            "number": running["position"] + 1,
-            "name": running["name"],
-        }
+    executions, running_json = _executions(nodes, live_finished, running)
     names = pipeline_nodes(edges, [e["name"] for e in executions])
     if running_json and running_json["name"] not in names:
         names.append(running_json["name"])

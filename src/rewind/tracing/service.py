@@ -33,6 +33,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
+from rewind.api import models as m
+from rewind.api.models import typed
 from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.errors import InvalidOverride, UnknownNode
@@ -344,7 +346,7 @@ def trace_router(
             "links": {"trace": f"/api/traces/{data.trace_id}"},
         }
 
-    @r.get("/traces", responses=error_responses(400, 422))
+    @r.get("/traces", responses=error_responses(400, 422), **typed(m.TracesResponse))
     def search_traces(
         name: Annotated[str | None, Query(description="chain (pipeline) name")] = None,
         status: Annotated[
@@ -380,7 +382,7 @@ def trace_router(
             "next_offset": nxt if nxt < total else None,
         }
 
-    @r.get("/traces/failures", responses=error_responses(400, 422))
+    @r.get("/traces/failures", responses=error_responses(400, 422), **typed(m.FailuresResponse))
     def failures(
         name: Annotated[str | None, Query(description="chain (pipeline) name")] = None,
         since: Annotated[str | None, Query(description="start time ≥")] = None,
@@ -402,7 +404,11 @@ def trace_router(
         )
         return _failures(req, examples)
 
-    @r.post("/traces/failures", responses=error_responses(400, 403, 404, 422))
+    @r.post(
+        "/traces/failures",
+        responses=error_responses(400, 403, 404, 422),
+        **typed(m.FailuresResponse),
+    )
     def failures_of(
         req: FailuresRequest, examples: Annotated[int, Query(ge=1, le=100)] = 5
     ) -> dict[str, Any]:
@@ -429,7 +435,11 @@ def trace_router(
             out["correlations"] = [c.to_json() for c in correlations]
         return out
 
-    @r.post("/traces/{trace_id}/replay", responses=error_responses(400, 403, 404, 409, 422, 503))
+    @r.post(
+        "/traces/{trace_id}/replay",
+        responses=error_responses(400, 403, 404, 409, 422, 503),
+        **typed(m.TraceReplayResult),
+    )
     def replay(trace_id: str, req: TraceReplayRequest) -> dict[str, Any]:
         """Replay a trace (its chain's code, or its recorded calls) with at most one change and
         the replay switches; answers the mode used, whether it stopped at the first divergence,
@@ -452,7 +462,7 @@ def trace_router(
             "diff": compare_traces(a, b),
         }
 
-    @r.get("/traces/{trace_id}", responses=_LOOKUP)
+    @r.get("/traces/{trace_id}", responses=_LOOKUP, **typed(m.TraceDetail))
     def get_trace(trace_id: str) -> dict[str, Any]:
         """One trace (id or unique prefix) with every step's input, output, status, timing,
         tokens, attributes and hashes. A Burr run reads as a trace too."""
@@ -478,7 +488,7 @@ def trace_router(
         causes, suggestions and the command that re-runs it."""
         return root_cause(load_trace(store, trace_id, payloads=True), insp).to_json()
 
-    @r.get("/traces/{trace_id}/compare/{other_id}", responses=_LOOKUP)
+    @r.get("/traces/{trace_id}/compare/{other_id}", responses=_LOOKUP, **typed(m.TraceCompare))
     def compare(trace_id: str, other_id: str) -> dict[str, Any]:
         """Step-by-step comparison: equal/changed steps, changed paths, similarities."""
         return compare_traces(load_trace(store, trace_id), load_trace(store, other_id))

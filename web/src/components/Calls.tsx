@@ -73,9 +73,15 @@ export function CallRequest({ call }: { call: CallDetail }) {
     <div className="space-y-1" data-testid="call-request">
       {r.endpoint && <div className="font-mono text-[11px] text-slate-500">{r.endpoint}</div>}
       <ol className="space-y-1">
-        {r.messages.map((m, i) => (
-          <Message key={i} m={m} index={i} />
-        ))}
+        {r.messages.map((m, i) =>
+          typeof m === "string" ? (
+            <li key={i} className="text-slate-500" data-testid="call-messages-cut">
+              {m}
+            </li>
+          ) : (
+            <Message key={i} m={m} index={i} />
+          ),
+        )}
       </ol>
       <Field label="params" value={r.params} testId="call-params" />
       <Field label="tools" value={r.tools} testId="call-tools" />
@@ -233,8 +239,9 @@ export function CallPair({ a, b }: { a: CallDetail | undefined; b: CallDetail | 
   );
   const promptChanges: { index: number; role: string; old: string; next: string }[] = [];
   if (a?.kind === "llm" && b?.kind === "llm") {
-    const ma = (a.request as LlmRequest).messages;
-    const mb = (b.request as LlmRequest).messages;
+    // a cut list ends with a string saying how many messages were left out
+    const ma = (a.request as LlmRequest).messages.filter((m) => typeof m !== "string");
+    const mb = (b.request as LlmRequest).messages.filter((m) => typeof m !== "string");
     for (let i = 0; i < Math.min(ma.length, mb.length); i++) {
       const x = toText(ma[i].content);
       const y = toText(mb[i].content);

@@ -2,9 +2,8 @@
 // live grid) would touch, from GET /api/runs/{id}/live-fork-resources, and wait for a confirmation.
 import { useEffect, useState } from "react";
 import { api } from "../api";
-
 // A resource a live fork would re-execute a side-effecting call against.
-type LiveResource = { number: number; node: string; call_index: number; tool: string; resource: string | null };
+import type { LiveForkResource as LiveResource } from "../types";
 
 export function LiveConfirm({
   runId,

@@ -2,14 +2,7 @@
 // run that has forks, a sub-run, a running run — its message is shown as text).
 import { useState } from "react";
 import { api, ApiError, shortId } from "../api";
-import type { RunDetail } from "../types";
-
-interface Deleted {
-  run_id: string;
-  sub_runs: string[];
-  rows: number;
-  blobs_deleted: number;
-}
+import type { RunDeleted as Deleted, RunDetail } from "../types";
 
 export function RunActions({ run, onDeleted, onChanged }: { run: RunDetail; onDeleted: () => void; onChanged: () => void }) {
   const [confirming, setConfirming] = useState(false);
