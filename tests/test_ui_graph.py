@@ -24,12 +24,14 @@ from rewind.api.pipelines import PipelineEntry
 from rewind.replay import Rewind
 from rewind.store import open_store
 from tests import pipelines as test_pipelines
+from tests import test_ui_debugger
 from tests.apps import multi_modal_chatbot
 from tests.model_stub import ModelStub
 from tests.test_ui import ARTIFACTS, TIMEOUT_MS, ThreadServer
 from tests.test_ui_debugger import _check_prerequisites, _page
 
 expect = playwright_api.expect
+page = test_ui_debugger.page  # the fixture: a 1500×1000 page collecting dialogs and errors
 LONG_NAMES = [
     test_pipelines.LOAD_RECORDS,
     test_pipelines.DECIDE_GROUPING,
@@ -79,13 +81,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with ThreadServer(api) as srv:
         yield {"url": srv.url, "branching": branching.run_id, "chatbot": chatbot.run_id}
     store.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    pg = _page(browser)
-    yield pg
-    pg.context.close()
 
 
 Box = dict[str, float]

@@ -20,10 +20,12 @@ from rewind.api.pipelines import PipelineEntry
 from rewind.replay import Rewind
 from rewind.store import open_store
 from tests import pipelines as test_pipelines
+from tests import test_ui_debugger
 from tests.test_ui import ARTIFACTS, ThreadServer
-from tests.test_ui_debugger import _check_prerequisites, _page
+from tests.test_ui_debugger import _check_prerequisites
 
 expect = playwright_api.expect
+page = test_ui_debugger.page  # the fixture: a 1500×1000 page collecting dialogs and errors
 RUNS = 120
 
 
@@ -42,13 +44,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with ThreadServer(app) as srv:
         yield {"url": srv.url, "runs": ids}
     store.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    pg = _page(browser)
-    yield pg
-    pg.context.close()
 
 
 def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
