@@ -707,3 +707,27 @@ branching = Pipeline(
     entrypoint=LOAD_RECORDS,
     ref="tests.pipelines:branching",
 )
+
+
+# A loop that runs its node ``laps`` times (a run with many node executions, for the UI's lists).
+
+
+@action(reads=["lap", "laps"], writes=["lap"])
+def lap(state: State) -> State:
+    return state.update(lap=state["lap"] + 1)
+
+
+@action(reads=["lap"], writes=["done"])
+def finish_laps(state: State) -> State:
+    return state.update(done=state["lap"])
+
+
+laps = Pipeline(
+    name="laps",
+    graph=GraphBuilder()
+    .with_actions(lap=lap, finish_laps=finish_laps)
+    .with_transitions(("lap", "lap", expr("lap < laps")), ("lap", "finish_laps", default))
+    .build(),
+    entrypoint="lap",
+    ref="tests.pipelines:laps",
+)

@@ -27,22 +27,26 @@ from tests.test_ui_debugger import _check_prerequisites
 expect = playwright_api.expect
 page = test_ui_debugger.page  # the fixture: a 1500×1000 page collecting dialogs and errors
 RUNS = 120
+LAPS = 150
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A store with RUNS recorded runs of the tiny pipeline (newest last)."""
+    """A store with RUNS recorded runs of the tiny pipeline (newest last), then a run whose
+    node loops LAPS times."""
     _check_prerequisites()
     store = open_store(tmp_path_factory.mktemp("ui-lists"))
     rw = Rewind(store)
-    ids = []
+    ids: list[str] = []
     for x in range(RUNS):
         run = rw.record(test_pipelines.pipeline, {"x": x})
         assert run.status == "completed", run.error
         ids.append(run.run_id)
+    looping = rw.record(test_pipelines.laps, {"lap": 0, "laps": LAPS})
+    assert looping.status == "completed", looping.error
     app = create_app(store, pipelines={"tiny": PipelineEntry.of(test_pipelines.pipeline, {"x": 1})})
     with ThreadServer(app) as srv:
-        yield {"url": srv.url, "runs": ids}
+        yield {"url": srv.url, "runs": ids, "laps": looping.run_id}
     store.close()
 
 
@@ -53,7 +57,7 @@ def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     page.goto(f"{url}/#/")
     listing = page.get_by_test_id("runs-list")
     tree = listing.get_by_test_id("runs-tree")
-    expect(tree).to_have_attribute("data-count", str(RUNS))
+    expect(tree).to_have_attribute("data-count", str(RUNS + 1))  # and the looping run
     items = tree.locator("[data-testid^=run-item-]")
     expect(listing.get_by_test_id(f"run-item-{ids[-1]}")).to_be_visible()  # newest first
     drawn = items.count()
@@ -72,4 +76,37 @@ def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     page.get_by_role("complementary").screenshot(path=str(ARTIFACTS / "ui-lists-1-runs.png"))
     oldest.click()
     expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-id", ids[0])
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_a_looping_runs_executions_draw_a_window(server: dict[str, Any], page: Any) -> None:
+    url, run_id = server["url"], server["laps"]
+    page.goto(f"{url}/#/runs/{run_id}?tab=graph")
+    table = page.get_by_test_id("executions-scroll")
+    expect(table).to_have_attribute("data-count", str(LAPS + 1))
+    rows = table.locator("[data-testid^=execution-]")
+    expect(page.get_by_test_id("execution-1")).to_be_visible()
+    assert 5 <= rows.count() < 60, rows.count()
+    last = LAPS + 1
+    page.wait_for_function(
+        "n => { const e = document.querySelector('[data-testid=executions-scroll]');"
+        " e.scrollTop = e.scrollHeight;"
+        " return !!document.querySelector(`[data-testid=execution-${n}]`); }",
+        arg=last,
+    )
+    expect(page.get_by_test_id(f"execution-{last}")).to_be_in_viewport()
+    expect(page.get_by_test_id("execution-1")).to_have_count(0)
+    assert rows.count() < 60, rows.count()
+    # The graph's looping node: one box, its count, and a short list of its executions.
+    node = page.get_by_test_id("graph-node-lap")
+    expect(page.get_by_test_id("graph-count-lap")).to_have_text(f"×{LAPS}")
+    chips = page.get_by_test_id("graph-execs-lap").inner_text().split()
+    assert chips == ["#1", "#2", "…", f"#{LAPS - 2}", f"#{LAPS - 1}", f"#{LAPS}"], chips
+    assert f"executed {LAPS} times" in (node.get_attribute("title") or "")
+    expect(page.get_by_test_id("graph-edge-label-lap-lap")).to_contain_text(f"×{LAPS - 1}")
+    # Choosing a node scrolls its row into view.
+    page.get_by_test_id("graph-execs-lap").get_by_text("#1", exact=True).click()
+    expect(page.get_by_test_id("execution-1")).to_be_in_viewport()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-lists-2-executions.png"))
     assert page.dialogs == [] and page.errors == []

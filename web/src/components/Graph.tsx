@@ -60,6 +60,19 @@ function subLabel(node: GraphNode, exec: Execution | undefined): string {
   return node.status === "pending" ? "not reached yet" : "not executed";
 }
 
+/** The execution numbers a node shows: all of a few, else the first two and last three with a
+ * gap (null) between. */
+function chips(numbers: number[]): (number | null)[] {
+  return numbers.length <= 6 ? numbers : [...numbers.slice(0, 2), null, ...numbers.slice(-3)];
+}
+
+/** "2, 4, 6" — or, for many, "2, 4, …, 396, 398, 400". */
+function listed(numbers: number[]): string {
+  return chips(numbers)
+    .map((n) => (n === null ? "…" : String(n)))
+    .join(", ");
+}
+
 /** A break opportunity after each _ . - / so snake_case names wrap at their words. */
 function breakable(name: string) {
   const parts = name.split(/(?<=[_./-])/);
@@ -88,8 +101,8 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
       role="button"
       aria-pressed={isSelected}
       aria-disabled={last === undefined}
-      aria-label={`node ${last !== undefined ? `${last} ` : ""}${node.name}: ${node.status}; ${sub}${node.executions > 1 ? `; executed ${node.executions} times (nodes ${node.numbers.join(", ")})` : ""}`}
-      title={`${node.name}${last !== undefined ? ` (node ${last})` : ""}: ${sub}${node.executions > 1 ? `\nexecuted ${node.executions} times: nodes ${node.numbers.join(", ")}` : ""}`}
+      aria-label={`node ${last !== undefined ? `${last} ` : ""}${node.name}: ${node.status}; ${sub}${node.executions > 1 ? `; executed ${node.executions} times (nodes ${listed(node.numbers)})` : ""}`}
+      title={`${node.name}${last !== undefined ? ` (node ${last})` : ""}: ${sub}${node.executions > 1 ? `\nexecuted ${node.executions} times: nodes ${listed(node.numbers)}` : ""}`}
       onKeyDown={(e) => {
         if (last !== undefined && (e.key === "Enter" || e.key === " ")) {
           e.preventDefault();
@@ -133,7 +146,13 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
         </div>
         {node.executions > 1 && (
           <div className="mt-0.5 flex flex-wrap gap-1 text-[10.5px]" data-testid={`graph-execs-${node.name}`}>
-            {node.numbers.map((n) => (
+            {chips(node.numbers).map((n, i) =>
+              n === null ? (
+                <span key={`gap-${i}`} title={`nodes ${node.numbers.join(", ")}`}>
+                  …
+                </span>
+              ) : (
+              (
               <span
                 key={n}
                 className={`rounded px-1 ${n === selected ? "bg-slate-900 text-white" : "bg-white/70"}`}
@@ -145,7 +164,9 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
               >
                 #{n}
               </span>
-            ))}
+              )
+              ),
+            )}
           </div>
         )}
       </div>

@@ -102,3 +102,23 @@ export function VirtualList<T>({
     </div>
   );
 }
+
+/**
+ * Virtual rows of a table (rows may not be positioned absolutely): the rows to draw, and the
+ * padding (px) above and below them that stands for the rows left out. `scroller` goes on the
+ * box that scrolls; `measure` on each drawn row's element (with `data-index`).
+ */
+export function useVirtualRows(count: number, estimateSize: number, getKey: (index: number) => string | number, overscan = 8) {
+  const scroller = useRef<HTMLDivElement>(null);
+  const virtualizer = useVirtualizer({
+    count,
+    getScrollElement: () => scroller.current,
+    estimateSize: () => estimateSize,
+    getItemKey: getKey,
+    overscan,
+  });
+  const rows = virtualizer.getVirtualItems();
+  const padTop = rows.length ? rows[0].start : 0;
+  const padBottom = rows.length ? virtualizer.getTotalSize() - rows[rows.length - 1].end : 0;
+  return { scroller, rows, padTop, padBottom, measure: virtualizer.measureElement, scrollToIndex: virtualizer.scrollToIndex };
+}
