@@ -485,6 +485,17 @@ def test_settings_show_the_effective_configuration(server: dict[str, Any], page:
     assert {"model endpoint", "model", "database", "object storage", "authentication"} <= names
     auth = next(r for r in settings["effective"] if r["name"] == "authentication")
     assert auth["value"].startswith("none")  # no users, no server token
+    # One table: what only the settings document says is merged into it (no second table).
+    assert page.get_by_test_id("settings").locator("table").count() == 1
+    for name, value in (
+        ("temperature-default", f"{settings['temperature_default']:g}"),  # as JS prints it
+        ("pipelines", ", ".join(settings["pipelines"])),
+        ("version", settings["version"]),
+    ):
+        row = table.get_by_test_id(f"effective-{name}")
+        expect(row.get_by_test_id("effective-value")).to_have_text(value)
+    endpoint = table.get_by_test_id("effective-model-endpoint")
+    expect(endpoint).to_contain_text(settings["model_endpoint"]["description"])
     expect(page.get_by_test_id("token-rejected")).to_have_count(0)
     shot(page, "settings-effective")
 
