@@ -2,13 +2,16 @@
 
 120 real recorded runs in a real SQLite store, served by the real app under uvicorn on loopback
 and opened in Debian's headless Chromium (Playwright for Python): the runs list draws a window
-of them, scrolling the sidebar reaches the oldest, and a run's nodes list (the executions table
-of a looping run) does the same. Calls and diff changes are covered in tests/test_ui_debugger.py.
+of them, scrolling the sidebar reaches the oldest; a run's nodes list (the executions table of a
+looping run) and a long imported trace's spans do the same. Calls and diff changes are covered
+in tests/test_ui_debugger.py.
 Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
 
+import base64
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,21 +22,48 @@ from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry
 from rewind.replay import Rewind
 from rewind.store import open_store
+from rewind.tracing.otel import import_otlp
 from tests import pipelines as test_pipelines
 from tests import test_ui_debugger
-from tests.test_ui import ARTIFACTS, ThreadServer
+from tests.test_ui import ARTIFACTS, ThreadServer, _trace_with_a_tool_call
 from tests.test_ui_debugger import _check_prerequisites
 
 expect = playwright_api.expect
 page = test_ui_debugger.page  # the fixture: a 1500×1000 page collecting dialogs and errors
 RUNS = 120
 LAPS = 150
+TOOL_SPANS = 150
+
+
+def _long_trace() -> dict[str, Any]:
+    """OpenInference's real export of a chain (tests/data/otel, with one tool span) plus
+    TOOL_SPANS more GenAI ``execute_tool`` spans under its root, one after the other."""
+    doc = _trace_with_a_tool_call()
+    spans, tool = next(
+        (scope["spans"], span)
+        for rs in doc["resourceSpans"]
+        for scope in rs["scopeSpans"]
+        for span in scope["spans"]
+        if span["name"] == "execute_tool lookup"
+    )
+    start = int(tool["endTimeUnixNano"])
+    for i in range(TOOL_SPANS):
+        span = copy.deepcopy(tool)
+        span["spanId"] = base64.b64encode((0xE0 << 56 | i).to_bytes(8, "big")).decode()
+        span["name"] = f"execute_tool lookup_{i}"
+        for a in span["attributes"]:
+            if a["key"] == "gen_ai.tool.name":
+                a["value"] = {"stringValue": f"lookup_{i}"}
+        span["startTimeUnixNano"] = str(start + 1_000 * (2 * i + 1))
+        span["endTimeUnixNano"] = str(start + 1_000 * (2 * i + 2))
+        spans.append(span)
+    return doc
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A store with RUNS recorded runs of the tiny pipeline (newest last), then a run whose
-    node loops LAPS times."""
+    """A store with RUNS recorded runs of the tiny pipeline (newest last), a run whose node
+    loops LAPS times, and an imported OpenTelemetry trace with TOOL_SPANS more spans."""
     _check_prerequisites()
     store = open_store(tmp_path_factory.mktemp("ui-lists"))
     rw = Rewind(store)
@@ -44,9 +74,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         ids.append(run.run_id)
     looping = rw.record(test_pipelines.laps, {"lap": 0, "laps": LAPS})
     assert looping.status == "completed", looping.error
+    imported = import_otlp(store, [_long_trace()])
+    assert imported.errors == [] and len(imported.imported) == 1
     app = create_app(store, pipelines={"tiny": PipelineEntry.of(test_pipelines.pipeline, {"x": 1})})
     with ThreadServer(app) as srv:
-        yield {"url": srv.url, "runs": ids, "laps": looping.run_id}
+        yield {
+            "url": srv.url,
+            "runs": ids,
+            "laps": looping.run_id,
+            "trace": imported.imported[0],
+        }
     store.close()
 
 
@@ -57,7 +94,8 @@ def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     page.goto(f"{url}/#/")
     listing = page.get_by_test_id("runs-list")
     tree = listing.get_by_test_id("runs-tree")
-    expect(tree).to_have_attribute("data-count", str(RUNS + 1))  # and the looping run
+    # and the looping run and the imported trace
+    expect(tree).to_have_attribute("data-count", str(RUNS + 2))
     items = tree.locator("[data-testid^=run-item-]")
     expect(listing.get_by_test_id(f"run-item-{ids[-1]}")).to_be_visible()  # newest first
     drawn = items.count()
@@ -109,4 +147,34 @@ def test_a_looping_runs_executions_draw_a_window(server: dict[str, Any], page: A
     expect(page.get_by_test_id("execution-1")).to_be_in_viewport()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-lists-2-executions.png"))
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_a_long_traces_spans_draw_a_window(server: dict[str, Any], page: Any) -> None:
+    url, trace_id = server["url"], server["trace"]
+    page.goto(f"{url}/#/traces/{trace_id}")
+    table = page.get_by_test_id("trace-steps-scroll")
+    count = int(table.get_attribute("data-count") or 0)
+    assert count >= TOOL_SPANS, count
+    rows = table.get_by_test_id("trace-step")
+    expect(rows.first).to_be_visible()
+    assert 5 <= rows.count() < 60, rows.count()
+    last = f"lookup_{TOOL_SPANS - 1}"
+    page.wait_for_function(
+        "last => { const e = document.querySelector('[data-testid=trace-steps-scroll]');"
+        " e.scrollTop = e.scrollHeight;"
+        " return [...e.querySelectorAll('[data-testid=trace-step]')]"
+        ".some(r => r.textContent.includes(last)); }",
+        arg=last,
+    )
+    step = rows.filter(has_text=last)
+    expect(step).to_be_in_viewport()
+    assert rows.count() < 60, rows.count()
+    step.click()  # a step opens in place, inside the virtual table
+    detail = table.locator("td[colspan='8']").filter(has_text="input")
+    expect(detail).to_have_count(1)
+    detail.scroll_into_view_if_needed()  # below the last row, inside the scroll box
+    expect(detail).to_be_in_viewport()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-lists-3-trace-spans.png"))
     assert page.dialogs == [] and page.errors == []
