@@ -39,13 +39,13 @@ def _long_trace() -> dict[str, Any]:
     """OpenInference's real export of a chain (tests/data/otel, with one tool span) plus
     TOOL_SPANS more GenAI ``execute_tool`` spans under its root, one after the other."""
     doc = _trace_with_a_tool_call()
-    spans, tool = next(
-        (scope["spans"], span)
-        for rs in doc["resourceSpans"]
-        for scope in rs["scopeSpans"]
+    by_name = {
+        span["name"]: (scope["spans"], span)
+        for resource in doc["resourceSpans"]
+        for scope in resource["scopeSpans"]
         for span in scope["spans"]
-        if span["name"] == "execute_tool lookup"
-    )
+    }
+    spans, tool = by_name["execute_tool lookup"]
     start = int(tool["endTimeUnixNano"])
     for i in range(TOOL_SPANS):
         span = copy.deepcopy(tool)

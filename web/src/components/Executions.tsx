@@ -4,7 +4,7 @@ import { useEffect } from "react";
 import type { Execution } from "../types";
 import { NodeBadge } from "./Status";
 import { Hash } from "./TextBlock";
-import { useVirtualRows } from "./VirtualList";
+import { PadRows, useVirtualRows } from "./VirtualList";
 import { fmtInt, fmtMs } from "../api";
 
 export function Executions({
@@ -41,11 +41,7 @@ export function Executions({
           </tr>
         </thead>
         <tbody>
-          {padTop > 0 && (
-            <tr aria-hidden="true">
-              <td colSpan={7} style={{ height: padTop, padding: 0 }} />
-            </tr>
-          )}
+          <PadRows height={padTop} colSpan={7} />
           {rows.map((row) => {
             const e = executions[row.index];
             return (
@@ -74,11 +70,7 @@ export function Executions({
               </tr>
             );
           })}
-          {padBottom > 0 && (
-            <tr aria-hidden="true">
-              <td colSpan={7} style={{ height: padBottom, padding: 0 }} />
-            </tr>
-          )}
+          <PadRows height={padBottom} colSpan={7} />
         </tbody>
       </table>
     </div>

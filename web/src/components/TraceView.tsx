@@ -7,7 +7,7 @@ import { ReplayPanel } from "./ReplayPanel";
 import { TraceBadge } from "./Status";
 import { CopyButton, JsonBlock } from "./TextBlock";
 import { fmtTime } from "./TracesList";
-import { useVirtualRows } from "./VirtualList";
+import { PadRows, useVirtualRows } from "./VirtualList";
 
 export function TraceView({ traceId }: { traceId: string }) {
   const [trace, setTrace] = useState<TraceDetail | null>(null);
@@ -97,13 +97,7 @@ export function TraceView({ traceId }: { traceId: string }) {
                 <th>cache</th>
               </tr>
             </thead>
-            {steps.padTop > 0 && (
-              <tbody aria-hidden="true">
-                <tr>
-                  <td colSpan={8} style={{ height: steps.padTop, padding: 0 }} />
-                </tr>
-              </tbody>
-            )}
+            <PadRows height={steps.padTop} colSpan={8} group />
             {steps.rows.map((row) => {
               const s = trace.steps[row.index];
               return (
@@ -153,13 +147,7 @@ export function TraceView({ traceId }: { traceId: string }) {
                 </tbody>
               );
             })}
-            {steps.padBottom > 0 && (
-              <tbody aria-hidden="true">
-                <tr>
-                  <td colSpan={8} style={{ height: steps.padBottom, padding: 0 }} />
-                </tr>
-              </tbody>
-            )}
+            <PadRows height={steps.padBottom} colSpan={8} group />
           </table>
           </div>
           <div className="text-xs text-slate-500">Click a step to see its input and output.</div>

@@ -122,3 +122,15 @@ export function useVirtualRows(count: number, estimateSize: number, getKey: (ind
   const padBottom = rows.length ? virtualizer.getTotalSize() - rows[rows.length - 1].end : 0;
   return { scroller, rows, padTop, padBottom, measure: virtualizer.measureElement, scrollToIndex: virtualizer.scrollToIndex };
 }
+
+/** The space (px) of a virtual table's rows left out above or below the drawn ones: a row, or
+ * with `group` a `<tbody>` holding it (for tables whose items are one `<tbody>` each). */
+export function PadRows({ height, colSpan, group = false }: { height: number; colSpan: number; group?: boolean }) {
+  if (height <= 0) return null;
+  const row = (
+    <tr aria-hidden="true">
+      <td colSpan={colSpan} style={{ height, padding: 0 }} />
+    </tr>
+  );
+  return group ? <tbody aria-hidden="true">{row}</tbody> : row;
+}
