@@ -152,19 +152,17 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
                   …
                 </span>
               ) : (
-              (
-              <span
-                key={n}
-                className={`rounded px-1 ${n === selected ? "bg-slate-900 text-white" : "bg-white/70"}`}
-                title={`open node ${n} (${node.name})`}
-                onClick={(e) => {
-                  e.stopPropagation();
-                  onSelect(n);
-                }}
-              >
-                #{n}
-              </span>
-              )
+                <span
+                  key={n}
+                  className={`rounded px-1 ${n === selected ? "bg-slate-900 text-white" : "bg-white/70"}`}
+                  title={`open node ${n} (${node.name})`}
+                  onClick={(e) => {
+                    e.stopPropagation();
+                    onSelect(n);
+                  }}
+                >
+                  #{n}
+                </span>
               ),
             )}
           </div>
@@ -294,13 +292,13 @@ function Flow({ graph, selected, onSelect, onKeyboardSelect }: GraphProps & { on
       edges,
     );
     return edges.map((e, i) => {
-          const isBack = back.has(i);
-          const count = taken.get(`${e.src}\u0000${e.dst}`) ?? 0;
-          const cond = e.condition === "default" ? "" : e.condition;
-          const parts = [isBack ? `↺ ${cond || "loop"}` : cond, count > 1 ? `×${count}` : ""].filter(Boolean);
-          const text = parts.join(" · ");
-          const title = `${e.src} → ${e.dst}${isBack ? " (loops back)" : ""}: ${e.condition}; taken ${count} time${count === 1 ? "" : "s"} in this run`;
-          return { id: `e${i}`, src: e.src, dst: e.dst, text, title, back: isBack, count };
+      const isBack = back.has(i);
+      const count = taken.get(`${e.src}\u0000${e.dst}`) ?? 0;
+      const cond = e.condition === "default" ? "" : e.condition;
+      const parts = [isBack ? `↺ ${cond || "loop"}` : cond, count > 1 ? `×${count}` : ""].filter(Boolean);
+      const text = parts.join(" · ");
+      const title = `${e.src} → ${e.dst}${isBack ? " (loops back)" : ""}: ${e.condition}; taken ${count} time${count === 1 ? "" : "s"} in this run`;
+      return { id: `e${i}`, src: e.src, dst: e.dst, text, title, back: isBack, count };
     });
   }, [graph.nodes, graph.edges, taken]);
 
@@ -459,6 +457,9 @@ function Flow({ graph, selected, onSelect, onKeyboardSelect }: GraphProps & { on
         panOnScroll={false}
         preventScrolling={false}
         zoomOnDoubleClick={false}
+        deleteKeyCode={null}
+        selectionKeyCode={null}
+        multiSelectionKeyCode={null}
         minZoom={0.05}
         maxZoom={2.5}
         proOptions={{ hideAttribution: true }}
