@@ -20,6 +20,7 @@ import pytest
 
 from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry
+from rewind.engine.plan import OutputOverride
 from rewind.replay import Rewind
 from rewind.store import open_store
 from rewind.tracing.otel import import_otlp
@@ -63,7 +64,8 @@ def _long_trace() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A store with RUNS recorded runs of the tiny pipeline (newest last), a run whose node
-    loops LAPS times, and an imported OpenTelemetry trace with TOOL_SPANS more spans."""
+    loops LAPS times and a fork of it, and an imported OpenTelemetry trace with TOOL_SPANS more
+    spans."""
     _check_prerequisites()
     store = open_store(tmp_path_factory.mktemp("ui-lists"))
     rw = Rewind(store)
@@ -74,6 +76,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         ids.append(run.run_id)
     looping = rw.record(test_pipelines.laps, {"lap": 0, "laps": LAPS})
     assert looping.status == "completed", looping.error
+    # a fork whose first lap writes 10: every later node differs, ten laps fewer
+    shorter = rw.fork(looping.run_id, at=1, override=OutputOverride("lap", "lap", 10))
+    assert shorter.status == "completed", shorter.error
     imported = import_otlp(store, [_long_trace()])
     assert imported.errors == [] and len(imported.imported) == 1
     app = create_app(store, pipelines={"tiny": PipelineEntry.of(test_pipelines.pipeline, {"x": 1})})
@@ -82,6 +87,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "url": srv.url,
             "runs": ids,
             "laps": looping.run_id,
+            "shorter": shorter.run_id,
             "trace": imported.imported[0],
         }
     store.close()
@@ -94,7 +100,7 @@ def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     page.goto(f"{url}/#/")
     listing = page.get_by_test_id("runs-list")
     tree = listing.get_by_test_id("runs-tree")
-    # and the looping run and the imported trace
+    # and the looping run (its fork nests under it) and the imported trace
     expect(tree).to_have_attribute("data-count", str(RUNS + 2))
     items = tree.locator("[data-testid^=run-item-]")
     expect(listing.get_by_test_id(f"run-item-{ids[-1]}")).to_be_visible()  # newest first
@@ -177,4 +183,36 @@ def test_a_long_traces_spans_draw_a_window(server: dict[str, Any], page: Any) ->
     expect(detail).to_be_in_viewport()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-lists-3-trace-spans.png"))
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_a_long_diff_draws_a_window_of_node_rows(server: dict[str, Any], page: Any) -> None:
+    url, fork = server["url"], server["shorter"]
+    page.goto(f"{url}/#/runs/{fork}?tab=diff")
+    table = page.get_by_test_id("diff-rows")
+    expect(table).to_have_attribute("data-count", str(LAPS + 1))
+    expect(table.get_by_test_id("diff-row-1")).to_have_attribute("data-open", "yes")
+    rows = table.locator("[data-testid^=diff-row-]")
+    assert 5 <= rows.count() < 60, rows.count()
+    last = LAPS + 1
+    page.wait_for_function(
+        "n => { const e = document.querySelector('[data-testid=diff-rows]');"
+        " e.scrollTop = e.scrollHeight;"
+        " return !!document.querySelector(`[data-testid=diff-row-${n}]`); }",
+        arg=last,
+    )
+    expect(table.get_by_test_id(f"diff-row-{last}")).to_contain_text("finish_laps")
+    expect(table.get_by_test_id("diff-row-1")).to_have_count(0)
+    assert rows.count() < 60, rows.count()
+    # A row opened, scrolled away and back keeps its state.
+    row = table.get_by_test_id(f"diff-row-{last - 1}")
+    row.click()
+    expect(row).to_have_attribute("data-open", "yes")
+    table.evaluate("e => { e.scrollTop = 0; }")
+    expect(table.get_by_test_id("diff-row-1")).to_have_attribute("data-open", "yes")
+    expect(table.get_by_test_id(f"diff-row-{last - 1}")).to_have_count(0)
+    table.evaluate("e => { e.scrollTop = e.scrollHeight; }")
+    expect(table.get_by_test_id(f"diff-row-{last - 1}")).to_have_attribute("data-open", "yes")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-lists-4-diff-rows.png"))
     assert page.dialogs == [] and page.errors == []

@@ -4,7 +4,7 @@ import { useEffect, useState } from "react";
 import { api, apiExact, ApiError, fmtInt, signed } from "../api";
 import type { CallDetail, Diff, DiffChange, DiffRow, Run } from "../types";
 import { CallPair } from "./Calls";
-import { VirtualList } from "./VirtualList";
+import { PadRows, useVirtualRows, VirtualList } from "./VirtualList";
 import { WordDiff } from "./WordDiff";
 import { JsonBlock, TextBlock, toText } from "./TextBlock";
 
@@ -167,9 +167,22 @@ function summary(row: DiffRow): string {
   return `${row.changes.length} field${row.changes.length === 1 ? "" : "s"}: ${paths.join(", ")}${more > 0 ? ` +${more} more` : ""}`;
 }
 
-function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: string; runB: string }) {
-  // Collapsed by default (the row shows a summary); the first divergence opens itself.
-  const [open, setOpen] = useState(first);
+function Row({
+  row,
+  first,
+  runA,
+  runB,
+  open,
+  setOpen,
+}: {
+  row: DiffRow;
+  first: boolean;
+  runA: string;
+  runB: string;
+  /** opened (the parent keeps it: a virtual row scrolled away and back stays as it was) */
+  open: boolean;
+  setOpen: (open: boolean) => void;
+}) {
   const [sideBySide, setSideBySide] = useState(false);
   const [showCalls, setShowCalls] = useState(false);
   return (
@@ -326,6 +339,10 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
     };
   }, [against, run.run_id, version]);
 
+  // The node rows: a virtual table (a looping run has hundreds), each row one <tbody>.
+  const nodes = diff?.nodes ?? [];
+  const [opened, setOpened] = useState<Record<string, boolean>>({}); // by "against-index"
+  const rows = useVirtualRows(nodes.length, 28, (i) => `${against}-${nodes[i].index}`);
   const others = runs.filter((r) => r.run_id !== run.run_id && r.pipeline === run.pipeline);
   return (
     <section className="space-y-3" data-testid="diff-panel">
@@ -369,9 +386,9 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
               tokens {fmtInt(diff.tokens_a)} → {fmtInt(diff.tokens_b)} ({signed(diff.token_delta)})
             </span>
           </div>
-          <div className="overflow-x-auto">
+          <div className="max-h-[80vh] overflow-auto" ref={rows.scroller} data-testid="diff-rows" data-count={nodes.length}>
           <table className="w-full text-left text-xs">
-            <thead className="text-slate-500">
+            <thead className="sticky top-0 z-10 bg-white text-slate-500">
               <tr>
                 <th className="py-1 pr-2">#</th>
                 <th className="pr-2">node</th>
@@ -382,17 +399,27 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
                 <th className="pr-2">changes</th>
               </tr>
             </thead>
-            <tbody>
-              {diff.nodes.map((row) => (
-                <Row
-                  key={`${against}-${row.index}`}
-                  row={row}
-                  first={row.index === diff.first_divergence}
-                  runA={diff.run_a}
-                  runB={diff.run_b}
-                />
-              ))}
-            </tbody>
+            <PadRows height={rows.padTop} colSpan={7} group />
+            {rows.rows.map((v) => {
+              const row = nodes[v.index];
+              const first = row.index === diff.first_divergence;
+              // Collapsed by default (the row shows a summary); the first divergence opens itself.
+              const key = `${against}-${row.index}`;
+              const open = opened[key] ?? first;
+              return (
+                <tbody key={v.key} data-index={v.index} ref={rows.measure}>
+                  <Row
+                    row={row}
+                    first={first}
+                    runA={diff.run_a}
+                    runB={diff.run_b}
+                    open={open}
+                    setOpen={(o) => setOpened((m) => ({ ...m, [key]: o }))}
+                  />
+                </tbody>
+              );
+            })}
+            <PadRows height={rows.padBottom} colSpan={7} group />
           </table>
           </div>
         </>
