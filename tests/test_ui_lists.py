@@ -93,6 +93,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     store.close()
 
 
+def _scroll_until(page: Any, box: str, row: str, text: str = "") -> None:
+    """Scroll the element matching CSS ``box`` to its end until a row matching CSS ``row``
+    (with ``text`` in it) is drawn — a virtual list draws its rows as they scroll in."""
+    page.wait_for_function(
+        "([box, row, text]) => { const e = document.querySelector(box);"
+        " e.scrollTop = e.scrollHeight;"
+        " return [...e.querySelectorAll(row)].some(r => r.textContent.includes(text)); }",
+        arg=[box, row, text],
+    )
+
+
 def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     server: dict[str, Any], page: Any
 ) -> None:
@@ -107,11 +118,7 @@ def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     drawn = items.count()
     assert 5 <= drawn < RUNS // 2, drawn
     expect(listing.get_by_test_id(f"run-item-{ids[0]}")).to_have_count(0)
-    page.wait_for_function(
-        "id => { const e = document.querySelector('aside'); e.scrollTop = e.scrollHeight;"
-        " return !!document.querySelector(`[data-testid=run-item-${id}]`); }",
-        arg=ids[0],
-    )
+    _scroll_until(page, "aside", f"[data-testid=run-item-{ids[0]}]")
     oldest = listing.get_by_test_id(f"run-item-{ids[0]}")
     expect(oldest).to_be_in_viewport()
     assert items.count() < RUNS // 2, items.count()
@@ -132,12 +139,7 @@ def test_a_looping_runs_executions_draw_a_window(server: dict[str, Any], page: A
     expect(page.get_by_test_id("execution-1")).to_be_visible()
     assert 5 <= rows.count() < 60, rows.count()
     last = LAPS + 1
-    page.wait_for_function(
-        "n => { const e = document.querySelector('[data-testid=executions-scroll]');"
-        " e.scrollTop = e.scrollHeight;"
-        " return !!document.querySelector(`[data-testid=execution-${n}]`); }",
-        arg=last,
-    )
+    _scroll_until(page, "[data-testid=executions-scroll]", f"[data-testid=execution-{last}]")
     expect(page.get_by_test_id(f"execution-{last}")).to_be_in_viewport()
     expect(page.get_by_test_id("execution-1")).to_have_count(0)
     assert rows.count() < 60, rows.count()
@@ -166,13 +168,7 @@ def test_a_long_traces_spans_draw_a_window(server: dict[str, Any], page: Any) ->
     expect(rows.first).to_be_visible()
     assert 5 <= rows.count() < 60, rows.count()
     last = f"lookup_{TOOL_SPANS - 1}"
-    page.wait_for_function(
-        "last => { const e = document.querySelector('[data-testid=trace-steps-scroll]');"
-        " e.scrollTop = e.scrollHeight;"
-        " return [...e.querySelectorAll('[data-testid=trace-step]')]"
-        ".some(r => r.textContent.includes(last)); }",
-        arg=last,
-    )
+    _scroll_until(page, "[data-testid=trace-steps-scroll]", "[data-testid=trace-step]", last)
     step = rows.filter(has_text=last)
     expect(step).to_be_in_viewport()
     assert rows.count() < 60, rows.count()
@@ -195,12 +191,7 @@ def test_a_long_diff_draws_a_window_of_node_rows(server: dict[str, Any], page: A
     rows = table.locator("[data-testid^=diff-row-]")
     assert 5 <= rows.count() < 60, rows.count()
     last = LAPS + 1
-    page.wait_for_function(
-        "n => { const e = document.querySelector('[data-testid=diff-rows]');"
-        " e.scrollTop = e.scrollHeight;"
-        " return !!document.querySelector(`[data-testid=diff-row-${n}]`); }",
-        arg=last,
-    )
+    _scroll_until(page, "[data-testid=diff-rows]", f"[data-testid=diff-row-{last}]")
     expect(table.get_by_test_id(f"diff-row-{last}")).to_contain_text("finish_laps")
     expect(table.get_by_test_id("diff-row-1")).to_have_count(0)
     assert rows.count() < 60, rows.count()
