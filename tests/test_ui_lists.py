@@ -28,6 +28,7 @@ from tests import pipelines as test_pipelines
 from tests import test_ui_debugger
 from tests.test_ui import ARTIFACTS, ThreadServer, _trace_with_a_tool_call
 from tests.test_ui_debugger import _check_prerequisites
+from tests.test_ui_graph import _assert_drawn_apart, _node_boxes
 
 expect = playwright_api.expect
 page = test_ui_debugger.page  # the fixture: a 1500×1000 page collecting dialogs and errors
@@ -150,6 +151,9 @@ def test_a_looping_runs_executions_draw_a_window(server: dict[str, Any], page: A
     assert chips == ["#1", "#2", "…", f"#{LAPS - 2}", f"#{LAPS - 1}", f"#{LAPS}"], chips
     assert f"executed {LAPS} times" in (node.get_attribute("title") or "")
     expect(page.get_by_test_id("graph-edge-label-lap-lap")).to_contain_text(f"×{LAPS - 1}")
+    boxes = _node_boxes(page, ["lap", "finish_laps"])
+    label = page.get_by_test_id("graph-edge-label-lap-lap").bounding_box()
+    _assert_drawn_apart(boxes, {"lap-lap": label})  # the self-loop's label is off the node
     # Choosing a node scrolls its row into view.
     page.get_by_test_id("graph-execs-lap").get_by_text("#1", exact=True).click()
     expect(page.get_by_test_id("execution-1")).to_be_in_viewport()
