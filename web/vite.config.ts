@@ -12,7 +12,7 @@ export default defineConfig({
     outDir,
     emptyOutDir: true,
     sourcemap: false,
-    // ELK (the graph layout, ~1.5 MB) is its own lazily loaded chunk.
+    // ELK (the graph layout, ~1.5 MB) is a lazily loaded web worker of its own.
     chunkSizeWarningLimit: 1500,
   },
   server: {

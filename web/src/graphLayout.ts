@@ -37,12 +37,17 @@ export interface Layout {
   height: number;
 }
 
-type Elk = InstanceType<(typeof import("elkjs/lib/elk.bundled.js"))["default"]>;
+type Elk = import("elkjs/lib/elk-api").ELK;
 let elk: Promise<Elk> | null = null;
 
-/** ELK is large (~1.6 MB): loaded on first use, in its own chunk. */
+/** ELK is large (~1.5 MB) and a big graph takes it a while: it is loaded on first use and runs
+ * in a web worker of its own (a same-origin script, as the page's CSP allows), so laying out
+ * never blocks the page. */
 function loadElk(): Promise<Elk> {
-  if (!elk) elk = import("elkjs/lib/elk.bundled.js").then((m) => new m.default());
+  if (!elk)
+    elk = Promise.all([import("elkjs/lib/elk-api.js"), import("elkjs/lib/elk-worker.min.js?worker")]).then(
+      ([api, worker]) => new api.default({ workerFactory: () => new worker.default() }),
+    );
   return elk;
 }
 
