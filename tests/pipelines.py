@@ -628,3 +628,106 @@ grid_pipeline = _linear(
     review=review,
     publish_note=publish_note,
 )
+
+
+# A pipeline with two branches, a join, a loop back and long node names (the UI's graph test):
+# round 0 takes the season branch, round 1 the month branch, then the review publishes.
+
+LOAD_RECORDS = "load_the_quarterly_rainfall_records_from_every_weather_station"
+DECIDE_GROUPING = "decide_how_to_group_the_rainfall_for_this_round"
+BY_SEASON = "summarise_rainfall_by_season_for_the_regional_report"
+BY_MONTH = "summarise_rainfall_by_month_with_anomaly_detection"
+MERGE_DRAFT = "merge_both_summaries_and_draft_the_narrative"
+REVIEW_STYLE = "review_the_draft_against_the_house_style_guide"
+PUBLISH_REPORT = "publish"
+
+
+@action(reads=["stations"], writes=["records", "rounds"])
+def load_records(state: State) -> State:
+    records = [{"station": s, "mm": 10 * i} for i, s in enumerate(state["stations"])]
+    return state.update(records=records, rounds=0)
+
+
+@action(reads=["rounds"], writes=["grouping"])
+def decide_grouping(state: State) -> State:
+    return state.update(grouping="season" if state["rounds"] % 2 == 0 else "month")
+
+
+@action(reads=["records"], writes=["summary"])
+def by_season(state: State) -> State:
+    return state.update(summary={"by": "season", "mm": sum(r["mm"] for r in state["records"])})
+
+
+@action(reads=["records"], writes=["summary"])
+def by_month(state: State) -> State:
+    return state.update(summary={"by": "month", "mm": sum(r["mm"] for r in state["records"])})
+
+
+@action(reads=["summary", "rounds"], writes=["draft"])
+def merge_draft(state: State) -> State:
+    summary = state["summary"]
+    return state.update(draft=f"Round {state['rounds']}: {summary['mm']} mm by {summary['by']}.")
+
+
+@action(reads=["rounds"], writes=["rounds"])
+def review_style(state: State) -> State:
+    return state.update(rounds=state["rounds"] + 1)
+
+
+@action(reads=["draft"], writes=["report"])
+def publish_report(state: State) -> State:
+    return state.update(report=state["draft"])
+
+
+branching = Pipeline(
+    name="branching",
+    graph=GraphBuilder()
+    .with_actions(
+        **{
+            LOAD_RECORDS: load_records,
+            DECIDE_GROUPING: decide_grouping,
+            BY_SEASON: by_season,
+            BY_MONTH: by_month,
+            MERGE_DRAFT: merge_draft,
+            REVIEW_STYLE: review_style,
+            PUBLISH_REPORT: publish_report,
+        }
+    )
+    .with_transitions(
+        (LOAD_RECORDS, DECIDE_GROUPING, default),
+        (DECIDE_GROUPING, BY_SEASON, expr("grouping == 'season'")),
+        (DECIDE_GROUPING, BY_MONTH, default),
+        (BY_SEASON, MERGE_DRAFT, default),
+        (BY_MONTH, MERGE_DRAFT, default),
+        (MERGE_DRAFT, REVIEW_STYLE, default),
+        (REVIEW_STYLE, DECIDE_GROUPING, expr("rounds < 2")),
+        (REVIEW_STYLE, PUBLISH_REPORT, default),
+    )
+    .build(),
+    entrypoint=LOAD_RECORDS,
+    ref="tests.pipelines:branching",
+)
+
+
+# A loop that runs its node ``laps`` times (a run with many node executions, for the UI's lists).
+
+
+@action(reads=["lap", "laps"], writes=["lap"])
+def lap(state: State) -> State:
+    return state.update(lap=state["lap"] + 1)
+
+
+@action(reads=["lap"], writes=["done"])
+def finish_laps(state: State) -> State:
+    return state.update(done=state["lap"])
+
+
+laps = Pipeline(
+    name="laps",
+    graph=GraphBuilder()
+    .with_actions(lap=lap, finish_laps=finish_laps)
+    .with_transitions(("lap", "lap", expr("lap < laps")), ("lap", "finish_laps", default))
+    .build(),
+    entrypoint="lap",
+    ref="tests.pipelines:laps",
+)

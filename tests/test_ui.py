@@ -350,8 +350,11 @@ def test_fork_at_node_3_from_the_ui(server: dict[str, Any], page: Any) -> None:
     # Settings come from the server.
     page.get_by_test_id("nav-settings").click()
     settings = api_get(url, "/api/settings")
-    expect(page.get_by_test_id("setting-model")).to_have_text(settings["model"])
-    expect(page.get_by_test_id("setting-store")).to_have_text(settings["store"]["root"])
+    value = "effective-value"
+    model = page.get_by_test_id("effective-model").get_by_test_id(value)
+    expect(model).to_have_text(settings["model"])
+    store_folder = page.get_by_test_id("effective-store-folder").get_by_test_id(value)
+    expect(store_folder).to_have_text(settings["store"]["root"])
     shot(page, "7-settings")
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 

@@ -234,15 +234,26 @@ def test_calls_show_prompts_and_responses(server: dict[str, Any], page: Any) -> 
     assert page.dialogs == [] and page.errors == []
 
 
-def test_a_node_with_many_calls_pages_them(server: dict[str, Any], page: Any) -> None:
+def test_a_node_with_many_calls_is_a_virtual_list(server: dict[str, Any], page: Any) -> None:
+    """60 calls: only a window of rows is in the DOM; scrolling loads the next page from the
+    server and reaches the last call."""
     url, run_id = server["url"], server["calls"]
     page.goto(f"{url}/#/runs/{run_id}?tab=graph&node=3")
     calls = page.get_by_test_id("calls-list")
     expect(calls).to_contain_text("calls (60)")
-    expect(calls.locator("[data-testid^=call-toggle-]")).to_have_count(50)
-    calls.get_by_test_id("calls-more").click()
-    expect(calls.locator("[data-testid^=call-toggle-]")).to_have_count(60)
-    expect(calls.get_by_test_id("calls-more")).to_have_count(0)
+    scroll = calls.get_by_test_id("calls-scroll")
+    rows = scroll.locator("[data-testid^=call-toggle-]")
+    expect(rows.first).to_be_visible()
+    assert 5 <= rows.count() < 50, rows.count()  # a window, not the 50 of the first page
+    expect(calls.get_by_test_id("calls-loaded")).to_contain_text("50 loaded")
+    page.wait_for_function(
+        "() => { const e = document.querySelector('[data-testid=calls-scroll]');"
+        " e.scrollTop = e.scrollHeight;"
+        " return !!document.querySelector('[data-testid=call-toggle-59]'); }"
+    )
+    expect(calls.get_by_test_id("calls-loaded")).to_have_count(0)  # all 60 loaded
+    assert rows.count() < 50, rows.count()
+    expect(calls.get_by_test_id("call-toggle-0")).to_have_count(0)  # scrolled out of the DOM
     calls.get_by_test_id("call-toggle-59").click()
     expect(calls.get_by_test_id("call-detail-59").get_by_test_id("call-args")).to_contain_text(
         "2009"
@@ -391,10 +402,20 @@ def test_diff_is_collapsed_worded_paged_and_exact(server: dict[str, Any], page: 
     # A big integer, exact on both sides (no float64 rounding).
     expect(panel).to_contain_text(str(BIG + len("steady")))
     expect(panel).to_contain_text(str(BIG + len("erratic")))
-    # Long lists are paged: 50 changes, then 50 more on demand.
-    assert panel.get_by_test_id("diff-change").count() == 50
-    panel.get_by_test_id("diff-more-1").click()
-    expect(panel.get_by_test_id("diff-change")).to_have_count(100)
+    # A long list of changes is virtual: a window of them in the DOM, the last reached by scrolling.
+    expect(panel.get_by_test_id("diff-count-1")).to_contain_text(f"{len(changes)} changes")
+    drawn = panel.get_by_test_id("diff-changes-1").get_by_test_id("diff-change")
+    expect(drawn.first).to_be_visible()
+    assert 3 <= drawn.count() < 40, drawn.count()
+    last = changes[-1]["path"]
+    page.wait_for_function(
+        "last => { const e = document.querySelector('[data-testid=diff-changes-1]');"
+        " e.scrollTop = e.scrollHeight;"
+        " return [...e.querySelectorAll('[data-testid=diff-path]')]"
+        ".some(p => p.textContent === last); }",
+        arg=last,
+    )
+    assert drawn.count() < 40, drawn.count()
     # A collapsed row opens from the keyboard.
     panel.get_by_test_id("diff-row-2").focus()
     page.keyboard.press("Enter")
@@ -464,6 +485,17 @@ def test_settings_show_the_effective_configuration(server: dict[str, Any], page:
     assert {"model endpoint", "model", "database", "object storage", "authentication"} <= names
     auth = next(r for r in settings["effective"] if r["name"] == "authentication")
     assert auth["value"].startswith("none")  # no users, no server token
+    # One table: what only the settings document says is merged into it (no second table).
+    assert page.get_by_test_id("settings").locator("table").count() == 1
+    for name, value in (
+        ("temperature-default", f"{settings['temperature_default']:g}"),  # as JS prints it
+        ("pipelines", ", ".join(settings["pipelines"])),
+        ("version", settings["version"]),
+    ):
+        row = table.get_by_test_id(f"effective-{name}")
+        expect(row.get_by_test_id("effective-value")).to_have_text(value)
+    endpoint = table.get_by_test_id("effective-model-endpoint")
+    expect(endpoint).to_contain_text(settings["model_endpoint"]["description"])
     expect(page.get_by_test_id("token-rejected")).to_have_count(0)
     shot(page, "settings-effective")
 

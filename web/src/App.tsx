@@ -1,6 +1,6 @@
 // Rewind's UI shell: hash routes (#/runs/<id>?tab=graph&node=3, #/traces, #/traces/<id>,
 // #/failures, #/settings), the runs sidebar, and the selected run or trace.
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 import { api, ApiError, getToken } from "./api";
 import type { RunFilters, RunsResponse } from "./types";
 import { filterQuery, NO_FILTERS, RunsList } from "./components/RunsList";
@@ -43,6 +43,8 @@ export default function App() {
   const [runs, setRuns] = useState<RunsResponse>({ runs: [], tree: [] });
   const [error, setError] = useState<ApiError | null>(null);
   const [filters, setFilters] = useState<RunFilters>(NO_FILTERS);
+  // the sidebar scrolls the runs list (a virtual list: only the runs in view are drawn)
+  const sidebar = useRef<HTMLElement>(null);
 
   useEffect(() => {
     const onHash = () => setRoute(parseRoute(window.location.hash));
@@ -106,7 +108,7 @@ export default function App() {
         </div>
       )}
       <div className="flex min-h-0 flex-1 flex-col md:flex-row">
-        <aside className="max-h-[30vh] w-full shrink-0 overflow-y-auto border-b border-slate-200 bg-slate-50 p-2 md:max-h-none md:w-80 md:border-b-0 md:border-r">
+        <aside ref={sidebar} className="max-h-[30vh] w-full shrink-0 overflow-y-auto border-b border-slate-200 bg-slate-50 p-2 md:max-h-none md:w-80 md:border-b-0 md:border-r">
           <RunsList
             runs={runs.runs}
             subRuns={runs.sub_runs ?? []}
@@ -115,6 +117,7 @@ export default function App() {
             onSelect={(id) => navigate(id, "graph", null)}
             filters={filters}
             onFilters={setFilters}
+            scrollParent={sidebar}
           />
         </aside>
         <main className="min-h-0 min-w-0 flex-1 overflow-y-auto p-2 sm:p-4">

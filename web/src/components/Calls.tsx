@@ -3,10 +3,11 @@
 // tool's args — and the response — content, tool calls, finish reason, usage, or a tool's result.
 // Long messages are collapsed; a body the server cut links to the whole recorded blob (fetched
 // with the bearer token). Everything renders as text, never as HTML.
-import { useState } from "react";
+import { useCallback, useMemo, useRef, useState } from "react";
 import { api, ApiError, downloadFile, fmtBytes, fmtInt, fmtMs } from "../api";
 import type { CallDetail, ChatMessage, LlmRequest, LlmResponse } from "../types";
 import { Hash, TextBlock, toText } from "./TextBlock";
+import { VirtualList } from "./VirtualList";
 import { WordDiff } from "./WordDiff";
 
 const MESSAGE_PREVIEW = 400;
@@ -131,7 +132,7 @@ function CallMeta({ call }: { call: CallDetail }) {
 function CallItem({ call }: { call: CallDetail }) {
   const [open, setOpen] = useState(false);
   return (
-    <li className="rounded border border-slate-200" data-testid={`call-${call.index}`}>
+    <div className="rounded border border-slate-200" data-testid={`call-${call.index}`}>
       <button
         type="button"
         aria-expanded={open}
@@ -169,7 +170,7 @@ function CallItem({ call }: { call: CallDetail }) {
           </div>
         </div>
       )}
-    </li>
+    </div>
   );
 }
 
@@ -186,33 +187,42 @@ export function CallsList({
 }) {
   const [more, setMore] = useState<CallDetail[]>([]);
   const [error, setError] = useState<string | null>(null);
-  const shown = [...calls, ...more];
-  if (shown.length === 0) return null;
-  const loadMore = () => {
+  const loading = useRef(false);
+  const shown = useMemo(() => [...calls, ...more], [calls, more]);
+  // The next page (50 calls) loads as the list scrolls near its end; only the rows in view
+  // are in the DOM however many calls the node made.
+  const loadMore = useCallback(() => {
+    if (loading.current || error || shown.length >= total) return;
+    loading.current = true;
     api<{ calls: CallDetail[] }>(`/api/runs/${encodeURIComponent(runId)}/nodes/${number}/calls?offset=${shown.length}&limit=50`)
-      .then((r) => setMore([...more, ...r.calls]))
-      .catch((e: ApiError) => setError(e.message));
-  };
+      .then((r) => setMore((m) => [...m, ...r.calls]))
+      .catch((e: ApiError) => setError(e.message))
+      .finally(() => {
+        loading.current = false;
+      });
+  }, [error, shown.length, total, runId, number]);
+  if (shown.length === 0) return null;
   return (
     <div data-testid="calls-list">
       <h4 className="mb-1 text-xs font-semibold text-slate-600">
         calls ({total}) · prompts and responses
+        {shown.length < total && (
+          <span className="ml-1 font-normal text-slate-500" data-testid="calls-loaded">
+            · {shown.length} loaded, more as you scroll
+          </span>
+        )}
       </h4>
-      <ul className="space-y-1">
-        {shown.map((c) => (
-          <CallItem key={c.index} call={c} />
-        ))}
-      </ul>
-      {shown.length < total && (
-        <button
-          type="button"
-          className="mt-1 rounded border border-slate-300 px-2 py-0.5 text-xs hover:bg-slate-100"
-          data-testid="calls-more"
-          onClick={loadMore}
-        >
-          showing {shown.length} of {total} · load {Math.min(50, total - shown.length)} more
-        </button>
-      )}
+      <VirtualList
+        items={shown}
+        getKey={(c) => c.index}
+        renderItem={(c) => <CallItem call={c} />}
+        estimateSize={30}
+        gap={4}
+        maxHeight="36rem"
+        onNearEnd={loadMore}
+        testId="calls-scroll"
+        label="calls"
+      />
       {error && <p className="text-xs text-red-700">{error}</p>}
     </div>
   );

@@ -4,6 +4,7 @@ import { useEffect, useState } from "react";
 import { api, apiExact, ApiError, fmtInt, signed } from "../api";
 import type { CallDetail, Diff, DiffChange, DiffRow, Run } from "../types";
 import { CallPair } from "./Calls";
+import { PadRows, useVirtualRows, VirtualList } from "./VirtualList";
 import { WordDiff } from "./WordDiff";
 import { JsonBlock, TextBlock, toText } from "./TextBlock";
 
@@ -78,7 +79,7 @@ function StringChange({ c }: { c: DiffChange }) {
 function Change({ c }: { c: DiffChange }) {
   if (c.kind === "changed" && typeof c.old === "string" && typeof c.new === "string") {
     return (
-      <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+      <div className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
         <div className="flex items-center gap-2 text-xs">
           <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
             {c.path || "(whole value)"}
@@ -87,7 +88,7 @@ function Change({ c }: { c: DiffChange }) {
           <span className="text-slate-500">text changed</span>
         </div>
         <StringChange c={c} />
-      </li>
+      </div>
     );
   }
   return <ValueChange c={c} />;
@@ -95,7 +96,7 @@ function Change({ c }: { c: DiffChange }) {
 
 function ValueChange({ c }: { c: DiffChange }) {
   return (
-    <li className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
+    <div className="space-y-1 rounded border border-orange-200 bg-orange-50/40 p-2" data-testid="diff-change">
       <div className="flex items-center gap-2 text-xs">
         <code className="rounded bg-orange-200 px-1 font-semibold text-orange-900" data-testid="diff-path">
           {c.path || "(whole value)"}
@@ -121,7 +122,7 @@ function ValueChange({ c }: { c: DiffChange }) {
           </div>
         </div>
       )}
-    </li>
+    </div>
   );
 }
 
@@ -156,7 +157,8 @@ function CallsSideBySide({ runA, runB, row }: { runA: string; runB: string; row:
   );
 }
 
-const CHANGES_PAGE = 50;
+/** Beyond this many changes a row's list is virtual (only the changes in view are drawn). */
+const LONG_CHANGES = 50;
 
 function summary(row: DiffRow): string {
   if (row.changes.length === 0) return row.status === "equal" ? "" : row.status.replace("_", " ");
@@ -165,13 +167,24 @@ function summary(row: DiffRow): string {
   return `${row.changes.length} field${row.changes.length === 1 ? "" : "s"}: ${paths.join(", ")}${more > 0 ? ` +${more} more` : ""}`;
 }
 
-function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: string; runB: string }) {
-  // Collapsed by default (the row shows a summary); the first divergence opens itself.
-  const [open, setOpen] = useState(first);
+function Row({
+  row,
+  first,
+  runA,
+  runB,
+  open,
+  setOpen,
+}: {
+  row: DiffRow;
+  first: boolean;
+  runA: string;
+  runB: string;
+  /** opened (the parent keeps it: a virtual row scrolled away and back stays as it was) */
+  open: boolean;
+  setOpen: (open: boolean) => void;
+}) {
   const [sideBySide, setSideBySide] = useState(false);
   const [showCalls, setShowCalls] = useState(false);
-  const [pages, setPages] = useState(1);
-  const shownChanges = row.changes.slice(0, CHANGES_PAGE * pages);
   return (
     <>
       <tr
@@ -236,28 +249,32 @@ function Row({ row, first, runA, runB }: { row: DiffRow; first: boolean; runA: s
         <tr>
           <td />
           <td colSpan={6} className="pb-3">
-            {row.changes.length > 0 && (
-              <ul className="space-y-1">
-                {shownChanges.map((c, i) => (
-                  <Change key={`${c.path}-${i}`} c={c} />
-                ))}
-                {row.changes.length > shownChanges.length && (
-                  <li className="text-xs text-slate-500">
-                    showing {shownChanges.length} of {row.changes.length} changes{" "}
-                    <button
-                      type="button"
-                      className="ml-1 rounded border border-slate-300 px-2 py-0.5 hover:bg-slate-100"
-                      data-testid={`diff-more-${row.index + 1}`}
-                      onClick={(e) => {
-                        e.stopPropagation();
-                        setPages(pages + 1);
-                      }}
-                    >
-                      show {Math.min(CHANGES_PAGE, row.changes.length - shownChanges.length)} more
-                    </button>
-                  </li>
-                )}
-              </ul>
+            {row.changes.length > LONG_CHANGES ? (
+              <>
+                <div className="mb-1 text-xs text-slate-500" data-testid={`diff-count-${row.index + 1}`}>
+                  {fmtInt(row.changes.length)} changes · scroll the list
+                </div>
+                <VirtualList
+                  items={row.changes}
+                  getKey={(c, i) => `${c.path}-${i}`}
+                  renderItem={(c) => <Change c={c} />}
+                  estimateSize={72}
+                  gap={4}
+                  maxHeight="32rem"
+                  testId={`diff-changes-${row.index + 1}`}
+                  label={`changes of node ${row.index + 1}`}
+                />
+              </>
+            ) : (
+              row.changes.length > 0 && (
+                <ul className="space-y-1">
+                  {row.changes.map((c, i) => (
+                    <li key={`${c.path}-${i}`}>
+                      <Change c={c} />
+                    </li>
+                  ))}
+                </ul>
+              )
             )}
             <button
               type="button"
@@ -322,6 +339,10 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
     };
   }, [against, run.run_id, version]);
 
+  // The node rows: a virtual table (a looping run has hundreds), each row one <tbody>.
+  const nodes = diff?.nodes ?? [];
+  const [opened, setOpened] = useState<Record<string, boolean>>({}); // by "against-index"
+  const rows = useVirtualRows(nodes.length, 28, (i) => `${against}-${nodes[i].index}`);
   const others = runs.filter((r) => r.run_id !== run.run_id && r.pipeline === run.pipeline);
   return (
     <section className="space-y-3" data-testid="diff-panel">
@@ -365,9 +386,9 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
               tokens {fmtInt(diff.tokens_a)} → {fmtInt(diff.tokens_b)} ({signed(diff.token_delta)})
             </span>
           </div>
-          <div className="overflow-x-auto">
+          <div className="max-h-[80vh] overflow-auto" ref={rows.scroller} data-testid="diff-rows" data-count={nodes.length}>
           <table className="w-full text-left text-xs">
-            <thead className="text-slate-500">
+            <thead className="sticky top-0 z-10 bg-white text-slate-500">
               <tr>
                 <th className="py-1 pr-2">#</th>
                 <th className="pr-2">node</th>
@@ -378,17 +399,27 @@ export function DiffPanel({ run, runs, version }: { run: Run; runs: Run[]; versi
                 <th className="pr-2">changes</th>
               </tr>
             </thead>
-            <tbody>
-              {diff.nodes.map((row) => (
-                <Row
-                  key={`${against}-${row.index}`}
-                  row={row}
-                  first={row.index === diff.first_divergence}
-                  runA={diff.run_a}
-                  runB={diff.run_b}
-                />
-              ))}
-            </tbody>
+            <PadRows height={rows.padTop} colSpan={7} group />
+            {rows.rows.map((v) => {
+              const row = nodes[v.index];
+              const first = row.index === diff.first_divergence;
+              // Collapsed by default (the row shows a summary); the first divergence opens itself.
+              const key = `${against}-${row.index}`;
+              const open = opened[key] ?? first;
+              return (
+                <tbody key={v.key} data-index={v.index} ref={rows.measure}>
+                  <Row
+                    row={row}
+                    first={first}
+                    runA={diff.run_a}
+                    runB={diff.run_b}
+                    open={open}
+                    setOpen={(o) => setOpened((m) => ({ ...m, [key]: o }))}
+                  />
+                </tbody>
+              );
+            })}
+            <PadRows height={rows.padBottom} colSpan={7} group />
           </table>
           </div>
         </>

@@ -1,10 +1,11 @@
 // Runs as a tree, newest first: a fork nests under its parent, grid variants and stability samples
 // under their job (collapsed), sub-runs under the run that spawned them (collapsed); a filter bar
 // (text, pipeline, status, dates) and a form to start a run.
-import { useEffect, useState } from "react";
+import { useEffect, useState, type RefObject } from "react";
 import { api, ApiError, fmtInt, shortId } from "../api";
 import type { PipelineInfo, Run, RunFilters, TreeItem } from "../types";
 import { RunBadge } from "./Status";
+import { VirtualList } from "./VirtualList";
 
 export const NO_FILTERS: RunFilters = { q: "", pipeline: "", status: "", since: "", until: "" };
 
@@ -49,7 +50,7 @@ function Toggle({ open, onClick, testId, children }: { open: boolean; onClick: (
   );
 }
 
-function JobGroup({ item, byId, selected, onSelect, depth }: ItemProps) {
+function JobGroup({ item, byId, selected, onSelect, depth, as: Tag = "li" }: ItemProps & { as?: "li" | "div" }) {
   const job = item.job!;
   const hasSelected = item.children.some((c) => c.run_id === selected);
   const [open, setOpen] = useState(hasSelected);
@@ -58,7 +59,7 @@ function JobGroup({ item, byId, selected, onSelect, depth }: ItemProps) {
     .map(([status, n]) => `${n} ${status}`)
     .join(", ");
   return (
-    <li data-testid={`job-${job.kind}`} data-job-id={job.id} style={{ paddingLeft: `${depth * 0.9}rem` }}>
+    <Tag data-testid={`job-${job.kind}`} data-job-id={job.id} style={{ paddingLeft: `${depth * 0.9}rem` }}>
       <Toggle open={open || hasSelected} onClick={() => setOpen(!open)} testId={`job-toggle-${job.kind}`}>
         {job.kind === "grid" ? "what-if grid" : "stability"} · {job.count} {noun}
         {job.count === 1 ? "" : "s"} · {summary}
@@ -70,20 +71,20 @@ function JobGroup({ item, byId, selected, onSelect, depth }: ItemProps) {
           ))}
         </ul>
       )}
-    </li>
+    </Tag>
   );
 }
 
-function Item({ item, byId, selected, onSelect, depth }: ItemProps) {
+function Item({ item, byId, selected, onSelect, depth, as: Tag = "li" }: ItemProps & { as?: "li" | "div" }) {
   const [subsOpen, setSubsOpen] = useState(false);
-  if (item.job) return <JobGroup item={item} byId={byId} selected={selected} onSelect={onSelect} depth={depth} />;
+  if (item.job) return <JobGroup item={item} byId={byId} selected={selected} onSelect={onSelect} depth={depth} as={Tag} />;
   const run = item.run_id ? byId.get(item.run_id) : undefined;
   if (!run) return null;
   const subs = item.sub_runs ?? [];
   const jobs = item.jobs ?? [];
   const subSelected = subs.some((c) => c.run_id === selected);
   return (
-    <li>
+    <Tag>
       <button
         type="button"
         data-testid={`run-item-${run.run_id}`}
@@ -130,7 +131,7 @@ function Item({ item, byId, selected, onSelect, depth }: ItemProps) {
           ))}
         </ul>
       )}
-    </li>
+    </Tag>
   );
 }
 
@@ -315,6 +316,7 @@ export function RunsList({
   onSelect,
   filters,
   onFilters,
+  scrollParent,
 }: {
   runs: Run[];
   subRuns: Run[];
@@ -323,6 +325,8 @@ export function RunsList({
   onSelect: (id: string) => void;
   filters: RunFilters;
   onFilters: (f: RunFilters) => void;
+  /** the box the list scrolls in (only the runs in view are drawn) */
+  scrollParent: RefObject<HTMLElement | null>;
 }) {
   const byId = new Map([...runs, ...subRuns].map((r) => [r.run_id, r]));
   const [pipelines, setPipelines] = useState<string[]>([]);
@@ -345,11 +349,17 @@ export function RunsList({
           {filtered ? "No run matches these filters." : "No runs yet."}
         </p>
       )}
-      <ul className="space-y-0.5">
-        {tree.map((item) => (
-          <Item key={item.run_id ?? item.job?.id} item={item} byId={byId} selected={selected} onSelect={onSelect} depth={0} />
-        ))}
-      </ul>
+      <VirtualList
+        items={tree}
+        getKey={(item) => item.run_id ?? item.job?.id ?? ""}
+        renderItem={(item) => <Item item={item} byId={byId} selected={selected} onSelect={onSelect} depth={0} as="div" />}
+        estimateSize={44}
+        gap={2}
+        scrollParent={scrollParent}
+        overscan={8}
+        testId="runs-tree"
+        label="runs"
+      />
     </nav>
   );
 }

@@ -1,7 +1,48 @@
-// What the server runs with: model endpoint, model, temperature default, store location, auth.
+// What the server runs with, in one table: each setting in force and where it came from (an
+// environment variable, the server's options or the default); and this tab's access token (said
+// when the server rejected it).
 import { useEffect, useState } from "react";
 import { api, ApiError, getToken, setToken } from "../api";
 import type { Settings as SettingsData } from "../types";
+
+type ConfigRow = NonNullable<SettingsData["effective"]>[number];
+
+/**
+ * One table of the configuration in force: the server's effective rows (value and where it came
+ * from) with what only the settings document says merged in — the endpoint's state as a note,
+ * the temperature default, the signed-in user, the pipelines and the version.
+ */
+function configRows(s: SettingsData): ConfigRow[] {
+  const ep = s.model_endpoint;
+  const started = ep.started ? "running now" : "not started yet";
+  const base: ConfigRow[] = s.effective ?? [
+    { name: "model endpoint", value: ep.base_url ?? ep.description, source: "server", note: "" },
+    { name: "model", value: s.model, source: "server", note: "" },
+    { name: "store folder", value: s.store.root, source: "server", note: "" },
+    { name: "database", value: s.store.database, source: "server", note: s.store.dialect },
+    { name: "authentication", value: s.auth.token_required ? "token required" : "none: loopback only", source: "server", note: "" },
+    { name: "workers", value: s.workers, source: "server", note: "runs that may execute at once" },
+  ];
+  const out: ConfigRow[] = [];
+  for (const row of base) {
+    if (row.name === "model endpoint") {
+      const about = row.value === ep.description ? started : `${ep.description}; ${started}`;
+      out.push({ ...row, note: [row.note, about].filter(Boolean).join(" · ") });
+    } else out.push(row);
+    if (row.name === "model")
+      out.push({
+        name: "temperature default",
+        value: s.temperature_default,
+        source: "default",
+        note: "a fork can change a node's temperature as a param (e.g. plan.temperature)",
+      });
+    if (row.name === "authentication" && s.auth.user)
+      out.push({ name: "signed in as", value: `${s.auth.user}${s.auth.admin ? " (admin)" : ""}`, source: "token", note: "" });
+  }
+  out.push({ name: "pipelines", value: s.pipelines.join(", "), source: "server", note: "" });
+  out.push({ name: "version", value: s.version, source: "server", note: "" });
+  return out;
+}
 
 export function Settings() {
   const [s, setS] = useState<SettingsData | null>(null);
@@ -15,23 +56,7 @@ export function Settings() {
   }, []);
   const rejected = error?.status === 401 && saved !== null;
   const missing = error?.status === 401 && saved === null;
-  const rows: [string, string][] = s
-    ? [
-        ["model endpoint", `${s.model_endpoint.kind}${s.model_endpoint.base_url ? ` · ${s.model_endpoint.base_url}` : ""}`],
-        ["endpoint", s.model_endpoint.description],
-        ["endpoint started", s.model_endpoint.started ? "yes" : "no (starts on the first cache miss)"],
-        ["API key set", s.model_endpoint.api_key_set ? "yes (not shown)" : "no"],
-        ["model", s.model],
-        ["temperature default", String(s.temperature_default)],
-        ["store", s.store.root],
-        ["database", s.store.database],
-        ["workers", String(s.workers)],
-        ["token required", s.auth.token_required ? "yes" : "no (loopback only)"],
-        ...(s.auth.user ? ([["signed in as", `${s.auth.user}${s.auth.admin ? " (admin)" : ""}`]] as [string, string][]) : []),
-        ["pipelines", s.pipelines.join(", ")],
-        ["version", s.version],
-      ]
-    : [];
+  const rows = s ? configRows(s) : [];
   return (
     <section className="max-w-3xl space-y-4" data-testid="settings">
       <h2 className="text-lg font-semibold">Settings</h2>
@@ -53,21 +78,9 @@ export function Settings() {
           The access token of this tab is accepted{s.auth.user ? ` (user ${s.auth.user})` : ""}.
         </p>
       )}
-      <table className="w-full text-sm">
-        <tbody>
-          {rows.map(([k, v]) => (
-            <tr key={k} className="border-t border-slate-200">
-              <th className="w-32 py-1 pr-2 text-left align-top font-medium text-slate-600 sm:w-48">{k}</th>
-              <td className="py-1 font-mono text-xs [overflow-wrap:anywhere]" data-testid={`setting-${k.replace(/ /g, "-")}`}>
-                {v}
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-      {s?.effective && (
+      {s && (
         <div className="space-y-1">
-          <h3 className="text-sm font-semibold">Effective configuration</h3>
+          <h3 className="text-sm font-semibold">Configuration in force</h3>
           <div className="overflow-x-auto">
             <table className="w-full text-xs" data-testid="effective-config">
               <thead className="text-left text-slate-500">
@@ -78,11 +91,11 @@ export function Settings() {
                 </tr>
               </thead>
               <tbody>
-                {s.effective.map((row) => (
+                {rows.map((row) => (
                   <tr key={row.name} className="border-t border-slate-200 align-top" data-testid={`effective-${row.name.replace(/ /g, "-")}`}>
-                    <th className="py-1 pr-2 text-left font-medium text-slate-600">{row.name}</th>
+                    <th className="w-32 py-1 pr-2 text-left font-medium text-slate-600 sm:w-44">{row.name}</th>
                     <td className="pr-2 font-mono [overflow-wrap:anywhere]">
-                      {String(row.value)}
+                      <span data-testid="effective-value">{String(row.value)}</span>
                       {row.note && <div className="font-sans text-slate-500">{row.note}</div>}
                     </td>
                     <td className="pr-2">
@@ -102,7 +115,7 @@ export function Settings() {
       )}
       <p className="text-xs text-slate-500">
         The model endpoint is set on the server: REWIND_BASE_URL, REWIND_API_KEY and REWIND_MODEL (unset: the embedded
-        SmolLM2 model). A fork can change a node's temperature as a param (e.g. plan.temperature).
+        SmolLM2 model).
       </p>
       <div className="space-y-1">
         <h3 className="text-sm font-semibold">Access token (this browser tab)</h3>

@@ -1,12 +1,13 @@
 // One trace: its steps (type, status, model, tokens, cache outcome), input and output, and the
 // replay panel. A Burr run read as a trace links back to its run view, where it is forked.
-import { Fragment, useEffect, useState } from "react";
+import { useEffect, useState } from "react";
 import { api, ApiError, fmtInt, fmtMs, shortId } from "../api";
 import type { TraceDetail } from "../types";
 import { ReplayPanel } from "./ReplayPanel";
 import { TraceBadge } from "./Status";
 import { CopyButton, JsonBlock } from "./TextBlock";
 import { fmtTime } from "./TracesList";
+import { PadRows, useVirtualRows } from "./VirtualList";
 
 export function TraceView({ traceId }: { traceId: string }) {
   const [trace, setTrace] = useState<TraceDetail | null>(null);
@@ -24,6 +25,9 @@ export function TraceView({ traceId }: { traceId: string }) {
       cancelled = true;
     };
   }, [traceId]);
+  // A long trace's spans: only the steps in view are in the DOM.
+  const stepList = trace?.steps ?? [];
+  const steps = useVirtualRows(stepList.length, 27, (i) => stepList[i].position);
 
   if (error)
     return (
@@ -77,8 +81,9 @@ export function TraceView({ traceId }: { traceId: string }) {
       </header>
       <div className="grid grid-cols-1 gap-3 xl:grid-cols-[minmax(0,1fr)_28rem]">
         <div className="space-y-3">
+          <div className="max-h-[36rem] overflow-auto" ref={steps.scroller} data-testid="trace-steps-scroll" data-count={trace.steps.length}>
           <table className="w-full text-left text-xs" data-testid="trace-steps">
-            <thead className="border-b border-slate-200 text-slate-500">
+            <thead className="sticky top-0 z-10 border-b border-slate-200 bg-white text-slate-500">
               <tr>
                 <th className="py-1 pr-2">#</th>
                 <th className="pr-2">step</th>
@@ -92,9 +97,11 @@ export function TraceView({ traceId }: { traceId: string }) {
                 <th>cache</th>
               </tr>
             </thead>
-            <tbody>
-              {trace.steps.map((s) => (
-                <Fragment key={s.position}>
+            <PadRows height={steps.padTop} colSpan={8} group />
+            {steps.rows.map((row) => {
+              const s = trace.steps[row.index];
+              return (
+                <tbody key={row.key} data-index={row.index} ref={steps.measure}>
                   <tr
                     className={`cursor-pointer border-b border-slate-100 hover:bg-slate-50 ${open === s.position ? "bg-sky-50" : ""}`}
                     data-testid="trace-step"
@@ -137,10 +144,12 @@ export function TraceView({ traceId }: { traceId: string }) {
                       </td>
                     </tr>
                   )}
-                </Fragment>
-              ))}
-            </tbody>
+                </tbody>
+              );
+            })}
+            <PadRows height={steps.padBottom} colSpan={8} group />
           </table>
+          </div>
           <div className="text-xs text-slate-500">Click a step to see its input and output.</div>
           <div className="grid grid-cols-1 gap-3 lg:grid-cols-2">
             <div>
