@@ -114,6 +114,9 @@ def test_tool_bind_shortcut_and_errors() -> None:
     with pytest.raises(RewindError, match="hotpath_plain"):
         t.bind()
     assert t.policy({}) is t.policy({"a": 1})  # built once: nothing in it depends on the call
+    assert t.policy({}).determinism == "deterministic"
+    t.determinism, t.ttl_s = "time-bound", 5.0  # changed settings: built again
+    assert (t.policy({}).determinism, t.policy({}).ttl_s) == ("time-bound", 5.0)
 
 
 def test_step_switches_the_run_context_and_restores_it(tmp_path: Any) -> None:
