@@ -432,7 +432,7 @@ class Rewind:
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.input_overrides = input_overrides
-        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent)
+        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent, plan.nodes)
         ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
         ctx.effects_mode = effects
         ctx.restore_mode = restore
@@ -815,7 +815,7 @@ class Rewind:
         return self._lineages(run)[0]
 
     def _lineages(
-        self, run: RunRecord
+        self, run: RunRecord, nodes: Sequence[NodeRecord] | None = None
     ) -> tuple[
         dict[str, LineageEntry],
         dict[tuple[int, str], LineageEntry],
@@ -824,13 +824,17 @@ class Rewind:
         """:meth:`_lineage`, the same calls by (node position, cache key): a looped node that
         sends one request in every execution gets each execution's own answer back; and the
         executed side-effecting calls by slot (node position, call index), whose recorded
-        pre-state a ``live`` re-execution verifies whatever its arguments."""
+        pre-state a ``live`` re-execution verifies whatever its arguments.
+
+        ``nodes``: ``run``'s own node executions with their calls when the caller read them
+        already (a fork's plan has them): not read again."""
         chain = [run.run_id, *(a.run_id for a in self.store.ancestors(run))]
         lineage: dict[str, LineageEntry] = {}
         at: dict[tuple[int, str], LineageEntry] = {}
         slots: dict[tuple[int, int], LineageEntry] = {}
         for rid in reversed(chain):
-            for node in self.store.nodes_of(rid):
+            of_run = nodes if nodes is not None and rid == run.run_id else None
+            for node in of_run if of_run is not None else self.store.nodes_of(rid):
                 for call in node.calls:
                     if not call.result_hash or call.outcome in ("served", "dry-run"):
                         continue

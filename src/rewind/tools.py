@@ -74,6 +74,7 @@ class Tool:
         self.on_served = on_served
         self.signature = inspect.signature(fn)
         self._positional = positional_names(self.signature)
+        self._policy_made: tuple[tuple[Any, ...], CallPolicy] | None = None
         if idempotency_arg is not None and idempotency_arg not in self.signature.parameters:
             raise ValueError(f"{name}: no argument named {idempotency_arg!r}")
         self.idempotency_arg = idempotency_arg
@@ -104,12 +105,12 @@ class Tool:
     def policy(self, args: dict[str, Any]) -> CallPolicy:
         """The cache policy of one call."""
         if self.resources is None and self.idempotency_arg is None:
-            policy = self.__dict__.get("_policy")
-            if policy is None:  # the same for every call: built once
-                policy = self._policy = CallPolicy(
-                    self.determinism, self.ttl_s, (), self.on_served, None
-                )
-            return policy
+            # The same for every call: built once (again if the tool's settings were changed).
+            settings = (self.determinism, self.ttl_s, self.on_served)
+            made = self._policy_made
+            if made is None or made[0] != settings:
+                made = self._policy_made = (settings, CallPolicy(*settings[:2], (), settings[2]))
+            return made[1]
         resources: Sequence[Any] = ()
         if callable(self.resources):
             resources = tuple(self.resources(**args))

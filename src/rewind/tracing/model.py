@@ -135,6 +135,10 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
         return value
     if t is dict and not value:
         return {}
+    if t is dict or t is list:
+        copied = _plain_copy(value, 0)
+        if copied is not _NOT_PLAIN:
+            return copied
     try:
         return json.loads(canonical_bytes(value))
     except (CanonicalError, ValueError, TypeError, RecursionError):
@@ -153,6 +157,59 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return {"$unhashable": "float", "value": repr(value)}
     return {"$unhashable": type(value).__name__}
+
+
+_NOT_PLAIN = object()
+_PLAIN_DEPTH = 16
+
+
+def _plain_copy(value: Any, depth: int) -> Any:
+    """What ``json.loads(canonical_bytes(value))`` returns, built directly, for the values where
+    that is a plain copy: dicts with ASCII string keys (copied in sorted order, as the
+    canonical text has them), lists, ASCII strings, bools, None and ints of at most 63 bits,
+    nested at most 16 deep. Anything else (floats, whose canonical text may turn them into
+    ints; other strings, which may hold lone surrogates; tuples, objects...) returns
+    ``_NOT_PLAIN`` and goes the canonical round trip. About 2-5x faster on a step's small
+    inputs and attributes."""
+    t = type(value)
+    if t is str:
+        return value if value.isascii() else _NOT_PLAIN
+    if t is bool or value is None or (t is int and -_EXACT_INT < value < _EXACT_INT):
+        return value
+    if depth >= _PLAIN_DEPTH:
+        return _NOT_PLAIN
+    if t is dict:
+        if not set(map(type, value)) <= _STR_ONLY or not all(map(str.isascii, value)):
+            return _NOT_PLAIN
+        out = {}
+        for k in sorted(value):
+            v = _plain_child(value[k], depth)
+            if v is _NOT_PLAIN:
+                return _NOT_PLAIN
+            out[k] = v
+        return out
+    if t is list:
+        items = []
+        for item in value:
+            v = _plain_child(item, depth)
+            if v is _NOT_PLAIN:
+                return _NOT_PLAIN
+            items.append(v)
+        return items
+    return _NOT_PLAIN
+
+
+_STR_ONLY = frozenset({str})
+
+
+def _plain_child(v: Any, depth: int) -> Any:
+    """:func:`_plain_copy` of a child, the common scalars without the recursive call."""
+    tv = type(v)
+    if tv is str:
+        return v if v.isascii() else _NOT_PLAIN
+    if tv is bool or v is None or (tv is int and -_EXACT_INT < v < _EXACT_INT):
+        return v
+    return _plain_copy(v, depth + 1)
 
 
 def _key(key: Any) -> str:

@@ -43,7 +43,6 @@ that diverges is written in full from the first divergence on.
 from __future__ import annotations
 
 import contextvars
-import copy
 import dataclasses
 import functools
 import inspect
@@ -214,8 +213,10 @@ class Step:
                 param_overrides=dict(base.param_overrides.get(self.name, {})),
             )
             # A shallow copy with this step's scope (cheaper than dataclasses.replace, which
-            # runs __init__ over every field; the copy shares the trace's maps, as replace does).
-            ctx = copy.copy(base)
+            # runs __init__ over every field, and than copy.copy's reduce protocol; the copy
+            # shares the trace's maps, as replace does).
+            ctx = object.__new__(RunContext)
+            ctx.__dict__.update(base.__dict__)
             ctx.node = self.scope
             # The trace activated its run (capture installed, run counted as active): a step
             # only switches the current context (no context manager, lock or counter per step).
