@@ -8,9 +8,14 @@ semantic field is a blob keyed by its sha256, so a field that did not change cos
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+import re
+from bisect import bisect_left
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any, Literal
 
 from burr.core import State
@@ -68,25 +73,168 @@ def split_internal(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return semantic, internal
 
 
+_IMMUTABLE_TYPES = frozenset({str, int, float, bool, type(None), bytes})
+"""Types whose value an object cannot change in place: the same object is the same value."""
+
+_MISSING = object()
+
+
+def state_values(state: State) -> Mapping[str, Any]:
+    """A Burr state's field → value mapping, read only (no copy where Burr allows it).
+
+    ``State.get_all`` copies the state through ``__getitem__`` one key at a time (~100 Python
+    calls for a 100-field state); Burr keeps the values in ``State._state``, a plain dict, which
+    this reads when it is there. Callers must not modify the result.
+    """
+    values = getattr(state, "_state", None)
+    return values if type(values) is dict else state.get_all()
+
+
+@dataclass(frozen=True)
+class StepFields:
+    """The encoded semantic state after one node (see :meth:`FieldEncoder.step`).
+
+    Attributes:
+        digests: field → sha256 of every semantic field, in state order (the encoder's own map:
+            read it before the next :meth:`FieldEncoder.step`, copy it to keep it).
+        fresh: field → encoding of the fields encoded afresh at this step (their blobs go to the
+            store; an unchanged field's blob was written with the node that produced it).
+        internal: Burr's ``__`` fields of the state, by name.
+    """
+
+    digests: dict[str, str]
+    fresh: dict[str, EncodedField]
+    internal: dict[str, Any]
+
+
 class FieldEncoder:
     """Encodes a run's successive states, re-encoding only fields that can have changed.
 
     Burr's contract is that an action changes only the fields it declares in ``writes``; every
     other field of the new state is the very same object as before. So a field is re-encoded when
-    the action writes it or when its object is not the one encoded last time; otherwise the
-    previous encoding is reused. (A node that mutates, in place, a field it does not declare in
-    ``writes`` breaks Burr's contract and is not seen.)
+    its object is not the one encoded last time, when the action declares it in ``writes``, or
+    when the action declares it in ``reads`` and its value is mutable (an action that appends to
+    a list it reads changes the value without changing the object); otherwise the previous
+    encoding is reused. When a re-encoded object turns out to have changed in place, every field
+    is re-encoded (another field may hold the same object, or a part of it). A node that mutates
+    in place a field it declares in neither ``reads`` nor ``writes`` breaks Burr's contract and
+    is not seen.
     """
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[Any, EncodedField]] = {}
+        self._objs: dict[str, Any] = {}  # field -> the object encoded last (kept alive)
+        self._digests: dict[str, str] = {}  # field -> sha256 of that encoding
+        # The {field: sha256} map's encodings as fragments in sorted field order, kept up to
+        # date field by field: canonical JSON (_canon) and json.dumps text (_text).
+        self._canon: list[bytes] = []
+        self._text: list[str] = []
+        self._order: list[str] | None = None  # the fields sorted (None: rebuild the lists)
 
     def field(self, key: str, value: Any) -> EncodedField:
-        """Encoding of one field, reusing the last one when the object is unchanged."""
+        """Encoding of one field, reusing the last one when the object is the one encoded last
+        (see the class docstring for when that holds)."""
         prev = self._last.get(key)
         if prev is not None and prev[0] is value:
             return prev[1]
         return encode_value(key, value)
+
+    def step(self, values: Mapping[str, Any], *, recheck: Collection[str] = ()) -> StepFields:
+        """Encode the semantic state after a node, re-encoding only what can have changed.
+
+        Args:
+            values: the state's field → value, Burr's ``__`` keys included (skipped); read only.
+            recheck: fields to re-encode even when their object is the one encoded last time
+                (the node's ``reads`` and ``writes``); immutable values are not re-encoded.
+        Returns:
+            the digests of every semantic field and the encodings made afresh.
+        Raises:
+            UnstorableValue: a field cannot be stored exactly (the encoder is left unchanged).
+        """
+        objs, digests, last = self._objs, self._digests, self._last
+        keys = list(values)
+        # The fields whose object is not the one encoded last (C-speed map/compress calls).
+        changed = list(
+            compress(keys, map(is_not, values.values(), map(objs.get, keys, repeat(_MISSING))))
+        )
+        internal = {k: values[k] for k in changed if k.startswith(BURR_INTERNAL_PREFIX)}
+        todo = {k: values[k] for k in changed if k not in internal}  # Burr's keys: never in objs
+        same: list[str] = []  # re-checked fields whose object did not change
+        for k in recheck:
+            if k not in todo and k in objs:
+                v = values.get(k, _MISSING)
+                if v is objs[k] and type(v) not in _IMMUTABLE_TYPES:
+                    todo[k] = v
+                    same.append(k)
+        fresh = {k: encode_value(k, v) for k, v in todo.items()}
+        if any(fresh[k].digest != digests[k] for k in same):
+            # An object changed in place: any other field may hold it (or a part of it).
+            fresh.update(
+                (k, encode_value(k, v))
+                for k, v in values.items()
+                if k not in fresh and not k.startswith(BURR_INTERNAL_PREFIX)
+            )
+            same = [
+                k
+                for k, v in objs.items()
+                if values.get(k, _MISSING) is v and fresh[k].digest == digests[k]
+            ]
+        for k in same:
+            del fresh[k]  # the same object, unchanged: its blob went with an earlier node
+        for k, f in fresh.items():
+            v = values[k]
+            objs[k] = v
+            last[k] = (v, f)
+            digests[k] = f.digest
+        removed = []
+        if len(objs) != len(values) - len(internal):
+            removed = [k for k in objs if k not in values]  # fields the node deleted
+            for k in removed:
+                del objs[k], digests[k], last[k]
+        if self._order is not None:
+            self._update_fragments(fresh, removed)
+        return StepFields(digests, fresh, internal)
+
+    def _update_fragments(self, fresh: dict[str, EncodedField], removed: list[str]) -> None:
+        """Bring the sorted map fragments up to date after a step (bisect per changed field)."""
+        order, canon, text = self._order, self._canon, self._text
+        assert order is not None
+        for k in removed:
+            i = bisect_left(order, k)
+            del order[i], canon[i], text[i]
+        for k, f in fresh.items():
+            i = bisect_left(order, k)
+            c, t = _map_fragments(k, f.digest)
+            if i < len(order) and order[i] == k:
+                canon[i], text[i] = c, t
+            elif k.isascii() or not _ASTRAL.search(k):
+                order.insert(i, k)
+                canon.insert(i, c)
+                text.insert(i, t)
+            else:
+                self._order = None  # JCS sorts this name differently: encode whole maps
+                return
+
+    def state_map(self) -> tuple[bytes, str]:
+        """The {field: sha256} map of the last :meth:`step` as (its canonical JSON bytes, as
+        :func:`map_hash` hashes them; its ``json.dumps(..., sort_keys=True)`` text, as state
+        rows store it), joined from per-field fragments kept up to date by :meth:`step`: a
+        node that changed one field of a 100-field state re-encodes one fragment, not the map.
+
+        Raises:
+            CanonicalError: a field name cannot be encoded (a lone surrogate).
+        """
+        digests = self._digests
+        if self._order is None:
+            order = sorted(digests)
+            if not all(map(str.isascii, order)) and any(map(_ASTRAL.search, order)):
+                # JCS orders names by UTF-16 code units, Python by code points
+                return canonical_bytes(digests), json.dumps(digests, sort_keys=True)
+            pairs = [_map_fragments(k, digests[k]) for k in order]
+            self._canon = [c for c, _ in pairs]
+            self._text = [t for _, t in pairs]
+            self._order = order
+        return b"{" + b",".join(self._canon) + b"}", "{" + ", ".join(self._text) + "}"
 
     def encode(
         self, semantic: dict[str, Any], *, written: Collection[str] = ()
@@ -109,7 +257,20 @@ class FieldEncoder:
                 out[k] = encode_value(k, v)
                 fresh.append(k)
         self._last = {k: (semantic[k], out[k]) for k in out}
+        self._objs = {k: semantic[k] for k in out}
+        self._digests = {k: f.digest for k, f in out.items()}
+        self._order = None
         return out, fresh
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def _map_fragments(key: str, digest: str) -> tuple[bytes, str]:
+    """One field's entry in the canonical JSON and in the ``json.dumps`` text of a
+    {field: sha256} map (``"key":"hash"`` and ``"key": "hash"``)."""
+    one = {key: digest}
+    return canonical_bytes(one)[1:-1], json.dumps(one)[1:-1]
 
 
 def field_map(fields: dict[str, EncodedField]) -> dict[str, str]:

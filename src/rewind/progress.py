@@ -97,8 +97,9 @@ class _ProgressWriter:
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
             if now - marks.last_write < WRITE_INTERVAL_S:
+                if marks.waiting is None:
+                    self.lock.notify()  # a new deadline; a mark already waiting has its own
                 marks.waiting = (position, name, time.time())
-                self.lock.notify()
                 return marks.cancel
             marks.waiting = None
             marks.last_write = now

@@ -60,7 +60,7 @@ from rewind.persister import (
     RewindPersister,
     field_map,
     map_hash,
-    split_internal,
+    state_values,
 )
 from rewind.serde import encode
 from rewind.store.records import CallRecord
@@ -271,7 +271,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 inputs.update({k: v for k, v in changed.items() if k in required | optional})
         try:
             self.ctx.begin_node(action.name, self.position)
-            values = state.get_all()
+            values = state_values(state)
             self._reads = {
                 k: self.encoder.field(k, values[k]).digest
                 for k in action.reads
@@ -609,20 +609,23 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         if scope is None or scope.name != action.name:
             scope = self.ctx.begin_node(action.name, self.position)
         latency_ms = (time.perf_counter() - scope.started_perf) * 1000
-        semantic, internal = split_internal(state.get_all())
-        written = [] if exception is not None else list(action.writes)
+        values = state_values(state)
         refusal: UnstorableValue | None = None
         try:
-            fields, fresh = self.encoder.encode(semantic, written=written)
+            # The fields the node declares are re-encoded even when their object is the same (an
+            # action may change a list it reads or writes in place).
+            step = self.encoder.step(values, recheck=(*action.reads, *action.writes))
+            digests, fresh, internal = step.digests, step.fresh, step.internal
+            state_doc, fields_json = self.encoder.state_map()
         except UnstorableValue as exc:
-            refusal, fields, fresh = exc, {}, []
+            refusal, digests, fresh, internal = exc, {}, {}, {}
+            state_doc, fields_json = b"", ""
             exception = exception or exc
         batch = WriteBatch()
-        for k in fresh:
+        for f in fresh.values():
             # Every fresh field's bytes travel with the batch, even when the store believes the
             # blob is stored: write_batch skips the known ones, and has the bytes at hand to
             # write them again if a concurrent rewind gc deleted them meanwhile.
-            f = fields[k]
             batch.blobs.setdefault(f.digest, f.data)
         doc = {"node": action.name, "reads": self._reads, "inputs": self._inputs}
         bound = bound_params(action)
@@ -634,11 +637,10 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         output_hash: str | None = None
         state_hash: str | None = None
         if exception is None:
-            output_doc, output_hash = map_hash(
-                {k: fields[k].digest for k in action.writes if k in fields}
-            )
+            written = {k: digests[k] for k in action.writes if k in digests}
+            output_doc, output_hash = map_hash(written)
             batch.blobs.setdefault(output_hash, output_doc)
-            _, state_hash = map_hash(field_map(fields))
+            state_hash = sha256_hex(state_doc)
         add_scope_rows(batch, scope)
         if refusal is None:
             batch.states.append(
@@ -648,8 +650,9 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                     sequence_id=sequence_id,
                     position=action.name,
                     status="completed" if exception is None else "failed",
-                    fields=field_map(fields),
+                    fields=digests,
                     internal=internal,
+                    fields_json=fields_json,
                 )
             )
         outcome, reason = node_outcome(scope, exception)

@@ -1176,15 +1176,20 @@ def state_row(
     status: str,
     fields: dict[str, str],
     internal: dict[str, Any],
+    fields_json: str | None = None,
 ) -> dict[str, Any]:
-    """Column dict of a Burr state row: semantic fields by blob hash, ``__`` keys inline."""
+    """Column dict of a Burr state row: semantic fields by blob hash, ``__`` keys inline.
+
+    ``fields_json``: ``json.dumps(fields, sort_keys=True)`` when the caller has it already
+    (the recorder keeps it up to date field by field).
+    """
     return {
         "partition_key": partition_key,
         "app_id": app_id,
         "sequence_id": sequence_id,
         "position": position,
         "status": status,
-        "fields_json": json.dumps(fields, sort_keys=True),
+        "fields_json": json.dumps(fields, sort_keys=True) if fields_json is None else fields_json,
         "internal_json": json.dumps(internal, sort_keys=True),
         "created_at": time.time(),
     }

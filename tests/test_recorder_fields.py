@@ -1,0 +1,195 @@
+"""The recorder re-encodes only the state fields that can have changed after a node, and never
+reuses a stale hash for a value an action changed in place.
+
+Each recorded hash is checked against a full encoding of the state the node left behind (every
+field encoded afresh), on real Burr runs recorded into a real SQLite store.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+
+from rewind.canonical import canonical_bytes
+from rewind.persister import FieldEncoder, encode_value, field_map, map_hash
+from rewind.replay import Pipeline, Rewind
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def full_state_hash(values: dict[str, Any]) -> str:
+    """The state hash of ``values`` with every field encoded afresh (no memo)."""
+    return map_hash({k: encode_value(k, v).digest for k, v in values.items()})[1]
+
+
+def recorded_fields(rw: Rewind, run_id: str, sequence_id: int) -> dict[str, str]:
+    row = rw.store.load_state_row("", run_id, sequence_id, values=False)
+    assert row is not None
+    return row["fields"]
+
+
+def chain(*steps: Any) -> Pipeline:
+    """A linear pipeline of the given Burr actions, named s0, s1…"""
+    actions = {f"s{i}": a for i, a in enumerate(steps)}
+    names = list(actions)
+    graph = (
+        GraphBuilder()
+        .with_actions(**actions)
+        .with_transitions(*[(a, b, default) for a, b in pairwise(names)])
+        .build()
+    )
+    return Pipeline(name="fields", graph=graph, entrypoint=names[0], halt_after=(names[-1],))
+
+
+@action(reads=["items"], writes=["items"])
+def append_declared(state: State) -> State:
+    items = state["items"]
+    items.append(len(items))  # in place: the same list object goes back into state
+    return state.update(items=items)
+
+
+@action(reads=["items"], writes=["count"])
+def append_read_only(state: State) -> State:
+    state["items"].append("x")  # in place, on a field the action only reads
+    return state.update(count=len(state["items"]))
+
+
+@action(reads=["items"], writes=["note"])
+def nested_in_place(state: State) -> State:
+    state["items"][0]["seen"] = True  # a dict inside the list, changed in place
+    return state.update(note="done")
+
+
+@action(reads=[], writes=["note"])
+def untouched(state: State) -> State:
+    return state.update(note="untouched")
+
+
+# -- recorded runs -----------------------------------------------------------------------------
+
+
+def test_in_place_append_to_a_written_list_changes_the_recorded_hash(rw: Rewind) -> None:
+    run = rw.record(chain(append_declared, append_declared, untouched), {"items": [0]})
+    assert run.status == "completed", run.error
+    nodes = rw.store.nodes_of(run.run_id)
+    assert [n.state_hash for n in nodes] == [
+        full_state_hash({"items": [0, 1]}),
+        full_state_hash({"items": [0, 1, 2]}),
+        full_state_hash({"items": [0, 1, 2], "note": "untouched"}),
+    ]
+    assert len({n.output_hash for n in nodes[:2]}) == 2  # each append is a new output
+    assert rw.store.get_blob(recorded_fields(rw, run.run_id, 1)["items"]) == (
+        encode_value("items", [0, 1, 2]).data
+    )
+
+
+def test_in_place_change_of_a_field_the_node_only_reads_is_seen(rw: Rewind) -> None:
+    run = rw.record(chain(untouched, append_read_only, untouched), {"items": ["a"]})
+    assert run.status == "completed", run.error
+    first, second, third = rw.store.nodes_of(run.run_id)
+    assert first.state_hash == full_state_hash({"items": ["a"], "note": "untouched"})
+    after = {"items": ["a", "x"], "note": "untouched", "count": 2}
+    assert second.state_hash == full_state_hash(after)
+    assert third.state_hash == second.state_hash
+    assert recorded_fields(rw, run.run_id, 1)["items"] == encode_value("items", ["a", "x"]).digest
+    # the stored blob holds the changed list, so the state loads back as it was
+    assert rw.store.get_blob(encode_value("items", ["a", "x"]).digest)
+
+
+def test_an_alias_of_a_list_changed_in_place_is_rehashed_too(rw: Rewind) -> None:
+    shared = [{"seen": False}]
+    run = rw.record(chain(untouched, nested_in_place), {"items": shared, "copy": shared})
+    assert run.status == "completed", run.error
+    _, second = rw.store.nodes_of(run.run_id)
+    changed = [{"seen": True}]
+    expected = {"items": changed, "copy": changed, "note": "done"}
+    assert second.state_hash == full_state_hash(expected)
+    fields = recorded_fields(rw, run.run_id, 1)
+    assert fields["copy"] == fields["items"] == encode_value("items", changed).digest
+
+
+# -- the encoder itself ------------------------------------------------------------------------
+
+
+def test_step_reuses_unchanged_objects_and_skips_immutable_rechecks() -> None:
+    enc = FieldEncoder()
+    big = {"rows": list(range(50))}
+    first = enc.step({"__SEQUENCE_ID": 0, "big": big, "name": "a"}, recheck=())
+    assert set(first.fresh) == {"big", "name"}
+    assert first.internal == {"__SEQUENCE_ID": 0}
+    # same objects, "name" re-checked but immutable: nothing encoded afresh
+    second = enc.step({"__SEQUENCE_ID": 1, "big": big, "name": "a"}, recheck=("name",))
+    assert second.fresh == {}
+    assert second.digests == {"big": first.digests["big"], "name": first.digests["name"]}
+    # a re-checked mutable field that did not change: checked, not fresh (its blob is stored)
+    assert enc.step({"big": big, "name": "a"}, recheck=("big",)).fresh == {}
+    big["rows"].append(50)
+    third = enc.step({"big": big, "name": "a"}, recheck=("big",))
+    assert set(third.fresh) == {"big"}
+    assert third.digests["big"] == encode_value("big", big).digest
+
+
+def test_step_matches_a_full_encoding_over_random_changes() -> None:
+    """Against a from-scratch encoding after every step: new objects, in-place changes of the
+    re-checked fields, deleted and added fields, None values."""
+    rng = random.Random(13)
+    enc = FieldEncoder()
+    state: dict[str, Any] = {f"f{i}": [i] for i in range(8)}
+    for step in range(300):
+        recheck: list[str] = []
+        for _ in range(rng.randint(0, 3)):
+            k = f"f{rng.randrange(12)}"
+            what = rng.random()
+            if what < 0.3:
+                state[k] = [step]  # a new object
+            elif what < 0.5 and isinstance(state.get(k), list):
+                state[k].append(step)  # in place (declared)
+                recheck.append(k)
+            elif what < 0.6:
+                state.pop(k, None)
+            elif what < 0.7:
+                state[k] = None
+            else:
+                state[k] = f"s{step % 3}"  # an immutable value, maybe equal to the last one
+            recheck.append(k)
+        values = {"__PRIOR_STEP": f"n{step}", **state}
+        got = enc.step(values, recheck=recheck)
+        want = {k: encode_value(k, v).digest for k, v in state.items()}
+        assert got.digests == want, step
+        canon, text = enc.state_map()
+        assert canon == canonical_bytes(want), step
+        assert text == json.dumps(want, sort_keys=True), step
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["b", "a", "é", "Z", 'q"uote', "back\\slash", "tab\t", "\u2028"],
+        ["\U0001f600", "\uffff", "a"],  # an astral name: JCS order differs from code points
+    ],
+)
+def test_state_map_bytes_equal_the_whole_map_encodings(names: list[str]) -> None:
+    enc = FieldEncoder()
+    values: dict[str, Any] = {k: [i] for i, k in enumerate(names)}
+    for i in range(3):
+        enc.step(values, recheck=names[:1])
+        want = {k: encode_value(k, v).digest for k, v in values.items()}
+        assert enc.state_map() == (canonical_bytes(want), json.dumps(want, sort_keys=True))
+        values = {**values, names[i]: {"round": i}}
+
+
+def test_step_leaves_the_encoder_unchanged_when_a_field_cannot_be_stored() -> None:
+    from rewind.errors import UnstorableValue
+
+    enc = FieldEncoder()
+    before = enc.step({"a": [1]}).digests.copy()
+    with pytest.raises(UnstorableValue):
+        enc.step({"a": [1], "bad": float("nan")})
+    assert enc.step({"a": [1]}).digests == before
+    assert field_map({"a": encode_value("a", [1])}) == before
