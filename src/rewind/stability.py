@@ -451,39 +451,44 @@ def stability(
 def _node_rows(
     parent: Sequence[NodeRecord], samples: Sequence[Sequence[NodeRecord]]
 ) -> list[NodeStability]:
-    def by_key(nodes: Sequence[NodeRecord]) -> dict[tuple[str, int], NodeRecord]:
-        return dict(zip(occurrence_keys(n.name for n in nodes), nodes, strict=True))
-
-    parent_by = by_key(parent)
-    sample_by = [by_key(s) for s in samples]
+    parent_by = _by_key(parent)
+    sample_by = [_by_key(s) for s in samples]
     order = merge_key_orders(
         [list(parent_by)] + [occurrence_keys(n.name for n in s) for s in samples]
     )
-    rows = []
-    for index, key in enumerate(order):
-        runs = [sb.get(key) for sb in sample_by]
-        hashes = tuple(n.output_hash if n is not None and n.error is None else None for n in runs)
-        counts = Counter(h for h in hashes if h is not None)
-        modal_hash, modal_count = counts.most_common(1)[0] if counts else (None, 0)
-        p = parent_by.get(key)
-        done = [n for n in runs if n is not None and n.error is None]
-        ran = done[0] if done else next((n for n in runs if n is not None), None)
-        rows.append(
-            NodeStability(
-                index=index,
-                name=key[0],
-                occurrence=key[1],
-                hashes=hashes,
-                distinct=len(counts),
-                modal_hash=modal_hash,
-                modal_count=modal_count,
-                modal_share=modal_count / len(samples) if samples else 0.0,
-                completed=sum(counts.values()),
-                parent_hash=p.output_hash if p is not None and p.error is None else None,
-                determinism=ran.determinism if ran is not None else "",
-            )
-        )
-    return rows
+    return [
+        _node_row(index, key, parent_by.get(key), [sb.get(key) for sb in sample_by])
+        for index, key in enumerate(order)
+    ]
+
+
+def _by_key(nodes: Sequence[NodeRecord]) -> dict[tuple[str, int], NodeRecord]:
+    """Nodes by (name, occurrence)."""
+    return dict(zip(occurrence_keys(n.name for n in nodes), nodes, strict=True))
+
+
+def _node_row(
+    index: int, key: tuple[str, int], p: NodeRecord | None, runs: Sequence[NodeRecord | None]
+) -> NodeStability:
+    """The spread of one node (``key``) over the samples' ``runs`` of it (None: not reached)."""
+    hashes = tuple(n.output_hash if n is not None and n.error is None else None for n in runs)
+    counts = Counter(h for h in hashes if h is not None)
+    modal_hash, modal_count = counts.most_common(1)[0] if counts else (None, 0)
+    done = [n for n in runs if n is not None and n.error is None]
+    ran = done[0] if done else next((n for n in runs if n is not None), None)
+    return NodeStability(
+        index=index,
+        name=key[0],
+        occurrence=key[1],
+        hashes=hashes,
+        distinct=len(counts),
+        modal_hash=modal_hash,
+        modal_count=modal_count,
+        modal_share=modal_count / len(runs) if runs else 0.0,
+        completed=sum(counts.values()),
+        parent_hash=p.output_hash if p is not None and p.error is None else None,
+        determinism=ran.determinism if ran is not None else "",
+    )
 
 
 def save_report(root: Path, kind: str, run_id: str, batch: str, body: dict[str, Any]) -> Path:

@@ -9,5 +9,5 @@ from rewind.cli import main
 args = sys.argv[1:]
 if args[:1] == ["verify"]:
     args = ["verify", "--server", *args[1:]]
-sys.argv = ["rewind", *args]
+sys.argv = [sys.argv[0], *args]
 main()

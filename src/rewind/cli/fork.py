@@ -22,7 +22,9 @@ from rewind.errors import InvalidOverride
 from rewind.terminal import inert
 
 if TYPE_CHECKING:
+    from rewind.diff import TrajectoryDiff
     from rewind.replay import Override, Rewind
+    from rewind.store import RunRecord
 
 
 def fork(
@@ -67,22 +69,7 @@ def fork(
     removed or inserted where the fork runs refuses the fork (exit 2) unless --allow-code-change;
     a node whose code changed is allowed and labelled "code changed" (show, diff).
     """
-    specs = (
-        [(s, "param") for s in set_ or []]
-        + [(s, "output") for s in set_output or []]
-        + [(s, "input") for s in set_input or []]
-    )
-    if len(specs) > 1:
-        raise InvalidOverride(
-            f"a fork carries exactly one change, got {len(specs)}",
-            "pass one --set, --set-output or --set-input (use several forks for several changes)",
-        )
-    override: Override | None = None
-    if specs:
-        from rewind.replay import parse_override
-
-        spec, kind = specs[0]
-        override = parse_override(spec, output=kind == "output", input_=kind == "input")
+    override = _one_change(set_, set_output, set_input)
     with session() as rw:
         _warn_model_change(rw, run_id)
         child = rw.fork(
@@ -97,39 +84,76 @@ def fork(
             show_run(rw, child, True)
             return
         show_run(rw, child, False)
-        sub = child.launch.get("sub_run_fork")
-        if sub:
-            new = rw.sub_run_at(child.run_id, sub["path"])
-            console.print(
-                f"sub-run {inert(sub['run_id'][:12])} re-ran as "
-                f"{inert(new.run_id[:12] if new else '?')} inside this fork of its spawning run "
-                "(the spawning node re-executed; its other sub-runs and the downstream nodes "
-                "replayed through the cache)"
-            )
+        _print_sub_run_fork(rw, child)
         if child.parent_run_id:
             d = rw.diff(child.parent_run_id, child.run_id)
             print_diff(d)
-            if (
-                override is None
-                and d.first_divergence is not None
-                and any(n.code_changed for n in d.nodes)
-            ):
-                changed = ", ".join(code_change(n) for n in d.nodes if n.code_changed)
-                err_console.print(
-                    "[yellow]warning:[/] this unchanged replay diverged, and the code of "
-                    f"{inert(changed)} changed since the recording: the divergence may come "
-                    "from the code"
-                )
-            elif override is None and d.first_divergence is not None:
-                node = d.first_divergence
-                err_console.print(
-                    f"[yellow]warning:[/] this unchanged replay diverged at node "
-                    f"{node.index + 1} ({inert(node.name)}): something it does is not routed "
-                    "through rewind.tool / rewind.calls.chat (time, randomness, a live service), "
-                    "or the model differs from the recorded one"
-                )
+            if override is None:
+                _warn_unchanged_divergence(d)
         if child.status != "completed":
             raise SystemExit(1)
+
+
+def _one_change(
+    set_: list[str] | None, set_output: list[str] | None, set_input: list[str] | None
+) -> Override | None:
+    """The fork's override from ``--set``/``--set-output``/``--set-input`` (None: no change).
+
+    Raises:
+        InvalidOverride: more than one change, or a malformed one.
+    """
+    specs = (
+        [(s, "param") for s in set_ or []]
+        + [(s, "output") for s in set_output or []]
+        + [(s, "input") for s in set_input or []]
+    )
+    if len(specs) > 1:
+        raise InvalidOverride(
+            f"a fork carries exactly one change, got {len(specs)}",
+            "pass one --set, --set-output or --set-input (use several forks for several changes)",
+        )
+    if not specs:
+        return None
+    from rewind.replay import parse_override
+
+    spec, kind = specs[0]
+    return parse_override(spec, output=kind == "output", input_=kind == "input")
+
+
+def _print_sub_run_fork(rw: Rewind, child: RunRecord) -> None:
+    """For a fork that re-ran a sub-run: which new sub-run replaced it."""
+    sub = child.launch.get("sub_run_fork")
+    if not sub:
+        return
+    new = rw.sub_run_at(child.run_id, sub["path"])
+    console.print(
+        f"sub-run {inert(sub['run_id'][:12])} re-ran as "
+        f"{inert(new.run_id[:12] if new else '?')} inside this fork of its spawning run "
+        "(the spawning node re-executed; its other sub-runs and the downstream nodes "
+        "replayed through the cache)"
+    )
+
+
+def _warn_unchanged_divergence(d: TrajectoryDiff) -> None:
+    """An unchanged replay that diverged: warn that code changed, or that something the node
+    does is not routed through Rewind's caches."""
+    if d.first_divergence is None:
+        return
+    if any(n.code_changed for n in d.nodes):
+        changed = ", ".join(code_change(n) for n in d.nodes if n.code_changed)
+        err_console.print(
+            "[yellow]warning:[/] this unchanged replay diverged, and the code of "
+            f"{inert(changed)} changed since the recording: the divergence may come "
+            "from the code"
+        )
+        return
+    node = d.first_divergence
+    err_console.print(
+        f"[yellow]warning:[/] this unchanged replay diverged at node "
+        f"{node.index + 1} ({inert(node.name)}): something it does is not routed "
+        "through rewind.tool / rewind.calls.chat (time, randomness, a live service), "
+        "or the model differs from the recorded one"
+    )
 
 
 def _warn_model_change(rw: Rewind, run_id: str) -> None:
