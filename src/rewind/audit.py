@@ -77,7 +77,6 @@ from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
 
 if TYPE_CHECKING:
-
     from rewind.context import LineageEntry
     from rewind.demo import DemoResult
     from rewind.replay import Rewind
