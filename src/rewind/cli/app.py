@@ -160,6 +160,8 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def fail(exc: RewindError) -> NoReturn:
+    """Print ``exc`` as the command's one ``error:`` line on stderr and exit: 2 (bad input,
+    nothing written), or 1 when the error names a run that was recorded as failed."""
     from rewind.session import error_line
 
     err_console.print(error_line(exc), soft_wrap=True)
@@ -300,6 +302,12 @@ def check_count(option: str, value: int, low: int = 1, high: int = MAX_COUNT) ->
 
 
 def demo_state(csv: Path | None, question: str | None) -> dict[str, Any]:
+    """The demo pipeline's initial state for ``--csv``/``--question``.
+
+    Raises:
+        InvalidOverride: an empty question.
+        RewindError: the CSV cannot be read as the demo's data.
+    """
     from rewind.examples import research, weather
 
     if question is not None and not question.strip():

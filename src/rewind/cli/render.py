@@ -25,6 +25,7 @@ err_console = make_console(stderr=True)
 
 
 def outcome_text(outcome: str, reason: str) -> str:
+    """A node's cache outcome (``hit``, ``miss:new-input``...) as coloured markup, padded."""
     colour = {
         "hit": "green",
         "miss": "dark_orange",
@@ -36,10 +37,8 @@ def outcome_text(outcome: str, reason: str) -> str:
     return f"[{colour}]{inert(label):<17}[/]"
 
 
-# -- rendering --------------------------------------------------------------------------------
-
-
 def run_json(run: RunRecord) -> dict[str, Any]:
+    """A run record as the ``--json`` object of ``runs``, ``show`` and ``fork``."""
     return {
         "run_id": run.run_id,
         "pipeline": run.pipeline,
@@ -64,6 +63,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
 
 
 def node_json(n: NodeRecord) -> dict[str, Any]:
+    """A node row (with its calls) as the ``--json`` object of ``show`` and ``fork``."""
     return {
         "position": n.position,
         "number": n.position + 1,
@@ -100,6 +100,7 @@ def node_json(n: NodeRecord) -> dict[str, Any]:
 
 
 def nodes_table(nodes: list[NodeRecord], title: str) -> Table:
+    """A run's nodes: number, name, outcome, tokens, ms, output hash, flag (and error)."""
     t = Table(title=inert(title), title_justify="left")
     t.add_column("#", justify="right")
     t.add_column("node", no_wrap=True, min_width=8)
@@ -128,6 +129,7 @@ def nodes_table(nodes: list[NodeRecord], title: str) -> Table:
 
 
 def run_summary(run: RunRecord) -> str:
+    """One markup line about a run: status, tokens, fork point and change, audit label."""
     parts = [
         f"run [bold]{inert(run.run_id)}[/] ({inert(run.pipeline)}) {inert(run.status)}",
         f"{run.tokens} tokens",
@@ -181,6 +183,7 @@ def drift_lines(drift: dict[str, Any] | None) -> list[str]:
 
 
 def override_text(override: dict[str, Any]) -> str:
+    """``param node.name=VALUE`` for a stored override (inert markup, value cut at 60)."""
     from rewind.replay import override_target
 
     kind, node, name = override_target(override)
