@@ -179,31 +179,28 @@ def fail(exc: RewindError) -> NoReturn:
 def session(
     store: str | None = None, *, model: bool = True, read_only: bool = False
 ) -> Iterator[Rewind]:
-    """A :class:`Rewind` on the command's store; ``read_only`` for commands that only read (the
-    store is then neither created nor written, so it may live on read-only media)."""
+    """A :class:`Rewind` on ``store`` (default: the command's store, :func:`opened_store`);
+    ``read_only`` for commands that only read (the store is then neither created nor written, so
+    it may live on read-only media); ``model``: with the lazily started model client. A
+    :class:`RewindError` inside is the command's one error line (:func:`fail`)."""
     from rewind.session import LazyChatClient
-    from rewind.store import open_store
     from rewind.store.users import local_user
 
     local_user()  # a bad $REWIND_USER is refused before the store is opened (or created)
-    opened = open_store(store or store_location(), read_only=read_only)
-    client = LazyChatClient() if model else None
-    if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
-        err_console.print(
-            "[yellow]warning:[/] REWIND_MODEL is set but REWIND_BASE_URL is not, so the embedded "
-            "model is used; set REWIND_BASE_URL too, or unset REWIND_MODEL"
-        )
-    from rewind.replay import Rewind
+    with opened_store(store, read_only=read_only) as opened:
+        client = LazyChatClient() if model else None
+        if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
+            err_console.print(
+                "[yellow]warning:[/] REWIND_MODEL is set but REWIND_BASE_URL is not, so the "
+                "embedded model is used; set REWIND_BASE_URL too, or unset REWIND_MODEL"
+            )
+        from rewind.replay import Rewind
 
-    rw = Rewind(opened, chat_client=client, on_event=Progress().on_event)
-    try:
-        yield rw
-    except RewindError as exc:
-        fail(exc)
-    finally:
-        if client is not None:
-            client.close()
-        rw.store.close()
+        try:
+            yield Rewind(opened, chat_client=client, on_event=Progress().on_event)
+        finally:
+            if client is not None:
+                client.close()
 
 
 class Progress:
@@ -334,11 +331,14 @@ def require_existing_store(location: str) -> None:
 
 
 @contextmanager
-def opened_store(*, read_only: bool = False, must_exist: bool = False) -> Iterator[Store]:
-    """The command's store (``--store``, else ``$REWIND_STORE``, else ``.rewind``), opened for the
-    block and closed after it.
+def opened_store(
+    location: str | None = None, *, read_only: bool = False, must_exist: bool = False
+) -> Iterator[Store]:
+    """The store at ``location`` (default: the command's ``--store``, else ``$REWIND_STORE``,
+    else ``.rewind``), opened for the block and closed after it.
 
     Args:
+        location: a store folder, ``.db`` file or database URL instead of the command's store.
         read_only: open it read-only: nothing is created or written (``--dry-run``, listings).
         must_exist: refuse a SQLite location that holds no store instead of creating an empty
             one (gc, cancel, delete).
@@ -348,7 +348,7 @@ def opened_store(*, read_only: bool = False, must_exist: bool = False) -> Iterat
     from rewind.store import open_store
 
     try:
-        location = store_location()
+        location = location or store_location()
         if must_exist:
             require_existing_store(location)
         opened = open_store(location, read_only=read_only)
