@@ -1,8 +1,9 @@
 """Domain modules print nothing: every command and all terminal rendering live in ``rewind.cli``.
 
-Outside the ``rewind.cli`` package, no module imports Rich or Typer, calls ``print``, or writes
-to ``sys.stdout``/``sys.stderr``; domain modules return records and raise ``RewindError``s, and
-only ``rewind.cli`` (and ``rewind.api``, as HTTP responses) render them. The exceptions:
+Outside the ``rewind.cli`` package, no module imports Rich, Typer or ``rewind.terminal``, calls
+``print``, or writes to ``sys.stdout``/``sys.stderr``; domain modules return records and raise
+``RewindError``s, and only ``rewind.cli`` (and ``rewind.api``, as HTTP responses) render them.
+The exceptions:
 
 - ``rewind.terminal``: the rendering primitives the CLI prints untrusted text through (inert
   markup, visible escapes, the consoles); it is Rich's one door, and prints nothing itself.
@@ -41,6 +42,10 @@ def violations(source: str, module: str) -> list[str]:
             top = name.split(".")[0]
             if top in UI_LIBRARIES and not (top == "rich" and module in RENDERING_MODULES):
                 found.append(f"{module}:{node.lineno} imports {name}")
+            if name == "rewind.terminal" or (
+                name == "rewind" and any(a.name == "terminal" for a in node.names)
+            ):
+                found.append(f"{module}:{node.lineno} imports rewind.terminal")
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -55,7 +60,7 @@ def violations(source: str, module: str) -> list[str]:
             and node.attr in ("stdout", "stderr")
         ):
             found.append(f"{module}:{node.lineno} uses sys.{node.attr}")
-    return found
+    return sorted(found, key=lambda v: int(v.split(":")[1].split()[0]))
 
 
 def domain_modules() -> list[Path]:
@@ -73,13 +78,14 @@ def test_domain_modules_print_nothing() -> None:
 def test_the_check_catches_each_kind_of_output() -> None:
     source = (
         "import sys\nimport typer\nfrom rich.table import Table\n"
-        "print('x')\nsys.stdout.write('y')\n"
+        "print('x')\nsys.stdout.write('y')\nfrom rewind.terminal import inert\n"
     )
     assert violations(source, "rewind.example") == [
         "rewind.example:2 imports typer",
         "rewind.example:3 imports rich.table",
         "rewind.example:4 calls print()",
         "rewind.example:5 uses sys.stdout",
+        "rewind.example:6 imports rewind.terminal",
     ]
     assert violations("from rich.console import Console\n", "rewind.terminal") == []
     assert violations("print('x', file=out)\n", "rewind.api.verify_http") == []

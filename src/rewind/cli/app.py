@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from rewind.canonical import canonical_bytes
-from rewind.cli.render import err_console, outcome_text
+from rewind.cli.render import err_console, error_line, outcome_text
 from rewind.errors import InvalidOverride, RewindError, StoreError
 from rewind.terminal import InertLogFormatter, inert
 
@@ -162,8 +162,6 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def fail(exc: RewindError) -> NoReturn:
     """Print ``exc`` as the command's one ``error:`` line on stderr and exit: 2 (bad input,
     nothing written), or 1 when the error names a run that was recorded as failed."""
-    from rewind.session import error_line
-
     err_console.print(error_line(exc), soft_wrap=True)
     run_id = getattr(exc, "run_id", None)
     if run_id:

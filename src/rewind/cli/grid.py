@@ -159,9 +159,10 @@ def grid_command(
         the exit status: 0 every variant completed, 1 some variant failed, 2 bad input or an
         unavailable endpoint (one ``error:`` line on stderr).
     """
+    from rewind.cli.render import error_line
     from rewind.grid import grid
     from rewind.replay import parse_override
-    from rewind.session import command_session, error_line
+    from rewind.session import command_session
 
     out = make_console()
     err = make_console(stderr=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from rewind.errors import RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import console as make_console
 from rewind.terminal import inert, visible
@@ -22,6 +23,16 @@ if TYPE_CHECKING:
 
 console = make_console()
 err_console = make_console(stderr=True)
+
+
+def error_line(exc: RewindError) -> str:
+    """The one line a command prints for a user-facing error: what is wrong — how to fix it.
+
+    Returns Rich markup. The message and hint quote what the user typed and what runs recorded
+    (run ids, node names, error messages), so they are made inert (:func:`rewind.terminal.inert`):
+    markup in them is shown literally and control characters, line breaks included, as escapes.
+    """
+    return "[bold red]error:[/] " + inert(exc.message + (f" — {exc.hint}" if exc.hint else ""))
 
 
 def outcome_text(outcome: str, reason: str) -> str:

@@ -129,8 +129,9 @@ def stability_command(
         the exit status: 0 every node stable, 1 some node spread or a sample failed, 2 bad input
         or an unavailable endpoint (one ``error:`` line on stderr).
     """
+    from rewind.cli.render import error_line
     from rewind.replay import parse_override
-    from rewind.session import command_session, error_line
+    from rewind.session import command_session
     from rewind.stability import stability
 
     out = make_console()
