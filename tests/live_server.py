@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from rewind.api.command import bind_socket
+from rewind.cli.serve import bind_socket
 
 
 class LiveServer:

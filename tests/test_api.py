@@ -24,9 +24,9 @@ from fastapi.testclient import TestClient
 
 from rewind.api import create_app
 from rewind.api.app import is_loopback
-from rewind.api.command import serve, server_url
 from rewind.api.pipelines import PipelineEntry, research_entry
 from rewind.artifacts import publish
+from rewind.cli.serve import run_server, server_url
 from rewind.errors import RewindError
 from rewind.jobs import state as job_state
 from rewind.llm import ChatClient
@@ -976,7 +976,7 @@ def test_serve_needs_a_token_beyond_loopback(
 ) -> None:
     monkeypatch.delenv("REWIND_TOKEN", raising=False)
     with pytest.raises(RewindError, match="needs a token"):
-        serve(str(tmp_path / "s"), host="0.0.0.0", port=0)
+        run_server(str(tmp_path / "s"), host="0.0.0.0", port=0)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
     assert server_url("0.0.0.0", 8080) == "http://127.0.0.1:8080/"
@@ -1017,7 +1017,7 @@ def test_serve_prints_the_url_and_serves(tmp_path: Path) -> None:
 def test_verify_server_passes_all_14_checks_on_the_local_model() -> None:
     import io
 
-    from rewind.api import verify_server
+    from rewind.cli.serve import verify_server
 
     out = io.StringIO()
     code = verify_server(out=out)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from rewind.api import create_app
-from rewind.api.command import LOOPBACK_NAMES
 from rewind.api.pipelines import PipelineEntry
+from rewind.cli.serve import LOOPBACK_NAMES
 from rewind.store import open_store
 from tests import pipelines
 from tests.live_server import LiveServer

@@ -27,9 +27,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from rewind.api import create_app
-from rewind.api.command import LOOPBACK_NAMES
 from rewind.api.pipelines import PipelineEntry
 from rewind.api.security import STATE_CHANGING_METHODS
+from rewind.cli.serve import LOOPBACK_NAMES
 from rewind.store import Store, open_store
 from tests import pipelines
 from tests.live_server import LiveServer

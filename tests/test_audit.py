@@ -26,13 +26,11 @@ from rewind.audit import (
     VERDICTS,
     AuditReport,
     CallVerdict,
-    audit_command,
     audit_run,
     epoch_delta,
-    render_audit,
-    summary_line,
     verify_effects_check,
 )
+from rewind.cli.audit import audit_command, render_audit, summary_line
 from rewind.demo import run_demo
 from rewind.effects import FileTree, HttpResource, SQLiteTable
 from rewind.errors import InvalidOverride, UnknownRun

@@ -16,7 +16,8 @@ import httpx
 import pytest
 from burr.core import State, action
 
-from rewind.audit import audit_command, audit_run
+from rewind.audit import audit_run
+from rewind.cli.audit import audit_command
 from rewind.effects import (
     ABSENT,
     EffectPreconditionFailed,

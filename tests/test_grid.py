@@ -20,8 +20,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from rewind.cli.grid import grid_command, render_grid
 from rewind.errors import InvalidOverride, RunBusy, UnknownNode, UnknownRun
-from rewind.grid import GridReport, SharedChatClient, grid, grid_command, render_grid
+from rewind.grid import GridReport, SharedChatClient, grid
 from rewind.llm import ChatClient, ChatResponse, Endpoint, RetryPolicy
 from rewind.replay import OutputOverride, ParamOverride, Rewind
 from rewind.store import RunRecord

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rewind.cli.stability import render_stability, stability_command
 from rewind.errors import InvalidOverride, RewindError, UnknownNode
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import ParamOverride, Rewind
@@ -24,10 +25,8 @@ from rewind.stability import (
     StabilityReport,
     merge_key_orders,
     occurrence_keys,
-    render_stability,
     saved_reports,
     stability,
-    stability_command,
     temperature_override,
 )
 from rewind.store import RunRecord

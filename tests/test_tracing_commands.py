@@ -1,6 +1,5 @@
-"""End-to-end tests of the tracing commands: the functions in ``rewind.tracing.commands`` called
-directly, and the Typer wrappers handed to ``rewind.cli`` (registered here on a local Typer app,
-exactly as they are to be pasted) driven through Typer's CliRunner."""
+"""End-to-end tests of the tracing commands: the functions in ``rewind.cli.trace_views`` called
+directly, and the Typer commands of ``rewind.cli.traces`` driven through Typer's CliRunner."""
 
 from __future__ import annotations
 
@@ -18,12 +17,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rewind.calls import chat
+from rewind.cli import trace_views as tc
 from rewind.errors import InvalidOverride, RewindError, UnknownNode, UnknownRun
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import open_store
 from rewind.tracing import Tracer, step
-from rewind.tracing import commands as tc
 from rewind.tracing.store import load_trace, search_runs
 from tests import pipelines
 from tests.conftest import FAKE_BASE_URL, FAKE_MODEL, FakeModel
@@ -189,7 +188,7 @@ def test_otel_commands(rw: Rewind, tmp_path: Path, capsys: pytest.CaptureFixture
     other.store.close()
 
 
-# -- the Typer wrappers (as handed to rewind.cli) ---------------------------------------------
+# -- the Typer commands (rewind.cli.traces) ---------------------------------------------------
 
 from rewind.cli import app  # noqa: E402
 

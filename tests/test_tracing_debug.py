@@ -10,11 +10,11 @@ import pytest
 from rich.console import Console
 
 from rewind.calls import chat
+from rewind.cli.trace_views import debug_command
 from rewind.llm import ChatClient
 from rewind.replay import Rewind
 from rewind.store import Store
 from rewind.tracing import Tracer, step
-from rewind.tracing.commands import debug_command
 from rewind.tracing.debug import DebugError, DebugQuit, DebugSession, run_script
 from rewind.tracing.store import load_trace, search_runs, state_at
 from tests import pipelines

@@ -18,10 +18,10 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rewind.api import create_app
+from rewind.cli.trace_views import otel_export_command
 from rewind.replay import Rewind
 from rewind.store import Store, open_store
 from rewind.tracing import Tracer, step
-from rewind.tracing.commands import otel_export_command
 from rewind.tracing.otel import export_runs
 from rewind.tracing.store import load_trace, search_runs
 from tests import pipelines

@@ -29,8 +29,8 @@ from burr.core import State, action, default
 from burr.core.graph import GraphBuilder
 
 from rewind.api import create_app
-from rewind.api.command import bind_socket
 from rewind.api.pipelines import PipelineEntry, research_entry
+from rewind.cli.serve import bind_socket
 from rewind.engine import load_pipeline
 from rewind.examples import research
 from rewind.llm import ChatClient, Endpoint, RetryPolicy

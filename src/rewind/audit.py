@@ -59,7 +59,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,12 +75,8 @@ from rewind.effects import (
 from rewind.errors import InvalidOverride, RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.store.records import CallRecord, EffectRecord
-from rewind.terminal import console as make_console
-from rewind.terminal import inert
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from rewind.context import LineageEntry
     from rewind.demo import DemoResult
     from rewind.replay import Rewind
@@ -103,12 +98,9 @@ __all__ = [
     "AuditReport",
     "CallVerdict",
     "ResourceAudit",
-    "audit_command",
     "audit_run",
     "epoch_delta",
     "live_fork_resources",
-    "render_audit",
-    "summary_line",
     "verify_effects_check",
 ]
 
@@ -691,6 +683,10 @@ def _short(digest: str | None) -> str:
     return "none" if digest is None else digest[:12]
 
 
+def _shorten_name(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
+
+
 def _decide(
     details: list[ResourceAudit], where: str, extra: str = ""
 ) -> tuple[str, list[ResourceAudit], str]:
@@ -1094,109 +1090,6 @@ class _Dataflow:
             else:
                 tainted -= writes
         return tuple(out)
-
-
-# -- rendering and the CLI ---------------------------------------------------------------------
-
-_COLOURS = {
-    FAITHFUL: "green",
-    DIVERGENT: "red",
-    INCOMPLETE: "yellow",
-    NOT_RE_EXECUTED: "magenta",
-}
-
-
-def summary_line(report: AuditReport) -> str:
-    """One plain-text line: run, reference, pass/fail and why."""
-    against = report.against or "nothing"
-    status = "PASS" if report.passed else "FAIL"
-    return f"audit {report.run_id[:12]} against {against}: {status} — {report.note}"
-
-
-def render_audit(report: AuditReport) -> Table:
-    """A Rich table: one row per audited resource (a call without resources gets one row).
-
-    Columns: node number and name, call index, tool, verdict, resource, recorded post digest,
-    reference post digest, epoch delta, reason, dependents.
-    """
-    from rich.table import Table
-
-    t = Table(title=inert(summary_line(report)), title_justify="left")
-    for col in ("#", "node", "call", "tool", "verdict", "resource", "recorded", "reference"):
-        t.add_column(col, no_wrap=col in ("#", "node", "call", "verdict"))
-    for col in ("epoch Δ", "reason", "depends on it"):
-        t.add_column(col, overflow="fold", min_width=24 if col == "reason" else None)
-    for v in report.verdicts:
-        colour = _COLOURS.get(v.verdict, "white")
-        rows: Sequence[ResourceAudit | None] = v.resources or (None,)
-        for i, r in enumerate(rows):
-            first = i == 0
-            t.add_row(
-                str(v.position + 1) if first else "",
-                inert(v.node) if first else "",
-                str(v.call_index) if first else "",
-                inert(v.tool) if first else "",
-                f"[{colour}]{v.verdict}[/]" if first else "",
-                "" if r is None else inert(_shorten_name(r.resource)),
-                "" if r is None else _short(r.recorded_digest),
-                "" if r is None or not r.reference else _short(r.reference_digest),
-                "" if r is None else r.epoch_delta,
-                inert(v.reason) if first else "",
-                inert(", ".join(v.dependents)) if first else "",
-            )
-    return t
-
-
-def _shorten_name(name: str, limit: int = 48) -> str:
-    return name if len(name) <= limit else "…" + name[-(limit - 1) :]
-
-
-def audit_command(
-    store: str, run_id: str, against: str | None, as_json: bool, *, read_only: bool = False
-) -> int:
-    """``rewind audit RUN [--against PARENT] [--json]``: print the audit, return the exit code.
-
-    Args:
-        store: the store location (folder, .db file or URL).
-        run_id: the run to audit (id or unique prefix).
-        against: reference run, ``"current"``, or None (parent, else current state).
-        as_json: print :meth:`AuditReport.to_json` instead of a table.
-        read_only: open the store read-only (the audit reads runs and re-fingerprints
-            resources; it writes nothing), so a store on read-only media can be audited.
-    Returns:
-        0 only when every side-effecting call is ``faithful`` (or there is none), else 1.
-    Raises:
-        UnknownRun: the run or the reference does not exist (the CLI turns it into exit 2).
-    """
-
-    from rewind.replay import Rewind
-    from rewind.store import open_store
-
-    rw = Rewind(open_store(store, read_only=read_only))
-    try:
-        report = audit_run(rw, run_id, against)
-    finally:
-        rw.store.close()
-    if as_json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-    else:
-        console = make_console()
-        console.print(render_audit(report))
-        for v in report.verdicts:
-            if v.dependents:
-                console.print(
-                    inert(
-                        f"#{v.position + 1} {v.node} is {v.verdict}: conclusions of "
-                        f"{', '.join(v.dependents)} depend on it"
-                    )
-                )
-        if report.inherited_skipped:
-            skipped = ", ".join(report.inherited_skipped)
-            console.print(
-                "inherited from the run that executed them (not re-executed here): "
-                + inert(skipped)
-            )
-    return 0 if report.passed else 1
 
 
 # -- rewind verify, check 15 -------------------------------------------------------------------

@@ -37,9 +37,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from rewind.context import current
 from rewind.diff import NodeDiff, NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
@@ -49,13 +46,10 @@ from rewind.replay import (
     Override,
     Rewind,
     new_run_id,
-    parse_override,
     plan_fork,
 )
 from rewind.stability import RemoteFork, merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
-from rewind.terminal import console as make_console
-from rewind.terminal import inert
 
 __all__ = [
     "GridCell",
@@ -64,9 +58,7 @@ __all__ = [
     "SharedChatClient",
     "VariantResult",
     "grid",
-    "grid_command",
     "override_label",
-    "render_grid",
 ]
 
 SHORT_HASH = 8
@@ -487,7 +479,7 @@ def grid(
             return _run_or_none(rw, ids[i]), f"{type(exc).__name__}: {exc}", _ms(started), exc
 
     started = time.perf_counter()
-    outcomes: dict[int, tuple[RunRecord | None, str | None, float, BaseException | None]] = {}
+    outcomes: dict[int, _VariantOutcome] = {}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rewind-grid") as pool:
         futures = {pool.submit(run_variant, i): i for i in range(len(overrides))}
         for future in as_completed(futures):
@@ -546,13 +538,18 @@ def _outcome_label(n: NodeRecord) -> str:
     return f"{n.cache_outcome}:{n.cache_reason}"
 
 
+_VariantOutcome = tuple[RunRecord | None, str | None, float, BaseException | None]
+"""What one variant's thread returned: its run (None when it never started), its error, its wall
+time (ms) and the exception it raised."""
+
+
 def _report(
     rw: Rewind,
     parent: RunRecord,
     parent_nodes: list[NodeRecord],
     idx: int,
     overrides: Sequence[Override],
-    outcomes: Mapping[int, tuple[RunRecord | None, str | None, float, BaseException | None]],
+    outcomes: Mapping[int, _VariantOutcome],
     shared: SharedChatClient | None,
     batch: str,
     effects: str,
@@ -561,85 +558,28 @@ def _report(
 ) -> GridReport:
     parent_keys = occurrence_keys(n.name for n in parent_nodes)
     parent_arts = {a["name"]: a["sha256"] for a in rw.store.artifacts_of(parent.run_id)}
-    parent_llm = {c.key for n in parent_nodes for c in n.calls if c.kind == "llm"}
-    for ancestor in rw.store.ancestors(parent):
-        parent_llm |= {c.key for n in rw.store.nodes_of(ancestor.run_id) for c in n.calls}
-    # (the keys a fork serves from lineage: the parent's and its ancestors' calls)
-
-    variant_nodes: list[list[NodeRecord]] = []
-    for i in range(len(overrides)):
-        run = outcomes[i][0]
-        variant_nodes.append(rw.store.nodes_of(run.run_id) if run is not None else [])
+    variant_nodes = [
+        rw.store.nodes_of(run.run_id) if run is not None else []
+        for run in (outcomes[i][0] for i in range(len(overrides)))
+    ]
     sides = _node_sides(rw, [parent_nodes, *variant_nodes])
-    parent_sides = sides[0]
-    diffs: list[TrajectoryDiff | None] = []
-    for i in range(len(overrides)):
-        run = outcomes[i][0]
-        diffs.append(
-            None
-            if run is None
-            else diff_trajectories(parent.run_id, parent_sides, run.run_id, sides[i + 1])
-        )
     order = merge_key_orders(
         [parent_keys] + [occurrence_keys(n.name for n in vn) for vn in variant_nodes]
     )
-    row_of = {key: r for r, key in enumerate(order)}
-
     cells: list[list[GridCell | None]] = [[None] * len(overrides) for _ in order]
     variants: list[VariantResult] = []
     new_llm: set[str] = set()
     for i, override in enumerate(overrides):
         run, error, ms, _ = outcomes[i]
-        vnodes = variant_nodes[i]
-        by_key = dict(zip(occurrence_keys(n.name for n in vnodes), vnodes, strict=True))
-        d = diffs[i]
-        first_row: int | None = None
-        first_name: str | None = None
-        status_of: dict[tuple[str, int], NodeDiff] = {}
-        if d is not None:
-            b_keys = iter(occurrence_keys(n.name for n in vnodes))
-            for nd in d.nodes:
-                if nd.b is not None:
-                    status_of[next(b_keys)] = nd
-        for key, n in by_key.items():
-            nd = status_of.get(key)
-            status = nd.status if nd is not None else "only_b"
-            cells[row_of[key]][i] = GridCell(
-                output_hash=n.output_hash if n.error is None else None,
-                status="failed" if n.error is not None else status,
-                changed_fields=len(nd.changes) if nd is not None and nd.a is not None else None,
-                outcome=_outcome_label(n),
-                tokens=n.tokens,
-            )
-            new_llm |= {c.key for c in n.calls if c.kind == "llm" and not n.inherited}
-        for r, key in enumerate(order):
-            cell = cells[r][i]
-            if cell is None and key in parent_keys and run is not None:
-                first_row = r  # the variant stopped before a node the parent ran
-                break
-            if cell is not None and cell.status != "equal":
-                first_row = r
-                break
-        if first_row is not None:
-            name, occ = order[first_row]
-            first_name = name if occ == 1 else f"{name}#{occ}"
+        d = (
+            None
+            if run is None
+            else diff_trajectories(parent.run_id, sides[0], run.run_id, sides[i + 1])
+        )
+        new_llm |= _fill_cells(cells, order, i, variant_nodes[i], d)
+        first_row = _first_divergence_row(cells, order, i, set(parent_keys), run is not None)
         arts = {a["name"]: a["sha256"] for a in rw.store.artifacts_of(run.run_id)} if run else {}
-        # A dry-run variant publishes nothing: that is not a changed artifact, it is none.
-        unpublished = not arts and effects == "dry-run"
-        changes = None if unpublished or (not arts and not parent_arts) else arts != parent_arts
-        run_id = run.run_id if run else ""
-        if shared is not None:
-            requests = shared.requests_by_run.get(run_id, 0)
-            got = shared.shared_by_run.get(run_id, 0)
-        else:
-            requests = sum(
-                1
-                for n in vnodes
-                if not n.inherited
-                for c in n.calls
-                if c.kind == "llm" and c.outcome in ("miss", "bypass")
-            )
-            got = 0
+        requests, got = _llm_requests(shared, run.run_id if run else "", variant_nodes[i])
         variants.append(
             VariantResult(
                 index=i,
@@ -648,15 +588,15 @@ def _report(
                 run=run,
                 error=error,
                 first_divergence=first_row,
-                first_divergence_node=first_name,
+                first_divergence_node=_row_name(order, first_row),
                 artifacts=arts,
-                changes_artifact=changes,
+                changes_artifact=_changes_artifact(arts, parent_arts, effects),
                 llm_requests=requests,
                 llm_shared=got,
                 wall_ms=ms,
             )
         )
-    parent_by_key = dict(zip(parent_keys, parent_sides, strict=True))
+    parent_by_key = dict(zip(parent_keys, sides[0], strict=True))
     rows = tuple(
         GridRow(
             index=r,
@@ -679,10 +619,102 @@ def _report(
         rows=rows,
         parent_artifacts=parent_arts,
         parent_tokens=parent.tokens,
-        new_llm_inputs=len(new_llm - parent_llm),
+        new_llm_inputs=len(new_llm - _lineage_llm_keys(rw, parent, parent_nodes)),
         llm_requests=llm_requests,
         wall_ms=wall_ms,
     )
+
+
+def _lineage_llm_keys(rw: Rewind, parent: RunRecord, parent_nodes: list[NodeRecord]) -> set[str]:
+    """The LLM keys a fork serves from lineage: the parent's LLM calls and its ancestors' calls."""
+    keys = {c.key for n in parent_nodes for c in n.calls if c.kind == "llm"}
+    for ancestor in rw.store.ancestors(parent):
+        keys |= {c.key for n in rw.store.nodes_of(ancestor.run_id) for c in n.calls}
+    return keys
+
+
+def _fill_cells(
+    cells: list[list[GridCell | None]],
+    order: Sequence[tuple[str, int]],
+    column: int,
+    vnodes: Sequence[NodeRecord],
+    d: TrajectoryDiff | None,
+) -> set[str]:
+    """Fill variant ``column`` of ``cells`` (rows in ``order``) from its nodes and its diff with
+    the parent; returns the LLM keys its executed nodes used."""
+    row_of = {key: r for r, key in enumerate(order)}
+    keys = occurrence_keys(n.name for n in vnodes)
+    status_of: dict[tuple[str, int], NodeDiff] = {}
+    if d is not None:
+        b_keys = iter(keys)
+        for nd in d.nodes:
+            if nd.b is not None:
+                status_of[next(b_keys)] = nd
+    llm: set[str] = set()
+    for key, n in zip(keys, vnodes, strict=True):
+        nd = status_of.get(key)
+        cells[row_of[key]][column] = GridCell(
+            output_hash=n.output_hash if n.error is None else None,
+            status="failed" if n.error is not None else (nd.status if nd is not None else "only_b"),
+            changed_fields=len(nd.changes) if nd is not None and nd.a is not None else None,
+            outcome=_outcome_label(n),
+            tokens=n.tokens,
+        )
+        llm |= {c.key for c in n.calls if c.kind == "llm" and not n.inherited}
+    return llm
+
+
+def _first_divergence_row(
+    cells: list[list[GridCell | None]],
+    order: Sequence[tuple[str, int]],
+    column: int,
+    parent_keys: set[tuple[str, int]],
+    ran: bool,
+) -> int | None:
+    """The first row where variant ``column`` differs from the parent: a cell not equal, or a
+    node the parent ran that the variant (which ``ran``) stopped before."""
+    for r, key in enumerate(order):
+        cell = cells[r][column]
+        if cell is None and key in parent_keys and ran:
+            return r
+        if cell is not None and cell.status != "equal":
+            return r
+    return None
+
+
+def _row_name(order: Sequence[tuple[str, int]], row: int | None) -> str | None:
+    """``name`` (first occurrence) or ``name#k`` of row ``row``; None for no row."""
+    if row is None:
+        return None
+    name, occ = order[row]
+    return name if occ == 1 else f"{name}#{occ}"
+
+
+def _changes_artifact(
+    arts: Mapping[str, str], parent_arts: Mapping[str, str], effects: str
+) -> bool | None:
+    """Whether a variant's artifacts differ from the parent's (None: no artifact to compare).
+    A dry-run variant publishes nothing: that is not a changed artifact, it is none."""
+    unpublished = not arts and effects == "dry-run"
+    if unpublished or (not arts and not parent_arts):
+        return None
+    return dict(arts) != dict(parent_arts)
+
+
+def _llm_requests(
+    shared: SharedChatClient | None, run_id: str, vnodes: Sequence[NodeRecord]
+) -> tuple[int, int]:
+    """(LLM requests the variant sent, requests it got answered by another variant's)."""
+    if shared is not None:
+        return shared.requests_by_run.get(run_id, 0), shared.shared_by_run.get(run_id, 0)
+    sent = sum(
+        1
+        for n in vnodes
+        if not n.inherited
+        for c in n.calls
+        if c.kind == "llm" and c.outcome in ("miss", "bypass")
+    )
+    return sent, 0
 
 
 def _node_sides(rw: Rewind, runs: Sequence[Sequence[NodeRecord]]) -> list[list[NodeSide]]:
@@ -710,129 +742,3 @@ def _node_sides(rw: Rewind, runs: Sequence[Sequence[NodeRecord]]) -> list[list[N
         ]
         for nodes in runs
     ]
-
-
-# -- rendering and the CLI entry -------------------------------------------------------------
-
-
-def render_grid(report: GridReport, console: Console) -> None:
-    """Print the matrix (rows = nodes, columns = variants), then one line per variant."""
-    t = Table(
-        title=(
-            f"grid of {inert(report.run_id[:12])} at node {report.at_number} "
-            f"({inert(report.at)}) · "
-            f"{len(report.variants)} variants · {report.workers} workers · effects "
-            f"{report.effects}"
-        ),
-        title_justify="left",
-    )
-    t.add_column("#", justify="right", no_wrap=True, min_width=1)
-    t.add_column("node", no_wrap=True, min_width=8)
-    t.add_column("parent", no_wrap=True)
-    for v in report.variants:
-        t.add_column(inert(f"{v.index + 1}: {v.label}"), no_wrap=True)
-    for row in report.rows:
-        cells = []
-        for v, cell in zip(report.variants, row.cells, strict=True):
-            marker = " ◀" if v.first_divergence == row.index else ""
-            cells.append(_cell_text(cell) + marker)
-        t.add_row(
-            str(row.index + 1), inert(row.label), (row.parent_hash or "—")[:SHORT_HASH], *cells
-        )
-    console.print(t)
-    console.print("cell: output sha256 prefix · = equal to the parent, Δn = n fields changed")
-    for v in report.variants:
-        first = (
-            f"first divergence: node {v.first_divergence + 1} {inert(v.first_divergence_node)}"
-            if v.first_divergence is not None
-            else "no divergence"
-        )
-        if v.changes_artifact is None:
-            artifact = (
-                "artifact not published (dry-run)" if report.effects == "dry-run" else "no artifact"
-            )
-        else:
-            artifact = "[magenta]changes the artifact[/]" if v.changes_artifact else "same artifact"
-        line = (
-            f"{v.index + 1}: [bold]{inert(v.label)}[/] · {v.status} · {first} · {artifact} · "
-            f"{v.tokens} tok · {v.llm_requests} LLM requests"
-        )
-        if v.llm_shared:
-            line += f" (+{v.llm_shared} shared)"
-        if v.run is not None:
-            line += f" · run {inert(v.run.run_id[:12])}"
-        console.print(line)
-        if v.error:
-            console.print(f"   [red]{inert(v.error)}[/]")
-    console.print(
-        f"{report.llm_requests} LLM requests for {report.new_llm_inputs} new LLM inputs · "
-        f"{report.tokens} tokens · {report.wall_ms / 1000:.1f} s"
-    )
-
-
-def _cell_text(cell: GridCell | None) -> str:
-    if cell is None:
-        return "[grey50]—[/]"
-    if cell.status == "failed":
-        return f"[red]failed[/] [grey50]{inert(cell.outcome)}[/]"
-    if cell.status == "equal":
-        colour = "grey50" if cell.outcome == "inherited" else "green"
-        return f"[{colour}]{cell.short} =[/]"
-    if cell.status == "only_b":
-        return f"[dark_orange]{cell.short} new[/]"
-    return f"[dark_orange]{cell.short} Δ{cell.changed_fields}[/]"
-
-
-def grid_command(
-    store: str,
-    run_id: str,
-    at: str,
-    set_: list[str],
-    workers: int,
-    as_json: bool,
-    effects: str = "live",
-    restore: str = "refuse",
-) -> int:
-    """``rewind grid RUN --at NODE --set node.param=V1 --set node.param=V2 … [--workers N]
-    [--effects MODE] [--restore replace]``.
-
-    Each ``--set`` is one variant. Opens a session on ``store`` (the model endpoint starts only
-    when a call needs it), runs :func:`grid`, prints the matrix (a line per finished variant on
-    stderr) or, with ``as_json``, the report's JSON on stdout.
-
-    Returns:
-        the exit status: 0 every variant completed, 1 some variant failed, 2 bad input or an
-        unavailable endpoint (one ``error:`` line on stderr).
-    """
-    from rewind.session import command_session, error_line
-
-    out = make_console()
-    err = make_console(stderr=True)
-
-    def progress(v: VariantResult) -> None:
-        err.print(
-            f"  variant {v.index + 1} {inert(v.label)}: {v.status} · {v.tokens} tok · "
-            f"{v.wall_ms / 1000:.1f} s"
-        )
-
-    try:
-        overrides = [parse_override(spec) for spec in set_]
-        with command_session(store) as rw:
-            report = grid(
-                rw,
-                run_id,
-                at=at,
-                overrides=overrides,
-                max_workers=workers,
-                effects=effects,
-                on_variant=progress,
-                restore=restore,
-            )
-    except RewindError as exc:
-        err.print(error_line(exc), soft_wrap=True)
-        return 2
-    if as_json:
-        out.file.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-    else:
-        render_grid(report, out)
-    return 0 if all(v.status == "completed" for v in report.variants) else 1

@@ -14,10 +14,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rewind.errors import RewindError
 from rewind.llm import ChatClient, ChatResponse, Endpoint, llm_cache_key
 from rewind.localmodel import DEFAULT_MODEL_ALIAS, model_endpoint
-from rewind.terminal import inert
 
 if TYPE_CHECKING:
     from rewind.replay import Rewind
@@ -102,13 +100,3 @@ def command_session(store: str, **rewind_kwargs: Any) -> Iterator[Rewind]:
             yield rw
         finally:
             rw.store.close()
-
-
-def error_line(exc: RewindError) -> str:
-    """The one line a command prints for a user-facing error: what is wrong — how to fix it.
-
-    Returns Rich markup. The message and hint quote what the user typed and what runs recorded
-    (run ids, node names, error messages), so they are made inert (:func:`rewind.terminal.inert`):
-    markup in them is shown literally and control characters, line breaks included, as escapes.
-    """
-    return "[bold red]error:[/] " + inert(exc.message + (f" — {exc.hint}" if exc.hint else ""))

@@ -34,9 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from rewind.canonical import canonical_bytes
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.errors import InvalidOverride, RewindError
@@ -46,13 +43,10 @@ from rewind.replay import (
     ParamOverride,
     Rewind,
     new_run_id,
-    parse_override,
     plan_fork,
     validate_override,
 )
 from rewind.store import NodeRecord, RunRecord
-from rewind.terminal import console as make_console
-from rewind.terminal import inert
 
 __all__ = [
     "NodeStability",
@@ -60,11 +54,9 @@ __all__ = [
     "merge_key_orders",
     "occurrence_keys",
     "plan_stability",
-    "render_stability",
     "save_report",
     "saved_reports",
     "stability",
-    "stability_command",
     "temperature_override",
 ]
 
@@ -459,39 +451,44 @@ def stability(
 def _node_rows(
     parent: Sequence[NodeRecord], samples: Sequence[Sequence[NodeRecord]]
 ) -> list[NodeStability]:
-    def by_key(nodes: Sequence[NodeRecord]) -> dict[tuple[str, int], NodeRecord]:
-        return dict(zip(occurrence_keys(n.name for n in nodes), nodes, strict=True))
-
-    parent_by = by_key(parent)
-    sample_by = [by_key(s) for s in samples]
+    parent_by = _by_key(parent)
+    sample_by = [_by_key(s) for s in samples]
     order = merge_key_orders(
         [list(parent_by)] + [occurrence_keys(n.name for n in s) for s in samples]
     )
-    rows = []
-    for index, key in enumerate(order):
-        runs = [sb.get(key) for sb in sample_by]
-        hashes = tuple(n.output_hash if n is not None and n.error is None else None for n in runs)
-        counts = Counter(h for h in hashes if h is not None)
-        modal_hash, modal_count = counts.most_common(1)[0] if counts else (None, 0)
-        p = parent_by.get(key)
-        done = [n for n in runs if n is not None and n.error is None]
-        ran = done[0] if done else next((n for n in runs if n is not None), None)
-        rows.append(
-            NodeStability(
-                index=index,
-                name=key[0],
-                occurrence=key[1],
-                hashes=hashes,
-                distinct=len(counts),
-                modal_hash=modal_hash,
-                modal_count=modal_count,
-                modal_share=modal_count / len(samples) if samples else 0.0,
-                completed=sum(counts.values()),
-                parent_hash=p.output_hash if p is not None and p.error is None else None,
-                determinism=ran.determinism if ran is not None else "",
-            )
-        )
-    return rows
+    return [
+        _node_row(index, key, parent_by.get(key), [sb.get(key) for sb in sample_by])
+        for index, key in enumerate(order)
+    ]
+
+
+def _by_key(nodes: Sequence[NodeRecord]) -> dict[tuple[str, int], NodeRecord]:
+    """Nodes by (name, occurrence)."""
+    return dict(zip(occurrence_keys(n.name for n in nodes), nodes, strict=True))
+
+
+def _node_row(
+    index: int, key: tuple[str, int], p: NodeRecord | None, runs: Sequence[NodeRecord | None]
+) -> NodeStability:
+    """The spread of one node (``key``) over the samples' ``runs`` of it (None: not reached)."""
+    hashes = tuple(n.output_hash if n is not None and n.error is None else None for n in runs)
+    counts = Counter(h for h in hashes if h is not None)
+    modal_hash, modal_count = counts.most_common(1)[0] if counts else (None, 0)
+    done = [n for n in runs if n is not None and n.error is None]
+    ran = done[0] if done else next((n for n in runs if n is not None), None)
+    return NodeStability(
+        index=index,
+        name=key[0],
+        occurrence=key[1],
+        hashes=hashes,
+        distinct=len(counts),
+        modal_hash=modal_hash,
+        modal_count=modal_count,
+        modal_share=modal_count / len(runs) if runs else 0.0,
+        completed=sum(counts.values()),
+        parent_hash=p.output_hash if p is not None and p.error is None else None,
+        determinism=ran.determinism if ran is not None else "",
+    )
 
 
 def save_report(root: Path, kind: str, run_id: str, batch: str, body: dict[str, Any]) -> Path:
@@ -532,116 +529,3 @@ def _file_part(run_id: str) -> str:
     """The first 12 characters of a run id, safe in a file name and a glob pattern: a run id is
     any string a user or a trace chose (``/``, ``[``, control characters), not always a uuid."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", run_id[:12])
-
-
-# -- rendering and the CLI entry -------------------------------------------------------------
-
-
-def render_stability(report: StabilityReport, console: Console) -> None:
-    """Print the report: one table row per node, then the stable share and first spread."""
-    change = ""
-    if report.override:
-        o = report.override
-        name = o.get("param") or o.get("field")
-        change = inert(f" · {o['node']}.{name}={json.dumps(o['value'])}")
-    t = Table(
-        title=(
-            f"stability of {inert(report.run_id[:12])} from node {report.from_number} "
-            f"({inert(report.from_node)}) · K={report.k}{change}"
-        ),
-        title_justify="left",
-    )
-    t.add_column("#", justify="right", no_wrap=True, min_width=1)
-    t.add_column("node", no_wrap=True, min_width=8)
-    for col in ("stable", "distinct", "modal share", "modal sha256", "= recorded", "determinism"):
-        t.add_column(col, no_wrap=True)
-    first = report.first_spread
-    for n in report.nodes:
-        marker = " ◀ first spread" if n is first else ""
-        t.add_row(
-            str(report.from_number + n.index),
-            inert(n.label),
-            ("[green]yes[/]" if n.stable else "[dark_orange]no[/]") + marker,
-            str(n.distinct) + ("" if n.completed == report.k else f" ({report.k - n.completed}∅)"),
-            f"{n.modal_count}/{report.k} ({n.modal_share:.0%})",
-            (n.modal_hash or "—")[:16],
-            "=" if n.matches_parent else "≠",
-            inert(n.determinism),
-        )
-    console.print(t)
-    console.print(
-        f"stable share: [bold]{report.stable_nodes}/{len(report.nodes)}[/] nodes "
-        f"({report.stable_share:.0%}) · first spread: "
-        + (f"node {report.from_number + first.index} {inert(first.label)}" if first else "none")
-        + f" · {report.tokens} tokens · {report.wall_ms / 1000:.1f} s"
-    )
-    failures: dict[str, list[str]] = {}
-    for s in report.samples:
-        if s.status != "completed":
-            failures.setdefault(s.error or s.status, []).append(s.run_id[:12])
-    for error, runs in failures.items():
-        console.print(
-            f"[dark_orange]{len(runs)}/{report.k} samples failed[/] ({inert(', '.join(runs))}): "
-            + inert(error)
-        )
-    if report.path is not None:
-        console.print(f"report: {inert(report.path)}")
-
-
-def stability_command(
-    store: str,
-    run_id: str,
-    k: int,
-    from_node: str,
-    set_: list[str],
-    as_json: bool,
-    temperature: float | None = None,
-) -> int:
-    """``rewind stability RUN [--from NODE] -k K [--set node.param=V | --temperature T]``.
-
-    Opens a session on ``store`` (the model endpoint starts only when a call needs it), runs
-    :func:`stability`, prints a table (progress per sample on stderr) or, with ``as_json``, the
-    report's JSON on stdout.
-
-    Returns:
-        the exit status: 0 every node stable, 1 some node spread or a sample failed, 2 bad input
-        or an unavailable endpoint (one ``error:`` line on stderr).
-    """
-    from rewind.session import command_session, error_line
-
-    out = make_console()
-    err = make_console(stderr=True)
-    try:
-        if len(set_) > 1:
-            raise InvalidOverride(
-                f"a stability run carries one change, got {len(set_)} --set",
-                "pass one --set (or --temperature)",
-            )
-        override = parse_override(set_[0]) if set_ else None
-        with command_session(store) as rw:
-
-            def progress(i: int, run: RunRecord) -> None:
-                err.print(
-                    f"  sample {i + 1}/{k}: {inert(run.run_id[:12])} {run.status} · "
-                    f"{run.tokens} tok · "
-                    f"{run.latency_ms / 1000:.1f} s"
-                )
-
-            report = stability(
-                rw,
-                run_id,
-                k=k,
-                from_node=from_node,
-                override=override,
-                temperature=temperature,
-                on_sample=progress,
-            )
-    except RewindError as exc:
-        err.print(error_line(exc), soft_wrap=True)
-        return 2
-    if as_json:
-        out.file.write(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-    else:
-        render_stability(report, out)
-    ok = report.stable_share == 1.0 and all(s.status == "completed" for s in report.samples)
-    return 0 if ok else 1

@@ -1,7 +1,13 @@
-"""``python -m rewind.api serve|verify``: the server without the Typer CLI."""
+"""``python -m rewind.api serve|verify [options]``: the same as ``rewind serve [options]`` and
+``rewind verify --server [options]`` (the Typer commands in :mod:`rewind.cli.serve` and
+:mod:`rewind.cli.record`), kept for scripts that start the server this way."""
 
 import sys
 
-from rewind.api.command import main
+from rewind.cli import main
 
-sys.exit(main())
+args = sys.argv[1:]
+if args[:1] == ["verify"]:
+    args = ["verify", "--server", *args[1:]]
+sys.argv = [sys.argv[0], *args]
+main()

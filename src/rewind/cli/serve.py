@@ -1,8 +1,10 @@
-"""``rewind serve`` and ``rewind verify --server``: the functions the CLI wraps.
+"""``rewind serve`` and ``rewind worker``: the HTTP API with the browser UI, and a task-queue
+worker; and ``rewind verify --server`` (:func:`verify_server`).
 
 ``serve`` binds loopback by default; any other address needs a token (``--token`` or
-``REWIND_TOKEN``), and every API request then carries it as ``Authorization: Bearer <token>``.
-The port may be 0: the OS picks a free one, and the printed URL says which.
+``REWIND_TOKEN``) or API users, and every API request then carries one as
+``Authorization: Bearer <token>``. The port may be 0: the OS picks a free one, and the printed URL
+says which. ``python -m rewind.api serve|verify`` runs these same commands.
 """
 
 from __future__ import annotations
@@ -10,9 +12,80 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import TextIO
+from typing import Annotated, TextIO
 
+import typer
+
+from rewind.cli.app import (
+    StoreOpt,
+    check_count,
+    store_given,
+    store_location,
+)
+from rewind.cli.render import err_console
 from rewind.errors import RewindError
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Bind address; non-loopback needs --token.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one.")] = 0,
+    token: Annotated[
+        str | None, typer.Option(envvar="REWIND_TOKEN", help="Bearer token for every request.")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Runs that may execute at once.")] = 2,
+    auth: Annotated[
+        bool,
+        typer.Option(
+            "--auth",
+            help="Every API request needs a user's token (rewind user add), even on loopback; "
+            "on by itself once the store has users.",
+        ),
+    ] = False,
+    store: StoreOpt = None,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json) and the browser UI at /."""
+    check_count("--port", port, low=0, high=65535)
+    check_count("--workers", workers)
+    run_server(store_location(), host, port, token, workers=workers, require_auth=auth)
+
+
+def worker(
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            envvar="REWIND_QUEUE", help="The task queue's Redis URL (redis://HOST:PORT/0)."
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Worker processes: jobs executed at once.")] = 2,
+    store: StoreOpt = None,
+) -> None:
+    """Execute runs and forks from the task queue (a Celery worker over Redis) until stopped.
+
+    Jobs name their store; --store (or $REWIND_STORE) makes every job use this one instead
+    (needed for a database URL with a password, which jobs never carry).
+    """
+    from rewind.jobs.queue import WORKER_STORE_ENV, QueueUnavailable, check_queue, start_worker
+    from rewind.store import open_store
+
+    check_count("--concurrency", concurrency)
+    if not queue or not queue.strip():
+        raise QueueUnavailable(
+            "no task queue is configured",
+            "pass --queue redis://127.0.0.1:6379/0 or set REWIND_QUEUE",
+        )
+    check_queue(queue)
+    if store_given():
+        location = store_location()
+        st = open_store(location)  # checks, creates or migrates it before any job arrives
+        reaped = st.reap_orphans()
+        st.close()
+        if reaped:
+            err_console.print(f"marked {len(reaped)} run(s) of dead processes interrupted")
+        os.environ[WORKER_STORE_ENV] = location
+    start_worker(queue, concurrency=concurrency)
+
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
@@ -47,7 +120,7 @@ def server_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}/"
 
 
-def serve(
+def run_server(
     store: str,
     host: str = "127.0.0.1",
     port: int = 0,
@@ -57,8 +130,8 @@ def serve(
     out: TextIO | None = None,
     require_auth: bool = False,
 ) -> None:
-    """Serve the API and the UI until interrupted (Ctrl-C), then mark runs in flight
-    ``interrupted`` and stop the embedded model server if it was started.
+    """``rewind serve``: serve the API and the UI until interrupted (Ctrl-C), then mark runs in
+    flight ``interrupted`` and stop the embedded model server if it was started.
 
     Args:
         store: store folder, ``.db`` file or database URL.
@@ -166,30 +239,3 @@ def verify_server(
     return run_server_verification(
         keep=keep, out=out or sys.stdout, store=store, queue=queue, objects=objects
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rewind.api serve|verify``: ``rewind serve`` / ``rewind verify --server``."""
-    import argparse
-    import logging
-
-    logging.getLogger("burr").setLevel(logging.CRITICAL)
-    parser = argparse.ArgumentParser(prog="python -m rewind.api")
-    sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve the API and the UI")
-    s.add_argument("--store", default=os.environ.get("REWIND_STORE", ".rewind"))
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=0)
-    s.add_argument("--token", default=None)
-    s.add_argument("--workers", type=int, default=2)
-    v = sub.add_parser("verify", help="the 14 checks through the HTTP API")
-    v.add_argument("--keep", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "serve":
-            serve(args.store, args.host, args.port, args.token, workers=args.workers)
-            return 0
-        return verify_server(keep=args.keep)
-    except RewindError as exc:
-        print(f"error: {exc.message}" + (f" — {exc.hint}" if exc.hint else ""), file=sys.stderr)
-        return 2

@@ -1,10 +1,11 @@
-"""What the tracing CLI commands do, as functions the Typer wrappers in ``rewind.cli`` call.
+"""What the tracing commands print, as functions the Typer commands in :mod:`rewind.cli.traces`
+call.
 
 Each function takes the command's session (a :class:`rewind.replay.Rewind`: its store, and its
 model client where a command may call the model), the command's arguments and a Rich console,
 prints a table (or JSON on stdout with ``as_json``) and returns the exit code: 0 done, 1 the
 replay/fork it ran failed (or a debug script had failing commands). Bad input raises a
-:class:`~rewind.errors.RewindError` — the CLI's ``_session`` turns it into one line on stderr and
+:class:`~rewind.errors.RewindError` — the CLI's ``session`` turns it into one line on stderr and
 exit status 2, having written nothing.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rewind.cli.render import emit_json
 from rewind.errors import InvalidOverride, RewindError, UnknownNode
 from rewind.replay import Rewind, parse_override
 from rewind.terminal import console as make_console
@@ -59,11 +61,6 @@ _STATUS_STYLE = {
     "running": "yellow",
     "pending": "yellow",
 }
-
-
-def _emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-    sys.stdout.flush()
 
 
 def _console(console: Console | None) -> Console:
@@ -181,7 +178,7 @@ def replay_trace_command(
     a, b = load_trace(rw.store, parent), load_trace(rw.store, record.run_id)
     comparison = compare_traces(a, b)
     if as_json:
-        _emit_json(
+        emit_json(
             {
                 "mode": mode,
                 "switches": record.config.get("switches"),
@@ -288,7 +285,7 @@ def inspect_command(
     except LookupError as exc:
         raise UnknownNode(str(exc), "name a step as rewind show lists it") from exc
     if as_json:
-        _emit_json(report.to_json())
+        emit_json(report.to_json())
         return 0
     t = Table(
         title=inert(f"inspect {view.kind} {view.trace_id} ({view.name})"), title_justify="left"
@@ -363,7 +360,7 @@ def failures_command(
         extra = {"matched": total, "analysed": len(runs)}
         if by:
             extra["correlations"] = [c.to_json() for c in correlations]
-        _emit_json(report.to_json(examples) | extra)
+        emit_json(report.to_json(examples) | extra)
         return 0
     for c in correlations:
         _print_correlation(out, c, examples)
@@ -409,7 +406,7 @@ def root_cause_command(
     out = _console(console)
     rc = root_cause(load_trace(rw.store, trace, payloads=True))
     if as_json:
-        _emit_json(rc.to_json())
+        emit_json(rc.to_json())
         return 0
     if not rc.failed:
         out.print(inert(f"{rc.kind} {rc.trace_id} ({rc.name}) did not fail ({rc.status})"))
@@ -563,8 +560,6 @@ def otel_export_command(
     """``rewind otel export RUN... --out FILE`` (OTLP/JSON) and/or ``--endpoint URL`` (OTLP/HTTP
     protobuf; ``/v1/traces`` is appended to a base URL): runs and traces as GenAI-convention
     spans. Exit 0."""
-    from rewind.tracing.otel import export_runs, export_to_file
-
     con = _console(console)
     if not runs:
         raise InvalidOverride("name at least one run or trace", "rewind otel export RUN --out FILE")
@@ -572,49 +567,75 @@ def otel_export_command(
         raise InvalidOverride("say where to export", "pass --out FILE and/or --endpoint URL")
     exported: list[str] = []
     if out is not None:
-        if out.exists() and out.is_dir():
-            raise InvalidOverride(f"--out {out} is a folder", "give a file name")
-        if not out.parent.is_dir():
-            raise InvalidOverride(
-                f"--out {out}: the folder {out.parent} does not exist",
-                "create it first, or pass a file in an existing folder",
-            )
-        try:
-            exported = export_to_file(rw.store, runs, out, service_name=service_name)
-        except OSError as exc:
-            raise RewindError(
-                f"cannot write --out {out}: {exc.strerror or exc}",
-                "pass a file in a folder you can write to",
-            ) from exc
+        exported = _export_to_file(rw, runs, out, service_name)
     if endpoint is not None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        if not endpoint.startswith(("http://", "https://")):
-            raise InvalidOverride(
-                f"--endpoint {endpoint!r} is not an http(s) URL",
-                "pass the collector's OTLP/HTTP address, e.g. http://localhost:4318",
-            )
-        url = endpoint.rstrip("/")
-        url = url if url.endswith("/v1/traces") else url + "/v1/traces"
-        pairs = {}
-        for h in headers or []:
-            k, sep, v = h.partition("=")
-            if not sep:
-                raise InvalidOverride(f"malformed header {h!r}", "write it as --header name=value")
-            pairs[k.strip()] = v.strip()
-        exporter = OTLPSpanExporter(endpoint=url, headers=pairs or None, timeout=30)
-        try:
-            exported = export_runs(rw.store, runs, exporter, service_name=service_name)
-        finally:
-            exporter.shutdown()
+        exported = _export_to_endpoint(rw, runs, endpoint, headers or [], service_name)
     if as_json:
-        _emit_json({"trace_ids": exported, "out": str(out) if out else None, "endpoint": endpoint})
+        emit_json({"trace_ids": exported, "out": str(out) if out else None, "endpoint": endpoint})
         return 0
     where = " and ".join(x for x in (str(out) if out else "", endpoint or "") if x)
     con.print(f"exported {len(exported)} trace(s) to {inert(where)}")
     for tid in exported:
         con.print(f"  {inert(tid)}")
     return 0
+
+
+def _export_to_file(rw: Rewind, runs: list[str], out: Path, service_name: str) -> list[str]:
+    """Write the runs' spans as OTLP/JSON to ``out``; the exported trace ids.
+
+    Raises:
+        InvalidOverride: ``out`` is a folder or its folder does not exist.
+        RewindError: the file cannot be written.
+    """
+    from rewind.tracing.otel import export_to_file
+
+    if out.exists() and out.is_dir():
+        raise InvalidOverride(f"--out {out} is a folder", "give a file name")
+    if not out.parent.is_dir():
+        raise InvalidOverride(
+            f"--out {out}: the folder {out.parent} does not exist",
+            "create it first, or pass a file in an existing folder",
+        )
+    try:
+        return export_to_file(rw.store, runs, out, service_name=service_name)
+    except OSError as exc:
+        raise RewindError(
+            f"cannot write --out {out}: {exc.strerror or exc}",
+            "pass a file in a folder you can write to",
+        ) from exc
+
+
+def _export_to_endpoint(
+    rw: Rewind, runs: list[str], endpoint: str, headers: list[str], service_name: str
+) -> list[str]:
+    """Send the runs' spans to an OTLP/HTTP collector at ``endpoint`` (``/v1/traces`` appended
+    to a base URL) with ``headers`` (``name=value``); the exported trace ids.
+
+    Raises:
+        InvalidOverride: not an http(s) URL, or a malformed header.
+    """
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from rewind.tracing.otel import export_runs
+
+    if not endpoint.startswith(("http://", "https://")):
+        raise InvalidOverride(
+            f"--endpoint {endpoint!r} is not an http(s) URL",
+            "pass the collector's OTLP/HTTP address, e.g. http://localhost:4318",
+        )
+    url = endpoint.rstrip("/")
+    url = url if url.endswith("/v1/traces") else url + "/v1/traces"
+    pairs = {}
+    for h in headers:
+        k, sep, v = h.partition("=")
+        if not sep:
+            raise InvalidOverride(f"malformed header {h!r}", "write it as --header name=value")
+        pairs[k.strip()] = v.strip()
+    exporter = OTLPSpanExporter(endpoint=url, headers=pairs or None, timeout=30)
+    try:
+        return export_runs(rw.store, runs, exporter, service_name=service_name)
+    finally:
+        exporter.shutdown()
 
 
 def otel_import_command(
@@ -645,7 +666,7 @@ def otel_import_command(
     result = import_otlp(rw.store, docs if docs is not None else read_otlp_file(file))
     code = 0 if not result.rejected else (1 if result.imported else 2)
     if as_json:
-        _emit_json(result.to_json())
+        emit_json(result.to_json())
         return code
     con.print(
         f"imported {len(result.imported)} trace(s) from {inert(str(file))} "
