@@ -151,21 +151,48 @@ class FieldEncoder:
         Raises:
             UnstorableValue: a field cannot be stored exactly (the encoder is left unchanged).
         """
-        objs, digests, last = self._objs, self._digests, self._last
+        internal, todo = self._changed(values)
+        same = self._rechecked(values, recheck, todo)
+        fresh = self._encode_todo(values, todo, same)
+        removed = self._remember(values, fresh, len(values) - len(internal))
+        if self._order is not None:
+            self._update_fragments(fresh, removed)
+        return StepFields(self._digests, fresh, internal)
+
+    def _changed(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(Burr's ``__`` fields, semantic fields) whose object is not the one encoded last."""
+        objs = self._objs
         keys = list(values)
-        # The fields whose object is not the one encoded last (C-speed map/compress calls).
+        # C-speed map/compress calls: this runs once per node over every field.
         changed = list(
             compress(keys, map(is_not, values.values(), map(objs.get, keys, repeat(_MISSING))))
         )
         internal = {k: values[k] for k in changed if k.startswith(BURR_INTERNAL_PREFIX)}
         todo = {k: values[k] for k in changed if k not in internal}  # Burr's keys: never in objs
-        same: list[str] = []  # re-checked fields whose object did not change
+        return internal, todo
+
+    def _rechecked(
+        self, values: Mapping[str, Any], recheck: Collection[str], todo: dict[str, Any]
+    ) -> list[str]:
+        """Add to ``todo`` the re-checked mutable fields whose object did not change (their
+        names are returned): an in-place change keeps the object."""
+        objs = self._objs
+        same: list[str] = []
         for k in recheck:
             if k not in todo and k in objs:
                 v = values.get(k, _MISSING)
                 if v is objs[k] and type(v) not in _IMMUTABLE_TYPES:
                     todo[k] = v
                     same.append(k)
+        return same
+
+    def _encode_todo(
+        self, values: Mapping[str, Any], todo: dict[str, Any], same: list[str]
+    ) -> dict[str, EncodedField]:
+        """Encode ``todo``; every semantic field when a re-checked object changed in place.
+        Returns the encodings that differ from the last ones (unchanged ``same`` fields dropped).
+        """
+        objs, digests = self._objs, self._digests
         fresh = {k: encode_value(k, v) for k, v in todo.items()}
         if any(fresh[k].digest != digests[k] for k in same):
             # An object changed in place: any other field may hold it (or a part of it).
@@ -181,19 +208,25 @@ class FieldEncoder:
             ]
         for k in same:
             del fresh[k]  # the same object, unchanged: its blob went with an earlier node
+        return fresh
+
+    def _remember(
+        self, values: Mapping[str, Any], fresh: dict[str, EncodedField], n_semantic: int
+    ) -> list[str]:
+        """Record the fresh encodings and forget deleted fields (``n_semantic``: the state's
+        semantic field count); returns the deleted fields' names."""
+        objs, digests, last = self._objs, self._digests, self._last
         for k, f in fresh.items():
             v = values[k]
             objs[k] = v
             last[k] = (v, f)
             digests[k] = f.digest
-        removed = []
-        if len(objs) != len(values) - len(internal):
+        removed: list[str] = []
+        if len(objs) != n_semantic:
             removed = [k for k in objs if k not in values]  # fields the node deleted
             for k in removed:
                 del objs[k], digests[k], last[k]
-        if self._order is not None:
-            self._update_fragments(fresh, removed)
-        return StepFields(digests, fresh, internal)
+        return removed
 
     def _update_fragments(self, fresh: dict[str, EncodedField], removed: list[str]) -> None:
         """Bring the sorted map fragments up to date after a step (bisect per changed field)."""
