@@ -30,25 +30,23 @@ import copy
 import dataclasses
 import json
 import threading
-import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from rewind.context import current
 from rewind.diff import NodeDiff, NodeSide, TrajectoryDiff, diff_trajectories
+from rewind.engine.batch import ForkBatch, ForkMember, ForkOutcome, RemoteFork, run_fork_batch
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import ChatResponse
 from rewind.replay import (
     OutputOverride,
     Override,
     Rewind,
-    new_run_id,
     plan_fork,
 )
-from rewind.stability import RemoteFork, merge_key_orders, occurrence_keys
+from rewind.stability import merge_key_orders, occurrence_keys
 from rewind.store import NodeRecord, RunRecord
 
 __all__ = [
@@ -443,7 +441,6 @@ def grid(
     ]
     parent, nodes, idx = plans[0].parent, list(plans[0].nodes), plans[0].index
 
-    batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     local = run_fork is None
     shared = SharedChatClient(rw.chat_client) if local and share_llm and rw.chat_client else None
     session = rw
@@ -451,46 +448,24 @@ def grid(
         # Same store, persister and registered pipelines; only the chat client differs.
         session = copy.copy(rw)
         session.chat_client = shared
-    ids = [new_run_id() for _ in overrides]
     workers = min(max_workers, len(overrides))
+    batch = ForkBatch(
+        parent=parent,
+        at=idx + 1,
+        purpose="grid",
+        members=tuple(ForkMember(o, {"grid_variant": i}) for i, o in enumerate(overrides)),
+        effects=effects,
+        restore=restore,
+    )
 
-    def run_variant(i: int) -> tuple[RunRecord | None, str | None, float, BaseException | None]:
-        started = time.perf_counter()
-        config = parent.config | {"purpose": "grid", "grid_batch": batch, "grid_variant": i}
-        try:
-            if run_fork is not None:
-                run = run_fork(parent.run_id, idx + 1, overrides[i], ids[i], effects, config)
-            else:
-                run = session.fork(
-                    parent.run_id,
-                    at=idx + 1,
-                    override=overrides[i],
-                    new_run_id=ids[i],
-                    effects=effects,
-                    restore=restore,
-                    config=config,
-                )
-            return run, run.error, (time.perf_counter() - started) * 1000, None
-        except RewindError as exc:
-            # The fork recorded the run as failed before re-raising an environment error.
-            said = exc.message + (f" — {exc.hint}" if exc.hint else "")  # the fix, too
-            return _run_or_none(rw, ids[i]), said, _ms(started), exc
-        except BaseException as exc:  # a bug or a store failure: surface it after the pool drains
-            return _run_or_none(rw, ids[i]), f"{type(exc).__name__}: {exc}", _ms(started), exc
+    def announce(o: ForkOutcome) -> None:
+        if on_variant is not None:
+            on_variant(_bare_variant(o.index, overrides[o.index], o.run, o.error, o.wall_ms))
 
-    started = time.perf_counter()
-    outcomes: dict[int, _VariantOutcome] = {}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rewind-grid") as pool:
-        futures = {pool.submit(run_variant, i): i for i in range(len(overrides))}
-        for future in as_completed(futures):
-            i = futures[future]
-            outcomes[i] = future.result()
-            if on_variant is not None:
-                run, error, ms, _ = outcomes[i]
-                on_variant(_bare_variant(i, overrides[i], run, error, ms))
-    wall_ms = _ms(started)
-
-    unexpected = [o[3] for o in outcomes.values() if o[3] is not None]
+    outcomes, wall_ms = run_fork_batch(
+        session, batch, workers=workers, run_fork=run_fork, on_outcome=announce
+    )
+    unexpected = [o.exc for o in outcomes if o.exc is not None]
     for exc in unexpected:
         if not isinstance(exc, RewindError):
             raise exc
@@ -498,19 +473,8 @@ def grid(
         if isinstance(exc, EndpointUnavailable):
             raise exc
     return _report(
-        rw, parent, nodes, idx, overrides, outcomes, shared, batch, effects, workers, wall_ms
+        rw, parent, nodes, idx, overrides, outcomes, shared, batch.batch, effects, workers, wall_ms
     )
-
-
-def _ms(started: float) -> float:
-    return (time.perf_counter() - started) * 1000
-
-
-def _run_or_none(rw: Rewind, run_id: str) -> RunRecord | None:
-    try:
-        return rw.store.get_run(run_id)
-    except RewindError:
-        return None
 
 
 def _bare_variant(
@@ -538,18 +502,13 @@ def _outcome_label(n: NodeRecord) -> str:
     return f"{n.cache_outcome}:{n.cache_reason}"
 
 
-_VariantOutcome = tuple[RunRecord | None, str | None, float, BaseException | None]
-"""What one variant's thread returned: its run (None when it never started), its error, its wall
-time (ms) and the exception it raised."""
-
-
 def _report(
     rw: Rewind,
     parent: RunRecord,
     parent_nodes: list[NodeRecord],
     idx: int,
     overrides: Sequence[Override],
-    outcomes: Mapping[int, _VariantOutcome],
+    outcomes: Sequence[ForkOutcome],
     shared: SharedChatClient | None,
     batch: str,
     effects: str,
@@ -560,7 +519,7 @@ def _report(
     parent_arts = {a["name"]: a["sha256"] for a in rw.store.artifacts_of(parent.run_id)}
     variant_nodes = [
         rw.store.nodes_of(run.run_id) if run is not None else []
-        for run in (outcomes[i][0] for i in range(len(overrides)))
+        for run in (o.run for o in outcomes)
     ]
     sides = _node_sides(rw, [parent_nodes, *variant_nodes])
     order = merge_key_orders(
@@ -570,7 +529,7 @@ def _report(
     variants: list[VariantResult] = []
     new_llm: set[str] = set()
     for i, override in enumerate(overrides):
-        run, error, ms, _ = outcomes[i]
+        run, error, ms = outcomes[i].run, outcomes[i].error, outcomes[i].wall_ms
         d = (
             None
             if run is None

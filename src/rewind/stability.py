@@ -27,7 +27,6 @@ import dataclasses
 import json
 import re
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,13 +35,13 @@ from typing import Any
 
 from rewind.canonical import canonical_bytes
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
+from rewind.engine.batch import ForkBatch, ForkMember, ForkOutcome, RemoteFork, run_fork_batch
 from rewind.errors import InvalidOverride, RewindError
 from rewind.replay import (
     ForkPlan,
     Override,
     ParamOverride,
     Rewind,
-    new_run_id,
     plan_fork,
     validate_override,
 )
@@ -64,11 +63,6 @@ REPORTS_DIR = "reports"
 """Folder under the store root that holds saved reports."""
 
 SampleListener = Callable[[int, RunRecord], None]
-
-RemoteFork = Callable[[str, int, Override | None, str, str, dict[str, Any]], RunRecord]
-"""``(parent_run_id, at, override, new_run_id, effects, config) -> run``: one fork (a grid
-variant, a stability sample) executed elsewhere — on a task queue's workers — returning its run
-once it ended."""
 
 
 # -- records -----------------------------------------------------------------------------------
@@ -394,45 +388,38 @@ def stability(
     plan = plan_stability(rw, run_id, from_node, override, temperature)
     parent, nodes, idx, override = plan.parent, list(plan.nodes), plan.index, plan.override
 
-    batch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-    started = time.perf_counter()
-    samples: list[RunRecord] = []
-    for i in range(k):
-        child_id = new_run_id()
-        config = parent.config | {
-            "purpose": "stability",
-            "stability_batch": batch,
-            "stability_of": parent.run_id,
-            "sample": i + 1,
-            "k": k,
-        }
-        try:
-            if run_fork is not None:
-                child = run_fork(parent.run_id, idx + 1, override, child_id, "recorded", config)
-                samples.append(child)
-                if on_sample is not None:
-                    on_sample(i, child)
-                continue
-            child = rw.fork(
-                parent.run_id,
-                at=idx + 1,
-                override=override,
-                new_run_id=child_id,
-                effects="recorded",
-                cache_mode="stability",
-                config=config,
-            )
-        except (SideEffectBlocked, EffectPreconditionFailed):
-            # Recorded as failed at that node; the failure is part of what the report shows.
-            child = rw.store.get_run(child_id)
-        samples.append(child)
+    batch = ForkBatch(
+        parent=parent,
+        at=idx + 1,
+        purpose="stability",
+        members=tuple(
+            ForkMember(override, {"stability_of": parent.run_id, "sample": i + 1, "k": k})
+            for i in range(k)
+        ),
+        effects="recorded",
+        cache_mode="stability",
+    )
+
+    def announce(o: ForkOutcome) -> None:
+        if o.run is None:  # the fork never recorded its run
+            raise o.exc if o.exc is not None else RewindError(f"sample {o.index + 1} has no run")
         if on_sample is not None:
-            on_sample(i, child)
-    wall_ms = (time.perf_counter() - started) * 1000
+            on_sample(o.index, o.run)
+
+    # A sample stopped at a side-effecting call is recorded as failed at that node; the failure
+    # is part of what the report shows. Any other error stops the batch.
+    outcomes, wall_ms = run_fork_batch(
+        rw,
+        batch,
+        run_fork=run_fork,
+        on_outcome=announce,
+        keep=(SideEffectBlocked, EffectPreconditionFailed),
+    )
+    samples = [o.run for o in outcomes if o.run is not None]
 
     report = StabilityReport(
         run_id=parent.run_id,
-        batch=batch,
+        batch=batch.batch,
         from_node=nodes[idx].name,
         from_number=idx + 1,
         k=k,
@@ -443,7 +430,7 @@ def stability(
         created_at=time.time(),
     )
     if save:
-        path = save_report(rw.store.root, "stability", parent.run_id, batch, report.to_json())
+        path = save_report(rw.store.root, "stability", parent.run_id, batch.batch, report.to_json())
         report = dataclasses.replace(report, path=path)
     return report
 
