@@ -10,136 +10,22 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rewind.replay import override_target
+from rewind.record_json import (  # noqa: F401 (re-exported: the API's shapes)
+    ACTIVE_STATUSES,
+    EXECUTED,
+    FAILED,
+    HIT,
+    INHERITED,
+    OVERRIDE,
+    PENDING,
+    RUNNING,
+    SKIPPED,
+    change_text,
+    display_status,
+    node_json,
+    run_json,
+)
 from rewind.store import NodeRecord, RunRecord, Store
-
-# Display status of a node execution (one colour each in the UI).
-INHERITED = "inherited"  # copied from the parent, not executed (grey)
-HIT = "hit"  # executed, every call served from the cache (green)
-EXECUTED = "executed"  # executed live or re-executed: a miss, or no cacheable call (orange)
-OVERRIDE = "override"  # output replaced by the fork's override, not executed
-FAILED = "failed"  # raised (red)
-RUNNING = "running"  # executing now (animated)
-PENDING = "pending"  # not reached yet, the run is in flight
-SKIPPED = "skipped"  # not executed by this (finished) run: another branch was taken
-
-ACTIVE_STATUSES = ("queued", "running")
-
-
-def display_status(outcome: str, error: str | None = None) -> str:
-    """Map a node's cache outcome to its display status."""
-    if outcome == "failed" or error:
-        return FAILED
-    if outcome == "inherited":
-        return INHERITED
-    if outcome == "hit":
-        return HIT
-    if outcome == "override":
-        return OVERRIDE
-    return EXECUTED
-
-
-def run_json(run: RunRecord) -> dict[str, Any]:
-    """A run as the API shows it (tokens are the tokens this run spent; latency in ms)."""
-    return {
-        "run_id": run.run_id,
-        "pipeline": run.pipeline,
-        "status": run.status,
-        "parent_run_id": run.parent_run_id,
-        "fork_node": run.fork_node,
-        "fork_number": None if run.fork_position is None else run.fork_position + 1,
-        "override": run.override,
-        "change": change_text(run),
-        "prompt_tokens": run.prompt_tokens,
-        "completion_tokens": run.completion_tokens,
-        "tokens": run.tokens,
-        "latency_ms": round(run.latency_ms, 3),
-        "created_at": run.created_at,
-        "finished_at": run.finished_at,
-        "error": run.error,
-        "config": run.config,
-        "launch": run.launch,
-        "effects_mode": run.effects_mode,
-        "admissible": run.admissible,
-        "last_audit": run.last_audit,
-        # the run of a Burr sub-application: the run and node that spawned it, which child
-        "spawning_run_id": run.spawning_run_id,
-        "spawning_number": None if run.spawning_position is None else run.spawning_position + 1,
-        "spawn_key": run.spawn_key,
-        "created_by": run.created_by,
-    }
-
-
-def change_text(run: RunRecord) -> str | None:
-    """One line saying what a fork changed (None for a recorded run); a grid variant or a
-    stability sample says so."""
-    if run.parent_run_id is None:
-        return None
-    o = run.override
-    sub = run.launch.get("sub_run_fork")
-    if sub:
-        o = sub.get("override")
-        what = "unchanged" if not o else "{} {}.{}".format(*override_target(o))
-        text = f"re-runs sub-run {str(sub['run_id'])[:12]} from {sub['at']}: {what}"
-    elif not o:
-        text = f"unchanged replay from {run.fork_node}"
-    else:
-        kind, node, name = override_target(o)
-        text = f"{kind} {node}.{name}"
-    config = run.config or {}
-    purpose = config.get("purpose")
-    if purpose == "stability":
-        sample = f"stability sample {config.get('sample', '?')}/{config.get('k', '?')}"
-        return sample if not o else f"{sample} · {text}"
-    if purpose == "grid" and isinstance(config.get("grid_variant"), int):
-        return f"grid variant {config['grid_variant'] + 1} · {text}"
-    return text
-
-
-def node_json(n: NodeRecord, *, live: bool = False) -> dict[str, Any]:
-    """One node execution: outcome and reason, display status, hashes, tokens, latency, calls."""
-    return {
-        "position": n.position,
-        "number": n.position + 1,
-        "name": n.name,
-        "status": display_status(n.cache_outcome, n.error),
-        "cache_outcome": n.cache_outcome,
-        "cache_reason": n.cache_reason,
-        "inherited": n.inherited,
-        "sequence_id": n.sequence_id,
-        "src_app_id": n.src_app_id,
-        "src_sequence_id": n.src_sequence_id,
-        "input_hash": n.input_hash,
-        "output_hash": n.output_hash,
-        "state_hash": n.state_hash,
-        "params": n.params,
-        "prompt_tokens": n.prompt_tokens,
-        "completion_tokens": n.completion_tokens,
-        "tokens": n.tokens,
-        "latency_ms": round(n.latency_ms, 3),
-        "error": n.error,
-        "started_at": n.started_at,
-        "determinism": getattr(n, "determinism", None),
-        "live": live,
-        "calls": [
-            {
-                "index": c.call_index,
-                "kind": c.kind,
-                "name": c.name,
-                "key": c.key,
-                "request_hash": c.request_hash,
-                "result_hash": c.result_hash,
-                "outcome": c.outcome,
-                "reason": c.reason,
-                "prompt_tokens": c.prompt_tokens,
-                "completion_tokens": c.completion_tokens,
-                "tokens": c.prompt_tokens + c.completion_tokens,
-                "latency_ms": round(c.latency_ms, 3),
-                "determinism": getattr(c, "determinism", None),
-            }
-            for c in n.calls
-        ],
-    }
 
 
 def live_node_json(event: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from rewind import record_json
 from rewind.errors import RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import console as make_console
@@ -49,65 +50,16 @@ def outcome_text(outcome: str, reason: str) -> str:
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
-    """A run record as the ``--json`` object of ``runs``, ``show`` and ``fork``."""
-    return {
-        "run_id": run.run_id,
-        "pipeline": run.pipeline,
-        "status": run.status,
-        "parent_run_id": run.parent_run_id,
-        "fork_node": run.fork_node,
-        "override": run.override,
-        "prompt_tokens": run.prompt_tokens,
-        "completion_tokens": run.completion_tokens,
-        "tokens": run.tokens,
-        "latency_ms": round(run.latency_ms, 3),
-        "created_at": run.created_at,
-        "finished_at": run.finished_at,
-        "error": run.error,
-        "launch": run.launch,
-        "effects_mode": run.effects_mode,
-        "admissible": run.admissible,
-        "spawning_run_id": run.spawning_run_id,
-        "spawning_position": run.spawning_position,
-        "spawn_key": run.spawn_key,
-    }
+    """A run record as the ``--json`` object of ``runs``, ``show`` and ``fork``: the API's run
+    object (:func:`rewind.record_json.run_json`), plus ``spawning_position`` (0-based; the API's
+    ``spawning_number`` is the same position 1-based), kept for scripts written against it."""
+    return record_json.run_json(run) | {"spawning_position": run.spawning_position}
 
 
 def node_json(n: NodeRecord) -> dict[str, Any]:
-    """A node row (with its calls) as the ``--json`` object of ``show`` and ``fork``."""
-    return {
-        "position": n.position,
-        "number": n.position + 1,
-        "name": n.name,
-        "sequence_id": n.sequence_id,
-        "src_app_id": n.src_app_id,
-        "src_sequence_id": n.src_sequence_id,
-        "inherited": n.inherited,
-        "input_hash": n.input_hash,
-        "output_hash": n.output_hash,
-        "state_hash": n.state_hash,
-        "params": n.params,
-        "cache_outcome": n.cache_outcome,
-        "cache_reason": n.cache_reason,
-        "determinism": n.determinism,
-        "prompt_tokens": n.prompt_tokens,
-        "completion_tokens": n.completion_tokens,
-        "tokens": n.tokens,
-        "latency_ms": round(n.latency_ms, 3),
-        "error": n.error,
-        "calls": [
-            {
-                "kind": c.kind,
-                "name": c.name,
-                "key": c.key,
-                "outcome": c.outcome,
-                "reason": c.reason,
-                "determinism": c.determinism,
-                "tokens": c.prompt_tokens + c.completion_tokens,
-            }
-            for c in n.calls
-        ],
-    }
+    """A node row (with its calls) as the ``--json`` object of ``show`` and ``fork``: the API's
+    execution object (:func:`rewind.record_json.node_json`)."""
+    return record_json.node_json(n)
 
 
 def nodes_table(nodes: list[NodeRecord], title: str) -> Table:
