@@ -11,6 +11,15 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from rewind.store import Store, open_store, schema
+from rewind.tracing.model import StepData, TraceData
+from rewind.tracing.store import load_trace, write_trace
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STORE = SRC / "rewind" / "store"
@@ -96,3 +105,46 @@ def test_the_check_sees_each_kind_of_write() -> None:
         "conn.execute(select(schema.jobs))\n"
     )
     assert table_writes(harmless) == []
+
+
+def _trace(trace_id: str, span_id: Any) -> TraceData:
+    steps = [
+        StepData(0, "retrieve", "retrieval", fields={"retrieve": ["doc"]}, span_id="a" * 16),
+        StepData(1, "answer", "llm_call", fields={"answer": "yes"}, span_id=span_id),
+    ]
+    return TraceData(
+        trace_id=trace_id,
+        name="qa",
+        status="success",
+        input={"question": "q"},
+        started_at=1_700_000_000.0,
+        ended_at=1_700_000_001.0,
+        steps=steps,
+    )
+
+
+def _rows_of(store: Store, run_id: str) -> dict[str, int]:
+    counts = {}
+    with store.read() as conn:
+        for table in (schema.runs, schema.nodes, schema.spans):
+            query = select(func.count()).select_from(table).where(table.c.run_id == run_id)
+            counts[table.name] = conn.execute(query).scalar_one()
+        st = schema.burr_state
+        query = select(func.count()).select_from(st).where(st.c.app_id == run_id)
+        counts[st.name] = conn.execute(query).scalar_one()
+    return counts
+
+
+def test_a_trace_and_its_spans_are_written_in_one_transaction(tmp_path: Path) -> None:
+    """Span rows go through Store.write_batch with the trace's other rows: a span row the
+    database refuses (the last rows written) leaves nothing of the trace behind."""
+    store = open_store(tmp_path / "store")
+    try:
+        write_trace(store, _trace("1" * 32, "b" * 16))
+        assert _rows_of(store, "1" * 32) == {"runs": 1, "nodes": 2, "spans": 3, "burr_state": 2}
+        with pytest.raises(IntegrityError):
+            write_trace(store, _trace("2" * 32, None))  # spans.span_id is NOT NULL
+        assert _rows_of(store, "2" * 32) == {"runs": 0, "nodes": 0, "spans": 0, "burr_state": 0}
+        assert load_trace(store, "1" * 32).steps[1].span_id == "b" * 16
+    finally:
+        store.close()
