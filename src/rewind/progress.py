@@ -29,10 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, select
 
 from rewind.errors import RewindError
 from rewind.store import schema
+from rewind.store.live import mark_live_node, set_cancel_requested
 from rewind.store.store import Store
 
 __all__ = [
@@ -215,15 +216,8 @@ def _write(
     store: Store, run_id: str, position: int, name: str, since: float
 ) -> dict[str, Any] | None:
     """Write one node-start mark; returns the run's cancel request, if any. Never raises."""
-    t = schema.runs
     try:
-        with store.write() as conn:
-            conn.execute(
-                update(t)
-                .where(and_(t.c.run_id == run_id, t.c.status == "running"))
-                .values(live_node=name, live_position=position, live_since=since)
-            )
-            asked = conn.execute(select(t.c.cancel_requested).where(t.c.run_id == run_id)).scalar()
+        asked = mark_live_node(store, run_id, position, name, since)
     except Exception:  # a progress write must never break the run
         return None
     return _cancel_value(asked) if asked else None
@@ -266,14 +260,7 @@ def request_cancel(store: Store, run_id: str, by: str | None) -> bool:
         True when the request was recorded (the run is still ``running``), False when the run
         had already finished.
     """
-    t = schema.runs
-    with store.write() as conn:
-        result = conn.execute(
-            update(t)
-            .where(and_(t.c.run_id == run_id, t.c.status == "running"))
-            .values(cancel_requested=json.dumps({"by": by, "at": time.time()}))
-        )
-    if not result.rowcount:
+    if not set_cancel_requested(store, run_id, json.dumps({"by": by, "at": time.time()})):
         return False
     with _WRITER.lock:  # a run this process executes sees it at its very next node start
         marks = _WRITER.runs.get(run_id)

@@ -15,10 +15,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import select
 
 from rewind.jobs.spec import Job
 from rewind.store import Store, schema
+from rewind.store.jobs import (
+    delete_job_row,
+    fail_active_job_row,
+    insert_job_row,
+    update_job_row,
+)
 from rewind.store.store import current_owner
 
 JOB_STATES = ("queued", "running", "succeeded", "failed")
@@ -90,25 +96,22 @@ def _row(r: Any) -> JobRow:
 
 def add_job(store: Store, job: Job) -> None:
     """Insert the job as ``queued`` (before it is handed to a worker)."""
-    with store.write() as conn:
-        conn.execute(
-            insert(schema.jobs).values(
-                job_id=job.job_id,
-                kind=job.kind,
-                run_id=job.run_id,
-                state="queued",
-                attempts=0,
-                spec_json=json.dumps(job.to_json(), sort_keys=True),
-                runs_json="[]",
-                created_at=time.time(),
-            )
-        )
+    insert_job_row(
+        store,
+        job_id=job.job_id,
+        kind=job.kind,
+        run_id=job.run_id,
+        state="queued",
+        attempts=0,
+        spec_json=json.dumps(job.to_json(), sort_keys=True),
+        runs_json="[]",
+        created_at=time.time(),
+    )
 
 
 def forget_job(store: Store, job_id: str) -> None:
     """Delete a job row that was never handed to a worker (the queue refused it)."""
-    with store.write() as conn:
-        conn.execute(delete(schema.jobs).where(schema.jobs.c.job_id == job_id))
+    delete_job_row(store, job_id)
 
 
 def get_job(store: Store, job_id: str) -> JobRow | None:
@@ -210,18 +213,11 @@ def end_attempt(store: Store, job_id: str, *, error: str | None) -> None:
 def abandon_job(store: Store, job_id: str, reason: str) -> None:
     """Mark a job that will never finish (its server stopped) ``failed`` with ``reason``;
     a job already ``succeeded``/``failed`` is left as it is."""
-    t = schema.jobs
-    with store.write() as conn:
-        conn.execute(
-            update(t)
-            .where(t.c.job_id == job_id, t.c.state.in_(("queued", "running")))
-            .values(state="failed", error=reason, finished_at=time.time())
-        )
+    fail_active_job_row(store, job_id, reason, time.time())
 
 
 def _update(store: Store, job_id: str, **values: Any) -> None:
-    with store.write() as conn:
-        conn.execute(update(schema.jobs).where(schema.jobs.c.job_id == job_id).values(**values))
+    update_job_row(store, job_id, **values)
 
 
 def _run_row(store: Store, run_id: str) -> Any:

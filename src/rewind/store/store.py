@@ -71,9 +71,18 @@ class WriteBatch:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
     effects: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    """A traced chain's ``spans`` rows (:mod:`rewind.tracing.store`); empty for Burr runs."""
 
     def __bool__(self) -> bool:
-        return bool(self.blobs or self.states or self.nodes or self.llm_cache or self.tool_cache)
+        return bool(
+            self.blobs
+            or self.states
+            or self.nodes
+            or self.llm_cache
+            or self.tool_cache
+            or self.spans
+        )
 
     def absorb(self, other: WriteBatch) -> None:
         """Append ``other``'s rows and blobs to this batch (``other`` is left as it was)."""
@@ -85,6 +94,7 @@ class WriteBatch:
         self.nodes.extend(other.nodes)
         self.calls.extend(other.calls)
         self.effects.extend(other.effects)
+        self.spans.extend(other.spans)
 
 
 @dataclass(frozen=True)
@@ -345,7 +355,7 @@ class Store:
         Args:
             batch: the rows.
             before: writes that must precede the rows in the same transaction (a traced chain's
-                run row and spans).
+                run row, which its node and span rows refer to).
         Raises:
             StoreError: a state row of the app id already exists (nothing is written).
         """
@@ -393,6 +403,7 @@ class Store:
             self._bulk(conn, self._insert_node, batch.nodes)
             self._bulk(conn, self._insert_call, batch.calls)
             self._bulk(conn, insert(schema.effects), batch.effects)
+            self._bulk(conn, insert(schema.spans), batch.spans)
         with self._known_lock:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
@@ -1212,6 +1223,7 @@ _BULK_TABLES = {
     "nodes": (None, None),
     "calls": (None, None),
     "effects": (None, None),
+    "spans": (None, None),
 }
 
 

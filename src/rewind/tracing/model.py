@@ -142,7 +142,13 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     try:
         return json.loads(canonical_bytes(value))
     except (CanonicalError, ValueError, TypeError, RecursionError):
-        pass
+        return _unhashable_parts(value, _depth)
+
+
+def _unhashable_parts(value: Any, _depth: int) -> Any:
+    """:func:`jsonable` of a value the canonical hasher refused: dates as ISO strings,
+    containers element by element (so one odd element does not hide the rest), anything else
+    ``{"$unhashable": "<type>"}``."""
     if _depth > 64:
         return {"$unhashable": type(value).__name__}
     if isinstance(value, datetime | date | dtime):

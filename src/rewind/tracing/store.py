@@ -18,9 +18,10 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, text
+from sqlalchemy import Connection, func, select, text
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, NodeScope
@@ -107,20 +108,11 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
             "positions must be 0, 1, 2, ... in execution order",
         )
     blobs: dict[str, bytes] = {}
-
-    def encode_map(values: dict[str, Any], into: dict[str, bytes]) -> dict[str, str]:
-        out = {}
-        for k, v in values.items():
-            f = encode_value(k, v)
-            into[f.digest] = f.data
-            out[k] = f.digest
-        return out
-
-    state = encode_map(data.input, blobs)
+    state = _encode_map(data.input, blobs)
     init_doc, init_hash = map_hash(state)
     blobs[init_hash] = init_doc
-    # Node, call, cache and effect rows go through the recorder's batch and Store.write_batch:
-    # one write path for Burr runs and traced chains.
+    # Node, call, cache, effect and span rows go through the recorder's batch and
+    # Store.write_batch: one write path for Burr runs and traced chains.
     batch = WriteBatch(blobs=blobs)
     # A replay step whose state is its source's at the same position refers to the source's
     # state row (as a fork's inherited node does) instead of storing a copy of it.
@@ -128,99 +120,17 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         with store.read() as conn:
             source = load_rows(conn, data.parent_run_id)
     source_states = _source_states(store, data.parent_run_id, source)
-    parts: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]] = []
+    parts: list[_StepRows] = []
     for s in steps:
-        part = WriteBatch()
-        input_doc = canonical_bytes(
-            {
-                "node": s.name,
-                "reads": encode_map(s.reads, part.blobs),
-                "inputs": s.inputs,
-                "params": s.params,
-            }
-        )
-        input_hash = sha256_hex(input_doc)
-        part.blobs[input_hash] = input_doc
-        output_hash: str | None = None
-        state_hash: str | None = None
-        failed = s.status == StepStatus.FAILED
-        if not failed:
-            if s.fields is not None:
-                written = encode_map(s.fields, part.blobs)
-                output_doc, output_hash = map_hash(written)
-                part.blobs[output_hash] = output_doc
-                state = state | written
-            state_doc, state_hash = map_hash(state)
-            part.blobs[state_hash] = state_doc
-        status = "failed" if failed else "completed"
-        src_app_id, src_sequence_id = data.trace_id, s.position
-        same = source_states.get(s.position)
-        if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
-            src_app_id, src_sequence_id = same[3], same[4]
-        else:
-            part.states.append(
-                state_row(
-                    partition_key="",
-                    app_id=data.trace_id,
-                    sequence_id=s.position,
-                    position=s.name,
-                    status=status,
-                    fields=dict(state),
-                    internal={},
-                )
-            )
-        scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
-        scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
-        scope.effects = _effect_rows(data.trace_id, s, scope.calls)
-        add_scope_rows(part, scope)
-        outcome, reason = _outcome(s, scope)
-        error = error_line(s.error_type, s.error_message) if failed else None
-        node = {
-            "run_id": data.trace_id,
-            "position": s.position,
-            "name": s.name,
-            "sequence_id": s.position,
-            "src_app_id": src_app_id,
-            "src_sequence_id": src_sequence_id,
-            "inherited": False,
-            "input_hash": input_hash,
-            "output_hash": output_hash,
-            "state_hash": state_hash,
-            "params_json": canonical_bytes(s.params).decode(),
-            "latency_ms": float(s.duration_ms),
-            "prompt_tokens": int(s.prompt_tokens),
-            "completion_tokens": int(s.completion_tokens),
-            "cache_outcome": outcome,
-            "cache_reason": reason,
-            "determinism": _determinism(s, scope),
-            "error": error,
-            "started_at": s.started_at if s.started_at is not None else data.started_at,
-        }
-        calls = call_rows(data.trace_id, s.position, sorted_calls(scope))
-        span = {
-            "run_id": data.trace_id,
-            "position": s.position,
-            "span_id": s.span_id,
-            "parent_position": s.parent_position,
-            "step_type": s.step_type,
-            "status": s.status,
-            "error_type": s.error_type,
-            "error_message": s.error_message,
-            "attributes_json": json.dumps(s.attributes, sort_keys=True, default=str),
-            "started_at": s.started_at,
-            "ended_at": s.ended_at,
-            "duration_ms": float(s.duration_ms),
-            "output_hash": None,
-        }
-        parts.append((node, calls, span, part))
+        step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
+        parts.append(step_rows)
     shared = _shared_prefix(data.trace_id, parts, source)
     node_rows = [p[0] for p in parts]
-    spans: list[dict[str, Any]] = []
     for node, calls, span, part in parts[shared:]:
         batch.absorb(part)
         batch.nodes.append(node)
         batch.calls.extend(calls)
-        spans.append(span)
+        batch.spans.append(span)
     config = {"kind": "trace"} | data.config
     if shared and source is not None:
         every = shared == len(parts) == len(source.nodes)
@@ -228,29 +138,14 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     output_bytes = canonical_bytes(data.output)
     output_hash = sha256_hex(output_bytes)
     blobs[output_hash] = output_bytes
-    spans.append(
-        {
-            "run_id": data.trace_id,
-            "position": ROOT_POSITION,
-            "span_id": data.span_id,
-            "parent_position": None,
-            "step_type": CHAIN_TYPE,
-            "status": data.status,
-            "error_type": data.error_type,
-            "error_message": data.error_message,
-            "attributes_json": json.dumps(data.attributes, sort_keys=True, default=str),
-            "started_at": data.started_at,
-            "ended_at": data.ended_at,
-            "duration_ms": float(data.duration_ms),
-            "output_hash": output_hash,
-        }
-    )
+    batch.spans.append(_root_span(data, output_hash))
     run_status = run_status_of(data.status)
     trace_error = (
         error_line(data.error_type, data.error_message)
         if data.error_type is not None or data.error_message is not None
         else None
     )
+    edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
 
     def run_row(conn: Connection) -> None:
         store.create_run(
@@ -273,17 +168,144 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
             error=trace_error,
             owner=None,
         )
-        conn.execute(insert(schema.spans), spans)
         store.put_edges(data.name, edges, conn)
 
-    edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
 
 
+_StepRows = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]
+"""One step's node row, call rows, span row and the rest of its rows (blobs, state, cache,
+effects) as a batch."""
+
+
+def _encode_map(values: dict[str, Any], into: dict[str, bytes]) -> dict[str, str]:
+    """Field → hash of each value's encoding; the encodings are added to ``into`` by hash."""
+    out = {}
+    for k, v in values.items():
+        f = encode_value(k, v)
+        into[f.digest] = f.data
+        out[k] = f.digest
+    return out
+
+
+def _step_rows(
+    data: TraceData,
+    s: StepData,
+    state: dict[str, str],
+    same: tuple[str, str, str, str, int] | None,
+) -> tuple[_StepRows, dict[str, str]]:
+    """The rows of step ``s`` given the state (field → hash) before it, and the state after it.
+
+    ``same`` is the source's (node name, state hash, status, app id, sequence id) at this
+    position in a replay: when it matches, the node refers to that state row instead of
+    storing a copy.
+    """
+    part = WriteBatch()
+    input_doc = canonical_bytes(
+        {
+            "node": s.name,
+            "reads": _encode_map(s.reads, part.blobs),
+            "inputs": s.inputs,
+            "params": s.params,
+        }
+    )
+    input_hash = sha256_hex(input_doc)
+    part.blobs[input_hash] = input_doc
+    output_hash: str | None = None
+    state_hash: str | None = None
+    failed = s.status == StepStatus.FAILED
+    if not failed:
+        if s.fields is not None:
+            written = _encode_map(s.fields, part.blobs)
+            output_doc, output_hash = map_hash(written)
+            part.blobs[output_hash] = output_doc
+            state = state | written
+        state_doc, state_hash = map_hash(state)
+        part.blobs[state_hash] = state_doc
+    status = "failed" if failed else "completed"
+    src_app_id, src_sequence_id = data.trace_id, s.position
+    if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
+        src_app_id, src_sequence_id = same[3], same[4]
+    else:
+        part.states.append(
+            state_row(
+                partition_key="",
+                app_id=data.trace_id,
+                sequence_id=s.position,
+                position=s.name,
+                status=status,
+                fields=dict(state),
+                internal={},
+            )
+        )
+    scope = NodeScope(s.name, s.position, 0.0, 0.0, {}, calls=list(s.calls))
+    scope.pending = {f"{i}": pw for i, pw in enumerate(s.pending)}
+    scope.effects = _effect_rows(data.trace_id, s, scope.calls)
+    add_scope_rows(part, scope)
+    outcome, reason = _outcome(s, scope)
+    node = {
+        "run_id": data.trace_id,
+        "position": s.position,
+        "name": s.name,
+        "sequence_id": s.position,
+        "src_app_id": src_app_id,
+        "src_sequence_id": src_sequence_id,
+        "inherited": False,
+        "input_hash": input_hash,
+        "output_hash": output_hash,
+        "state_hash": state_hash,
+        "params_json": canonical_bytes(s.params).decode(),
+        "latency_ms": float(s.duration_ms),
+        "prompt_tokens": int(s.prompt_tokens),
+        "completion_tokens": int(s.completion_tokens),
+        "cache_outcome": outcome,
+        "cache_reason": reason,
+        "determinism": _determinism(s, scope),
+        "error": error_line(s.error_type, s.error_message) if failed else None,
+        "started_at": s.started_at if s.started_at is not None else data.started_at,
+    }
+    calls = call_rows(data.trace_id, s.position, sorted_calls(scope))
+    span = {
+        "run_id": data.trace_id,
+        "position": s.position,
+        "span_id": s.span_id,
+        "parent_position": s.parent_position,
+        "step_type": s.step_type,
+        "status": s.status,
+        "error_type": s.error_type,
+        "error_message": s.error_message,
+        "attributes_json": json.dumps(s.attributes, sort_keys=True, default=str),
+        "started_at": s.started_at,
+        "ended_at": s.ended_at,
+        "duration_ms": float(s.duration_ms),
+        "output_hash": None,
+    }
+    return (node, calls, span, part), state
+
+
+def _root_span(data: TraceData, output_hash: str) -> dict[str, Any]:
+    """The trace's own span row (position -1): the chain's status, timing and output."""
+    return {
+        "run_id": data.trace_id,
+        "position": ROOT_POSITION,
+        "span_id": data.span_id,
+        "parent_position": None,
+        "step_type": CHAIN_TYPE,
+        "status": data.status,
+        "error_type": data.error_type,
+        "error_message": data.error_message,
+        "attributes_json": json.dumps(data.attributes, sort_keys=True, default=str),
+        "started_at": data.started_at,
+        "ended_at": data.ended_at,
+        "duration_ms": float(data.duration_ms),
+        "output_hash": output_hash,
+    }
+
+
 def _shared_prefix(
     trace_id: str,
-    parts: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]],
+    parts: list[_StepRows],
     source: SourceRows | None,
 ) -> int:
     """How many leading steps of a replay are exactly its source's, seen through the cache
@@ -440,82 +462,123 @@ def load_traces(store: Store, run_ids: Sequence[str], *, payloads: bool = False)
 
 def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, TraceView]:
     with store.read() as conn:
-        runs = [
-            RunRecord.from_row(r)
-            for r in conn.execute(select(schema.runs).where(schema.runs.c.run_id.in_(ids)))
-        ]
-        nodes: dict[str, list[Any]] = {}
-        for r in conn.execute(
-            select(schema.nodes)
-            .where(schema.nodes.c.run_id.in_(ids))
-            .order_by(schema.nodes.c.run_id, schema.nodes.c.position)
-        ):
-            nodes.setdefault(r._mapping["run_id"], []).append(r)
-        calls: dict[tuple[str, int], list[CallRecord]] = {}
-        for r in conn.execute(
-            select(schema.calls)
-            .where(schema.calls.c.run_id.in_(ids))
-            .order_by(schema.calls.c.run_id, schema.calls.c.position, schema.calls.c.call_index)
-        ):
-            m = r._mapping
-            calls.setdefault((m["run_id"], m["position"]), []).append(CallRecord.from_row(r))
-        effects: dict[tuple[str, int], list[EffectRecord]] = {}
-        for r in conn.execute(
-            select(schema.effects)
-            .where(schema.effects.c.run_id.in_(ids))
-            .order_by(schema.effects.c.call_index, schema.effects.c.resource)
-        ):
-            e = EffectRecord.from_row(r)
-            effects.setdefault((e.run_id, e.position), []).append(e)
-        spans: dict[tuple[str, int], dict[str, Any]] = {}
-        for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
-            m = dict(r._mapping)
-            spans[(m["run_id"], m["position"])] = m
-        for run in runs:
-            _by_reference(conn, run, nodes, calls, spans)
+        rows = _chunk_rows(conn, ids)
+        for run in rows.runs:
+            _by_reference(conn, run, rows.nodes, rows.calls, rows.spans)
         # Round 1: documents (input docs, output/state maps, initial states, trace outputs).
-        docs = set()
-        for rows in nodes.values():
-            for r in rows:
-                m = r._mapping
-                docs.add(m["input_hash"])
-                if m["output_hash"]:
-                    docs.add(m["output_hash"])
-        for run in runs:
-            if run.initial_state_hash:
-                docs.add(run.initial_state_hash)
-            root = spans.get((run.run_id, ROOT_POSITION))
-            if root and root["output_hash"]:
-                docs.add(root["output_hash"])
+        docs = _doc_hashes(rows)
         decoded = {h: json.loads(b) for h, b in store.get_blobs(docs, conn).items()}
         # Round 2: the fields those documents reference.
-        fields = set()
-        for rows in nodes.values():
-            for r in rows:
-                m = r._mapping
-                fields.update(decoded[m["input_hash"]].get("reads", {}).values())
-                if m["output_hash"]:
-                    fields.update(decoded[m["output_hash"]].values())
-        for run in runs:
-            if run.initial_state_hash:
-                fields.update(decoded[run.initial_state_hash].values())
+        fields = _field_hashes(rows, decoded)
         values = {h: json.loads(b) for h, b in store.get_blobs(fields, conn).items()}
-        payload: dict[str, bytes] = {}
-        if payloads:
-            wanted = set()
-            for cl in calls.values():
-                for c in cl:
-                    if c.kind == "llm":
-                        wanted.add(c.request_hash)
-                        if c.result_hash:
-                            wanted.add(c.result_hash)
-            payload = store.get_blobs(wanted, conn)
-    out = {}
-    for run in runs:
-        out[run.run_id] = _view(
-            run, nodes.get(run.run_id, []), calls, spans, decoded, values, payload, effects
+        payload = store.get_blobs(_payload_hashes(rows.calls), conn) if payloads else {}
+    return {
+        run.run_id: _view(
+            run,
+            rows.nodes.get(run.run_id, []),
+            rows.calls,
+            rows.spans,
+            decoded,
+            values,
+            payload,
+            rows.effects,
         )
-    return out
+        for run in rows.runs
+    }
+
+
+@dataclass
+class _ChunkRows:
+    """The rows of a chunk of runs: run records, node rows by run, calls/effects/spans by
+    (run id, position)."""
+
+    runs: list[RunRecord]
+    nodes: dict[str, list[Any]]
+    calls: dict[tuple[str, int], list[CallRecord]]
+    effects: dict[tuple[str, int], list[EffectRecord]]
+    spans: dict[tuple[str, int], dict[str, Any]]
+
+
+def _chunk_rows(conn: Connection, ids: list[str]) -> _ChunkRows:
+    """Read the run, node, call, effect and span rows of ``ids`` (one query per table)."""
+    runs = [
+        RunRecord.from_row(r)
+        for r in conn.execute(select(schema.runs).where(schema.runs.c.run_id.in_(ids)))
+    ]
+    nodes: dict[str, list[Any]] = {}
+    for r in conn.execute(
+        select(schema.nodes)
+        .where(schema.nodes.c.run_id.in_(ids))
+        .order_by(schema.nodes.c.run_id, schema.nodes.c.position)
+    ):
+        nodes.setdefault(r._mapping["run_id"], []).append(r)
+    calls: dict[tuple[str, int], list[CallRecord]] = {}
+    for r in conn.execute(
+        select(schema.calls)
+        .where(schema.calls.c.run_id.in_(ids))
+        .order_by(schema.calls.c.run_id, schema.calls.c.position, schema.calls.c.call_index)
+    ):
+        m = r._mapping
+        calls.setdefault((m["run_id"], m["position"]), []).append(CallRecord.from_row(r))
+    effects: dict[tuple[str, int], list[EffectRecord]] = {}
+    for r in conn.execute(
+        select(schema.effects)
+        .where(schema.effects.c.run_id.in_(ids))
+        .order_by(schema.effects.c.call_index, schema.effects.c.resource)
+    ):
+        e = EffectRecord.from_row(r)
+        effects.setdefault((e.run_id, e.position), []).append(e)
+    spans: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
+        m = dict(r._mapping)
+        spans[(m["run_id"], m["position"])] = m
+    return _ChunkRows(runs, nodes, calls, effects, spans)
+
+
+def _doc_hashes(rows: _ChunkRows) -> set[str]:
+    """Hashes of the documents the runs' views need: input docs, output maps, initial states
+    and trace outputs."""
+    docs = set()
+    for node_rows in rows.nodes.values():
+        for r in node_rows:
+            m = r._mapping
+            docs.add(m["input_hash"])
+            if m["output_hash"]:
+                docs.add(m["output_hash"])
+    for run in rows.runs:
+        if run.initial_state_hash:
+            docs.add(run.initial_state_hash)
+        root = rows.spans.get((run.run_id, ROOT_POSITION))
+        if root and root["output_hash"]:
+            docs.add(root["output_hash"])
+    return docs
+
+
+def _field_hashes(rows: _ChunkRows, decoded: dict[str, Any]) -> set[str]:
+    """Hashes of the field values the decoded documents refer to."""
+    fields = set()
+    for node_rows in rows.nodes.values():
+        for r in node_rows:
+            m = r._mapping
+            fields.update(decoded[m["input_hash"]].get("reads", {}).values())
+            if m["output_hash"]:
+                fields.update(decoded[m["output_hash"]].values())
+    for run in rows.runs:
+        if run.initial_state_hash:
+            fields.update(decoded[run.initial_state_hash].values())
+    return fields
+
+
+def _payload_hashes(calls: dict[tuple[str, int], list[CallRecord]]) -> set[str]:
+    """Request and result hashes of the LLM calls (their messages and answers)."""
+    wanted = set()
+    for cl in calls.values():
+        for c in cl:
+            if c.kind == "llm":
+                wanted.add(c.request_hash)
+                if c.result_hash:
+                    wanted.add(c.result_hash)
+    return wanted
 
 
 def _by_reference(
@@ -551,7 +614,6 @@ def _view(
     effects: dict[tuple[str, int], list[EffectRecord]],
 ) -> TraceView:
     root = spans.get((run.run_id, ROOT_POSITION))
-    kind = "trace" if root is not None else "run"
     initial = (
         {k: values[h] for k, h in docs[run.initial_state_hash].items()}
         if run.initial_state_hash
@@ -560,115 +622,164 @@ def _view(
     steps = []
     for r in rows:
         n = NodeRecord.from_row(r, tuple(calls.get((run.run_id, r._mapping["position"]), ())))
-        doc = docs[n.input_hash]
-        reads = {k: values[h] for k, h in doc.get("reads", {}).items()}
-        inputs = doc.get("inputs", {}) or {}
-        out_fields = {k: values[h] for k, h in docs[n.output_hash].items()} if n.output_hash else {}
         span = spans.get((run.run_id, n.position))
-        llm = tuple(_llm_view(c, payload) for c in n.calls if c.kind == "llm" and payload)
-        if span is not None:
-            step_type, status = span["step_type"], span["status"]
-            error_type, error_message = span["error_type"], span["error_message"]
-            attributes = json.loads(span["attributes_json"] or "{}")
-            parent, span_id = span["parent_position"], span["span_id"]
-            started, ended = span["started_at"], span["ended_at"]
-            duration = span["duration_ms"]
-            the_input: Any = natural(inputs) if not reads else reads | inputs
-            single = set(out_fields) == {n.name}
-            the_output = out_fields[n.name] if single else out_fields or None
-        else:
-            step_type = _inferred_type(n)
-            error_type, error_message = split_error(n.error)
-            status = StepStatus.FAILED.value if n.error else StepStatus.SUCCESS.value
-            attributes = {}
-            if n.calls and any(c.kind == "llm" for c in n.calls):
-                attributes["model"] = next(c.name for c in n.calls if c.kind == "llm")
-            if llm and llm[-1].finish_reason:
-                attributes["finish_reason"] = llm[-1].finish_reason
-            parent, span_id = ROOT_POSITION, None
-            started, duration = n.started_at, n.latency_ms
-            ended = n.started_at + n.latency_ms / 1000.0
-            the_input = reads | inputs
-            the_output = out_fields
-        steps.append(
-            StepView(
-                position=n.position,
-                name=n.name,
-                step_type=step_type,
-                status=status,
-                input=the_input,
-                output=the_output,
-                input_doc={
-                    "node": doc.get("node"),
-                    "reads": reads,
-                    "inputs": inputs,
-                    "params": doc.get("params", {}),
-                },
-                output_fields=out_fields,
-                error_type=error_type,
-                error_message=error_message,
-                duration_ms=float(duration or 0.0),
-                started_at=started,
-                ended_at=ended,
-                prompt_tokens=n.prompt_tokens,
-                completion_tokens=n.completion_tokens,
-                attributes=attributes,
-                parent_position=parent,
-                span_id=span_id,
-                cache_outcome=n.cache_outcome,
-                cache_reason=n.cache_reason,
-                params=n.params,
-                input_hash=n.input_hash,
-                output_hash=n.output_hash,
-                state_hash=n.state_hash,
-                src_app_id=n.src_app_id,
-                src_sequence_id=n.src_sequence_id,
-                inherited=n.inherited,
-                calls=n.calls,
-                llm_calls=llm,
-                determinism=n.determinism,
-                effects=() if n.inherited else tuple(effects.get((run.run_id, n.position), ())),
-            )
-        )
-    if root is not None:
-        status = root["status"]
-        error_type, error_message = root["error_type"], root["error_message"]
-        output = docs.get(root["output_hash"]) if root["output_hash"] else None
-        attributes = json.loads(root["attributes_json"] or "{}")
-        started = root["started_at"] if root["started_at"] is not None else run.created_at
-        ended, duration, span_id = root["ended_at"], root["duration_ms"], root["span_id"]
-        if run.status == "interrupted":
-            status = StepStatus.FAILED.value
-    else:
-        status = trace_status_of(run.status)
-        error_type, error_message = split_error(run.error)
-        output, attributes, span_id = None, {}, None
-        started, ended = run.created_at, run.finished_at
-        duration = run.latency_ms
-        if ended is not None and not duration:
-            duration = (ended - started) * 1000.0
+        own_effects = () if n.inherited else tuple(effects.get((run.run_id, n.position), ()))
+        steps.append(_step_view(n, span, docs, values, payload, own_effects))
     return TraceView(
         trace_id=run.run_id,
         name=run.pipeline,
-        kind=kind,
-        status=status,
+        kind="trace" if root is not None else "run",
         run_status=run.status,
         input=initial,
-        output=output,
-        error_type=error_type,
-        error_message=error_message,
-        started_at=started,
-        ended_at=ended,
-        duration_ms=float(duration or 0.0),
         prompt_tokens=run.prompt_tokens,
         completion_tokens=run.completion_tokens,
-        attributes=attributes,
-        span_id=span_id,
         parent_run_id=run.parent_run_id,
         config=run.config,
         override=run.override,
         steps=tuple(steps),
+        **(_root_fields(run, root, docs) if root is not None else _run_fields(run)),
     )
+
+
+def _root_fields(run: RunRecord, root: dict[str, Any], docs: dict[str, Any]) -> dict[str, Any]:
+    """A trace's own fields of its view, from its root span row."""
+    status = root["status"]
+    if run.status == "interrupted":
+        status = StepStatus.FAILED.value
+    return {
+        "status": status,
+        "error_type": root["error_type"],
+        "error_message": root["error_message"],
+        "output": docs.get(root["output_hash"]) if root["output_hash"] else None,
+        "attributes": json.loads(root["attributes_json"] or "{}"),
+        "started_at": root["started_at"] if root["started_at"] is not None else run.created_at,
+        "ended_at": root["ended_at"],
+        "duration_ms": float(root["duration_ms"] or 0.0),
+        "span_id": root["span_id"],
+    }
+
+
+def _run_fields(run: RunRecord) -> dict[str, Any]:
+    """A Burr run's own fields of its view (it has no root span), from its run row."""
+    error_type, error_message = split_error(run.error)
+    started, ended = run.created_at, run.finished_at
+    duration = run.latency_ms
+    if ended is not None and not duration:
+        duration = (ended - started) * 1000.0
+    return {
+        "status": trace_status_of(run.status),
+        "error_type": error_type,
+        "error_message": error_message,
+        "output": None,
+        "attributes": {},
+        "started_at": started,
+        "ended_at": ended,
+        "duration_ms": float(duration or 0.0),
+        "span_id": None,
+    }
+
+
+def _step_view(
+    n: NodeRecord,
+    span: dict[str, Any] | None,
+    docs: dict[str, Any],
+    values: dict[str, Any],
+    payload: dict[str, bytes],
+    effects: tuple[EffectRecord, ...],
+) -> StepView:
+    """One step's view: its node row, its span row (None for a Burr node) and decoded values."""
+    doc = docs[n.input_hash]
+    reads = {k: values[h] for k, h in doc.get("reads", {}).items()}
+    inputs = doc.get("inputs", {}) or {}
+    out_fields = {k: values[h] for k, h in docs[n.output_hash].items()} if n.output_hash else {}
+    llm = tuple(_llm_view(c, payload) for c in n.calls if c.kind == "llm" and payload)
+    if span is not None:
+        own = _span_step_fields(n, span, reads, inputs, out_fields)
+    else:
+        own = _node_step_fields(n, llm, reads, inputs, out_fields)
+    return StepView(
+        position=n.position,
+        name=n.name,
+        input_doc={
+            "node": doc.get("node"),
+            "reads": reads,
+            "inputs": inputs,
+            "params": doc.get("params", {}),
+        },
+        output_fields=out_fields,
+        prompt_tokens=n.prompt_tokens,
+        completion_tokens=n.completion_tokens,
+        cache_outcome=n.cache_outcome,
+        cache_reason=n.cache_reason,
+        params=n.params,
+        input_hash=n.input_hash,
+        output_hash=n.output_hash,
+        state_hash=n.state_hash,
+        src_app_id=n.src_app_id,
+        src_sequence_id=n.src_sequence_id,
+        inherited=n.inherited,
+        calls=n.calls,
+        llm_calls=llm,
+        determinism=n.determinism,
+        effects=effects,
+        **own,
+    )
+
+
+def _span_step_fields(
+    n: NodeRecord,
+    span: dict[str, Any],
+    reads: dict[str, Any],
+    inputs: dict[str, Any],
+    out_fields: dict[str, Any],
+) -> dict[str, Any]:
+    """A traced step's fields of its view, from its span row."""
+    single = set(out_fields) == {n.name}
+    return {
+        "step_type": span["step_type"],
+        "status": span["status"],
+        "input": natural(inputs) if not reads else reads | inputs,
+        "output": out_fields[n.name] if single else out_fields or None,
+        "error_type": span["error_type"],
+        "error_message": span["error_message"],
+        "duration_ms": float(span["duration_ms"] or 0.0),
+        "started_at": span["started_at"],
+        "ended_at": span["ended_at"],
+        "attributes": json.loads(span["attributes_json"] or "{}"),
+        "parent_position": span["parent_position"],
+        "span_id": span["span_id"],
+    }
+
+
+def _node_step_fields(
+    n: NodeRecord,
+    llm: tuple[LlmCallView, ...],
+    reads: dict[str, Any],
+    inputs: dict[str, Any],
+    out_fields: dict[str, Any],
+) -> dict[str, Any]:
+    """A Burr node's fields of its step view (no span row): type and attributes inferred from
+    its calls."""
+    error_type, error_message = split_error(n.error)
+    attributes: dict[str, Any] = {}
+    if n.calls and any(c.kind == "llm" for c in n.calls):
+        attributes["model"] = next(c.name for c in n.calls if c.kind == "llm")
+    if llm and llm[-1].finish_reason:
+        attributes["finish_reason"] = llm[-1].finish_reason
+    return {
+        "step_type": _inferred_type(n),
+        "status": StepStatus.FAILED.value if n.error else StepStatus.SUCCESS.value,
+        "input": reads | inputs,
+        "output": out_fields,
+        "error_type": error_type,
+        "error_message": error_message,
+        "duration_ms": float(n.latency_ms or 0.0),
+        "started_at": n.started_at,
+        "ended_at": n.started_at + n.latency_ms / 1000.0,
+        "attributes": attributes,
+        "parent_position": ROOT_POSITION,
+        "span_id": None,
+    }
 
 
 def _inferred_type(n: NodeRecord) -> str:
