@@ -4,7 +4,7 @@ import { useEffect, useMemo, useState } from "react";
 import { api, ApiError } from "../api";
 import type { NodeDetail, ParamHint, Run } from "../types";
 import { LiveConfirm } from "./LiveConfirm";
-import { toText } from "./TextBlock";
+import { toText, visible } from "./TextBlock";
 
 type Mode = "param" | "input" | "output" | "replay";
 type ChangeMode = Exclude<Mode, "replay">;
@@ -186,7 +186,7 @@ export function NodeEditor({
             </select>
           </label>
           <div className="text-xs text-slate-500">
-            current: <code className="break-all">{toText(current).slice(0, 200)}</code>
+            current: <code className="break-all">{visible(toText(current).slice(0, 200))}</code>
           </div>
           {mode === "param" && detail.param_hints?.[name] && (
             <ParamHintView hint={detail.param_hints[name]} text={text} onPick={setText} />
