@@ -27,6 +27,12 @@ export function toText(value: unknown): string {
   }
 }
 
+/** JSON text of ``value`` with every number exact (BigInt and LosslessNumber digits kept, as
+ * parseExact reads them); undefined for undefined, like JSON.stringify. */
+export function exactJson(value: unknown, indent?: number): string | undefined {
+  return stringifyExact(value, null, indent);
+}
+
 function sizeLabel(chars: number): string {
   if (chars >= 1_000_000) return `${(chars / 1_000_000).toFixed(1)} M characters`;
   if (chars >= 1_000) return `${(chars / 1_000).toFixed(1)} k characters`;
