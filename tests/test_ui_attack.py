@@ -22,6 +22,7 @@ from rewind.api.pipelines import PipelineEntry
 from rewind.store import open_store
 from tests import pipelines, test_ui_runs
 from tests.test_ui import ARTIFACTS, STATIC_INDEX, ThreadServer
+from tests.test_ui_debugger import BIG, prose
 from tests.test_ui_runs import wait_run
 
 expect = playwright_api.expect
@@ -37,14 +38,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     if not STATIC_INDEX.exists():
         pytest.fail("the UI is not built: cd web && npm ci && npm run build (make does it)")
     store = open_store(tmp_path_factory.mktemp("ui-attack-store"))
-    registry = {"branching": PipelineEntry.of(pipelines.branching, {"stations": STATIONS})}
+    registry = {
+        "branching": PipelineEntry.of(pipelines.branching, {"stations": STATIONS}),
+        "prose": PipelineEntry.of(prose, {"topic": "rain"}),
+    }
     app = create_app(store, chat_client=None, pipelines=registry)
     with ThreadServer(app) as srv:
         run = wait_run(
             srv.url, _post(srv.url, "/api/runs", {"pipeline": "branching"}).json()["run_id"]
         )
         assert run["status"] == "completed", run
-        yield {"url": srv.url, "run_id": run["run_id"]}
+        accepted = _post(srv.url, "/api/runs", {"pipeline": "prose"}).json()
+        big = wait_run(srv.url, accepted["run_id"])
+        assert big["status"] == "completed", big
+        yield {"url": srv.url, "run_id": run["run_id"], "big_run_id": big["run_id"]}
     store.close()
 
 
@@ -114,3 +121,48 @@ def test_the_node_editor_refuses_an_output_of_another_type(
     assert _run_count(url) == before
     expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-id", rid)
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_a_big_integer_output_is_edited_and_forked_exactly(
+    server: dict[str, Any], page: Any
+) -> None:
+    """An integer beyond 2^53 (a float64 would print 18446744073709552000) is prefilled, sent
+    and shown with every digit: a fork of another field must not round it silently."""
+    url, rid = server["url"], server["big_run_id"]
+    recorded = BIG + len("steady")
+    page.goto(f"{url}/#/runs/{rid}?tab=graph&node=1")
+    editor = page.get_by_test_id("node-editor")
+    editor.get_by_role("button", name="replace output").click()
+    editor.get_by_test_id("editor-name").select_option("big")
+    value = editor.get_by_test_id("editor-value")
+    expect(value).to_have_value(str(recorded))
+    expect(page.get_by_test_id("node-info")).to_contain_text(str(recorded))
+    wanted = BIG + 7
+    value.fill(str(wanted))
+    editor.get_by_test_id("fork-button").click()
+    expect(page.get_by_test_id("run-view")).not_to_have_attribute("data-run-id", rid)
+    fork_id = page.get_by_test_id("run-view").get_attribute("data-run-id")
+    fork = wait_run(url, fork_id)
+    assert fork["status"] == "completed", fork
+    assert fork["override"]["value"] == wanted  # exact: Python reads the JSON integer as is
+    expect(page.get_by_test_id("run-view")).to_contain_text(f"= {wanted}")
+    shot(page, "03-big-integer-fork")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
+def test_a_rejected_token_is_told_from_a_missing_one(tmp_path: Any, page: Any) -> None:
+    """The 401 says whether a token was sent and refused or none was sent; Settings shows it."""
+    store = open_store(tmp_path / "store")
+    with ThreadServer(create_app(store, chat_client=None, token="right")) as srv:
+        none = httpx.get(f"{srv.url}/api/runs", trust_env=False)
+        wrong = httpx.get(
+            f"{srv.url}/api/runs", headers={"Authorization": "Bearer wrong"}, trust_env=False
+        )
+        assert none.status_code == wrong.status_code == 401
+        assert none.json()["message"] == "this server needs a bearer token"
+        assert "was not accepted" in wrong.json()["message"], wrong.text
+        page.goto(f"{srv.url}/#token=wrong")
+        page.goto(f"{srv.url}/#/settings")
+        expect(page.get_by_text("was not accepted")).to_be_visible()
+        shot(page, "04-token-rejected")
+    store.close()
