@@ -1,6 +1,6 @@
 // Fetch wrapper for Rewind's API: bearer token (when the server needs one), JSON errors, and a
 // server-sent-events reader built on fetch (EventSource cannot send an Authorization header).
-import { isInteger, isSafeNumber, LosslessNumber, parse as parseLossless } from "lossless-json";
+import { isInteger, isSafeNumber, LosslessNumber, parse as parseLossless, stringify as stringifyExact } from "lossless-json";
 import type { RunEvent } from "./types";
 
 const TOKEN_KEY = "rewind-token";
@@ -68,7 +68,8 @@ export async function api<T>(
   const response = await fetch(path, {
     method: init.method ?? "GET",
     headers: headers(init.body !== undefined ? { "Content-Type": "application/json" } : {}),
-    body: init.body !== undefined ? JSON.stringify(init.body) : undefined,
+    // lossless: a BigInt read by parseExact (a recorded integer beyond 2^53) is sent with every digit
+    body: init.body !== undefined ? stringifyExact(init.body) : undefined,
   });
   const text = await response.text();
   let data: unknown = null;

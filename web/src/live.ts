@@ -1,7 +1,7 @@
 // Keeps a run's graph, detail and cost fresh: server-sent events while the run is live, polling
 // when the event stream is unavailable, and one final refresh when it finishes.
 import { useCallback, useEffect, useRef, useState } from "react";
-import { api, ApiError, followEvents } from "./api";
+import { api, apiExact, ApiError, followEvents } from "./api";
 import type { Cost, Graph, RunDetail } from "./types";
 
 export interface LiveRun {
@@ -28,7 +28,7 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
     try {
       const [graph, detail] = await Promise.all([
         api<Graph>(`/api/runs/${id}/graph`),
-        api<RunDetail>(`/api/runs/${id}`),
+        apiExact<RunDetail>(`/api/runs/${id}`),
       ]);
       let cost: Cost | null = null;
       if (detail.parent_run_id) cost = await api<Cost>(`/api/runs/${id}/cost`).catch(() => null);

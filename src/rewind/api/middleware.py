@@ -163,11 +163,15 @@ def install_security(
             )
         return _body_refusal(request)
 
-    def unauthorized() -> Response:
+    def unauthorized(request: Request) -> Response:
+        sent = bearer_token(request.headers.get("authorization")) is not None
         response = _error(
             401,
             "Unauthorized",
-            "this server needs a bearer token",
+            # a token that was sent and refused is not a missing one: say which
+            "the bearer token sent was not accepted (mistyped, revoked or rotated)"
+            if sent
+            else "this server needs a bearer token",
             "send 'Authorization: Bearer <token>' (a token from `rewind user add`, or the one "
             "given to rewind serve --token)",
         )
@@ -189,7 +193,7 @@ def install_security(
         else:
             principal = await run_in_threadpool(principal_of, request)
         if principal is None:
-            return unauthorized()
+            return unauthorized(request)
         if not principal.admin and request.url.path.startswith(_ADMIN_ONLY):
             return _error(
                 403,

@@ -302,6 +302,11 @@ def _check_value_type(
         )
 
 
+def _plain_json(value: Any) -> bool:
+    """True for a value JSON writes as itself (str, number, bool, null, list, dict)."""
+    return value is None or isinstance(value, str | int | float | bool | list | dict)
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -429,12 +434,24 @@ def plan_fork(
     )
     output: EncodedField | None = None
     if isinstance(override, OutputOverride):
-        written = sorted(rw.node_output(fork_node))
+        recorded_output = rw.node_output(fork_node)
+        written = sorted(recorded_output)
         if override.field not in written:
             raise InvalidOverride(
                 f"node {fork_node.name!r} has no output field {override.field!r}",
                 f"its fields: {', '.join(written) or 'none'}",
                 field=f"{override_field}.field",
+            )
+        recorded_value = recorded_output[override.field]
+        if _plain_json(recorded_value) and _plain_json(override.value):
+            # a typed Python value (a tuple, a model) goes through serde: no JSON type to compare
+            _check_value_type(
+                fork_node.name,
+                override.field,
+                "output",
+                recorded_value,
+                override.value,
+                f"{override_field}.value",
             )
         output = _encoded(override, f"{override_field}.value")
     elif override is not None:

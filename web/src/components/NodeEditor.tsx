@@ -1,10 +1,10 @@
 // Pick a node, change one param, one Burr runtime input or one output field (JSON checked before
 // submit), fork there.
 import { useEffect, useMemo, useState } from "react";
-import { api, ApiError } from "../api";
+import { api, ApiError, parseExact } from "../api";
 import type { NodeDetail, ParamHint, Run } from "../types";
 import { LiveConfirm } from "./LiveConfirm";
-import { toText } from "./TextBlock";
+import { exactJson, toText, visible } from "./TextBlock";
 
 type Mode = "param" | "input" | "output" | "replay";
 type ChangeMode = Exclude<Mode, "replay">;
@@ -21,7 +21,7 @@ const BIG_PREFILL = 200_000;
 function parseJson(text: string): { ok: true; value: unknown } | { ok: false; error: string } {
   if (!text.trim()) return { ok: false, error: "enter a JSON value (strings in double quotes)" };
   try {
-    return { ok: true, value: JSON.parse(text) };
+    return { ok: true, value: parseExact(text) };
   } catch (e) {
     return { ok: false, error: `not valid JSON: ${(e as Error).message}` };
   }
@@ -40,7 +40,7 @@ function ParamHintView({ hint, text, onPick }: { hint: ParamHint; text: string; 
         <div className="flex flex-wrap items-center gap-1">
           allowed:
           {hint.choices.map((c) => {
-            const json = JSON.stringify(c);
+            const json = exactJson(c) ?? "";
             return (
               <button
                 key={json}
@@ -105,14 +105,14 @@ export function NodeEditor({
       setText("");
       return;
     }
-    const t = mode === "output" ? JSON.stringify(current, null, 2) : JSON.stringify(current);
+    const t = mode === "output" ? exactJson(current, 2) : exactJson(current);
     setTooBig(t !== undefined && t.length > BIG_PREFILL ? t.length : 0);
     setText(t === undefined ? "" : t.length > BIG_PREFILL ? "" : t);
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [mode, name, node.number, run.run_id]);
 
   const parsed = useMemo(() => (mode === "replay" ? null : parseJson(text)), [mode, text]);
-  const unchanged = parsed?.ok && JSON.stringify(parsed.value) === JSON.stringify(current);
+  const unchanged = parsed?.ok && exactJson(parsed.value) === exactJson(current);
   const finished = run.status !== "running" && run.status !== "queued";
   const canFork =
     finished && !busy && (effects !== "live" || liveConfirmed) && (mode === "replay" || (parsed?.ok && !!name));
@@ -186,7 +186,7 @@ export function NodeEditor({
             </select>
           </label>
           <div className="text-xs text-slate-500">
-            current: <code className="break-all">{toText(current).slice(0, 200)}</code>
+            current: <code className="break-all">{visible(toText(current).slice(0, 200))}</code>
           </div>
           {mode === "param" && detail.param_hints?.[name] && (
             <ParamHintView hint={detail.param_hints[name]} text={text} onPick={setText} />

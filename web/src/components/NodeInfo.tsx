@@ -1,7 +1,7 @@
 // Summary of the selected node execution: outcome and reason, tokens, latency, calls, outputs.
 import type { NodeDetail } from "../types";
 import { NodeBadge } from "./Status";
-import { Hash, JsonBlock } from "./TextBlock";
+import { exactJson, Hash, JsonBlock } from "./TextBlock";
 import { fmtInt, fmtMs } from "../api";
 import { CallsList } from "./Calls";
 
@@ -41,7 +41,7 @@ export function NodeInfo({ detail }: { detail: NodeDetail }) {
         {Object.keys(n.params).length > 0 && (
           <>
             <dt className="text-slate-500">params</dt>
-            <dd className="font-mono">{JSON.stringify(n.params)}</dd>
+            <dd className="font-mono">{exactJson(n.params)}</dd>
           </>
         )}
       </dl>

@@ -1,7 +1,7 @@
 // One run: header, cost bar, and the Graph / Diff / Raw JSON / Audit / What-if grid / Stability
 // tabs with the node editor.
 import { useEffect, useRef, useState } from "react";
-import { api, fmtInt, fmtMs, shortId } from "../api";
+import { apiExact, fmtInt, fmtMs, shortId } from "../api";
 import type { NodeDetail, Run } from "../types";
 import { useLiveRun } from "../live";
 import { ArtifactLink } from "./ArtifactLink";
@@ -17,7 +17,7 @@ import { RawJson } from "./RawJson";
 import { RunActions } from "./RunActions";
 import { StabilityPanel } from "./StabilityPanel";
 import { RunBadge } from "./Status";
-import { CopyButton } from "./TextBlock";
+import { CopyButton, exactJson, visible } from "./TextBlock";
 
 export const TABS = ["graph", "diff", "raw", "audit", "grid", "stability"] as const;
 export type Tab = (typeof TABS)[number];
@@ -60,7 +60,7 @@ export function RunView({
     setNodeError(null);
     if (!exec || exec.live) return;
     let cancelled = false;
-    api<NodeDetail>(`/api/runs/${runId}/nodes/${exec.number}`)
+    apiExact<NodeDetail>(`/api/runs/${runId}/nodes/${exec.number}`)
       .then((d) => !cancelled && setDetail(d))
       .catch((e: Error) => !cancelled && setNodeError(e.message));
     return () => {
@@ -121,7 +121,7 @@ export function RunView({
             </button>{" "}
             at node {run.fork_number} {run.fork_node}: <span data-testid="run-change">{run.change}</span>
             {run.override && (
-              <code className="ml-1 rounded bg-slate-100 px-1 text-xs">= {JSON.stringify(run.override.value).slice(0, 120)}</code>
+              <code className="ml-1 rounded bg-slate-100 px-1 text-xs">= {visible(exactJson(run.override.value) ?? "null").slice(0, 120)}</code>
             )}
           </div>
         )}

@@ -5,6 +5,17 @@ import { useState } from "react";
 
 export const DEFAULT_LIMIT = 2000;
 
+// Controls, formatting characters (bidi overrides/isolates, zero-width space, BOM), lone
+// surrogates and line/paragraph separators; tab, newline and the zero-width (non-)joiners stay.
+const INVISIBLE = /[^\t\n\u200c\u200d\P{Cc}]|[^\u200c\u200d\P{Cf}]|\p{Cs}|\p{Zl}|\p{Zp}/gu;
+
+/** ``text`` with every invisible or text-reordering character written as a visible JSON-style
+ * escape (``\u202e``), as ``rewind.terminal.visible`` does for the CLI: a bidi override in a
+ * recorded value cannot reorder what the page shows after it. For display only. */
+export function visible(text: string): string {
+  return text.replace(INVISIBLE, (ch) => `\\u${(ch.codePointAt(0) ?? 0).toString(16).padStart(4, "0")}`);
+}
+
 export function toText(value: unknown): string {
   if (typeof value === "string") return value;
   if (value === undefined) return "undefined";
@@ -14,6 +25,12 @@ export function toText(value: unknown): string {
   } catch {
     return String(value);
   }
+}
+
+/** JSON text of ``value`` with every number exact (BigInt and LosslessNumber digits kept, as
+ * parseExact reads them); undefined for undefined, like JSON.stringify. */
+export function exactJson(value: unknown, indent?: number): string | undefined {
+  return stringifyExact(value, null, indent);
 }
 
 function sizeLabel(chars: number): string {
@@ -38,7 +55,7 @@ export function TextBlock({
   const shown = long && !all ? text.slice(0, limit) : text;
   return (
     <div className={className} data-testid={testId}>
-      <pre className="whitespace-pre-wrap font-mono text-xs leading-5 [overflow-wrap:anywhere]">{shown}</pre>
+      <pre className="whitespace-pre-wrap font-mono text-xs leading-5 [overflow-wrap:anywhere]">{visible(shown)}</pre>
       {long && (
         <div className="mt-1 flex items-center gap-2 text-xs text-slate-500">
           <span data-testid="truncated-note">
