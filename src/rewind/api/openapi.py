@@ -37,13 +37,15 @@ def openapi_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the document to the path given (``-`` or none: standard output); returns 0."""
+    """Write the document to the path given (``argv[0]``, e.g. ``web/openapi.json``); returns 0.
+
+    Raises:
+        SystemExit: no path given (exit status 1, the usage line on standard error).
+    """
     args = sys.argv[1:] if argv is None else argv
-    text = openapi_text()
-    if not args or args[0] == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args[0]).write_text(text, encoding="utf-8")
+    if not args or args[0] in ("-", ""):
+        raise SystemExit("usage: python -m rewind.api.openapi OUT.json (e.g. web/openapi.json)")
+    Path(args[0]).write_text(openapi_text(), encoding="utf-8")
     return 0
 
 

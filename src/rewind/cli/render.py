@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from rewind import record_json
 from rewind.errors import RewindError
 from rewind.store import NodeRecord, RunRecord
 from rewind.terminal import console as make_console
@@ -53,12 +52,16 @@ def run_json(run: RunRecord) -> dict[str, Any]:
     """A run record as the ``--json`` object of ``runs``, ``show`` and ``fork``: the API's run
     object (:func:`rewind.record_json.run_json`), plus ``spawning_position`` (0-based; the API's
     ``spawning_number`` is the same position 1-based), kept for scripts written against it."""
+    from rewind import record_json  # imports Burr: not at `rewind --help`
+
     return record_json.run_json(run) | {"spawning_position": run.spawning_position}
 
 
 def node_json(n: NodeRecord) -> dict[str, Any]:
     """A node row (with its calls) as the ``--json`` object of ``show`` and ``fork``: the API's
     execution object (:func:`rewind.record_json.node_json`)."""
+    from rewind import record_json  # imports Burr: not at `rewind --help`
+
     return record_json.node_json(n)
 
 
