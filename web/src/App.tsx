@@ -1,7 +1,7 @@
 // Rewind's UI shell: hash routes (#/runs/<id>?tab=graph&node=3, #/traces, #/traces/<id>,
 // #/failures, #/settings), the runs sidebar, and the selected run or trace.
 import { useCallback, useEffect, useRef, useState } from "react";
-import { api, ApiError, getToken } from "./api";
+import { api, ApiError, getToken, takeTokenFromHash } from "./api";
 import type { RunFilters, RunsResponse } from "./types";
 import { filterQuery, NO_FILTERS, RunsList } from "./components/RunsList";
 import { RunView, TABS, type Tab } from "./components/RunView";
@@ -47,7 +47,11 @@ export default function App() {
   const sidebar = useRef<HTMLElement>(null);
 
   useEffect(() => {
-    const onHash = () => setRoute(parseRoute(window.location.hash));
+    const onHash = () => {
+      // a new `#token=…` typed into an open tab: keep it and reload, so every view asks again
+      if (takeTokenFromHash()) window.location.reload();
+      else setRoute(parseRoute(window.location.hash));
+    };
     window.addEventListener("hashchange", onHash);
     return () => window.removeEventListener("hashchange", onHash);
   }, []);

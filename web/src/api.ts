@@ -5,12 +5,14 @@ import type { RunEvent } from "./types";
 
 const TOKEN_KEY = "rewind-token";
 
-export function takeTokenFromHash(): void {
+/** Keep a `#token=…` from the address as the bearer token and drop it from the address;
+ * returns whether there was one (on load, and on a hash change in an open tab). */
+export function takeTokenFromHash(): boolean {
   const m = window.location.hash.match(/^#token=([^&]+)/);
-  if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-    window.history.replaceState(null, "", window.location.pathname + "#/");
-  }
+  if (!m) return false;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+  window.history.replaceState(null, "", window.location.pathname + "#/");
+  return true;
 }
 
 export function getToken(): string | null {
