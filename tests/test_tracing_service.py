@@ -123,7 +123,15 @@ def test_store_get_and_conflict(client: TestClient, store: Store) -> None:
     assert unreadable.status_code == 400, unreadable.text
     assert unreadable.json()["error"] == "BadRequest"
     assert unreadable.json()["message"] and unreadable.json()["hint"]
-    assert client.get("/api/traces/ffffffffffff").status_code == 404
+    missing = client.get("/api/traces/ffffffffffff")
+    assert missing.status_code == 404
+    # said as a trace, with where to find the stored ones (was "unknown run … `rewind runs`")
+    assert missing.json()["message"] == "unknown trace 'ffffffffffff'"
+    assert "/api/traces" in missing.json()["hint"]
+    for route in ("inspect", "root-cause", "compare/ffffffffffff"):
+        assert "unknown trace" in client.get(f"/api/traces/ffffffffffff/{route}").json()["message"]
+    short = client.get("/api/traces/ff").json()  # a too-short prefix keeps its own advice
+    assert "characters" in short["hint"], short
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from rewind.api import models as m
 from rewind.api.models import typed
 from rewind.api.schemas import SERVER_ERRORS, error_responses
 from rewind.canonical import CanonicalError, canonical_bytes
-from rewind.errors import InvalidOverride, UnknownNode
+from rewind.errors import InvalidOverride, UnknownNode, UnknownRun
 from rewind.store import Store
 from rewind.tracing.correlation import correlate_failures
 from rewind.tracing.failures import analyze_failures
@@ -317,6 +317,23 @@ class TraceReplayRequest(BaseModel):
     stop_at_divergence: bool = Field(False, description="stop after the first divergent step")
 
 
+def _trace(store: Store, trace_id: str, *, payloads: bool = False) -> Any:
+    """:func:`load_trace`, with an unknown id said as a trace (the trace views' 404).
+
+    Raises:
+        UnknownRun: no stored trace or run has this id or unique prefix.
+    """
+    try:
+        return load_trace(store, trace_id, payloads=payloads)
+    except UnknownRun as exc:
+        if not exc.message.startswith("unknown run"):
+            raise  # an ambiguous prefix: its own message says what to give
+        hint = exc.hint.replace("(rewind runs)", "(GET /api/traces lists them)")
+        if "characters" not in hint:
+            hint = "GET /api/traces lists the stored traces"
+        raise UnknownRun(f"unknown trace {trace_id!r}", hint) from exc
+
+
 def trace_router(
     store: Store, *, settings: InspectionSettings | None = None, chat_client: Any = None
 ) -> APIRouter:
@@ -466,7 +483,7 @@ def trace_router(
     def get_trace(trace_id: str) -> dict[str, Any]:
         """One trace (id or unique prefix) with every step's input, output, status, timing,
         tokens, attributes and hashes. A Burr run reads as a trace too."""
-        return load_trace(store, trace_id).to_json()
+        return _trace(store, trace_id).to_json()
 
     @r.get("/traces/{trace_id}/inspect", responses=_LOOKUP)
     def inspect(
@@ -474,7 +491,7 @@ def trace_router(
         step: Annotated[str | None, Query(description="one step: name, name#k or number")] = None,
     ) -> dict[str, Any]:
         """Findings per step (severity, message, suggestion) and a data summary."""
-        view = load_trace(store, trace_id, payloads=True)
+        view = _trace(store, trace_id, payloads=True)
         try:
             return inspect_trace(view, step=step, settings=insp).to_json()
         except LookupError as exc:
@@ -486,12 +503,12 @@ def trace_router(
     def get_root_cause(trace_id: str) -> dict[str, Any]:
         """Why the trace failed: the failing step, its input, the steps before it, upstream
         causes, suggestions and the command that re-runs it."""
-        return root_cause(load_trace(store, trace_id, payloads=True), insp).to_json()
+        return root_cause(_trace(store, trace_id, payloads=True), insp).to_json()
 
     @r.get("/traces/{trace_id}/compare/{other_id}", responses=_LOOKUP, **typed(m.TraceCompare))
     def compare(trace_id: str, other_id: str) -> dict[str, Any]:
         """Step-by-step comparison: equal/changed steps, changed paths, similarities."""
-        return compare_traces(load_trace(store, trace_id), load_trace(store, other_id))
+        return compare_traces(_trace(store, trace_id), _trace(store, other_id))
 
     @r.post(
         "/otlp/v1/traces",
