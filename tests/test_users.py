@@ -389,7 +389,8 @@ def test_the_browser_ui_takes_a_token_and_shows_only_that_users_runs(
         page.get_by_test_id("token-save").click()
         expect(page.get_by_test_id(f"run-item-{a}")).to_be_visible()
         expect(page.get_by_test_id(f"run-item-{b}")).to_have_count(0)
-        expect(page.get_by_test_id("setting-signed-in-as")).to_have_text("alice")
+        signed_in = page.get_by_test_id("effective-signed-in-as")
+        expect(signed_in.get_by_test_id("effective-value")).to_have_text("alice")
         page.goto(f"{server.url}/#/runs/{b}")  # another user's run: not found, never shown
         expect(page.get_by_test_id("run-error")).to_contain_text(f"unknown run '{b}'")
         expect(page.get_by_test_id(f"run-item-{b}")).to_have_count(0)
