@@ -222,7 +222,10 @@ def test_a_started_run_and_its_job_serve_only_declared_keys(served: dict[str, An
     accepted = r.json()
     assert RunAccepted.model_validate(accepted).run_id == accepted["run_id"]
     deadline = time.monotonic() + 120
-    # (a job on this server's threads gets its row when a worker starts it: wait for the run)
+    # the job's row is written before the 202, as on a queue: never a 404 while it waits
+    first = c.get(f"/api/jobs/{accepted['job_id']}")
+    assert first.status_code == 200, first.text
+    assert first.json()["state"] in ("queued", "running", "succeeded", "failed")
     while (run := typed_get(c, m.RunDetail, f"/api/runs/{accepted['run_id']}"))["status"] in (
         "queued",
         "running",

@@ -225,9 +225,17 @@ class RunManager(_WorkerPool):
 
     # -- jobs ---------------------------------------------------------------------------------
     def submit(self, job: RunJob) -> RunJob:
-        """Queue a job; it executes on a worker thread. Returns it."""
+        """Queue a job; it executes on a worker thread. Returns it.
+
+        A job described as data gets its row (``queued``) before this returns, as on a queue,
+        so ``GET /api/jobs/{id}`` finds it while it waits for a free worker thread.
+        """
 
         def register() -> None:
+            if job.spec is not None:
+                from rewind.jobs import state as job_state
+
+                job_state.add_job(self.store, job.spec)
             with self._lock:
                 self._jobs[job.run_id] = job
                 self._prune()
