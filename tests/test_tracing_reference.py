@@ -238,3 +238,49 @@ def test_a_replay_is_stored_by_reference_on_each_backend(
         assert own_rows(st, r.trace_id)["nodes"] == 0
     finally:
         st.close()
+
+
+def test_a_source_read_once_is_reused_and_never_outlives_its_run(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replays of the same source in one process read its node, call and span rows once; a run
+    deleted and stored again under the same id is read again (its start time is part of the
+    key), so a replay never compares itself with rows that are gone."""
+    from rewind.store.retention import delete_run
+    from rewind.tracing import tracer_source
+
+    reads: list[str] = []
+    real = tracer_source.load_rows
+
+    def counting(conn: Any, run_id: str, **kw: Any) -> Any:
+        reads.append(run_id)
+        return real(conn, run_id, **kw)
+
+    monkeypatch.setattr(tracer_source, "load_rows", counting)
+
+    def trace_as(trace_id: str | None, read_cache: bool, steps: int) -> str:
+        tracer = Tracer(folder, chat_client=chat_client, read_cache=read_cache)
+        try:
+            with tracer.trace("agent", trace_id=trace_id) as t:
+                agent(steps)
+        finally:
+            tracer.close()
+        assert t.write_error is None
+        return t.trace_id
+
+    source = trace_as("a" * 32, read_cache=False, steps=5)
+    first = trace_as(None, read_cache=True, steps=5)
+    second = trace_as(None, read_cache=True, steps=5)
+    assert reads.count(source) == 1  # the second replay used the rows the first one read
+    with opened(folder) as st:
+        for run in (second, first, source):
+            delete_run(st, run)
+
+    # Same id, fewer steps: rows kept from before would make the replay a partial reference.
+    again = trace_as("a" * 32, read_cache=False, steps=3)
+    replay = trace_as(None, read_cache=True, steps=3)
+    assert reads.count(source) == 2
+    with opened(folder) as st:
+        run = st.get_run(replay)
+        assert run.parent_run_id == again
+        assert run.config["reference"] == {"run": again, "steps": 6, "all": True}

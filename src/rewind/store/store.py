@@ -8,6 +8,7 @@ artifacts are files under the store's folder, referenced by hash and relative pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -168,9 +169,9 @@ class Store:
         # Statements are built once: constructing one costs more than executing it (measured
         # ~150 µs vs ~40 µs per blob insert on the record hot path).
         dialect = engine.dialect.name
-        self._insert_blob = _insert_ignore_stmt(dialect, schema.blobs, ["hash"])
-        self._upsert_llm = _upsert_stmt(dialect, schema.llm_cache, ["key"])
-        self._upsert_tool = _upsert_stmt(dialect, schema.tool_cache, ["key"])
+        self._insert_blob = _insert_ignore_stmt(dialect, schema.blobs, ("hash",))
+        self._upsert_llm = _upsert_stmt(dialect, schema.llm_cache, ("key",))
+        self._upsert_tool = _upsert_stmt(dialect, schema.tool_cache, ("key",))
         self._insert_state = insert(schema.burr_state)
         self._insert_node = insert(schema.nodes)
         self._insert_call = insert(schema.calls)
@@ -962,7 +963,7 @@ class Store:
         rows = [{"pipeline": pipeline, "src": s, "dst": d, "condition": c} for s, d, c in edges]
         if not rows:
             return
-        keys = ["pipeline", "src", "dst"]
+        keys = ("pipeline", "src", "dst")
         stmt = _insert_ignore_stmt(self.engine.dialect.name, schema.edges, keys)
         if conn is not None:
             conn.execute(stmt, rows)
@@ -1133,7 +1134,7 @@ class Store:
         if self.objects is not None:  # servers and workers on other machines read it there
             self.objects.put_object(artifact_key(run_id, name), data)
         with self.write() as conn:
-            stmt = _upsert_stmt(conn.dialect.name, schema.artifacts, ["run_id", "name"])
+            stmt = _upsert_stmt(conn.dialect.name, schema.artifacts, ("run_id", "name"))
             row = {"run_id": run_id, "name": name, "sha256": digest, "size": len(data)}
             conn.execute(stmt, [row | {"path": rel.as_posix()}])
         return digest, path
@@ -1338,14 +1339,18 @@ def _dialect_insert(dialect: str, table: Any) -> Any:
     return sqlite_insert(table)
 
 
-def _insert_ignore_stmt(dialect: str, table: Any, keys: list[str]) -> Any:
-    return _dialect_insert(dialect, table).on_conflict_do_nothing(index_elements=keys)
+# Built once per process and dialect (statements are immutable; building an upsert walks the
+# table's columns, ~1 ms, on every store opened — a traced chain opens one per trace).
+@functools.cache
+def _insert_ignore_stmt(dialect: str, table: Any, keys: tuple[str, ...]) -> Any:
+    return _dialect_insert(dialect, table).on_conflict_do_nothing(index_elements=list(keys))
 
 
-def _upsert_stmt(dialect: str, table: Any, keys: list[str]) -> Any:
+@functools.cache
+def _upsert_stmt(dialect: str, table: Any, keys: tuple[str, ...]) -> Any:
     stmt = _dialect_insert(dialect, table)
     rest = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
-    return stmt.on_conflict_do_update(index_elements=keys, set_=rest)
+    return stmt.on_conflict_do_update(index_elements=list(keys), set_=rest)
 
 
 _OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()

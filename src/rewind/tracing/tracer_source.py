@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, select, text
@@ -29,6 +31,11 @@ __all__ = ["CANDIDATES", "FoundSource", "find_source"]
 
 CANDIDATES = 4
 """How many of the newest traces of the same name are tried."""
+ROWS_KEPT = 8
+"""How many sources' rows this process keeps between traces (see :func:`source_rows`)."""
+
+_ROWS: OrderedDict[tuple[str, str, float, float | None], SourceRows] = OrderedDict()
+_ROWS_LOCK = threading.Lock()
 
 
 @dataclass
@@ -65,7 +72,7 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
             if run_id in tried:
                 continue
             tried.add(run_id)
-            rows = load_rows(conn, run_id)
+            rows = source_rows(store, conn, run_id)
             if not rows.is_trace:
                 continue
             calls = {(c["kind"], c["key"]) for cs in rows.calls.values() for c in cs}
@@ -73,6 +80,38 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
                 continue
             return _prefetch(store, conn, rows, calls)
     return None
+
+
+def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
+    """The rows of ``run_id`` (:func:`rewind.store.references.load_rows`), kept in this process
+    for the next trace that replays the same source.
+
+    A completed run's node, call and span rows are never updated, only deleted with the run, so
+    rows read before are still its rows while a run row with the same id, status, start and end
+    exists: that row is read first, in ``conn``'s transaction, and it is the key (a run deleted
+    and stored again under the same id has another start time). The rows are shared between
+    the traces that use them: callers treat them as read-only. The cache entries and result
+    bytes of the calls are not kept: a recording may have replaced them since
+    (:func:`_prefetch` reads them for each trace).
+    """
+    runs = schema.runs
+    row = conn.execute(
+        select(runs.c.status, runs.c.created_at, runs.c.finished_at).where(runs.c.run_id == run_id)
+    ).first()
+    if row is None or row[0] != "completed":
+        return load_rows(conn, run_id)
+    key = (str(store.engine.url), run_id, float(row[1]), row[2])
+    with _ROWS_LOCK:
+        rows = _ROWS.get(key)
+        if rows is not None:
+            _ROWS.move_to_end(key)
+            return rows
+    rows = load_rows(conn, run_id)
+    with _ROWS_LOCK:
+        _ROWS[key] = rows
+        while len(_ROWS) > ROWS_KEPT:
+            _ROWS.popitem(last=False)
+    return rows
 
 
 def _prefetch(
@@ -89,7 +128,7 @@ def _prefetch(
             if (kind, key) not in calls:
                 continue
             found.entries[(kind, key)] = CacheEntry(key, result, created, origin=origin)
-            if codec in ("raw", "zlib") and data is not None:
+            if codec in _INLINE_CODECS and data is not None:
                 found.blobs[result] = unpack_blob(codec, data)
             else:
                 wanted.add(result)
@@ -99,6 +138,9 @@ def _prefetch(
             found.blobs.update(store.get_blobs(wanted, conn))
     return found
 
+
+_INLINE_CODECS = frozenset({"raw", "zlib", "zd1"})
+"""Codecs whose bytes are in the blob row (``object`` blobs are read from the object store)."""
 
 _CACHED = text(
     "SELECT c.kind, l.key, l.response_hash, l.created_at, l.origin, b.codec, b.data"
