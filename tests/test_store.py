@@ -433,3 +433,26 @@ def test_a_store_reopened_in_this_process_reuses_its_engine_on_the_file_as_it_is
     assert again.engine is first.engine
     assert not again.run_exists("r" * 32)
     again.close()
+
+
+def test_opening_a_current_store_takes_no_write_lock(tmp_path: Path) -> None:
+    """A store at the newest schema is checked with a read: opening it writes nothing, so it
+    does not queue behind (or block) a writer. A new store is still created in a write."""
+    from sqlalchemy import Engine, event
+
+    seen: list[str] = []
+
+    def statement(_conn: object, _cursor: object, sql: str, *_a: object) -> None:
+        seen.append(sql.strip().split()[0].upper() + (" IMMEDIATE" if "IMMEDIATE" in sql else ""))
+
+    event.listen(Engine, "before_cursor_execute", statement)
+    try:
+        open_store(tmp_path / "s").close()
+        created = list(seen)
+        seen.clear()
+        open_store(tmp_path / "s").close()
+    finally:
+        event.remove(Engine, "before_cursor_execute", statement)
+    assert "BEGIN IMMEDIATE" in created
+    assert seen and "BEGIN IMMEDIATE" not in seen
+    assert not {"INSERT", "UPDATE", "DELETE", "CREATE"} & set(seen)

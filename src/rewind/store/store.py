@@ -258,6 +258,18 @@ class Store:
             )
 
     def _init_schema(self) -> None:
+        """Check the schema, and migrate it (in a write transaction) only when it is not at
+        :data:`rewind.store.migrate.HEAD`: opening a current store reads two rows and takes no
+        write lock (a traced chain opens its store once per trace)."""
+        try:
+            with self.read() as conn:
+                current = migrate.current_revision(conn) == migrate.HEAD
+                version = _schema_version(conn) if current else None
+        except SQLAlchemyError:
+            current = False  # a new database, or one being created: the write path decides
+        if current and version is not None:
+            self._check_version(version)
+            return
         with self.write() as conn:
             migrate.upgrade(conn, where=str(self.root))
             version = _schema_version(conn)
