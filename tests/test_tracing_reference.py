@@ -243,7 +243,8 @@ def test_a_replay_is_stored_by_reference_on_each_backend(
 def test_a_source_read_once_is_reused_and_never_outlives_its_run(
     folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Replays of the same source in one process read its node, call and span rows once; a run
+    """Replays of the same source in one process read its node, call and span rows and its
+    results once; a run
     deleted and stored again under the same id is read again (its start time is part of the
     key), so a replay never compares itself with rows that are gone."""
     from rewind.store.retention import delete_run
@@ -268,10 +269,21 @@ def test_a_source_read_once_is_reused_and_never_outlives_its_run(
         assert t.write_error is None
         return t.trace_id
 
+    blob_reads: list[str] = []
+    real_blobs = Store.get_blobs
+
+    def counting_blobs(self: Store, digests: Any, conn: Any = None) -> dict[str, bytes]:
+        digests = list(digests)
+        blob_reads.extend(digests)
+        return real_blobs(self, digests, conn)
+
+    monkeypatch.setattr(Store, "get_blobs", counting_blobs)
     source = trace_as("a" * 32, read_cache=False, steps=5)
     first = trace_as(None, read_cache=True, steps=5)
+    blob_reads.clear()
     second = trace_as(None, read_cache=True, steps=5)
     assert reads.count(source) == 1  # the second replay used the rows the first one read
+    assert blob_reads == []  # and the results it read (kept by hash)
     with opened(folder) as st:
         for run in (second, first, source):
             delete_run(st, run)

@@ -7,8 +7,11 @@ call (the newest completed trace of the same name whose calls include the key) a
 one transaction, that trace's rows and the cache entries and result bytes of all its calls.
 Later lookups of those keys are dictionary reads; any other key is looked up in the store as
 before, so what a lookup returns is exactly what the cache table holds (as of the first
-lookup). The trace is then written as a replay of its source (its ``parent``), stored by
-reference where it is identical (:mod:`rewind.store.references`).
+lookup). Within one process, the source's rows (immutable while the run exists, see
+:func:`source_rows`) and the result bytes (content-addressed) are kept for the next trace that
+replays it; the cache entries are read each time. The trace is then written as a replay of its
+source (its ``parent``), stored by reference where it is identical
+(:mod:`rewind.store.references`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from sqlalchemy import Connection, select, text
 
 from rewind.errors import StoreError
 from rewind.store import Store, schema
-from rewind.store.codec import unpack as unpack_blob
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
 from rewind.store.store import CacheEntry
 
@@ -122,35 +124,62 @@ def _prefetch(
     found = FoundSource(rows)
     wanted: set[str] = set()
     for holder in rows.holders:
-        for kind, key, result, created, origin, codec, data in conn.execute(
-            _CACHED, {"r": holder}
-        ).fetchall():
+        for kind, key, result, created, origin in conn.execute(_CACHED, {"r": holder}).fetchall():
             if (kind, key) not in calls:
                 continue
             found.entries[(kind, key)] = CacheEntry(key, result, created, origin=origin)
-            if codec in _INLINE_CODECS and data is not None:
-                found.blobs[result] = unpack_blob(codec, data)
-            else:
+            data = _remembered(result)
+            if data is None:
                 wanted.add(result)
+            else:
+                found.blobs[result] = data
     if wanted:
         # A missing blob is read lazily, and fails there as before.
         with contextlib.suppress(StoreError):
-            found.blobs.update(store.get_blobs(wanted, conn))
+            read = store.get_blobs(wanted, conn)
+            found.blobs.update(read)
+            _remember(read)
     return found
 
 
-_INLINE_CODECS = frozenset({"raw", "zlib", "zd1"})
-"""Codecs whose bytes are in the blob row (``object`` blobs are read from the object store)."""
+BLOB_MEMORY_BYTES = 16 * 1024 * 1024
+"""How many bytes of call results this process keeps by hash between cached traces."""
+
+_BLOBS: OrderedDict[str, bytes] = OrderedDict()
+_BLOBS_SIZE = [0]
+
+
+def _remembered(digest: str) -> bytes | None:
+    """The bytes of blob ``digest`` if this process read them before. Blobs are
+    content-addressed: a hash always names the same bytes, so they never go stale."""
+    with _ROWS_LOCK:
+        data = _BLOBS.get(digest)
+        if data is not None:
+            _BLOBS.move_to_end(digest)
+        return data
+
+
+def _remember(blobs: dict[str, bytes]) -> None:
+    """Keep blobs read from the store (the least recently used go beyond
+    :data:`BLOB_MEMORY_BYTES`)."""
+    with _ROWS_LOCK:
+        for digest, data in blobs.items():
+            if digest in _BLOBS or len(data) > BLOB_MEMORY_BYTES // 64:
+                continue
+            _BLOBS[digest] = data
+            _BLOBS_SIZE[0] += len(data)
+        while _BLOBS_SIZE[0] > BLOB_MEMORY_BYTES:
+            _digest, dropped = _BLOBS.popitem(last=False)
+            _BLOBS_SIZE[0] -= len(dropped)
+
 
 _CACHED = text(
-    "SELECT c.kind, l.key, l.response_hash, l.created_at, l.origin, b.codec, b.data"
+    "SELECT c.kind, l.key, l.response_hash, l.created_at, l.origin"
     " FROM calls c JOIN llm_cache l ON l.key = c.key"
-    " LEFT JOIN blobs b ON b.hash = l.response_hash"
     " WHERE c.run_id = :r AND c.kind = 'llm'"
     " UNION ALL"
-    " SELECT c.kind, t.key, t.result_hash, t.created_at, t.origin, b.codec, b.data"
+    " SELECT c.kind, t.key, t.result_hash, t.created_at, t.origin"
     " FROM calls c JOIN tool_cache t ON t.key = c.key"
-    " LEFT JOIN blobs b ON b.hash = t.result_hash"
     " WHERE c.run_id = :r AND c.kind = 'tool'"
 )
-"""The cache entries (and stored result blobs) of one run's calls."""
+"""The cache entries of one run's calls."""
