@@ -130,7 +130,10 @@ def test_a_recorded_trace_leaves_no_wal_and_its_pages_are_mostly_payload(
 def test_chat_blobs_are_stored_compressed(recorded: tuple[Path, Path]) -> None:
     folder, _empty = recorded
     with contextlib.closing(sqlite3.connect(folder / "rewind.db")) as conn:
-        rows = conn.execute("SELECT hash, size, codec, data FROM blobs").fetchall()
+        stored = conn.execute("SELECT hash, size, codec, data FROM blobs").fetchall()
+    # Hashes are kept as their 32 bytes (migration 0011), read back as hex by the store.
+    assert all(type(h) is bytes and len(h) == 32 for h, _s, _c, _d in stored)
+    rows = [(h.hex(), size, codec, data) for h, size, codec, data in stored]
     raw_total = sum(size for _h, size, _c, _d in rows)
     stored_total = sum(len(data) for _h, _s, _c, data in rows)
     codecs = {codec for _h, _s, codec, _d in rows}

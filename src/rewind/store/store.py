@@ -34,6 +34,7 @@ from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engi
 from rewind.store.objects import ObjectStore, artifact_key
 from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
+from rewind.store.schema import digest_bytes
 
 DB_FILENAME = "rewind.db"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
@@ -427,7 +428,13 @@ class Store:
             conn.execute(stmt, rows)
             return
         sql, columns = bulk
-        conn.exec_driver_sql(sql, [tuple(row.get(c, d) for c, d in columns) for row in rows])
+        conn.exec_driver_sql(
+            sql,
+            [
+                tuple(digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns)
+                for row in rows
+            ],
+        )
 
     def _present_blobs(self, digests: Collection[str]) -> set[str]:
         """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
@@ -1227,11 +1234,13 @@ _BULK_TABLES = {
 }
 
 
-def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
+def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
     """Per table of :data:`_BULK_TABLES`: the SQLite ``INSERT`` statement with ``?`` marks for
-    every column, and (column, value when a row omits it) in that order — the same statements
-    and defaults as the SQLAlchemy ones in :class:`Store` (scalar column defaults only)."""
-    out: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
+    every column, and (column, value when a row omits it, whether it is a
+    :class:`~rewind.store.schema.Digest` to bind as bytes) in that order — the same statements,
+    defaults and stored values as the SQLAlchemy ones in :class:`Store` (scalar column defaults
+    only)."""
+    out: dict[str, tuple[str, list[tuple[str, Any, bool]]]] = {}
     for name, (target, action) in _BULK_TABLES.items():
         table = schema.metadata.tables[name]
         columns = []
@@ -1239,8 +1248,14 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
             default = col.default
             if default is not None and not default.is_scalar:
                 raise AssertionError(f"{name}.{col.name}: a bulk insert needs scalar defaults")
-            columns.append((col.name, None if default is None else default.arg))
-        names = [c for c, _d in columns]
+            columns.append(
+                (
+                    col.name,
+                    None if default is None else default.arg,
+                    isinstance(col.type, schema.Digest),
+                )
+            )
+        names = [c for c, _d, _dg in columns]
         sql = f"INSERT INTO {name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
         if action == "NOTHING":
             sql += f" ON CONFLICT ({target}) DO NOTHING"

@@ -110,5 +110,5 @@ _CACHED = text(
     " FROM calls c JOIN tool_cache t ON t.key = c.key"
     " LEFT JOIN blobs b ON b.hash = t.result_hash"
     " WHERE c.run_id = :r AND c.kind = 'tool'"
-)
+).columns(key=schema.Digest(), response_hash=schema.Digest())  # hex on SQLite too (schema.Digest)
 """The cache entries (and stored result blobs) of one run's calls."""
