@@ -74,6 +74,12 @@ def test_the_migration_converts_the_columns_the_schema_declares() -> None:
     }
     assert {k: v for k, v in declared.items() if v} == DIGEST_COLUMNS
     assert _revision_0011().COLUMNS == DIGEST_COLUMNS
+    declared_key_ordered = {
+        t.name
+        for t in schema.metadata.sorted_tables
+        if t.dialect_options["sqlite"]["with_rowid"] is False
+    }
+    assert declared_key_ordered == KEY_ORDERED == set(_revision_0011()._KEY_ORDERED)
 
 
 # --- stores: written, downgraded to 0010, upgraded again ------------------------------------
@@ -128,6 +134,16 @@ def _everything(store: Store, ids: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def _without_rowid(store: Store) -> set[str]:
+    """The SQLite tables stored WITHOUT ROWID."""
+    with store.read() as conn:
+        rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
+        return {name for name, sql in rows if sql.rstrip().upper().endswith("WITHOUT ROWID")}
+
+
+KEY_ORDERED = {"calls", "llm_cache", "tool_cache"}
+
+
 def _stored_types(store: Store) -> set[str]:
     """The SQLite storage classes of the digest columns' non-null values."""
     found: set[str] = set()
@@ -154,11 +170,13 @@ def test_a_store_written_at_0010_upgrades_keeping_every_run(store_target: StoreT
         sqlite = store.engine.dialect.name == "sqlite"
         if sqlite:
             assert _stored_types(store) == {"blob32"}
+            assert _without_rowid(store) == KEY_ORDERED
         with store.write() as conn:
             command.downgrade(migrate._config(conn), "0010")  # type: ignore[arg-type]
             assert migrate.current_revision(conn) == "0010"
         if sqlite:  # what Rewind wrote at 0010: hex text
             assert _stored_types(store) == {"text64"}
+            assert _without_rowid(store) == set()
     finally:
         store.close()
     store = store_target.open()  # a newer Rewind opening a 0010 store upgrades it
@@ -167,6 +185,7 @@ def test_a_store_written_at_0010_upgrades_keeping_every_run(store_target: StoreT
             assert migrate.current_revision(conn) == migrate.HEAD
         if sqlite:
             assert _stored_types(store) == {"blob32"}
+            assert _without_rowid(store) == KEY_ORDERED
         assert _everything(store, ids) == written
         # And the upgraded store keeps working: an unchanged fork and a trace replay are served
         # from what it holds (no request reaches the model).
@@ -206,6 +225,9 @@ def test_immutability_triggers_are_back_after_the_upgrade(tmp_path: Path) -> Non
         assert {"nodes_immutable_update", "calls_immutable_update"} <= triggers
         with pytest.raises(sqlite3.DatabaseError, match="immutable"):
             conn.execute("UPDATE nodes SET output_hash = NULL WHERE run_id = ?", (run.run_id,))
+        # calls was rebuilt WITHOUT ROWID: its trigger came along
+        with pytest.raises(sqlite3.DatabaseError, match="immutable"):
+            conn.execute("UPDATE calls SET outcome = 'hit' WHERE run_id = ?", (run.run_id,))
 
 
 def test_a_rewind_that_predates_0011_refuses_the_store(

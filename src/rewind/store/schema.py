@@ -176,6 +176,7 @@ calls = Table(
     Column("latency_ms", Float, nullable=False, default=0.0),
     Column("determinism", String(24), nullable=False, default="deterministic"),
     Column("produced_at", Float, nullable=True),  # when the result was produced (unix s)
+    sqlite_with_rowid=False,  # migration 0011: rows are small; no separate key index
 )
 
 effects = Table(
@@ -243,6 +244,7 @@ llm_cache = Table(
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("created_at", Float, nullable=False),
     Column("origin", String(64), nullable=True),  # None: recorded here; else the importing trace
+    sqlite_with_rowid=False,  # migration 0011: rows are small; no separate key index
 )
 
 tool_cache = Table(
@@ -254,6 +256,7 @@ tool_cache = Table(
     Column("result_hash", Digest(), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("origin", String(64), nullable=True),  # None: recorded here; else the importing trace
+    sqlite_with_rowid=False,  # migration 0011: rows are small; no separate key index
 )
 
 blobs = Table(
