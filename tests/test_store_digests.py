@@ -5,6 +5,7 @@ row, downgrade back, and a Rewind that predates the revision refuses the store."
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import shutil
 import sqlite3
@@ -14,13 +15,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 
 import rewind
 from rewind.errors import StoreError
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import Store, migrate, open_store, schema
+from rewind.store.retention import collect_garbage
 from rewind.store.schema import DIGEST_COLUMNS, Digest, digest_bytes
 from rewind.store.store import DB_FILENAME
 from rewind.tracing import Tracer, chat_step, load_trace, step
@@ -29,6 +31,12 @@ from tests.conftest import StoreTarget
 from tests.model_stub import STUB_MODEL, ModelStub
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
+BLOB_SAMPLES = (
+    b"7",
+    b'{"messages": [{"content": "hi", "role": "user"}], "model": "m"}',
+    b"".join(hashlib.sha256(b"%d" % i).digest() for i in range(13)),  # 416 random bytes: raw
+    b'{"rows": [' + b", ".join(b'{"x": %d}' % i for i in range(400)) + b"]}",  # zlib, spilled
+)
 _TOOL = step("digest_sum", "tool_call")(rewind.tool("digest_sum_numbers")(lambda n: sum(n)))
 
 
@@ -80,6 +88,7 @@ def test_the_migration_converts_the_columns_the_schema_declares() -> None:
         if t.dialect_options["sqlite"]["with_rowid"] is False
     }
     assert declared_key_ordered == KEY_ORDERED == set(_revision_0011()._KEY_ORDERED)
+    assert _revision_0011().SPILL_MIN_BYTES == schema.SPILL_MIN_BYTES
 
 
 # --- stores: written, downgraded to 0010, upgraded again ------------------------------------
@@ -88,6 +97,9 @@ def _record(store: Store, stub: ModelStub) -> dict[str, str]:
     rw = Rewind(store)
     run = rw.record(pipelines.pipeline, {"x": 7})
     fork = rw.fork(run.run_id, at="expand")
+    with store.write() as conn:  # blobs of every storage form: raw, zd1, zlib; inline, spilled
+        for data in BLOB_SAMPLES:
+            store.put_blob(conn, data)
     client = ChatClient(
         Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL),
         retry=RetryPolicy(attempts=1),
@@ -141,14 +153,22 @@ def _without_rowid(store: Store) -> set[str]:
         return {name for name, sql in rows if sql.rstrip().upper().endswith("WITHOUT ROWID")}
 
 
-KEY_ORDERED = {"calls", "llm_cache", "tool_cache"}
+KEY_ORDERED = {"calls", "llm_cache", "tool_cache", "blobs"}
+
+
+def _codecs(store: Store) -> set[str]:
+    with store.read() as conn:
+        return {r[0] for r in conn.execute(select(schema.blobs.c.codec))}
 
 
 def _stored_types(store: Store) -> set[str]:
     """The SQLite storage classes of the digest columns' non-null values."""
     found: set[str] = set()
     with store.read() as conn:
+        tables = set(inspect(conn).get_table_names())
         for table, columns in DIGEST_COLUMNS.items():
+            if table not in tables:  # blob_data, below 0011
+                continue
             for col in columns:
                 rows = conn.exec_driver_sql(
                     f"SELECT DISTINCT typeof({col}), length({col}) FROM {table} "
@@ -171,12 +191,17 @@ def test_a_store_written_at_0010_upgrades_keeping_every_run(store_target: StoreT
         if sqlite:
             assert _stored_types(store) == {"blob32"}
             assert _without_rowid(store) == KEY_ORDERED
+            assert _codecs(store) >= {"raw", "zd1", "x-raw", "x-zlib"}
         with store.write() as conn:
             command.downgrade(migrate._config(conn), "0010")  # type: ignore[arg-type]
             assert migrate.current_revision(conn) == "0010"
         if sqlite:  # what Rewind wrote at 0010: hex text
             assert _stored_types(store) == {"text64"}
             assert _without_rowid(store) == set()
+            assert _codecs(store) >= {"raw", "zd1", "zlib"}
+            assert not any(c.startswith("x-") for c in _codecs(store))
+            with store.read() as conn:
+                assert "blob_data" not in inspect(conn).get_table_names()
     finally:
         store.close()
     store = store_target.open()  # a newer Rewind opening a 0010 store upgrades it
@@ -186,6 +211,7 @@ def test_a_store_written_at_0010_upgrades_keeping_every_run(store_target: StoreT
         if sqlite:
             assert _stored_types(store) == {"blob32"}
             assert _without_rowid(store) == KEY_ORDERED
+            assert _codecs(store) >= {"raw", "zd1", "x-raw", "x-zlib"}
         assert _everything(store, ids) == written
         # And the upgraded store keeps working: an unchanged fork and a trace replay are served
         # from what it holds (no request reaches the model).
@@ -228,6 +254,35 @@ def test_immutability_triggers_are_back_after_the_upgrade(tmp_path: Path) -> Non
         # calls was rebuilt WITHOUT ROWID: its trigger came along
         with pytest.raises(sqlite3.DatabaseError, match="immutable"):
             conn.execute("UPDATE calls SET outcome = 'hit' WHERE run_id = ?", (run.run_id,))
+
+
+def test_long_packed_bytes_live_in_blob_data_and_go_with_their_blob(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        with store.write() as conn:
+            digests = [store.put_blob(conn, data) for data in BLOB_SAMPLES]
+        assert store.get_blobs(digests) == dict(zip(digests, BLOB_SAMPLES, strict=True))
+        b, d = schema.blobs, schema.blob_data
+        with store.read() as conn:
+            rows = {r.hash: r for r in conn.execute(select(b.c.hash, b.c.codec, b.c.data))}
+            spilled = {r.hash: r.data for r in conn.execute(select(d.c.hash, d.c.data))}
+        assert set(spilled) == {digests[2], digests[3]}
+        assert {rows[h].codec for h in spilled} == {"x-raw", "x-zlib"}
+        assert all(rows[h].data == b"" for h in spilled)
+        assert all(len(rows[h].data) < schema.SPILL_MIN_BYTES for h in digests)
+        # Nothing names these blobs: a gc deletes them, spilled bytes included.
+        report = collect_garbage(store, 0)
+        assert report.blobs_deleted == len(BLOB_SAMPLES)
+        with store.read() as conn:
+            assert conn.execute(select(d.c.hash)).all() == []
+        # A spilled blob whose bytes are gone is reported missing, not read as empty.
+        with store.write() as conn:
+            digest = store.put_blob(conn, BLOB_SAMPLES[2])
+            conn.execute(d.delete())
+        with pytest.raises(StoreError, match="missing"):
+            store.get_blob(digest)
+    finally:
+        store.close()
 
 
 def test_a_rewind_that_predates_0011_refuses_the_store(

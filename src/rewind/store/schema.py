@@ -81,6 +81,7 @@ DIGEST_COLUMNS: dict[str, tuple[str, ...]] = {
     "calls": ("key", "request_hash", "result_hash"),
     "llm_cache": ("key", "request_hash", "response_hash"),
     "tool_cache": ("key", "args_hash", "result_hash"),
+    "blob_data": ("hash",),
 }
 """The columns typed :class:`Digest` (migration 0011 converted their stored values on SQLite)."""
 
@@ -264,9 +265,28 @@ blobs = Table(
     metadata,
     Column("hash", Digest(), primary_key=True),
     Column("size", Integer, nullable=False),  # bytes before compression
-    Column("codec", String(8), nullable=False, default="raw"),  # raw|zlib|zd1|object (codec.py)
-    Column("data", LargeBinary, nullable=False),  # empty when codec is object
+    # raw|zlib|zd1|object (codec.py); x-raw|x-zlib|x-zd1: the packed bytes are in blob_data
+    Column("codec", String(8), nullable=False, default="raw"),
+    Column("data", LargeBinary, nullable=False),  # empty when codec is object or x-...
     Column("ref", Text, nullable=True),  # object URL when codec is object (store/objects.py)
+    # Migration 0011: rows stay small (a blob's packed bytes over SPILL_MIN_BYTES live in
+    # blob_data), so on SQLite they live in the hash's own b-tree, not a rowid table + an index.
+    sqlite_with_rowid=False,
+)
+
+SPILL_PREFIX = "x-"
+"""``blobs.codec`` of a blob whose packed bytes are in ``blob_data`` (``x-`` + their codec)."""
+SPILL_MIN_BYTES = 161
+"""On SQLite, packed bytes at least this long are kept in ``blob_data``: a ``blobs`` row stays
+under ~230 bytes, the most a ``WITHOUT ROWID`` row keeps on a 1 KiB page before it spills to an
+overflow page of its own (a rowid table packs such rows several to a page)."""
+
+blob_data = Table(
+    # The packed bytes of SQLite blobs of SPILL_MIN_BYTES or more (codec x-...), by hash.
+    "blob_data",
+    metadata,
+    Column("hash", Digest(), primary_key=True),
+    Column("data", LargeBinary, nullable=False),
 )
 
 burr_state = Table(

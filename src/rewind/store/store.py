@@ -170,6 +170,9 @@ class Store:
         # ~150 µs vs ~40 µs per blob insert on the record hot path).
         dialect = engine.dialect.name
         self._insert_blob = _insert_ignore_stmt(dialect, schema.blobs, ["hash"])
+        self._insert_blob_data = _insert_ignore_stmt(dialect, schema.blob_data, ["hash"])
+        # SQLite keeps long packed bytes out of its WITHOUT ROWID blobs table (schema.py)
+        self._spill = dialect == "sqlite"
         self._upsert_llm = _upsert_stmt(dialect, schema.llm_cache, ["key"])
         self._upsert_tool = _upsert_stmt(dialect, schema.tool_cache, ["key"])
         self._insert_state = insert(schema.burr_state)
@@ -281,8 +284,20 @@ class Store:
         """Store bytes content-addressed inside ``conn``'s transaction; returns their sha256 hex."""
         digest = sha256_hex(data)
         if digest not in self._known_blobs:
-            conn.execute(self._insert_blob, [self._blob_row(digest, data)])
+            self._insert_blobs(conn, [self._blob_row(digest, data)])
         return digest
+
+    def _insert_blobs(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert (or ignore, when present) blob rows made by :meth:`_blob_row`: the packed
+        bytes of spilled ones (codec ``x-...``) into ``blob_data``, the rest into ``blobs``."""
+        spilled = [r for r in rows if r["codec"].startswith(schema.SPILL_PREFIX)]
+        if spilled:
+            data_rows = [{"hash": r["hash"], "data": r["data"]} for r in spilled]
+            self._bulk(conn, self._insert_blob_data, data_rows)
+            rows = [
+                dict(r, data=b"") if r["codec"].startswith(schema.SPILL_PREFIX) else r for r in rows
+            ]
+        self._bulk(conn, self._insert_blob, rows)
 
     def _blob_row(self, digest: str, data: bytes) -> dict[str, Any]:
         """The blobs row for these bytes; large ones are written to the object store first, so
@@ -291,6 +306,8 @@ class Store:
             ref = self.objects.put_blob(digest, data)
             return {"hash": digest, "size": len(data), "codec": "object", "data": b"", "ref": ref}
         codec, packed = pack(data)
+        if self._spill and len(packed) >= schema.SPILL_MIN_BYTES:
+            codec = schema.SPILL_PREFIX + codec  # _insert_blobs puts the bytes in blob_data
         return {"hash": digest, "size": len(data), "codec": codec, "data": packed, "ref": None}
 
     def put_json(self, conn: Connection, value: Any) -> str:
@@ -316,15 +333,19 @@ class Store:
         if conn is None:
             with self.read() as c:
                 return self.get_blobs(wanted, c)
-        t = schema.blobs
+        t, d = schema.blobs, schema.blob_data
+        query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref, d.c.data.label("spilled"))
+        query = query.select_from(t.outerjoin(d, d.c.hash == t.c.hash))
         out: dict[str, bytes] = {}
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
-            for row in conn.execute(
-                select(t.c.hash, t.c.codec, t.c.data, t.c.ref).where(t.c.hash.in_(chunk))
-            ):
+            for row in conn.execute(query.where(t.c.hash.in_(chunk))):
                 if row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
+                elif row.codec.startswith(schema.SPILL_PREFIX):
+                    if row.spilled is None:
+                        continue  # reported as missing below
+                    out[row.hash] = unpack(row.codec[len(schema.SPILL_PREFIX) :], row.spilled)
                 else:
                     out[row.hash] = unpack(row.codec, row.data)
         missing = [d for d in wanted if d not in out]
@@ -387,7 +408,7 @@ class Store:
                 before(conn)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
-            self._bulk(conn, self._insert_blob, sorted(rows, key=_by_hash))
+            self._insert_blobs(conn, sorted(rows, key=_by_hash))
             self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
             self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
             try:
@@ -1224,6 +1245,7 @@ def _by_key(row: dict[str, Any]) -> str:
 _BULK_TABLES = {
     # table: (conflict target, what to do on a conflict) as Store.write_batch inserts them
     "blobs": ("hash", "NOTHING"),
+    "blob_data": ("hash", "NOTHING"),
     "llm_cache": ("key", "UPDATE"),
     "tool_cache": ("key", "UPDATE"),
     "burr_state": (None, None),

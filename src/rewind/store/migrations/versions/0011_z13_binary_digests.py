@@ -5,18 +5,20 @@
   held 64 hex characters; on SQLite they now hold the 32 bytes those characters spell, which the
   ``Digest`` column type turns back into hex for every query. SQLite keeps a BLOB in a
   ``VARCHAR`` column as it is, so values are rewritten in place.
-- ``calls``, ``llm_cache`` and ``tool_cache`` become ``WITHOUT ROWID`` tables: their rows (now
-  ~130-180 bytes) live in the primary key's own b-tree instead of a rowid table plus a copy of
-  the key in a separate index. Not for ``nodes`` or ``blobs``: a row over ~230 bytes (a quarter
-  of a 1 KiB page) spills to an overflow page of its own in such a table, and theirs often do.
+- ``calls``, ``llm_cache``, ``tool_cache`` and ``blobs`` become ``WITHOUT ROWID`` tables: their
+  rows live in the primary key's own b-tree instead of a rowid table plus a copy of the key in a
+  separate index. Such a row over ~230 bytes (a quarter of a 1 KiB page) spills to an overflow
+  page of its own, so a blob's packed bytes of :data:`SPILL_MIN_BYTES` or more move to the new
+  table ``blob_data`` (a rowid table, keyed by hash) and its ``blobs.codec`` becomes ``x-`` +
+  its codec. ``nodes`` keeps its rowids: its rows are wider than that.
 
-Measured on peerbench's 100-step trace: 672,768 → 489,472 bytes. The rewrite leaves the old
+Measured on peerbench's 100-step trace: 672,768 → 434,176 bytes. The rewrite leaves the old
 rows' pages free for new rows (``VACUUM`` gives them back to the file system).
 
 An older Rewind would read those bytes as if they were hex, so the revision exists for it to
 refuse the store ("unknown revision"). PostgreSQL stores are unchanged (hex ``VARCHAR(64)``).
-A downgrade writes every 32-byte value back as its 64 lowercase hex and rebuilds the three
-tables with rowids.
+A downgrade moves spilled bytes back into ``blobs``, drops ``blob_data``, rebuilds the four
+tables with rowids and writes every 32-byte value back as its 64 lowercase hex.
 
 Revision ID: 0011
 Revises: 0010
@@ -28,6 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
@@ -41,6 +44,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "calls": ("key", "request_hash", "result_hash"),
     "llm_cache": ("key", "request_hash", "response_hash"),
     "tool_cache": ("key", "args_hash", "result_hash"),
+    "blob_data": ("hash",),
 }
 """Frozen copy of ``schema.DIGEST_COLUMNS`` as of this revision (a test checks they agree)."""
 _UPDATE_TRIGGERS = {"nodes": "nodes_immutable_update", "calls": "calls_immutable_update"}
@@ -58,7 +62,7 @@ def _digest_bytes(value: object) -> object:
     return value
 
 
-def _rewrite(to_sql: str) -> None:
+def _rewrite(to_sql: str, tables: Sequence[str]) -> None:
     """Apply ``to_sql`` (an SQL expression of ``{col}``) to every digest column, with the
     immutability triggers lifted inside this transaction and put back as they were."""
     conn = op.get_bind()
@@ -66,7 +70,8 @@ def _rewrite(to_sql: str) -> None:
         return
     dbapi = conn.connection.dbapi_connection
     dbapi.create_function("rewind_digest_bytes", 1, _digest_bytes, deterministic=True)
-    for table, columns in COLUMNS.items():
+    for table in tables:
+        columns = COLUMNS[table]
         trigger = _UPDATE_TRIGGERS.get(table)
         trigger_sql = None
         if trigger is not None:
@@ -80,7 +85,7 @@ def _rewrite(to_sql: str) -> None:
             op.execute(trigger_sql)
 
 
-_KEY_ORDERED = ("calls", "llm_cache", "tool_cache")
+_KEY_ORDERED = ("calls", "llm_cache", "tool_cache", "blobs")
 """Tables rebuilt ``WITHOUT ROWID``."""
 
 
@@ -116,22 +121,45 @@ def _rebuild(table: str, *, with_rowid: bool) -> None:
         op.execute(sql)
 
 
+SPILL_MIN_BYTES = 161
+"""Frozen copy of ``schema.SPILL_MIN_BYTES``: packed bytes this long or longer go to
+``blob_data``."""
+_INLINE_CODECS = "('raw', 'zlib', 'zd1')"
+
+
 def upgrade() -> None:
-    """SQLite: every 64-lowercase-hex value of the digest columns → its 32 bytes; ``calls`` and
-    the caches rebuilt ``WITHOUT ROWID``."""
-    _rewrite("rewind_digest_bytes({col})")
-    if op.get_bind().dialect.name == "sqlite":
-        for table in _KEY_ORDERED:
-            _rebuild(table, with_rowid=False)
+    """``blob_data`` created; on SQLite: every 64-lowercase-hex value of the digest columns → its
+    32 bytes, long packed bytes moved to ``blob_data``, the four tables rebuilt ``WITHOUT
+    ROWID``."""
+    op.create_table(
+        "blob_data",
+        sa.Column("hash", sa.String(64), primary_key=True),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+    )
+    if op.get_bind().dialect.name != "sqlite":
+        return
+    _rewrite("rewind_digest_bytes({col})", list(COLUMNS))
+    spilled = f"codec IN {_INLINE_CODECS} AND length(data) >= {SPILL_MIN_BYTES}"
+    op.execute(f"INSERT INTO blob_data (hash, data) SELECT hash, data FROM blobs WHERE {spilled}")
+    op.execute(f"UPDATE blobs SET codec = 'x-' || codec, data = X'' WHERE {spilled}")
+    for table in _KEY_ORDERED:
+        _rebuild(table, with_rowid=False)
 
 
 def downgrade() -> None:
-    """SQLite: ``calls`` and the caches rebuilt with rowids; every 32-byte value of the digest
-    columns → its 64 lowercase hex."""
+    """On SQLite: spilled bytes back in ``blobs``, the four tables rebuilt with rowids, every
+    32-byte value of the digest columns → its 64 lowercase hex; ``blob_data`` dropped."""
     if op.get_bind().dialect.name == "sqlite":
+        op.execute(
+            "UPDATE blobs SET codec = substr(codec, 3), "
+            "data = (SELECT d.data FROM blob_data d WHERE d.hash = blobs.hash) "
+            "WHERE codec LIKE 'x-%'"
+        )
         for table in _KEY_ORDERED:
             _rebuild(table, with_rowid=True)
-    _rewrite(
-        "CASE WHEN typeof({col}) = 'blob' AND length({col}) = 32 THEN lower(hex({col})) "
-        "ELSE {col} END"
-    )
+        _rewrite(
+            "CASE WHEN typeof({col}) = 'blob' AND length({col}) = 32 THEN lower(hex({col})) "
+            "ELSE {col} END",
+            [t for t in COLUMNS if t != "blob_data"],
+        )
+    op.drop_table("blob_data")
