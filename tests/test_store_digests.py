@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 import shutil
 import sqlite3
@@ -22,6 +23,7 @@ from rewind.errors import StoreError
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import Store, migrate, open_store, schema
+from rewind.store.codec import pack, unpack
 from rewind.store.retention import collect_garbage
 from rewind.store.schema import DIGEST_COLUMNS, Digest, digest_bytes
 from rewind.store.store import DB_FILENAME
@@ -69,6 +71,42 @@ def test_any_other_value_is_stored_unchanged(value: Any) -> None:
 )
 def test_values_that_would_not_round_trip_stay_text(value: str) -> None:
     assert digest_bytes(value) == value
+
+
+_HEX_DOC = st.recursive(
+    st.one_of(
+        st.binary(min_size=32, max_size=32).map(bytes.hex),  # a digest
+        st.text(alphabet="0123456789abcdef", max_size=70),  # hex runs of any length
+        st.text(max_size=20),
+    ),
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c)),
+    max_leaves=12,
+)
+
+
+@given(_HEX_DOC)
+def test_hex1_round_trips_documents_full_of_digests(value: object) -> None:
+    data = json.dumps(value, sort_keys=True).encode()
+    codec, stored = pack(data)
+    assert unpack(codec, stored) == data
+    if codec == "hex1":
+        assert len(stored) < len(data)
+
+
+@given(st.binary(max_size=40), st.binary(min_size=32, max_size=32), st.binary(max_size=40))
+def test_bytes_with_a_nul_are_never_hex1(head: bytes, digest: bytes, tail: bytes) -> None:
+    data = head + b"\0" + digest.hex().encode() * 3 + tail
+    codec, stored = pack(data)
+    assert codec != "hex1"
+    assert unpack(codec, stored) == data
+
+
+def test_hex1_halves_a_field_map_and_refuses_cut_bytes() -> None:
+    doc = json.dumps({"answer": hashlib.sha256(b"a").hexdigest()}).encode()
+    codec, stored = pack(doc)
+    assert codec == "hex1" and len(stored) == len(doc) - 31  # 64 hex -> NUL + 32 bytes
+    with pytest.raises(ValueError, match="inside a digest"):
+        unpack("hex1", stored[:-5])
 
 
 def test_postgresql_binds_hex_unchanged() -> None:
@@ -191,7 +229,8 @@ def test_a_store_written_at_0010_upgrades_keeping_every_run(store_target: StoreT
         if sqlite:
             assert _stored_types(store) == {"blob32"}
             assert _without_rowid(store) == KEY_ORDERED
-            assert _codecs(store) >= {"raw", "zd1", "x-raw", "x-zlib"}
+            assert _codecs(store) >= {"raw", "zd1", "x-raw", "x-zlib", "hex1"}
+        assert "hex1" in _codecs(store)
         with store.write() as conn:
             command.downgrade(migrate._config(conn), "0010")  # type: ignore[arg-type]
             assert migrate.current_revision(conn) == "0010"
@@ -200,8 +239,9 @@ def test_a_store_written_at_0010_upgrades_keeping_every_run(store_target: StoreT
             assert _without_rowid(store) == set()
             assert _codecs(store) >= {"raw", "zd1", "zlib"}
             assert not any(c.startswith("x-") for c in _codecs(store))
-            with store.read() as conn:
-                assert "blob_data" not in inspect(conn).get_table_names()
+        assert "hex1" not in _codecs(store)  # a codec 0010 does not know: stored raw
+        with store.read() as conn:
+            assert "blob_data" not in inspect(conn).get_table_names()
     finally:
         store.close()
     store = store_target.open()  # a newer Rewind opening a 0010 store upgrades it

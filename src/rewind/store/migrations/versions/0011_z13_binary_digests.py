@@ -15,10 +15,14 @@
 Measured on peerbench's 100-step trace: 672,768 → 434,176 bytes. The rewrite leaves the old
 rows' pages free for new rows (``VACUUM`` gives them back to the file system).
 
+- A new blob codec, ``hex1`` (:mod:`rewind.store.codec`): the sha256 hex runs of a blob's bytes
+  kept as their 32 bytes (Rewind's ``{field: hash}`` maps are mostly hash).
+
 An older Rewind would read those bytes as if they were hex, so the revision exists for it to
 refuse the store ("unknown revision"). PostgreSQL stores are unchanged (hex ``VARCHAR(64)``).
 A downgrade moves spilled bytes back into ``blobs``, drops ``blob_data``, rebuilds the four
-tables with rowids and writes every 32-byte value back as its 64 lowercase hex.
+tables with rowids, writes every 32-byte value back as its 64 lowercase hex and stores every
+``hex1`` blob as ``raw``.
 
 Revision ID: 0011
 Revises: 0010
@@ -148,7 +152,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """On SQLite: spilled bytes back in ``blobs``, the four tables rebuilt with rowids, every
-    32-byte value of the digest columns → its 64 lowercase hex; ``blob_data`` dropped."""
+    32-byte value of the digest columns → its 64 lowercase hex; ``hex1`` blobs stored ``raw``;
+    ``blob_data`` dropped."""
     if op.get_bind().dialect.name == "sqlite":
         op.execute(
             "UPDATE blobs SET codec = substr(codec, 3), "
@@ -162,4 +167,25 @@ def downgrade() -> None:
             "ELSE {col} END",
             [t for t in COLUMNS if t != "blob_data"],
         )
+    _hex1_as_raw()
     op.drop_table("blob_data")
+
+
+def _hex1_as_raw() -> None:
+    """Store every ``hex1`` blob (a codec older Rewinds do not know) as ``raw``."""
+    from rewind.store.codec import unpack
+
+    conn = op.get_bind()
+    blobs = sa.table(
+        "blobs",
+        sa.column("hash", sa.String),
+        sa.column("codec", sa.String),
+        sa.column("data", sa.LargeBinary),
+    )
+    rows = conn.execute(sa.select(blobs.c.hash, blobs.c.data).where(blobs.c.codec == "hex1"))
+    for digest, data in rows.all():
+        conn.execute(
+            blobs.update()
+            .where(blobs.c.hash == digest)
+            .values(codec="raw", data=unpack("hex1", data))
+        )
