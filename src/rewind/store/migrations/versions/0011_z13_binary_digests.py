@@ -176,16 +176,13 @@ def _hex1_as_raw() -> None:
     from rewind.store.codec import unpack
 
     conn = op.get_bind()
-    blobs = sa.table(
-        "blobs",
-        sa.column("hash", sa.String),
-        sa.column("codec", sa.String),
-        sa.column("data", sa.LargeBinary),
-    )
-    rows = conn.execute(sa.select(blobs.c.hash, blobs.c.data).where(blobs.c.codec == "hex1"))
-    for digest, data in rows.all():
+    hash_, codec, data = sa.column("hash", sa.String), sa.column("codec"), sa.column("data")
+    blobs = sa.table("blobs", hash_, codec, data)
+    found = conn.execute(sa.select(hash_, data).where(codec == "hex1")).all()
+    if found:
         conn.execute(
             blobs.update()
-            .where(blobs.c.hash == digest)
-            .values(codec="raw", data=unpack("hex1", data))
+            .where(hash_ == sa.bindparam("h"))
+            .values(codec="raw", data=sa.bindparam("raw", type_=sa.LargeBinary)),
+            [{"h": h, "raw": unpack("hex1", d)} for h, d in found],
         )
