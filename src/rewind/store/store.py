@@ -334,8 +334,11 @@ class Store:
             with self.read() as c:
                 return self.get_blobs(wanted, c)
         t, d = schema.blobs, schema.blob_data
-        query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref, d.c.data.label("spilled"))
-        query = query.select_from(t.outerjoin(d, d.c.hash == t.c.hash))
+        if self._spill:
+            query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref, d.c.data.label("spilled"))
+            query = query.select_from(t.outerjoin(d, d.c.hash == t.c.hash))
+        else:  # nothing is spilled on other backends
+            query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref)
         out: dict[str, bytes] = {}
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
@@ -343,7 +346,7 @@ class Store:
                 if row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
                 elif row.codec.startswith(schema.SPILL_PREFIX):
-                    if row.spilled is None:
+                    if not self._spill or row.spilled is None:
                         continue  # reported as missing below
                     out[row.hash] = unpack(row.codec[len(schema.SPILL_PREFIX) :], row.spilled)
                 else:
