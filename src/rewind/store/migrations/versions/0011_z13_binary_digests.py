@@ -1,28 +1,29 @@
-"""Binary digests and key-ordered tables: two ways SQLite stores the busiest rows in fewer bytes.
+"""Lean storage: binary digests, key-ordered tables and the ``hex1`` blob codec.
 
 - The columns named in :data:`rewind.store.schema.DIGEST_COLUMNS` (``blobs.hash``; the input,
   output and state hashes of ``nodes``; key, request and result of ``calls`` and of both caches)
   held 64 hex characters; on SQLite they now hold the 32 bytes those characters spell, which the
   ``Digest`` column type turns back into hex for every query. SQLite keeps a BLOB in a
   ``VARCHAR`` column as it is, so values are rewritten in place.
-- ``calls``, ``llm_cache``, ``tool_cache`` and ``blobs`` become ``WITHOUT ROWID`` tables: their
-  rows live in the primary key's own b-tree instead of a rowid table plus a copy of the key in a
-  separate index. Such a row over ~230 bytes (a quarter of a 1 KiB page) spills to an overflow
-  page of its own, so a blob's packed bytes of :data:`SPILL_MIN_BYTES` or more move to the new
-  table ``blob_data`` (a rowid table, keyed by hash) and its ``blobs.codec`` becomes ``x-`` +
-  its codec. ``nodes`` keeps its rowids: its rows are wider than that.
+- ``calls``, ``llm_cache``, ``tool_cache`` and ``blobs`` become ``WITHOUT ROWID`` tables on
+  SQLite: their rows live in the primary key's own b-tree instead of a rowid table plus a copy
+  of the key in a separate index. Such a row over ~230 bytes (a quarter of a 1 KiB page) spills
+  to an overflow page of its own, so a blob's packed bytes of :data:`SPILL_MIN_BYTES` or more
+  move to the new table ``blob_data`` (a rowid table keyed by hash; created empty, and left
+  empty, on PostgreSQL) and its ``blobs.codec`` becomes ``x-`` + its codec. ``nodes`` keeps its
+  rowids: its rows are wider than that.
+- A new blob codec on every backend, ``hex1`` (:mod:`rewind.store.codec`): the sha256 hex runs
+  of a blob's bytes kept as their 32 bytes (Rewind's ``{field: hash}`` maps are mostly hash).
 
-Measured on peerbench's 100-step trace: 672,768 → 434,176 bytes. The rewrite leaves the old
-rows' pages free for new rows (``VACUUM`` gives them back to the file system).
+Measured on peerbench's 100-step trace: 672,768 → 431,104 bytes; ``benchmarks/storage.py``:
+916,480 → 754,688. Upgrading rewrites rows in place and leaves the old rows' pages free for new
+rows (``VACUUM`` gives them back to the file system).
 
-- A new blob codec, ``hex1`` (:mod:`rewind.store.codec`): the sha256 hex runs of a blob's bytes
-  kept as their 32 bytes (Rewind's ``{field: hash}`` maps are mostly hash).
-
-An older Rewind would read those bytes as if they were hex, so the revision exists for it to
-refuse the store ("unknown revision"). PostgreSQL stores are unchanged (hex ``VARCHAR(64)``).
-A downgrade moves spilled bytes back into ``blobs``, drops ``blob_data``, rebuilds the four
-tables with rowids, writes every 32-byte value back as its 64 lowercase hex and stores every
-``hex1`` blob as ``raw``.
+An older Rewind would read those bytes as if they were hex (and knows neither ``x-`` codecs
+nor ``hex1``), so the revision exists for it to refuse the store ("unknown revision"). A
+downgrade moves spilled bytes back into ``blobs``, rebuilds the four tables with rowids, writes
+every 32-byte value back as its 64 lowercase hex, stores every ``hex1`` blob as ``raw`` and
+drops ``blob_data``.
 
 Revision ID: 0011
 Revises: 0010
