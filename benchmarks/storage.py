@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "storage_target_ratio": TARGET_RATIO,
         "rewind_bytes": rewind["files"],
         "burr_bytes": burr["files"],
-        "rewind_blob_bytes": tables.get("blobs", 0),
+        # blob rows and the long packed bytes SQLite keeps beside them (migration 0011)
+        "rewind_blob_bytes": sum(
+            tables.get(k, 0) for k in ("blobs", "blob_data", "sqlite_autoindex_blob_data_1")
+        ),
         "steps": steps,
         "fields": FIELDS,
     }

@@ -8,11 +8,11 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from rewind.errors import StoreError
 from rewind.replay import Rewind
-from rewind.store import open_store
+from rewind.store import open_store, schema
 from rewind.store.objects import ObjectStore
 from tests import pipelines
 from tests.conftest import StoreTarget
@@ -61,10 +61,11 @@ def test_store_keeps_large_blobs_in_the_object_store(
     small, large = b"small", b"L" * 5000
     with store.write() as conn:
         digests = [store.put_blob(conn, small), store.put_blob(conn, large)]
+    b = schema.blobs  # through the schema's types: hashes read back as hex on every backend
     with store.read() as conn:
         rows = {
             r.hash: r
-            for r in conn.execute(text("SELECT hash, codec, size, data, ref FROM blobs")).all()
+            for r in conn.execute(select(b.c.hash, b.c.codec, b.c.size, b.c.data, b.c.ref)).all()
         }
     assert rows[digests[0]].codec != "object" and rows[digests[0]].ref is None
     assert rows[digests[1]].codec == "object"
@@ -113,7 +114,8 @@ def test_offload_threshold_comes_from_the_environment(
     with store.write() as conn:
         digest = store.put_blob(conn, b"L" * 100)
     with store.read() as conn:
-        codec = conn.execute(text("SELECT codec FROM blobs WHERE hash = :h"), {"h": digest})
+        b = schema.blobs
+        codec = conn.execute(select(b.c.codec).where(b.c.hash == digest))
         assert codec.scalar_one() == "object"
     store.close()
 

@@ -12,12 +12,18 @@ many bytes a row takes, never a hash, a cache key or what a reader gets back.
   peerbench's 100-step trace: 173 KB of blobs under 1 KiB → 82 KB, ≈ 9 µs a blob). **The dictionary
   is frozen**: a store written with it must read back forever, so a better dictionary gets a
   new codec name (``zd2``...) and this one stays.
+- ``hex1``: every run of 64 lowercase hex digits (a sha256, as Rewind's documents name blobs)
+  replaced by a NUL byte and the 32 bytes it spells; only for bytes without a NUL of their own
+  (JSON text never has one), so every NUL of the stored bytes starts a digest. Rewind's
+  ``{field: hash}`` maps (node outputs, state maps: a third of a traced step's blobs) are
+  mostly hash and compress badly; this halves them. Added by migration 0011.
 - ``object``: the bytes live in the object store (see :mod:`rewind.store.objects`); handled by
   the store, not here.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 
 COMPRESS_MIN_BYTES = 1024
@@ -58,33 +64,60 @@ ZDICT_V1 = (
 _PRIMED = zlib.compressobj(6, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zlib.Z_DEFAULT_STRATEGY, ZDICT_V1)
 
 
+_HEX64 = re.compile(rb"[0-9a-f]{64}")
+
+
 def pack(data: bytes) -> tuple[str, bytes]:
     """The codec name and stored bytes for a blob's bytes (the smallest of the codecs tried).
 
     Args:
         data: the blob's uncompressed bytes.
     Returns:
-        (``raw`` | ``zlib`` | ``zd1``, the bytes to store in ``blobs.data``).
+        (``raw`` | ``zlib`` | ``zd1`` | ``hex1``, the bytes to store in ``blobs.data``).
     """
     size = len(data)
+    codec, packed = "raw", data
     if size >= COMPRESS_MIN_BYTES:
-        packed = zlib.compress(data, 6)
-        if len(packed) <= size * 0.9:
-            return "zlib", packed
+        z = zlib.compress(data, 6)
+        if len(z) <= size * 0.9:
+            codec, packed = "zlib", z
     elif size >= DICT_MIN_BYTES:
         c = _PRIMED.copy()  # cheaper than loading the dictionary into a new compressor
-        packed = c.compress(data) + c.flush()
-        if len(packed) <= size * 0.9:
-            return "zd1", packed
-    return "raw", data
+        z = c.compress(data) + c.flush()
+        if len(z) <= size * 0.9:
+            codec, packed = "zd1", z
+    if size >= 64 and b"\0" not in data and _HEX64.search(data) is not None:
+        h = _HEX64.sub(_digest_bytes, data)
+        if len(h) < len(packed):
+            codec, packed = "hex1", h
+    return codec, packed
+
+
+def _digest_bytes(match: re.Match[bytes]) -> bytes:
+    return b"\0" + bytes.fromhex(match.group().decode("ascii"))
+
+
+def _hex_runs(packed: bytes) -> bytes:
+    """``hex1``'s stored bytes back to the blob's bytes."""
+    out: list[bytes] = []
+    i = 0
+    while (j := packed.find(b"\0", i)) >= 0:
+        digest = packed[j + 1 : j + 33]
+        if len(digest) != 32:
+            raise ValueError("hex1 bytes end inside a digest")
+        out.append(packed[i:j])
+        out.append(digest.hex().encode("ascii"))
+        i = j + 33
+    out.append(packed[i:])
+    return b"".join(out)
 
 
 def unpack(codec: str, data: bytes) -> bytes:
     """A blob's uncompressed bytes from its stored bytes.
 
     Raises:
-        ValueError: an unknown codec (a store written by a newer Rewind), or ``object`` (the
-            store reads those from the object store).
+        ValueError: an unknown codec (a store written by a newer Rewind), ``object`` (the
+            store reads those from the object store), or damaged ``hex1`` bytes.
         zlib.error: damaged bytes.
     """
     if codec == "raw":
@@ -94,4 +127,6 @@ def unpack(codec: str, data: bytes) -> bytes:
         return d.decompress(data) + d.flush()
     if codec == "zlib":
         return zlib.decompress(data)
+    if codec == "hex1":
+        return _hex_runs(bytes(data))
     raise ValueError(f"unknown blob codec {codec!r}")

@@ -211,8 +211,12 @@ def _physical(conn: Connection, out: SourceRows) -> None:
         row["inherited"] = bool(row["inherited"])
 
 
+_DIGESTS = {name: schema.Digest() for names in schema.DIGEST_COLUMNS.values() for name in names}
+"""Result types that read :class:`~rewind.store.schema.Digest` columns back as hex (by name)."""
+
+
 def _dicts(conn: Connection, query: str, run_id: str) -> list[dict[str, Any]]:
-    result = conn.execute(text(query), {"r": run_id})
+    result = conn.execute(text(query).columns(**_DIGESTS), {"r": run_id})
     columns = list(result.keys())
     return [dict(zip(columns, values, strict=True)) for values in result.fetchall()]
 

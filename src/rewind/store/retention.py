@@ -85,7 +85,9 @@ RUN_TABLES: tuple[tuple[Table, str], ...] = (
 """Every table holding rows of one run: an archive carries all of them (a test checks that every
 table with a ``run_id`` column is listed)."""
 
-NOT_REFERENCES = frozenset({"blobs", "meta", "archived_runs", "archive_permits", "alembic_version"})
+NOT_REFERENCES = frozenset(
+    {"blobs", "blob_data", "meta", "archived_runs", "archive_permits", "alembic_version"}
+)
 """Tables whose values never name a blob that must be kept."""
 
 _HEX64 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
@@ -798,7 +800,7 @@ def _restore_one(store: Store, row: dict[str, Any], archive: ObjectStore | None)
     with store.write() as conn:
         blob_rows = [store._blob_row(h, data) for h, data in blobs.items()]
         for chunk in _chunks(blob_rows):
-            conn.execute(store._insert_blob, chunk)
+            store._insert_blobs(conn, chunk)
         for table, _column in reversed(RUN_TABLES):  # runs first (foreign keys)
             rows = doc["tables"].get(table.name, [])
             clean = [{k: _row_value(v) for k, v in r.items() if k in table.c} for r in rows]
@@ -897,6 +899,7 @@ def _sweep_blobs(store: Store, report: GcReport) -> None:
         doomed = _unreferenced(conn, refs)
         for chunk in _chunks(sorted(doomed)):
             conn.execute(delete(schema.blobs).where(schema.blobs.c.hash.in_(chunk)))
+            conn.execute(delete(schema.blob_data).where(schema.blob_data.c.hash.in_(chunk)))
         if doomed:
             bump_blob_epoch(conn)
     report.blobs_deleted = len(doomed)

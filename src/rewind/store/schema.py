@@ -10,6 +10,8 @@ The immutability triggers (rule 7) live in the migrations, per dialect.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     Boolean,
     Column,
@@ -21,13 +23,67 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
 )
+from sqlalchemy.engine import Dialect
 
 SCHEMA_VERSION = 2
 """The compatibility level in ``meta.schema_version``: bumped (by the migration that makes the
 change) only when a store can no longer be read by older Rewinds. The schema's exact history is
 Alembic's (``store/migrations``; see ``store/migrate.py``): change a table here AND add a
 revision there — ``tests/test_migrations.py`` fails if the two disagree."""
+
+
+class Digest(TypeDecorator[str]):
+    """A sha256 as the program sees it (64 lowercase hex), kept as its 32 raw bytes on SQLite.
+
+    The columns that name blobs and cache entries hold most of a store's bytes as hex (a traced
+    step's node, call, cache and blob rows carry ~40 of them); on SQLite this type binds a
+    64-lowercase-hex string as a 32-byte BLOB and reads a 32-byte BLOB back as that string, so
+    every Core query (filters, ``IN``, inserts, results) sees hex as before. Any other value
+    (empty, ``None``, a key of another shape, hex written before migration 0011) is stored and
+    read back unchanged: a BLOB and a TEXT never compare equal, and only values that round-trip
+    exactly are converted, so the two forms cannot be confused. Raw SQL (``text()``) that
+    *returns* such a column must type it (``.columns(col=Digest())``) to get hex back; joins
+    between two ``Digest`` columns work as before. PostgreSQL keeps ``VARCHAR(64)`` hex.
+    """
+
+    impl = String(64)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        """64 lowercase hex → 32 bytes on SQLite; anything else unchanged."""
+        return digest_bytes(value) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        """32 stored bytes → their 64 lowercase hex; anything else unchanged."""
+        if type(value) is bytes and len(value) == 32:
+            return value.hex()
+        return value
+
+
+def digest_bytes(value: Any) -> Any:
+    """How :class:`Digest` stores ``value`` on SQLite: the 32 bytes of a 64-lowercase-hex string
+    (exactly: ``digest_bytes(h).hex() == h``), any other value unchanged."""
+    if type(value) is str and len(value) == 64:
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            return value
+        if len(raw) == 32 and raw.hex() == value:
+            return raw
+    return value
+
+
+DIGEST_COLUMNS: dict[str, tuple[str, ...]] = {
+    "blobs": ("hash",),
+    "nodes": ("input_hash", "output_hash", "state_hash"),
+    "calls": ("key", "request_hash", "result_hash"),
+    "llm_cache": ("key", "request_hash", "response_hash"),
+    "tool_cache": ("key", "args_hash", "result_hash"),
+    "blob_data": ("hash",),
+}
+"""The columns typed :class:`Digest` (migration 0011 converted their stored values on SQLite)."""
 
 metadata = MetaData()
 
@@ -89,9 +145,9 @@ nodes = Table(
     Column("src_app_id", String(64), nullable=False),
     Column("src_sequence_id", Integer, nullable=True),
     Column("inherited", Boolean, nullable=False, default=False),
-    Column("input_hash", String(64), nullable=False),
-    Column("output_hash", String(64), nullable=True),
-    Column("state_hash", String(64), nullable=True),
+    Column("input_hash", Digest(), nullable=False),
+    Column("output_hash", Digest(), nullable=True),
+    Column("state_hash", Digest(), nullable=True),
     Column("params_json", Text, nullable=False, default="{}"),
     Column("latency_ms", Float, nullable=False, default=0.0),
     Column("prompt_tokens", Integer, nullable=False, default=0),
@@ -111,9 +167,9 @@ calls = Table(
     Column("call_index", Integer, primary_key=True),
     Column("kind", String(8), nullable=False),  # llm | tool
     Column("name", String(200), nullable=False),  # model or tool name
-    Column("key", String(64), nullable=False),
-    Column("request_hash", String(64), nullable=False),
-    Column("result_hash", String(64), nullable=True),
+    Column("key", Digest(), nullable=False),
+    Column("request_hash", Digest(), nullable=False),
+    Column("result_hash", Digest(), nullable=True),
     Column("outcome", String(16), nullable=False),
     Column("reason", String(64), nullable=False, default=""),
     Column("prompt_tokens", Integer, nullable=False, default=0),
@@ -121,6 +177,7 @@ calls = Table(
     Column("latency_ms", Float, nullable=False, default=0.0),
     Column("determinism", String(24), nullable=False, default="deterministic"),
     Column("produced_at", Float, nullable=True),  # when the result was produced (unix s)
+    sqlite_with_rowid=False,  # migration 0011: rows are small; no separate key index
 )
 
 effects = Table(
@@ -180,35 +237,56 @@ run_graphs = Table(
 llm_cache = Table(
     "llm_cache",
     metadata,
-    Column("key", String(64), primary_key=True),
+    Column("key", Digest(), primary_key=True),
     Column("model", String(200), nullable=False),
-    Column("request_hash", String(64), nullable=False),
-    Column("response_hash", String(64), nullable=False),
+    Column("request_hash", Digest(), nullable=False),
+    Column("response_hash", Digest(), nullable=False),
     Column("prompt_tokens", Integer, nullable=False, default=0),
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("created_at", Float, nullable=False),
     Column("origin", String(64), nullable=True),  # None: recorded here; else the importing trace
+    sqlite_with_rowid=False,  # migration 0011: rows are small; no separate key index
 )
 
 tool_cache = Table(
     "tool_cache",
     metadata,
-    Column("key", String(64), primary_key=True),
+    Column("key", Digest(), primary_key=True),
     Column("tool", String(200), nullable=False),
-    Column("args_hash", String(64), nullable=False),
-    Column("result_hash", String(64), nullable=False),
+    Column("args_hash", Digest(), nullable=False),
+    Column("result_hash", Digest(), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("origin", String(64), nullable=True),  # None: recorded here; else the importing trace
+    sqlite_with_rowid=False,  # migration 0011: rows are small; no separate key index
 )
 
 blobs = Table(
     "blobs",
     metadata,
-    Column("hash", String(64), primary_key=True),
+    Column("hash", Digest(), primary_key=True),
     Column("size", Integer, nullable=False),  # bytes before compression
-    Column("codec", String(8), nullable=False, default="raw"),  # raw|zlib|zd1|object (codec.py)
-    Column("data", LargeBinary, nullable=False),  # empty when codec is object
+    # raw|zlib|zd1|object (codec.py); x-raw|x-zlib|x-zd1: the packed bytes are in blob_data
+    Column("codec", String(8), nullable=False, default="raw"),
+    Column("data", LargeBinary, nullable=False),  # empty when codec is object or x-...
     Column("ref", Text, nullable=True),  # object URL when codec is object (store/objects.py)
+    # Migration 0011: rows stay small (a blob's packed bytes over SPILL_MIN_BYTES live in
+    # blob_data), so on SQLite they live in the hash's own b-tree, not a rowid table + an index.
+    sqlite_with_rowid=False,
+)
+
+SPILL_PREFIX = "x-"
+"""``blobs.codec`` of a blob whose packed bytes are in ``blob_data`` (``x-`` + their codec)."""
+SPILL_MIN_BYTES = 161
+"""On SQLite, packed bytes at least this long are kept in ``blob_data``: a ``blobs`` row stays
+under ~230 bytes, the most a ``WITHOUT ROWID`` row keeps on a 1 KiB page before it spills to an
+overflow page of its own (a rowid table packs such rows several to a page)."""
+
+blob_data = Table(
+    # The packed bytes of SQLite blobs of SPILL_MIN_BYTES or more (codec x-...), by hash.
+    "blob_data",
+    metadata,
+    Column("hash", Digest(), primary_key=True),
+    Column("data", LargeBinary, nullable=False),
 )
 
 burr_state = Table(

@@ -35,6 +35,7 @@ from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engi
 from rewind.store.objects import ObjectStore, artifact_key
 from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
+from rewind.store.schema import digest_bytes
 
 DB_FILENAME = "rewind.db"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
@@ -170,6 +171,9 @@ class Store:
         # ~150 µs vs ~40 µs per blob insert on the record hot path).
         dialect = engine.dialect.name
         self._insert_blob = _insert_ignore_stmt(dialect, schema.blobs, ("hash",))
+        self._insert_blob_data = _insert_ignore_stmt(dialect, schema.blob_data, ("hash",))
+        # SQLite keeps long packed bytes out of its WITHOUT ROWID blobs table (schema.py)
+        self._spill = dialect == "sqlite"
         self._upsert_llm = _upsert_stmt(dialect, schema.llm_cache, ("key",))
         self._upsert_tool = _upsert_stmt(dialect, schema.tool_cache, ("key",))
         self._insert_state = insert(schema.burr_state)
@@ -293,8 +297,20 @@ class Store:
         """Store bytes content-addressed inside ``conn``'s transaction; returns their sha256 hex."""
         digest = sha256_hex(data)
         if digest not in self._known_blobs:
-            conn.execute(self._insert_blob, [self._blob_row(digest, data)])
+            self._insert_blobs(conn, [self._blob_row(digest, data)])
         return digest
+
+    def _insert_blobs(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert (or ignore, when present) blob rows made by :meth:`_blob_row`: the packed
+        bytes of spilled ones (codec ``x-...``) into ``blob_data``, the rest into ``blobs``."""
+        spilled = [r for r in rows if r["codec"].startswith(schema.SPILL_PREFIX)]
+        if spilled:
+            data_rows = [{"hash": r["hash"], "data": r["data"]} for r in spilled]
+            self._bulk(conn, self._insert_blob_data, data_rows)
+            rows = [
+                dict(r, data=b"") if r["codec"].startswith(schema.SPILL_PREFIX) else r for r in rows
+            ]
+        self._bulk(conn, self._insert_blob, rows)
 
     def _blob_row(self, digest: str, data: bytes) -> dict[str, Any]:
         """The blobs row for these bytes; large ones are written to the object store first, so
@@ -303,6 +319,8 @@ class Store:
             ref = self.objects.put_blob(digest, data)
             return {"hash": digest, "size": len(data), "codec": "object", "data": b"", "ref": ref}
         codec, packed = pack(data)
+        if self._spill and len(packed) >= schema.SPILL_MIN_BYTES:
+            codec = schema.SPILL_PREFIX + codec  # _insert_blobs puts the bytes in blob_data
         return {"hash": digest, "size": len(data), "codec": codec, "data": packed, "ref": None}
 
     def put_json(self, conn: Connection, value: Any) -> str:
@@ -328,15 +346,22 @@ class Store:
         if conn is None:
             with self.read() as c:
                 return self.get_blobs(wanted, c)
-        t = schema.blobs
+        t, d = schema.blobs, schema.blob_data
+        if self._spill:
+            query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref, d.c.data.label("spilled"))
+            query = query.select_from(t.outerjoin(d, d.c.hash == t.c.hash))
+        else:  # nothing is spilled on other backends
+            query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref)
         out: dict[str, bytes] = {}
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
-            for row in conn.execute(
-                select(t.c.hash, t.c.codec, t.c.data, t.c.ref).where(t.c.hash.in_(chunk))
-            ):
+            for row in conn.execute(query.where(t.c.hash.in_(chunk))):
                 if row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
+                elif row.codec.startswith(schema.SPILL_PREFIX):
+                    if not self._spill or row.spilled is None:
+                        continue  # reported as missing below
+                    out[row.hash] = unpack(row.codec[len(schema.SPILL_PREFIX) :], row.spilled)
                 else:
                     out[row.hash] = unpack(row.codec, row.data)
         missing = [d for d in wanted if d not in out]
@@ -399,7 +424,7 @@ class Store:
                 before(conn)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
-            self._bulk(conn, self._insert_blob, sorted(rows, key=_by_hash))
+            self._insert_blobs(conn, sorted(rows, key=_by_hash))
             self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
             self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
             try:
@@ -440,7 +465,13 @@ class Store:
             conn.execute(stmt, rows)
             return
         sql, columns = bulk
-        conn.exec_driver_sql(sql, [tuple(row.get(c, d) for c, d in columns) for row in rows])
+        conn.exec_driver_sql(
+            sql,
+            [
+                tuple(digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns)
+                for row in rows
+            ],
+        )
 
     def _present_blobs(self, digests: Collection[str]) -> set[str]:
         """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
@@ -1230,6 +1261,7 @@ def _by_key(row: dict[str, Any]) -> str:
 _BULK_TABLES = {
     # table: (conflict target, what to do on a conflict) as Store.write_batch inserts them
     "blobs": ("hash", "NOTHING"),
+    "blob_data": ("hash", "NOTHING"),
     "llm_cache": ("key", "UPDATE"),
     "tool_cache": ("key", "UPDATE"),
     "burr_state": (None, None),
@@ -1240,11 +1272,13 @@ _BULK_TABLES = {
 }
 
 
-def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
+def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
     """Per table of :data:`_BULK_TABLES`: the SQLite ``INSERT`` statement with ``?`` marks for
-    every column, and (column, value when a row omits it) in that order — the same statements
-    and defaults as the SQLAlchemy ones in :class:`Store` (scalar column defaults only)."""
-    out: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
+    every column, and (column, value when a row omits it, whether it is a
+    :class:`~rewind.store.schema.Digest` to bind as bytes) in that order — the same statements,
+    defaults and stored values as the SQLAlchemy ones in :class:`Store` (scalar column defaults
+    only)."""
+    out: dict[str, tuple[str, list[tuple[str, Any, bool]]]] = {}
     for name, (target, action) in _BULK_TABLES.items():
         table = schema.metadata.tables[name]
         columns = []
@@ -1252,8 +1286,14 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
             default = col.default
             if default is not None and not default.is_scalar:
                 raise AssertionError(f"{name}.{col.name}: a bulk insert needs scalar defaults")
-            columns.append((col.name, None if default is None else default.arg))
-        names = [c for c, _d in columns]
+            columns.append(
+                (
+                    col.name,
+                    None if default is None else default.arg,
+                    isinstance(col.type, schema.Digest),
+                )
+            )
+        names = [c for c, _d, _dg in columns]
         sql = f"INSERT INTO {name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
         if action == "NOTHING":
             sql += f" ON CONFLICT ({target}) DO NOTHING"

@@ -951,11 +951,11 @@ def lineage_index(
 _LINEAGE_CALLS = text(
     "SELECT run_id, position, call_index, key, result_hash, outcome, produced_at"
     " FROM calls WHERE run_id = :r"
-)
+).columns(key=schema.Digest(), result_hash=schema.Digest())  # hex on SQLite too (schema.Digest)
 _RESULT_BLOBS = text(
     "SELECT b.hash, b.codec, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
     " WHERE c.run_id = :r"
-)
+).columns(hash=schema.Digest())
 
 
 def lineage_blobs(store: Store, lineage: dict[str, LineageEntry]) -> dict[str, bytes]:

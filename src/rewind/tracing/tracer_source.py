@@ -181,5 +181,5 @@ _CACHED = text(
     " SELECT c.kind, t.key, t.result_hash, t.created_at, t.origin"
     " FROM calls c JOIN tool_cache t ON t.key = c.key"
     " WHERE c.run_id = :r AND c.kind = 'tool'"
-)
+).columns(key=schema.Digest(), response_hash=schema.Digest())  # hex on SQLite too (schema.Digest)
 """The cache entries of one run's calls."""
