@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -325,7 +326,7 @@ class Store:
                 if row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
                 else:
-                    out[row.hash] = unpack(row.codec, row.data)
+                    out[row.hash] = _unpacked(row.hash, row.codec, row.data)
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
@@ -1302,6 +1303,29 @@ def state_row_hashes(fields_json: str) -> set[str]:
     map, the changed fields' of a delta (the rest are named by the rows before it)."""
     stored = json.loads(fields_json)
     return set((stored[1] if isinstance(stored, list) else stored).values())
+
+
+def _unpacked(digest: str, codec: str, data: bytes) -> bytes:
+    """A stored blob's bytes (see :func:`rewind.store.codec.unpack`), ``zd1`` ones checked
+    against their hash: raw DEFLATE carries no checksum, so a truncated or altered row would
+    otherwise inflate to other bytes without an error (a blob under 1 KiB: ~1 us to hash).
+
+    Raises:
+        StoreError: the bytes cannot be unpacked, or a ``zd1`` blob's do not match its hash.
+    """
+    try:
+        out = unpack(codec, data)
+    except zlib.error as exc:
+        raise StoreError(
+            f"blob {digest[:12]} ({codec}) cannot be unpacked: {exc}", "the store is damaged"
+        ) from exc
+    if codec == "zd1" and sha256_hex(out) != digest:
+        raise StoreError(
+            f"blob {digest[:12]} does not match its hash (its stored {codec} bytes were altered "
+            "or cut short)",
+            "the store is damaged; restore it from a backup",
+        )
+    return out
 
 
 def _resolve_delta(delta: list[Any], earlier: dict[int, str], where: str) -> dict[str, str]:

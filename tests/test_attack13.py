@@ -1,0 +1,267 @@
+"""Attacks on issue #13's storage and replay changes (helper a13).
+
+Each test is a way a user can lose data or read a wrong answer through replays stored by
+reference (``config["reference"]``), zd1-compressed blobs, Burr state rows stored as deltas, or
+the incremental field encoder. Tests of bugs in files another helper owns are marked
+``xfail(strict=True)`` with the bug named; they pass once the owner fixes it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from rewind.calls import chat
+from rewind.cli import app as cli_app
+from rewind.errors import StoreError
+from rewind.llm import ChatClient
+from rewind.replay import Rewind
+from rewind.store import open_store
+from rewind.store.codec import ZDICT_V1
+from rewind.store.retention import collect_garbage
+from rewind.tools import tool
+from rewind.tracing import StepType, Tracer, step
+from tests.conftest import FakeModel
+from tests.test_tracing_reference import opened
+
+DAY = 86400.0
+
+
+@tool("a13_add")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+traced_add = step("a13_add", "tool_call")(add)
+
+
+def agent(steps: int, *, change_at: int | None = None) -> list[Any]:
+    """An LLM step then a tool step per round; each prompt depends on the answers before it;
+    ``change_at`` changes the prompt of that round (a divergence from there on)."""
+    reply, total, out = "start", 0, []
+    for i in range(steps):
+        extra = " (changed)" if i == change_at else ""
+        messages = [{"role": "user", "content": f"step {i}: {total} {reply}{extra}"}]
+        with step("llm", StepType.LLM_CALL, input={"messages": messages}) as s:
+            reply = chat(messages, temperature=0).content
+            s.set_output(reply)
+        total = traced_add(len(reply), i)
+        out.append((reply, total))
+    return out
+
+
+def record(
+    folder: Path,
+    client: ChatClient,
+    *,
+    read_cache: bool,
+    steps: int = 3,
+    change_at: int | None = None,
+    clock: Any = time.time,
+) -> tuple[str, list[Any]]:
+    """One trace through its own Tracer (as a separate process would make it)."""
+    tracer = Tracer(
+        folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True, clock=clock
+    )
+    try:
+        with tracer.trace("a13") as t:
+            out = agent(steps, change_at=change_at)
+            t.set_output(out)
+    finally:
+        tracer.close()
+    return t.trace_id, out
+
+
+# -- replays of replays -------------------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="a13: a chain of replays by reference grows one level per replay; at 64 levels "
+    "the next replay's write raises RuntimeError (trace lost) and reads of the deepest replay "
+    "fail (references.MAX_DEPTH, tracing/store.write_trace)",
+)
+def test_a_long_chain_of_in_place_replays_stays_written_and_readable(
+    tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    folder = tmp_path / "store"
+    source, recorded = record(folder, chat_client, read_cache=False, steps=2)
+    calls = fake_model.count
+    tracer = Tracer(folder, chat_client=chat_client, raise_on_write_error=True)
+    chain = [source]
+    try:
+        for _ in range(70):  # a nightly job replaying the latest replay, for ten weeks
+            with tracer.replay(chain[-1]) as t:
+                assert agent(2) == recorded
+            assert t.write_error is None
+            chain.append(t.trace_id)
+    finally:
+        tracer.close()
+    assert fake_model.count == calls
+    with opened(folder) as st:
+        for run_id in (chain[-1], chain[40]):
+            assert [n.output_hash for n in st.nodes_of(run_id)] == [
+                n.output_hash for n in st.nodes_of(source)
+            ]
+            assert Rewind(st).diff(source, run_id).first_divergence is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: replays that each diverge at their last step refer to the previous one "
+    "(find_source follows only 'all' references); the 64th is written but can never be "
+    "read again (load_rows: 'refers to runs more than 64 deep')",
+)
+def test_alternating_partial_replays_stay_readable(tmp_path: Path, chat_client: ChatClient) -> None:
+    folder = tmp_path / "store"
+    ids = [record(folder, chat_client, read_cache=False, steps=2)[0]]
+    for i in range(1, 68):  # two prompt variants of the last step, replayed in turn
+        ids.append(
+            record(folder, chat_client, read_cache=True, steps=2, change_at=1 if i % 2 else None)[0]
+        )
+    with opened(folder) as st:
+        unreadable = []
+        for run_id in ids:
+            try:
+                st.nodes_of(run_id)
+            except RuntimeError:
+                unreadable.append(run_id)
+        assert unreadable == []
+
+
+# -- gc and replays stored by reference ---------------------------------------------------------
+def test_gc_keeps_the_cache_entries_a_replay_by_reference_used_recently(
+    tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    """A cache entry's last use is read from call rows; a replay stored by reference has none.
+    A trace replayed every day must keep its cache entries through ``rewind gc``, or the next
+    replay sends every call to the model again (a different answer from a sampled model)."""
+    folder = tmp_path / "store"
+    _source, recorded = record(folder, chat_client, read_cache=False)
+    later = time.time() + 40 * DAY  # the replay runs 40 days after the recording
+    replay, replayed = record(folder, chat_client, read_cache=True, clock=lambda: later)
+    assert replayed == recorded
+    with opened(folder) as st:
+        assert st.get_run(replay).config["reference"]["all"] is True
+        report = collect_garbage(st, 30 * DAY, now=later + 3600)
+        assert (report.llm_cache_expired, report.tool_cache_expired) == (0, 0)
+    calls = fake_model.count
+    _, replayed = record(folder, chat_client, read_cache=True, clock=lambda: later + 7200)
+    assert replayed == recorded and fake_model.count == calls  # still served from the cache
+
+
+def test_gc_still_expires_entries_whose_replays_are_old_too(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """The fix above must not keep everything: entries used only by old replays go."""
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    record(folder, chat_client, read_cache=True)
+    with opened(folder) as st:
+        report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+        assert (report.llm_cache_expired, report.tool_cache_expired) == (3, 3)
+
+
+# -- hostile zd1 blobs --------------------------------------------------------------------------
+def _zd1_output_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
+    """(hash, stored bytes) of a zd1 blob a node of ``run_id`` names as its output."""
+    with opened(folder) as st:
+        hashes = [n.output_hash for n in st.nodes_of(run_id)]
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        for h in hashes:
+            row = db.execute("SELECT codec, data FROM blobs WHERE hash = ?", (h,)).fetchone()
+            if row is not None and row[0] == "zd1":
+                return h, bytes(row[1])
+    finally:
+        db.close()
+    raise AssertionError("no zd1 output blob")
+
+
+def _tamper(folder: Path, digest: str, data: bytes) -> None:
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        db.execute("UPDATE blobs SET data = ? WHERE hash = ?", (data, digest))
+        db.commit()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit flip"])
+def test_a_damaged_zd1_blob_is_a_clear_error_not_a_wrong_value(
+    tmp_path: Path, chat_client: ChatClient, damage: str
+) -> None:
+    folder = tmp_path / "store"
+    run_id, _ = record(folder, chat_client, read_cache=False)
+    digest, data = _zd1_output_blob(folder, run_id)
+    with opened(folder) as st:
+        good = st.get_blob(digest)
+    if damage == "truncated":
+        bad = data[: len(data) // 2]
+    elif damage == "bit flip":
+        # a flip that still inflates to other bytes (raw DEFLATE carries no checksum)
+        bad = b""
+        for i in range(len(data) * 8):
+            flipped = bytearray(data)
+            flipped[i // 8] ^= 1 << (i % 8)
+            d = zlib.decompressobj(-11, ZDICT_V1)
+            try:
+                out = d.decompress(bytes(flipped)) + d.flush()
+            except zlib.error:
+                continue
+            if out != good and len(out) == len(good):
+                bad = bytes(flipped)
+                break
+        assert bad
+    _tamper(folder, digest, bad)
+    damaged = r"cannot be unpacked|does not match its hash"
+    with opened(folder) as st, pytest.raises(StoreError, match=damaged):
+        st.get_blob(digest)
+    with opened(folder) as st:
+        source = st.get_run(run_id).run_id
+    result = CliRunner().invoke(cli_app, ["diff", source, source, "--store", str(folder)])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "Traceback" not in result.output
+
+
+# -- downgrade below 0010 -----------------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: downgrading to 0009 rewrites zd1 blobs and state deltas but leaves replays "
+    "stored by reference (config['reference'], no node/call/span rows): a Rewind at 0009 "
+    "reads them as runs of 0 nodes (migration 0010's downgrade)",
+)
+def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    from alembic import command
+
+    from rewind.store import migrate
+
+    folder = tmp_path / "store"
+    source, _ = record(folder, chat_client, read_cache=False)
+    replay, _ = record(folder, chat_client, read_cache=True)
+    partial, _ = record(folder, chat_client, read_cache=True, change_at=2)
+    st = open_store(folder)
+    try:
+        with st.write() as conn:
+            command.downgrade(migrate._config(conn), "0009")  # type: ignore[arg-type]
+        with st.read() as conn:
+            rows = {
+                run: conn.execute(
+                    text("SELECT COUNT(*) FROM nodes WHERE run_id = :r"), {"r": run}
+                ).scalar_one()
+                for run in (source, replay, partial)
+            }
+    finally:
+        st.close()
+    # What a Rewind that does not know references reads: the node rows themselves.
+    assert rows == {source: 6, replay: 6, partial: 6}
