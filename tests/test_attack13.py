@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -22,13 +24,13 @@ from rewind.calls import chat
 from rewind.cli import app as cli_app
 from rewind.errors import StoreError
 from rewind.llm import ChatClient
-from rewind.replay import Rewind
-from rewind.store import open_store
+from rewind.replay import Pipeline, Rewind
+from rewind.store import Store, open_store
 from rewind.store.codec import ZDICT_V1
 from rewind.store.retention import collect_garbage
 from rewind.tools import tool
 from rewind.tracing import StepType, Tracer, step
-from tests.conftest import FakeModel
+from tests.conftest import FakeModel, StoreTarget
 from tests.test_tracing_reference import opened
 
 DAY = 86400.0
@@ -58,7 +60,7 @@ def agent(steps: int, *, change_at: int | None = None) -> list[Any]:
 
 
 def record(
-    folder: Path,
+    folder: Path | Store,
     client: ChatClient,
     *,
     read_cache: bool,
@@ -138,23 +140,45 @@ def test_alternating_partial_replays_stay_readable(tmp_path: Path, chat_client: 
 
 # -- gc and replays stored by reference ---------------------------------------------------------
 def test_gc_keeps_the_cache_entries_a_replay_by_reference_used_recently(
-    tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
+    store_target: StoreTarget, chat_client: ChatClient, fake_model: FakeModel
 ) -> None:
     """A cache entry's last use is read from call rows; a replay stored by reference has none.
     A trace replayed every day must keep its cache entries through ``rewind gc``, or the next
     replay sends every call to the model again (a different answer from a sampled model)."""
-    folder = tmp_path / "store"
-    _source, recorded = record(folder, chat_client, read_cache=False)
-    later = time.time() + 40 * DAY  # the replay runs 40 days after the recording
-    replay, replayed = record(folder, chat_client, read_cache=True, clock=lambda: later)
-    assert replayed == recorded
-    with opened(folder) as st:
+    st = store_target.open()
+    try:
+        _source, recorded = record(st, chat_client, read_cache=False)
+        later = time.time() + 40 * DAY  # the replay runs 40 days after the recording
+        replay, replayed = record(st, chat_client, read_cache=True, clock=lambda: later)
+        assert replayed == recorded
         assert st.get_run(replay).config["reference"]["all"] is True
         report = collect_garbage(st, 30 * DAY, now=later + 3600)
         assert (report.llm_cache_expired, report.tool_cache_expired) == (0, 0)
-    calls = fake_model.count
-    _, replayed = record(folder, chat_client, read_cache=True, clock=lambda: later + 7200)
-    assert replayed == recorded and fake_model.count == calls  # still served from the cache
+        calls = fake_model.count
+        _, replayed = record(st, chat_client, read_cache=True, clock=lambda: later + 7200)
+        assert replayed == recorded and fake_model.count == calls  # still served from the cache
+    finally:
+        st.close()
+
+
+def test_gc_keeps_the_entries_of_a_partial_replays_shared_steps_only(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """A replay that diverges at round 2 used the source's entries of rounds 0-1 (by
+    reference) and its own from round 2; the source's entries of round 2 on are unused."""
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    later = time.time() + 40 * DAY
+    replay, _ = record(folder, chat_client, read_cache=True, change_at=2, clock=lambda: later)
+    with opened(folder) as st:
+        assert st.get_run(replay).config["reference"] == {
+            "run": st.get_run(replay).parent_run_id,
+            "steps": 4,
+            "all": False,
+        }
+        report = collect_garbage(st, 30 * DAY, now=later + 3600)
+    # round 2 of the source: its LLM call and tool call are no longer used by anyone
+    assert (report.llm_cache_expired, report.tool_cache_expired) == (1, 1)
 
 
 def test_gc_still_expires_entries_whose_replays_are_old_too(
@@ -265,3 +289,62 @@ def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
         st.close()
     # What a Rewind that does not know references reads: the node rows themselves.
     assert rows == {source: 6, replay: 6, partial: 6}
+
+
+# -- Burr: a field changed in place by a helper the action calls ---------------------------------
+def _remember(state: State, line: str) -> int:
+    """A helper an action calls: Burr's check of declared reads reads the action's own body
+    only, so the ``history`` it appends to is in no declaration."""
+    state["history"].append(line)
+    return len(state["history"])
+
+
+@action(reads=["question"], writes=["answer"])
+def _respond(state: State) -> State:
+    count = _remember(state, "user: " + state["question"])
+    return state.update(answer=f"{count} messages")
+
+
+@action(reads=["answer"], writes=["question"])
+def _ask(state: State) -> State:
+    return state.update(question="and then?")
+
+
+@action(reads=["history"], writes=["summary"])
+def _summarize(state: State) -> State:
+    return state.update(summary=" | ".join(state["history"]))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: the incremental field encoder (persister.FieldEncoder) does not see a list "
+    "changed in place by a helper of an action that declares it nowhere; the state row keeps "
+    "the old hash, so the state read back (and a fork from it) is not the run's",
+)
+def test_a_history_appended_by_a_helper_is_recorded_as_it_was(tmp_path: Path) -> None:
+    graph = (
+        GraphBuilder()
+        .with_actions(respond=_respond, ask=_ask, respond2=_respond, summarize=_summarize)
+        .with_transitions(
+            ("respond", "ask", default),
+            ("ask", "respond2", default),
+            ("respond2", "summarize", default),
+        )
+        .build()
+    )
+    pipe = Pipeline(name="helper", graph=graph, entrypoint="respond", halt_after=("summarize",))
+    rw = Rewind(tmp_path / "store")
+    try:
+        run = rw.record(pipe, {"question": "hi", "history": ["system: be brief"]})
+        assert run.status == "completed", run.error
+        nodes = rw.store.nodes_of(run.run_id)
+        after = rw.store.load_state_row("", nodes[2].src_app_id, nodes[2].src_sequence_id)
+        assert after is not None and after["values"]["answer"] == "3 messages"
+        # what the run's state held after respond2: three lines
+        assert after["values"]["history"] == ["system: be brief", "user: hi", "user: and then?"]
+        # an unchanged replay from summarize reads that state and must not diverge
+        fork = rw.fork(run.run_id, at="summarize")
+        assert rw.diff(run.run_id, fork.run_id).first_divergence is None
+    finally:
+        rw.store.close()
