@@ -348,3 +348,46 @@ def test_a_history_appended_by_a_helper_is_recorded_as_it_was(tmp_path: Path) ->
         assert rw.diff(run.run_id, fork.run_id).first_divergence is None
     finally:
         rw.store.close()
+
+
+# -- the HTTP API on replays stored by reference -----------------------------------------------
+def test_the_api_serves_a_reference_replay_as_its_source_over_real_http(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """A partial replay P (diverges at round 1) and an unchanged replay R of P (stored wholly
+    by reference to P, whose rounds 0 come from S): every node endpoint answers for R what it
+    answers for P, timing and ids aside; progress counts R's nodes."""
+    import httpx
+
+    from rewind.api import create_app
+    from tests.live_server import LiveServer
+
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    partial, _ = record(folder, chat_client, read_cache=True, change_at=1)
+    replay, _ = record(folder, chat_client, read_cache=True, change_at=1)
+    with opened(folder) as st:
+        assert st.get_run(replay).config["reference"] == {"run": partial, "steps": 6, "all": True}
+    with (
+        LiveServer(create_app(folder)) as server,
+        httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http,
+    ):
+        progress = http.get(f"/api/runs/{replay}/progress").json()
+        assert progress["nodes"] == 6 and progress["tokens"] == 0
+        for node in range(1, 7):
+            for part in ("", "/input", "/output", "/state"):
+                a = http.get(f"/api/runs/{partial}/nodes/{node}{part}")
+                b = http.get(f"/api/runs/{replay}/nodes/{node}{part}")
+                assert (a.status_code, b.status_code) == (200, 200), (node, part, b.text)
+                if part:
+                    assert a.json() == b.json(), (node, part)
+            for side in ("request", "response"):
+                a = http.get(f"/api/runs/{partial}/nodes/{node}/calls/0/{side}")
+                b = http.get(f"/api/runs/{replay}/nodes/{node}/calls/0/{side}")
+                assert b.status_code == a.status_code == 200 and a.content == b.content
+        nodes_a = http.get(f"/api/runs/{partial}/nodes").json()["nodes"]
+        nodes_b = http.get(f"/api/runs/{replay}/nodes").json()["nodes"]
+        assert [n["output_hash"] for n in nodes_a] == [n["output_hash"] for n in nodes_b]
+        diff = http.get("/api/diff", params={"a": partial, "b": replay}).json()
+        assert diff["first_divergence"] is None
+        assert http.get(f"/api/traces/{replay}/inspect").status_code == 200
