@@ -391,3 +391,47 @@ def test_the_api_serves_a_reference_replay_as_its_source_over_real_http(
         diff = http.get("/api/diff", params={"a": partial, "b": replay}).json()
         assert diff["first_divergence"] is None
         assert http.get(f"/api/traces/{replay}/inspect").status_code == 200
+
+
+# -- a replay whose source gc archives while it runs --------------------------------------------
+def _replay_while_gc_archives_its_source(folder: Path, client: ChatClient) -> Any:
+    """Record a trace, then replay it with ``read_cache=True`` while ``rewind gc`` (40 days
+    later, keeping 30) archives the source between the replay's first lookup and its write."""
+    record(folder, client, read_cache=False)
+    tracer = Tracer(folder, chat_client=client, read_cache=True)
+    try:
+        with tracer.trace("a13") as t:
+            out = agent(3)
+            t.set_output(out)
+            with opened(folder) as st:
+                report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+            assert len(report.archived) == 1
+    finally:
+        tracer.close()
+    return t
+
+
+def test_a_replay_whose_source_was_archived_meanwhile_says_so(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """The write is refused for a missing parent: the error says that, not 'already exists'."""
+    t = _replay_while_gc_archives_its_source(tmp_path / "store", chat_client)
+    assert t.write_error is not None
+    assert "already exists" not in t.write_error and "archived by `rewind gc`" in t.write_error
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: a cached replay linked to a source that gc archives before the replay is "
+    "written is lost (the run row's parent is refused); Trace.finish/write_trace could write "
+    "it again unlinked, every row in full",
+)
+def test_a_replay_whose_source_was_archived_meanwhile_is_still_stored(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    folder = tmp_path / "store"
+    t = _replay_while_gc_archives_its_source(folder, chat_client)
+    assert t.write_error is None
+    with opened(folder) as st:
+        assert len(st.nodes_of(t.trace_id)) == 6

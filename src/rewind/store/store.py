@@ -511,7 +511,7 @@ class Store:
         try:
             conn.execute(insert(schema.runs).values(**values))
         except IntegrityError as exc:
-            raise StoreError(f"run id {values['run_id']} already exists", "use a new id") from exc
+            raise _run_row_refused(conn, values) from exc
 
     def finish_run(
         self,
@@ -1303,6 +1303,32 @@ def state_row_hashes(fields_json: str) -> set[str]:
     map, the changed fields' of a delta (the rest are named by the rows before it)."""
     stored = json.loads(fields_json)
     return set((stored[1] if isinstance(stored, list) else stored).values())
+
+
+def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
+    """Why the database refused a new run row: its id exists, or the run it names as its
+    parent (or spawning run) is not stored (archived by ``rewind gc`` or deleted meanwhile).
+    On PostgreSQL the refused insert aborts the transaction (nothing more can be read in it):
+    both causes are named."""
+    runs = schema.runs
+    run_id = values["run_id"]
+    if conn.dialect.name != "sqlite":
+        return StoreError(
+            f"run id {run_id} already exists, or the run it descends from is gone",
+            "use a new id; if its parent was archived (`rewind archive list`), restore it first",
+        )
+    if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
+        return StoreError(f"run id {run_id} already exists", "use a new id")
+    for key in ("parent_run_id", "spawning_run_id"):
+        other = values.get(key)
+        found = other and conn.execute(select(runs.c.run_id).where(runs.c.run_id == other)).first()
+        if other and found is None:
+            return StoreError(
+                f"run {run_id} cannot be stored: the run it descends from, {other}, is not in "
+                "the store (archived by `rewind gc` or deleted after this run started)",
+                "restore it (`rewind archive restore`) and record again",
+            )
+    return StoreError(f"run {run_id} cannot be stored (the database refused its row)", "")
 
 
 def _unpacked(digest: str, codec: str, data: bytes) -> bytes:
