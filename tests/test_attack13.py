@@ -8,6 +8,7 @@ the incremental field encoder. Tests of bugs in files another helper owns are ma
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 import time
 import zlib
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from burr.core import State, action, default
+from burr.core import State, action, default, expr
 from burr.core.graph import GraphBuilder
 from sqlalchemy import text
 from typer.testing import CliRunner
@@ -24,6 +25,7 @@ from rewind.calls import chat
 from rewind.cli import app as cli_app
 from rewind.errors import StoreError
 from rewind.llm import ChatClient
+from rewind.persister import encode_value
 from rewind.replay import Pipeline, Rewind
 from rewind.store import Store, open_store
 from rewind.store.codec import ZDICT_V1
@@ -435,3 +437,143 @@ def test_a_replay_whose_source_was_archived_meanwhile_is_still_stored(
     assert t.write_error is None
     with opened(folder) as st:
         assert len(st.nodes_of(t.trace_id)) == 6
+
+
+# -- Burr state rows as deltas: >17 nodes, in-place changes, deleted fields, forks ---------------
+TICKS = 40
+TICK_FIELDS = [f"f{j}" for j in range(20)]
+
+
+@action(
+    reads=["i", "items", "nested", "grid"], writes=["i", "items", "nested", "grid", *TICK_FIELDS]
+)
+def _tick(state: State) -> State:
+    """Changes lists, a nested dict and a numpy array in place, one of 20 fields per node, and
+    adds a field every 5th node that the 2nd node after deletes."""
+    i = state["i"] + 1
+    items, nested, grid = state["items"], state["nested"], state["grid"]
+    items.append(i)
+    nested["a"]["b"].append(i % 3)
+    grid[i % 4] += 1
+    new = state.update(i=i, items=items, nested=nested, grid=grid, **{f"f{i % 20}": i})
+    if i % 5 == 0:
+        new = new.update(tmp={"at": i})
+    elif i % 5 == 2 and "tmp" in new:
+        new = new.wipe(delete=["tmp"])
+    return new
+
+
+@action(reads=["i"], writes=["done"])
+def _finish(state: State) -> State:
+    return state.update(done=True)
+
+
+def _ticks() -> Pipeline:
+    graph = (
+        GraphBuilder()
+        .with_actions(tick=_tick, finish=_finish)
+        .with_transitions(("tick", "tick", expr(f"i < {TICKS}")), ("tick", "finish", default))
+        .build()
+    )
+    return Pipeline(name="ticks", graph=graph, entrypoint="tick", halt_after=("finish",))
+
+
+def _tick_start() -> dict[str, Any]:
+    import numpy as np
+
+    return {
+        "i": 0,
+        "items": [],
+        "nested": {"a": {"b": []}},
+        "grid": np.zeros(4),
+        **dict.fromkeys(TICK_FIELDS, 0),
+    }
+
+
+def _tick_states() -> list[dict[str, Any]]:
+    """The state after every node, computed without Burr (deep copies)."""
+    s, out = _tick_start(), []
+    for _ in range(TICKS):
+        i = s["i"] = s["i"] + 1
+        s["items"].append(i)
+        s["nested"]["a"]["b"].append(i % 3)
+        s["grid"][i % 4] += 1
+        s[f"f{i % 20}"] = i
+        if i % 5 == 0:
+            s["tmp"] = {"at": i}
+        elif i % 5 == 2:
+            s.pop("tmp", None)
+        out.append(copy.deepcopy(s))
+    out.append(copy.deepcopy(s) | {"done": True})
+    return out
+
+
+def _read_back(rw: Rewind, run_id: str) -> list[dict[str, str]]:
+    """Each node's state as stored, every field as its hash (so numpy arrays compare)."""
+    out = []
+    for n in rw.store.nodes_of(run_id):
+        row = rw.store.load_state_row("", n.src_app_id, n.src_sequence_id)
+        assert row is not None
+        values = {k: v for k, v in row["values"].items() if not k.startswith("__")}
+        out.append({k: encode_value(k, v).digest for k, v in values.items()})
+    return out
+
+
+def _hashed(states: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{k: encode_value(k, v).digest for k, v in s.items()} for s in states]
+
+
+def test_burr_state_deltas_read_back_through_a_downgrade_to_0009_and_back(tmp_path: Path) -> None:
+    """States written as deltas (full map every 17th row) read back as the run had them; a
+    store taken down to 0009 (every row a full map, zd1 blobs raw) and opened again by this
+    Rewind reads the same, and forks at nodes 18, 34 and 35 (each side of a full row) replay
+    unchanged and store their own rows as deltas."""
+    from alembic import command
+
+    from rewind.store import migrate
+
+    folder = tmp_path / "store"
+    expected = _hashed(_tick_states())
+    rw = Rewind(folder)
+    try:
+        run = rw.record(_ticks(), _tick_start())
+        assert run.status == "completed", run.error
+        assert _read_back(rw, run.run_id) == expected
+        with rw.store.read() as conn:
+            kinds = [
+                r[0].startswith("[")
+                for r in conn.execute(
+                    text(
+                        "SELECT fields_json FROM burr_state WHERE app_id = :a ORDER BY sequence_id"
+                    ),
+                    {"a": run.run_id},
+                )
+            ]
+        assert kinds.count(False) == 3 and not kinds[0] and not kinds[17] and not kinds[34]
+        with rw.store.write() as conn:
+            command.downgrade(migrate._config(conn), "0009")  # type: ignore[arg-type]
+    finally:
+        rw.store.close()
+    rw = Rewind(folder)  # opens (and upgrades) the 0009 store
+    rw.register(_ticks())
+    try:
+        assert _read_back(rw, run.run_id) == expected
+        for at in (18, 34, 35):
+            fork = rw.fork(run.run_id, at=at)
+            assert fork.status == "completed", fork.error
+            assert rw.diff(run.run_id, fork.run_id).first_divergence is None
+            assert _read_back(rw, fork.run_id) == expected
+            with rw.store.read() as conn:
+                own = [
+                    r[0]
+                    for r in conn.execute(
+                        text("SELECT fields_json FROM burr_state WHERE app_id = :a"),
+                        {"a": fork.run_id},
+                    )
+                ]
+            assert own and any(f.startswith("[") for f in own)  # its own rows: deltas again
+            again = rw.fork(fork.run_id, at=at + 3)  # a fork of the fork
+            assert rw.diff(run.run_id, again.run_id).first_divergence is None
+            assert _read_back(rw, again.run_id) == expected
+    finally:
+        rw.store.close()
