@@ -396,7 +396,7 @@ def test_the_api_serves_a_reference_replay_as_its_source_over_real_http(
 
 
 # -- a replay whose source gc archives while it runs --------------------------------------------
-def _replay_while_gc_archives_its_source(folder: Path, client: ChatClient) -> Any:
+def _replay_while_gc_archives_its_source(folder: Path | Store, client: ChatClient) -> Any:
     """Record a trace, then replay it with ``read_cache=True`` while ``rewind gc`` (40 days
     later, keeping 30) archives the source between the replay's first lookup and its write."""
     record(folder, client, read_cache=False)
@@ -405,8 +405,11 @@ def _replay_while_gc_archives_its_source(folder: Path, client: ChatClient) -> An
         with tracer.trace("a13") as t:
             out = agent(3)
             t.set_output(out)
-            with opened(folder) as st:
-                report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+            if isinstance(folder, Store):
+                report = collect_garbage(folder, 30 * DAY, now=time.time() + 40 * DAY)
+            else:
+                with opened(folder) as st:
+                    report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
             assert len(report.archived) == 1
     finally:
         tracer.close()
@@ -414,10 +417,15 @@ def _replay_while_gc_archives_its_source(folder: Path, client: ChatClient) -> An
 
 
 def test_a_replay_whose_source_was_archived_meanwhile_says_so(
-    tmp_path: Path, chat_client: ChatClient
+    store_target: StoreTarget, chat_client: ChatClient
 ) -> None:
     """The write is refused for a missing parent: the error says that, not 'already exists'."""
-    t = _replay_while_gc_archives_its_source(tmp_path / "store", chat_client)
+    st = store_target.open()
+    try:
+        t = _replay_while_gc_archives_its_source(st, chat_client)
+        assert st.list_runs() == []  # nothing of the replay was written
+    finally:
+        st.close()
     assert t.write_error is not None
     assert "already exists" not in t.write_error and "archived by `rewind gc`" in t.write_error
 

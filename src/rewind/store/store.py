@@ -509,7 +509,11 @@ class Store:
                 v = values.pop(key)
                 values[f"{key}_json"] = None if v is None else json.dumps(v, sort_keys=True)
         try:
-            conn.execute(insert(schema.runs).values(**values))
+            if conn.dialect.name == "sqlite":  # a refused statement leaves the transaction usable
+                conn.execute(insert(schema.runs).values(**values))
+            else:  # PostgreSQL aborts the transaction: a savepoint keeps it readable for the why
+                with conn.begin_nested():
+                    conn.execute(insert(schema.runs).values(**values))
         except IntegrityError as exc:
             raise _run_row_refused(conn, values) from exc
 
@@ -1307,16 +1311,9 @@ def state_row_hashes(fields_json: str) -> set[str]:
 
 def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
     """Why the database refused a new run row: its id exists, or the run it names as its
-    parent (or spawning run) is not stored (archived by ``rewind gc`` or deleted meanwhile).
-    On PostgreSQL the refused insert aborts the transaction (nothing more can be read in it):
-    both causes are named."""
+    parent (or spawning run) is not stored (archived by ``rewind gc`` or deleted meanwhile)."""
     runs = schema.runs
     run_id = values["run_id"]
-    if conn.dialect.name != "sqlite":
-        return StoreError(
-            f"run id {run_id} already exists, or the run it descends from is gone",
-            "use a new id; if its parent was archived (`rewind archive list`), restore it first",
-        )
     if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
         return StoreError(f"run id {run_id} already exists", "use a new id")
     for key in ("parent_run_id", "spawning_run_id"):
