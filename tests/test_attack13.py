@@ -9,6 +9,7 @@ the incremental field encoder. Tests of bugs in files another helper owns are ma
 from __future__ import annotations
 
 import copy
+import json
 import sqlite3
 import time
 import zlib
@@ -585,3 +586,26 @@ def test_burr_state_deltas_read_back_through_a_downgrade_to_0009_and_back(tmp_pa
             assert _read_back(rw, again.run_id) == expected
     finally:
         rw.store.close()
+
+
+# -- what `rewind show` says of a cached trace replay --------------------------------------------
+def test_show_does_not_call_a_diverging_trace_replay_unchanged(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """A cached trace replays whatever code the caller runs now: Q below runs the original
+    code, finds as its source the newest trace that made its first call (P, which changed round
+    2), and differs from P from step 5. It has no override, but it is no 'unchanged replay'."""
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    partial, _ = record(folder, chat_client, read_cache=True, change_at=2)
+    again, _ = record(folder, chat_client, read_cache=True)
+    with opened(folder) as st:
+        assert st.get_run(again).parent_run_id == partial
+        assert Rewind(st).diff(partial, again).first_divergence is not None
+    result = CliRunner().invoke(cli_app, ["show", again, "--store", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    change = json.loads(result.output)["run"]["change"]
+    expected = f"replay of trace {partial[:12]}: its first 4 step(s) equal, differs from step 5"
+    assert change == expected
+    result = CliRunner().invoke(cli_app, ["show", again, "--store", str(folder)])
+    assert "unchanged" not in result.output and "differs from step 5" in result.output
