@@ -609,3 +609,33 @@ def test_show_does_not_call_a_diverging_trace_replay_unchanged(
     assert change == expected
     result = CliRunner().invoke(cli_app, ["show", again, "--store", str(folder)])
     assert "unchanged" not in result.output and "differs from step 5" in result.output
+
+
+def test_a_cached_replay_over_a_damaged_zd1_response_says_the_store_is_damaged(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """Cut short, a recorded model answer inflated to a prefix of itself: the replay blamed the
+    model endpoint ('answered a body that is not JSON'); a flipped bit in the text would have
+    been served as the recorded answer."""
+    folder = tmp_path / "store"
+    source, _ = record(folder, chat_client, read_cache=False)
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        digest, data = db.execute(
+            "SELECT b.hash, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
+            " WHERE c.kind = 'llm' AND b.codec = 'zd1' ORDER BY c.position LIMIT 1"
+        ).fetchone()
+    finally:
+        db.close()
+    _tamper(folder, digest, bytes(data)[:-20])
+    for replay_in_place in (False, True):
+        tracer = Tracer(folder, chat_client=chat_client, read_cache=True)
+        try:
+            # (an in-place replay reads its source's answers when it is made: inside raises)
+            with (
+                pytest.raises(StoreError, match="does not match its hash"),
+                tracer.replay(source) if replay_in_place else tracer.trace("a13"),
+            ):
+                agent(3)
+        finally:
+            tracer.close()
