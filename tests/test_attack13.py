@@ -658,3 +658,55 @@ def test_burr_state_deltas_and_forks_past_full_rows_on_each_backend(
             assert _read_back(rw, fork.run_id) == expected
     finally:
         rw.store.close()
+
+
+# -- concurrent replays while the source is recorded again with other answers --------------------
+def _traces_in_a_process(folder: str, base_url: str, replay: bool, count: int) -> None:
+    """Entry of a worker process: ``count`` traces, cached (every third one changes round 2)
+    or recorded live (the stub answers anew: cache entries overwritten with other answers)."""
+    from rewind.llm import Endpoint
+
+    client = ChatClient(Endpoint(base_url=base_url, model="stub-model"))
+    for i in range(count):
+        change = 2 if replay and i % 3 == 2 else None
+        record(Path(folder), client, read_cache=replay, change_at=change)
+
+
+@pytest.mark.slow
+def test_concurrent_replays_while_the_source_is_recorded_again_show_what_their_code_got(
+    tmp_path: Path,
+) -> None:
+    """Two processes replay the trace with ``read_cache=True`` while a third records it again
+    (each answer new, overwriting the cache entries of the first round). Every stored trace,
+    read back (references resolved), shows the answers its own code returned."""
+    import subprocess
+    import sys
+
+    from rewind.tracing.store import load_trace
+    from tests.cli_process import ROOT
+    from tests.model_stub import ModelStub
+
+    folder = tmp_path / "store"
+    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    code = (
+        "import sys; from tests.test_attack13 import _traces_in_a_process as t; "
+        "t(*sys.argv[1:3], sys.argv[3] == 'replay', 5)"
+    )
+    with ModelStub() as stub:
+        args = [str(folder), stub.base_url]
+        subprocess.run([sys.executable, "-c", code, *args, "record"], check=True, env=env)
+        workers = [
+            subprocess.Popen([sys.executable, "-c", code, *args, mode], env=env)
+            for mode in ("replay", "replay", "record")
+        ]
+        assert [w.wait(timeout=600) for w in workers] == [0, 0, 0]
+    with opened(folder) as st:
+        runs = st.list_runs(limit=100)
+        assert len(runs) == 20
+        referenced = 0
+        for run in runs:
+            view = load_trace(st, run.run_id)
+            returned = [x for pair in view.output for x in pair]  # the code's (reply, total)s
+            assert [s.output for s in view.steps] == returned, run.run_id
+            referenced += "reference" in run.config
+        assert referenced >= 2
