@@ -179,9 +179,11 @@ def test_gc_keeps_the_entries_of_a_partial_replays_shared_steps_only(
             "steps": 4,
             "all": False,
         }
+        dry = collect_garbage(st, 30 * DAY, now=later + 3600, dry_run=True)
         report = collect_garbage(st, 30 * DAY, now=later + 3600)
     # round 2 of the source: its LLM call and tool call are no longer used by anyone
     assert (report.llm_cache_expired, report.tool_cache_expired) == (1, 1)
+    assert (dry.llm_cache_expired, dry.tool_cache_expired) == (1, 1)
 
 
 def test_gc_still_expires_entries_whose_replays_are_old_too(
