@@ -712,3 +712,83 @@ def test_concurrent_replays_while_the_source_is_recorded_again_show_what_their_c
             assert [s.output for s in view.steps] == returned, run.run_id
             referenced += "reference" in run.config
         assert referenced >= 2
+
+
+# -- a user's own config key named "reference" ----------------------------------------------------
+def _burr_run_in_flight_with_a_reference_key(tmp_path: Path, check: Any) -> None:
+    """Record a Burr run whose config (the user's: any key) has ``reference = {run, steps}``
+    naming another run, and call ``check(rw, run_id)`` while its first node still runs."""
+    import threading
+
+    go = threading.Event()
+
+    @action(reads=[], writes=["y"])
+    def quick(state: State) -> State:
+        return state.update(y=1)
+
+    @action(reads=[], writes=["y"])
+    def slow(state: State) -> State:
+        go.wait(60)
+        return state.update(y=2)
+
+    def pipe(name: str, first: Any) -> Pipeline:
+        graph = (
+            GraphBuilder()
+            .with_actions(first=first, second=quick)
+            .with_transitions(("first", "second", default))
+            .build()
+        )
+        return Pipeline(name=name, graph=graph, entrypoint="first", halt_after=("second",))
+
+    rw = Rewind(tmp_path / "store")
+    try:
+        other = rw.record(pipe("other", quick), {})
+        config = {"reference": {"run": other.run_id, "steps": 2}}
+        worker = threading.Thread(
+            target=rw.record,
+            args=(pipe("mine", slow), {}),
+            kwargs={"run_id": "mine", "config": config},
+        )
+        worker.start()
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    rw.store.get_run("mine")
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            check(rw, "mine")
+        finally:
+            go.set()
+            worker.join()
+    finally:
+        rw.store.close()
+
+
+def test_a_burr_runs_own_reference_config_key_does_not_borrow_another_runs_nodes(
+    tmp_path: Path,
+) -> None:
+    def check(rw: Rewind, run_id: str) -> None:
+        assert rw.store.nodes_of(run_id) == []  # its first node is still running
+
+    _burr_run_in_flight_with_a_reference_key(tmp_path, check)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: load_trace (tracing/store._by_reference -> references.resolve) treats any "
+    "run's config key 'reference' = {run, steps} as a replay stored by reference: a Burr "
+    "run in flight shows the other run's nodes as its own (resolve should require a trace)",
+)
+def test_load_trace_of_a_burr_run_with_a_reference_config_key_shows_its_own_nodes(
+    tmp_path: Path,
+) -> None:
+    from rewind.tracing.store import load_trace
+
+    def check(rw: Rewind, run_id: str) -> None:
+        assert load_trace(rw.store, run_id).steps == []
+
+    _burr_run_in_flight_with_a_reference_key(tmp_path, check)

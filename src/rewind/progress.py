@@ -272,9 +272,11 @@ def request_cancel(store: Store, run_id: str, by: str | None) -> bool:
 
 def _referenced_nodes(config_json: str | None) -> int:
     """How many leading nodes a replay stored by reference shares with its source
-    (:mod:`rewind.store.references`): cache hits of its own with no rows (0 tokens)."""
+    (:mod:`rewind.store.references`): cache hits of its own with no rows (0 tokens). Only a
+    trace's config says so (a Burr run's config is the user's, any key allowed)."""
     with contextlib.suppress(ValueError):
-        ref = reference_of(json.loads(config_json or "{}"))
+        config = json.loads(config_json or "{}")
+        ref = reference_of(config) if config.get("kind") == "trace" else None
         return ref[1] if ref is not None else 0
     return 0
 
