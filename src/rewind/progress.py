@@ -34,6 +34,7 @@ from sqlalchemy import and_, func, select
 from rewind.errors import RewindError
 from rewind.store import schema
 from rewind.store.live import mark_live_node, set_cancel_requested
+from rewind.store.references import reference_of
 from rewind.store.store import Store
 
 __all__ = [
@@ -269,21 +270,37 @@ def request_cancel(store: Store, run_id: str, by: str | None) -> bool:
     return True
 
 
+def _referenced_nodes(config_json: str | None) -> int:
+    """How many leading nodes a replay stored by reference shares with its source
+    (:mod:`rewind.store.references`): cache hits of its own with no rows (0 tokens). Only a
+    trace's config says so (a Burr run's config is the user's, any key allowed)."""
+    with contextlib.suppress(ValueError):
+        config = json.loads(config_json or "{}")
+        ref = reference_of(config) if config.get("kind") == "trace" else None
+        return ref[1] if ref is not None else 0
+    return 0
+
+
 def live_progress(store: Store, run_id: str) -> dict[str, Any]:
     """What the store knows of a run in flight, whoever executes it.
 
     Returns:
         ``{"node": {"name", "position", "number", "since"} | None, "prompt_tokens",
-        "completion_tokens", "tokens", "nodes": committed node rows, "cancel_requested":
+        "completion_tokens", "tokens", "nodes": committed node rows (with the nodes a replay
+        stored by reference shares with its source), "cancel_requested":
         {"by", "at"} | None}``; tokens are those of the run's own (not inherited) committed
         nodes.
     """
     t, n = schema.runs, schema.nodes
     with store.read() as conn:
         row = conn.execute(
-            select(t.c.live_node, t.c.live_position, t.c.live_since, t.c.cancel_requested).where(
-                t.c.run_id == run_id
-            )
+            select(
+                t.c.live_node,
+                t.c.live_position,
+                t.c.live_since,
+                t.c.cancel_requested,
+                t.c.config_json,
+            ).where(t.c.run_id == run_id)
         ).first()
         totals = conn.execute(
             select(
@@ -307,7 +324,7 @@ def live_progress(store: Store, run_id: str) -> dict[str, Any]:
     prompt, completion = int(totals[1]), int(totals[2])
     return {
         "node": node,
-        "nodes": int(totals[0]),
+        "nodes": int(totals[0]) + _referenced_nodes(row.config_json if row is not None else None),
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "tokens": prompt + completion,

@@ -12,6 +12,7 @@ from typing import Any
 
 from rewind.replay import override_target
 from rewind.store import NodeRecord, RunRecord
+from rewind.store.references import REFERENCE_KEY, reference_of
 
 # Display status of a node execution (one colour each in the UI).
 INHERITED = "inherited"  # copied from the parent, not executed (grey)
@@ -70,12 +71,37 @@ def run_json(run: RunRecord) -> dict[str, Any]:
     }
 
 
+def trace_replay_text(run: RunRecord) -> str | None:
+    """What a replay of a traced chain (a cached trace, ``rewind replay-trace`` or
+    ``Tracer.replay``) shares with the trace it replays, or None for any other run.
+
+    Such a replay runs the caller's code again, which may have changed: it is not an
+    "unchanged replay" of its parent just because it carries no override. The steps it shares
+    with its source are named when it is stored by reference (:mod:`rewind.store.references`).
+    """
+    config = run.config or {}
+    if run.parent_run_id is None or config.get("kind") != "trace":
+        return None
+    ref = reference_of(config)
+    if ref is None:
+        return f"replay of trace {run.parent_run_id[:12]} (no step shared)"
+    if config[REFERENCE_KEY].get("all"):
+        return f"replay of trace {run.parent_run_id[:12]}: every step equal (stored by reference)"
+    return (
+        f"replay of trace {run.parent_run_id[:12]}: its first {ref[1]} step(s) equal, "
+        f"differs from step {ref[1] + 1}"
+    )
+
+
 def change_text(run: RunRecord) -> str | None:
     """One line saying what a fork changed (None for a recorded run); a grid variant or a
     stability sample says so."""
     if run.parent_run_id is None:
         return None
     o = run.override
+    traced = trace_replay_text(run)
+    if traced is not None:
+        return traced if not o else "{} · {} {}.{}".format(traced, *override_target(o))
     sub = run.launch.get("sub_run_fork")
     if sub:
         o = sub.get("override")

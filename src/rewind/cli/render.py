@@ -100,7 +100,13 @@ def run_summary(run: RunRecord) -> str:
         f"run [bold]{inert(run.run_id)}[/] ({inert(run.pipeline)}) {inert(run.status)}",
         f"{run.tokens} tokens",
     ]
-    if run.parent_run_id:
+    from rewind.record_json import trace_replay_text  # imports Burr: not at `rewind --help`
+
+    traced = trace_replay_text(run)
+    if traced is not None:
+        change = f": {override_text(run.override)}" if run.override else ""
+        parts.append(inert(traced) + change)
+    elif run.parent_run_id:
         change = override_text(run.override) if run.override else "no override (unchanged replay)"
         parts.append(f"fork of {inert(run.parent_run_id[:12])} at {inert(run.fork_node)}: {change}")
     if run.spawning_run_id:

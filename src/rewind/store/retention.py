@@ -5,7 +5,9 @@ What goes, for an age ``A`` (``--older-than 30d``) and ``cutoff = now - A``:
 - **Cache entries** (``llm_cache``, ``tool_cache``) not used since the cutoff. The caches have no
   "last used" column and the lookup path never writes (a hit must stay a read); an entry's last
   use is derived instead: the newest of its ``created_at`` and the ``started_at`` of every node
-  whose call rows carry the entry's key (a hit, a miss that wrote it, a lineage hit of a fork).
+  whose call rows carry the entry's key (a hit, a miss that wrote it, a lineage hit of a fork),
+  and the ``created_at`` of every replay stored by reference whose shared steps made that call
+  (such a replay has no call rows of its own; :mod:`rewind.store.references`).
   An expired entry only costs a miss later: recorded runs keep their own call rows, which forks
   replay from (their lineage), so no recorded trajectory loses its cache hits.
 - **Runs** finished (``completed`` or ``failed``) before the cutoff (a sub-run, the run of a Burr
@@ -63,6 +65,7 @@ from rewind.canonical import sha256_hex
 from rewind.errors import RewindError, RunBusy, StoreError, UnknownRun
 from rewind.store import schema
 from rewind.store.objects import ObjectStore
+from rewind.store.references import REFERENCE_KEY, load_rows, reference_of
 from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store
 
 ARCHIVE_FORMAT = "rewind-run-archive"
@@ -319,7 +322,42 @@ def _expired_cache_keys(conn: Connection, cutoff: float) -> tuple[list[str], lis
             .order_by(table.c.key)
         )
         out.append([r[0] for r in rows])
+    if out[0] or out[1]:
+        used = _keys_used_by_references(conn, cutoff)
+        if used is None:  # a reference that cannot be resolved: expire nothing (conservative)
+            return [], []
+        out = [[k for k in keys if k not in used] for keys in out]
     return out[0], out[1]
+
+
+def _keys_used_by_references(conn: Connection, cutoff: float) -> set[str] | None:
+    """Cache keys used since ``cutoff`` by replays stored by reference
+    (:mod:`rewind.store.references`): such a replay served the calls of the steps it shares
+    with its source from the cache, but has no call rows of its own saying so. Its run's
+    ``created_at`` is the time of those uses. None when a reference cannot be resolved (a
+    damaged store, a chain too deep): the caller then expires nothing.
+    """
+    runs = schema.runs
+    rows = conn.execute(
+        select(runs.c.config_json)
+        .where(runs.c.created_at >= cutoff)
+        .where(runs.c.config_json.like(f'%"{REFERENCE_KEY}"%'))
+    ).all()
+    steps: dict[str, int] = {}  # source run -> how many of its leading steps were used
+    for (config_json,) in rows:
+        ref = reference_of(json.loads(config_json or "{}"))
+        if ref is not None:
+            steps[ref[0]] = max(steps.get(ref[0], 0), ref[1])
+    used: set[str] = set()
+    for source, k in steps.items():
+        try:
+            rows_of = load_rows(conn, source)
+        except RuntimeError:
+            return None
+        for position, calls in rows_of.calls.items():
+            if position < k:
+                used.update(c["key"] for c in calls)
+    return used
 
 
 def _expire_cache(store: Store, llm_keys: list[str], tool_keys: list[str], cutoff: float) -> None:

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -363,7 +364,7 @@ class Store:
                         continue  # reported as missing below
                     out[row.hash] = unpack(row.codec[len(schema.SPILL_PREFIX) :], row.spilled)
                 else:
-                    out[row.hash] = unpack(row.codec, row.data)
+                    out[row.hash] = _unpacked(row.hash, row.codec, row.data)
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
@@ -552,9 +553,13 @@ class Store:
                 v = values.pop(key)
                 values[f"{key}_json"] = None if v is None else json.dumps(v, sort_keys=True)
         try:
-            conn.execute(insert(schema.runs).values(**values))
+            if conn.dialect.name == "sqlite":  # a refused statement leaves the transaction usable
+                conn.execute(insert(schema.runs).values(**values))
+            else:  # PostgreSQL aborts the transaction: a savepoint keeps it readable for the why
+                with conn.begin_nested():
+                    conn.execute(insert(schema.runs).values(**values))
         except IntegrityError as exc:
-            raise StoreError(f"run id {values['run_id']} already exists", "use a new id") from exc
+            raise _run_row_refused(conn, values) from exc
 
     def finish_run(
         self,
@@ -935,7 +940,10 @@ class Store:
             ).first()
             if run is None:
                 return None
-            rows = resolve(conn, run_id, json.loads(run[0] or "{}"), float(run[1]))
+            config = json.loads(run[0] or "{}")
+            if config.get("kind") != "trace":  # a Burr run's config is the user's: any key
+                return None
+            rows = resolve(conn, run_id, config, float(run[1]))
         if rows is None:
             return None
         return [
@@ -1355,6 +1363,48 @@ def state_row_hashes(fields_json: str) -> set[str]:
     map, the changed fields' of a delta (the rest are named by the rows before it)."""
     stored = json.loads(fields_json)
     return set((stored[1] if isinstance(stored, list) else stored).values())
+
+
+def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
+    """Why the database refused a new run row: its id exists, or the run it names as its
+    parent (or spawning run) is not stored (archived by ``rewind gc`` or deleted meanwhile)."""
+    runs = schema.runs
+    run_id = values["run_id"]
+    if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
+        return StoreError(f"run id {run_id} already exists", "use a new id")
+    for key in ("parent_run_id", "spawning_run_id"):
+        other = values.get(key)
+        found = other and conn.execute(select(runs.c.run_id).where(runs.c.run_id == other)).first()
+        if other and found is None:
+            return StoreError(
+                f"run {run_id} cannot be stored: the run it descends from, {other}, is not in "
+                "the store (archived by `rewind gc` or deleted after this run started)",
+                "restore it (`rewind archive restore`) and record again",
+            )
+    return StoreError(f"run {run_id} cannot be stored (the database refused its row)", "")
+
+
+def _unpacked(digest: str, codec: str, data: bytes) -> bytes:
+    """A stored blob's bytes (see :func:`rewind.store.codec.unpack`), ``zd1`` ones checked
+    against their hash: raw DEFLATE carries no checksum, so a truncated or altered row would
+    otherwise inflate to other bytes without an error (a blob under 1 KiB: ~1 us to hash).
+
+    Raises:
+        StoreError: the bytes cannot be unpacked, or a ``zd1`` blob's do not match its hash.
+    """
+    try:
+        out = unpack(codec, data)
+    except zlib.error as exc:
+        raise StoreError(
+            f"blob {digest[:12]} ({codec}) cannot be unpacked: {exc}", "the store is damaged"
+        ) from exc
+    if codec == "zd1" and sha256_hex(out) != digest:
+        raise StoreError(
+            f"blob {digest[:12]} does not match its hash (its stored {codec} bytes were altered "
+            "or cut short)",
+            "the store is damaged; restore it from a backup",
+        )
+    return out
 
 
 def _resolve_delta(delta: list[Any], earlier: dict[int, str], where: str) -> dict[str, str]:

@@ -1,0 +1,794 @@
+"""Attacks on issue #13's storage and replay changes (helper a13).
+
+Each test is a way a user can lose data or read a wrong answer through replays stored by
+reference (``config["reference"]``), zd1-compressed blobs, Burr state rows stored as deltas, or
+the incremental field encoder. Tests of bugs in files another helper owns are marked
+``xfail(strict=True)`` with the bug named; they pass once the owner fixes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sqlite3
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from burr.core import State, action, default, expr
+from burr.core.graph import GraphBuilder
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from rewind.calls import chat
+from rewind.cli import app as cli_app
+from rewind.errors import StoreError
+from rewind.llm import ChatClient
+from rewind.persister import encode_value
+from rewind.replay import Pipeline, Rewind
+from rewind.store import Store, open_store
+from rewind.store.codec import ZDICT_V1
+from rewind.store.retention import collect_garbage
+from rewind.tools import tool
+from rewind.tracing import StepType, Tracer, step
+from tests.conftest import FakeModel, StoreTarget
+from tests.test_tracing_reference import opened
+
+DAY = 86400.0
+
+
+@tool("a13_add")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+traced_add = step("a13_add", "tool_call")(add)
+
+
+def agent(steps: int, *, change_at: int | None = None) -> list[Any]:
+    """An LLM step then a tool step per round; each prompt depends on the answers before it;
+    ``change_at`` changes the prompt of that round (a divergence from there on)."""
+    reply, total, out = "start", 0, []
+    for i in range(steps):
+        extra = " (changed)" if i == change_at else ""
+        messages = [{"role": "user", "content": f"step {i}: {total} {reply}{extra}"}]
+        with step("llm", StepType.LLM_CALL, input={"messages": messages}) as s:
+            reply = chat(messages, temperature=0).content
+            s.set_output(reply)
+        total = traced_add(len(reply), i)
+        out.append((reply, total))
+    return out
+
+
+def record(
+    folder: Path | Store,
+    client: ChatClient,
+    *,
+    read_cache: bool,
+    steps: int = 3,
+    change_at: int | None = None,
+    clock: Any = time.time,
+) -> tuple[str, list[Any]]:
+    """One trace through its own Tracer (as a separate process would make it)."""
+    tracer = Tracer(
+        folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True, clock=clock
+    )
+    try:
+        with tracer.trace("a13") as t:
+            out = agent(steps, change_at=change_at)
+            t.set_output(out)
+    finally:
+        tracer.close()
+    return t.trace_id, out
+
+
+# -- replays of replays -------------------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="a13: a chain of replays by reference grows one level per replay; at 64 levels "
+    "the next replay's write raises RuntimeError (trace lost) and reads of the deepest replay "
+    "fail (references.MAX_DEPTH, tracing/store.write_trace)",
+)
+def test_a_long_chain_of_in_place_replays_stays_written_and_readable(
+    tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    folder = tmp_path / "store"
+    source, recorded = record(folder, chat_client, read_cache=False, steps=2)
+    calls = fake_model.count
+    tracer = Tracer(folder, chat_client=chat_client, raise_on_write_error=True)
+    chain = [source]
+    try:
+        for _ in range(70):  # a nightly job replaying the latest replay, for ten weeks
+            with tracer.replay(chain[-1]) as t:
+                assert agent(2) == recorded
+            assert t.write_error is None
+            chain.append(t.trace_id)
+    finally:
+        tracer.close()
+    assert fake_model.count == calls
+    with opened(folder) as st:
+        for run_id in (chain[-1], chain[40]):
+            assert [n.output_hash for n in st.nodes_of(run_id)] == [
+                n.output_hash for n in st.nodes_of(source)
+            ]
+            assert Rewind(st).diff(source, run_id).first_divergence is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: replays that each diverge at their last step refer to the previous one "
+    "(find_source follows only 'all' references); the 64th is written but can never be "
+    "read again (load_rows: 'refers to runs more than 64 deep')",
+)
+def test_alternating_partial_replays_stay_readable(tmp_path: Path, chat_client: ChatClient) -> None:
+    folder = tmp_path / "store"
+    ids = [record(folder, chat_client, read_cache=False, steps=2)[0]]
+    for i in range(1, 68):  # two prompt variants of the last step, replayed in turn
+        ids.append(
+            record(folder, chat_client, read_cache=True, steps=2, change_at=1 if i % 2 else None)[0]
+        )
+    with opened(folder) as st:
+        unreadable = []
+        for run_id in ids:
+            try:
+                st.nodes_of(run_id)
+            except RuntimeError:
+                unreadable.append(run_id)
+        assert unreadable == []
+
+
+# -- gc and replays stored by reference ---------------------------------------------------------
+def test_gc_keeps_the_cache_entries_a_replay_by_reference_used_recently(
+    store_target: StoreTarget, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    """A cache entry's last use is read from call rows; a replay stored by reference has none.
+    A trace replayed every day must keep its cache entries through ``rewind gc``, or the next
+    replay sends every call to the model again (a different answer from a sampled model)."""
+    st = store_target.open()
+    try:
+        _source, recorded = record(st, chat_client, read_cache=False)
+        later = time.time() + 40 * DAY  # the replay runs 40 days after the recording
+        replay, replayed = record(st, chat_client, read_cache=True, clock=lambda: later)
+        assert replayed == recorded
+        assert st.get_run(replay).config["reference"]["all"] is True
+        report = collect_garbage(st, 30 * DAY, now=later + 3600)
+        assert (report.llm_cache_expired, report.tool_cache_expired) == (0, 0)
+        calls = fake_model.count
+        _, replayed = record(st, chat_client, read_cache=True, clock=lambda: later + 7200)
+        assert replayed == recorded and fake_model.count == calls  # still served from the cache
+    finally:
+        st.close()
+
+
+def test_gc_keeps_the_entries_of_a_partial_replays_shared_steps_only(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """A replay that diverges at round 2 used the source's entries of rounds 0-1 (by
+    reference) and its own from round 2; the source's entries of round 2 on are unused."""
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    later = time.time() + 40 * DAY
+    replay, _ = record(folder, chat_client, read_cache=True, change_at=2, clock=lambda: later)
+    with opened(folder) as st:
+        assert st.get_run(replay).config["reference"] == {
+            "run": st.get_run(replay).parent_run_id,
+            "steps": 4,
+            "all": False,
+        }
+        dry = collect_garbage(st, 30 * DAY, now=later + 3600, dry_run=True)
+        report = collect_garbage(st, 30 * DAY, now=later + 3600)
+    # round 2 of the source: its LLM call and tool call are no longer used by anyone
+    assert (report.llm_cache_expired, report.tool_cache_expired) == (1, 1)
+    assert (dry.llm_cache_expired, dry.tool_cache_expired) == (1, 1)
+
+
+def test_gc_still_expires_entries_whose_replays_are_old_too(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """The fix above must not keep everything: entries used only by old replays go."""
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    record(folder, chat_client, read_cache=True)
+    with opened(folder) as st:
+        report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+        assert (report.llm_cache_expired, report.tool_cache_expired) == (3, 3)
+
+
+# -- hostile zd1 blobs --------------------------------------------------------------------------
+def _zd1_output_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
+    """(hash, stored bytes) of a zd1 blob a node of ``run_id`` names as its output."""
+    with opened(folder) as st:
+        hashes = [n.output_hash for n in st.nodes_of(run_id)]
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        for h in hashes:
+            row = db.execute("SELECT codec, data FROM blobs WHERE hash = ?", (h,)).fetchone()
+            if row is not None and row[0] == "zd1":
+                return h, bytes(row[1])
+    finally:
+        db.close()
+    raise AssertionError("no zd1 output blob")
+
+
+def _tamper(folder: Path, digest: str, data: bytes) -> None:
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        db.execute("UPDATE blobs SET data = ? WHERE hash = ?", (data, digest))
+        db.commit()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit flip"])
+def test_a_damaged_zd1_blob_is_a_clear_error_not_a_wrong_value(
+    tmp_path: Path, chat_client: ChatClient, damage: str
+) -> None:
+    folder = tmp_path / "store"
+    run_id, _ = record(folder, chat_client, read_cache=False)
+    digest, data = _zd1_output_blob(folder, run_id)
+    with opened(folder) as st:
+        good = st.get_blob(digest)
+    if damage == "truncated":
+        bad = data[: len(data) // 2]
+    elif damage == "bit flip":
+        # a flip that still inflates to other bytes (raw DEFLATE carries no checksum)
+        bad = b""
+        for i in range(len(data) * 8):
+            flipped = bytearray(data)
+            flipped[i // 8] ^= 1 << (i % 8)
+            d = zlib.decompressobj(-11, ZDICT_V1)
+            try:
+                out = d.decompress(bytes(flipped)) + d.flush()
+            except zlib.error:
+                continue
+            if out != good and len(out) == len(good):
+                bad = bytes(flipped)
+                break
+        assert bad
+    _tamper(folder, digest, bad)
+    damaged = r"cannot be unpacked|does not match its hash"
+    with opened(folder) as st, pytest.raises(StoreError, match=damaged):
+        st.get_blob(digest)
+    with opened(folder) as st:
+        source = st.get_run(run_id).run_id
+    result = CliRunner().invoke(cli_app, ["diff", source, source, "--store", str(folder)])
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and "Traceback" not in result.output
+
+
+# -- downgrade below 0010 -----------------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: downgrading to 0009 rewrites zd1 blobs and state deltas but leaves replays "
+    "stored by reference (config['reference'], no node/call/span rows): a Rewind at 0009 "
+    "reads them as runs of 0 nodes (migration 0010's downgrade)",
+)
+def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    from alembic import command
+
+    from rewind.store import migrate
+
+    folder = tmp_path / "store"
+    source, _ = record(folder, chat_client, read_cache=False)
+    replay, _ = record(folder, chat_client, read_cache=True)
+    partial, _ = record(folder, chat_client, read_cache=True, change_at=2)
+    st = open_store(folder)
+    try:
+        with st.write() as conn:
+            command.downgrade(migrate._config(conn), "0009")  # type: ignore[arg-type]
+        with st.read() as conn:
+            rows = {
+                run: conn.execute(
+                    text("SELECT COUNT(*) FROM nodes WHERE run_id = :r"), {"r": run}
+                ).scalar_one()
+                for run in (source, replay, partial)
+            }
+    finally:
+        st.close()
+    # What a Rewind that does not know references reads: the node rows themselves.
+    assert rows == {source: 6, replay: 6, partial: 6}
+
+
+# -- Burr: a field changed in place by a helper the action calls ---------------------------------
+def _remember(state: State, line: str) -> int:
+    """A helper an action calls: Burr's check of declared reads reads the action's own body
+    only, so the ``history`` it appends to is in no declaration."""
+    state["history"].append(line)
+    return len(state["history"])
+
+
+@action(reads=["question"], writes=["answer"])
+def _respond(state: State) -> State:
+    count = _remember(state, "user: " + state["question"])
+    return state.update(answer=f"{count} messages")
+
+
+@action(reads=["answer"], writes=["question"])
+def _ask(state: State) -> State:
+    return state.update(question="and then?")
+
+
+@action(reads=["history"], writes=["summary"])
+def _summarize(state: State) -> State:
+    return state.update(summary=" | ".join(state["history"]))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: the incremental field encoder (persister.FieldEncoder) does not see a list "
+    "changed in place by a helper of an action that declares it nowhere; the state row keeps "
+    "the old hash, so the state read back (and a fork from it) is not the run's",
+)
+def test_a_history_appended_by_a_helper_is_recorded_as_it_was(tmp_path: Path) -> None:
+    graph = (
+        GraphBuilder()
+        .with_actions(respond=_respond, ask=_ask, respond2=_respond, summarize=_summarize)
+        .with_transitions(
+            ("respond", "ask", default),
+            ("ask", "respond2", default),
+            ("respond2", "summarize", default),
+        )
+        .build()
+    )
+    pipe = Pipeline(name="helper", graph=graph, entrypoint="respond", halt_after=("summarize",))
+    rw = Rewind(tmp_path / "store")
+    try:
+        run = rw.record(pipe, {"question": "hi", "history": ["system: be brief"]})
+        assert run.status == "completed", run.error
+        nodes = rw.store.nodes_of(run.run_id)
+        after = rw.store.load_state_row("", nodes[2].src_app_id, nodes[2].src_sequence_id)
+        assert after is not None and after["values"]["answer"] == "3 messages"
+        # what the run's state held after respond2: three lines
+        assert after["values"]["history"] == ["system: be brief", "user: hi", "user: and then?"]
+        # an unchanged replay from summarize reads that state and must not diverge
+        fork = rw.fork(run.run_id, at="summarize")
+        assert rw.diff(run.run_id, fork.run_id).first_divergence is None
+    finally:
+        rw.store.close()
+
+
+# -- the HTTP API on replays stored by reference -----------------------------------------------
+def test_the_api_serves_a_reference_replay_as_its_source_over_real_http(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """A partial replay P (diverges at round 1) and an unchanged replay R of P (stored wholly
+    by reference to P, whose rounds 0 come from S): every node endpoint answers for R what it
+    answers for P, timing and ids aside; progress counts R's nodes."""
+    import httpx
+
+    from rewind.api import create_app
+    from tests.live_server import LiveServer
+
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    partial, _ = record(folder, chat_client, read_cache=True, change_at=1)
+    replay, _ = record(folder, chat_client, read_cache=True, change_at=1)
+    with opened(folder) as st:
+        assert st.get_run(replay).config["reference"] == {"run": partial, "steps": 6, "all": True}
+    with (
+        LiveServer(create_app(folder)) as server,
+        httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http,
+    ):
+        progress = http.get(f"/api/runs/{replay}/progress").json()
+        assert progress["nodes"] == 6 and progress["tokens"] == 0
+        for node in range(1, 7):
+            for part in ("", "/input", "/output", "/state"):
+                a = http.get(f"/api/runs/{partial}/nodes/{node}{part}")
+                b = http.get(f"/api/runs/{replay}/nodes/{node}{part}")
+                assert (a.status_code, b.status_code) == (200, 200), (node, part, b.text)
+                if part:
+                    assert a.json() == b.json(), (node, part)
+            for side in ("request", "response"):
+                a = http.get(f"/api/runs/{partial}/nodes/{node}/calls/0/{side}")
+                b = http.get(f"/api/runs/{replay}/nodes/{node}/calls/0/{side}")
+                assert b.status_code == a.status_code == 200 and a.content == b.content
+        nodes_a = http.get(f"/api/runs/{partial}/nodes").json()["nodes"]
+        nodes_b = http.get(f"/api/runs/{replay}/nodes").json()["nodes"]
+        assert [n["output_hash"] for n in nodes_a] == [n["output_hash"] for n in nodes_b]
+        diff = http.get("/api/diff", params={"a": partial, "b": replay}).json()
+        assert diff["first_divergence"] is None
+        assert http.get(f"/api/traces/{replay}/inspect").status_code == 200
+
+
+# -- a replay whose source gc archives while it runs --------------------------------------------
+def _replay_while_gc_archives_its_source(folder: Path | Store, client: ChatClient) -> Any:
+    """Record a trace, then replay it with ``read_cache=True`` while ``rewind gc`` (40 days
+    later, keeping 30) archives the source between the replay's first lookup and its write."""
+    record(folder, client, read_cache=False)
+    tracer = Tracer(folder, chat_client=client, read_cache=True)
+    try:
+        with tracer.trace("a13") as t:
+            out = agent(3)
+            t.set_output(out)
+            if isinstance(folder, Store):
+                report = collect_garbage(folder, 30 * DAY, now=time.time() + 40 * DAY)
+            else:
+                with opened(folder) as st:
+                    report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+            assert len(report.archived) == 1
+    finally:
+        tracer.close()
+    return t
+
+
+def test_a_replay_whose_source_was_archived_meanwhile_says_so(
+    store_target: StoreTarget, chat_client: ChatClient
+) -> None:
+    """The write is refused for a missing parent: the error says that, not 'already exists'."""
+    st = store_target.open()
+    try:
+        t = _replay_while_gc_archives_its_source(st, chat_client)
+        assert st.list_runs() == []  # nothing of the replay was written
+    finally:
+        st.close()
+    assert t.write_error is not None
+    assert "already exists" not in t.write_error and "archived by `rewind gc`" in t.write_error
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: a cached replay linked to a source that gc archives before the replay is "
+    "written is lost (the run row's parent is refused); Trace.finish/write_trace could write "
+    "it again unlinked, every row in full",
+)
+def test_a_replay_whose_source_was_archived_meanwhile_is_still_stored(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    folder = tmp_path / "store"
+    t = _replay_while_gc_archives_its_source(folder, chat_client)
+    assert t.write_error is None
+    with opened(folder) as st:
+        assert len(st.nodes_of(t.trace_id)) == 6
+
+
+# -- Burr state rows as deltas: >17 nodes, in-place changes, deleted fields, forks ---------------
+TICKS = 40
+TICK_FIELDS = [f"f{j}" for j in range(20)]
+
+
+@action(
+    reads=["i", "items", "nested", "grid"], writes=["i", "items", "nested", "grid", *TICK_FIELDS]
+)
+def _tick(state: State) -> State:
+    """Changes lists, a nested dict and a numpy array in place, one of 20 fields per node, and
+    adds a field every 5th node that the 2nd node after deletes."""
+    i = state["i"] + 1
+    items, nested, grid = state["items"], state["nested"], state["grid"]
+    items.append(i)
+    nested["a"]["b"].append(i % 3)
+    grid[i % 4] += 1
+    new = state.update(i=i, items=items, nested=nested, grid=grid, **{f"f{i % 20}": i})
+    if i % 5 == 0:
+        new = new.update(tmp={"at": i})
+    elif i % 5 == 2 and "tmp" in new:
+        new = new.wipe(delete=["tmp"])
+    return new
+
+
+@action(reads=["i"], writes=["done"])
+def _finish(state: State) -> State:
+    return state.update(done=True)
+
+
+def _ticks() -> Pipeline:
+    graph = (
+        GraphBuilder()
+        .with_actions(tick=_tick, finish=_finish)
+        .with_transitions(("tick", "tick", expr(f"i < {TICKS}")), ("tick", "finish", default))
+        .build()
+    )
+    return Pipeline(name="ticks", graph=graph, entrypoint="tick", halt_after=("finish",))
+
+
+def _tick_start() -> dict[str, Any]:
+    import numpy as np
+
+    return {
+        "i": 0,
+        "items": [],
+        "nested": {"a": {"b": []}},
+        "grid": np.zeros(4),
+        **dict.fromkeys(TICK_FIELDS, 0),
+    }
+
+
+def _tick_states() -> list[dict[str, Any]]:
+    """The state after every node, computed without Burr (deep copies)."""
+    s, out = _tick_start(), []
+    for _ in range(TICKS):
+        i = s["i"] = s["i"] + 1
+        s["items"].append(i)
+        s["nested"]["a"]["b"].append(i % 3)
+        s["grid"][i % 4] += 1
+        s[f"f{i % 20}"] = i
+        if i % 5 == 0:
+            s["tmp"] = {"at": i}
+        elif i % 5 == 2:
+            s.pop("tmp", None)
+        out.append(copy.deepcopy(s))
+    out.append(copy.deepcopy(s) | {"done": True})
+    return out
+
+
+def _read_back(rw: Rewind, run_id: str) -> list[dict[str, str]]:
+    """Each node's state as stored, every field as its hash (so numpy arrays compare)."""
+    out = []
+    for n in rw.store.nodes_of(run_id):
+        row = rw.store.load_state_row("", n.src_app_id, n.src_sequence_id)
+        assert row is not None
+        values = {k: v for k, v in row["values"].items() if not k.startswith("__")}
+        out.append({k: encode_value(k, v).digest for k, v in values.items()})
+    return out
+
+
+def _hashed(states: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{k: encode_value(k, v).digest for k, v in s.items()} for s in states]
+
+
+def test_burr_state_deltas_read_back_through_a_downgrade_to_0009_and_back(tmp_path: Path) -> None:
+    """States written as deltas (full map every 17th row) read back as the run had them; a
+    store taken down to 0009 (every row a full map, zd1 blobs raw) and opened again by this
+    Rewind reads the same, and forks at nodes 18, 34 and 35 (each side of a full row) replay
+    unchanged and store their own rows as deltas."""
+    from alembic import command
+
+    from rewind.store import migrate
+
+    folder = tmp_path / "store"
+    expected = _hashed(_tick_states())
+    rw = Rewind(folder)
+    try:
+        run = rw.record(_ticks(), _tick_start())
+        assert run.status == "completed", run.error
+        assert _read_back(rw, run.run_id) == expected
+        with rw.store.read() as conn:
+            kinds = [
+                r[0].startswith("[")
+                for r in conn.execute(
+                    text(
+                        "SELECT fields_json FROM burr_state WHERE app_id = :a ORDER BY sequence_id"
+                    ),
+                    {"a": run.run_id},
+                )
+            ]
+        assert kinds.count(False) == 3 and not kinds[0] and not kinds[17] and not kinds[34]
+        with rw.store.write() as conn:
+            command.downgrade(migrate._config(conn), "0009")  # type: ignore[arg-type]
+    finally:
+        rw.store.close()
+    rw = Rewind(folder)  # opens (and upgrades) the 0009 store
+    rw.register(_ticks())
+    try:
+        assert _read_back(rw, run.run_id) == expected
+        for at in (18, 34, 35):
+            fork = rw.fork(run.run_id, at=at)
+            assert fork.status == "completed", fork.error
+            assert rw.diff(run.run_id, fork.run_id).first_divergence is None
+            assert _read_back(rw, fork.run_id) == expected
+            with rw.store.read() as conn:
+                own = [
+                    r[0]
+                    for r in conn.execute(
+                        text("SELECT fields_json FROM burr_state WHERE app_id = :a"),
+                        {"a": fork.run_id},
+                    )
+                ]
+            assert own and any(f.startswith("[") for f in own)  # its own rows: deltas again
+            again = rw.fork(fork.run_id, at=at + 3)  # a fork of the fork
+            assert rw.diff(run.run_id, again.run_id).first_divergence is None
+            assert _read_back(rw, again.run_id) == expected
+    finally:
+        rw.store.close()
+
+
+# -- what `rewind show` says of a cached trace replay --------------------------------------------
+def test_show_does_not_call_a_diverging_trace_replay_unchanged(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """A cached trace replays whatever code the caller runs now: Q below runs the original
+    code, finds as its source the newest trace that made its first call (P, which changed round
+    2), and differs from P from step 5. It has no override, but it is no 'unchanged replay'."""
+    folder = tmp_path / "store"
+    record(folder, chat_client, read_cache=False)
+    partial, _ = record(folder, chat_client, read_cache=True, change_at=2)
+    again, _ = record(folder, chat_client, read_cache=True)
+    with opened(folder) as st:
+        assert st.get_run(again).parent_run_id == partial
+        assert Rewind(st).diff(partial, again).first_divergence is not None
+    result = CliRunner().invoke(cli_app, ["show", again, "--store", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    change = json.loads(result.output)["run"]["change"]
+    expected = f"replay of trace {partial[:12]}: its first 4 step(s) equal, differs from step 5"
+    assert change == expected
+    result = CliRunner().invoke(cli_app, ["show", again, "--store", str(folder)])
+    assert "unchanged" not in result.output and "differs from step 5" in result.output
+
+
+def test_a_cached_replay_over_a_damaged_zd1_response_says_the_store_is_damaged(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """Cut short, a recorded model answer inflated to a prefix of itself: the replay blamed the
+    model endpoint ('answered a body that is not JSON'); a flipped bit in the text would have
+    been served as the recorded answer."""
+    folder = tmp_path / "store"
+    source, _ = record(folder, chat_client, read_cache=False)
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        digest, data = db.execute(
+            "SELECT b.hash, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
+            " WHERE c.kind = 'llm' AND b.codec = 'zd1' ORDER BY c.position LIMIT 1"
+        ).fetchone()
+    finally:
+        db.close()
+    _tamper(folder, digest, bytes(data)[:-20])
+    for replay_in_place in (False, True):
+        tracer = Tracer(folder, chat_client=chat_client, read_cache=True)
+        try:
+            # (an in-place replay reads its source's answers when it is made: inside raises)
+            with (
+                pytest.raises(StoreError, match="does not match its hash"),
+                tracer.replay(source) if replay_in_place else tracer.trace("a13"),
+            ):
+                agent(3)
+        finally:
+            tracer.close()
+
+
+def test_burr_state_deltas_and_forks_past_full_rows_on_each_backend(
+    store_target: StoreTarget,
+) -> None:
+    """The same run and forks on SQLite and PostgreSQL (different bulk insert paths): every
+    state read back is the run's; forks at 17, 18 and 35 replay unchanged."""
+    expected = _hashed(_tick_states())
+    rw = Rewind(store_target.open())
+    try:
+        run = rw.record(_ticks(), _tick_start())
+        assert run.status == "completed", run.error
+        assert _read_back(rw, run.run_id) == expected
+        for at in (17, 18, 35):
+            fork = rw.fork(run.run_id, at=at)
+            assert rw.diff(run.run_id, fork.run_id).first_divergence is None
+            assert _read_back(rw, fork.run_id) == expected
+    finally:
+        rw.store.close()
+
+
+# -- concurrent replays while the source is recorded again with other answers --------------------
+def _traces_in_a_process(folder: str, base_url: str, replay: bool, count: int) -> None:
+    """Entry of a worker process: ``count`` traces, cached (every third one changes round 2)
+    or recorded live (the stub answers anew: cache entries overwritten with other answers)."""
+    from rewind.llm import Endpoint
+
+    client = ChatClient(Endpoint(base_url=base_url, model="stub-model"))
+    for i in range(count):
+        change = 2 if replay and i % 3 == 2 else None
+        record(Path(folder), client, read_cache=replay, change_at=change)
+
+
+@pytest.mark.slow
+def test_concurrent_replays_while_the_source_is_recorded_again_show_what_their_code_got(
+    tmp_path: Path,
+) -> None:
+    """Two processes replay the trace with ``read_cache=True`` while a third records it again
+    (each answer new, overwriting the cache entries of the first round). Every stored trace,
+    read back (references resolved), shows the answers its own code returned."""
+    import subprocess
+    import sys
+
+    from rewind.tracing.store import load_trace
+    from tests.cli_process import ROOT
+    from tests.model_stub import ModelStub
+
+    folder = tmp_path / "store"
+    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    code = (
+        "import sys; from tests.test_attack13 import _traces_in_a_process as t; "
+        "t(*sys.argv[1:3], sys.argv[3] == 'replay', 5)"
+    )
+    with ModelStub() as stub:
+        args = [str(folder), stub.base_url]
+        subprocess.run([sys.executable, "-c", code, *args, "record"], check=True, env=env)
+        workers = [
+            subprocess.Popen([sys.executable, "-c", code, *args, mode], env=env)
+            for mode in ("replay", "replay", "record")
+        ]
+        assert [w.wait(timeout=600) for w in workers] == [0, 0, 0]
+    with opened(folder) as st:
+        runs = st.list_runs(limit=100)
+        assert len(runs) == 20
+        referenced = 0
+        for run in runs:
+            view = load_trace(st, run.run_id)
+            returned = [x for pair in view.output for x in pair]  # the code's (reply, total)s
+            assert [s.output for s in view.steps] == returned, run.run_id
+            referenced += "reference" in run.config
+        assert referenced >= 2
+
+
+# -- a user's own config key named "reference" ----------------------------------------------------
+def _burr_run_in_flight_with_a_reference_key(tmp_path: Path, check: Any) -> None:
+    """Record a Burr run whose config (the user's: any key) has ``reference = {run, steps}``
+    naming another run, and call ``check(rw, run_id)`` while its first node still runs."""
+    import threading
+
+    go = threading.Event()
+
+    @action(reads=[], writes=["y"])
+    def quick(state: State) -> State:
+        return state.update(y=1)
+
+    @action(reads=[], writes=["y"])
+    def slow(state: State) -> State:
+        go.wait(60)
+        return state.update(y=2)
+
+    def pipe(name: str, first: Any) -> Pipeline:
+        graph = (
+            GraphBuilder()
+            .with_actions(first=first, second=quick)
+            .with_transitions(("first", "second", default))
+            .build()
+        )
+        return Pipeline(name=name, graph=graph, entrypoint="first", halt_after=("second",))
+
+    rw = Rewind(tmp_path / "store")
+    try:
+        other = rw.record(pipe("other", quick), {})
+        config = {"reference": {"run": other.run_id, "steps": 2}}
+        worker = threading.Thread(
+            target=rw.record,
+            args=(pipe("mine", slow), {}),
+            kwargs={"run_id": "mine", "config": config},
+        )
+        worker.start()
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    rw.store.get_run("mine")
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            check(rw, "mine")
+        finally:
+            go.set()
+            worker.join()
+    finally:
+        rw.store.close()
+
+
+def test_a_burr_runs_own_reference_config_key_does_not_borrow_another_runs_nodes(
+    tmp_path: Path,
+) -> None:
+    def check(rw: Rewind, run_id: str) -> None:
+        assert rw.store.nodes_of(run_id) == []  # its first node is still running
+
+    _burr_run_in_flight_with_a_reference_key(tmp_path, check)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="a13: load_trace (tracing/store._by_reference -> references.resolve) treats any "
+    "run's config key 'reference' = {run, steps} as a replay stored by reference: a Burr "
+    "run in flight shows the other run's nodes as its own (resolve should require a trace)",
+)
+def test_load_trace_of_a_burr_run_with_a_reference_config_key_shows_its_own_nodes(
+    tmp_path: Path,
+) -> None:
+    from rewind.tracing.store import load_trace
+
+    def check(rw: Rewind, run_id: str) -> None:
+        assert load_trace(rw.store, run_id).steps == []
+
+    _burr_run_in_flight_with_a_reference_key(tmp_path, check)
