@@ -132,9 +132,19 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         batch.calls.extend(calls)
         batch.spans.append(span)
     config = {"kind": "trace"} | data.config
-    if shared and source is not None:
+    target = _reference_target(store, source, shared) if shared and source is not None else None
+    if target is None and shared:
+        # too deep a chain of references: this replay's rows are written in full
+        for node, calls, span, part in parts[:shared]:
+            batch.absorb(part)
+            batch.nodes.append(node)
+            batch.calls.extend(calls)
+            batch.spans.append(span)
+        batch.nodes.sort(key=lambda n: n["position"])
+        shared = 0
+    if shared and source is not None and target is not None:
         every = shared == len(parts) == len(source.nodes)
-        config[REFERENCE_KEY] = {"run": source.run_id, "steps": shared, "all": every}
+        config[REFERENCE_KEY] = {"run": target, "steps": shared, "all": every}
     output_bytes = canonical_bytes(data.output)
     output_hash = sha256_hex(output_bytes)
     blobs[output_hash] = output_bytes
@@ -301,6 +311,32 @@ def _root_span(data: TraceData, output_hash: str) -> dict[str, Any]:
         "duration_ms": float(data.duration_ms),
         "output_hash": output_hash,
     }
+
+
+def _reference_target(store: Store, source: SourceRows, shared: int) -> str | None:
+    """The run a replay sharing ``shared`` leading steps with ``source`` refers to: the deepest
+    run along ``source``'s chain of references that holds those steps (so replays of replays
+    do not nest one level per replay), or None when even that is MAX_DEPTH - 1 deep."""
+    from rewind.store.references import MAX_DEPTH, reference_of
+
+    holders = source.holders
+    runs = schema.runs
+    with store.read() as conn:
+        configs = {
+            r[0]: json.loads(r[1] or "{}")
+            for r in conn.execute(
+                select(runs.c.run_id, runs.c.config_json).where(runs.c.run_id.in_(holders))
+            )
+        }
+    i = 0
+    while i + 1 < len(holders):
+        ref = reference_of(configs.get(holders[i]))
+        if ref is None or ref[0] != holders[i + 1] or shared > ref[1]:
+            break
+        i += 1
+    if len(holders) - i >= MAX_DEPTH:
+        return None
+    return holders[i]
 
 
 def _shared_prefix(
