@@ -32,7 +32,7 @@ from rewind.store import Store, open_store
 from rewind.store.codec import ZDICT_V1
 from rewind.store.retention import collect_garbage
 from rewind.tools import tool
-from rewind.tracing import StepType, Tracer, step
+from rewind.tracing import StepType, Tracer, step, tracer_source
 from tests.conftest import FakeModel, StoreTarget
 from tests.test_tracing_reference import opened
 
@@ -85,13 +85,6 @@ def record(
 
 
 # -- replays of replays -------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="a13: a chain of replays by reference grows one level per replay; at 64 levels "
-    "the next replay's write raises RuntimeError (trace lost) and reads of the deepest replay "
-    "fail (references.MAX_DEPTH, tracing/store.write_trace)",
-)
 def test_a_long_chain_of_in_place_replays_stays_written_and_readable(
     tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
 ) -> None:
@@ -117,13 +110,6 @@ def test_a_long_chain_of_in_place_replays_stays_written_and_readable(
             assert Rewind(st).diff(source, run_id).first_divergence is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a13: replays that each diverge at their last step refer to the previous one "
-    "(find_source follows only 'all' references); the 64th is written but can never be "
-    "read again (load_rows: 'refers to runs more than 64 deep')",
-)
 def test_alternating_partial_replays_stay_readable(tmp_path: Path, chat_client: ChatClient) -> None:
     folder = tmp_path / "store"
     ids = [record(folder, chat_client, read_cache=False, steps=2)[0]]
@@ -200,13 +186,20 @@ def test_gc_still_expires_entries_whose_replays_are_old_too(
 
 # -- hostile zd1 blobs --------------------------------------------------------------------------
 def _zd1_output_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
-    """(hash, stored bytes) of a zd1 blob a node of ``run_id`` names as its output."""
+    """(hash, stored bytes) of a blob stored inline as ``zd1`` that a node of ``run_id`` names
+    as its output or one of its output's field values (on SQLite hashes are 32-byte keys)."""
     with opened(folder) as st:
-        hashes = [n.output_hash for n in st.nodes_of(run_id)]
+        hashes = []
+        for n in st.nodes_of(run_id):
+            if n.output_hash:
+                hashes.append(n.output_hash)
+                hashes.extend(st.get_json(n.output_hash).values())
     db = sqlite3.connect(folder / "rewind.db")
     try:
         for h in hashes:
-            row = db.execute("SELECT codec, data FROM blobs WHERE hash = ?", (h,)).fetchone()
+            row = db.execute(
+                "SELECT codec, data FROM blobs WHERE hash = ?", (bytes.fromhex(h),)
+            ).fetchone()
             if row is not None and row[0] == "zd1":
                 return h, bytes(row[1])
     finally:
@@ -217,7 +210,8 @@ def _zd1_output_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
 def _tamper(folder: Path, digest: str, data: bytes) -> None:
     db = sqlite3.connect(folder / "rewind.db")
     try:
-        db.execute("UPDATE blobs SET data = ? WHERE hash = ?", (data, digest))
+        db.execute("UPDATE blobs SET data = ? WHERE hash = ?", (data, bytes.fromhex(digest)))
+        assert db.total_changes == 1
         db.commit()
     finally:
         db.close()
@@ -623,13 +617,23 @@ def test_a_cached_replay_over_a_damaged_zd1_response_says_the_store_is_damaged(
     source, _ = record(folder, chat_client, read_cache=False)
     db = sqlite3.connect(folder / "rewind.db")
     try:
-        digest, data = db.execute(
-            "SELECT b.hash, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
-            " WHERE c.kind = 'llm' AND b.codec = 'zd1' ORDER BY c.position LIMIT 1"
+        # 32-byte keys on SQLite (schema.Digest); packed bytes of 161 B or more are spilled
+        # to blob_data (codec x-zd1)
+        raw_digest, codec, data = db.execute(
+            "SELECT b.hash, b.codec, COALESCE(d.data, b.data) FROM calls c"
+            " JOIN blobs b ON b.hash = c.result_hash LEFT JOIN blob_data d ON d.hash = b.hash"
+            " WHERE c.kind = 'llm' AND b.codec IN ('zd1', 'x-zd1') ORDER BY c.position LIMIT 1"
         ).fetchone()
+        table = "blob_data" if codec == "x-zd1" else "blobs"
+        db.execute(f"UPDATE {table} SET data = ? WHERE hash = ?", (bytes(data)[:-20], raw_digest))
+        assert db.total_changes == 1
+        db.commit()
     finally:
         db.close()
-    _tamper(folder, digest, bytes(data)[:-20])
+    # Results this process read before are kept by hash (correct bytes, whatever the row holds
+    # now): forget them so the replay reads the damaged row.
+    tracer_source._BLOBS.clear()
+    tracer_source._BLOBS_SIZE[0] = 0
     for replay_in_place in (False, True):
         tracer = Tracer(folder, chat_client=chat_client, read_cache=True)
         try:

@@ -362,7 +362,8 @@ class Store:
                 elif row.codec.startswith(schema.SPILL_PREFIX):
                     if not self._spill or row.spilled is None:
                         continue  # reported as missing below
-                    out[row.hash] = unpack(row.codec[len(schema.SPILL_PREFIX) :], row.spilled)
+                    codec = row.codec[len(schema.SPILL_PREFIX) :]
+                    out[row.hash] = _unpacked(row.hash, codec, row.spilled)
                 else:
                     out[row.hash] = _unpacked(row.hash, row.codec, row.data)
         missing = [d for d in wanted if d not in out]
@@ -1384,13 +1385,20 @@ def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
     return StoreError(f"run {run_id} cannot be stored (the database refused its row)", "")
 
 
+_CHECKED_CODECS = frozenset({"zd1", "hex1"})
+"""Codecs whose bytes carry no checksum of their own: what they unpack to is hashed."""
+
+
 def _unpacked(digest: str, codec: str, data: bytes) -> bytes:
-    """A stored blob's bytes (see :func:`rewind.store.codec.unpack`), ``zd1`` ones checked
-    against their hash: raw DEFLATE carries no checksum, so a truncated or altered row would
-    otherwise inflate to other bytes without an error (a blob under 1 KiB: ~1 us to hash).
+    """A stored blob's bytes (see :func:`rewind.store.codec.unpack`), ``zd1`` and ``hex1`` ones
+    checked against their hash: raw DEFLATE and hex runs carry no checksum, so a truncated or
+    altered row would otherwise unpack to other bytes without an error (a blob under 1 KiB:
+    ~1 us to hash).
 
     Raises:
-        StoreError: the bytes cannot be unpacked, or a ``zd1`` blob's do not match its hash.
+        StoreError: the bytes cannot be unpacked, or a ``zd1``/``hex1`` blob's do not match its
+            hash.
+        ValueError: an unknown codec (a store written by a newer Rewind).
     """
     try:
         out = unpack(codec, data)
@@ -1398,7 +1406,13 @@ def _unpacked(digest: str, codec: str, data: bytes) -> bytes:
         raise StoreError(
             f"blob {digest[:12]} ({codec}) cannot be unpacked: {exc}", "the store is damaged"
         ) from exc
-    if codec == "zd1" and sha256_hex(out) != digest:
+    except ValueError as exc:
+        if codec not in _CHECKED_CODECS:
+            raise
+        raise StoreError(
+            f"blob {digest[:12]} ({codec}) cannot be unpacked: {exc}", "the store is damaged"
+        ) from exc
+    if codec in _CHECKED_CODECS and sha256_hex(out) != digest:
         raise StoreError(
             f"blob {digest[:12]} does not match its hash (its stored {codec} bytes were altered "
             "or cut short)",
