@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from rewind.calls import chat
 from rewind.cli import app as cli_app
-from rewind.errors import StoreError
+from rewind.errors import ParentMissing, StoreError
 from rewind.llm import ChatClient
 from rewind.persister import encode_value
 from rewind.replay import Pipeline, Rewind
@@ -33,6 +33,7 @@ from rewind.store.codec import ZDICT_V1
 from rewind.store.retention import collect_garbage
 from rewind.tools import tool
 from rewind.tracing import StepType, Tracer, step, tracer_source
+from rewind.tracing.store import load_trace
 from tests.conftest import FakeModel, StoreTarget
 from tests.test_tracing_reference import opened
 
@@ -413,27 +414,36 @@ def _replay_while_gc_archives_its_source(folder: Path | Store, client: ChatClien
     return t
 
 
-def test_a_replay_whose_source_was_archived_meanwhile_says_so(
+def test_a_run_whose_parent_was_archived_meanwhile_says_so(
     store_target: StoreTarget, chat_client: ChatClient
 ) -> None:
-    """The write is refused for a missing parent: the error says that, not 'already exists'."""
+    """A run row naming a parent the store no longer holds is refused with that reason, not
+    'already exists' (a trace replay then stores itself unlinked: the test below)."""
     st = store_target.open()
     try:
-        t = _replay_while_gc_archives_its_source(st, chat_client)
-        assert st.list_runs() == []  # nothing of the replay was written
+        record(st, chat_client, read_cache=False)
+        (source,) = st.list_runs()
+        collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+        with (
+            pytest.raises(ParentMissing, match="archived by `rewind gc`") as caught,
+            st.write() as conn,
+        ):
+            st.create_run(
+                conn,
+                run_id="b" * 32,
+                pipeline="a13",
+                pipeline_ref="",
+                status="completed",
+                parent_run_id=source.run_id,
+                initial_state_hash="0" * 64,
+                config={},
+            )
+        assert "already exists" not in str(caught.value)
+        assert [r.run_id for r in st.list_runs()] == []  # nothing written
     finally:
         st.close()
-    assert t.write_error is not None
-    assert "already exists" not in t.write_error and "archived by `rewind gc`" in t.write_error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a13: a cached replay linked to a source that gc archives before the replay is "
-    "written is lost (the run row's parent is refused); Trace.finish/write_trace could write "
-    "it again unlinked, every row in full",
-)
 def test_a_replay_whose_source_was_archived_meanwhile_is_still_stored(
     tmp_path: Path, chat_client: ChatClient
 ) -> None:
@@ -441,7 +451,16 @@ def test_a_replay_whose_source_was_archived_meanwhile_is_still_stored(
     t = _replay_while_gc_archives_its_source(folder, chat_client)
     assert t.write_error is None
     with opened(folder) as st:
+        run = st.get_run(t.trace_id)
+        assert run.parent_run_id is None and "reference" not in run.config
+        assert run.config["source_missing"]  # the archived source it replayed
         assert len(st.nodes_of(t.trace_id)) == 6
+        # every row and result is its own: readable without the archived source
+        view = load_trace(st, t.trace_id)
+        assert len(view.steps) == 6 and all(s.output is not None for s in view.steps)
+        for node in st.nodes_of(t.trace_id):
+            for call in node.calls:
+                assert st.get_blob(call.result_hash)
 
 
 # -- Burr state rows as deltas: >17 nodes, in-place changes, deleted fields, forks ---------------

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidOverride",
     "InvalidRequest",
     "ModelCallError",
+    "ParentMissing",
     "RewindError",
     "RunBusy",
     "StateLoadError",
@@ -76,6 +77,11 @@ class ModelCallError(RewindError):
 
 class StoreError(RewindError):
     """The store cannot be opened or written, or holds something it should not."""
+
+
+class ParentMissing(StoreError):
+    """A new run row names a parent (or spawning) run the store no longer holds: archived by
+    ``rewind gc`` or deleted while the new run ran."""
 
 
 class InvalidRequest(RewindError):

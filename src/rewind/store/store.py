@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
-from rewind.errors import RewindError, StoreError
+from rewind.errors import ParentMissing, RewindError, StoreError
 from rewind.store import migrate, schema
 from rewind.store.codec import pack, unpack
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
@@ -1377,7 +1377,7 @@ def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
         other = values.get(key)
         found = other and conn.execute(select(runs.c.run_id).where(runs.c.run_id == other)).first()
         if other and found is None:
-            return StoreError(
+            return ParentMissing(
                 f"run {run_id} cannot be stored: the run it descends from, {other}, is not in "
                 "the store (archived by `rewind gc` or deleted after this run started)",
                 "restore it (`rewind archive restore`) and record again",

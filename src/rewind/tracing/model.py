@@ -322,7 +322,9 @@ class TraceData:
     """A trace about to be written: the run row, the root span and the steps.
 
     ``status`` is the trace status (``success``/``failed``/``running``...); ``input`` the chain's
-    input fields (the run's initial state); ``output`` the chain's return value.
+    input fields (the run's initial state); ``output`` the chain's return value;
+    ``extra_blobs`` bytes by sha256 hex written with the trace besides its own (the results of
+    cache hits, when the run that stored them may be gone).
     """
 
     trace_id: str
@@ -343,6 +345,7 @@ class TraceData:
     fork_position: int | None = None
     override: dict[str, Any] | None = None
     steps: list[StepData] = field(default_factory=list)
+    extra_blobs: dict[str, bytes] = field(default_factory=dict)
 
 
 # -- read side ---------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
             f"trace {data.trace_id} has step positions {[s.position for s in steps]}",
             "positions must be 0, 1, 2, ... in execution order",
         )
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, bytes] = dict(data.extra_blobs)
     state = _encode_map(data.input, blobs)
     init_doc, init_hash = map_hash(state)
     blobs[init_hash] = init_doc

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rewind.context import NodeScope, RunContext, activate, enter, leave
-from rewind.errors import RewindError
+from rewind.errors import ParentMissing, RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
 from rewind.store.references import SourceRows
@@ -685,7 +685,13 @@ class Trace:
         self._tokens = []
         data = self.data()
         try:
-            self.record = write_trace(self.run_context.store, data, source=self._source)
+            try:
+                self.record = write_trace(self.run_context.store, data, source=self._source)
+            except ParentMissing:
+                if data.parent_run_id is None:
+                    raise
+                data = self._unlinked(data)
+                self.record = write_trace(self.run_context.store, data)
         except Exception as exc_write:
             self.write_error = f"{type(exc_write).__name__}: {exc_write}"
             logger.error("writing trace %s failed: %s", self.trace_id, self.write_error)
@@ -695,6 +701,37 @@ class Trace:
             for fn in self.callbacks.chain_end:
                 self._notify(fn, trace=data, record=self.record)
         return self.record
+
+    def _unlinked(self, data: TraceData) -> TraceData:
+        """The trace written again when the source it replays left the store while it ran
+        (archived by ``rewind gc`` or deleted): no parent, every row in full, the result bytes
+        of its calls included (the source's blobs may have gone with it), and
+        ``config["source_missing"]`` naming the source. Losing the trace would lose the run
+        the user just made."""
+        source = data.parent_run_id
+        logger.warning(
+            "trace %s replays %s, which left the store while it ran (archived or deleted): "
+            "stored without a parent, every row in full",
+            self.trace_id,
+            source,
+        )
+        self.parent_run_id = None
+        self._source = None
+        blobs = self.run_context.lineage_blobs
+        results = {
+            c.result_hash: blobs[c.result_hash]
+            for s in data.steps
+            for c in s.calls
+            if c.result_hash and c.result_hash in blobs
+        }
+        return dataclasses.replace(
+            data,
+            parent_run_id=None,
+            fork_node=None,
+            fork_position=None,
+            config=data.config | {"source_missing": source},
+            extra_blobs=results,
+        )
 
     def _outside_step(self, kind: str, name: str, request: bytes) -> Step:
         """The step a call made in the chain's body, outside any step, runs in (see
