@@ -276,7 +276,7 @@ def _referenced_nodes(config_json: str | None) -> int:
     trace's config says so (a Burr run's config is the user's, any key allowed)."""
     with contextlib.suppress(ValueError):
         config = json.loads(config_json or "{}")
-        ref = reference_of(config) if config.get("kind") == "trace" else None
+        ref = reference_of(config)
         return ref[1] if ref is not None else 0
     return 0
 

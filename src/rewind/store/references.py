@@ -91,7 +91,13 @@ class SourceRows:
 
 
 def reference_of(config: Mapping[str, Any] | None) -> tuple[str, int] | None:
-    """``(source run id, k)`` of a run stored by reference (its config), else None."""
+    """``(source run id, k)`` of a run stored by reference (its config), else None.
+
+    Only a trace (``config["kind"] == "trace"``, which the trace writer sets with the reference)
+    is stored by reference: a Burr run's config holds the user's own keys, and one named
+    ``reference`` must not make another run's rows its own."""
+    if (config or {}).get("kind") != "trace":
+        return None
     ref = (config or {}).get(REFERENCE_KEY)
     if not isinstance(ref, dict):
         return None

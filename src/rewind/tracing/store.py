@@ -145,6 +145,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     if shared and source is not None and target is not None:
         every = shared == len(parts) == len(source.nodes)
         config[REFERENCE_KEY] = {"run": target, "steps": shared, "all": every}
+        config["kind"] = "trace"  # what reference_of requires (a user config may set "kind")
     output_bytes = canonical_bytes(data.output)
     output_hash = sha256_hex(output_bytes)
     blobs[output_hash] = output_bytes
