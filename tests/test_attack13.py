@@ -256,13 +256,6 @@ def test_a_damaged_zd1_blob_is_a_clear_error_not_a_wrong_value(
 
 
 # -- downgrade below 0010 -----------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a13: downgrading to 0009 rewrites zd1 blobs and state deltas but leaves replays "
-    "stored by reference (config['reference'], no node/call/span rows): a Rewind at 0009 "
-    "reads them as runs of 0 nodes (migration 0010's downgrade)",
-)
 def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
     tmp_path: Path, chat_client: ChatClient
 ) -> None:
@@ -274,6 +267,18 @@ def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
     source, _ = record(folder, chat_client, read_cache=False)
     replay, _ = record(folder, chat_client, read_cache=True)
     partial, _ = record(folder, chat_client, read_cache=True, change_at=2)
+
+    def seen(st: Store) -> dict[str, list[Any]]:
+        return {
+            run: [
+                (n.name, n.input_hash, n.output_hash, n.state_hash, [c.key for c in n.calls])
+                for n in st.nodes_of(run)
+            ]
+            for run in (source, replay, partial)
+        }
+
+    with opened(folder) as st:
+        before = seen(st)
     st = open_store(folder)
     try:
         with st.write() as conn:
@@ -289,6 +294,9 @@ def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
         st.close()
     # What a Rewind that does not know references reads: the node rows themselves.
     assert rows == {source: 6, replay: 6, partial: 6}
+    with opened(folder) as st:  # upgraded again: the same runs, now stored in full
+        assert seen(st) == before
+        assert "reference" not in st.get_run(replay).config
 
 
 # -- Burr: a field changed in place by a helper the action calls ---------------------------------

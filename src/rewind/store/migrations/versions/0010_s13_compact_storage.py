@@ -9,7 +9,9 @@ and :func:`rewind.store.store.state_deltas`):
 
 The revision exists so a Rewind that knows neither refuses the store ("unknown revision")
 instead of returning compressed bytes as if they were raw, or a delta as if it were the state.
-A downgrade rewrites every ``zd1`` blob as ``raw`` and every delta row as its full map.
+A downgrade rewrites every ``zd1`` blob as ``raw`` and every delta row as its full map, and
+writes the rows of every trace replay stored by reference (:mod:`rewind.store.references`,
+written since this revision) in full: a Rewind at 0009 reads node rows, not references.
 
 Revision ID: 0010
 Revises: 0009
@@ -35,10 +37,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Store every ``zd1`` blob as ``raw`` and every state delta as its full map."""
+    """Store every ``zd1`` blob as ``raw``, every state delta as its full map and every replay
+    stored by reference with rows of its own."""
     from rewind.store.codec import unpack
 
     conn = op.get_bind()
+    _write_references_out(conn)
     blobs = sa.table(
         "blobs",
         sa.column("hash", sa.String),
@@ -93,3 +97,45 @@ def downgrade() -> None:
         op.execute("ALTER TABLE burr_state ENABLE TRIGGER state_immutable_update")
     elif trigger_sql:
         op.execute(trigger_sql)
+
+
+def _write_references_out(conn: sa.Connection) -> None:
+    """Give every trace replay stored by reference the node, call and span rows it shares with
+    its source (as the readers of this revision build them) and drop its ``reference`` key."""
+    from rewind.store.references import REFERENCE_KEY, reference_of, resolve
+
+    runs = sa.table(
+        "runs",
+        sa.column("run_id", sa.String),
+        sa.column("config_json", sa.Text),
+        sa.column("created_at", sa.Float),
+    )
+    tables = {name: sa.Table(name, sa.MetaData(), autoload_with=conn) for name in _ROWS}
+    found = conn.execute(
+        sa.select(runs.c.run_id, runs.c.config_json, runs.c.created_at).where(
+            runs.c.config_json.like(f'%"{REFERENCE_KEY}"%')
+        )
+    ).all()
+    for run_id, config_json, created_at in found:
+        config = json.loads(config_json or "{}")
+        ref = reference_of(config)
+        if ref is None:
+            continue
+        rows = resolve(conn, run_id, config, float(created_at))
+        assert rows is not None
+        shared = ref[1]
+        nodes = [n for n in rows.nodes if n["position"] < shared]
+        calls = [c for p, cs in rows.calls.items() if p < shared for c in cs]
+        spans = [sp for p, sp in rows.spans.items() if 0 <= p < shared]
+        for name, batch in (("nodes", nodes), ("calls", calls), ("spans", spans)):
+            if batch:
+                conn.execute(tables[name].insert(), batch)
+        config.pop(REFERENCE_KEY)
+        conn.execute(
+            runs.update()
+            .where(runs.c.run_id == run_id)
+            .values(config_json=json.dumps(config, sort_keys=True))
+        )
+
+
+_ROWS = ("nodes", "calls", "spans")
