@@ -299,9 +299,15 @@ class FieldEncoder:
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 
+_PLAIN_NAME = re.compile(r"[ !#-\[\]-~]*\Z")
+"""Printable ASCII without ``"`` and ``\\``: a name both encodings write as it is."""
+
+
 def _map_fragments(key: str, digest: str) -> tuple[bytes, str]:
     """One field's entry in the canonical JSON and in the ``json.dumps`` text of a
     {field: sha256} map (``"key":"hash"`` and ``"key": "hash"``)."""
+    if _PLAIN_NAME.match(key) and _PLAIN_NAME.match(digest):
+        return f'"{key}":"{digest}"'.encode(), f'"{key}": "{digest}"'
     one = {key: digest}
     return canonical_bytes(one)[1:-1], json.dumps(one)[1:-1]
 

@@ -321,6 +321,7 @@ class Rewind:
             restore=restore,
             cache_mode=cache_mode,
             allow_code_change=allow_code_change,
+            parent=parent,
         )
         parent, nodes, idx, fork_node = plan.parent, plan.nodes, plan.index, plan.fork_node
         pipeline, launch, drift = plan.pipeline, plan.launch, plan.drift

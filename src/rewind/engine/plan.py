@@ -383,6 +383,7 @@ def plan_fork(
     allow_code_change: bool = False,
     at_field: str = "at",
     override_field: str = "override",
+    parent: RunRecord | None = None,
 ) -> ForkPlan:
     """Check a fork request against the stored parent and the pipeline as re-imported now.
 
@@ -403,6 +404,8 @@ def plan_fork(
         at_field: the request field ``at`` came from (``at``; ``from_node`` for stability).
         override_field: where the override sits in the request (``override``;
             ``overrides.2`` for a grid's third variant); errors name ``<override_field>.param``.
+        parent: ``run_id``'s record when the caller has just read it with
+            :meth:`Rewind.finished_run` (not read again).
     Returns:
         the plan.
     Raises:
@@ -416,7 +419,8 @@ def plan_fork(
             graph changed where the fork runs it and ``allow_code_change`` is False.
     """
     _check_modes(effects, restore, cache_mode)
-    parent = rw.finished_run(run_id)
+    if parent is None or parent.run_id != run_id:
+        parent = rw.finished_run(run_id)
     nodes = tuple(rw.store.nodes_of(parent.run_id))
     if override is not None and not isinstance(
         override, ParamOverride | OutputOverride | InputOverride

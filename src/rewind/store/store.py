@@ -48,6 +48,10 @@ _IN_CHUNK = 500
 PRESENCE_CHECK_MIN_BLOBS = 32
 """A write batch with at least this many blobs the store instance has not written asks which are
 stored already before packing and inserting them (one query per 500)."""
+PRESENCE_PROBE_BLOBS = 16
+"""How many of such a batch's blobs are asked about first: when at most a quarter of them are
+stored (a new recording: every field, call and document is new), the rest are not asked about,
+and the few stored ones are skipped by the insert itself (``ON CONFLICT DO NOTHING``)."""
 GC_LOCK_KEY = 0x5245_5749_4E47  # "REWING": writers share it, ``rewind gc`` takes it alone (PG)
 """PostgreSQL advisory lock key that orders writers against ``rewind gc``'s blob sweep: every write
 transaction holds it shared, the sweep exclusively (on SQLite the database write lock does the
@@ -368,7 +372,9 @@ class Store:
             # a recorded trace through a new Store). Ask once instead of packing and inserting
             # each; a gc that deletes blobs before the commit bumps the epoch, and then every
             # blob of the batch is written below.
-            present = self._present_blobs(new)
+            present = self._present_blobs(_probe(new))
+            if len(present) * 4 > PRESENCE_PROBE_BLOBS:
+                present |= self._present_blobs(new.keys() - present)
             new = {h: d for h, d in new.items() if h not in present}
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows = [self._blob_row(digest, data) for digest, data in new.items()]
@@ -628,9 +634,9 @@ class Store:
                         f"run id prefix {run_id!r} matches several runs",
                         "give more characters of the id (see `rewind runs`)",
                     )
-        if row is None:
-            raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
-        return self._with_audits([self._run_record(row)])[0]
+            if row is None:
+                raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
+            return self._with_audits([self._run_record(row)], conn)[0]
 
     def list_runs(
         self,
@@ -749,6 +755,8 @@ class Store:
         seen = {start.run_id}
         found: list[RunRecord] = []
         parent_id = start.parent_run_id
+        if not parent_id:
+            return found  # a recorded run: no read transaction
         t = schema.runs
         with self.read() as conn:
             while parent_id and parent_id not in seen:
@@ -758,7 +766,7 @@ class Store:
                 seen.add(parent_id)
                 found.append(self._run_record(row))
                 parent_id = row.parent_run_id
-        return self._with_audits(found)
+            return self._with_audits(found, conn)
 
     def children(self, run_id: str) -> list[RunRecord]:
         """Forks whose parent is ``run_id``, oldest first."""
@@ -806,10 +814,16 @@ class Store:
                 )
             )
 
-    def _with_audits(self, runs: list[RunRecord]) -> list[RunRecord]:
-        """The runs with their last audit filled in (one query)."""
+    def _with_audits(
+        self, runs: list[RunRecord], conn: Connection | None = None
+    ) -> list[RunRecord]:
+        """The runs with their last audit filled in (one query; in ``conn``'s transaction when
+        given, so a lookup reads the run and its audit at once)."""
         if not runs:
             return runs
+        if conn is None:
+            with self.read() as c:
+                return self._with_audits(runs, c)
         t = schema.audits
         ids = [r.run_id for r in runs]
         newest = (
@@ -818,10 +832,9 @@ class Store:
             .group_by(t.c.run_id)
             .subquery()
         )
-        with self.read() as conn:
-            rows = conn.execute(
-                select(t).join(newest, (t.c.run_id == newest.c.run_id) & (t.c.seq == newest.c.seq))
-            ).all()
+        rows = conn.execute(
+            select(t).join(newest, (t.c.run_id == newest.c.run_id) & (t.c.seq == newest.c.seq))
+        ).all()
         last = {
             r.run_id: {
                 "label": r.label,
@@ -1192,9 +1205,12 @@ def state_row(
     """Column dict of a Burr state row: semantic fields by blob hash, ``__`` keys inline.
 
     ``fields_json``: ``json.dumps(fields, sort_keys=True)`` when the caller has it already
-    (the recorder keeps it up to date field by field).
+    (the recorder keeps it up to date field by field). A copy of ``fields`` travels with the
+    row (not a column: :func:`state_deltas` reads it instead of parsing ``fields_json`` again
+    and drops it).
     """
     return {
+        _FIELDS_KEY: dict(fields),
         "partition_key": partition_key,
         "app_id": app_id,
         "sequence_id": sequence_id,
@@ -1204,6 +1220,13 @@ def state_row(
         "internal_json": json.dumps(internal, sort_keys=True),
         "created_at": time.time(),
     }
+
+
+def _probe(blobs: dict[str, bytes]) -> list[str]:
+    """:data:`PRESENCE_PROBE_BLOBS` hashes spread evenly over a batch's blobs."""
+    listed = list(blobs)
+    step = max(1, len(listed) // PRESENCE_PROBE_BLOBS)
+    return listed[::step][:PRESENCE_PROBE_BLOBS]
 
 
 def _by_hash(row: dict[str, Any]) -> str:
@@ -1251,6 +1274,9 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
     return out
 
 
+_FIELDS_KEY = "_fields"
+"""Key of the parsed {field: hash} map a :func:`state_row` dict carries beside its columns."""
+
 STATE_DELTA_MAX_DEPTH = 16
 """A state row is stored as a delta of the row before it (same app, previous sequence id) when
 that row is known to the writer, at most this many deltas in a row; then a full map again."""
@@ -1270,7 +1296,9 @@ def state_deltas(
     one hash per step instead of 20.
 
     Args:
-        rows: state row dicts, ``fields_json`` a full JSON map; not modified.
+        rows: state row dicts, ``fields_json`` a full JSON map (its parsed map under
+            ``_fields`` when :func:`state_row` built them); not modified. The rows returned
+            hold columns only.
         tails: (partition key, app id) → (sequence id, fields, delta depth) of the last row
             already committed per app (the writer's memory); not modified.
     Returns:
@@ -1280,7 +1308,11 @@ def state_deltas(
     new_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
     for row in rows:
         app = (row["partition_key"], row["app_id"])
-        fields = json.loads(row["fields_json"])
+        fields = row.get(_FIELDS_KEY)
+        if fields is None:
+            fields = json.loads(row["fields_json"])
+        else:
+            row = {k: v for k, v in row.items() if k != _FIELDS_KEY}
         seq = row["sequence_id"]
         tail = new_tails.get(app) or tails.get(app)
         depth = 0
