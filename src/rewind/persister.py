@@ -100,11 +100,13 @@ class StepFields:
         fresh: field → encoding of the fields encoded afresh at this step (their blobs go to the
             store; an unchanged field's blob was written with the node that produced it).
         internal: Burr's ``__`` fields of the state, by name.
+        removed: the semantic fields the node deleted (in the previous step, not in this one).
     """
 
     digests: dict[str, str]
     fresh: dict[str, EncodedField]
     internal: dict[str, Any]
+    removed: tuple[str, ...] = ()
 
 
 class FieldEncoder:
@@ -157,7 +159,7 @@ class FieldEncoder:
         removed = self._remember(values, fresh, len(values) - len(internal))
         if self._order is not None:
             self._update_fragments(fresh, removed)
-        return StepFields(self._digests, fresh, internal)
+        return StepFields(self._digests, fresh, internal, tuple(removed))
 
     def _changed(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(Burr's ``__`` fields, semantic fields) whose object is not the one encoded last."""

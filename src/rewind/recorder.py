@@ -229,6 +229,8 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         self._closed = False
         self._reads: dict[str, str] = {}
         self._inputs: dict[str, Any] = {}
+        # The {field: hash} map of this recorder's last state row, as the row carries it.
+        self._last_state_fields: dict[str, str] | None = None
 
     def is_async(self) -> bool:
         """Burr asks its persister this; the recorder is synchronous."""
@@ -618,6 +620,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             digests, fresh, internal = step.digests, step.fresh, step.internal
             state_doc, fields_json = self.encoder.state_map()
         except UnstorableValue as exc:
+            step = None
             refusal, digests, fresh, internal = exc, {}, {}, {}
             state_doc, fields_json = b"", ""
             exception = exception or exc
@@ -642,19 +645,22 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             batch.blobs.setdefault(output_hash, output_doc)
             state_hash = sha256_hex(state_doc)
         add_scope_rows(batch, scope)
-        if refusal is None:
-            batch.states.append(
-                state_row(
-                    partition_key=partition_key or "",
-                    app_id=app_id,
-                    sequence_id=sequence_id,
-                    position=action.name,
-                    status="completed" if exception is None else "failed",
-                    fields=digests,
-                    internal=internal,
-                    fields_json=fields_json,
-                )
+        if step is not None:
+            last = self._last_state_fields
+            row = state_row(
+                partition_key=partition_key or "",
+                app_id=app_id,
+                sequence_id=sequence_id,
+                position=action.name,
+                status="completed" if exception is None else "failed",
+                fields=digests,
+                internal=internal,
+                fields_json=fields_json,
+                # the encoder's map changed since its last step by these fields only
+                since=None if last is None else (last, fresh.keys(), step.removed),
             )
+            self._last_state_fields = row["_fields"]
+            batch.states.append(row)
         outcome, reason = node_outcome(scope, exception)
         prompt_tokens, completion_tokens = scope.tokens
         batch.nodes.append(

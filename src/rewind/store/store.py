@@ -1202,6 +1202,7 @@ def state_row(
     fields: dict[str, str],
     internal: dict[str, Any],
     fields_json: str | None = None,
+    since: tuple[dict[str, str], Collection[str], Collection[str]] | None = None,
 ) -> dict[str, Any]:
     """Column dict of a Burr state row: semantic fields by blob hash, ``__`` keys inline.
 
@@ -1209,8 +1210,13 @@ def state_row(
     (the recorder keeps it up to date field by field). A copy of ``fields`` travels with the
     row (not a column: :func:`state_deltas` reads it instead of parsing ``fields_json`` again
     and drops it).
+
+    ``since``: what changed since the app's previous row, when the caller knows it: (that
+    row's own ``_fields`` map — the very dict object —, the fields whose hash may differ
+    since, the fields removed since); every other field has the same hash. :func:`state_deltas`
+    then compares only those fields, and only when the row it deltas against carries that map.
     """
-    return {
+    row: dict[str, Any] = {
         _FIELDS_KEY: dict(fields),
         "partition_key": partition_key,
         "app_id": app_id,
@@ -1221,6 +1227,9 @@ def state_row(
         "internal_json": json.dumps(internal, sort_keys=True),
         "created_at": time.time(),
     }
+    if since is not None:
+        row[_SINCE_KEY] = since
+    return row
 
 
 def _last_audits_statement() -> Any:
@@ -1294,6 +1303,10 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any]]]]:
 
 _FIELDS_KEY = "_fields"
 """Key of the parsed {field: hash} map a :func:`state_row` dict carries beside its columns."""
+_SINCE_KEY = "_since"
+"""Key of the ``since`` hint of :func:`state_row` (not a column either)."""
+
+_NOT_COLUMNS = frozenset({_FIELDS_KEY, _SINCE_KEY})
 
 STATE_DELTA_MAX_DEPTH = 16
 """A state row is stored as a delta of the row before it (same app, previous sequence id) when
@@ -1327,17 +1340,23 @@ def state_deltas(
     for row in rows:
         app = (row["partition_key"], row["app_id"])
         fields = row.get(_FIELDS_KEY)
+        since = row.get(_SINCE_KEY)
         if fields is None:
             fields = json.loads(row["fields_json"])
-        else:
-            row = {k: v for k, v in row.items() if k != _FIELDS_KEY}
+        if _FIELDS_KEY in row or _SINCE_KEY in row:
+            row = {k: v for k, v in row.items() if k not in _NOT_COLUMNS}
         seq = row["sequence_id"]
         tail = new_tails.get(app) or tails.get(app)
         depth = 0
         if tail is not None and tail[0] == seq - 1 and tail[2] < STATE_DELTA_MAX_DEPTH:
             base = tail[1]
-            changed = {k: h for k, h in fields.items() if base.get(k) != h}
-            removed = sorted(k for k in base if k not in fields)
+            if since is not None and since[0] is base:
+                # Only these fields can differ from the base (see state_row).
+                changed = {k: fields[k] for k in since[1] if base.get(k) != fields[k]}
+                removed = sorted(k for k in since[2] if k in base)
+            else:
+                changed = {k: h for k, h in fields.items() if base.get(k) != h}
+                removed = sorted(k for k in base if k not in fields)
             delta = json.dumps([seq - 1, changed, removed], sort_keys=True)
             if len(delta) < len(row["fields_json"]):
                 row = row | {"fields_json": delta}
