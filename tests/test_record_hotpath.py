@@ -273,3 +273,37 @@ def test_recorded_state_rows_equal_deltas_computed_from_full_maps(tmp_path: Path
         assert len(set(states)) == len(states)
     finally:
         rw.store.close()
+
+
+def test_a_run_is_finished_in_the_commit_of_its_last_rows_and_failed_if_that_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last rows and the finished run row share one transaction: when it fails, neither
+    is written, and the run is then finished ``failed`` with the reason on its own."""
+    from rewind.errors import StoreError
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store")
+    try:
+        finishing: list[bool] = []
+        finish = rw.store.finish_run
+
+        def finish_run(run_id: str, status: str, **kwargs: Any) -> None:
+            finishing.append(kwargs.get("conn") is not None)
+            if kwargs.get("conn") is not None:
+                raise StoreError("disk full", "free some space")
+            finish(run_id, status, **kwargs)
+
+        monkeypatch.setattr(rw.store, "finish_run", finish_run)
+        run = rw.record(pipelines.pipeline, {"x": 1})
+        assert finishing == [True, False]
+        assert run.status == "failed"
+        assert run.error == "writing recorded nodes failed: StoreError: disk full"
+        assert rw.store.nodes_of(run.run_id) == []  # the rows of that commit rolled back
+        monkeypatch.undo()
+        run = rw.record(pipelines.pipeline, {"x": 1})
+        assert run.status == "completed" and len(rw.store.nodes_of(run.run_id)) == 3
+        assert run.finished_at is not None
+    finally:
+        rw.store.close()

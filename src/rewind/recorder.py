@@ -39,6 +39,7 @@ from typing import Any
 from burr.core import State
 from burr.core.action import Action
 from burr.lifecycle import PostApplicationCreateHook, PostRunStepHook, PreRunStepHook
+from sqlalchemy import Connection
 
 from rewind import progress
 from rewind.cache import release_flights
@@ -545,17 +546,18 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                     scope.sub_calls.extend(sub.sub_calls)
             self.sub_calls.extend(sub.sub_calls)
 
-    def flush(self) -> None:
-        """Commit the rows recorded so far (one transaction). Never raises; thread-safe."""
+    def flush(self, after: Callable[[Connection], None] | None = None) -> None:
+        """Commit the rows recorded so far (one transaction; ``after``'s writes join it, even
+        when no row waits). Never raises (a failure is added to :attr:`errors`); thread-safe."""
         with self._write_lock:
             with self._lock:
                 batch, self.batch = self.batch, WriteBatch()
                 self._due = None
                 self._last_flush = time.perf_counter()
-            if not batch:
+            if not batch and after is None:
                 return
             try:
-                self.ctx.store.write_batch(batch)
+                self.ctx.store.write_batch(batch, after=after)
             except Exception as exc:
                 msg = f"writing recorded nodes failed: {_error_line(exc)}"
                 logger.error("%s\n%s", msg, traceback.format_exc())
@@ -564,14 +566,15 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
                 release_flights(self.ctx.store, keys)
 
-    def close(self) -> None:
-        """Commit what is waiting (at the end of the run). Never raises. Rows recorded after
-        this are committed inside their hook."""
+    def close(self, after: Callable[[Connection], None] | None = None) -> None:
+        """Commit what is waiting (at the end of the run), with ``after``'s writes in the same
+        transaction (finishing the run row). Never raises. Rows recorded after this are
+        committed inside their hook."""
         for position in list(self.open_sub_runs):
             self._finish_sub_runs(position, "interrupted")  # the spawning node never finished
         with self._lock:
             self._closed = True
-        self.flush()
+        self.flush(after)
 
     def flush_if_due(self, now: float) -> None:
         """Commit the waiting rows if their deadline (``time.perf_counter()`` s) is ``now`` or

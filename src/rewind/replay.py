@@ -953,13 +953,16 @@ class Rewind:
             )
             ctx.emit("run_finished", run_id=ctx.run_id, status="interrupted", error=None)
             raise
-        recorder.close()
-        if error is None and recorder.errors:
-            error = recorder.errors[0]
-        status = "failed" if error else "completed"
-        if cancelled is not None:
-            status, error = progress.CANCELLED, cancelled.message
-        self.store.finish_run(ctx.run_id, status, error=error)
+        status, final = _final_status(error, recorder.errors, cancelled)
+        failures = len(recorder.errors)
+        # The run row is finished in the transaction of its last rows (one commit less); if
+        # that commit fails, the run is finished failed with the reason below.
+        recorder.close(
+            after=lambda conn: self.store.finish_run(ctx.run_id, status, error=final, conn=conn)
+        )
+        if len(recorder.errors) > failures:
+            status, final = _final_status(error, recorder.errors, cancelled)
+            self.store.finish_run(ctx.run_id, status, error=final)
         run = self.store.get_run(ctx.run_id)
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
@@ -983,6 +986,17 @@ def node_sub_runs(store: Store, run_id: str) -> dict[int, list[RunRecord]]:
             if subs:
                 found[n.position] = subs
     return found
+
+
+def _final_status(
+    error: str | None, recorder_errors: list[str], cancelled: progress.RunCancelled | None
+) -> tuple[str, str | None]:
+    """(status, error) a run ends with: ``cancelled`` when it was, ``failed`` with the first
+    error (the pipeline's, else the recorder's), else ``completed``."""
+    if cancelled is not None:
+        return progress.CANCELLED, cancelled.message
+    error = error if error is not None else (recorder_errors[0] if recorder_errors else None)
+    return ("failed" if error else "completed"), error
 
 
 def _first_line(exc: BaseException) -> str:

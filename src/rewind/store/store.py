@@ -359,7 +359,11 @@ class Store:
         return json.loads(self.get_blob(digest, conn))
 
     def write_batch(
-        self, batch: WriteBatch, *, before: Callable[[Connection], None] | None = None
+        self,
+        batch: WriteBatch,
+        *,
+        before: Callable[[Connection], None] | None = None,
+        after: Callable[[Connection], None] | None = None,
     ) -> None:
         """Write a batch in one ``BEGIN IMMEDIATE`` transaction (all or nothing).
 
@@ -371,10 +375,12 @@ class Store:
             batch: the rows.
             before: writes that must precede the rows in the same transaction (a traced chain's
                 run row, which its node and span rows refer to).
+            after: writes that follow the rows in the same transaction (a run finished with
+                its last rows).
         Raises:
             StoreError: a state row of the app id already exists (nothing is written).
         """
-        if not batch and before is None:
+        if not batch and before is None and after is None:
             return
         epoch = self._blob_epoch
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
@@ -421,6 +427,8 @@ class Store:
             self._bulk(conn, self._insert_call, batch.calls)
             self._bulk(conn, insert(schema.effects), batch.effects)
             self._bulk(conn, insert(schema.spans), batch.spans)
+            if after is not None:
+                after(conn)
         with self._known_lock:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
@@ -444,7 +452,7 @@ class Store:
             conn.execute(stmt, rows)
             return
         sql, columns = bulk
-        conn.exec_driver_sql(sql, [tuple(row.get(c, d) for c, d in columns) for row in rows])
+        conn.exec_driver_sql(sql, [tuple([row.get(c, d) for c, d in columns]) for row in rows])
 
     def _present_blobs(self, digests: Collection[str]) -> set[str]:
         """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
@@ -535,34 +543,42 @@ class Store:
         status: str,
         *,
         error: str | None = None,
+        conn: Connection | None = None,
     ) -> None:
         """Mark a running run finished and fill its totals from its node rows.
 
         A run already finished is left as it is (recorded runs are immutable, rule 7).
+        ``conn``: a write transaction to do it in (one of its own when None).
         """
-        with self.write() as conn:
-            totals = conn.execute(
-                text(
-                    "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
-                    " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
-                ),
-                {"r": run_id, "f": False},
-            ).one()
-            conn.execute(
-                update(schema.runs)
-                .where(and_(schema.runs.c.run_id == run_id, schema.runs.c.status == "running"))
-                .values(
-                    status=status,
-                    finished_at=time.time(),
-                    prompt_tokens=int(totals[0]),
-                    completion_tokens=int(totals[1]),
-                    latency_ms=float(totals[2]),
-                    error=error,
-                )
-            )
+        if conn is None:
+            with self.write() as c:
+                self._finish_run_in(c, run_id, status, error)
+        else:
+            self._finish_run_in(conn, run_id, status, error)
         progress = sys.modules.get("rewind.progress")
         if progress is not None:  # a finished run's cancel flag is no longer watched
             progress.run_ended(run_id)
+
+    def _finish_run_in(self, conn: Connection, run_id: str, status: str, error: str | None) -> None:
+        totals = conn.execute(
+            text(
+                "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
+                " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
+            ),
+            {"r": run_id, "f": False},
+        ).one()
+        conn.execute(
+            update(schema.runs)
+            .where(and_(schema.runs.c.run_id == run_id, schema.runs.c.status == "running"))
+            .values(
+                status=status,
+                finished_at=time.time(),
+                prompt_tokens=int(totals[0]),
+                completion_tokens=int(totals[1]),
+                latency_ms=float(totals[2]),
+                error=error,
+            )
+        )
 
     def reap_orphans(self, run_ids: Iterable[str] | None = None) -> list[str]:
         """Mark ``running`` runs whose executing process (on this host) is gone as ``interrupted``.
