@@ -65,7 +65,7 @@ def callable_fingerprint(fn: Callable[..., Any], bound: Mapping[str, Any] | None
         fn: a function (decorator wrappers are unwrapped through ``__wrapped__``).
         bound: keyword arguments bound to it, if any.
     """
-    fn = inspect.unwrap(fn)
+    fn = _unwrap(fn)
     bound_doc = _bound_json(bound or {})
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
@@ -132,7 +132,7 @@ def helper_fingerprints(action: Action | Callable[..., Any]) -> dict[str, str]:
     """
     action = getattr(action, "action_function", action)
     fn = getattr(action, "_originating_fn", None)
-    fn = inspect.unwrap(fn) if callable(fn) else None
+    fn = _unwrap(fn) if callable(fn) else None
     if not isinstance(fn, types.FunctionType):
         return {}
 
@@ -195,7 +195,7 @@ def _is_user_module(name: str) -> bool:
 def _referenced(fn: Callable[..., Any]) -> list[Any]:
     """The functions and classes ``fn``'s code reaches through its globals, in name order of
     appearance (``name`` and ``module.name``)."""
-    fn = inspect.unwrap(fn)
+    fn = _unwrap(fn)
     code = getattr(fn, "__code__", None)
     scope = getattr(fn, "__globals__", None)
     if not isinstance(code, types.CodeType) or not isinstance(scope, dict):
@@ -209,7 +209,7 @@ def _referenced(fn: Callable[..., Any]) -> list[Any]:
         else:
             found.append(value)
     return [
-        inspect.unwrap(v) if isinstance(v, types.FunctionType) else v
+        _unwrap(v) if isinstance(v, types.FunctionType) else v
         for v in found
         if isinstance(v, types.FunctionType | type)
     ]
@@ -256,6 +256,11 @@ def changed_helpers(
     a: Mapping[str, str] = recorded["helpers"].get(recorded_name or node, {})
     b: Mapping[str, str] = current["helpers"].get(node, {})
     return tuple(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)))
+
+
+def _unwrap(fn: Any) -> Any:
+    """:func:`inspect.unwrap`, without its cost for the usual function that wraps nothing."""
+    return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
 
 
 def _join_members(name: str, members: Iterable[tuple[str, str]]) -> str:

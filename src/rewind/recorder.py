@@ -143,13 +143,13 @@ def runtime_inputs(action: Action, inputs: dict[str, Any] | None) -> dict[str, A
     Burr's ``step`` hands hooks the inputs already filtered, ``astep`` the raw ones; filtering
     here makes a node's input hash the same either way.
     """
+    given = [k for k in inputs or () if not k.startswith(BURR_INTERNAL_PREFIX)]
+    if not given:
+        return {}  # most nodes take no runtime input: Burr's input sets are not computed
+    assert inputs is not None
     required, optional = action.optional_and_required_inputs
     declared = required | optional
-    return {
-        k: _input_doc(v)
-        for k, v in (inputs or {}).items()
-        if k in declared and not k.startswith(BURR_INTERNAL_PREFIX)
-    }
+    return {k: _input_doc(inputs[k]) for k in given if k in declared}
 
 
 def bound_params(action: Action) -> dict[str, Any]:
