@@ -700,6 +700,11 @@ def test_graph_document_and_drift_see_code_edited_and_reloaded_in_one_process(
     rw = Rewind(tmp_path / "store")
     try:
         run = rw.record(module.pipeline, {"x": 1})
+        recorded = rw.store.run_graph(run.run_id)
+        assert recorded is not None
+        assert rw.store.run_graph_hashes([run.run_id, "no-such-run"]) == {
+            run.run_id: recorded.graph_hash
+        }
         before = module.pipeline.graph_document()
         assert before == module.pipeline.graph_document()  # the cached path: same document
 

@@ -27,6 +27,7 @@ from typing import Any
 from burr.core import Application, ApplicationBuilder
 
 from rewind import progress
+from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.drift import GraphDrift, compare_graphs
@@ -504,7 +505,7 @@ class Rewind:
                 "checked": drift is not None,
                 "allowed": bool(drift is not None and drift.structural),
             }
-            self.store.put_run_graph(conn, child_id, plan.graph, drift_doc)
+            self.store.put_run_graph(conn, child_id, plan.graph, drift_doc, plan.graph_bytes)
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
             if isinstance(override, OutputOverride) and state_row_ is not None:
@@ -634,6 +635,7 @@ class Rewind:
         *,
         output_override: bool = False,
         allow_code_change: bool = False,
+        current_hash: str | None = None,
     ) -> GraphDrift | None:
         """Compare the pipeline as re-imported now with what ``parent`` recorded, for a fork at
         ``nodes[idx]``.
@@ -645,13 +647,24 @@ class Rewind:
         Args:
             current_graph: :meth:`Pipeline.graph_document` of the re-imported pipeline.
             output_override: the fork replaces the fork node's output (Burr resumes after it).
+            current_hash: the hash of ``current_graph``'s canonical bytes, when known.
         Returns:
             the drift (falsy when nothing changed), or None when ``parent`` was recorded
             without its graph (a store older than graph recording): drift cannot be checked.
         Raises:
             CodeDrift: structural drift and ``allow_code_change`` is False; nothing is written.
         """
-        graphs = self.store.run_graphs([parent.run_id, *(n.src_app_id for n in nodes)])
+        producers = [parent.run_id, *(n.src_app_id for n in nodes[idx:])]
+        hashes = self.store.run_graph_hashes(producers)
+        if parent.run_id not in hashes:
+            return None
+        if current_hash is None:
+            current_hash = sha256_hex(canonical_bytes(current_graph))
+        if all(h == current_hash for h in hashes.values()):
+            # Every recorded graph the fork touches is the current one: nothing can differ
+            # (compare_graphs of equal documents), and no document needs reading.
+            return GraphDrift()
+        graphs = self.store.run_graphs(producers)
         recorded = graphs.get(parent.run_id)
         if recorded is None:
             return None

@@ -1016,9 +1016,12 @@ class Store:
         run_id: str,
         document: dict[str, Any],
         drift: dict[str, Any] | None = None,
+        data: bytes | None = None,
     ) -> str:
-        """Record the graph document a run ran (a blob) and a fork's drift; returns its hash."""
-        digest = self.put_json(conn, document)
+        """Record the graph document a run ran (a blob) and a fork's drift; returns its hash.
+
+        ``data``: the document's canonical bytes when the caller has them already."""
+        digest = self.put_blob(conn, canonical_bytes(document) if data is None else data)
         conn.execute(
             insert(schema.run_graphs).values(
                 run_id=run_id,
@@ -1048,6 +1051,19 @@ class Store:
             )
             for r in rows
         }
+
+    def run_graph_hashes(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """The hashes of the graph documents these runs recorded, by run id (documents not
+        read); runs recorded without one are absent."""
+        wanted = list(dict.fromkeys(run_ids))
+        t = schema.run_graphs
+        found: dict[str, str] = {}
+        with self.read() as conn:
+            for i in range(0, len(wanted), _IN_CHUNK):
+                chunk = wanted[i : i + _IN_CHUNK]
+                rows = conn.execute(select(t.c.run_id, t.c.graph_hash).where(t.c.run_id.in_(chunk)))
+                found.update((run_id, digest) for run_id, digest in rows)
+        return found
 
     def run_graph(self, run_id: str) -> RunGraph | None:
         """The recorded graph of one run, or None (recorded before graphs were)."""
