@@ -286,18 +286,23 @@ def test_a_run_is_finished_in_the_commit_of_its_last_rows_and_failed_if_that_fai
 
     rw = Rewind(tmp_path / "store")
     try:
-        finishing: list[bool] = []
-        finish = rw.store.finish_run
+        finishing: list[str] = []
+        finish, finish_in = rw.store.finish_run, rw.store.finish_run_in
+
+        def finish_run_in(conn: Any, run_id: str, status: str, error: str | None = None) -> None:
+            if not finishing:
+                finishing.append("with the last rows")
+                raise StoreError("disk full", "free some space")
+            finish_in(conn, run_id, status, error)
 
         def finish_run(run_id: str, status: str, **kwargs: Any) -> None:
-            finishing.append(kwargs.get("conn") is not None)
-            if kwargs.get("conn") is not None:
-                raise StoreError("disk full", "free some space")
+            finishing.append("on its own")
             finish(run_id, status, **kwargs)
 
+        monkeypatch.setattr(rw.store, "finish_run_in", finish_run_in)
         monkeypatch.setattr(rw.store, "finish_run", finish_run)
         run = rw.record(pipelines.pipeline, {"x": 1})
-        assert finishing == [True, False]
+        assert finishing == ["with the last rows", "on its own"]
         assert run.status == "failed"
         assert run.error == "writing recorded nodes failed: StoreError: disk full"
         assert rw.store.nodes_of(run.run_id) == []  # the rows of that commit rolled back
@@ -305,5 +310,45 @@ def test_a_run_is_finished_in_the_commit_of_its_last_rows_and_failed_if_that_fai
         run = rw.record(pipelines.pipeline, {"x": 1})
         assert run.status == "completed" and len(rw.store.nodes_of(run.run_id)) == 3
         assert run.finished_at is not None
+    finally:
+        rw.store.close()
+
+
+def test_progress_stops_watching_a_run_only_after_its_last_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``progress.run_ended`` waits for the progress thread, which may wait for a pooled
+    connection held by writers queued on the database lock: called inside the run's last write
+    transaction it deadlocks them until the busy timeout ("database is locked"). It must run
+    once that transaction committed: the write lock is free then."""
+    import sqlite3
+
+    from rewind import progress
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store")
+    db = next((tmp_path / "store").glob("*.db"))
+    lock_free: list[bool] = []
+    ended = progress.run_ended
+
+    def run_ended(run_id: str) -> None:
+        probe = sqlite3.connect(db, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            lock_free.append(True)
+        except sqlite3.OperationalError:
+            lock_free.append(False)
+        finally:
+            probe.close()
+        ended(run_id)
+
+    monkeypatch.setattr(progress, "run_ended", run_ended)
+    try:
+        run = rw.record(pipelines.pipeline, {"x": 1})
+        fork = rw.replay(run.run_id)
+        assert run.status == fork.status == "completed"
+        assert lock_free and all(lock_free), lock_free
     finally:
         rw.store.close()

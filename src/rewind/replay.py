@@ -970,12 +970,12 @@ class Rewind:
         failures = len(recorder.errors)
         # The run row is finished in the transaction of its last rows (one commit less); if
         # that commit fails, the run is finished failed with the reason below.
-        recorder.close(
-            after=lambda conn: self.store.finish_run(ctx.run_id, status, error=final, conn=conn)
-        )
+        recorder.close(after=lambda conn: self.store.finish_run_in(conn, ctx.run_id, status, final))
         if len(recorder.errors) > failures:
             status, final = _final_status(error, recorder.errors, cancelled)
             self.store.finish_run(ctx.run_id, status, error=final)
+        else:
+            progress.run_ended(ctx.run_id)  # after the commit (see Store.finish_run_in)
         run = self.store.get_run(ctx.run_id)
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:

@@ -543,23 +543,27 @@ class Store:
         status: str,
         *,
         error: str | None = None,
-        conn: Connection | None = None,
     ) -> None:
         """Mark a running run finished and fill its totals from its node rows.
 
         A run already finished is left as it is (recorded runs are immutable, rule 7).
-        ``conn``: a write transaction to do it in (one of its own when None).
         """
-        if conn is None:
-            with self.write() as c:
-                self._finish_run_in(c, run_id, status, error)
-        else:
-            self._finish_run_in(conn, run_id, status, error)
+        with self.write() as conn:
+            self.finish_run_in(conn, run_id, status, error)
         progress = sys.modules.get("rewind.progress")
         if progress is not None:  # a finished run's cancel flag is no longer watched
             progress.run_ended(run_id)
 
-    def _finish_run_in(self, conn: Connection, run_id: str, status: str, error: str | None) -> None:
+    def finish_run_in(
+        self, conn: Connection, run_id: str, status: str, error: str | None = None
+    ) -> None:
+        """:meth:`finish_run` inside ``conn``'s write transaction (with the run's last rows).
+
+        The caller calls :func:`rewind.progress.run_ended` once the transaction committed,
+        never inside it: that waits for the progress thread, which may be waiting for a pooled
+        connection that writers queued on this transaction's lock hold (a deadlock until the
+        busy timeout).
+        """
         totals = conn.execute(
             text(
                 "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
