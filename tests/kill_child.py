@@ -77,10 +77,10 @@ def main(store: str, fd: int, seed: int) -> None:
     rw = Rewind(store, on_event=on_event)
     write_batch = rw.store.write_batch
 
-    def observed_write_batch(batch: WriteBatch) -> None:
+    def observed_write_batch(batch: WriteBatch, **kwargs: Any) -> None:
         positions = ",".join(str(n["position"]) for n in batch.nodes) or "-"
         report(f"commit-start {time.time():.6f} {positions}")
-        write_batch(batch)
+        write_batch(batch, **kwargs)  # the run's last rows finish the run in the same commit
         report(f"commit-end {time.time():.6f} {positions}")
 
     rw.store.write_batch = observed_write_batch  # type: ignore[method-assign]

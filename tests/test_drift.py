@@ -650,3 +650,91 @@ def test_recorded_run_graphs_are_immutable(tmp_path: Path) -> None:
     graph = rw.store.run_graph(run.run_id)
     assert graph is not None and graph.document == pipelines.pipeline.graph_document()
     rw.store.close()
+
+
+INPROC_PIPELINE = """
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+
+import inproc_helpers
+from rewind.replay import Pipeline
+
+
+@action(reads=["x"], writes=["a"])
+def start(state: State) -> State:
+    return state.update(a=state["x"] + 1)
+
+
+@action(reads=["a"], writes=["b"])
+def expand(state: State) -> State:
+    return state.update(b=inproc_helpers.scale(state["a"]))
+
+
+graph = (
+    GraphBuilder()
+    .with_actions(start=start, expand=expand)
+    .with_transitions(("start", "expand", default))
+    .build()
+)
+pipeline = Pipeline("inproc", graph, entrypoint="start", ref="inproc_pipeline:pipeline")
+"""
+
+
+def test_graph_document_and_drift_see_code_edited_and_reloaded_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fingerprints are kept per code object within a process (every record and fork builds
+    the graph document): editing a node and a helper and reloading their modules between two
+    runs of one process must still change the document, and a fork in that process must label
+    both changes; an edit that is not reloaded (the code that runs is unchanged) changes
+    nothing."""
+    from rewind.replay import Rewind
+
+    (tmp_path / "inproc_helpers.py").write_text("def scale(v):\n    return v * 2\n", "utf-8")
+    (tmp_path / "inproc_pipeline.py").write_text(INPROC_PIPELINE, "utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("inproc_helpers", "inproc_pipeline"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module("inproc_pipeline")
+    helpers = importlib.import_module("inproc_helpers")
+    rw = Rewind(tmp_path / "store")
+    try:
+        run = rw.record(module.pipeline, {"x": 1})
+        recorded = rw.store.run_graph(run.run_id)
+        assert recorded is not None
+        assert rw.store.run_graph_hashes([run.run_id, "no-such-run"]) == {
+            run.run_id: recorded.graph_hash
+        }
+        before = module.pipeline.graph_document()
+        assert before == module.pipeline.graph_document()  # the cached path: same document
+
+        # Edited on disk but not reloaded: the code that runs is what was recorded.
+        (tmp_path / "inproc_pipeline.py").write_text(
+            INPROC_PIPELINE.replace('state["x"] + 1', 'state["x"] + 5'), "utf-8"
+        )
+        (tmp_path / "inproc_helpers.py").write_text("def scale(v):\n    return v * 3\n", "utf-8")
+        assert module.pipeline.graph_document() == before
+        assert not rw.store.run_graph(rw.replay(run.run_id).run_id).drift["code_changed"]
+
+        for path in tmp_path.glob("__pycache__/inproc_*"):
+            path.unlink()
+        importlib.reload(helpers)  # the node's module keeps the helper module: seen at once
+        helper_edit = module.pipeline.graph_document()
+        assert helper_edit["nodes"] == before["nodes"]
+        assert helper_edit["helpers"]["expand"] != before["helpers"]["expand"]
+
+        module = importlib.reload(module)
+        rw.register(module.pipeline)
+        after = module.pipeline.graph_document()
+        assert after["nodes"]["start"] != before["nodes"]["start"]
+        assert after["nodes"]["expand"] == before["nodes"]["expand"]
+        fork = rw.replay(run.run_id)
+        assert fork.status == "completed", fork.error
+        drift = rw.store.run_graph(fork.run_id).drift
+        assert drift["code_changed"] == ["expand", "start"]
+        assert drift["helpers_changed"] == ["expand: inproc_helpers.scale"]
+        assert [n.output_hash for n in rw.store.nodes_of(fork.run_id)] != [
+            n.output_hash for n in rw.store.nodes_of(run.run_id)
+        ]
+    finally:
+        rw.store.close()

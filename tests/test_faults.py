@@ -171,7 +171,7 @@ def flusher_threads() -> list[threading.Thread]:
 
 
 def test_a_failing_commit_fails_the_run(rw: Rewind, monkeypatch: pytest.MonkeyPatch) -> None:
-    def disk_full(batch: WriteBatch) -> None:
+    def disk_full(batch: WriteBatch, **_: object) -> None:
         raise StoreError("disk full", "free some space")
 
     monkeypatch.setattr(rw.store, "write_batch", disk_full)

@@ -65,8 +65,20 @@ def callable_fingerprint(fn: Callable[..., Any], bound: Mapping[str, Any] | None
         fn: a function (decorator wrappers are unwrapped through ``__wrapped__``).
         bound: keyword arguments bound to it, if any.
     """
-    fn = inspect.unwrap(fn)
-    return sha256_hex(canonical_bytes({"code": _code_text(fn), "bound": _bound_json(bound or {})}))
+    fn = _unwrap(fn)
+    bound_doc = _bound_json(bound or {})
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return sha256_hex(canonical_bytes({"code": _code_text(fn), "bound": bound_doc}))
+    # Every record and fork fingerprints every node: the hash of a code object's text with the
+    # same bound values is looked up instead of encoding and hashing the text again.
+    key = (code, code.co_filename, canonical_bytes(bound_doc) if bound_doc else b"")
+    found = _FINGERPRINTS.get(key)
+    if found is None:
+        found = sha256_hex(canonical_bytes({"code": _code_text(fn), "bound": bound_doc}))
+        if len(_FINGERPRINTS) < _CODE_TEXTS_MAX:
+            _FINGERPRINTS[key] = found
+    return found
 
 
 def action_fingerprint(action: Action | Callable[..., Any]) -> str:
@@ -120,7 +132,7 @@ def helper_fingerprints(action: Action | Callable[..., Any]) -> dict[str, str]:
     """
     action = getattr(action, "action_function", action)
     fn = getattr(action, "_originating_fn", None)
-    fn = inspect.unwrap(fn) if callable(fn) else None
+    fn = _unwrap(fn) if callable(fn) else None
     if not isinstance(fn, types.FunctionType):
         return {}
 
@@ -143,10 +155,11 @@ def helper_fingerprints(action: Action | Callable[..., Any]) -> dict[str, str]:
                 )
                 text = _join_members(name, ((k, _code_text(v)) for k, v in methods))
                 queue.extend(v for _, v in methods)
+                digest = sha256_hex(text.encode())
             else:
-                text = _code_text(value)
+                digest = _text_hash(value)
                 queue.append(value)
-            out[name] = sha256_hex(text.encode())
+            out[name] = digest
             if len(out) >= HELPERS_MAX:
                 break
     return dict(sorted(out.items()))
@@ -182,29 +195,46 @@ def _is_user_module(name: str) -> bool:
 def _referenced(fn: Callable[..., Any]) -> list[Any]:
     """The functions and classes ``fn``'s code reaches through its globals, in name order of
     appearance (``name`` and ``module.name``)."""
-    fn = inspect.unwrap(fn)
+    fn = _unwrap(fn)
     code = getattr(fn, "__code__", None)
     scope = getattr(fn, "__globals__", None)
     if not isinstance(code, types.CodeType) or not isinstance(scope, dict):
         return []
+    names = _global_names(code)
+    found: list[Any] = []
+    for name in names:
+        value = scope.get(name)
+        if isinstance(value, types.ModuleType):  # helpers.score(...): the attributes used
+            found.extend(getattr(value, n, None) for n in names)
+        else:
+            found.append(value)
+    return [
+        _unwrap(v) if isinstance(v, types.FunctionType) else v
+        for v in found
+        if isinstance(v, types.FunctionType | type)
+    ]
+
+
+_GLOBAL_NAMES: dict[types.CodeType, tuple[str, ...]] = {}
+
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The names a code object and the code nested in it use, first appearance first (fixed
+    for a code object, so kept per code object; the values they name are looked up each time:
+    a helper reassigned or its module reloaded is seen)."""
+    found = _GLOBAL_NAMES.get(code)
+    if found is not None:
+        return found
     names: list[str] = []
     stack = [code]
     while stack:
         c = stack.pop()
         names.extend(c.co_names)
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    found: list[Any] = []
-    for name in dict.fromkeys(names):
-        value = scope.get(name)
-        if isinstance(value, types.ModuleType):  # helpers.score(...): the attributes used
-            found.extend(getattr(value, n, None) for n in dict.fromkeys(names))
-        else:
-            found.append(value)
-    return [
-        inspect.unwrap(v) if isinstance(v, types.FunctionType) else v
-        for v in found
-        if isinstance(v, types.FunctionType | type)
-    ]
+    found = tuple(dict.fromkeys(names))
+    if len(_GLOBAL_NAMES) < _CODE_TEXTS_MAX:
+        _GLOBAL_NAMES[code] = found
+    return found
 
 
 def changed_helpers(
@@ -228,6 +258,11 @@ def changed_helpers(
     return tuple(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)))
 
 
+def _unwrap(fn: Any) -> Any:
+    """:func:`inspect.unwrap`, without its cost for the usual function that wraps nothing."""
+    return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
+
+
 def _join_members(name: str, members: Iterable[tuple[str, str]]) -> str:
     """One text from a class name and its methods' code texts (length-prefixed, rule 5)."""
     return name + "".join(f"\n{m}:{len(t)}:{t}" for m, t in members)
@@ -249,6 +284,23 @@ def _code_text(fn: Callable[..., Any]) -> str:
     if key is not None and len(_CODE_TEXTS) < _CODE_TEXTS_MAX:
         _CODE_TEXTS[key] = text
     return text
+
+
+_FINGERPRINTS: dict[tuple[types.CodeType, str, bytes], str] = {}
+"""Fingerprints by (code object, file, canonical bound values): see :func:`callable_fingerprint`."""
+_TEXT_HASHES: dict[tuple[types.CodeType, str], str] = {}
+
+
+def _text_hash(fn: Callable[..., Any]) -> str:
+    """sha256 hex of :func:`_code_text` (kept per code object, as the text is)."""
+    code = getattr(fn, "__code__", None)
+    key = (code, code.co_filename) if isinstance(code, types.CodeType) else None
+    if key is not None and (cached := _TEXT_HASHES.get(key)) is not None:
+        return cached
+    digest = sha256_hex(_code_text(fn).encode())
+    if key is not None and len(_TEXT_HASHES) < _CODE_TEXTS_MAX:
+        _TEXT_HASHES[key] = digest
+    return digest
 
 
 def _read_code_text(fn: Callable[..., Any]) -> str:
@@ -396,6 +448,10 @@ def compare_graphs(
         node new with identical code; renames anywhere in the graph are paired first so a
         renamed inherited node reads as a rename, not as a removal.
     """
+    if recorded == current and all(
+        current["nodes"].get(n) == code for n, code in (produced_code or {}).items()
+    ):
+        return GraphDrift()  # the pipeline as recorded (the usual fork): nothing can differ
     rec_nodes: dict[str, str] = dict(recorded["nodes"]) | dict(produced_code or {})
     cur_nodes: dict[str, str] = dict(current["nodes"])
     gone = sorted(set(rec_nodes) - set(cur_nodes))
@@ -514,12 +570,14 @@ def _code_changes(
 
 def _reachable(edges: Sequence[tuple[Any, ...]], start: str) -> set[str]:
     """Nodes reachable from ``start`` through at least one transition."""
+    out: dict[str, list[str]] = {}
+    for src, dst, _ in edges:
+        out.setdefault(src, []).append(dst)
     seen: set[str] = set()
     frontier = [start]
     while frontier:
-        node = frontier.pop()
-        for src, dst, _ in edges:
-            if src == node and dst not in seen:
+        for dst in out.get(frontier.pop(), ()):
+            if dst not in seen:
                 seen.add(dst)
                 frontier.append(dst)
     return seen

@@ -100,11 +100,13 @@ class StepFields:
         fresh: field → encoding of the fields encoded afresh at this step (their blobs go to the
             store; an unchanged field's blob was written with the node that produced it).
         internal: Burr's ``__`` fields of the state, by name.
+        removed: the semantic fields the node deleted (in the previous step, not in this one).
     """
 
     digests: dict[str, str]
     fresh: dict[str, EncodedField]
     internal: dict[str, Any]
+    removed: tuple[str, ...] = ()
 
 
 class FieldEncoder:
@@ -157,7 +159,7 @@ class FieldEncoder:
         removed = self._remember(values, fresh, len(values) - len(internal))
         if self._order is not None:
             self._update_fragments(fresh, removed)
-        return StepFields(self._digests, fresh, internal)
+        return StepFields(self._digests, fresh, internal, tuple(removed))
 
     def _changed(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(Burr's ``__`` fields, semantic fields) whose object is not the one encoded last."""
@@ -299,9 +301,15 @@ class FieldEncoder:
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 
+_PLAIN_NAME = re.compile(r"[ !#-\[\]-~]*\Z")
+"""Printable ASCII without ``"`` and ``\\``: a name both encodings write as it is."""
+
+
 def _map_fragments(key: str, digest: str) -> tuple[bytes, str]:
     """One field's entry in the canonical JSON and in the ``json.dumps`` text of a
     {field: sha256} map (``"key":"hash"`` and ``"key": "hash"``)."""
+    if _PLAIN_NAME.match(key) and _PLAIN_NAME.match(digest):
+        return f'"{key}":"{digest}"'.encode(), f'"{key}": "{digest}"'
     one = {key: digest}
     return canonical_bytes(one)[1:-1], json.dumps(one)[1:-1]
 

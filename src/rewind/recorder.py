@@ -39,6 +39,7 @@ from typing import Any
 from burr.core import State
 from burr.core.action import Action
 from burr.lifecycle import PostApplicationCreateHook, PostRunStepHook, PreRunStepHook
+from sqlalchemy import Connection
 
 from rewind import progress
 from rewind.cache import release_flights
@@ -142,13 +143,13 @@ def runtime_inputs(action: Action, inputs: dict[str, Any] | None) -> dict[str, A
     Burr's ``step`` hands hooks the inputs already filtered, ``astep`` the raw ones; filtering
     here makes a node's input hash the same either way.
     """
+    given = [k for k in inputs or () if not k.startswith(BURR_INTERNAL_PREFIX)]
+    if not given:
+        return {}  # most nodes take no runtime input: Burr's input sets are not computed
+    assert inputs is not None
     required, optional = action.optional_and_required_inputs
     declared = required | optional
-    return {
-        k: _input_doc(v)
-        for k, v in (inputs or {}).items()
-        if k in declared and not k.startswith(BURR_INTERNAL_PREFIX)
-    }
+    return {k: _input_doc(inputs[k]) for k in given if k in declared}
 
 
 def bound_params(action: Action) -> dict[str, Any]:
@@ -229,6 +230,8 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         self._closed = False
         self._reads: dict[str, str] = {}
         self._inputs: dict[str, Any] = {}
+        # The {field: hash} map of this recorder's last state row, as the row carries it.
+        self._last_state_fields: dict[str, str] | None = None
 
     def is_async(self) -> bool:
         """Burr asks its persister this; the recorder is synchronous."""
@@ -543,17 +546,18 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                     scope.sub_calls.extend(sub.sub_calls)
             self.sub_calls.extend(sub.sub_calls)
 
-    def flush(self) -> None:
-        """Commit the rows recorded so far (one transaction). Never raises; thread-safe."""
+    def flush(self, after: Callable[[Connection], None] | None = None) -> None:
+        """Commit the rows recorded so far (one transaction; ``after``'s writes join it, even
+        when no row waits). Never raises (a failure is added to :attr:`errors`); thread-safe."""
         with self._write_lock:
             with self._lock:
                 batch, self.batch = self.batch, WriteBatch()
                 self._due = None
                 self._last_flush = time.perf_counter()
-            if not batch:
+            if not batch and after is None:
                 return
             try:
-                self.ctx.store.write_batch(batch)
+                self.ctx.store.write_batch(batch, after=after)
             except Exception as exc:
                 msg = f"writing recorded nodes failed: {_error_line(exc)}"
                 logger.error("%s\n%s", msg, traceback.format_exc())
@@ -562,14 +566,15 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 keys = [row["key"] for row in batch.llm_cache + batch.tool_cache]
                 release_flights(self.ctx.store, keys)
 
-    def close(self) -> None:
-        """Commit what is waiting (at the end of the run). Never raises. Rows recorded after
-        this are committed inside their hook."""
+    def close(self, after: Callable[[Connection], None] | None = None) -> None:
+        """Commit what is waiting (at the end of the run), with ``after``'s writes in the same
+        transaction (finishing the run row). Never raises. Rows recorded after this are
+        committed inside their hook."""
         for position in list(self.open_sub_runs):
             self._finish_sub_runs(position, "interrupted")  # the spawning node never finished
         with self._lock:
             self._closed = True
-        self.flush()
+        self.flush(after)
 
     def flush_if_due(self, now: float) -> None:
         """Commit the waiting rows if their deadline (``time.perf_counter()`` s) is ``now`` or
@@ -618,6 +623,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             digests, fresh, internal = step.digests, step.fresh, step.internal
             state_doc, fields_json = self.encoder.state_map()
         except UnstorableValue as exc:
+            step = None
             refusal, digests, fresh, internal = exc, {}, {}, {}
             state_doc, fields_json = b"", ""
             exception = exception or exc
@@ -642,19 +648,22 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             batch.blobs.setdefault(output_hash, output_doc)
             state_hash = sha256_hex(state_doc)
         add_scope_rows(batch, scope)
-        if refusal is None:
-            batch.states.append(
-                state_row(
-                    partition_key=partition_key or "",
-                    app_id=app_id,
-                    sequence_id=sequence_id,
-                    position=action.name,
-                    status="completed" if exception is None else "failed",
-                    fields=digests,
-                    internal=internal,
-                    fields_json=fields_json,
-                )
+        if step is not None:
+            last = self._last_state_fields
+            row = state_row(
+                partition_key=partition_key or "",
+                app_id=app_id,
+                sequence_id=sequence_id,
+                position=action.name,
+                status="completed" if exception is None else "failed",
+                fields=digests,
+                internal=internal,
+                fields_json=fields_json,
+                # the encoder's map changed since its last step by these fields only
+                since=None if last is None else (last, fresh.keys(), step.removed),
             )
+            self._last_state_fields = row["_fields"]
+            batch.states.append(row)
         outcome, reason = node_outcome(scope, exception)
         prompt_tokens, completion_tokens = scope.tokens
         batch.nodes.append(

@@ -27,6 +27,7 @@ from typing import Any
 from burr.core import Application, ApplicationBuilder
 
 from rewind import progress
+from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.drift import GraphDrift, compare_graphs
@@ -321,6 +322,7 @@ class Rewind:
             restore=restore,
             cache_mode=cache_mode,
             allow_code_change=allow_code_change,
+            parent=parent,
         )
         parent, nodes, idx, fork_node = plan.parent, plan.nodes, plan.index, plan.fork_node
         pipeline, launch, drift = plan.pipeline, plan.launch, plan.drift
@@ -503,7 +505,7 @@ class Rewind:
                 "checked": drift is not None,
                 "allowed": bool(drift is not None and drift.structural),
             }
-            self.store.put_run_graph(conn, child_id, plan.graph, drift_doc)
+            self.store.put_run_graph(conn, child_id, plan.graph, drift_doc, plan.graph_bytes)
             for node in nodes[:idx]:
                 self.store.insert_node(conn, _inherited_row(child_id, node))
             if isinstance(override, OutputOverride) and state_row_ is not None:
@@ -633,6 +635,7 @@ class Rewind:
         *,
         output_override: bool = False,
         allow_code_change: bool = False,
+        current_hash: str | None = None,
     ) -> GraphDrift | None:
         """Compare the pipeline as re-imported now with what ``parent`` recorded, for a fork at
         ``nodes[idx]``.
@@ -644,13 +647,24 @@ class Rewind:
         Args:
             current_graph: :meth:`Pipeline.graph_document` of the re-imported pipeline.
             output_override: the fork replaces the fork node's output (Burr resumes after it).
+            current_hash: the hash of ``current_graph``'s canonical bytes, when known.
         Returns:
             the drift (falsy when nothing changed), or None when ``parent`` was recorded
             without its graph (a store older than graph recording): drift cannot be checked.
         Raises:
             CodeDrift: structural drift and ``allow_code_change`` is False; nothing is written.
         """
-        graphs = self.store.run_graphs([parent.run_id, *(n.src_app_id for n in nodes)])
+        producers = [parent.run_id, *(n.src_app_id for n in nodes[idx:])]
+        hashes = self.store.run_graph_hashes(producers)
+        if parent.run_id not in hashes:
+            return None
+        if current_hash is None:
+            current_hash = sha256_hex(canonical_bytes(current_graph))
+        if all(h == current_hash for h in hashes.values()):
+            # Every recorded graph the fork touches is the current one: nothing can differ
+            # (compare_graphs of equal documents), and no document needs reading.
+            return GraphDrift()
+        graphs = self.store.run_graphs(producers)
         recorded = graphs.get(parent.run_id)
         if recorded is None:
             return None
@@ -952,13 +966,16 @@ class Rewind:
             )
             ctx.emit("run_finished", run_id=ctx.run_id, status="interrupted", error=None)
             raise
-        recorder.close()
-        if error is None and recorder.errors:
-            error = recorder.errors[0]
-        status = "failed" if error else "completed"
-        if cancelled is not None:
-            status, error = progress.CANCELLED, cancelled.message
-        self.store.finish_run(ctx.run_id, status, error=error)
+        status, final = _final_status(error, recorder.errors, cancelled)
+        failures = len(recorder.errors)
+        # The run row is finished in the transaction of its last rows (one commit less); if
+        # that commit fails, the run is finished failed with the reason below.
+        recorder.close(after=lambda conn: self.store.finish_run_in(conn, ctx.run_id, status, final))
+        if len(recorder.errors) > failures:
+            status, final = _final_status(error, recorder.errors, cancelled)
+            self.store.finish_run(ctx.run_id, status, error=final)
+        else:
+            progress.run_ended(ctx.run_id)  # after the commit (see Store.finish_run_in)
         run = self.store.get_run(ctx.run_id)
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
@@ -982,6 +999,17 @@ def node_sub_runs(store: Store, run_id: str) -> dict[int, list[RunRecord]]:
             if subs:
                 found[n.position] = subs
     return found
+
+
+def _final_status(
+    error: str | None, recorder_errors: list[str], cancelled: progress.RunCancelled | None
+) -> tuple[str, str | None]:
+    """(status, error) a run ends with: ``cancelled`` when it was, ``failed`` with the first
+    error (the pipeline's, else the recorder's), else ``completed``."""
+    if cancelled is not None:
+        return progress.CANCELLED, cancelled.message
+    error = error if error is not None else (recorder_errors[0] if recorder_errors else None)
+    return ("failed" if error else "completed"), error
 
 
 def _first_line(exc: BaseException) -> str:

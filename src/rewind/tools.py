@@ -83,8 +83,12 @@ class Tool:
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Arguments by parameter name with defaults applied."""
         names = self._positional
-        if names is not None and not kwargs and len(args) == len(names):
-            return dict(zip(names, args, strict=True))  # what bind + apply_defaults give
+        if names is not None:
+            # What bind + apply_defaults give when every parameter is passed, without their cost.
+            if not kwargs and len(args) == len(names):
+                return dict(zip(names, args, strict=True))
+            if not args and len(kwargs) == len(names) and all(n in kwargs for n in names):
+                return {n: kwargs[n] for n in names}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:

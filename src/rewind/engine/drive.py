@@ -216,5 +216,7 @@ def _halts(app: Application, launch: Launch) -> tuple[set[str], set[str]]:
 def _should_halt(app: Application, done: str, after: set[str], before: set[str]) -> bool:
     if done in after:
         return True
+    if not before:
+        return False  # nothing to halt before: the next action is not worked out twice
     nxt = app.get_next_action()
     return nxt is not None and nxt.name in before

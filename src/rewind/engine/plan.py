@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rewind.canonical import CanonicalError, canonical_bytes
+from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.drift import GraphDrift
 from rewind.effects import EFFECT_MODES, RESTORE_MODES
 from rewind.engine.attach import Pipeline
@@ -344,6 +344,7 @@ class ForkPlan:
             state or replaces the fork node's output.
         output: the output override's value encoded as a state field (:mod:`rewind.serde`);
             None without an output override.
+        graph_bytes: ``graph``'s canonical bytes (the blob the fork's run records).
     """
 
     parent: RunRecord
@@ -359,6 +360,7 @@ class ForkPlan:
     launch: Launch
     source: tuple[str, int] | None = None
     output: EncodedField | None = None
+    graph_bytes: bytes | None = None
 
     @property
     def fork_node(self) -> NodeRecord:
@@ -383,6 +385,7 @@ def plan_fork(
     allow_code_change: bool = False,
     at_field: str = "at",
     override_field: str = "override",
+    parent: RunRecord | None = None,
 ) -> ForkPlan:
     """Check a fork request against the stored parent and the pipeline as re-imported now.
 
@@ -403,6 +406,8 @@ def plan_fork(
         at_field: the request field ``at`` came from (``at``; ``from_node`` for stability).
         override_field: where the override sits in the request (``override``;
             ``overrides.2`` for a grid's third variant); errors name ``<override_field>.param``.
+        parent: ``run_id``'s record when the caller has just read it with
+            :meth:`Rewind.finished_run` (not read again).
     Returns:
         the plan.
     Raises:
@@ -416,7 +421,8 @@ def plan_fork(
             graph changed where the fork runs it and ``allow_code_change`` is False.
     """
     _check_modes(effects, restore, cache_mode)
-    parent = rw.finished_run(run_id)
+    if parent is None or parent.run_id != run_id:
+        parent = rw.finished_run(run_id)
     nodes = tuple(rw.store.nodes_of(parent.run_id))
     if override is not None and not isinstance(
         override, ParamOverride | OutputOverride | InputOverride
@@ -465,6 +471,7 @@ def plan_fork(
     if isinstance(override, ParamOverride):
         _check_param(rw, pipeline, nodes, idx, override, f"{override_field}.value")
     graph = pipeline.graph_document()
+    graph_bytes = canonical_bytes(graph)
     drift = rw.check_drift(
         parent,
         list(nodes),
@@ -472,6 +479,7 @@ def plan_fork(
         graph,
         output_override=isinstance(override, OutputOverride),
         allow_code_change=allow_code_change,
+        current_hash=sha256_hex(graph_bytes),
     )
     recorded = Launch.from_json(parent.launch)
     launch = plan_launch(
@@ -494,6 +502,7 @@ def plan_fork(
         launch=launch,
         source=None if isinstance(override, OutputOverride) else _source(rw, parent, nodes, idx),
         output=output,
+        graph_bytes=graph_bytes,
     )
 
 

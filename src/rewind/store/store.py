@@ -25,7 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
@@ -51,6 +62,10 @@ _IN_CHUNK = 500
 PRESENCE_CHECK_MIN_BLOBS = 32
 """A write batch with at least this many blobs the store instance has not written asks which are
 stored already before packing and inserting them (one query per 500)."""
+PRESENCE_PROBE_BLOBS = 16
+"""How many of such a batch's blobs are asked about first: when at most a quarter of them are
+stored (a new recording: every field, call and document is new), the rest are not asked about,
+and the few stored ones are skipped by the insert itself (``ON CONFLICT DO NOTHING``)."""
 GC_LOCK_KEY = 0x5245_5749_4E47  # "REWING": writers share it, ``rewind gc`` takes it alone (PG)
 """PostgreSQL advisory lock key that orders writers against ``rewind gc``'s blob sweep: every write
 transaction holds it shared, the sweep exclusively (on SQLite the database write lock does the
@@ -384,7 +399,11 @@ class Store:
         return json.loads(self.get_blob(digest, conn))
 
     def write_batch(
-        self, batch: WriteBatch, *, before: Callable[[Connection], None] | None = None
+        self,
+        batch: WriteBatch,
+        *,
+        before: Callable[[Connection], None] | None = None,
+        after: Callable[[Connection], None] | None = None,
     ) -> None:
         """Write a batch in one ``BEGIN IMMEDIATE`` transaction (all or nothing).
 
@@ -396,10 +415,12 @@ class Store:
             batch: the rows.
             before: writes that must precede the rows in the same transaction (a traced chain's
                 run row, which its node and span rows refer to).
+            after: writes that follow the rows in the same transaction (a run finished with
+                its last rows).
         Raises:
             StoreError: a state row of the app id already exists (nothing is written).
         """
-        if not batch and before is None:
+        if not batch and before is None and after is None:
             return
         epoch = self._blob_epoch
         new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
@@ -408,7 +429,9 @@ class Store:
             # a recorded trace through a new Store). Ask once instead of packing and inserting
             # each; a gc that deletes blobs before the commit bumps the epoch, and then every
             # blob of the batch is written below.
-            present = self._present_blobs(new)
+            present = self._present_blobs(_probe(new))
+            if len(present) * 4 > PRESENCE_PROBE_BLOBS:
+                present |= self._present_blobs(new.keys() - present)
             new = {h: d for h, d in new.items() if h not in present}
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows = [self._blob_row(digest, data) for digest, data in new.items()]
@@ -444,6 +467,8 @@ class Store:
             self._bulk(conn, self._insert_call, batch.calls)
             self._bulk(conn, insert(schema.effects), batch.effects)
             self._bulk(conn, insert(schema.spans), batch.spans)
+            if after is not None:
+                after(conn)
         with self._known_lock:
             if len(self._known_blobs) > 500_000:
                 self._known_blobs.clear()
@@ -470,7 +495,9 @@ class Store:
         conn.exec_driver_sql(
             sql,
             [
-                tuple(digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns)
+                tuple(
+                    [digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns]
+                )
                 for row in rows
             ],
         )
@@ -574,28 +601,40 @@ class Store:
         A run already finished is left as it is (recorded runs are immutable, rule 7).
         """
         with self.write() as conn:
-            totals = conn.execute(
-                text(
-                    "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
-                    " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
-                ),
-                {"r": run_id, "f": False},
-            ).one()
-            conn.execute(
-                update(schema.runs)
-                .where(and_(schema.runs.c.run_id == run_id, schema.runs.c.status == "running"))
-                .values(
-                    status=status,
-                    finished_at=time.time(),
-                    prompt_tokens=int(totals[0]),
-                    completion_tokens=int(totals[1]),
-                    latency_ms=float(totals[2]),
-                    error=error,
-                )
-            )
+            self.finish_run_in(conn, run_id, status, error)
         progress = sys.modules.get("rewind.progress")
         if progress is not None:  # a finished run's cancel flag is no longer watched
             progress.run_ended(run_id)
+
+    def finish_run_in(
+        self, conn: Connection, run_id: str, status: str, error: str | None = None
+    ) -> None:
+        """:meth:`finish_run` inside ``conn``'s write transaction (with the run's last rows).
+
+        The caller calls :func:`rewind.progress.run_ended` once the transaction committed,
+        never inside it: that waits for the progress thread, which may be waiting for a pooled
+        connection that writers queued on this transaction's lock hold (a deadlock until the
+        busy timeout).
+        """
+        totals = conn.execute(
+            text(
+                "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
+                " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
+            ),
+            {"r": run_id, "f": False},
+        ).one()
+        conn.execute(
+            update(schema.runs)
+            .where(and_(schema.runs.c.run_id == run_id, schema.runs.c.status == "running"))
+            .values(
+                status=status,
+                finished_at=time.time(),
+                prompt_tokens=int(totals[0]),
+                completion_tokens=int(totals[1]),
+                latency_ms=float(totals[2]),
+                error=error,
+            )
+        )
 
     def reap_orphans(self, run_ids: Iterable[str] | None = None) -> list[str]:
         """Mark ``running`` runs whose executing process (on this host) is gone as ``interrupted``.
@@ -660,7 +699,7 @@ class Store:
         from rewind.errors import UnknownRun
 
         with self.read() as conn:
-            row = conn.execute(select(schema.runs).where(schema.runs.c.run_id == run_id)).first()
+            row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
             if row is None and run_id and len(run_id) < MIN_PREFIX:
                 raise UnknownRun(
                     f"unknown run {run_id!r}",
@@ -678,9 +717,9 @@ class Store:
                         f"run id prefix {run_id!r} matches several runs",
                         "give more characters of the id (see `rewind runs`)",
                     )
-        if row is None:
-            raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
-        return self._with_audits([self._run_record(row)])[0]
+            if row is None:
+                raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
+            return self._with_audits([self._run_record(row)], conn)[0]
 
     def list_runs(
         self,
@@ -799,6 +838,8 @@ class Store:
         seen = {start.run_id}
         found: list[RunRecord] = []
         parent_id = start.parent_run_id
+        if not parent_id:
+            return found  # a recorded run: no read transaction
         t = schema.runs
         with self.read() as conn:
             while parent_id and parent_id not in seen:
@@ -808,7 +849,7 @@ class Store:
                 seen.add(parent_id)
                 found.append(self._run_record(row))
                 parent_id = row.parent_run_id
-        return self._with_audits(found)
+            return self._with_audits(found, conn)
 
     def children(self, run_id: str) -> list[RunRecord]:
         """Forks whose parent is ``run_id``, oldest first."""
@@ -856,22 +897,17 @@ class Store:
                 )
             )
 
-    def _with_audits(self, runs: list[RunRecord]) -> list[RunRecord]:
-        """The runs with their last audit filled in (one query)."""
+    def _with_audits(
+        self, runs: list[RunRecord], conn: Connection | None = None
+    ) -> list[RunRecord]:
+        """The runs with their last audit filled in (one query; in ``conn``'s transaction when
+        given, so a lookup reads the run and its audit at once)."""
         if not runs:
             return runs
-        t = schema.audits
-        ids = [r.run_id for r in runs]
-        newest = (
-            select(t.c.run_id, func.max(t.c.seq).label("seq"))
-            .where(t.c.run_id.in_(ids))
-            .group_by(t.c.run_id)
-            .subquery()
-        )
-        with self.read() as conn:
-            rows = conn.execute(
-                select(t).join(newest, (t.c.run_id == newest.c.run_id) & (t.c.seq == newest.c.seq))
-            ).all()
+        if conn is None:
+            with self.read() as c:
+                return self._with_audits(runs, c)
+        rows = conn.execute(_LAST_AUDITS, {"ids": [r.run_id for r in runs]}).all()
         last = {
             r.run_id: {
                 "label": r.label,
@@ -1036,9 +1072,12 @@ class Store:
         run_id: str,
         document: dict[str, Any],
         drift: dict[str, Any] | None = None,
+        data: bytes | None = None,
     ) -> str:
-        """Record the graph document a run ran (a blob) and a fork's drift; returns its hash."""
-        digest = self.put_json(conn, document)
+        """Record the graph document a run ran (a blob) and a fork's drift; returns its hash.
+
+        ``data``: the document's canonical bytes when the caller has them already."""
+        digest = self.put_blob(conn, canonical_bytes(document) if data is None else data)
         conn.execute(
             insert(schema.run_graphs).values(
                 run_id=run_id,
@@ -1068,6 +1107,19 @@ class Store:
             )
             for r in rows
         }
+
+    def run_graph_hashes(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """The hashes of the graph documents these runs recorded, by run id (documents not
+        read); runs recorded without one are absent."""
+        wanted = list(dict.fromkeys(run_ids))
+        t = schema.run_graphs
+        found: dict[str, str] = {}
+        with self.read() as conn:
+            for i in range(0, len(wanted), _IN_CHUNK):
+                chunk = wanted[i : i + _IN_CHUNK]
+                rows = conn.execute(select(t.c.run_id, t.c.graph_hash).where(t.c.run_id.in_(chunk)))
+                found.update((run_id, digest) for run_id, digest in rows)
+        return found
 
     def run_graph(self, run_id: str) -> RunGraph | None:
         """The recorded graph of one run, or None (recorded before graphs were)."""
@@ -1238,13 +1290,22 @@ def state_row(
     fields: dict[str, str],
     internal: dict[str, Any],
     fields_json: str | None = None,
+    since: tuple[dict[str, str], Collection[str], Collection[str]] | None = None,
 ) -> dict[str, Any]:
     """Column dict of a Burr state row: semantic fields by blob hash, ``__`` keys inline.
 
     ``fields_json``: ``json.dumps(fields, sort_keys=True)`` when the caller has it already
-    (the recorder keeps it up to date field by field).
+    (the recorder keeps it up to date field by field). A copy of ``fields`` travels with the
+    row (not a column: :func:`state_deltas` reads it instead of parsing ``fields_json`` again
+    and drops it).
+
+    ``since``: what changed since the app's previous row, when the caller knows it: (that
+    row's own ``_fields`` map — the very dict object —, the fields whose hash may differ
+    since, the fields removed since); every other field has the same hash. :func:`state_deltas`
+    then compares only those fields, and only when the row it deltas against carries that map.
     """
-    return {
+    row: dict[str, Any] = {
+        _FIELDS_KEY: dict(fields),
         "partition_key": partition_key,
         "app_id": app_id,
         "sequence_id": sequence_id,
@@ -1254,6 +1315,33 @@ def state_row(
         "internal_json": json.dumps(internal, sort_keys=True),
         "created_at": time.time(),
     }
+    if since is not None:
+        row[_SINCE_KEY] = since
+    return row
+
+
+def _last_audits_statement() -> Any:
+    t = schema.audits
+    newest = (
+        select(t.c.run_id, func.max(t.c.seq).label("seq"))
+        .where(t.c.run_id.in_(bindparam("ids", expanding=True)))
+        .group_by(t.c.run_id)
+        .subquery()
+    )
+    return select(t).join(newest, (t.c.run_id == newest.c.run_id) & (t.c.seq == newest.c.seq))
+
+
+# Built once: building a select costs more than running it (~0.5 ms for the audits join).
+_LAST_AUDITS = _last_audits_statement()
+"""The newest audit row of each run in ``:ids``."""
+_RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
+
+
+def _probe(blobs: dict[str, bytes]) -> list[str]:
+    """:data:`PRESENCE_PROBE_BLOBS` hashes spread evenly over a batch's blobs."""
+    listed = list(blobs)
+    step = max(1, len(listed) // PRESENCE_PROBE_BLOBS)
+    return listed[::step][:PRESENCE_PROBE_BLOBS]
 
 
 def _by_hash(row: dict[str, Any]) -> str:
@@ -1310,6 +1398,13 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
     return out
 
 
+_FIELDS_KEY = "_fields"
+"""Key of the parsed {field: hash} map a :func:`state_row` dict carries beside its columns."""
+_SINCE_KEY = "_since"
+"""Key of the ``since`` hint of :func:`state_row` (not a column either)."""
+
+_NOT_COLUMNS = frozenset({_FIELDS_KEY, _SINCE_KEY})
+
 STATE_DELTA_MAX_DEPTH = 16
 """A state row is stored as a delta of the row before it (same app, previous sequence id) when
 that row is known to the writer, at most this many deltas in a row; then a full map again."""
@@ -1329,7 +1424,9 @@ def state_deltas(
     one hash per step instead of 20.
 
     Args:
-        rows: state row dicts, ``fields_json`` a full JSON map; not modified.
+        rows: state row dicts, ``fields_json`` a full JSON map (its parsed map under
+            ``_fields`` when :func:`state_row` built them); not modified. The rows returned
+            hold columns only.
         tails: (partition key, app id) → (sequence id, fields, delta depth) of the last row
             already committed per app (the writer's memory); not modified.
     Returns:
@@ -1339,14 +1436,24 @@ def state_deltas(
     new_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
     for row in rows:
         app = (row["partition_key"], row["app_id"])
-        fields = json.loads(row["fields_json"])
+        fields = row.get(_FIELDS_KEY)
+        since = row.get(_SINCE_KEY)
+        if fields is None:
+            fields = json.loads(row["fields_json"])
+        if _FIELDS_KEY in row or _SINCE_KEY in row:
+            row = {k: v for k, v in row.items() if k not in _NOT_COLUMNS}
         seq = row["sequence_id"]
         tail = new_tails.get(app) or tails.get(app)
         depth = 0
         if tail is not None and tail[0] == seq - 1 and tail[2] < STATE_DELTA_MAX_DEPTH:
             base = tail[1]
-            changed = {k: h for k, h in fields.items() if base.get(k) != h}
-            removed = sorted(k for k in base if k not in fields)
+            if since is not None and since[0] is base:
+                # Only these fields can differ from the base (see state_row).
+                changed = {k: fields[k] for k in since[1] if base.get(k) != fields[k]}
+                removed = sorted(k for k in since[2] if k in base)
+            else:
+                changed = {k: h for k, h in fields.items() if base.get(k) != h}
+                removed = sorted(k for k in base if k not in fields)
             delta = json.dumps([seq - 1, changed, removed], sort_keys=True)
             if len(delta) < len(row["fields_json"]):
                 row = row | {"fields_json": delta}
