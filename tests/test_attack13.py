@@ -323,13 +323,6 @@ def _summarize(state: State) -> State:
     return state.update(summary=" | ".join(state["history"]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a13: the incremental field encoder (persister.FieldEncoder) does not see a list "
-    "changed in place by a helper of an action that declares it nowhere; the state row keeps "
-    "the old hash, so the state read back (and a fork from it) is not the run's",
-)
 def test_a_history_appended_by_a_helper_is_recorded_as_it_was(tmp_path: Path) -> None:
     graph = (
         GraphBuilder()
