@@ -40,8 +40,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     with cached bytecode, measured on the 2-core CI machine). Bytecode is only *read* from
     ``__pycache__`` when its recorded source mtime and size still match, so a stale file is
     never used; ``py_compile`` writes each one atomically, so parallel sessions are safe.
-    Ignored by git (``__pycache__/`` in .gitignore).
+    Ignored by git (``__pycache__/`` in .gitignore). Under pytest-xdist (``make test`` runs
+    ``-n 2``) only the controller compiles: it runs before the workers start.
     """
+    if hasattr(session.config, "workerinput"):
+        return
     compileall.compile_dir(SRC_PACKAGE, quiet=1, workers=1)
 
 
