@@ -48,6 +48,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     compileall.compile_dir(SRC_PACKAGE, quiet=1, workers=1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hand out the files that hold ``slow`` tests first.
+
+    ``make test`` runs ``-n 2 --dist loadfile``: each worker takes the next whole file as it
+    becomes free, in collection order. The files with ``slow`` tests (the embedded model,
+    workers, servers) take up to minutes each; collected last, one of them could still run
+    alone on one worker after the other worker has finished everything else. The order within
+    a file is kept; every worker sorts the same collection the same way (xdist requires that).
+    A run without xdist keeps the plain collection order.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 FAKE_MODEL = "fake-model"
 FAKE_BASE_URL = "http://fake.test/v1"
 
