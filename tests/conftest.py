@@ -29,6 +29,7 @@ __all__ = [
 ]  # session fixtures: started only when a test asks
 
 SRC_PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rewind"
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -46,6 +47,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return
     compileall.compile_dir(SRC_PACKAGE, quiet=1, workers=1)
+    # The helper modules subprocesses import (``--pipeline tests.pipelines:...``, tests/apps).
+    compileall.compile_dir(TESTS, quiet=1, workers=1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
