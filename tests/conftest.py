@@ -6,6 +6,7 @@ import compileall
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _pytest.nodeid import NodeId
 from hypothesis import HealthCheck, settings
 from sqlalchemy import text
 
@@ -29,6 +31,7 @@ __all__ = [
 ]  # session fixtures: started only when a test asks
 
 SRC_PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rewind"
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -40,9 +43,52 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     with cached bytecode, measured on the 2-core CI machine). Bytecode is only *read* from
     ``__pycache__`` when its recorded source mtime and size still match, so a stale file is
     never used; ``py_compile`` writes each one atomically, so parallel sessions are safe.
-    Ignored by git (``__pycache__/`` in .gitignore).
+    Ignored by git (``__pycache__/`` in .gitignore). Under pytest-xdist (``make test`` runs
+    ``-n 2``) only the controller compiles: it runs before the workers start.
     """
+    if hasattr(session.config, "workerinput"):
+        return
     compileall.compile_dir(SRC_PACKAGE, quiet=1, workers=1)
+    # The helper modules subprocesses import (``--pipeline tests.pipelines:...``, tests/apps).
+    compileall.compile_dir(TESTS, quiet=1, workers=1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hand out the files that hold ``slow`` tests first.
+
+    ``make test`` runs ``-n 2 --dist loadfile``: each worker takes the next whole file as it
+    becomes free, in collection order. The files with ``slow`` tests (the embedded model,
+    workers, servers) take up to minutes each; collected last, one of them could still run
+    alone on one worker after the other worker has finished everything else. The order within
+    a file is kept; every worker sorts the same collection the same way (xdist requires that).
+    A run without xdist keeps the plain collection order.
+    """
+    _give_schemathesis_cases_their_own_ids(items)
+    if not hasattr(config, "workerinput"):
+        return
+    twice = sorted(nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1)
+    if twice:
+        # xdist hands out tests by id: of several tests with one id only the first would run.
+        raise pytest.UsageError(f"test ids that are not unique: {twice[:5]}")
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
+def _give_schemathesis_cases_their_own_ids(items: list[pytest.Item]) -> None:
+    """Put each schemathesis case's API operation into its test id.
+
+    On pytest 9.2, schemathesis' items are named ``test_x[GET /api/runs]`` but all get the id
+    ``file::test_x`` (pytest builds the id from ``originalname`` and a parametrize callspec,
+    which schemathesis does not pass). Under xdist, which schedules by id, only the first
+    operation of each such test ran; with ``file::test_x[GET /api/runs]`` each one runs (and a
+    failure report names its operation).
+    """
+    for item in items:
+        if not isinstance(item, pytest.Function) or not item.name.endswith("]"):
+            continue
+        if item.nodeid.endswith("]") or item.parent is None:
+            continue
+        item._id = NodeId.parse(f"{item.parent.nodeid}::{item.name}")
 
 
 FAKE_MODEL = "fake-model"

@@ -308,7 +308,10 @@ def test_kill_9_at_random_moments_loses_no_node_older_than_the_flush_bound(
         finally:
             st.close()
         if report.status is None:
-            assert run.status == "interrupted", f"trial {trial}: {run.status}"
+            # Killed before its ``done`` line: interrupted, unless the kill landed after the
+            # run's last commit (every node stored, status completed) and before that line.
+            finished = run.status == "completed" and len(stored) == kill_child.NODES
+            assert run.status == "interrupted" or finished, f"trial {trial}: {run.status}"
         else:
             assert run.status == report.status == "completed"
         assert report.committed <= stored, f"trial {trial}: a committed node is missing"
