@@ -425,6 +425,17 @@ class GraphDrift:
         }
 
 
+def _as_recorded(
+    recorded: Mapping[str, Any],
+    current: Mapping[str, Any],
+    produced_code: Mapping[str, str] | None,
+) -> bool:
+    """Whether the current pipeline is the recorded one and produced every recorded row."""
+    return recorded == current and all(
+        current["nodes"].get(n) == code for n, code in (produced_code or {}).items()
+    )
+
+
 def compare_graphs(
     recorded: Mapping[str, Any],
     current: Mapping[str, Any],
@@ -448,9 +459,7 @@ def compare_graphs(
         node new with identical code; renames anywhere in the graph are paired first so a
         renamed inherited node reads as a rename, not as a removal.
     """
-    if recorded == current and all(
-        current["nodes"].get(n) == code for n, code in (produced_code or {}).items()
-    ):
+    if _as_recorded(recorded, current, produced_code):
         return GraphDrift()  # the pipeline as recorded (the usual fork): nothing can differ
     rec_nodes: dict[str, str] = dict(recorded["nodes"]) | dict(produced_code or {})
     cur_nodes: dict[str, str] = dict(current["nodes"])

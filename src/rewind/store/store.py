@@ -423,16 +423,7 @@ class Store:
         if not batch and before is None and after is None:
             return
         epoch = self._blob_epoch
-        new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
-        if len(new) >= PRESENCE_CHECK_MIN_BLOBS:
-            # Many blobs this process has not written: most may be stored already (a replay of
-            # a recorded trace through a new Store). Ask once instead of packing and inserting
-            # each; a gc that deletes blobs before the commit bumps the epoch, and then every
-            # blob of the batch is written below.
-            present = self._present_blobs(_probe(new))
-            if len(present) * 4 > PRESENCE_PROBE_BLOBS:
-                present |= self._present_blobs(new.keys() - present)
-            new = {h: d for h, d in new.items() if h not in present}
+        new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows = [self._blob_row(digest, data) for digest, data in new.items()]
         with self.write() as conn:
@@ -452,17 +443,7 @@ class Store:
             self._insert_blobs(conn, sorted(rows, key=_by_hash))
             self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
             self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
-            try:
-                apps = {(r["partition_key"], r["app_id"]) for r in batch.states}
-                with self._known_lock:
-                    known_tails = {a: self._state_tails[a] for a in apps if a in self._state_tails}
-                states, tails = state_deltas(batch.states, known_tails)
-                self._bulk(conn, self._insert_state, states)
-            except IntegrityError as exc:
-                raise StoreError(
-                    "a state row of this app id already exists",
-                    "an app id can be recorded once; fork it instead of re-running it",
-                ) from exc
+            tails = self._insert_states(conn, batch.states)
             self._bulk(conn, self._insert_node, batch.nodes)
             self._bulk(conn, self._insert_call, batch.calls)
             self._bulk(conn, insert(schema.effects), batch.effects)
@@ -476,6 +457,43 @@ class Store:
             if len(self._state_tails) > 10_000:
                 self._state_tails.clear()
             self._state_tails.update(tails)
+
+    def _unstored_blobs(self, batch: WriteBatch) -> dict[str, bytes]:
+        """The batch's blobs this process does not know as stored; when there are many, the
+        ones the store holds already are left out too (asked with a probe, then all)."""
+        new = {h: d for h, d in batch.blobs.items() if h not in self._known_blobs}
+        if len(new) >= PRESENCE_CHECK_MIN_BLOBS:
+            # Many blobs this process has not written: most may be stored already (a replay of
+            # a recorded trace through a new Store). Ask once instead of packing and inserting
+            # each; a gc that deletes blobs before the commit bumps the epoch, and then every
+            # blob of the batch is written (write_batch).
+            present = self._present_blobs(_probe(new))
+            if len(present) * 4 > PRESENCE_PROBE_BLOBS:
+                present |= self._present_blobs(new.keys() - present)
+            new = {h: d for h, d in new.items() if h not in present}
+        return new
+
+    def _insert_states(
+        self, conn: Connection, rows: list[dict[str, Any]]
+    ) -> dict[tuple[str, str], tuple[int, dict[str, str], int]]:
+        """Insert state rows as deltas of the app's previous rows (:func:`state_deltas`);
+        returns the new tails to remember once the transaction commits.
+
+        Raises:
+            StoreError: a state row of the app id already exists.
+        """
+        try:
+            apps = {(r["partition_key"], r["app_id"]) for r in rows}
+            with self._known_lock:
+                known_tails = {a: self._state_tails[a] for a in apps if a in self._state_tails}
+            states, tails = state_deltas(rows, known_tails)
+            self._bulk(conn, self._insert_state, states)
+        except IntegrityError as exc:
+            raise StoreError(
+                "a state row of this app id already exists",
+                "an app id can be recorded once; fork it instead of re-running it",
+            ) from exc
+        return tails
 
     def _bulk(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """Execute ``stmt`` (an insert or upsert of one table) for many rows in ``conn``.
@@ -1446,21 +1464,25 @@ def state_deltas(
         tail = new_tails.get(app) or tails.get(app)
         depth = 0
         if tail is not None and tail[0] == seq - 1 and tail[2] < STATE_DELTA_MAX_DEPTH:
-            base = tail[1]
-            if since is not None and since[0] is base:
-                # Only these fields can differ from the base (see state_row).
-                changed = {k: fields[k] for k in since[1] if base.get(k) != fields[k]}
-                removed = sorted(k for k in since[2] if k in base)
-            else:
-                changed = {k: h for k, h in fields.items() if base.get(k) != h}
-                removed = sorted(k for k in base if k not in fields)
-            delta = json.dumps([seq - 1, changed, removed], sort_keys=True)
+            delta = json.dumps([seq - 1, *_changes(tail[1], fields, since)], sort_keys=True)
             if len(delta) < len(row["fields_json"]):
                 row = row | {"fields_json": delta}
                 depth = tail[2] + 1
         out.append(row)
         new_tails[app] = (seq, fields, depth)
     return out, new_tails
+
+
+def _changes(
+    base: dict[str, str], fields: dict[str, str], since: Any
+) -> tuple[dict[str, str], list[str]]:
+    """(changed or new field → hash, removed fields) from ``base`` to ``fields``; only the
+    fields ``since`` names when it says what changed since that very ``base`` (state_row)."""
+    if since is not None and since[0] is base:
+        changed = {k: fields[k] for k in since[1] if base.get(k) != fields[k]}
+        return changed, sorted(k for k in since[2] if k in base)
+    changed = {k: h for k, h in fields.items() if base.get(k) != h}
+    return changed, sorted(k for k in base if k not in fields)
 
 
 def state_row_hashes(fields_json: str) -> set[str]:
