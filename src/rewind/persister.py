@@ -8,16 +8,19 @@ semantic field is a blob keyed by its sha256, so a field that did not change cos
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import re
+import sys
 from bisect import bisect_left
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
 from itertools import compress, repeat
 from operator import is_not
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from burr.core import State
 from burr.core.persistence import BaseStateLoader, BaseStatePersister, PersistedStateData
@@ -82,11 +85,83 @@ _MISSING = object()
 
 def _pickled(value: Any) -> bytes | None:
     """The pickle of a state value (what :class:`FieldEncoder` compares to see an in-place
-    change), or None when it cannot be pickled (then the value is re-encoded every node)."""
+    change), or None when it cannot be pickled (then the value is re-encoded every node).
+
+    Instances :mod:`rewind.serde` stores by their fields (dataclasses, pydantic models) or
+    through a Burr serializer are pickled as what is stored of them, not through their own
+    ``__getstate__``/``__reduce__``: a class may leave out of its pickle a part that is stored
+    (a memo, a cache), and a change to that part alone must still be seen."""
     try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        out = io.BytesIO()
+        _StatePickler(out, pickle.HIGHEST_PROTOCOL).dump(value)
+        return out.getvalue()
     except Exception:  # any object's __reduce__ may raise anything
         return None
+
+
+def _dataclass_reduce(obj: Any) -> Any:
+    """A dataclass instance as serde stores it: every field (``init=False`` ones included)
+    and any other instance attribute."""
+    values = []
+    for f in dataclass_fields(obj):
+        try:
+            values.append((f.name, getattr(obj, f.name)))
+        except AttributeError:
+            continue  # an init=False field never assigned
+    return (type(obj), (), (values, getattr(obj, "__dict__", None)))
+
+
+def _pydantic_reduce(obj: Any) -> Any:
+    """A pydantic model as serde stores it: fields, fields set, private attributes, extras."""
+    state = (
+        obj.__dict__,
+        sorted(obj.model_fields_set),
+        obj.__pydantic_private__,
+        obj.__pydantic_extra__,
+    )
+    return (type(obj), (), state)
+
+
+def _reducer_for(cls: type) -> Any:
+    """How :class:`_StatePickler` pickles instances of ``cls`` (serde's order of handlers), or
+    None for the class's own pickle."""
+    from rewind.serde import _burr_serializer
+
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and issubclass(cls, numpy.ndarray | numpy.generic):
+        return None  # its pickle holds its dtype, shape and bytes
+    serializer = _burr_serializer(cls)
+    if serializer is not None:
+        return lambda obj: (cls, (serializer(obj),))
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and issubclass(cls, pydantic.BaseModel):
+        return _pydantic_reduce
+    if is_dataclass(cls):
+        return _dataclass_reduce
+    return None
+
+
+class _Reducers(dict[type, Any]):
+    """:class:`_StatePickler`'s ``dispatch_table``: the reducer of each class, found once. The C
+    pickler consults it only for instances of classes it does not pickle itself (not for
+    lists, dicts, strings, numbers...)."""
+
+    _own: ClassVar[set[type]] = set()  # classes pickled as they pickle themselves
+
+    def __missing__(self, cls: type) -> Any:
+        if cls not in self._own:
+            reducer = _reducer_for(cls)
+            if reducer is not None:
+                self[cls] = reducer
+                return reducer
+            self._own.add(cls)
+        raise KeyError(cls)  # the pickler's usual way
+
+
+class _StatePickler(pickle.Pickler):
+    """The pickler of :func:`_pickled` (see there)."""
+
+    dispatch_table = _Reducers()
 
 
 def state_values(state: State) -> Mapping[str, Any]:
