@@ -8,6 +8,7 @@ semantic field is a blob keyed by its sha256, so a field that did not change cos
 
 from __future__ import annotations
 
+import copyreg
 import io
 import json
 import pickle
@@ -150,7 +151,8 @@ class _Reducers(dict[type, Any]):
 
     def __missing__(self, cls: type) -> Any:
         if cls not in self._own:
-            reducer = _reducer_for(cls)
+            # this table replaces copyreg's for this pickler: classes registered there keep theirs
+            reducer = _reducer_for(cls) or copyreg.dispatch_table.get(cls)
             if reducer is not None:
                 self[cls] = reducer
                 return reducer
