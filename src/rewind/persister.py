@@ -14,6 +14,7 @@ import json
 import pickle
 import re
 import sys
+import threading
 from bisect import bisect_left
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, is_dataclass
@@ -92,12 +93,26 @@ def _pickled(value: Any) -> bytes | None:
     through a Burr serializer are pickled as what is stored of them, not through their own
     ``__getstate__``/``__reduce__``: a class may leave out of its pickle a part that is stored
     (a memo, a cache), and a change to that part alone must still be seen."""
-    try:
+    # One pickler per thread, reused (taken out while in use, so a reducer that pickles state
+    # of its own gets another): building one per value doubled the cost for small values.
+    pair = _PICKLERS.__dict__.pop("pair", None)
+    if pair is None:
         out = io.BytesIO()
-        _StatePickler(out, pickle.HIGHEST_PROTOCOL).dump(value)
-        return out.getvalue()
+        pair = (out, _StatePickler(out, pickle.HIGHEST_PROTOCOL))
+    out, pickler = pair
+    try:
+        pickler.dump(value)
+        data = out.getvalue()
     except Exception:  # any object's __reduce__ may raise anything
-        return None
+        return None  # this pickler is dropped: the next value gets a fresh one
+    out.seek(0)
+    out.truncate()
+    pickler.clear_memo()
+    _PICKLERS.pair = pair
+    return data
+
+
+_PICKLERS = threading.local()
 
 
 def _dataclass_reduce(obj: Any) -> Any:
