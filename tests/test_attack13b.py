@@ -6,6 +6,7 @@ Each test is a way a user could read a wrong value back; it failed before the fi
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,15 @@ import pytest
 from burr.core import State, action, default
 from burr.core.graph import GraphBuilder
 
+from rewind.llm import ChatClient
 from rewind.persister import FieldEncoder, encode_value
 from rewind.replay import Pipeline, Rewind
+from rewind.store.retention import collect_garbage
+from rewind.tracing import Tracer
+from rewind.tracing.store import load_trace
+from tests.conftest import FakeModel
+from tests.test_attack13 import DAY, _replay_while_gc_archives_its_source, agent, record
+from tests.test_tracing_reference import opened
 
 
 # -- the recorder's in-place check: a class whose pickle leaves out part of what is stored ------
@@ -122,3 +130,57 @@ def test_the_encoder_sees_a_change_only_the_stored_form_shows(make: Any, change:
     out = enc.step({"v": value, "n": 2}, recheck=["n"])
     assert out.digests["v"] == encode_value("v", value).digest != before
     assert "v" in out.fresh
+
+
+# -- an in-place trace replay whose source gc archives while it runs ----------------------------
+def test_an_in_place_replay_whose_source_was_archived_meanwhile_is_still_stored(
+    tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    """``tracer.replay(SOURCE)`` serves every call from SOURCE's recorded calls; ``rewind gc``
+    archives SOURCE (and sweeps its blobs) before the replay is written. The replay is stored
+    unlinked, every row and result its own (was lost: its write named result blobs the sweep
+    had deleted, refused as 'deleted by a concurrent rewind gc' before the missing parent was
+    seen)."""
+    folder = tmp_path / "store"
+    source, recorded = record(folder, chat_client, read_cache=False)
+    asked = fake_model.count
+    tracer = Tracer(folder, chat_client=chat_client)
+    try:
+        with tracer.replay(source) as t:
+            out = agent(3)
+            t.set_output(out)
+            with opened(folder) as st:
+                report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+            assert [a.run_id for a in report.archived] == [source] and report.blobs_deleted
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    assert fake_model.count == asked  # every call was served from the source's records
+    assert out == recorded
+    with opened(folder) as st:
+        run = st.get_run(t.trace_id)
+        assert run.parent_run_id is None and run.config["source_missing"] == source
+        view = load_trace(st, t.trace_id, payloads=True)
+        assert len(view.steps) == 6 and all(s.output is not None for s in view.steps)
+        for node in st.nodes_of(t.trace_id):
+            for call in node.calls:
+                assert call.result_hash and st.get_blob(call.result_hash)
+                assert st.get_blob(call.request_hash)
+
+
+def test_a_cached_replay_stored_unlinked_keeps_its_requests(
+    tmp_path: Path, chat_client: ChatClient
+) -> None:
+    """The same with ``Tracer(read_cache=True)``: the unlinked replay's call requests are its
+    own too (were named but not stored: the calls view and ``load_trace(payloads=True)``
+    answered 'the store is damaged')."""
+    folder = tmp_path / "store"
+    t = _replay_while_gc_archives_its_source(folder, chat_client)
+    assert t.write_error is None
+    with opened(folder) as st:
+        assert st.get_run(t.trace_id).config["source_missing"]
+        view = load_trace(st, t.trace_id, payloads=True)
+        assert len(view.steps) == 6
+        for node in st.nodes_of(t.trace_id):
+            for call in node.calls:
+                assert st.get_blob(call.request_hash) and st.get_blob(call.result_hash)

@@ -215,6 +215,8 @@ def _hit(
 ) -> tuple[bytes, CallRecord]:
     result_hash, produced_at = found
     data = _result_bytes(ctx, scope, call.key, result_hash)
+    if ctx.served is not None:  # a traced chain: kept in case its source leaves the store
+        ctx.served[call.key] = (call.request, data)
     return data, call.record(result_hash, "hit", "hit", produced_at=produced_at)
 
 

@@ -216,6 +216,11 @@ class RunContext:
     """Cache entries read ahead, by ``(kind, key)``: what the cache table held for them when
     they were read (a key not listed is looked up in the store)."""
 
+    served: dict[str, tuple[bytes, bytes]] | None = None
+    """For a traced chain: the request and result bytes of each call served from the cache, by
+    key (None elsewhere: nothing kept). A replay whose source left the store while it ran is
+    written in full with them (:meth:`rewind.tracing.tracer.Trace.finish`)."""
+
     def in_child_process(self) -> bool:
         """Whether the calling code runs in a child process forked from the run's process
         (``multiprocessing`` with ``fork``, ``os.fork``): a call made there cannot be recorded."""

@@ -427,6 +427,10 @@ class Store:
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows = [self._blob_row(digest, data) for digest, data in new.items()]
         with self.write() as conn:
+            if before is not None:
+                # First: a run row naming a parent the same gc archived fails as ParentMissing
+                # (a trace replay is then stored unlinked), not as a blob its source held.
+                before(conn)
             if self._blob_epoch != epoch:
                 # A gc deleted blobs since the rows were built: write every blob of the batch
                 # (insert-or-ignore; objects uploaded again under the lock) and make sure the
@@ -436,8 +440,6 @@ class Store:
                 self._check_referenced(conn, batch)
             else:
                 self._check_objects(rows, new)
-            if before is not None:
-                before(conn)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
             self._insert_blobs(conn, sorted(rows, key=_by_hash))

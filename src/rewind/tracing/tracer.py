@@ -58,6 +58,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rewind.canonical import sha256_hex
 from rewind.context import NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
 from rewind.llm import ChatResponse
@@ -660,6 +661,8 @@ class Trace:
         self._perf = time.perf_counter()
         ctx = self.run_context
         ctx.outside_node = self._outside_step
+        if ctx.served is None:
+            ctx.served = {}
         self._tokens = [_TRACE.set(self), _STEP.set(None)]
         self._stack = ExitStack()
         self._stack.enter_context(activate(ctx))
@@ -717,12 +720,18 @@ class Trace:
         )
         self.parent_run_id = None
         self._source = None
-        blobs = self.run_context.lineage_blobs
+        # The request and result bytes of the calls served from the cache: the source's rows
+        # were their only references, and gc may have swept them with it.
+        blobs = dict(self.run_context.lineage_blobs)
+        for request, result in (self.run_context.served or {}).values():
+            blobs[sha256_hex(request)] = request
+            blobs[sha256_hex(result)] = result
         results = {
-            c.result_hash: blobs[c.result_hash]
+            h: blobs[h]
             for s in data.steps
             for c in s.calls
-            if c.result_hash and c.result_hash in blobs
+            for h in (c.request_hash, c.result_hash)
+            if h and h in blobs
         }
         return dataclasses.replace(
             data,
