@@ -333,7 +333,9 @@ def test_progress_stops_watching_a_run_only_after_its_last_commit(
     ended = progress.run_ended
 
     def run_ended(run_id: str) -> None:
-        probe = sqlite3.connect(db, timeout=0, isolation_level=None)
+        # a brief writer (the progress thread) may hold the lock: wait for it, not for the
+        # 30 s busy timeout a deadlock holds it
+        probe = sqlite3.connect(db, timeout=10, isolation_level=None)
         try:
             probe.execute("BEGIN IMMEDIATE")
             probe.execute("ROLLBACK")
