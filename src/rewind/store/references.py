@@ -83,6 +83,9 @@ class SourceRows:
     reference: tuple[str, int] | None = None
     holders: list[str] = field(default_factory=list)
     """The runs whose own rows these are (the run, then the sources it refers to)."""
+    chain: list[tuple[str, int] | None] = field(default_factory=list)
+    """``chain[i]``: the reference ``(source run id, k)`` of ``holders[i]``, None for the run
+    that holds all its rows."""
 
     @property
     def is_trace(self) -> bool:
@@ -193,6 +196,7 @@ def load_rows(conn: Connection, run_id: str, *, depth: int = 0) -> SourceRows:
         return out
     _physical(conn, out)
     ref = reference_of(json.loads(config[0] or "{}"))
+    out.chain.append(ref)
     if ref is not None:
         if depth >= MAX_DEPTH:
             raise RuntimeError(f"run {run_id} refers to runs more than {MAX_DEPTH} deep")
@@ -200,6 +204,7 @@ def load_rows(conn: Connection, run_id: str, *, depth: int = 0) -> SourceRows:
         source = load_rows(conn, ref[0], depth=depth + 1)
         add_virtual(out, source, ref[1], float(config[1]))
         out.holders.extend(source.holders)
+        out.chain.extend(source.chain)
     return out
 
 
@@ -259,9 +264,10 @@ def resolve(
     ref = reference_of(config)
     if ref is None:
         return None
-    out = SourceRows(run_id, reference=ref)
+    out = SourceRows(run_id, reference=ref, chain=[ref])
     _physical(conn, out)
     source = load_rows(conn, ref[0], depth=1)
     add_virtual(out, source, ref[1], started_at)
     out.holders.extend(source.holders)
+    out.chain.extend(source.chain)
     return out

@@ -33,6 +33,7 @@ from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
 from rewind.store.codec import unpack as unpack_blob
 from rewind.store.records import EffectRecord
 from rewind.store.references import (
+    MAX_DEPTH,
     REFERENCE_KEY,
     MappingRow,
     SourceRows,
@@ -132,7 +133,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         batch.calls.extend(calls)
         batch.spans.append(span)
     config = {"kind": "trace"} | data.config
-    target = _reference_target(store, source, shared) if shared and source is not None else None
+    target = _reference_target(source, shared) if shared and source is not None else None
     if target is None and shared:
         # too deep a chain of references: this replay's rows are written in full
         for node, calls, span, part in parts[:shared]:
@@ -314,24 +315,14 @@ def _root_span(data: TraceData, output_hash: str) -> dict[str, Any]:
     }
 
 
-def _reference_target(store: Store, source: SourceRows, shared: int) -> str | None:
+def _reference_target(source: SourceRows, shared: int) -> str | None:
     """The run a replay sharing ``shared`` leading steps with ``source`` refers to: the deepest
     run along ``source``'s chain of references that holds those steps (so replays of replays
     do not nest one level per replay), or None when even that is MAX_DEPTH - 1 deep."""
-    from rewind.store.references import MAX_DEPTH, reference_of
-
-    holders = source.holders
-    runs = schema.runs
-    with store.read() as conn:
-        configs = {
-            r[0]: json.loads(r[1] or "{}")
-            for r in conn.execute(
-                select(runs.c.run_id, runs.c.config_json).where(runs.c.run_id.in_(holders))
-            )
-        }
+    holders, chain = source.holders, source.chain
     i = 0
-    while i + 1 < len(holders):
-        ref = reference_of(configs.get(holders[i]))
+    while i + 1 < len(holders) and i < len(chain):
+        ref = chain[i]
         if ref is None or ref[0] != holders[i + 1] or shared > ref[1]:
             break
         i += 1
