@@ -46,6 +46,7 @@ from rewind.store.references import (
 )
 from rewind.store.references import resolve as resolve_reference
 from rewind.store.store import WriteBatch, call_rows, state_row
+from rewind.tracing import step_memo
 from rewind.tracing.model import (
     CHAIN_TYPE,
     ROOT_POSITION,
@@ -117,17 +118,39 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     batch = WriteBatch(blobs=blobs)
     # A replay step whose state is its source's at the same position refers to the source's
     # state row (as a fork's inherited node does) instead of storing a copy of it.
+    memo_source = source is not None and source.is_trace and bool(data.parent_run_id)
     if data.parent_run_id and source is None:
         with store.read() as conn:
             source = load_rows(conn, data.parent_run_id)
     source_states = _source_states(store, data.parent_run_id, source)
+    # Steps a replay of this source (the caller's rows, kept in-process) already proved equal
+    # to it need no rows when their data is the same (rewind.tracing.step_memo).
+    proven = step_memo.remembered(source, init_hash) if memo_source else []
+    fast = 0
+    while fast < len(steps) and fast < len(proven):
+        if step_memo.signature(steps[fast]) != proven[fast][0]:
+            break
+        state = proven[fast][1]
+        fast += 1
     parts: list[_StepRows] = []
-    for s in steps:
+    states: list[dict[str, str]] = []
+    for s in steps[fast:]:
         step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
         parts.append(step_rows)
-    shared = _shared_prefix(data.trace_id, parts, source)
+        states.append(state)
+    shared = fast + _shared_prefix(data.trace_id, parts, source, start=fast)
+    if memo_source and source is not None and shared > fast:
+        signed = [step_memo.signature(s) for s in steps[fast:shared]]
+        cut = signed.index(None) if None in signed else len(signed)
+        step_memo.remember(
+            source, init_hash, fast, [(sig, states[i]) for i, sig in enumerate(signed[:cut])]
+        )
     node_rows = [p[0] for p in parts]
-    for node, calls, span, part in parts[shared:]:
+    tokens = (
+        sum(int(s.prompt_tokens) for s in steps[:fast]),
+        sum(int(s.completion_tokens) for s in steps[:fast]),
+    )
+    for node, calls, span, part in parts[shared - fast :]:
         batch.absorb(part)
         batch.nodes.append(node)
         batch.calls.extend(calls)
@@ -135,7 +158,16 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     config = {"kind": "trace"} | data.config
     target = _reference_target(source, shared) if shared and source is not None else None
     if target is None and shared:
-        # too deep a chain of references: this replay's rows are written in full
+        # too deep a chain of references: this replay's rows are written in full (the rows
+        # of the steps proven equal before are built now)
+        state = _encode_map(data.input, {})
+        early: list[_StepRows] = []
+        for s in steps[:fast]:
+            step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
+            early.append(step_rows)
+        parts = early + parts
+        node_rows = [p[0] for p in parts]
+        tokens = (0, 0)
         for node, calls, span, part in parts[:shared]:
             batch.absorb(part)
             batch.nodes.append(node)
@@ -144,7 +176,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         batch.nodes.sort(key=lambda n: n["position"])
         shared = 0
     if shared and source is not None and target is not None:
-        every = shared == len(parts) == len(source.nodes)
+        every = shared == len(steps) == len(source.nodes)
         config[REFERENCE_KEY] = {"run": target, "steps": shared, "all": every}
         config["kind"] = "trace"  # what reference_of requires (a user config may set "kind")
     output_bytes = canonical_bytes(data.output)
@@ -174,8 +206,8 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
             config=config,
             created_at=data.started_at,
             finished_at=None if run_status == "running" else data.ended_at,
-            prompt_tokens=sum(int(r["prompt_tokens"]) for r in node_rows),
-            completion_tokens=sum(int(r["completion_tokens"]) for r in node_rows),
+            prompt_tokens=tokens[0] + sum(int(r["prompt_tokens"]) for r in node_rows),
+            completion_tokens=tokens[1] + sum(int(r["completion_tokens"]) for r in node_rows),
             latency_ms=float(data.duration_ms),
             error=trace_error,
             owner=None,
@@ -335,14 +367,16 @@ def _shared_prefix(
     trace_id: str,
     parts: list[_StepRows],
     source: SourceRows | None,
+    start: int = 0,
 ) -> int:
     """How many leading steps of a replay are exactly its source's, seen through the cache
     (same node row but timing, every call a hit on the source's call, same span, nothing
-    new to store): those are stored by reference."""
+    new to store): those are stored by reference. ``parts`` are the rows of the steps from
+    position ``start`` on (the ones before are known to be shared)."""
     if source is None or not source.is_trace:
         return 0
     shared = 0
-    for (node, calls, span, part), src in zip(parts, source.nodes, strict=False):
+    for (node, calls, span, part), src in zip(parts, source.nodes[start:], strict=False):
         p = node["position"]
         src_span = source.spans.get(p)
         if src["position"] != p or src_span is None:

@@ -1,0 +1,130 @@
+"""Replays of a source whose steps were proven equal before (rewind.tracing.step_memo): an
+unchanged replay is still stored by reference, and any change — even one Python's ``==`` does
+not see (``1`` / ``1.0`` / ``True``) — is still found and stored.
+
+Real SQLite stores, a real loopback model server (tests.model_stub), one Tracer per trace as a
+separate process would make it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.replay import Rewind
+from rewind.store import open_store
+from rewind.tracing import StepType, Tracer, chat_step, step, step_memo
+from rewind.tracing.store import load_trace
+from tests.model_stub import STUB_MODEL, ModelStub
+
+
+@pytest.fixture
+def stub_client() -> Iterator[tuple[ModelStub, ChatClient]]:
+    with ModelStub(reply=lambda question, n: f"answer to {question}") as stub:
+        client = ChatClient(
+            Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL),
+            retry=RetryPolicy(attempts=1),
+        )
+        try:
+            yield stub, client
+        finally:
+            client.close()
+
+
+def trace_once(folder: Path, client: ChatClient, value: Any, *, read_cache: bool) -> str:
+    """One trace: an LLM step, then a step whose input and output are ``value``."""
+    tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    try:
+        with tracer.trace("memo") as t:
+            for i in range(3):
+                chat_step("llm", [{"role": "user", "content": f"question {i}"}], temperature=0)
+                with step("post", StepType.TRANSFORM, input={"v": value}) as s:
+                    s.set_output(value)
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    return t.trace_id
+
+
+def reference(folder: Path, run_id: str) -> tuple[str | None, dict[str, Any] | None]:
+    st = open_store(folder)
+    try:
+        run = st.get_run(run_id)
+        return run.parent_run_id, run.config.get("reference")
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("changed", [1.0, True, "1", [1], None, 2])
+def test_a_change_after_proven_replays_is_still_found(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient], changed: Any
+) -> None:
+    stub, client = stub_client
+    folder = tmp_path / "store"
+    source = trace_once(folder, client, 1, read_cache=False)
+    asked = len(stub.requests)
+    # Two unchanged replays: the first proves the steps equal, the second is checked against
+    # what the first proved (the steps held for this source).
+    for _ in range(2):
+        replay = trace_once(folder, client, 1, read_cache=True)
+        assert reference(folder, replay) == (source, {"run": source, "steps": 6, "all": True})
+    assert step_memo.held() >= 6
+    assert len(stub.requests) == asked
+
+    # The same steps with a value that is == 1 in Python (1.0, True) or not: the post step of
+    # position 1 diverges, and the replay stores it.
+    replay = trace_once(folder, client, changed, read_cache=True)
+    parent, ref = reference(folder, replay)
+    assert parent == source
+    assert ref == {"run": source, "steps": 1, "all": False}
+    st = open_store(folder)
+    try:
+        view = load_trace(st, replay)
+        outputs = [s.output for s in view.steps if s.name == "post"]
+        assert all(type(o) is type(changed) and o == changed for o in outputs)
+        d = Rewind(st).diff(source, replay)
+        assert d.first_divergence is not None and d.first_divergence.index == 1
+    finally:
+        st.close()
+    assert len(stub.requests) == asked
+
+    # The value of the recording again: its source is now the newest trace that made the
+    # first call (the changed replay), which it differs from at the same step.
+    changed_replay = replay
+    replay = trace_once(folder, client, 1, read_cache=True)
+    parent, ref = reference(folder, replay)
+    assert parent == changed_replay and ref is not None
+    assert (ref["steps"], ref["all"]) == (1, False)
+
+
+def test_key_order_is_no_change_and_a_new_input_is_one(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    _, client = stub_client
+    folder = tmp_path / "store"
+    source = trace_once(folder, client, {"a": 1, "b": [1, 2]}, read_cache=False)
+    for value in ({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}):
+        replay = trace_once(folder, client, value, read_cache=True)
+        assert reference(folder, replay) == (source, {"run": source, "steps": 6, "all": True})
+    replay = trace_once(folder, client, {"a": 1, "b": [2, 1]}, read_cache=True)
+    assert reference(folder, replay) == (source, {"run": source, "steps": 1, "all": False})
+
+
+def test_a_value_without_a_signature_is_compared_the_full_way(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """An integer beyond 64 bits has no signature (orjson refuses it): such steps are never
+    held, and the replay is still stored by reference by the full comparison."""
+    _, client = stub_client
+    folder = tmp_path / "store"
+    big = 2**70
+    source = trace_once(folder, client, big, read_cache=False)
+    for _ in range(2):
+        replay = trace_once(folder, client, big, read_cache=True)
+        assert reference(folder, replay) == (source, {"run": source, "steps": 6, "all": True})
+    replay = trace_once(folder, client, big + 1, read_cache=True)
+    assert reference(folder, replay) == (source, {"run": source, "steps": 1, "all": False})
