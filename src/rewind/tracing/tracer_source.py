@@ -77,7 +77,7 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
             rows = source_rows(store, conn, run_id)
             if not rows.is_trace:
                 continue
-            calls = {(c["kind"], c["key"]) for cs in rows.calls.values() for c in cs}
+            calls = _call_keys(rows)
             if (kind, key) not in calls:
                 continue
             return _prefetch(store, conn, rows, calls)
@@ -117,22 +117,25 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
 
 
 def _prefetch(
-    store: Store, conn: Connection, rows: SourceRows, calls: set[tuple[str, str]]
+    store: Store, conn: Connection, rows: SourceRows, calls: frozenset[tuple[str, str]]
 ) -> FoundSource:
     """The cache entries of the source's calls and their result bytes: joins over the calls of
     the runs holding the source's rows (no list of keys sent to the database)."""
     found = FoundSource(rows)
-    wanted: set[str] = set()
+    entries = found.entries
     for holder in rows.holders:
         for kind, key, result, created, origin in conn.execute(_CACHED, {"r": holder}).fetchall():
-            if (kind, key) not in calls:
-                continue
-            found.entries[(kind, key)] = CacheEntry(key, result, created, origin=origin)
-            data = _remembered(result)
+            if (kind, key) in calls:
+                entries[(kind, key)] = CacheEntry(key, result, created, 0, 0, origin)
+    wanted: set[str] = set()
+    with _ROWS_LOCK:  # the remembered results, under one lock for all of them
+        for entry in entries.values():
+            data = _BLOBS.get(entry.result_hash)
             if data is None:
-                wanted.add(result)
+                wanted.add(entry.result_hash)
             else:
-                found.blobs[result] = data
+                _BLOBS.move_to_end(entry.result_hash)
+                found.blobs[entry.result_hash] = data
     if wanted:
         # A missing blob is read lazily, and fails there as before.
         with contextlib.suppress(StoreError):
@@ -142,21 +145,29 @@ def _prefetch(
     return found
 
 
+_CALL_KEYS: OrderedDict[int, tuple[SourceRows, frozenset[tuple[str, str]]]] = OrderedDict()
+
+
+def _call_keys(rows: SourceRows) -> frozenset[tuple[str, str]]:
+    """The ``(kind, key)`` of every call of ``rows``, made once per rows object (the rows kept
+    by :func:`source_rows` are immutable)."""
+    with _ROWS_LOCK:
+        held = _CALL_KEYS.get(id(rows))
+        if held is not None and held[0] is rows:
+            return held[1]
+    keys = frozenset((c["kind"], c["key"]) for cs in rows.calls.values() for c in cs)
+    with _ROWS_LOCK:
+        _CALL_KEYS[id(rows)] = (rows, keys)
+        while len(_CALL_KEYS) > ROWS_KEPT:
+            _CALL_KEYS.popitem(last=False)
+    return keys
+
+
 BLOB_MEMORY_BYTES = 16 * 1024 * 1024
 """How many bytes of call results this process keeps by hash between cached traces."""
 
 _BLOBS: OrderedDict[str, bytes] = OrderedDict()
 _BLOBS_SIZE = [0]
-
-
-def _remembered(digest: str) -> bytes | None:
-    """The bytes of blob ``digest`` if this process read them before. Blobs are
-    content-addressed: a hash always names the same bytes, so they never go stale."""
-    with _ROWS_LOCK:
-        data = _BLOBS.get(digest)
-        if data is not None:
-            _BLOBS.move_to_end(digest)
-        return data
 
 
 def _remember(blobs: dict[str, bytes]) -> None:
