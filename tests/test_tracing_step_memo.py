@@ -128,3 +128,41 @@ def test_a_value_without_a_signature_is_compared_the_full_way(
         assert reference(folder, replay) == (source, {"run": source, "steps": 6, "all": True})
     replay = trace_once(folder, client, big + 1, read_cache=True)
     assert reference(folder, replay) == (source, {"run": source, "steps": 1, "all": False})
+
+
+def test_in_place_replays_use_and_respect_the_proven_steps(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """``Tracer.replay(source)`` compares with the source's rows kept in-process: unchanged
+    replays are stored by reference (the second one checked against what the first proved),
+    and a value that is only ``==`` to the recorded one is still a change."""
+    stub, client = stub_client
+    folder = tmp_path / "store"
+    source = trace_once(folder, client, 1, read_cache=False)
+    asked = len(stub.requests)
+
+    def in_place(value: Any) -> str:
+        tracer = Tracer(folder, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.replay(source) as t:
+                for i in range(3):
+                    chat_step("llm", [{"role": "user", "content": f"question {i}"}], temperature=0)
+                    with step("post", StepType.TRANSFORM, input={"v": value}) as s:
+                        s.set_output(value)
+        finally:
+            tracer.close()
+        assert t.write_error is None
+        return t.trace_id
+
+    for _ in range(3):
+        replay = in_place(1)
+        assert reference(folder, replay) == (source, {"run": source, "steps": 6, "all": True})
+    replay = in_place(True)
+    assert reference(folder, replay) == (source, {"run": source, "steps": 1, "all": False})
+    st = open_store(folder)
+    try:
+        outputs = [s.output for s in load_trace(st, replay).steps if s.name == "post"]
+        assert outputs == [True] * 3 and all(o is True for o in outputs)
+    finally:
+        st.close()
+    assert len(stub.requests) == asked

@@ -39,6 +39,7 @@ from rewind.tracing.switches import (
     run_replay,
 )
 from rewind.tracing.tracer import Trace, Tracer, new_trace_id
+from rewind.tracing.tracer_source import source_rows
 
 CHAIN_MODE = "chain"
 """The ``replay_mode`` of a replay that ran the chain's code."""
@@ -394,4 +395,9 @@ def replay_in_place(
     )
     if switches.stop_at_divergence:
         trace.stop_after = divergence_check(load_trace(store, run.run_id))
+    # The source's rows as this process keeps them (read once per source): the replay is
+    # compared with them when it is written, and steps proven equal by an earlier replay of
+    # the same source are not built again (rewind.tracing.step_memo).
+    with store.read() as conn:
+        trace._source = source_rows(store, conn, run.run_id)
     return trace
