@@ -35,15 +35,21 @@ def stub_client() -> Iterator[tuple[ModelStub, ChatClient]]:
             client.close()
 
 
+def block(value: Any) -> None:
+    """The traced code: three times an LLM step, then a step whose input and output are
+    ``value``."""
+    for i in range(3):
+        chat_step("llm", [{"role": "user", "content": f"question {i}"}], temperature=0)
+        with step("post", StepType.TRANSFORM, input={"v": value}) as s:
+            s.set_output(value)
+
+
 def trace_once(folder: Path, client: ChatClient, value: Any, *, read_cache: bool) -> str:
-    """One trace: an LLM step, then a step whose input and output are ``value``."""
+    """One trace of :func:`block` through a new Tracer."""
     tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
     try:
         with tracer.trace("memo") as t:
-            for i in range(3):
-                chat_step("llm", [{"role": "user", "content": f"question {i}"}], temperature=0)
-                with step("post", StepType.TRANSFORM, input={"v": value}) as s:
-                    s.set_output(value)
+            block(value)
     finally:
         tracer.close()
     assert t.write_error is None
@@ -145,10 +151,7 @@ def test_in_place_replays_use_and_respect_the_proven_steps(
         tracer = Tracer(folder, chat_client=client, raise_on_write_error=True)
         try:
             with tracer.replay(source) as t:
-                for i in range(3):
-                    chat_step("llm", [{"role": "user", "content": f"question {i}"}], temperature=0)
-                    with step("post", StepType.TRANSFORM, input={"v": value}) as s:
-                        s.set_output(value)
+                block(value)
         finally:
             tracer.close()
         assert t.write_error is None
