@@ -1386,6 +1386,7 @@ _BULK_TABLES = {
 }
 
 
+@functools.cache
 def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
     """Per table of :data:`_BULK_TABLES`: the SQLite ``INSERT`` statement with ``?`` marks for
     every column, and (column, value when a row omits it, whether it is a
