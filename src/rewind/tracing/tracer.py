@@ -190,7 +190,12 @@ class Step:
         self._token: contextvars.Token[Step | None] | None = None
         self._snapshot: Any = None
         self._response: ChatResponse | None = None
-        self._kept: tuple[dict[str, Any], list[Any], dict[str, Any], list[Any]] | None = None
+        # What data() reads of the scope once the step finished (see _release): params, calls,
+        # pending cache writes, effects (attributes, not a tuple: one object less per step).
+        self._params: dict[str, Any] | None = None
+        self._calls: list[Any] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._effects: list[Any] | None = None
 
     # -- life cycle ------------------------------------------------------------------------
     def __enter__(self) -> Step:
@@ -283,7 +288,8 @@ class Step:
         replay's time)."""
         scope = self.scope
         if scope is not None:
-            self._kept = (scope.params, scope.calls, scope.pending, scope.effects)
+            self._params, self._calls = scope.params, scope.calls
+            self._pending, self._effects = scope.pending, scope.effects
             self.scope = None
         self._response = None
 
@@ -368,11 +374,10 @@ class Step:
         """The step as the store writes it."""
         status = str(self.status)
         scope = self.scope
-        kept = (
-            (scope.params, scope.calls, scope.pending, scope.effects)
-            if scope is not None
-            else self._kept
-        )
+        params = scope.params if scope is not None else self._params
+        calls = scope.calls if scope is not None else self._calls
+        pending = scope.pending if scope is not None else self._pending
+        effects = scope.effects if scope is not None else self._effects
         duration = self.duration_ms
         if self.status == StepStatus.RUNNING:  # still running when the trace ended
             duration = (time.perf_counter() - self._perf) * 1000.0
@@ -382,7 +387,7 @@ class Step:
             step_type=self.step_type,
             status=status,
             inputs=self.inputs,
-            params=jsonable(kept[0]) if kept is not None else {},
+            params=jsonable(params) if params is not None else {},
             fields={self.name: self._snapshot} if status == StepStatus.SUCCESS else None,
             error_type=self.error_type,
             error_message=self.error_message,
@@ -394,9 +399,9 @@ class Step:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             attributes=jsonable(self.attributes),
-            calls=list(kept[1]) if kept is not None else [],
-            pending=list(kept[2].values()) if kept is not None else [],
-            effects=list(kept[3]) if kept is not None else [],
+            calls=list(calls) if calls is not None else [],
+            pending=list(pending.values()) if pending is not None else [],
+            effects=list(effects) if effects is not None else [],
         )
 
 
