@@ -13,6 +13,10 @@ every round (A B C D, D C B A, ...), medians of the rounds:
 * ``replay_in_place``: the loop inside ``Tracer.replay(recorded_trace_id)`` (the recorded
   trace's calls and blobs loaded once, lookups in memory, written as the recording's child).
 
+Also (``split``): a whole cached replay, from the Tracer's construction to its ``close()``, as
+fixed ms per trace plus ms per step (traces of 10 and 100 steps), and the garbage collector's
+share.
+
 Every replay must return the recorded digest and reach the stub 0 times (the script fails
 otherwise). Also printed: the SQL statements each side executes (counted on the engine), the
 bytes of the recorded store (after a WAL checkpoint) and the bytes one in-place replay adds,
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -219,6 +224,7 @@ def _measure(stub: StubProcess, tmp: Path, n: int, rounds: int, prof: bool, quic
             tracer.close()
 
         profile(one_replay)
+    split = split_figures(stub, client, tmp, 5 if quick else 15)
     client.close()
     start_rounds = 3 if quick else 5
     python_s = startup_s(["-c", "pass"], start_rounds)
@@ -238,6 +244,9 @@ def _measure(stub: StubProcess, tmp: Path, n: int, rounds: int, prof: bool, quic
         "replay_in_place_sql_statements": float(statements["replay_in_place"]),
         "recorded_store_bytes": float(recorded_bytes),
         "replay_in_place_added_bytes": float(replay_added),
+        "replay_cache_fixed_ms": split["fixed_ms"],
+        "replay_cache_per_step_ms": split["per_step_ms"],
+        "replay_cache_gc_ms_per_trace": split["gc_ms"],
         "import_rewind_s": round(import_s, 3),
         "cli_help_s": round(help_s, 3),
     }
@@ -248,12 +257,76 @@ def _measure(stub: StubProcess, tmp: Path, n: int, rounds: int, prof: bool, quic
         f"  in-place replay / cache replay = {figures['replay_in_place_vs_cache_ratio']}; "
         f"/ untraced loop = {figures['replay_in_place_vs_baseline_ratio']}"
     )
+    print(
+        f"  a whole cached replay (Tracer built to closed, as peerbench times it) = "
+        f"{split['fixed_ms']:.2f} ms per trace + {split['per_step_ms']:.4f} ms per step "
+        f"(10 vs 100 steps; {split['gc_ms']:.2f} ms of it the garbage collector's per trace)"
+    )
     print(f"  recorded store {recorded_bytes} B; one in-place replay adds {replay_added} B")
     print(
         f"  start-up over `python -c pass`: import rewind {import_s:.3f} s, --help {help_s:.3f} s"
     )
     print(json.dumps(figures))
     return 0
+
+
+def split_figures(
+    stub: StubProcess, client: ChatClient, tmp: Path, rounds: int
+) -> dict[str, float]:
+    """What a whole cached replay costs per trace and per step: traces of 10 and of 100 steps
+    are recorded, then replayed ``rounds`` times each through ``Tracer(read_cache=True)``,
+    timed from the Tracer's construction to its ``close()`` (peerbench's unit), after a
+    ``gc.collect()`` as peerbench does. Per step = (median at 100 - median at 10) / 90; per
+    trace = median at 10 - 10 x per step. Also the garbage collector's median ms per 100-step
+    trace (its collections, timed through ``gc.callbacks``)."""
+    medians: dict[int, float] = {}
+    gc_ms: list[float] = []
+    pause = [0.0, 0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            pause[0] = time.perf_counter()
+        else:
+            pause[1] += time.perf_counter() - pause[0]
+
+    for n in (10, 100):
+        folder = tmp / f"split{n}"
+        recorded = whole_trace(client, folder, n, read_cache=False)
+        requests_before = stub.count()
+        times = []
+        for _ in range(rounds + 1):  # the first is the warm-up
+            gc.collect()
+            pause[1] = 0.0
+            gc.callbacks.append(on_gc)
+            started = time.perf_counter()
+            try:
+                digest = whole_trace(client, folder, n, read_cache=True)
+            finally:
+                gc.callbacks.remove(on_gc)
+            times.append((time.perf_counter() - started) * 1000)
+            if n == 100:
+                gc_ms.append(pause[1] * 1000)
+            if digest != recorded:
+                raise SystemExit("a cached replay's digest differs from the recording's")
+        if stub.count() != requests_before:
+            raise SystemExit("a cached replay sent requests to the model")
+        medians[n] = statistics.median(times[1:])
+    per_step = (medians[100] - medians[10]) / 90
+    return {
+        "fixed_ms": round(medians[10] - 10 * per_step, 3),
+        "per_step_ms": round(per_step, 4),
+        "gc_ms": round(statistics.median(gc_ms[1:]), 3),
+    }
+
+
+def whole_trace(client: ChatClient, folder: Path, n: int, *, read_cache: bool) -> str:
+    """One trace of ``n`` steps through a new Tracer, closed at the end; returns the digest."""
+    tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    try:
+        with tracer.trace("agent"):
+            return run_agent(traced_llm, _TRACED_TOOL, n)
+    finally:
+        tracer.close()
 
 
 def numbers_reply(question: str, n: int) -> str:
