@@ -124,7 +124,7 @@ def _prefetch(
     found = FoundSource(rows)
     entries = found.entries
     for holder in rows.holders:
-        for kind, key, result, created, origin in conn.execute(_CACHED, {"r": holder}).fetchall():
+        for kind, key, result, created, origin in _cached_rows(conn, holder):
             if (kind, key) in calls:
                 entries[(kind, key)] = CacheEntry(key, result, created, 0, 0, origin)
     wanted: set[str] = set()
@@ -184,13 +184,41 @@ def _remember(blobs: dict[str, bytes]) -> None:
             _BLOBS_SIZE[0] -= len(dropped)
 
 
-_CACHED = text(
+def _cached_rows(conn: Connection, run_id: str) -> list[tuple[str, str, str, float, str | None]]:
+    """(kind, key, result hash, created at, origin) of the cache entries of one run's calls.
+
+    On SQLite through the driver, the stored 32-byte digests turned into hex here as
+    :class:`~rewind.store.schema.Digest` does (one call per row instead of SQLAlchemy's result
+    processing per value: a 100-step trace has 200 of them, read by every cached trace)."""
+    if conn.dialect.name != "sqlite":
+        return [tuple(r) for r in conn.execute(_CACHED, {"r": run_id}).fetchall()]
+    return [
+        (kind, _hex(key), _hex(result), created, origin)
+        for kind, key, result, created, origin in conn.exec_driver_sql(
+            _CACHED_SQL, (run_id, run_id)
+        ).fetchall()
+    ]
+
+
+def _hex(value: object) -> object:
+    """What :meth:`rewind.store.schema.Digest.process_result_value` returns for ``value``."""
+    if type(value) is bytes and len(value) == 32:
+        return value.hex()
+    return value
+
+
+_CACHED_SQL = (
     "SELECT c.kind, l.key, l.response_hash, l.created_at, l.origin"
     " FROM calls c JOIN llm_cache l ON l.key = c.key"
-    " WHERE c.run_id = :r AND c.kind = 'llm'"
+    " WHERE c.run_id = ? AND c.kind = 'llm'"
     " UNION ALL"
     " SELECT c.kind, t.key, t.result_hash, t.created_at, t.origin"
     " FROM calls c JOIN tool_cache t ON t.key = c.key"
-    " WHERE c.run_id = :r AND c.kind = 'tool'"
-).columns(key=schema.Digest(), response_hash=schema.Digest())  # hex on SQLite too (schema.Digest)
+    " WHERE c.run_id = ? AND c.kind = 'tool'"
+)
+"""The cache entries of one run's calls (SQLite, positional parameters: the run id twice)."""
+
+_CACHED = text(_CACHED_SQL.replace("?", ":r")).columns(
+    key=schema.Digest(), response_hash=schema.Digest()
+)  # hex on SQLite too (schema.Digest)
 """The cache entries of one run's calls."""
