@@ -169,3 +169,47 @@ def test_in_place_replays_use_and_respect_the_proven_steps(
     finally:
         st.close()
     assert len(stub.requests) == asked
+
+
+def test_steps_of_many_names_fold_the_state_they_change(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """Each step writes a state field of its own name: a replay that diverges after proven
+    steps is built on the state those steps left (the remembered fields they changed), so its
+    state hashes are the source's up to the divergence and its own after."""
+    _, client = stub_client
+    folder = tmp_path / "store"
+
+    def named(change_at: int | None, read_cache: bool = True) -> str:
+        tracer = Tracer(
+            folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True
+        )
+        try:
+            with tracer.trace("names") as t:
+                chat_step("llm", [{"role": "user", "content": "start"}], temperature=0)
+                for i in range(6):
+                    with step(f"step-{i}", StepType.TRANSFORM, input={"i": i}) as s:
+                        s.set_output(i * 10 + (1 if i == change_at else 0))
+        finally:
+            tracer.close()
+        assert t.write_error is None
+        return t.trace_id
+
+    source = named(None, read_cache=False)
+    for _ in range(2):
+        assert reference(folder, named(None)) == (
+            source,
+            {"run": source, "steps": 7, "all": True},
+        )
+    changed = named(4)
+    assert reference(folder, changed) == (source, {"run": source, "steps": 5, "all": False})
+    truth = named(4, read_cache=False)  # the same values, hashed the full way (no source)
+    st = open_store(folder)
+    try:
+        a, b, c = st.nodes_of(source), st.nodes_of(changed), st.nodes_of(truth)
+        assert [n.state_hash for n in a[:5]] == [n.state_hash for n in b[:5]]
+        assert [n.state_hash for n in b] == [n.state_hash for n in c]
+        assert all(x.state_hash != y.state_hash for x, y in zip(a[5:], b[5:], strict=True))
+        assert [s.output for s in load_trace(st, changed).steps[1:]] == [0, 10, 20, 30, 41, 50]
+    finally:
+        st.close()

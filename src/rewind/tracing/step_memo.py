@@ -14,8 +14,9 @@ hashes tell apart (``1``, ``1.0``, ``true`` and ``"1"``; ``0.0`` and ``-0.0``; l
 anything else (an object, a non-string key, an integer beyond 64 bits, a date) makes the step
 unsigned, and it is compared the full way. A signature equal to the remembered one therefore
 implies equal rows; any difference, even one the hashes would not see, only sends the step
-down the full comparison. A remembered entry also holds the state (field → hash) after the step,
-so the steps after the shared prefix are built on the state they would have had.
+down the full comparison. What is kept is the signature's sha256 (32 bytes however large the
+step's input), and the state fields (field → hash) the step changed, so the steps after the
+shared prefix are built on the state they would have had; memory stays linear in the steps.
 
 Entries are kept per source (the in-process :class:`~rewind.store.references.SourceRows`
 object, immutable while its run exists, see :func:`rewind.tracing.tracer_source.source_rows`)
@@ -25,6 +26,7 @@ and per initial state of the trace, for the last :data:`SOURCES_KEPT` sources.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -54,7 +56,7 @@ _OPTIONS = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 
-# id of the source rows -> (the rows, {initial state hash: [(signature, state after)]})
+# id of the source rows -> (the rows, {initial state hash: [(signature, fields changed)]})
 _Entries = list[tuple[bytes, dict[str, str]]]
 _MEMO: OrderedDict[int, tuple[SourceRows, dict[str, _Entries]]] = OrderedDict()
 _LOCK = threading.Lock()
@@ -65,17 +67,18 @@ def _refuse(value: Any) -> Any:
 
 
 def signature(s: StepData) -> bytes | None:
-    """The step's signature (see the module docstring), or None when it has none: a value that
-    is not plain JSON, or pending cache entries or effects (a step that stores rows of its own
-    is never shared)."""
+    """The sha256 of the step's signature (see the module docstring), or None when it has none:
+    a value that is not plain JSON, or pending cache entries or effects (a step that stores
+    rows of its own is never shared)."""
     if s.pending or s.effects:
         return None
     values: list[Any] = [getattr(s, name) for name in _SIGNED]
     values.append([[getattr(c, name) for name in _CALL_FIELDS] for c in s.calls])
     try:
-        return orjson.dumps(values, default=_refuse, option=_OPTIONS)
+        text = orjson.dumps(values, default=_refuse, option=_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return None
+    return hashlib.sha256(text).digest()
 
 
 def remembered(source: SourceRows, init_hash: str) -> _Entries:
@@ -93,8 +96,8 @@ def remember(
     source: SourceRows, init_hash: str, start: int, proven: list[tuple[bytes, dict[str, str]]]
 ) -> None:
     """Remember steps ``start, start + 1, ...`` of a replay of ``source`` as proven equal to the
-    source's (their signatures and the states after them). Kept only where they continue the
-    entries held (positions 0.. without gaps)."""
+    source's (their signatures and the state fields each changed). Kept only where they
+    continue the entries held (positions 0.. without gaps)."""
     if not proven:
         return
     with _LOCK:

@@ -127,23 +127,25 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     # to it need no rows when their data is the same (rewind.tracing.step_memo).
     proven = step_memo.remembered(source, init_hash) if memo_source else []
     fast = 0
+    folded: dict[str, str] | None = None
     while fast < len(steps) and fast < len(proven):
         if step_memo.signature(steps[fast]) != proven[fast][0]:
             break
-        state = proven[fast][1]
+        if proven[fast][1]:  # the state fields the step changed
+            folded = dict(state) if folded is None else folded
+            folded.update(proven[fast][1])
         fast += 1
+    state = folded if folded is not None else state
     parts: list[_StepRows] = []
-    states: list[dict[str, str]] = []
+    states: list[dict[str, str]] = [state]
     for s in steps[fast:]:
         step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
         parts.append(step_rows)
         states.append(state)
     shared = fast + _shared_prefix(data.trace_id, parts, source, start=fast)
     if memo_source and source is not None and shared > fast:
-        signed = [step_memo.signature(s) for s in steps[fast:shared]]
-        cut = signed.index(None) if None in signed else len(signed)
         step_memo.remember(
-            source, init_hash, fast, [(sig, states[i]) for i, sig in enumerate(signed[:cut])]
+            source, init_hash, fast, _proven(steps[fast:shared], states[: shared - fast + 1])
         )
     node_rows = [p[0] for p in parts]
     tokens = (
@@ -216,6 +218,24 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
 
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
+
+
+def _proven(
+    steps: list[StepData], states: list[dict[str, str]]
+) -> list[tuple[bytes, dict[str, str]]]:
+    """(signature, state fields changed) of steps just proven equal to their source's, given
+    the state before the first and after each (``states``, one more than ``steps``); up to the
+    first step without a signature."""
+    out = []
+    for s, before, after in zip(steps, states, states[1:], strict=False):
+        sig = step_memo.signature(s)
+        if sig is None:
+            break
+        changed = {k: after[k] for k in s.fields or ()} if after is not before else {}
+        if before | changed != after:  # not what _step_rows does: not remembered
+            break
+        out.append((sig, changed))
+    return out
 
 
 _StepRows = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]
