@@ -1181,9 +1181,15 @@ class Store:
             else:
                 q = q.where(t.c.sequence_id == sequence_id)
             row = conn.execute(q).first()
-            if row is None:
+            derived = None
+            if row is None or sequence_id is None:
+                derived = self._traced_state_row(conn, partition_key, app_id, sequence_id)
+            if derived is not None and (row is None or derived["sequence_id"] > row.sequence_id):
+                m = derived
+            elif row is None:
                 return None
-            m = dict(row._mapping)
+            else:
+                m = dict(row._mapping)
             fields = json.loads(m.pop("fields_json"))
             if isinstance(fields, list):  # a delta: rebuild it from the rows before it
                 earlier = conn.execute(
@@ -1206,6 +1212,48 @@ class Store:
 
         m["values"] = {k: decode_field(k, blobs[h]) for k, h in fields.items()} | internal
         return m
+
+    def _traced_state_row(
+        self, conn: Connection, partition_key: str, app_id: str, sequence_id: int | None
+    ) -> dict[str, Any] | None:
+        """The state row of a traced step, which a trace does not store (migration 0012): the
+        step's node row names its state document (``state_hash``: the canonical ``{field: blob
+        hash}`` map), which is exactly the row's ``fields``. Only for a trace's own completed
+        steps (``src_app_id`` the trace itself; ``sequence_id`` None: its last such step); None
+        for anything else, such as a Burr app (whose rows are all stored)."""
+        if partition_key != "":
+            return None
+        n, s = schema.nodes, schema.spans
+        is_trace = conn.execute(
+            select(s.c.run_id).where(s.c.run_id == app_id, s.c.position == -1)
+        ).first()
+        if is_trace is None:
+            return None
+        q = select(n.c.sequence_id, n.c.name, n.c.state_hash, n.c.started_at).where(
+            n.c.run_id == app_id,
+            n.c.src_app_id == app_id,
+            n.c.src_sequence_id == n.c.sequence_id,
+            n.c.state_hash.is_not(None),
+            n.c.error.is_(None),
+        )
+        if sequence_id is None:
+            q = q.order_by(n.c.sequence_id.desc()).limit(1)
+        else:
+            q = q.where(n.c.sequence_id == sequence_id)
+        node = conn.execute(q).first()
+        if node is None:
+            return None
+        doc = self.get_blobs([node.state_hash], conn)[node.state_hash]
+        return {
+            "partition_key": partition_key,
+            "app_id": app_id,
+            "sequence_id": node.sequence_id,
+            "position": node.name,
+            "status": "completed",
+            "fields_json": doc.decode(),
+            "internal_json": "{}",
+            "created_at": node.started_at,
+        }
 
     def resolve_fields(self, fields: dict[str, str]) -> dict[str, Any]:
         """Load a {field: blob hash} map into {field: value}, each value of its recorded type.

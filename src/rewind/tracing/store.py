@@ -2,13 +2,14 @@
 
 Functions over a :class:`~rewind.store.Store` (its own class stays the engine's): a trace is
 written in one ``BEGIN IMMEDIATE`` transaction — the run row, node rows with their calls, the LLM
-and tool cache entries the calls produced, content-addressed blobs, one Burr-style state row per
-step and the ``spans`` rows — so a trace is either wholly there or not at all. Hashes are made
-exactly as the Burr recorder makes them (see :mod:`rewind.recorder`): ``input_hash`` covers the
-node name, the hashes of the fields it read, its inputs and params; ``output_hash`` is the Merkle
-hash of ``{field: field hash}`` of what it wrote; ``state_hash`` that of the whole state after it.
-A replay's steps that equal its source's are not written again (:mod:`rewind.store.references`);
-the readers here resolve them.
+and tool cache entries the calls produced, content-addressed blobs, a Burr-style state row per
+failed step (a completed step's state row is derived from its state document, see
+:meth:`Store.load_state_row`) and the ``spans`` rows — so a trace is either wholly there or not
+at all. Hashes are made exactly as the Burr recorder makes them (see :mod:`rewind.recorder`):
+``input_hash`` covers the node name, the hashes of the fields it read, its inputs and params;
+``output_hash`` is the Merkle hash of ``{field: field hash}`` of what it wrote; ``state_hash``
+that of the whole state after it. A replay's steps that equal its source's are not written again
+(:mod:`rewind.store.references`); the readers here resolve them.
 """
 
 from __future__ import annotations
@@ -239,7 +240,10 @@ def _step_rows(
     src_app_id, src_sequence_id = data.trace_id, s.position
     if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
         src_app_id, src_sequence_id = same[3], same[4]
-    else:
+    elif failed:
+        # A completed step's state row is its state document (``state_hash``), which
+        # Store.load_state_row reads instead (migration 0012); a failed step has none, so its
+        # row (the state before it) is stored.
         part.states.append(
             state_row(
                 partition_key="",

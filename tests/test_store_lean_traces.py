@@ -1,0 +1,209 @@
+"""Lean traces (migration 0012): a trace stores no state row for a completed step (the step's
+state document says the same; Store.load_state_row derives the row), stores written before
+upgrade in place losing only those rows, downgrade writes them back, and on SQLite the small
+tables keep their rows in their key's b-tree (WITHOUT ROWID)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import DatabaseError
+
+from rewind.errors import StoreError
+from rewind.replay import Rewind
+from rewind.store import Store, migrate, open_store, schema
+from rewind.store.store import WriteBatch, state_row
+from rewind.tracing import Tracer, load_trace, step
+from rewind.tracing.store import state_at
+from tests import pipelines
+from tests.conftest import StoreTarget
+
+LEAN_KEY_ORDERED = {"spans", "meta", "edges", "artifacts", "run_graphs", "audits", "users"}
+
+
+@step("add", "tool_call")
+def _add(total: int, n: int) -> int:
+    return total + n
+
+
+@step("refuse", "tool_call")
+def _refuse(n: int) -> int:
+    raise ValueError(f"refused {n}")
+
+
+def _record(store: Store) -> str:
+    """A trace of 6 steps: two completed, two failed in a row, two completed."""
+    tracer = Tracer(store, raise_on_write_error=True)
+    with tracer.trace("lean") as trace:
+        total = _add(0, 1)
+        total = _add(total, 2)
+        for n in (3, 4):
+            with contextlib.suppress(ValueError):
+                _refuse(n)
+        total = _add(total, 5)
+        _add(total, 6)
+    return trace.trace_id
+
+
+def _state_rows(store: Store, app_id: str) -> dict[int, tuple[str, Any]]:
+    """Sequence id → (status, stored fields_json parsed) of the app's stored state rows."""
+    t = schema.burr_state
+    with store.read() as conn:
+        rows = conn.execute(
+            select(t.c.sequence_id, t.c.status, t.c.fields_json).where(t.c.app_id == app_id)
+        ).all()
+    return {r.sequence_id: (r.status, json.loads(r.fields_json)) for r in rows}
+
+
+def _seen(store: Store, trace_id: str) -> dict[str, Any]:
+    """What readers see of the trace: its view, the state after every step and every step's
+    state row as load_state_row gives it (fields, status, name), the latest included."""
+    view = load_trace(store, trace_id, payloads=True)
+    out: dict[str, Any] = {"view": repr(view)}
+    for s in view.steps:
+        out[f"state {s.position}"] = state_at(store, s)
+        row = store.load_state_row("", s.src_app_id, s.src_sequence_id)
+        out[f"row {s.position}"] = row and (row["fields"], row["status"], row["position"])
+    latest = store.load_state_row("", trace_id, None)
+    out["latest"] = latest and (latest["sequence_id"], latest["fields"], latest["status"])
+    return out
+
+
+def _without_rowid(store: Store) -> set[str]:
+    with store.read() as conn:
+        rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
+        return {name for name, sql in rows if sql.rstrip().upper().endswith("WITHOUT ROWID")}
+
+
+def test_a_trace_stores_state_rows_only_for_failed_steps(store_target: StoreTarget) -> None:
+    store = store_target.open()
+    try:
+        trace_id = _record(store)
+        view = load_trace(store, trace_id)
+        assert [s.status for s in view.steps] == ["success"] * 2 + ["failed"] * 2 + ["success"] * 2
+        # the failed steps' rows hold the state before them (both: 3, the sum after step 1)
+        rows = _state_rows(store, trace_id)
+        assert set(rows) == {2, 3}
+        assert {status for status, _ in rows.values()} == {"failed"}
+        # every completed step's row is derived from its state document, with its values
+        states = [state_at(store, s) for s in view.steps]
+        assert [s and s.get("add") for s in states] == [1, 3, 3, 3, 8, 14]
+        for s in view.steps:
+            row = store.load_state_row("", trace_id, s.position)
+            assert row is not None and row["position"] == s.name
+            assert row["status"] == ("failed" if s.status == "failed" else "completed")
+            if s.state_hash:
+                doc = store.get_blob(s.state_hash)
+                assert row["fields"] == json.loads(doc)
+        latest = store.load_state_row("", trace_id, None)
+        assert latest is not None and latest["sequence_id"] == 5 and latest["values"]["add"] == 14
+        # a step that does not exist, and a Burr run (whose rows are all stored), derive nothing
+        assert store.load_state_row("", trace_id, 6) is None
+        run = Rewind(store).record(pipelines.pipeline, {"x": 7})
+        nodes = store.nodes_of(run.run_id)
+        assert set(_state_rows(store, run.run_id)) == {n.sequence_id for n in nodes}
+        assert store.load_state_row("", run.run_id, 99) is None
+    finally:
+        store.close()
+
+
+def test_a_0011_store_upgrades_dropping_derivable_rows_and_downgrades_back(
+    store_target: StoreTarget,
+) -> None:
+    from alembic import command
+
+    store = store_target.open()
+    try:
+        trace_id = _record(store)
+        seen = _seen(store, trace_id)
+        with store.write() as conn:
+            command.downgrade(migrate._config(conn), "0011")  # type: ignore[arg-type]
+            assert migrate.current_revision(conn) == "0011"
+        rows = _state_rows(store, trace_id)
+        assert set(rows) == set(range(6))  # what 0011 readers need: a row per step
+        assert _seen(store, trace_id) == seen
+        if store.engine.dialect.name == "sqlite":
+            assert not (LEAN_KEY_ORDERED & _without_rowid(store))
+        # As Rewind wrote traces at 0011: every row, consecutive ones stored as deltas (the
+        # failed step at 2 as a delta of the completed step 1's row, which the upgrade drops).
+        full = {}
+        for seq in rows:
+            loaded = store.load_state_row("", trace_id, seq, values=False)
+            assert loaded is not None
+            full[seq] = loaded["fields"]
+        with store.write() as conn:
+            conn.execute(schema.burr_state.delete().where(schema.burr_state.c.app_id == trace_id))
+        names = {s.position: s.name for s in load_trace(store, trace_id).steps}
+        store.write_batch(
+            WriteBatch(
+                states=[
+                    state_row(
+                        partition_key="",
+                        app_id=trace_id,
+                        sequence_id=seq,
+                        position=names[seq],
+                        status=rows[seq][0],
+                        fields=full[seq],
+                        internal={},
+                    )
+                    for seq in sorted(full)
+                ]
+            )
+        )
+        stored = _state_rows(store, trace_id)
+        assert isinstance(stored[2][1], list) and stored[2][1][0] == 1  # a delta of row 1
+        assert _seen(store, trace_id) == seen
+    finally:
+        store.close()
+    store = store_target.open()  # a newer Rewind opening a 0011 store upgrades it
+    try:
+        with store.read() as conn:
+            assert migrate.current_revision(conn) == migrate.HEAD
+        rows = _state_rows(store, trace_id)
+        assert set(rows) == {2, 3}
+        assert rows[2][1] == full[2]  # no longer a delta of a row that went: its full map
+        assert isinstance(rows[3][1], list) and rows[3][1][0] == 2  # its base stayed
+        assert _seen(store, trace_id) == seen
+        if store.engine.dialect.name == "sqlite":
+            assert _without_rowid(store) >= LEAN_KEY_ORDERED
+    finally:
+        store.close()
+
+
+def test_a_new_store_is_key_ordered_and_keeps_the_nodes_delete_trigger(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        assert _without_rowid(store) >= LEAN_KEY_ORDERED
+        with store.read() as conn:
+            names = {
+                r[0]
+                for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='index'")
+            }
+        assert not {f"sqlite_autoindex_{t}_1" for t in LEAN_KEY_ORDERED} & names
+        run = Rewind(store).record(pipelines.pipeline, {"x": 7})
+        with pytest.raises(DatabaseError, match="immutable"), store.write() as conn:
+            conn.execute(schema.nodes.delete().where(schema.nodes.c.run_id == run.run_id))
+    finally:
+        store.close()
+
+
+def test_a_rewind_that_predates_0012_refuses_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(tmp_path / "store")
+    _record(store)
+    store.close()
+    older = tmp_path / "migrations"
+    shutil.copytree(
+        migrate.MIGRATIONS, older, ignore=shutil.ignore_patterns("0012_*", "__pycache__")
+    )
+    monkeypatch.setattr(migrate, "MIGRATIONS", older)
+    monkeypatch.setattr(migrate, "HEAD", "0011")
+    with pytest.raises(StoreError, match="revision 0012, unknown to this Rewind"):
+        open_store(tmp_path / "store")
