@@ -12,15 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.exc import DatabaseError
 
 from rewind.errors import StoreError
 from rewind.replay import Rewind
-from rewind.store import Store, migrate, open_store, schema
+from rewind.store import Store, migrate, open_store, schema, spans
 from rewind.store.store import WriteBatch, state_row
 from rewind.tracing import Tracer, load_trace, step
-from rewind.tracing.store import state_at
+from rewind.tracing.store import count_traces, state_at, stored_span_ids
 from tests import pipelines
 from tests.conftest import StoreTarget
 
@@ -75,6 +77,12 @@ def _seen(store: Store, trace_id: str) -> dict[str, Any]:
     return out
 
 
+def _span_rows(store: Store, run_id: str) -> int:
+    t = schema.spans
+    with store.read() as conn:
+        return len(conn.execute(select(t.c.position).where(t.c.run_id == run_id)).all())
+
+
 def _without_rowid(store: Store) -> set[str]:
     with store.read() as conn:
         rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
@@ -122,12 +130,13 @@ def test_a_0011_store_upgrades_dropping_derivable_rows_and_downgrades_back(
     try:
         trace_id = _record(store)
         seen = _seen(store, trace_id)
+        names = {s.position: s.name for s in load_trace(store, trace_id).steps}
         with store.write() as conn:
             command.downgrade(migrate._config(conn), "0011")  # type: ignore[arg-type]
             assert migrate.current_revision(conn) == "0011"
         rows = _state_rows(store, trace_id)
         assert set(rows) == set(range(6))  # what 0011 readers need: a row per step
-        assert _seen(store, trace_id) == seen
+        assert _span_rows(store, trace_id) == 7  # and a span row per step, the root's too
         if store.engine.dialect.name == "sqlite":
             assert not (LEAN_KEY_ORDERED & _without_rowid(store))
         # As Rewind wrote traces at 0011: every row, consecutive ones stored as deltas (the
@@ -139,7 +148,6 @@ def test_a_0011_store_upgrades_dropping_derivable_rows_and_downgrades_back(
             full[seq] = loaded["fields"]
         with store.write() as conn:
             conn.execute(schema.burr_state.delete().where(schema.burr_state.c.app_id == trace_id))
-        names = {s.position: s.name for s in load_trace(store, trace_id).steps}
         store.write_batch(
             WriteBatch(
                 states=[
@@ -158,7 +166,6 @@ def test_a_0011_store_upgrades_dropping_derivable_rows_and_downgrades_back(
         )
         stored = _state_rows(store, trace_id)
         assert isinstance(stored[2][1], list) and stored[2][1][0] == 1  # a delta of row 1
-        assert _seen(store, trace_id) == seen
     finally:
         store.close()
     store = store_target.open()  # a newer Rewind opening a 0011 store upgrades it
@@ -170,6 +177,7 @@ def test_a_0011_store_upgrades_dropping_derivable_rows_and_downgrades_back(
         assert rows[2][1] == full[2]  # no longer a delta of a row that went: its full map
         assert isinstance(rows[3][1], list) and rows[3][1][0] == 2  # its base stayed
         assert _seen(store, trace_id) == seen
+        assert _span_rows(store, trace_id) == 1  # step span rows packed again
         if store.engine.dialect.name == "sqlite":
             assert _without_rowid(store) >= LEAN_KEY_ORDERED
     finally:
@@ -207,3 +215,62 @@ def test_a_rewind_that_predates_0012_refuses_the_store(
     monkeypatch.setattr(migrate, "HEAD", "0011")
     with pytest.raises(StoreError, match="revision 0012, unknown to this Rewind"):
         open_store(tmp_path / "store")
+
+
+def test_step_spans_are_packed_into_the_root_row_and_read_back_as_written(
+    store_target: StoreTarget,
+) -> None:
+    store = store_target.open()
+    try:
+        trace_id = _record(store)
+        assert _span_rows(store, trace_id) == 1  # the root, carrying the six step spans
+        view = load_trace(store, trace_id)
+        assert [s.position for s in view.steps] == list(range(6))
+        assert [s.error_message for s in view.steps][2:4] == ["refused 3", "refused 4"]
+        assert all(len(s.span_id or "") == 16 for s in view.steps)
+        assert stored_span_ids(store, trace_id) == {view.span_id, *(s.span_id for s in view.steps)}
+        assert count_traces(store)["step_spans"] == 6
+    finally:
+        store.close()
+
+
+SPAN_VALUES = st.fixed_dictionaries(
+    {
+        "span_id": st.text(min_size=1, max_size=16),
+        "parent_position": st.none() | st.integers(-1, 10**6),
+        "step_type": st.sampled_from(["llm_call", "tool_call", "chain"]),
+        "status": st.sampled_from(["success", "failed", "skipped"]),
+        "error_type": st.none() | st.text(max_size=20),
+        "error_message": st.none() | st.text(max_size=200),
+        "attributes_json": st.text(max_size=100),
+        "started_at": st.none() | st.floats(allow_nan=False),
+        "ended_at": st.none() | st.floats(allow_nan=False),
+        "duration_ms": st.floats(allow_nan=False),
+    }
+)
+
+
+@given(st.lists(SPAN_VALUES, min_size=1, max_size=8))
+def test_a_pack_gives_back_every_row_exactly(values: list[dict[str, Any]]) -> None:
+    steps = [{"run_id": "r", "position": i, **v, "output_hash": None} for i, v in enumerate(values)]
+    root = {"run_id": "r", "position": -1, "span_id": "root", "output_hash": "h"}
+    (stored,) = spans.pack_rows([*reversed(steps), root])
+    back = spans.expand(dict(stored))
+    assert back[0] == root and back[1:] == steps
+    for got, want in zip(back[1:], steps, strict=True):  # -0.0 stays -0.0, ints stay ints
+        assert {k: (type(v), repr(v)) for k, v in got.items()} == {
+            k: (type(v), repr(v)) for k, v in want.items()
+        }
+
+
+def test_rows_the_table_would_refuse_are_not_packed() -> None:
+    root = {"run_id": "r", "position": -1, "span_id": "root"}
+    good = {"run_id": "r", "position": 0, "span_id": "a", "step_type": "chain", "status": "ok"}
+    good |= {"attributes_json": "{}", "duration_ms": 0.0}
+    for bad in (good | {"span_id": None}, good | {"status": None}):
+        rows = spans.pack_rows([root, good | {"position": 1}, bad])
+        assert len(rows) == 3 and all(r["steps"] is None for r in rows)
+    twice = spans.pack_rows([root, good, dict(good)])  # the same position twice
+    assert len(twice) == 3
+    with pytest.raises(ValueError, match="damaged"):
+        spans.unpack_steps("r", b"not a pack")

@@ -339,6 +339,9 @@ spans = Table(
     Column("ended_at", Float, nullable=True),
     Column("duration_ms", Float, nullable=False, default=0.0),
     Column("output_hash", String(64), nullable=True),  # root only: blob of the chain's output
+    # root only: the trace's step spans packed (rewind.store.spans; migration 0012); None when
+    # they are rows of their own (written before 0012, or not packable)
+    Column("steps", LargeBinary, nullable=True),
     sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 

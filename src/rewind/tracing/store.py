@@ -46,6 +46,8 @@ from rewind.store.references import (
     virtual_node,
 )
 from rewind.store.references import resolve as resolve_reference
+from rewind.store.spans import expand as expand_spans
+from rewind.store.spans import pack_rows as pack_span_rows
 from rewind.store.store import WriteBatch, call_rows, state_row
 from rewind.tracing.model import (
     CHAIN_TYPE,
@@ -183,6 +185,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         )
         store.put_edges(data.name, edges, conn)
 
+    batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
 
@@ -450,8 +453,8 @@ def stored_span_ids(store: Store, trace_id: str) -> set[str]:
     trace is not stored."""
     t = schema.spans
     with store.read() as conn:
-        rows = conn.execute(select(t.c.span_id).where(t.c.run_id == trace_id)).all()
-    return {r[0] for r in rows}
+        rows = conn.execute(select(t).where(t.c.run_id == trace_id)).all()
+    return {s["span_id"] for r in rows for s in expand_spans(dict(r._mapping))}
 
 
 def is_trace(store: Store, run_id: str) -> bool:
@@ -562,8 +565,8 @@ def _chunk_rows(conn: Connection, ids: list[str]) -> _ChunkRows:
         effects.setdefault((e.run_id, e.position), []).append(e)
     spans: dict[tuple[str, int], dict[str, Any]] = {}
     for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
-        m = dict(r._mapping)
-        spans[(m["run_id"], m["position"])] = m
+        for m in expand_spans(dict(r._mapping)):
+            spans[(m["run_id"], m["position"])] = m
     return _ChunkRows(runs, nodes, calls, effects, spans)
 
 
@@ -940,6 +943,13 @@ def count_traces(store: Store) -> dict[str, int]:
         ).scalar_one()
         steps = conn.execute(
             select(func.count()).select_from(s).where(s.c.position != ROOT_POSITION)
+        ).scalar_one()
+        # Packed step spans (rewind.store.spans): write_trace stores a step's span with its
+        # node row, so a packed trace has as many step spans as node rows.
+        n = schema.nodes
+        packed = select(s.c.run_id).where(s.c.position == ROOT_POSITION, s.c.steps.is_not(None))
+        steps += conn.execute(
+            select(func.count()).select_from(n).where(n.c.run_id.in_(packed))
         ).scalar_one()
         runs = conn.execute(select(func.count()).select_from(schema.runs)).scalar_one()
     return {"traces": int(traces), "step_spans": int(steps), "runs": int(runs)}

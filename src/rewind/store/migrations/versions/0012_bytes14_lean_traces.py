@@ -1,4 +1,5 @@
-"""Lean traces: no state row per completed traced step; more key-ordered tables on SQLite.
+"""Lean traces: no state row per completed traced step, step spans packed, more key-ordered
+tables on SQLite.
 
 - A traced step's state row repeated its state document: the row's ``{field: blob hash}`` map is
   exactly the blob its node row names as ``state_hash``. ``write_trace`` no longer stores the
@@ -12,6 +13,11 @@
   of its own — a page even when the table is empty. ``spans`` is the one that matters (a row
   per traced step); the others are usually empty.
 
+- A trace's step spans are packed into its root span row (new column ``spans.steps``, see
+  :mod:`rewind.store.spans`): nobody queries a step span on its own. Upgrading packs the step
+  span rows of every stored trace the same way (readers take both forms anyway); a downgrade
+  writes packed step spans back as rows and drops the column.
+
 Measured on peerbench's 100-step trace: 431,104 → ... bytes.
 
 Revision ID: 0012
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -133,6 +140,8 @@ def upgrade() -> None:
             conn.execute(
                 _STATES.delete().where(s.partition_key == "", s.app_id == app, s.sequence_id == seq)
             )
+    op.add_column("spans", sa.Column("steps", sa.LargeBinary, nullable=True))
+    _pack_spans(conn)
     if conn.dialect.name == "sqlite":
         rebuild = _revision_0011()._rebuild
         for table in KEY_ORDERED:
@@ -145,6 +154,7 @@ def downgrade() -> None:
     from rewind.store.codec import unpack
 
     conn = op.get_bind()
+    _unpack_spans(conn)
     if conn.dialect.name == "sqlite":
         rebuild = _revision_0011()._rebuild
         for table in KEY_ORDERED:
@@ -182,3 +192,75 @@ def downgrade() -> None:
         )
     if rows:
         conn.execute(_STATES.insert(), rows)
+
+
+def _spans_table() -> sa.TableClause:
+    return sa.table(
+        "spans",
+        *(sa.column(c) for c in (*_STEP_COLUMNS, "run_id", "output_hash")),
+        sa.column("steps", sa.LargeBinary),
+    )
+
+
+def _pack_spans(conn: sa.Connection) -> None:
+    """Every trace's step span rows packed into its root row (as ``write_trace`` now writes
+    them: the same bytes)."""
+    spans = _spans_table()
+    roots = [
+        r[0] for r in conn.execute(sa.select(spans.c.run_id).where(spans.c.position == -1)).all()
+    ]
+    for run_id in roots:
+        rows = conn.execute(
+            sa.select(*(spans.c[c] for c in _STEP_COLUMNS))
+            .where(spans.c.run_id == run_id, spans.c.position != -1)
+            .order_by(spans.c.position)
+        ).all()
+        if not rows:
+            continue
+        columns = {c: [r._mapping[c] for r in rows] for c in _STEP_COLUMNS}
+        doc = {"v": 1, "columns": columns}
+        data = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+        conn.execute(spans.delete().where(spans.c.run_id == run_id, spans.c.position != -1))
+        conn.execute(
+            spans.update()
+            .where(spans.c.run_id == run_id, spans.c.position == -1)
+            .values(steps=data)
+        )
+
+
+def _unpack_spans(conn: sa.Connection) -> None:
+    """Every packed root span row's step spans back as rows of their own; the column dropped."""
+    spans = _spans_table()
+    packed = conn.execute(
+        sa.select(spans.c.run_id, spans.c.steps).where(
+            spans.c.position == -1, spans.c.steps.is_not(None)
+        )
+    ).all()
+    for run_id, data in packed:
+        doc = json.loads(zlib.decompress(bytes(data)))
+        if doc.get("v") != 1:
+            raise RuntimeError(f"packed step spans of trace {run_id}: unknown version")
+        columns = doc["columns"]
+        rows = [
+            {"run_id": run_id, **{c: columns[c][i] for c in _STEP_COLUMNS}, "output_hash": None}
+            for i in range(len(columns["position"]))
+        ]
+        if rows:
+            conn.execute(spans.insert(), rows)
+    op.execute("ALTER TABLE spans DROP COLUMN steps")
+
+
+_STEP_COLUMNS = (
+    "position",
+    "span_id",
+    "parent_position",
+    "step_type",
+    "status",
+    "error_type",
+    "error_message",
+    "attributes_json",
+    "started_at",
+    "ended_at",
+    "duration_ms",
+)
+"""Frozen copy of ``rewind.store.spans.STEP_COLUMNS`` (pack version 1)."""
