@@ -274,3 +274,14 @@ def test_rows_the_table_would_refuse_are_not_packed() -> None:
     assert len(twice) == 3
     with pytest.raises(ValueError, match="damaged"):
         spans.unpack_steps("r", b"not a pack")
+
+
+def test_the_migration_packs_with_the_columns_of_pack_version_1() -> None:
+    import importlib.util
+
+    path = next((migrate.MIGRATIONS / "versions").glob("0012_*.py"))
+    spec = importlib.util.spec_from_file_location("rewind_revision_0012_frozen", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module._STEP_COLUMNS == spans.STEP_COLUMNS and spans.PACK_VERSION == 1
