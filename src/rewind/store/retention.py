@@ -22,8 +22,9 @@ What goes, for an age ``A`` (``--older-than 30d``) and ``cutoff = now - A``:
   that the nodes trigger checks, inserted and removed inside gc's own transaction.
 - **Blobs** that no row names any more. Names are found conservatively: every 64-hex value or
   substring in any row of any table (JSON maps such as ``burr_state.fields_json`` included),
-  plus every 64-hex string inside the node input/output documents and initial-state documents
-  those rows name (they map fields to blob hashes). A false "reference" only keeps a blob.
+  plus every 64-hex string inside the node input/output/state documents and initial-state
+  documents those rows name (they map fields to blob hashes; a traced step's state row is its
+  state document). A false "reference" only keeps a blob.
 
 Concurrent writers (another process recording while gc runs) are handled by ordering, not by
 timing:
@@ -497,11 +498,12 @@ def _run_rows(conn: Connection, run_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def _map_documents(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Hashes of the blobs that are maps of field → blob hash (node input/output documents, a
-    run's initial state), named by these rows."""
+    """Hashes of the blobs that are maps of field → blob hash (node input/output/state
+    documents, a run's initial state), named by these rows."""
     found = [r["initial_state_hash"] for r in tables.get("runs", []) if r["initial_state_hash"]]
     for node in tables.get("nodes", []):
-        found += [h for h in (node["input_hash"], node["output_hash"]) if h]
+        # state_hash too: a traced step's state row is its state document (migration 0012)
+        found += [h for h in (node["input_hash"], node["output_hash"], node["state_hash"]) if h]
     return found
 
 
@@ -896,7 +898,7 @@ def _referenced(
                 continue
             refs.update(_hashes_in(m.values()))
             if table.name == "nodes":
-                maps.update(h for h in (m["input_hash"], m["output_hash"]) if h)
+                maps.update(h for h in (m["input_hash"], m["output_hash"], m["state_hash"]) if h)
             elif table.name == "runs" and m["initial_state_hash"]:
                 maps.add(m["initial_state_hash"])
     present = _existing_blobs(conn, maps)
