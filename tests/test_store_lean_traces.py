@@ -8,18 +8,22 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 from sqlalchemy.exc import DatabaseError
 
+import rewind
+from rewind.canonical import sha256_hex
 from rewind.errors import StoreError
 from rewind.replay import Rewind
-from rewind.store import Store, migrate, open_store, schema, spans
+from rewind.store import Store, codec, migrate, open_store, schema, spans
+from rewind.store.retention import collect_garbage
 from rewind.store.store import WriteBatch, state_row
 from rewind.tracing import Tracer, load_trace, step
 from rewind.tracing.store import count_traces, state_at, stored_span_ids
@@ -29,9 +33,11 @@ from tests.conftest import StoreTarget
 LEAN_KEY_ORDERED = {"spans", "meta", "edges", "artifacts", "run_graphs", "audits", "users"}
 
 
-@step("add", "tool_call")
-def _add(total: int, n: int) -> int:
+def _sum(total: int, n: int) -> int:
     return total + n
+
+
+_add = step("add", "tool_call")(rewind.tool("lean_add")(_sum))  # a step with a tool call
 
 
 @step("refuse", "tool_call")
@@ -137,6 +143,10 @@ def test_a_0011_store_upgrades_dropping_derivable_rows_and_downgrades_back(
         rows = _state_rows(store, trace_id)
         assert set(rows) == set(range(6))  # what 0011 readers need: a row per step
         assert _span_rows(store, trace_id) == 7  # and a span row per step, the root's too
+        with store.read() as conn:  # and every blob in a row of its own
+            assert "blob_packs" not in inspect(conn).get_table_names()
+            codecs = {r[0] for r in conn.execute(select(schema.blobs.c.codec))}
+        assert not any(c.startswith("p-") for c in codecs)
         if store.engine.dialect.name == "sqlite":
             assert not (LEAN_KEY_ORDERED & _without_rowid(store))
         # As Rewind wrote traces at 0011: every row, consecutive ones stored as deltas (the
@@ -285,3 +295,95 @@ def test_the_migration_packs_with_the_columns_of_pack_version_1() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module._STEP_COLUMNS == spans.STEP_COLUMNS and spans.PACK_VERSION == 1
+
+
+# --- packs: a traced chain's documents in one compressed row -----------------------------------
+def _pack_rows(store: Store) -> dict[str, Any]:
+    b, p = schema.blobs, schema.blob_packs
+    with store.read() as conn:
+        codecs = {r.hash: r.codec for r in conn.execute(select(b.c.hash, b.c.codec))}
+        packs = conn.execute(select(p.c.id)).all()
+    return {"codecs": codecs, "packs": len(packs)}
+
+
+def test_a_traces_documents_share_one_pack_and_its_call_payloads_do_not(
+    store_target: StoreTarget,
+) -> None:
+    store = store_target.open()
+    try:
+        trace_id = _record(store)
+        found = _pack_rows(store)
+        nodes = store.nodes_of(trace_id)
+        documents = {h for n in nodes for h in (n.input_hash, n.output_hash, n.state_hash) if h}
+        payloads = {h for n in nodes for c in n.calls for h in (c.request_hash, c.result_hash)}
+        assert documents and payloads
+        if store.engine.dialect.name == "sqlite":
+            assert found["packs"] == 1
+            assert {found["codecs"][h] for h in documents} <= {"p-raw", "p-hex1"}
+            assert not any(found["codecs"][h].startswith("p-") for h in payloads if h)
+        else:  # PostgreSQL keeps every blob in its own row
+            assert found["packs"] == 0
+            assert not any(c.startswith("p-") for c in found["codecs"].values())
+        blobs = store.get_blobs(documents)
+        assert all(sha256_hex(data) == h for h, data in blobs.items())
+    finally:
+        store.close()
+
+
+def test_a_damaged_pack_is_reported_not_read_as_other_bytes(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        trace_id = _record(store)
+        digest = store.nodes_of(trace_id)[0].input_hash
+        p = schema.blob_packs
+        with store.read() as conn:
+            (pack_id, data) = conn.execute(select(p.c.id, p.c.data)).one()
+        plain = bytearray(zlib.decompress(data))
+        plain[5] ^= 1  # one bit of the first slice, the pack still decompresses
+        with store.write() as conn:
+            conn.execute(p.update().values(data=zlib.compress(bytes(plain))))
+        with pytest.raises(StoreError, match="does not match its hash"):
+            store.get_blobs([digest])
+        with store.write() as conn:
+            conn.execute(p.update().values(data=b"not zlib"))
+        with pytest.raises(StoreError, match=f"pack {pack_id} cannot be unpacked"):
+            store.get_blobs([digest])
+        with store.write() as conn:
+            conn.execute(p.delete())
+        with pytest.raises(StoreError, match="missing"):
+            store.get_blobs([digest])
+    finally:
+        store.close()
+
+
+def test_gc_deletes_a_pack_once_no_blob_row_names_it(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        kept = _record(store)
+        orphans = {sha256_hex(b"orphan %d" % i): b"orphan %d" % i for i in range(3)}
+        store.write_batch(WriteBatch(blobs=dict(orphans), packable=set(orphans)))
+        assert _pack_rows(store)["packs"] == 2
+        report = collect_garbage(store, 10.0**9)  # nothing is that old: only blobs go
+        assert report.blobs_deleted == 3
+        found = _pack_rows(store)
+        assert found["packs"] == 1 and not orphans.keys() & found["codecs"].keys()
+        assert load_trace(store, kept).steps[0].name == "add"
+    finally:
+        store.close()
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**31), st.integers(0, 2**20))
+def test_a_pack_reference_round_trips(pack_id: int, offset: int, length: int) -> None:
+    assert codec.read_pack_ref(codec.pack_ref(pack_id, offset, length)) == (pack_id, offset, length)
+
+
+def test_pack_slices_give_back_each_blob() -> None:
+    items = [b"7", b'{"a":"' + b"ab" * 32 + b'"}', b"x" * 5000, b"\0" + b"f" * 64]
+    stored, slices = codec.pack_together(items)
+    plain = zlib.decompress(stored)
+    assert [c for c, _o, _n in slices] == ["p-raw", "p-hex1", "p-raw", "p-raw"]
+    assert [codec.unpack_slice(c, plain, o, n) for c, o, n in slices] == items
+    with pytest.raises(ValueError, match="outside"):
+        codec.unpack_slice("p-raw", plain, len(plain), 1)
+    with pytest.raises(ValueError, match="three varints"):
+        codec.read_pack_ref(b"\x01\x02")

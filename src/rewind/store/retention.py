@@ -65,6 +65,7 @@ from sqlalchemy.exc import IntegrityError
 from rewind.canonical import sha256_hex
 from rewind.errors import RewindError, RunBusy, StoreError, UnknownRun
 from rewind.store import schema
+from rewind.store.codec import PACK_PREFIX, read_pack_ref
 from rewind.store.objects import ObjectStore
 from rewind.store.references import REFERENCE_KEY, load_rows, reference_of
 from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store
@@ -90,7 +91,15 @@ RUN_TABLES: tuple[tuple[Table, str], ...] = (
 table with a ``run_id`` column is listed)."""
 
 NOT_REFERENCES = frozenset(
-    {"blobs", "blob_data", "meta", "archived_runs", "archive_permits", "alembic_version"}
+    {
+        "blobs",
+        "blob_data",
+        "blob_packs",
+        "meta",
+        "archived_runs",
+        "archive_permits",
+        "alembic_version",
+    }
 )
 """Tables whose values never name a blob that must be kept."""
 
@@ -926,6 +935,18 @@ def _unreferenced(conn: Connection, refs: set[str]) -> dict[str, tuple[int, str 
     }
 
 
+def _delete_unused_packs(conn: Connection) -> None:
+    """Delete the blob packs no blob row names any more (migration 0012)."""
+    t, p = schema.blobs, schema.blob_packs
+    used = {
+        read_pack_ref(r[0])[0]
+        for r in conn.execute(select(t.c.data).where(t.c.codec.like(PACK_PREFIX + "%")))
+    }
+    unused = [r[0] for r in conn.execute(select(p.c.id)) if r[0] not in used]
+    for chunk in _chunks(unused):
+        conn.execute(delete(p).where(p.c.id.in_(chunk)))
+
+
 def _lock_out_writers(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": GC_LOCK_KEY})
@@ -940,6 +961,7 @@ def _sweep_blobs(store: Store, report: GcReport) -> None:
         for chunk in _chunks(sorted(doomed)):
             conn.execute(delete(schema.blobs).where(schema.blobs.c.hash.in_(chunk)))
             conn.execute(delete(schema.blob_data).where(schema.blob_data.c.hash.in_(chunk)))
+        _delete_unused_packs(conn)
         if doomed:
             bump_blob_epoch(conn)
     report.blobs_deleted = len(doomed)

@@ -293,6 +293,16 @@ blob_data = Table(
     Column("data", LargeBinary, nullable=False),
 )
 
+blob_packs = Table(
+    # Many small blobs of one write in one row (codec.pack_together; migration 0012): a traced
+    # chain's documents (node input/output/state maps, field values). Their ``blobs`` rows
+    # (codec ``p-...``) name the pack by id. SQLite only (created empty on PostgreSQL).
+    "blob_packs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("data", LargeBinary, nullable=False),  # zlib of the concatenated slices
+)
+
 burr_state = Table(
     "burr_state",
     metadata,

@@ -42,7 +42,16 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import ParentMissing, RewindError, StoreError
 from rewind.store import migrate, schema
-from rewind.store.codec import pack, unpack
+from rewind.store.codec import (
+    PACK_MAX_BYTES,
+    PACK_PREFIX,
+    pack,
+    pack_ref,
+    pack_together,
+    read_pack_ref,
+    unpack,
+    unpack_slice,
+)
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
 from rewind.store.objects import ObjectStore, artifact_key
 from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
@@ -91,6 +100,9 @@ class WriteBatch:
     effects: list[dict[str, Any]] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     """A traced chain's ``spans`` rows (:mod:`rewind.tracing.store`); empty for Burr runs."""
+    packable: set[str] = field(default_factory=set)
+    """Hashes of ``blobs`` that may be kept together in one pack (``blob_packs``, SQLite):
+    documents nobody reads on a replay's hot path (a traced chain's node documents)."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -369,10 +381,13 @@ class Store:
         else:  # nothing is spilled on other backends
             query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref)
         out: dict[str, bytes] = {}
+        in_packs: dict[str, tuple[str, bytes]] = {}
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
             for row in conn.execute(query.where(t.c.hash.in_(chunk))):
-                if row.codec == "object":
+                if row.codec.startswith(PACK_PREFIX):
+                    in_packs[row.hash] = (row.codec, row.data)
+                elif row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
                 elif row.codec.startswith(schema.SPILL_PREFIX):
                     if not self._spill or row.spilled is None:
@@ -381,6 +396,8 @@ class Store:
                     out[row.hash] = _unpacked(row.hash, codec, row.spilled)
                 else:
                     out[row.hash] = _unpacked(row.hash, row.codec, row.data)
+        if in_packs:
+            out.update(_from_packs(conn, in_packs))
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
@@ -425,7 +442,7 @@ class Store:
         epoch = self._blob_epoch
         new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
-        rows = [self._blob_row(digest, data) for digest, data in new.items()]
+        rows, pack = self._blob_rows(new, batch.packable)
         with self.write() as conn:
             if before is not None:
                 # First: a run row naming a parent the same gc archived fails as ParentMissing
@@ -436,10 +453,11 @@ class Store:
                 # (insert-or-ignore; objects uploaded again under the lock) and make sure the
                 # blobs the batch only refers to are still there.
                 new = dict(batch.blobs)
-                rows = [self._blob_row(digest, data) for digest, data in new.items()]
+                rows, pack = self._blob_rows(new, batch.packable)
                 self._check_referenced(conn, batch)
             else:
                 self._check_objects(rows, new)
+            rows += self._insert_pack(conn, pack)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
             self._insert_blobs(conn, sorted(rows, key=_by_hash))
@@ -459,6 +477,45 @@ class Store:
             if len(self._state_tails) > 10_000:
                 self._state_tails.clear()
             self._state_tails.update(tails)
+
+    def _blob_rows(
+        self, new: dict[str, bytes], packable: set[str]
+    ) -> tuple[list[dict[str, Any]], _Pack | None]:
+        """The blob rows for ``new`` (sha256 → bytes) and, on SQLite, the pack of those in
+        ``packable`` (two or more of at most PACK_MAX_BYTES, not offloaded), whose rows
+        :meth:`_insert_pack` makes once the pack has its id."""
+        together = [
+            h
+            for h, data in new.items()
+            if h in packable
+            and len(data) <= PACK_MAX_BYTES
+            and (self.objects is None or len(data) < self.offload_min_bytes)
+        ]
+        if not self._spill or len(together) < 2:
+            return [self._blob_row(digest, data) for digest, data in new.items()], None
+        packed = set(together)
+        rows = [self._blob_row(h, data) for h, data in new.items() if h not in packed]
+        stored, slices = pack_together([new[h] for h in together])
+        sizes = [len(new[h]) for h in together]
+        return rows, _Pack(stored, list(zip(together, sizes, slices, strict=True)))
+
+    def _insert_pack(self, conn: Connection, pack: _Pack | None) -> list[dict[str, Any]]:
+        """Insert a pack (inside ``conn``'s transaction); the blob rows of its blobs."""
+        if pack is None:
+            return []
+        pack_id = conn.execute(
+            insert(schema.blob_packs).values(data=pack.data)
+        ).inserted_primary_key[0]
+        return [
+            {
+                "hash": digest,
+                "size": size,
+                "codec": codec,
+                "data": pack_ref(pack_id, offset, length),
+                "ref": None,
+            }
+            for digest, size, (codec, offset, length) in pack.blobs
+        ]
 
     def _unstored_blobs(self, batch: WriteBatch) -> dict[str, bytes]:
         """The batch's blobs this process does not know as stored; when there are many, the
@@ -1559,6 +1616,59 @@ def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
                 "restore it (`rewind archive restore`) and record again",
             )
     return StoreError(f"run {run_id} cannot be stored (the database refused its row)", "")
+
+
+@dataclass(frozen=True)
+class _Pack:
+    """A pack about to be inserted: its stored bytes and, per blob, (sha256, size, (codec,
+    offset, length)) as :func:`rewind.store.codec.pack_together` made them."""
+
+    data: bytes
+    blobs: list[tuple[str, int, tuple[str, int, int]]]
+
+
+def _from_packs(conn: Connection, rows: dict[str, tuple[str, bytes]]) -> dict[str, bytes]:
+    """The bytes of packed blobs (sha256 → (codec, pack reference)), each pack read and
+    decompressed once, every blob checked against its hash; a blob whose pack is gone is left
+    out (the caller reports it missing).
+
+    Raises:
+        StoreError: a pack or a reference is damaged, or a blob does not match its hash.
+    """
+    refs: dict[str, tuple[str, int, int, int]] = {}
+    for digest, (codec, data) in rows.items():
+        try:
+            refs[digest] = (codec, *read_pack_ref(data))
+        except ValueError as exc:
+            raise StoreError(f"blob {digest[:12]}: {exc}", "the store is damaged") from exc
+    p = schema.blob_packs
+    ids = sorted({r[1] for r in refs.values()})
+    plain: dict[int, bytes] = {}
+    for i in range(0, len(ids), _IN_CHUNK):
+        for pack_id, data in conn.execute(
+            select(p.c.id, p.c.data).where(p.c.id.in_(ids[i : i + _IN_CHUNK]))
+        ):
+            try:
+                plain[pack_id] = zlib.decompress(data)
+            except zlib.error as exc:
+                raise StoreError(
+                    f"blob pack {pack_id} cannot be unpacked: {exc}", "the store is damaged"
+                ) from exc
+    out: dict[str, bytes] = {}
+    for digest, (codec, pack_id, offset, length) in refs.items():
+        if pack_id not in plain:
+            continue
+        try:
+            data = unpack_slice(codec, plain[pack_id], offset, length)
+        except ValueError as exc:
+            raise StoreError(f"blob {digest[:12]}: {exc}", "the store is damaged") from exc
+        if sha256_hex(data) != digest:
+            raise StoreError(
+                f"blob {digest[:12]} does not match its hash (its pack {pack_id} was altered)",
+                "the store is damaged; restore it from a backup",
+            )
+        out[digest] = data
+    return out
 
 
 _CHECKED_CODECS = frozenset({"zd1", "hex1"})

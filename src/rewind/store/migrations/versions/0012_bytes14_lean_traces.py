@@ -17,10 +17,15 @@ tables on SQLite.
   :mod:`rewind.store.spans`): nobody queries a step span on its own. Upgrading packs the step
   span rows of every stored trace the same way (readers take both forms anyway); a downgrade
   writes packed step spans back as rows and drops the column.
+- A traced chain's small documents (node input, output and state maps, field values) are
+  written together as one zlib-compressed pack (new table ``blob_packs``; their ``blobs`` rows,
+  codec ``p-raw``/``p-hex1``, name a slice of it; :func:`rewind.store.codec.pack_together`).
+  Upgrading leaves stored blobs as they are; a downgrade stores every packed blob on its own
+  again and drops the table.
 
 Measured on peerbench's 100-step trace (``benchmarks/storage.py``'s trace figure): 431,104 →
-342,016 bytes (state rows −46 KB; spans −38 KB of rows and index, +8 KB packed; the small
-tables' key indexes −6 KB).
+303,104 bytes (state rows −46 KB; spans −38 KB of rows and index, +8 KB packed; the small
+tables' key indexes −6 KB; the documents' pack −39 KB).
 
 Revision ID: 0012
 Revises: 0011
@@ -144,6 +149,11 @@ def upgrade() -> None:
             )
     op.add_column("spans", sa.Column("steps", sa.LargeBinary, nullable=True))
     _pack_spans(conn)
+    op.create_table(
+        "blob_packs",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+    )
     if conn.dialect.name == "sqlite":
         rebuild = _revision_0011()._rebuild
         for table in KEY_ORDERED:
@@ -156,6 +166,7 @@ def downgrade() -> None:
     from rewind.store.codec import unpack
 
     conn = op.get_bind()
+    _blobs_out_of_packs(conn)
     _unpack_spans(conn)
     if conn.dialect.name == "sqlite":
         rebuild = _revision_0011()._rebuild
@@ -266,3 +277,35 @@ _STEP_COLUMNS = (
     "duration_ms",
 )
 """Frozen copy of ``rewind.store.spans.STEP_COLUMNS`` (pack version 1)."""
+
+
+def _blobs_out_of_packs(conn: sa.Connection) -> None:
+    """Every packed blob (codec ``p-...``) stored on its own as 0011 stores blobs (its packed
+    bytes in ``blob_data`` when they are SPILL_MIN_BYTES or longer); ``blob_packs`` dropped."""
+    from rewind.store.codec import pack, read_pack_ref, unpack_slice
+
+    blobs = sa.table(
+        "blobs",
+        sa.column("hash"),
+        sa.column("codec", sa.String),
+        sa.column("data", sa.LargeBinary),
+    )
+    blob_data = sa.table("blob_data", sa.column("hash"), sa.column("data", sa.LargeBinary))
+    packs = sa.table("blob_packs", sa.column("id", sa.Integer), sa.column("data", sa.LargeBinary))
+    plain = {i: zlib.decompress(d) for i, d in conn.execute(sa.select(packs.c.id, packs.c.data))}
+    rows = conn.execute(
+        sa.select(blobs.c.hash, blobs.c.codec, blobs.c.data).where(blobs.c.codec.like("p-%"))
+    ).all()
+    spill = conn.dialect.name == "sqlite"
+    for digest, codec, ref in rows:
+        pack_id, offset, length = read_pack_ref(ref)
+        codec, packed = pack(unpack_slice(codec, plain[pack_id], offset, length))
+        if spill and len(packed) >= _SPILL_MIN_BYTES:
+            conn.execute(blob_data.insert().values(hash=digest, data=packed))
+            codec, packed = "x-" + codec, b""
+        conn.execute(blobs.update().where(blobs.c.hash == digest).values(codec=codec, data=packed))
+    op.drop_table("blob_packs")
+
+
+_SPILL_MIN_BYTES = 161
+"""Frozen copy of ``schema.SPILL_MIN_BYTES`` (0011's)."""
