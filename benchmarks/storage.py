@@ -16,7 +16,12 @@ Bytes are the database file plus its ``-wal`` after ``PRAGMA wal_checkpoint(TRUN
 both connections closed). Figure (last line, JSON): ``storage_ratio`` = Rewind bytes / Burr bytes
 (target ≤ 0.10), plus both byte counts and Rewind's bytes per table.
 
-Run: ``.venv/bin/python benchmarks/storage.py [--quick]``
+A second figure, for traced chains: peerbench's agent loop (``benchmarks/trace_replay.py``: an
+``llm_call`` step to a loopback model stub, then a ``tool_call`` step; 100 steps) recorded with
+``Tracer`` into a fresh store: ``trace_bytes`` (every file of the store folder, after the tracer
+closed) and its bytes per table/index (peerbench's "stored bytes"; the smallest peer's: 129 KB).
+
+Run: ``.venv/bin/python benchmarks/storage.py [--quick] [--trace-steps N]``
 """
 
 from __future__ import annotations
@@ -133,7 +138,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small version for smoke tests")
     parser.add_argument("--steps", type=int, default=None, help="default 200")
+    parser.add_argument("--trace-steps", type=int, default=None, help="default 100")
     args = parser.parse_args(argv)
+    traced = trace_bytes(args.trace_steps or (20 if args.quick else 100))
     steps = args.steps or (40 if args.quick else 200)
     state = initial_state()
     state_kb = len(canonical_bytes(state)) / 1000
@@ -187,6 +194,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             + ", ".join(f"{k} {v:,}" for k, v in burr_tables.items())
         )
     print(f"storage ratio: {ratio:.3f} ({verdict} target ≤ {TARGET_RATIO})")
+    print(
+        f"traced chain, {traced['trace_steps']} steps: {traced['trace_bytes']:,} B; "
+        + "by table/index: "
+        + ", ".join(f"{k} {v:,}" for k, v in traced["tables"].items())
+    )
     return {
         "storage_ratio": round(ratio, 4),
         "storage_target_ratio": TARGET_RATIO,
@@ -198,7 +210,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ),
         "steps": steps,
         "fields": FIELDS,
+        "trace_bytes": traced["trace_bytes"],
+        "trace_steps": traced["trace_steps"],
     }
+
+
+def trace_bytes(steps: int) -> dict[str, Any]:
+    """Record peerbench's agent loop of ``steps`` steps as one trace into a fresh store (the
+    model stub in a child process); its bytes on disk and bytes per table/index."""
+    from tests.model_stub import STUB_MODEL
+
+    from rewind.llm import ChatClient, Endpoint, RetryPolicy
+    from rewind.tracing import Tracer
+    from trace_replay import _TRACED_TOOL, StubProcess, run_agent, traced_llm
+
+    stub = StubProcess()
+    try:
+        endpoint = Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL)
+        client = ChatClient(endpoint, retry=RetryPolicy(attempts=1))
+        with tempfile.TemporaryDirectory(prefix="rewind-trace-bytes-") as tmp:
+            tracer = Tracer(tmp, chat_client=client, raise_on_write_error=True)
+            with tracer.trace("bench-trace-bytes"):
+                run_agent(traced_llm, _TRACED_TOOL, steps)
+            tracer.close()
+            client.close()
+            files = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
+            tables = table_bytes(Path(tmp) / "rewind.db")
+    finally:
+        stub.close()
+    return {"trace_steps": steps, "trace_bytes": files, "tables": tables}
 
 
 if __name__ == "__main__":

@@ -186,15 +186,19 @@ def test_gc_still_expires_entries_whose_replays_are_old_too(
 
 
 # -- hostile zd1 blobs --------------------------------------------------------------------------
-def _zd1_output_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
+def _zd1_call_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
     """(hash, stored bytes) of a blob stored inline as ``zd1`` that a node of ``run_id`` names
-    as its output or one of its output's field values (on SQLite hashes are 32-byte keys)."""
+    as the request or result of one of its calls (on SQLite hashes are 32-byte keys; a trace's
+    output documents and field values are packed together since migration 0012, its call
+    payloads are not)."""
     with opened(folder) as st:
-        hashes = []
-        for n in st.nodes_of(run_id):
-            if n.output_hash:
-                hashes.append(n.output_hash)
-                hashes.extend(st.get_json(n.output_hash).values())
+        hashes = [
+            h
+            for n in st.nodes_of(run_id)
+            for c in n.calls
+            for h in (c.request_hash, c.result_hash)
+            if h
+        ]
     db = sqlite3.connect(folder / "rewind.db")
     try:
         for h in hashes:
@@ -205,7 +209,7 @@ def _zd1_output_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
                 return h, bytes(row[1])
     finally:
         db.close()
-    raise AssertionError("no zd1 output blob")
+    raise AssertionError("no zd1 call payload blob")
 
 
 def _tamper(folder: Path, digest: str, data: bytes) -> None:
@@ -224,7 +228,7 @@ def test_a_damaged_zd1_blob_is_a_clear_error_not_a_wrong_value(
 ) -> None:
     folder = tmp_path / "store"
     run_id, _ = record(folder, chat_client, read_cache=False)
-    digest, data = _zd1_output_blob(folder, run_id)
+    digest, data = _zd1_call_blob(folder, run_id)
     with opened(folder) as st:
         good = st.get_blob(digest)
     if damage == "truncated":
@@ -250,7 +254,8 @@ def test_a_damaged_zd1_blob_is_a_clear_error_not_a_wrong_value(
         st.get_blob(digest)
     with opened(folder) as st:
         source = st.get_run(run_id).run_id
-    result = CliRunner().invoke(cli_app, ["diff", source, source, "--store", str(folder)])
+    # inspect reads every call's request and answer
+    result = CliRunner().invoke(cli_app, ["inspect", source, "--store", str(folder)])
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "Traceback" not in result.output
 

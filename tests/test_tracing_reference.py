@@ -25,7 +25,7 @@ from rewind.calls import chat
 from rewind.cli import app as cli_app
 from rewind.llm import ChatClient
 from rewind.replay import Rewind
-from rewind.store import Store, open_store, schema
+from rewind.store import Store, open_store, schema, spans
 from rewind.tools import tool
 from rewind.tracing import StepType, Tracer, step
 from rewind.tracing.store import load_trace
@@ -95,8 +95,13 @@ def store_bytes(folder: Path) -> int:
 
 
 def own_rows(store: Store, run_id: str) -> dict[str, int]:
+    """Rows the run stores itself per table; ``spans``: the span rows its stored rows stand
+    for (a root row carries its trace's step spans packed, rewind.store.spans)."""
     out = {}
-    for name in ("nodes", "calls", "spans", "burr_state"):
+    with store.read() as conn:
+        stored = conn.execute(select(schema.spans).where(schema.spans.c.run_id == run_id)).all()
+    out["spans"] = sum(len(spans.expand(dict(r._mapping))) for r in stored)
+    for name in ("nodes", "calls", "burr_state"):
         t = getattr(schema, name)
         col = t.c.app_id if name == "burr_state" else t.c.run_id
         with store.read() as conn:

@@ -17,6 +17,10 @@ many bytes a row takes, never a hash, a cache key or what a reader gets back.
   (JSON text never has one), so every NUL of the stored bytes starts a digest. Rewind's
   ``{field: hash}`` maps (node outputs, state maps: a third of a traced step's blobs) are
   mostly hash and compress badly; this halves them. Added by migration 0011.
+- ``p-raw`` / ``p-hex1``: the blob is a slice of a pack (``blob_packs``: small blobs of one
+  traced chain's write read together — its documents, or its calls' payloads —,
+  zlib-compressed together; :func:`pack_together`); handled by the store. Added by migration
+  0012.
 - ``object``: the bytes live in the object store (see :mod:`rewind.store.objects`); handled by
   the store, not here.
 """
@@ -130,3 +134,83 @@ def unpack(codec: str, data: bytes) -> bytes:
     if codec == "hex1":
         return _hex_runs(bytes(data))
     raise ValueError(f"unknown blob codec {codec!r}")
+
+
+# -- packs: many small blobs of one write in one compressed row (migration 0012) -------------
+
+PACK_PREFIX = "p-"
+"""``blobs.codec`` of a blob kept inside a pack (``blob_packs``): ``p-raw`` or ``p-hex1`` (how
+its slice of the pack's uncompressed bytes is kept); ``blobs.data`` is :func:`pack_ref`."""
+PACK_MAX_BYTES = 4096
+"""Blobs larger than this are never packed (they compress well enough alone)."""
+
+
+def pack_together(items: list[bytes]) -> tuple[bytes, list[tuple[str, int, int]]]:
+    """Pack blobs' bytes together: (the pack's stored bytes — zlib of the concatenated slices —,
+    per item its ``p-`` codec, offset and length in the uncompressed pack). A slice is the
+    item's ``hex1`` form when that is shorter, else its bytes: a document of Rewind's is mostly
+    sha256 hex, and the same digests repeat from one document to the next (zlib finds them)."""
+    parts: list[bytes] = []
+    out: list[tuple[str, int, int]] = []
+    offset = 0
+    for data in items:
+        codec, stored = "raw", data
+        if b"\0" not in data and _HEX64.search(data) is not None:
+            h = _HEX64.sub(_digest_bytes, data)
+            if len(h) < len(data):
+                codec, stored = "hex1", h
+        parts.append(stored)
+        out.append((PACK_PREFIX + codec, offset, len(stored)))
+        offset += len(stored)
+    return zlib.compress(b"".join(parts), 6), out
+
+
+def pack_ref(pack_id: int, offset: int, length: int) -> bytes:
+    """``blobs.data`` of a packed blob: three unsigned LEB128 varints (pack id, offset, length)."""
+    return b"".join(_varint(n) for n in (pack_id, offset, length))
+
+
+def read_pack_ref(data: bytes) -> tuple[int, int, int]:
+    """(pack id, offset, length) from :func:`pack_ref` bytes.
+
+    Raises:
+        ValueError: not three varints.
+    """
+    values: list[int] = []
+    value = shift = 0
+    for byte in bytes(data):
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            values.append(value)
+            value = shift = 0
+    if len(values) != 3 or shift:
+        raise ValueError("a packed blob's reference is not three varints")
+    return values[0], values[1], values[2]
+
+
+def unpack_slice(codec: str, plain: bytes, offset: int, length: int) -> bytes:
+    """A packed blob's bytes from its pack's uncompressed bytes.
+
+    Raises:
+        ValueError: an unknown ``p-`` codec, a slice outside the pack, or damaged ``hex1``.
+    """
+    if offset + length > len(plain):
+        raise ValueError("a packed blob's slice ends outside its pack")
+    part = plain[offset : offset + length]
+    inner = codec[len(PACK_PREFIX) :]
+    if inner not in ("raw", "hex1"):
+        raise ValueError(f"unknown blob codec {codec!r}")
+    return unpack(inner, part)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)

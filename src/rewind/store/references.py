@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, select, text
 
 from rewind.store import schema
+from rewind.store.spans import expand as expand_spans
 
 __all__ = [
     "MAX_DEPTH",
@@ -216,8 +217,9 @@ def _physical(conn: Connection, out: SourceRows) -> None:
     calls = "SELECT * FROM calls WHERE run_id = :r ORDER BY position, call_index"
     for row in _dicts(conn, calls, out.run_id):
         out.calls.setdefault(row["position"], []).append(row)
-    for row in _dicts(conn, "SELECT * FROM spans WHERE run_id = :r", out.run_id):
-        out.spans[row["position"]] = row
+    for stored in _dicts(conn, "SELECT * FROM spans WHERE run_id = :r", out.run_id):
+        for row in expand_spans(stored):  # a root row carries the step spans packed
+            out.spans[row["position"]] = row
     for row in out.nodes:
         row["inherited"] = bool(row["inherited"])
 

@@ -22,8 +22,9 @@ What goes, for an age ``A`` (``--older-than 30d``) and ``cutoff = now - A``:
   that the nodes trigger checks, inserted and removed inside gc's own transaction.
 - **Blobs** that no row names any more. Names are found conservatively: every 64-hex value or
   substring in any row of any table (JSON maps such as ``burr_state.fields_json`` included),
-  plus every 64-hex string inside the node input/output documents and initial-state documents
-  those rows name (they map fields to blob hashes). A false "reference" only keeps a blob.
+  plus every 64-hex string inside the node input/output/state documents and initial-state
+  documents those rows name (they map fields to blob hashes; a traced step's state row is its
+  state document). A false "reference" only keeps a blob.
 
 Concurrent writers (another process recording while gc runs) are handled by ordering, not by
 timing:
@@ -64,6 +65,7 @@ from sqlalchemy.exc import IntegrityError
 from rewind.canonical import sha256_hex
 from rewind.errors import RewindError, RunBusy, StoreError, UnknownRun
 from rewind.store import schema
+from rewind.store.codec import PACK_PREFIX, read_pack_ref
 from rewind.store.objects import ObjectStore
 from rewind.store.references import REFERENCE_KEY, load_rows, reference_of
 from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store
@@ -89,7 +91,15 @@ RUN_TABLES: tuple[tuple[Table, str], ...] = (
 table with a ``run_id`` column is listed)."""
 
 NOT_REFERENCES = frozenset(
-    {"blobs", "blob_data", "meta", "archived_runs", "archive_permits", "alembic_version"}
+    {
+        "blobs",
+        "blob_data",
+        "blob_packs",
+        "meta",
+        "archived_runs",
+        "archive_permits",
+        "alembic_version",
+    }
 )
 """Tables whose values never name a blob that must be kept."""
 
@@ -497,11 +507,12 @@ def _run_rows(conn: Connection, run_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def _map_documents(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Hashes of the blobs that are maps of field → blob hash (node input/output documents, a
-    run's initial state), named by these rows."""
+    """Hashes of the blobs that are maps of field → blob hash (node input/output/state
+    documents, a run's initial state), named by these rows."""
     found = [r["initial_state_hash"] for r in tables.get("runs", []) if r["initial_state_hash"]]
     for node in tables.get("nodes", []):
-        found += [h for h in (node["input_hash"], node["output_hash"]) if h]
+        # state_hash too: a traced step's state row is its state document (migration 0012)
+        found += [h for h in (node["input_hash"], node["output_hash"], node["state_hash"]) if h]
     return found
 
 
@@ -896,7 +907,7 @@ def _referenced(
                 continue
             refs.update(_hashes_in(m.values()))
             if table.name == "nodes":
-                maps.update(h for h in (m["input_hash"], m["output_hash"]) if h)
+                maps.update(h for h in (m["input_hash"], m["output_hash"], m["state_hash"]) if h)
             elif table.name == "runs" and m["initial_state_hash"]:
                 maps.add(m["initial_state_hash"])
     present = _existing_blobs(conn, maps)
@@ -924,6 +935,18 @@ def _unreferenced(conn: Connection, refs: set[str]) -> dict[str, tuple[int, str 
     }
 
 
+def _delete_unused_packs(conn: Connection) -> None:
+    """Delete the blob packs no blob row names any more (migration 0012)."""
+    t, p = schema.blobs, schema.blob_packs
+    used = {
+        read_pack_ref(r[0])[0]
+        for r in conn.execute(select(t.c.data).where(t.c.codec.like(PACK_PREFIX + "%")))
+    }
+    unused = [r[0] for r in conn.execute(select(p.c.id)) if r[0] not in used]
+    for chunk in _chunks(unused):
+        conn.execute(delete(p).where(p.c.id.in_(chunk)))
+
+
 def _lock_out_writers(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": GC_LOCK_KEY})
@@ -938,6 +961,7 @@ def _sweep_blobs(store: Store, report: GcReport) -> None:
         for chunk in _chunks(sorted(doomed)):
             conn.execute(delete(schema.blobs).where(schema.blobs.c.hash.in_(chunk)))
             conn.execute(delete(schema.blob_data).where(schema.blob_data.c.hash.in_(chunk)))
+        _delete_unused_packs(conn)
         if doomed:
             bump_blob_epoch(conn)
     report.blobs_deleted = len(doomed)

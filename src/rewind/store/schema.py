@@ -92,6 +92,7 @@ meta = Table(
     metadata,
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 runs = Table(
@@ -210,6 +211,7 @@ audits = Table(
     Column("label", String(24), nullable=False),  # admissible | vacuous | not-admissible
     Column("note", Text, nullable=False, default=""),
     Column("counts_json", Text, nullable=False, default="{}"),
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 edges = Table(
@@ -219,6 +221,7 @@ edges = Table(
     Column("src", String(200), primary_key=True),
     Column("dst", String(200), primary_key=True),
     Column("condition", Text, nullable=False, default="default"),
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 run_graphs = Table(
@@ -232,6 +235,7 @@ run_graphs = Table(
     Column("run_id", String(64), ForeignKey("runs.run_id"), primary_key=True),
     Column("graph_hash", String(64), nullable=False),  # blob: canonical JSON graph document
     Column("drift_json", Text, nullable=True),  # forks: GraphDrift.to_json(); None otherwise
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 llm_cache = Table(
@@ -289,6 +293,17 @@ blob_data = Table(
     Column("data", LargeBinary, nullable=False),
 )
 
+blob_packs = Table(
+    # Many small blobs of one write in one row (codec.pack_together; migration 0012): a traced
+    # chain's documents (node input/output/state maps, field values), or its calls' requests
+    # and results. Their ``blobs`` rows
+    # (codec ``p-...``) name the pack by id. SQLite only (created empty on PostgreSQL).
+    "blob_packs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("data", LargeBinary, nullable=False),  # zlib of the concatenated slices
+)
+
 burr_state = Table(
     "burr_state",
     metadata,
@@ -310,6 +325,7 @@ artifacts = Table(
     Column("sha256", String(64), nullable=False),
     Column("size", Integer, nullable=False),  # bytes
     Column("path", Text, nullable=False),  # relative to the store's folder
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 spans = Table(
@@ -334,6 +350,10 @@ spans = Table(
     Column("ended_at", Float, nullable=True),
     Column("duration_ms", Float, nullable=False, default=0.0),
     Column("output_hash", String(64), nullable=True),  # root only: blob of the chain's output
+    # root only: the trace's step spans packed (rewind.store.spans; migration 0012); None when
+    # they are rows of their own (written before 0012, or not packable)
+    Column("steps", LargeBinary, nullable=True),
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 archived_runs = Table(
@@ -374,6 +394,7 @@ users = Table(
     Column("admin", Boolean, nullable=False, default=False),  # sees every run
     Column("created_at", Float, nullable=False),  # unix seconds
     Column("revoked_at", Float, nullable=True),  # set: the token is refused
+    sqlite_with_rowid=False,  # migration 0012: small rows; no separate key index
 )
 
 jobs = Table(

@@ -42,7 +42,16 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import ParentMissing, RewindError, StoreError
 from rewind.store import migrate, schema
-from rewind.store.codec import pack, unpack
+from rewind.store.codec import (
+    PACK_MAX_BYTES,
+    PACK_PREFIX,
+    pack,
+    pack_ref,
+    pack_together,
+    read_pack_ref,
+    unpack,
+    unpack_slice,
+)
 from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
 from rewind.store.objects import ObjectStore, artifact_key
 from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
@@ -91,6 +100,9 @@ class WriteBatch:
     effects: list[dict[str, Any]] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     """A traced chain's ``spans`` rows (:mod:`rewind.tracing.store`); empty for Burr runs."""
+    packs: list[set[str]] = field(default_factory=list)
+    """Groups of hashes of ``blobs``, each kept together in one pack (``blob_packs``, SQLite)
+    when it is written: blobs read together (a traced chain's documents; its call payloads)."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -369,10 +381,13 @@ class Store:
         else:  # nothing is spilled on other backends
             query = select(t.c.hash, t.c.codec, t.c.data, t.c.ref)
         out: dict[str, bytes] = {}
+        in_packs: dict[str, tuple[str, bytes]] = {}
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
             for row in conn.execute(query.where(t.c.hash.in_(chunk))):
-                if row.codec == "object":
+                if row.codec.startswith(PACK_PREFIX):
+                    in_packs[row.hash] = (row.codec, row.data)
+                elif row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
                 elif row.codec.startswith(schema.SPILL_PREFIX):
                     if not self._spill or row.spilled is None:
@@ -381,6 +396,8 @@ class Store:
                     out[row.hash] = _unpacked(row.hash, codec, row.spilled)
                 else:
                     out[row.hash] = _unpacked(row.hash, row.codec, row.data)
+        if in_packs:
+            out.update(_from_packs(conn, in_packs))
         missing = [d for d in wanted if d not in out]
         if missing:
             raise StoreError(
@@ -425,7 +442,7 @@ class Store:
         epoch = self._blob_epoch
         new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
-        rows = [self._blob_row(digest, data) for digest, data in new.items()]
+        rows, packs = self._blob_rows(new, batch.packs)
         with self.write() as conn:
             if before is not None:
                 # First: a run row naming a parent the same gc archived fails as ParentMissing
@@ -436,10 +453,12 @@ class Store:
                 # (insert-or-ignore; objects uploaded again under the lock) and make sure the
                 # blobs the batch only refers to are still there.
                 new = dict(batch.blobs)
-                rows = [self._blob_row(digest, data) for digest, data in new.items()]
+                rows, packs = self._blob_rows(new, batch.packs)
                 self._check_referenced(conn, batch)
             else:
                 self._check_objects(rows, new)
+            for pack in packs:
+                rows += self._insert_pack(conn, pack)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
             self._insert_blobs(conn, sorted(rows, key=_by_hash))
@@ -459,6 +478,48 @@ class Store:
             if len(self._state_tails) > 10_000:
                 self._state_tails.clear()
             self._state_tails.update(tails)
+
+    def _blob_rows(
+        self, new: dict[str, bytes], groups: list[set[str]]
+    ) -> tuple[list[dict[str, Any]], list[_Pack]]:
+        """The blob rows for ``new`` (sha256 → bytes) and, on SQLite, a pack per group of
+        ``groups`` (of its blobs in ``new``, when two or more are at most PACK_MAX_BYTES and not
+        offloaded), whose rows :meth:`_insert_pack` makes once the pack has its id."""
+        packs: list[_Pack] = []
+        packed: set[str] = set()
+        for group in groups if self._spill else ():
+            together = [
+                h
+                for h in new
+                if h in group
+                and h not in packed
+                and len(new[h]) <= PACK_MAX_BYTES
+                and (self.objects is None or len(new[h]) < self.offload_min_bytes)
+            ]
+            if len(together) < 2:
+                continue
+            packed.update(together)
+            stored, slices = pack_together([new[h] for h in together])
+            sizes = [len(new[h]) for h in together]
+            packs.append(_Pack(stored, list(zip(together, sizes, slices, strict=True))))
+        rows = [self._blob_row(h, data) for h, data in new.items() if h not in packed]
+        return rows, packs
+
+    def _insert_pack(self, conn: Connection, pack: _Pack) -> list[dict[str, Any]]:
+        """Insert a pack (inside ``conn``'s transaction); the blob rows of its blobs."""
+        pack_id = conn.execute(
+            insert(schema.blob_packs).values(data=pack.data)
+        ).inserted_primary_key[0]
+        return [
+            {
+                "hash": digest,
+                "size": size,
+                "codec": codec,
+                "data": pack_ref(pack_id, offset, length),
+                "ref": None,
+            }
+            for digest, size, (codec, offset, length) in pack.blobs
+        ]
 
     def _unstored_blobs(self, batch: WriteBatch) -> dict[str, bytes]:
         """The batch's blobs this process does not know as stored; when there are many, the
@@ -1181,9 +1242,15 @@ class Store:
             else:
                 q = q.where(t.c.sequence_id == sequence_id)
             row = conn.execute(q).first()
-            if row is None:
+            derived = None
+            if row is None or sequence_id is None:
+                derived = self._traced_state_row(conn, partition_key, app_id, sequence_id)
+            if derived is not None and (row is None or derived["sequence_id"] > row.sequence_id):
+                m = derived
+            elif row is None:
                 return None
-            m = dict(row._mapping)
+            else:
+                m = dict(row._mapping)
             fields = json.loads(m.pop("fields_json"))
             if isinstance(fields, list):  # a delta: rebuild it from the rows before it
                 earlier = conn.execute(
@@ -1206,6 +1273,48 @@ class Store:
 
         m["values"] = {k: decode_field(k, blobs[h]) for k, h in fields.items()} | internal
         return m
+
+    def _traced_state_row(
+        self, conn: Connection, partition_key: str, app_id: str, sequence_id: int | None
+    ) -> dict[str, Any] | None:
+        """The state row of a traced step, which a trace does not store (migration 0012): the
+        step's node row names its state document (``state_hash``: the canonical ``{field: blob
+        hash}`` map), which is exactly the row's ``fields``. Only for a trace's own completed
+        steps (``src_app_id`` the trace itself; ``sequence_id`` None: its last such step); None
+        for anything else, such as a Burr app (whose rows are all stored)."""
+        if partition_key != "":
+            return None
+        n, s = schema.nodes, schema.spans
+        is_trace = conn.execute(
+            select(s.c.run_id).where(s.c.run_id == app_id, s.c.position == -1)
+        ).first()
+        if is_trace is None:
+            return None
+        q = select(n.c.sequence_id, n.c.name, n.c.state_hash, n.c.started_at).where(
+            n.c.run_id == app_id,
+            n.c.src_app_id == app_id,
+            n.c.src_sequence_id == n.c.sequence_id,
+            n.c.state_hash.is_not(None),
+            n.c.error.is_(None),
+        )
+        if sequence_id is None:
+            q = q.order_by(n.c.sequence_id.desc()).limit(1)
+        else:
+            q = q.where(n.c.sequence_id == sequence_id)
+        node = conn.execute(q).first()
+        if node is None:
+            return None
+        doc = self.get_blobs([node.state_hash], conn)[node.state_hash]
+        return {
+            "partition_key": partition_key,
+            "app_id": app_id,
+            "sequence_id": node.sequence_id,
+            "position": node.name,
+            "status": "completed",
+            "fields_json": doc.decode(),
+            "internal_json": "{}",
+            "created_at": node.started_at,
+        }
 
     def resolve_fields(self, fields: dict[str, str]) -> dict[str, Any]:
         """Load a {field: blob hash} map into {field: value}, each value of its recorded type.
@@ -1512,6 +1621,59 @@ def _run_row_refused(conn: Connection, values: dict[str, Any]) -> StoreError:
                 "restore it (`rewind archive restore`) and record again",
             )
     return StoreError(f"run {run_id} cannot be stored (the database refused its row)", "")
+
+
+@dataclass(frozen=True)
+class _Pack:
+    """A pack about to be inserted: its stored bytes and, per blob, (sha256, size, (codec,
+    offset, length)) as :func:`rewind.store.codec.pack_together` made them."""
+
+    data: bytes
+    blobs: list[tuple[str, int, tuple[str, int, int]]]
+
+
+def _from_packs(conn: Connection, rows: dict[str, tuple[str, bytes]]) -> dict[str, bytes]:
+    """The bytes of packed blobs (sha256 → (codec, pack reference)), each pack read and
+    decompressed once, every blob checked against its hash; a blob whose pack is gone is left
+    out (the caller reports it missing).
+
+    Raises:
+        StoreError: a pack or a reference is damaged, or a blob does not match its hash.
+    """
+    refs: dict[str, tuple[str, int, int, int]] = {}
+    for digest, (codec, data) in rows.items():
+        try:
+            refs[digest] = (codec, *read_pack_ref(data))
+        except ValueError as exc:
+            raise StoreError(f"blob {digest[:12]}: {exc}", "the store is damaged") from exc
+    p = schema.blob_packs
+    ids = sorted({r[1] for r in refs.values()})
+    plain: dict[int, bytes] = {}
+    for i in range(0, len(ids), _IN_CHUNK):
+        for pack_id, data in conn.execute(
+            select(p.c.id, p.c.data).where(p.c.id.in_(ids[i : i + _IN_CHUNK]))
+        ):
+            try:
+                plain[pack_id] = zlib.decompress(data)
+            except zlib.error as exc:
+                raise StoreError(
+                    f"blob pack {pack_id} cannot be unpacked: {exc}", "the store is damaged"
+                ) from exc
+    out: dict[str, bytes] = {}
+    for digest, (codec, pack_id, offset, length) in refs.items():
+        if pack_id not in plain:
+            continue
+        try:
+            data = unpack_slice(codec, plain[pack_id], offset, length)
+        except ValueError as exc:
+            raise StoreError(f"blob {digest[:12]}: {exc}", "the store is damaged") from exc
+        if sha256_hex(data) != digest:
+            raise StoreError(
+                f"blob {digest[:12]} does not match its hash (its pack {pack_id} was altered)",
+                "the store is damaged; restore it from a backup",
+            )
+        out[digest] = data
+    return out
 
 
 _CHECKED_CODECS = frozenset({"zd1", "hex1"})

@@ -2,13 +2,14 @@
 
 Functions over a :class:`~rewind.store.Store` (its own class stays the engine's): a trace is
 written in one ``BEGIN IMMEDIATE`` transaction — the run row, node rows with their calls, the LLM
-and tool cache entries the calls produced, content-addressed blobs, one Burr-style state row per
-step and the ``spans`` rows — so a trace is either wholly there or not at all. Hashes are made
-exactly as the Burr recorder makes them (see :mod:`rewind.recorder`): ``input_hash`` covers the
-node name, the hashes of the fields it read, its inputs and params; ``output_hash`` is the Merkle
-hash of ``{field: field hash}`` of what it wrote; ``state_hash`` that of the whole state after it.
-A replay's steps that equal its source's are not written again (:mod:`rewind.store.references`);
-the readers here resolve them.
+and tool cache entries the calls produced, content-addressed blobs, a Burr-style state row per
+failed step (a completed step's state row is derived from its state document, see
+:meth:`Store.load_state_row`) and the ``spans`` rows — so a trace is either wholly there or not
+at all. Hashes are made exactly as the Burr recorder makes them (see :mod:`rewind.recorder`):
+``input_hash`` covers the node name, the hashes of the fields it read, its inputs and params;
+``output_hash`` is the Merkle hash of ``{field: field hash}`` of what it wrote; ``state_hash``
+that of the whole state after it. A replay's steps that equal its source's are not written again
+(:mod:`rewind.store.references`); the readers here resolve them.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from rewind.store.references import (
     virtual_node,
 )
 from rewind.store.references import resolve as resolve_reference
+from rewind.store.spans import expand as expand_spans
+from rewind.store.spans import pack_rows as pack_span_rows
 from rewind.store.store import WriteBatch, call_rows, state_row
 from rewind.tracing import step_memo
 from rewind.tracing.model import (
@@ -216,6 +219,8 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         )
         store.put_edges(data.name, edges, conn)
 
+    batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
+    batch.packs = _pack_groups(batch, data)
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
 
@@ -236,6 +241,21 @@ def _proven(
             break
         out.append((sig, changed))
     return out
+
+
+def _pack_groups(batch: WriteBatch, data: TraceData) -> list[set[str]]:
+    """The batch's blobs as the packs they may share (``blob_packs``): its documents and field
+    values; its calls' and cache entries' requests and results (a replay reads these, all of
+    a trace's at once). The tracer's extra blobs stay on their own."""
+    payloads: set[str] = set()
+    for row in batch.calls:
+        payloads.update(h for h in (row.get("request_hash"), row.get("result_hash")) if h)
+    for row in batch.llm_cache:
+        payloads.update(h for h in (row.get("request_hash"), row.get("response_hash")) if h)
+    for row in batch.tool_cache:
+        payloads.update(h for h in (row.get("args_hash"), row.get("result_hash")) if h)
+    extra = set(data.extra_blobs)
+    return [set(batch.blobs) - payloads - extra, (payloads & set(batch.blobs)) - extra]
 
 
 _StepRows = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]
@@ -291,7 +311,10 @@ def _step_rows(
     src_app_id, src_sequence_id = data.trace_id, s.position
     if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
         src_app_id, src_sequence_id = same[3], same[4]
-    else:
+    elif failed:
+        # A completed step's state row is its state document (``state_hash``), which
+        # Store.load_state_row reads instead (migration 0012); a failed step has none, so its
+        # row (the state before it) is stored.
         part.states.append(
             state_row(
                 partition_key="",
@@ -500,8 +523,8 @@ def stored_span_ids(store: Store, trace_id: str) -> set[str]:
     trace is not stored."""
     t = schema.spans
     with store.read() as conn:
-        rows = conn.execute(select(t.c.span_id).where(t.c.run_id == trace_id)).all()
-    return {r[0] for r in rows}
+        rows = conn.execute(select(t).where(t.c.run_id == trace_id)).all()
+    return {s["span_id"] for r in rows for s in expand_spans(dict(r._mapping))}
 
 
 def is_trace(store: Store, run_id: str) -> bool:
@@ -612,8 +635,8 @@ def _chunk_rows(conn: Connection, ids: list[str]) -> _ChunkRows:
         effects.setdefault((e.run_id, e.position), []).append(e)
     spans: dict[tuple[str, int], dict[str, Any]] = {}
     for r in conn.execute(select(schema.spans).where(schema.spans.c.run_id.in_(ids))):
-        m = dict(r._mapping)
-        spans[(m["run_id"], m["position"])] = m
+        for m in expand_spans(dict(r._mapping)):
+            spans[(m["run_id"], m["position"])] = m
     return _ChunkRows(runs, nodes, calls, effects, spans)
 
 
@@ -990,6 +1013,13 @@ def count_traces(store: Store) -> dict[str, int]:
         ).scalar_one()
         steps = conn.execute(
             select(func.count()).select_from(s).where(s.c.position != ROOT_POSITION)
+        ).scalar_one()
+        # Packed step spans (rewind.store.spans): write_trace stores a step's span with its
+        # node row, so a packed trace has as many step spans as node rows.
+        n = schema.nodes
+        packed = select(s.c.run_id).where(s.c.position == ROOT_POSITION, s.c.steps.is_not(None))
+        steps += conn.execute(
+            select(func.count()).select_from(n).where(n.c.run_id.in_(packed))
         ).scalar_one()
         runs = conn.execute(select(func.count()).select_from(schema.runs)).scalar_one()
     return {"traces": int(traces), "step_spans": int(steps), "runs": int(runs)}
