@@ -354,3 +354,53 @@ def test_progress_stops_watching_a_run_only_after_its_last_commit(
         assert lock_free and all(lock_free), lock_free
     finally:
         rw.store.close()
+
+
+def test_node_and_call_records_read_back_equal_records_built_through_init(
+    tmp_path: Path,
+) -> None:
+    """``from_row`` fills the records' ``__dict__`` directly: every dataclass field is set,
+    with the values ``__init__`` would store (params parsed, ``inherited`` a bool)."""
+    import dataclasses
+
+    from rewind.store.records import CallRecord, NodeRecord
+
+    store = open_store(tmp_path / "s")
+    try:
+        call = CallRecord(0, "tool", "t", "k" * 64, "a" * 64, "b" * 64, "hit", "hit", 1, 2, 0.5)
+        node = {
+            "run_id": "r1",
+            "position": 0,
+            "name": "n",
+            "sequence_id": 3,
+            "src_app_id": "r1",
+            "src_sequence_id": 3,
+            "inherited": 1,
+            "input_hash": "c" * 64,
+            "output_hash": None,
+            "state_hash": "d" * 64,
+            "params_json": '{"temperature":0.5}',
+            "latency_ms": 1.5,
+            "prompt_tokens": 1,
+            "completion_tokens": 2,
+            "cache_outcome": "hit",
+            "cache_reason": "hit",
+            "determinism": "time-bound",
+            "error": None,
+            "started_at": 12.0,
+        }
+        with store.write() as conn:
+            store.create_run(conn, run_id="r1", pipeline="p", pipeline_ref="m:p")
+            store.insert_node(conn, node, [call])
+            store.insert_node(conn, node | {"position": 1, "params_json": "{}"})
+        got = store.nodes_of("r1")
+        fields = {f.name for f in dataclasses.fields(NodeRecord)}
+        for record in got:
+            assert set(vars(record)) == fields
+        assert set(vars(got[0].calls[0])) == {f.name for f in dataclasses.fields(CallRecord)}
+        want = {k: v for k, v in node.items() if k != "params_json"} | {"inherited": True}
+        assert got[0] == NodeRecord(**want, params={"temperature": 0.5}, calls=(call,))
+        assert got[1] == NodeRecord(**want | {"position": 1}, params={})
+        assert got[0].inherited is True and got[0].calls[0] == call
+    finally:
+        store.close()

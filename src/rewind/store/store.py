@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 from sqlalchemy import (
@@ -371,7 +371,7 @@ class Store:
         out: dict[str, bytes] = {}
         for i in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[i : i + _IN_CHUNK]
-            for row in conn.execute(query.where(t.c.hash.in_(chunk))):
+            for row in self._blob_rows(conn, query, chunk):
                 if row.codec == "object":
                     out[row.hash] = self._object_store_for(row.ref).get_blob(row.ref, row.hash)
                 elif row.codec.startswith(schema.SPILL_PREFIX):
@@ -387,6 +387,22 @@ class Store:
                 f"blob {missing[0][:12]} is missing from the store", "the store is damaged"
             )
         return out
+
+    def _blob_rows(self, conn: Connection, query: Any, chunk: list[str]) -> Iterable[Any]:
+        """The blob rows of ``chunk``'s hashes (``hash`` as hex, ``codec``, ``data``, ``ref``,
+        and ``spilled`` on SQLite). On SQLite through the driver's statement cache: compiling
+        the expanding ``IN`` of ``query`` for each read cost more than the read (a fork reads
+        the results of its parent's calls: 100 blobs 1.2 -> 0.4 ms)."""
+        if not self._spill:  # not SQLite
+            return conn.execute(query.where(schema.blobs.c.hash.in_(chunk)))
+        marks = ",".join("?" * len(chunk))
+        found = conn.exec_driver_sql(
+            "SELECT blobs.hash, blobs.codec, blobs.data, blobs.ref, blob_data.data FROM blobs "
+            "LEFT OUTER JOIN blob_data ON blob_data.hash = blobs.hash "
+            f"WHERE blobs.hash IN ({marks})",
+            tuple(schema.digest_bytes(h) for h in chunk),
+        )
+        return [_BlobRow(_hex_digest(r[0]), *r[1:]) for r in found]
 
     def _object_store_for(self, ref: str) -> ObjectStore:
         if self.objects is not None and ref.startswith(self.objects.url + "/"):
@@ -530,9 +546,18 @@ class Store:
         with self.read() as conn:
             for i in range(0, len(listed), _IN_CHUNK):
                 chunk = listed[i : i + _IN_CHUNK]
-                present.update(
-                    r[0] for r in conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk)))
+                if self._bulk_sql is None:
+                    found = conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk)))
+                    present.update(r[0] for r in found)
+                    continue
+                # SQLite: the driver's statement cache instead of compiling an expanding IN
+                # for every probe (0.36 -> 0.06 ms for 16 hashes); hashes bound as stored
+                marks = ",".join("?" * len(chunk))
+                found = conn.exec_driver_sql(
+                    f"SELECT blobs.hash FROM blobs WHERE blobs.hash IN ({marks})",
+                    tuple(schema.digest_bytes(h) for h in chunk),
                 )
+                present.update(_hex_digest(h) for (h,) in found)
         return present
 
     def _check_objects(self, rows: list[dict[str, Any]], data: dict[str, bytes]) -> None:
@@ -1355,6 +1380,22 @@ def _last_audits_statement() -> Any:
 _LAST_AUDITS = _last_audits_statement()
 """The newest audit row of each run in ``:ids``."""
 _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
+
+
+class _BlobRow(NamedTuple):
+    """A ``blobs`` row (outer-joined with ``blob_data``) read by raw SQL."""
+
+    hash: str
+    codec: str
+    data: bytes
+    ref: str | None
+    spilled: bytes | None
+
+
+def _hex_digest(value: Any) -> Any:
+    """A ``blobs.hash`` value read by raw SQL as :class:`schema.Digest` reads it (32 bytes ->
+    64 hex; anything else unchanged)."""
+    return value.hex() if type(value) is bytes and len(value) == 32 else value
 
 
 def _probe(blobs: dict[str, bytes]) -> list[str]:
