@@ -279,3 +279,35 @@ def test_sealed_steps_match_a_full_encoding_over_random_undeclared_changes() -> 
         got = enc.step({"__SEQUENCE_ID": step, **state}, recheck=recheck)
         assert got.digests == _full(state), step
         assert enc.state_map()[0] == canonical_bytes(_full(state)), step
+
+
+def test_a_declared_field_is_compared_by_pickle_not_re_encoded_unless_it_changed() -> None:
+    """A field the node reads (declared) whose object and pickle did not change keeps its
+    encoding (no re-encoding per node); one changed in place is re-encoded, sealed or loose."""
+    import rewind.persister as persister
+
+    encoded: list[str] = []
+    real = persister.encode_value
+
+    def counting(key: str, value: Any) -> Any:
+        encoded.append(key)
+        return real(key, value)
+
+    enc = FieldEncoder()
+    state: dict[str, Any] = {f"f{i}": {"rows": [i]} for i in range(6)}
+    enc.step(state)
+    enc.step({**state, "new": [0]})  # a fresh field: loose until the next seal
+    state["new"] = enc._objs["new"]
+    assert "f2" in enc._sealed and "new" in enc._prints
+    persister.encode_value = counting
+    try:
+        assert enc.step(state, recheck=("f2", "new")).fresh == {}
+        assert encoded == []  # neither the sealed nor the loose declared field re-encoded
+        state["f2"]["rows"].append("x")  # in place, declared
+        assert set(enc.step(state, recheck=("f2",)).fresh) == {"f2"}
+        state["new"].append(1)  # in place, declared, loose (or sealed again meanwhile)
+        got = enc.step(state, recheck=("new",))
+    finally:
+        persister.encode_value = real
+    assert set(got.fresh) == {"new"}
+    assert got.digests == _full(state)

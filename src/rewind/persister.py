@@ -223,16 +223,15 @@ class FieldEncoder:
 
     Burr's contract is that an action changes only the fields it declares in ``writes``; every
     other field of the new state is the very same object as before. So a field is re-encoded when
-    its object is not the one encoded last time, when the action declares it in ``writes``, or
-    when the action declares it in ``reads`` and its value is mutable (an action that appends to
-    a list it reads changes the value without changing the object); otherwise the previous
-    encoding is reused. Burr hands an action the whole state, though, and does not enforce the
-    contract: a helper the action calls may append to a list the action declares nowhere. So
-    every other mutable field (list, dict, set, array, object...) whose object is the one encoded
-    last is compared by its pickle (C speed, exact types; ~1 µs for a small dict, ~1 ms per MB)
-    with the pickle taken when it was encoded, and re-encoded when they differ or it cannot be
-    pickled. When a re-encoded object turns out to have changed in place, every field is
-    re-encoded (another field may hold the same object, or a part of it).
+    its object is not the one encoded last time; an action may also change in place a mutable
+    value it declares in ``reads`` or ``writes`` (append to a list: the object stays), and Burr
+    hands an action the whole state without enforcing the contract (a helper the action calls
+    may append to a list the action declares nowhere). So every mutable field (list, dict, set,
+    array, object...) whose object is the one encoded last, declared or not, is compared by its
+    pickle (C speed, exact types; ~1 µs for a small dict, ~1 ms per MB) with the pickle taken
+    when it was encoded, and re-encoded when they differ or it cannot be pickled; otherwise the
+    previous encoding is reused. When a re-encoded object turns out to have changed in place,
+    every field is re-encoded (another field may hold the same object, or a part of it).
 
     The pickles are compared in one piece: the mutable fields are *sealed* together at the end of
     a step (one pickle of the list of their objects, taken once every field is known to hold what
@@ -278,8 +277,9 @@ class FieldEncoder:
 
         Args:
             values: the state's field → value, Burr's ``__`` keys included (skipped); read only.
-            recheck: fields to re-encode even when their object is the one encoded last time
-                (the node's ``reads`` and ``writes``); immutable values are not re-encoded.
+            recheck: the fields the node declares (its ``reads`` and ``writes``): compared by
+                pickle as every mutable field is, and re-encoded when no pickle of theirs is at
+                hand; immutable values are not re-encoded.
         Returns:
             the digests of every semantic field and the encodings made afresh.
         Raises:
@@ -371,19 +371,25 @@ class FieldEncoder:
     def _rechecked(
         self, values: Mapping[str, Any], recheck: Collection[str], todo: dict[str, Any]
     ) -> list[str]:
-        """Add to ``todo`` the re-checked mutable fields whose object did not change (their
-        names are returned): an in-place change keeps the object."""
-        objs, prints = self._objs, self._prints
+        """Add to ``todo`` the mutable fields whose object did not change but whose value may
+        have (their names are returned): an in-place change keeps the object.
+
+        A sealed field is left to :meth:`_check_sealed`, declared (``recheck``) or not; a loose
+        one is compared by its own pickle, and re-encoded when that differs or is missing."""
+        objs, prints, sealed = self._objs, self._prints, self._sealed
         same: list[str] = []
         for k in recheck:
             if k not in todo and k in objs:
                 v = values.get(k, _MISSING)
-                if v is objs[k] and type(v) not in _IMMUTABLE_TYPES:
-                    todo[k] = v
-                    same.append(k)
+                if v is objs[k] and type(v) not in _IMMUTABLE_TYPES and sealed.get(k) is not v:
+                    before = prints.get(k)
+                    if before is None or _pickled(v) != before:
+                        todo[k] = v
+                        same.append(k)
         # Fields the node declares nowhere: changed in place only if their pickle changed.
+        declared = set(recheck)
         for k, before in prints.items():
-            if k not in todo and k not in same:
+            if k not in todo and k not in declared:
                 v = values.get(k, _MISSING)
                 if v is objs[k] and (before is None or _pickled(v) != before):
                     todo[k] = v
