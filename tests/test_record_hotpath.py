@@ -404,3 +404,30 @@ def test_node_and_call_records_read_back_equal_records_built_through_init(
         assert got[0].inherited is True and got[0].calls[0] == call
     finally:
         store.close()
+
+
+def test_a_large_blob_already_stored_is_not_inserted_again(tmp_path: Path) -> None:
+    """Every fork stores its graph document (~10 KB) through put_blob; a store instance that
+    did not write it asks first instead of compressing and inserting it again."""
+    from rewind.store.store import PUT_PROBE_MIN_BYTES
+
+    big = b"x" * PUT_PROBE_MIN_BYTES + b"graph"
+    small = b"y" * 10
+    first = open_store(tmp_path / "s")
+    with first.write() as conn:
+        digest = first.put_blob(conn, big)
+        first.put_blob(conn, small)
+    first.close()
+    second = open_store(tmp_path / "s")  # knows neither
+    try:
+        seen = _count_blob_statements(second)
+        with second.write() as conn:
+            assert second.put_blob(conn, big) == digest
+        assert seen["insert"] == []
+        with second.write() as conn:
+            second.put_blob(conn, small)  # small: inserted (or ignored) without asking
+            new = second.put_blob(conn, big + b"!")  # large and new: asked, then inserted
+        assert seen["insert"] == [1, 1]
+        assert second.get_blobs([digest, new]) == {digest: big, new: big + b"!"}
+    finally:
+        second.close()

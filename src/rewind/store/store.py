@@ -66,6 +66,10 @@ PRESENCE_PROBE_BLOBS = 16
 """How many of such a batch's blobs are asked about first: when at most a quarter of them are
 stored (a new recording: every field, call and document is new), the rest are not asked about,
 and the few stored ones are skipped by the insert itself (``ON CONFLICT DO NOTHING``)."""
+PUT_PROBE_MIN_BYTES = 1024
+""":meth:`Store.put_blob` first asks whether a blob this large is stored (a primary-key read)
+before compressing and inserting it: every fork of a run stores the same graph document
+(~10 KB for 100 nodes), which the store instance may not know as written."""
 GC_LOCK_KEY = 0x5245_5749_4E47  # "REWING": writers share it, ``rewind gc`` takes it alone (PG)
 """PostgreSQL advisory lock key that orders writers against ``rewind gc``'s blob sweep: every write
 transaction holds it shared, the sweep exclusively (on SQLite the database write lock does the
@@ -312,9 +316,18 @@ class Store:
     def put_blob(self, conn: Connection, data: bytes) -> str:
         """Store bytes content-addressed inside ``conn``'s transaction; returns their sha256 hex."""
         digest = sha256_hex(data)
-        if digest not in self._known_blobs:
-            self._insert_blobs(conn, [self._blob_row(digest, data)])
+        if digest in self._known_blobs:
+            return digest
+        if len(data) >= PUT_PROBE_MIN_BYTES and self._present_in(conn, digest):
+            return digest  # stored already: not compressed and sent again (a fork's graph)
+        self._insert_blobs(conn, [self._blob_row(digest, data)])
         return digest
+
+    def _present_in(self, conn: Connection, digest: str) -> bool:
+        """Whether ``conn`` sees a blob row with this hash (a gc deletes blobs only under the
+        write lock, so one seen inside a write transaction stays until it commits)."""
+        t = schema.blobs
+        return conn.execute(select(t.c.hash).where(t.c.hash == digest)).first() is not None
 
     def _insert_blobs(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert (or ignore, when present) blob rows made by :meth:`_blob_row`: the packed
