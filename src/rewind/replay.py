@@ -34,6 +34,7 @@ from rewind.drift import GraphDrift, compare_graphs
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
+from rewind.engine.parent_reads import ParentReads
 from rewind.engine.plan import (
     ForkPlan,
     InputOverride,
@@ -122,6 +123,7 @@ class Rewind:
         self.chat_client = chat_client
         self.on_event = on_event
         self.persister = RewindPersister(self.store)
+        self.parent_reads = ParentReads(self.store)
         self._pipelines: dict[str, Pipeline] = {}
         self.created_by: str | None = local_user()
         self.store.reap_orphans()
@@ -434,8 +436,11 @@ class Rewind:
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.input_overrides = input_overrides
-        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent, plan.nodes)
-        ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+        (ctx.lineage, ctx.lineage_at, ctx.lineage_slots), ctx.lineage_blobs = (
+            self.parent_reads.lineage(
+                parent, lambda ancestors: self._lineages(parent, plan.nodes, ancestors)
+            )
+        )
         ctx.effects_mode = effects
         ctx.restore_mode = restore
         ctx.fork_node = plan.fork_node.name
@@ -829,7 +834,10 @@ class Rewind:
         return self._lineages(run)[0]
 
     def _lineages(
-        self, run: RunRecord, nodes: Sequence[NodeRecord] | None = None
+        self,
+        run: RunRecord,
+        nodes: Sequence[NodeRecord] | None = None,
+        ancestors: Sequence[RunRecord] | None = None,
     ) -> tuple[
         dict[str, LineageEntry],
         dict[tuple[int, str], LineageEntry],
@@ -841,8 +849,11 @@ class Rewind:
         pre-state a ``live`` re-execution verifies whatever its arguments.
 
         ``nodes``: ``run``'s own node executions with their calls when the caller read them
-        already (a fork's plan has them): not read again."""
-        chain = [run.run_id, *(a.run_id for a in self.store.ancestors(run))]
+        already (a fork's plan has them): not read again; ``ancestors``: likewise, ``run``'s
+        ancestors (:meth:`Store.ancestors`)."""
+        if ancestors is None:
+            ancestors = self.store.ancestors(run)
+        chain = [run.run_id, *(a.run_id for a in ancestors)]
         lineage: dict[str, LineageEntry] = {}
         at: dict[tuple[int, str], LineageEntry] = {}
         slots: dict[tuple[int, int], LineageEntry] = {}

@@ -356,6 +356,12 @@ class Store:
         """Store a JSON-like value as canonical bytes; returns its content hash."""
         return self.put_blob(conn, canonical_bytes(value))
 
+    @property
+    def blob_epoch(self) -> str | None:
+        """The ``meta.blob_epoch`` this instance saw last (``rewind gc`` bumps it when it
+        deletes blobs): what it remembers of stored blobs is valid while it stays the same."""
+        return self._blob_epoch
+
     def knows_blob(self, digest: str) -> bool:
         """True when this store instance has committed a blob with this hash (a cheap skip)."""
         return digest in self._known_blobs
