@@ -18,8 +18,9 @@ from tests import pipelines
 
 
 def _count_reads(rw: Rewind) -> Counter[str]:
-    """Reads of whole node / call rows (``Store.nodes_of``) issued through the store's engine
-    (not the token sums a run's finish reads of its own nodes)."""
+    """Reads of whole node / call rows (``Store.nodes_of``; not the token sums a run's finish
+    reads of its own nodes), of recorded graph hashes and of blobs, through the store's engine.
+    """
     seen: Counter[str] = Counter()
 
     def count(conn: object, cursor: object, statement: str, *args: Any) -> None:
@@ -27,6 +28,10 @@ def _count_reads(rw: Rewind) -> Counter[str]:
         for table in ("NODES", "CALLS"):
             if s.startswith(f"SELECT {table}.RUN_ID, {table}.POSITION,"):
                 seen[table.lower()] += 1
+        if s.startswith("SELECT RUN_GRAPHS.RUN_ID, RUN_GRAPHS.GRAPH_HASH FROM"):
+            seen["graph hashes"] += 1
+        if s.startswith("SELECT BLOBS.HASH, BLOBS.CODEC"):
+            seen["blobs"] += 1
 
     event.listen(rw.store.engine, "before_cursor_execute", count)
     return seen
@@ -38,10 +43,13 @@ def test_forks_of_one_parent_read_its_nodes_once_and_replay_identically(tmp_path
     seen = _count_reads(rw)
     first = rw.replay(parent.run_id, at=1)
     reads = dict(seen)
-    assert reads["nodes"] >= 1 and reads["calls"] >= 1
+    assert reads["nodes"] >= 1 and reads["calls"] >= 1 and reads["graph hashes"] == 1
+    assert reads["blobs"] >= 2  # the lineage's results, the initial state's fields
     second = rw.replay(parent.run_id, at=1)
+    assert dict(seen) == reads  # the second replay read nothing of its parent again
     forked = rw.fork(parent.run_id, at="expand", override=ParamOverride("expand", "factor", 3))
-    assert dict(seen) == reads  # the two later forks read the parent's rows from memory
+    for what in ("nodes", "calls", "graph hashes"):  # (it loads the state it resumes from)
+        assert seen[what] == reads[what]
     parent_nodes = rw.store.nodes_of(parent.run_id)
     for child in (first, second):
         nodes = rw.store.nodes_of(child.run_id)

@@ -390,13 +390,13 @@ class Rewind:
         if isinstance(override, OutputOverride):
             return builder, (None, None), self._state_row_of(plan.fork_node, values=False)
         if plan.source is None:
-            initial_fields = self.store.get_json(str(plan.parent.initial_state_hash))
+            initial_fields, initial_blobs = self.parent_reads.initial_state(plan.parent)
             first_builder = builder
 
             def start_from_initial() -> ApplicationBuilder:
                 # Loaded when the fork starts, so a value that cannot be loaded fails the fork
                 # run (like a Burr load from the persister) instead of leaving no trace.
-                initial = self.store.resolve_fields(initial_fields)
+                initial = self.store.resolve_fields(initial_fields, initial_blobs)
                 return first_builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
 
             return start_from_initial, (None, None), None
@@ -660,7 +660,7 @@ class Rewind:
             CodeDrift: structural drift and ``allow_code_change`` is False; nothing is written.
         """
         producers = [parent.run_id, *(n.src_app_id for n in nodes[idx:])]
-        hashes = self.store.run_graph_hashes(producers)
+        hashes = self.parent_reads.graph_hashes(parent, producers)
         if parent.run_id not in hashes:
             return None
         if current_hash is None:

@@ -49,6 +49,8 @@ class _Kept:
     lineage_key: tuple[Any, ...] | None = None
     lineages: Lineages | None = None
     blobs: dict[str, bytes] | None = None
+    graph_hashes: dict[tuple[str, ...], dict[str, str]] | None = None
+    initial: tuple[Any, dict[str, str], dict[str, bytes]] | None = None
 
 
 class ParentReads:
@@ -126,3 +128,35 @@ class ParentReads:
             if kept is not None and kept.lineage_key == lineage_key and small:
                 kept.blobs = blobs
         return (dict(lineages[0]), dict(lineages[1]), dict(lineages[2])), dict(blobs)
+
+    def graph_hashes(self, run: RunRecord, producers: Sequence[str]) -> dict[str, str]:
+        """:meth:`Store.run_graph_hashes` of ``producers`` (the parent and the runs that made
+        its rows), kept with the parent: a run's graph row is written with it and never
+        changes (a database trigger refuses updates)."""
+        wanted = tuple(dict.fromkeys(producers))
+        key = self._key(run)
+        kept = self._get(key) if key is not None else None
+        if kept is not None and kept.graph_hashes is not None and wanted in kept.graph_hashes:
+            return dict(kept.graph_hashes[wanted])
+        found = self.store.run_graph_hashes(wanted)
+        if kept is not None:
+            kept.graph_hashes = {wanted: dict(found)}
+        return found
+
+    def initial_state(self, run: RunRecord) -> tuple[dict[str, str], dict[str, bytes]]:
+        """``run``'s initial state as ({field: blob hash}, {blob hash: bytes}), copies (a fork
+        at the first node decodes fresh values from them each time).
+
+        Raises:
+            StoreError: a blob is missing.
+        """
+        key = self._key(run)
+        kept = self._get(key) if key is not None else None
+        epoch = self.store.blob_epoch
+        if kept is not None and kept.initial is not None and kept.initial[0] == epoch:
+            return dict(kept.initial[1]), dict(kept.initial[2])
+        fields: dict[str, str] = self.store.get_json(str(run.initial_state_hash))
+        blobs = self.store.get_blobs(fields.values())
+        if kept is not None and sum(map(len, blobs.values())) <= KEPT_BLOB_BYTES:
+            kept.initial = (epoch, dict(fields), dict(blobs))
+        return fields, blobs

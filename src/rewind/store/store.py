@@ -1251,8 +1251,12 @@ class Store:
         m["values"] = {k: decode_field(k, blobs[h]) for k, h in fields.items()} | internal
         return m
 
-    def resolve_fields(self, fields: dict[str, str]) -> dict[str, Any]:
+    def resolve_fields(
+        self, fields: dict[str, str], blobs: dict[str, bytes] | None = None
+    ) -> dict[str, Any]:
         """Load a {field: blob hash} map into {field: value}, each value of its recorded type.
+
+        ``blobs``: the fields' blob bytes by hash when the caller has them (not read again).
 
         Raises:
             StateLoadError: a value cannot be rebuilt (see :func:`rewind.serde.decode_field`).
@@ -1260,7 +1264,8 @@ class Store:
         """
         from rewind.serde import decode_field  # imports Burr (and pandas): only when values load
 
-        blobs = self.get_blobs(fields.values())
+        if blobs is None or not blobs.keys() >= set(fields.values()):
+            blobs = self.get_blobs(fields.values())
         return {k: decode_field(k, blobs[h]) for k, h in fields.items()}
 
     def state_app_ids(self, partition_key: str) -> list[str]:
