@@ -431,3 +431,28 @@ def test_a_large_blob_already_stored_is_not_inserted_again(tmp_path: Path) -> No
         assert second.get_blobs([digest, new]) == {digest: big, new: big + b"!"}
     finally:
         second.close()
+
+
+def test_a_pipeline_s_edges_are_written_once_per_store_instance(tmp_path: Path) -> None:
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store")
+    inserts: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO EDGES"):
+            inserts.append(statement)
+
+    event.listen(rw.store.engine, "before_cursor_execute", count)
+    rw.record(pipelines.pipeline, {"x": 5})
+    rw.record(pipelines.pipeline, {"x": 7})
+    assert len(inserts) == 1
+    assert rw.store.edges_of(pipelines.pipeline.name) == sorted(pipelines.pipeline.edges())
+    rw.store.close()
+    again = Rewind(tmp_path / "store")  # another instance: writes them (idempotently) once
+    if not event.contains(again.store.engine, "before_cursor_execute", count):
+        event.listen(again.store.engine, "before_cursor_execute", count)
+    again.record(pipelines.pipeline, {"x": 9})
+    assert len(inserts) == 2
+    assert again.store.edges_of(pipelines.pipeline.name) == sorted(pipelines.pipeline.edges())

@@ -203,6 +203,7 @@ class Store:
         # (partition key, app id) -> (sequence id, fields, delta depth) of the last state row
         # this instance committed: the base of the next row's delta (see state_deltas).
         self._state_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
+        self._edges_written: set[tuple[str, tuple[tuple[str, ...], ...]]] = set()
         self._epoch_ready = not read_only
         _OPEN_STORES.add(self)
 
@@ -1117,8 +1118,15 @@ class Store:
         if conn is not None:
             conn.execute(stmt, rows)
             return
+        # Every record of a pipeline writes its edges; rows are never deleted, so edges this
+        # instance committed once are not written (a write transaction of their own) again.
+        written = (pipeline, tuple(tuple(r.values()) for r in rows))
+        if written in self._edges_written:
+            return
         with self.write() as own:
             own.execute(stmt, rows)
+        if len(self._edges_written) < 1_000:
+            self._edges_written.add(written)
 
     def edges_of(self, pipeline: str) -> list[tuple[str, str, str]]:
         """A pipeline's edges as (src, dst, condition)."""
