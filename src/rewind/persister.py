@@ -332,7 +332,11 @@ class FieldEncoder:
         new = [k for k in fresh if type(objs[k]) not in _IMMUTABLE_TYPES]
         if not self._seal_on:
             if sealed:  # the seal was just turned off: every field on its own again
-                prints.update((k, _pickled(v)) for k, v in sealed.items() if k in objs)
+                prints.update(
+                    (k, _pickled(objs[k]))
+                    for k in sealed
+                    if k in objs and k not in fresh and type(objs[k]) not in _IMMUTABLE_TYPES
+                )
                 self._sealed, self._sealed_print = {}, None
             prints.update((k, _pickled(objs[k])) for k in new)
             return
