@@ -115,3 +115,15 @@ def test_a_fork_of_a_fork_keeps_the_lineage_of_its_ancestors(tmp_path: Path) -> 
         nodes = rw.store.nodes_of(run.run_id)
         assert [n.state_hash for n in nodes] == [n.state_hash for n in parent_nodes]
         assert all(n.cache_outcome in ("hit", "none") for n in nodes)
+
+
+def test_a_fork_reads_no_audit_of_its_parent_and_get_run_still_does(tmp_path: Path) -> None:
+    rw = Rewind(tmp_path / "store")
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    rw.store.record_audit(parent.run_id, against=None, label="vacuous", note="n", counts={})
+    assert rw.store.get_run(parent.run_id).admissible == "vacuous"
+    assert rw.store.get_run(parent.run_id, audit=False).last_audit is None
+    assert rw.finished_run(parent.run_id).last_audit is None
+    child = rw.replay(parent.run_id, at=1)  # forks an audited run as any other
+    assert child.status == "completed" and child.last_audit is None
+    assert rw.store.get_run(parent.run_id).admissible == "vacuous"

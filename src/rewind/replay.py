@@ -147,7 +147,8 @@ class Rewind:
         return load_pipeline(run.pipeline_ref)
 
     def finished_run(self, run_id: str) -> RunRecord:
-        """The run ``run_id`` (id or unique prefix) once it can be forked: not ``running``.
+        """The run ``run_id`` (id or unique prefix) once it can be forked: not ``running``
+        (its ``last_audit`` is not read: None).
 
         A run still listed as ``running`` whose process has died since this session opened the
         store (a killed worker) is marked ``interrupted`` first, so a fork says where it stopped
@@ -157,9 +158,9 @@ class Rewind:
             UnknownRun: no such run.
             RunBusy: a live process is still executing the run.
         """
-        run = self.store.get_run(run_id)
+        run = self.store.get_run(run_id, audit=False)  # a fork reads no audit
         if run.status == "running" and self.store.reap_orphans([run.run_id]):
-            run = self.store.get_run(run.run_id)
+            run = self.store.get_run(run.run_id, audit=False)
         if run.status == "running":
             raise RunBusy(
                 f"run {run.run_id} is still running",
@@ -987,7 +988,7 @@ class Rewind:
             self.store.finish_run(ctx.run_id, status, error=final)
         else:
             progress.run_ended(ctx.run_id)  # after the commit (see Store.finish_run_in)
-        run = self.store.get_run(ctx.run_id)
+        run = self.store.get_run(ctx.run_id, audit=False)  # just finished: never audited yet
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
             # The environment, not the pipeline, is at fault: say what to set or install.

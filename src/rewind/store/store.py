@@ -755,8 +755,11 @@ class Store:
                 )
         return ids
 
-    def get_run(self, run_id: str) -> RunRecord:
+    def get_run(self, run_id: str, *, audit: bool = True) -> RunRecord:
         """The run with this id, or a prefix of it that names exactly one run.
+
+        ``audit=False`` leaves :attr:`RunRecord.last_audit` None without reading the audits
+        (a run a caller has just finished, or one it forks: one query less).
 
         Raises:
             UnknownRun: no run (or more than one) matches.
@@ -784,7 +787,8 @@ class Store:
                     )
             if row is None:
                 raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
-            return self._with_audits([self._run_record(row)], conn)[0]
+            run = self._run_record(row)
+            return self._with_audits([run], conn)[0] if audit else run
 
     def list_runs(
         self,
