@@ -678,7 +678,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 "input_hash": input_hash,
                 "output_hash": output_hash,
                 "state_hash": state_hash,
-                "params_json": canonical_bytes(scope.params).decode(),
+                "params_json": canonical_bytes(scope.params).decode() if scope.params else "{}",
                 "latency_ms": latency_ms,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
