@@ -354,3 +354,105 @@ def test_progress_stops_watching_a_run_only_after_its_last_commit(
         assert lock_free and all(lock_free), lock_free
     finally:
         rw.store.close()
+
+
+def test_node_and_call_records_read_back_equal_records_built_through_init(
+    tmp_path: Path,
+) -> None:
+    """``from_row`` fills the records' ``__dict__`` directly: every dataclass field is set,
+    with the values ``__init__`` would store (params parsed, ``inherited`` a bool)."""
+    import dataclasses
+
+    from rewind.store.records import CallRecord, NodeRecord
+
+    store = open_store(tmp_path / "s")
+    try:
+        call = CallRecord(0, "tool", "t", "k" * 64, "a" * 64, "b" * 64, "hit", "hit", 1, 2, 0.5)
+        node = {
+            "run_id": "r1",
+            "position": 0,
+            "name": "n",
+            "sequence_id": 3,
+            "src_app_id": "r1",
+            "src_sequence_id": 3,
+            "inherited": 1,
+            "input_hash": "c" * 64,
+            "output_hash": None,
+            "state_hash": "d" * 64,
+            "params_json": '{"temperature":0.5}',
+            "latency_ms": 1.5,
+            "prompt_tokens": 1,
+            "completion_tokens": 2,
+            "cache_outcome": "hit",
+            "cache_reason": "hit",
+            "determinism": "time-bound",
+            "error": None,
+            "started_at": 12.0,
+        }
+        with store.write() as conn:
+            store.create_run(conn, run_id="r1", pipeline="p", pipeline_ref="m:p")
+            store.insert_node(conn, node, [call])
+            store.insert_node(conn, node | {"position": 1, "params_json": "{}"})
+        got = store.nodes_of("r1")
+        fields = {f.name for f in dataclasses.fields(NodeRecord)}
+        for record in got:
+            assert set(vars(record)) == fields
+        assert set(vars(got[0].calls[0])) == {f.name for f in dataclasses.fields(CallRecord)}
+        want = {k: v for k, v in node.items() if k != "params_json"} | {"inherited": True}
+        assert got[0] == NodeRecord(**want, params={"temperature": 0.5}, calls=(call,))
+        assert got[1] == NodeRecord(**want | {"position": 1}, params={})
+        assert got[0].inherited is True and got[0].calls[0] == call
+    finally:
+        store.close()
+
+
+def test_a_large_blob_already_stored_is_not_inserted_again(tmp_path: Path) -> None:
+    """Every fork stores its graph document (~10 KB) through put_blob; a store instance that
+    did not write it asks first instead of compressing and inserting it again."""
+    from rewind.store.store import PUT_PROBE_MIN_BYTES
+
+    big = b"x" * PUT_PROBE_MIN_BYTES + b"graph"
+    small = b"y" * 10
+    first = open_store(tmp_path / "s")
+    with first.write() as conn:
+        digest = first.put_blob(conn, big)
+        first.put_blob(conn, small)
+    first.close()
+    second = open_store(tmp_path / "s")  # knows neither
+    try:
+        seen = _count_blob_statements(second)
+        with second.write() as conn:
+            assert second.put_blob(conn, big) == digest
+        assert seen["insert"] == []
+        with second.write() as conn:
+            second.put_blob(conn, small)  # small: inserted (or ignored) without asking
+            new = second.put_blob(conn, big + b"!")  # large and new: asked, then inserted
+        assert seen["insert"] == [1, 1]
+        assert second.get_blobs([digest, new]) == {digest: big, new: big + b"!"}
+    finally:
+        second.close()
+
+
+def test_a_pipeline_s_edges_are_written_once_per_store_instance(tmp_path: Path) -> None:
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store")
+    inserts: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO EDGES"):
+            inserts.append(statement)
+
+    event.listen(rw.store.engine, "before_cursor_execute", count)
+    rw.record(pipelines.pipeline, {"x": 5})
+    rw.record(pipelines.pipeline, {"x": 7})
+    assert len(inserts) == 1
+    assert rw.store.edges_of(pipelines.pipeline.name) == sorted(pipelines.pipeline.edges())
+    rw.store.close()
+    again = Rewind(tmp_path / "store")  # another instance: writes them (idempotently) once
+    if not event.contains(again.store.engine, "before_cursor_execute", count):
+        event.listen(again.store.engine, "before_cursor_execute", count)
+    again.record(pipelines.pipeline, {"x": 9})
+    assert len(inserts) == 2
+    assert again.store.edges_of(pipelines.pipeline.name) == sorted(pipelines.pipeline.edges())

@@ -17,7 +17,7 @@ from burr.core import State, action, default
 from burr.core.graph import GraphBuilder
 
 from rewind.canonical import canonical_bytes
-from rewind.persister import FieldEncoder, encode_value, field_map, map_hash
+from rewind.persister import FieldEncoder, _pickled, encode_value, field_map, map_hash
 from rewind.replay import Pipeline, Rewind
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -193,3 +193,129 @@ def test_step_leaves_the_encoder_unchanged_when_a_field_cannot_be_stored() -> No
         enc.step({"a": [1], "bad": float("nan")})
     assert enc.step({"a": [1]}).digests == before
     assert field_map({"a": encode_value("a", [1])}) == before
+
+
+# -- the sealed pickle of the mutable fields ---------------------------------------------------
+
+
+def _full(state: dict[str, Any]) -> dict[str, str]:
+    return {k: encode_value(k, v).digest for k, v in state.items()}
+
+
+def test_an_undeclared_in_place_change_of_a_sealed_field_is_seen() -> None:
+    enc = FieldEncoder()
+    state: dict[str, Any] = {f"f{i:02d}": {"n": i, "items": [i]} for i in range(20)}
+    for step in range(3):
+        state[f"new{step}"] = {"step": step}  # a node writes a new field
+        enc.step(state, recheck=(f"new{step}",))
+    assert "f07" in enc._sealed  # the field is compared through the sealed pickle
+    state["f07"]["items"].append("changed")  # in place, by a node that declares nothing
+    got = enc.step(state, recheck=())
+    assert set(got.fresh) == {"f07"}
+    assert got.digests == _full(state)
+    state["f07"]["items"][0] = -1  # again, now that it was sealed afresh
+    assert set(enc.step(state, recheck=()).fresh) == {"f07"}
+    assert enc.step(state, recheck=()).fresh == {}  # nothing changed: nothing re-encoded
+
+
+def _reordered_in_place(values: set[int]) -> None:
+    """Change a set's iteration order (so its pickle) without changing its elements (so its
+    encoding, sorted): 1 and 9 share a hash slot, the one added first iterates first."""
+    items = list(values)
+    values.clear()
+    values.update(reversed(items))
+
+
+def test_a_value_whose_pickle_changes_in_place_turns_the_seal_off_not_the_hashes() -> None:
+    """A set re-ordered in place at every node: its pickle changes, its encoding does not. The
+    seal re-encodes the sealed fields a few times, then the encoder compares field by field."""
+    from rewind.persister import SEAL_FALSE_ALARMS
+
+    members: set[int] = set()
+    members.add(9)
+    members.add(1)
+    state: dict[str, Any] = {"members": members, **{f"f{i}": [i] for i in range(10)}}
+    enc = FieldEncoder()
+    enc.step(state)
+    enc.step(state)
+    for step in range(SEAL_FALSE_ALARMS + 3):
+        before = list(members)
+        _reordered_in_place(members)
+        assert list(members) != before and members == {1, 9}
+        state[f"w{step}"] = [step]
+        written = [f"w{step}"]
+        if step == SEAL_FALSE_ALARMS - 1:  # the step that turns the seal off
+            state["f1"], state["f2"] = "now a string", [2, "new object"]
+            written += ["f1", "f2"]
+        got = enc.step(state, recheck=written)
+        assert set(got.fresh) == set(written), step  # the set's encoding never changed
+        assert got.digests == _full(state), step
+    assert not enc._seal_on and not enc._sealed
+    # every field compared on its own holds the pickle of its current value (none immutable)
+    assert "f1" not in enc._prints
+    for k, printed in enc._prints.items():
+        assert printed is None or printed == _pickled(state[k]), k
+    state["f3"].append("x")  # an undeclared in-place change, now seen field by field
+    assert set(enc.step(state).fresh) == {"f3"}
+
+
+def test_sealed_steps_match_a_full_encoding_over_random_undeclared_changes() -> None:
+    """Against a from-scratch encoding after every step: undeclared in-place changes (nested,
+    through an alias held by two fields), new objects, deletions, immutable values."""
+    rng = random.Random(1313)
+    enc = FieldEncoder()
+    state: dict[str, Any] = {f"f{i}": {"v": [i]} for i in range(16)}
+    state["alias"] = state["f0"]
+    for step in range(400):
+        recheck: list[str] = []
+        for _ in range(rng.randint(0, 3)):
+            k = rng.choice([*state, f"f{rng.randrange(24)}"])
+            what = rng.random()
+            value = state.get(k)
+            if what < 0.35 and isinstance(value, dict):
+                value["v"].append(step)  # in place, declared nowhere
+            elif what < 0.5 and isinstance(value, dict):
+                value[f"k{step % 5}"] = {"deep": [step]}  # in place, declared nowhere
+            elif what < 0.7:
+                state[k] = {"v": [step]}  # a new object (declared, as Burr's update does)
+                recheck.append(k)
+            elif what < 0.8 and k != "alias":
+                state.pop(k, None)
+            else:
+                state[k] = f"s{step % 4}"
+                recheck.append(k)
+        got = enc.step({"__SEQUENCE_ID": step, **state}, recheck=recheck)
+        assert got.digests == _full(state), step
+        assert enc.state_map()[0] == canonical_bytes(_full(state)), step
+
+
+def test_a_declared_field_is_compared_by_pickle_not_re_encoded_unless_it_changed() -> None:
+    """A field the node reads (declared) whose object and pickle did not change keeps its
+    encoding (no re-encoding per node); one changed in place is re-encoded, sealed or loose."""
+    import rewind.persister as persister
+
+    encoded: list[str] = []
+    real = persister.encode_value
+
+    def counting(key: str, value: Any) -> Any:
+        encoded.append(key)
+        return real(key, value)
+
+    enc = FieldEncoder()
+    state: dict[str, Any] = {f"f{i}": {"rows": [i]} for i in range(6)}
+    enc.step(state)
+    enc.step({**state, "new": [0]})  # a fresh field: loose until the next seal
+    state["new"] = enc._objs["new"]
+    assert "f2" in enc._sealed and "new" in enc._prints
+    persister.encode_value = counting
+    try:
+        assert enc.step(state, recheck=("f2", "new")).fresh == {}
+        assert encoded == []  # neither the sealed nor the loose declared field re-encoded
+        state["f2"]["rows"].append("x")  # in place, declared
+        assert set(enc.step(state, recheck=("f2",)).fresh) == {"f2"}
+        state["new"].append(1)  # in place, declared, loose (or sealed again meanwhile)
+        got = enc.step(state, recheck=("new",))
+    finally:
+        persister.encode_value = real
+    assert set(got.fresh) == {"new"}
+    assert got.digests == _full(state)

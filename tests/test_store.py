@@ -95,10 +95,12 @@ def test_sqlite_connection_uses_wal_normal_sync_and_busy_timeout(tmp_path: Path)
         synchronous = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
         busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one()
         foreign_keys = conn.exec_driver_sql("PRAGMA foreign_keys").scalar_one()
+        checkpoint = conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar_one()
     assert str(journal).lower() == "wal"
     assert synchronous == 1  # NORMAL
     assert busy == 30_000
     assert foreign_keys == 1
+    assert checkpoint == 4096  # pages: 4 MB of WAL at 1 KiB pages, SQLite's default in bytes
     store.close()
 
 

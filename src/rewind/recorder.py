@@ -617,8 +617,8 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         values = state_values(state)
         refusal: UnstorableValue | None = None
         try:
-            # The fields the node declares are re-encoded even when their object is the same (an
-            # action may change a list it reads or writes in place).
+            # The fields the node declares are checked even when their object is the same (an
+            # action may change a list it reads or writes in place): see FieldEncoder.
             step = self.encoder.step(values, recheck=(*action.reads, *action.writes))
             digests, fresh, internal = step.digests, step.fresh, step.internal
             state_doc, fields_json = self.encoder.state_map()
@@ -678,7 +678,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 "input_hash": input_hash,
                 "output_hash": output_hash,
                 "state_hash": state_hash,
-                "params_json": canonical_bytes(scope.params).decode(),
+                "params_json": canonical_bytes(scope.params).decode() if scope.params else "{}",
                 "latency_ms": latency_ms,
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

@@ -34,6 +34,7 @@ from rewind.drift import GraphDrift, compare_graphs
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
+from rewind.engine.parent_reads import ParentReads
 from rewind.engine.plan import (
     ForkPlan,
     InputOverride,
@@ -122,6 +123,7 @@ class Rewind:
         self.chat_client = chat_client
         self.on_event = on_event
         self.persister = RewindPersister(self.store)
+        self.parent_reads = ParentReads(self.store)
         self._pipelines: dict[str, Pipeline] = {}
         self.created_by: str | None = local_user()
         self.store.reap_orphans()
@@ -145,7 +147,8 @@ class Rewind:
         return load_pipeline(run.pipeline_ref)
 
     def finished_run(self, run_id: str) -> RunRecord:
-        """The run ``run_id`` (id or unique prefix) once it can be forked: not ``running``.
+        """The run ``run_id`` (id or unique prefix) once it can be forked: not ``running``
+        (its ``last_audit`` is not read: None).
 
         A run still listed as ``running`` whose process has died since this session opened the
         store (a killed worker) is marked ``interrupted`` first, so a fork says where it stopped
@@ -155,9 +158,9 @@ class Rewind:
             UnknownRun: no such run.
             RunBusy: a live process is still executing the run.
         """
-        run = self.store.get_run(run_id)
+        run = self.store.get_run(run_id, audit=False)  # a fork reads no audit
         if run.status == "running" and self.store.reap_orphans([run.run_id]):
-            run = self.store.get_run(run.run_id)
+            run = self.store.get_run(run.run_id, audit=False)
         if run.status == "running":
             raise RunBusy(
                 f"run {run.run_id} is still running",
@@ -388,13 +391,13 @@ class Rewind:
         if isinstance(override, OutputOverride):
             return builder, (None, None), self._state_row_of(plan.fork_node, values=False)
         if plan.source is None:
-            initial_fields = self.store.get_json(str(plan.parent.initial_state_hash))
+            initial_fields, initial_blobs = self.parent_reads.initial_state(plan.parent)
             first_builder = builder
 
             def start_from_initial() -> ApplicationBuilder:
                 # Loaded when the fork starts, so a value that cannot be loaded fails the fork
                 # run (like a Burr load from the persister) instead of leaving no trace.
-                initial = self.store.resolve_fields(initial_fields)
+                initial = self.store.resolve_fields(initial_fields, initial_blobs)
                 return first_builder.with_state(**initial).with_entrypoint(pipeline.entrypoint)
 
             return start_from_initial, (None, None), None
@@ -434,8 +437,11 @@ class Rewind:
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.input_overrides = input_overrides
-        ctx.lineage, ctx.lineage_at, ctx.lineage_slots = self._lineages(parent, plan.nodes)
-        ctx.lineage_blobs = self.store.get_blobs({e.result_hash for e in ctx.lineage.values()})
+        (ctx.lineage, ctx.lineage_at, ctx.lineage_slots), ctx.lineage_blobs = (
+            self.parent_reads.lineage(
+                parent, lambda ancestors: self._lineages(parent, plan.nodes, ancestors)
+            )
+        )
         ctx.effects_mode = effects
         ctx.restore_mode = restore
         ctx.fork_node = plan.fork_node.name
@@ -655,7 +661,7 @@ class Rewind:
             CodeDrift: structural drift and ``allow_code_change`` is False; nothing is written.
         """
         producers = [parent.run_id, *(n.src_app_id for n in nodes[idx:])]
-        hashes = self.store.run_graph_hashes(producers)
+        hashes = self.parent_reads.graph_hashes(parent, producers)
         if parent.run_id not in hashes:
             return None
         if current_hash is None:
@@ -829,7 +835,10 @@ class Rewind:
         return self._lineages(run)[0]
 
     def _lineages(
-        self, run: RunRecord, nodes: Sequence[NodeRecord] | None = None
+        self,
+        run: RunRecord,
+        nodes: Sequence[NodeRecord] | None = None,
+        ancestors: Sequence[RunRecord] | None = None,
     ) -> tuple[
         dict[str, LineageEntry],
         dict[tuple[int, str], LineageEntry],
@@ -841,8 +850,11 @@ class Rewind:
         pre-state a ``live`` re-execution verifies whatever its arguments.
 
         ``nodes``: ``run``'s own node executions with their calls when the caller read them
-        already (a fork's plan has them): not read again."""
-        chain = [run.run_id, *(a.run_id for a in self.store.ancestors(run))]
+        already (a fork's plan has them): not read again; ``ancestors``: likewise, ``run``'s
+        ancestors (:meth:`Store.ancestors`)."""
+        if ancestors is None:
+            ancestors = self.store.ancestors(run)
+        chain = [run.run_id, *(a.run_id for a in ancestors)]
         lineage: dict[str, LineageEntry] = {}
         at: dict[tuple[int, str], LineageEntry] = {}
         slots: dict[tuple[int, int], LineageEntry] = {}
@@ -976,7 +988,7 @@ class Rewind:
             self.store.finish_run(ctx.run_id, status, error=final)
         else:
             progress.run_ended(ctx.run_id)  # after the commit (see Store.finish_run_in)
-        run = self.store.get_run(ctx.run_id)
+        run = self.store.get_run(ctx.run_id, audit=False)  # just finished: never audited yet
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
             # The environment, not the pipeline, is at fault: say what to set or install.

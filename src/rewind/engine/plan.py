@@ -423,7 +423,7 @@ def plan_fork(
     _check_modes(effects, restore, cache_mode)
     if parent is None or parent.run_id != run_id:
         parent = rw.finished_run(run_id)
-    nodes = tuple(rw.store.nodes_of(parent.run_id))
+    nodes = rw.parent_reads.nodes(parent)  # read once per finished parent and session
     if override is not None and not isinstance(
         override, ParamOverride | OutputOverride | InputOverride
     ):

@@ -28,6 +28,13 @@ also leave less slack: measured on peerbench's 100-step trace, 893 KB at 4 KiB, 
 (512: 921 KB, more page overhead; 2048: 829 KB), with no measurable change of the record time.
 It must be set before the database's first write (the ``journal_mode`` pragma below)."""
 
+SQLITE_WAL_AUTOCHECKPOINT_PAGES = 4096
+"""WAL pages (of :data:`SQLITE_PAGE_SIZE`) after which a commit copies the WAL into the database
+file (a checkpoint: both files are fsynced). SQLite's default of 1,000 pages assumes 4 KiB
+pages; at 1 KiB it checkpointed every 1 MB, i.e. every two or three recorded 100-node runs, and
+the fsyncs landed inside the run (measured in ``benchmarks/record_overhead.py``). 4,096 pages
+keep SQLite's default 4 MB of WAL between checkpoints."""
+
 
 _ENGINES: OrderedDict[tuple[int, str], Engine] = OrderedDict()
 _ENGINES_LOCK = threading.Lock()
@@ -79,6 +86,7 @@ def new_sqlite_engine(db_path: Path) -> Engine:
         cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT_PAGES}")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
