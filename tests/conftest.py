@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -32,6 +33,13 @@ __all__ = [
 
 SRC_PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rewind"
 TESTS = Path(__file__).resolve().parent
+
+# Every embedded model server the tests start (in this process, in `rewind` subprocesses, in
+# workers) generates on one thread. ``make test`` runs two pytest workers on two cores, and the
+# files with model tests are handed out first, so two servers often run at once: with two
+# threads each, llama.cpp's threads (which spin-wait for each other at every layer of every
+# token) took 15-26 s per call of the demo pipeline on the loaded CI machine, with one 4-7 s.
+os.environ.setdefault("REWIND_MODEL_THREADS", "1")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
