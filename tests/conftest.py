@@ -221,14 +221,27 @@ class StoreTarget:
 STORE_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
-@pytest.fixture(params=STORE_BACKENDS)
-def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
-    """Each store conformance test runs once per backend (like LangGraph's checkpoint suites)."""
+def new_store_target(
+    request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool = True
+) -> StoreTarget:
+    """A :class:`StoreTarget` on backend ``request.param``: a SQLite folder not yet made, or a
+    PostgreSQL database of its own — holding an empty store at the newest schema revision
+    (copied from a template the session migrated once) when ``migrated``, else empty."""
     root = tmp_path / "store"
     if request.param == "postgresql":
         server: PostgresServer = request.getfixturevalue("postgres_server")
-        return StoreTarget("postgresql", server.new_database(), root)
+        url = server.new_store_database() if migrated else server.new_database()
+        return StoreTarget("postgresql", url, root)
     return StoreTarget("sqlite", root, root)
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Each store conformance test runs once per backend (like LangGraph's checkpoint suites).
+
+    The PostgreSQL database already holds an empty store (tests/test_migrations.py, which is
+    about migrating a new database, overrides this fixture with empty ones)."""
+    return new_store_target(request, tmp_path)
 
 
 @pytest.fixture
