@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -32,6 +33,13 @@ __all__ = [
 
 SRC_PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rewind"
 TESTS = Path(__file__).resolve().parent
+
+# Every embedded model server the tests start (in this process, in `rewind` subprocesses, in
+# workers) generates on one thread. ``make test`` runs two pytest workers on two cores, and the
+# files with model tests are handed out first, so two servers often run at once: with two
+# threads each, llama.cpp's threads (which spin-wait for each other at every layer of every
+# token) took 15-26 s per call of the demo pipeline on the loaded CI machine, with one 4-7 s.
+os.environ.setdefault("REWIND_MODEL_THREADS", "1")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -213,14 +221,27 @@ class StoreTarget:
 STORE_BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
-@pytest.fixture(params=STORE_BACKENDS)
-def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
-    """Each store conformance test runs once per backend (like LangGraph's checkpoint suites)."""
+def new_store_target(
+    request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool = True
+) -> StoreTarget:
+    """A :class:`StoreTarget` on backend ``request.param``: a SQLite folder not yet made, or a
+    PostgreSQL database of its own — holding an empty store at the newest schema revision
+    (copied from a template the session migrated once) when ``migrated``, else empty."""
     root = tmp_path / "store"
     if request.param == "postgresql":
         server: PostgresServer = request.getfixturevalue("postgres_server")
-        return StoreTarget("postgresql", server.new_database(), root)
+        url = server.new_store_database() if migrated else server.new_database()
+        return StoreTarget("postgresql", url, root)
     return StoreTarget("sqlite", root, root)
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Each store conformance test runs once per backend (like LangGraph's checkpoint suites).
+
+    The PostgreSQL database already holds an empty store (tests/test_migrations.py, which is
+    about migrating a new database, overrides this fixture with empty ones)."""
+    return new_store_target(request, tmp_path)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from rewind.drift import (
 )
 from rewind.replay import Pipeline
 from rewind.store import open_store
+from tests.cli_process import run_rewind
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -277,21 +277,8 @@ V1 = [("start", "start"), ("expand", "expand"), ("finish", "finish")]
 
 
 def rewind(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``rewind`` in a fresh process from ``folder`` (where drifty.py lives)."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        COLUMNS="200",
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "rewind", "--store", str(folder / "store"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=folder,
-        timeout=600,
-        check=False,
-    )
+    """Run ``rewind`` in a process of its own from ``folder`` (where drifty.py lives)."""
+    return run_rewind("--store", str(folder / "store"), *args, cwd=folder, columns=200, timeout=600)
 
 
 def ok_json(folder: Path, *args: str) -> Any:

@@ -70,7 +70,7 @@ def _open(backend: str, kind: str, request: pytest.FixtureRequest, tmp_path: Pat
     location: str | Path = root
     if backend == "postgresql":
         server: PostgresServer = request.getfixturevalue("postgres_server")
-        location = server.new_database()
+        location = server.new_store_database()
     store = open_store(location, root=root, objects=objects)
     store.offload_min_bytes = BIG
     return GcTarget(f"{backend}/{kind}", store, objects)

@@ -186,6 +186,29 @@ def test_model_endpoint_accepts_a_provider_without_models_route(
         assert endpoint.model == "remote-model" and endpoint.api_key == "sk-x"
 
 
+def test_model_threads_come_from_the_argument_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REWIND_MODEL_THREADS", raising=False)
+    assert LocalModelServer().n_threads == min(os.cpu_count() or 1, 4)
+    monkeypatch.setenv("REWIND_MODEL_THREADS", "3")
+    assert LocalModelServer().n_threads == 3
+    assert LocalModelServer(n_threads=2).n_threads == 2
+    monkeypatch.setenv("REWIND_MODEL_THREADS", " ")
+    assert LocalModelServer().n_threads == min(os.cpu_count() or 1, 4)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "257", "\u0662"])
+def test_a_bad_model_threads_variable_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("REWIND_MODEL_THREADS", value)
+    with pytest.raises(EndpointUnavailable) as info:
+        LocalModelServer()
+    assert "REWIND_MODEL_THREADS" in str(info.value)
+    assert "whole number from 1 to 256" in info.value.hint
+
+
 # --- the real server (slow) -----------------------------------------------------------------
 
 
@@ -248,11 +271,14 @@ def test_json_schema_output_is_valid(local_server: LocalModelServer) -> None:
 
 @pytest.mark.slow
 @needs_model
-def test_stop_leaves_no_process(tmp_path: Path) -> None:
+def test_stop_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REWIND_MODEL_THREADS", "1")
     server = LocalModelServer(log_path=tmp_path / "server.log")
     endpoint = server.start()
     pid = server.pid
     assert pid is not None and not process_gone(pid)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--n_threads") + 1] == b"1"  # REWIND_MODEL_THREADS reached the server
     server.stop()
     assert process_gone(pid)
     assert server.endpoint is None and server.pid is None

@@ -21,7 +21,8 @@ from rewind.store import migrate, open_store
 from rewind.store.schema import metadata
 from rewind.store.store import DB_FILENAME
 from tests import pipelines
-from tests.conftest import StoreTarget
+from tests.conftest import STORE_BACKENDS, StoreTarget, new_store_target
+from tests.services import PostgresServer
 
 LEGACY_DUMP = Path(__file__).parent / "data" / "store_v2_before_alembic.sql"
 LEGACY_RUN = "96a83670f41848bf894899908d8489b7"
@@ -35,6 +36,13 @@ def legacy_store(folder: Path) -> Path:
     con.executescript(LEGACY_DUMP.read_text())
     con.close()
     return folder
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Each test here runs on a new SQLite folder and on an empty PostgreSQL database (the
+    shared fixture's databases already hold a migrated store)."""
+    return new_store_target(request, tmp_path, migrated=False)
 
 
 def test_head_constant_is_the_newest_revision() -> None:
@@ -84,6 +92,41 @@ def test_a_new_sqlite_store_from_the_template_equals_a_migrated_one(
     )
     # A store that is not new still goes through Alembic (here: already at head, nothing to do).
     open_store(tmp_path / "templated").close()
+
+
+@pytest.mark.postgres
+def test_a_postgres_store_database_from_the_template_equals_a_migrated_one(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """The conformance suites' PostgreSQL databases are copies of one migrated database: each
+    must be what ``open_store`` makes of an empty one (schema, revision, rows), and independent."""
+
+    def contents(url: str) -> tuple[list[tuple[str, str, str]], dict[str, list[tuple]]]:
+        store = open_store(url, root=tmp_path / "root")
+        try:
+            with store.read() as conn:
+                assert migrate.current_revision(conn) == migrate.HEAD
+                assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+                columns = conn.execute(
+                    text(
+                        "SELECT table_name, column_name, data_type FROM information_schema.columns"
+                        " WHERE table_schema = 'public' ORDER BY 1, 2"
+                    )
+                ).all()
+                tables = sorted({str(t) for t, _c, _d in columns})
+                rows = {t: sorted(conn.execute(text(f'SELECT * FROM "{t}"')).all()) for t in tables}
+        finally:
+            store.close()
+        return [tuple(c) for c in columns], rows
+
+    copied, migrated = postgres_server.new_store_database(), postgres_server.new_database()
+    assert contents(copied) == contents(migrated)  # opening the empty one migrates it
+    other = open_store(postgres_server.new_store_database(), root=tmp_path / "other")
+    try:
+        Rewind(other).record(pipelines.pipeline, {"x": 7})
+    finally:
+        other.close()
+    assert contents(postgres_server.new_store_database()) == contents(migrated)
 
 
 def test_new_store_is_stamped_at_head(store_target: StoreTarget) -> None:
