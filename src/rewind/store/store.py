@@ -425,9 +425,7 @@ class Store:
             )
         return out
 
-    def _read_blob_rows(
-        self, conn: Connection, query: Any, chunk: list[str]
-    ) -> Iterable[Any]:
+    def _read_blob_rows(self, conn: Connection, query: Any, chunk: list[str]) -> Iterable[Any]:
         """The blob rows of ``chunk``'s hashes (``hash`` as hex, ``codec``, ``data``, ``ref``,
         and ``spilled`` on SQLite). On SQLite through the driver's statement cache: compiling
         the expanding ``IN`` of ``query`` for each read cost more than the read (a fork reads
