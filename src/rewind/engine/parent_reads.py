@@ -46,9 +46,7 @@ Lineages = tuple[
 @dataclass
 class _Kept:
     nodes: tuple[NodeRecord, ...]
-    lineage_key: tuple[Any, ...] | None = None
-    lineages: Lineages | None = None
-    blobs: dict[str, bytes] | None = None
+    lineage: tuple[tuple[Any, ...], Lineages, dict[str, bytes] | None] | None = None
     graph_hashes: dict[tuple[str, ...], dict[str, str]] | None = None
     initial: tuple[Any, dict[str, str], dict[str, bytes]] | None = None
 
@@ -116,17 +114,17 @@ class ParentReads:
             tuple((a.run_id, a.created_at) for a in ancestors),
             self.store.blob_epoch,
         )
-        if kept is not None and kept.lineage_key == lineage_key and kept.lineages is not None:
-            lineages, blobs = kept.lineages, kept.blobs
+        # (key, maps, bytes or None) replaced as one tuple: concurrent forks never mix entries
+        found = kept.lineage if kept is not None else None
+        if found is not None and found[0] == lineage_key:
+            lineages, blobs = found[1], found[2]
         else:
             lineages, blobs = build(ancestors), None
-            if kept is not None:
-                kept.lineage_key, kept.lineages, kept.blobs = lineage_key, lineages, None
         if blobs is None:
             blobs = self.store.get_blobs({e.result_hash for e in lineages[0].values()})
-            small = sum(map(len, blobs.values())) <= KEPT_BLOB_BYTES
-            if kept is not None and kept.lineage_key == lineage_key and small:
-                kept.blobs = blobs
+            if kept is not None:
+                small = sum(map(len, blobs.values())) <= KEPT_BLOB_BYTES
+                kept.lineage = (lineage_key, lineages, blobs if small else None)
         return (dict(lineages[0]), dict(lineages[1]), dict(lineages[2])), dict(blobs)
 
     def graph_hashes(self, run: RunRecord, producers: Sequence[str]) -> dict[str, str]:
