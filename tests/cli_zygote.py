@@ -129,9 +129,20 @@ def main(path: str) -> None:
     server.bind(path)
     server.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
+    parent = os.getppid()
+    server.settimeout(1.0)
     print("ready", flush=True)
     while True:
-        conn, _ = server.accept()
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the pytest process is gone (killed): so is its server
+                import shutil
+
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+                return
+            continue
+        conn.settimeout(None)
         try:
             request, fds = _receive(conn)
         except (OSError, ValueError, ConnectionError):
