@@ -299,11 +299,19 @@ def test_the_migration_packs_with_the_columns_of_pack_version_1() -> None:
 
 # --- packs: a traced chain's documents in one compressed row -----------------------------------
 def _pack_rows(store: Store) -> dict[str, Any]:
+    """The blobs' codecs and pack ids (None: not packed) by hash, and how many packs exist."""
     b, p = schema.blobs, schema.blob_packs
     with store.read() as conn:
-        codecs = {r.hash: r.codec for r in conn.execute(select(b.c.hash, b.c.codec))}
+        rows = conn.execute(select(b.c.hash, b.c.codec, b.c.data)).all()
         packs = conn.execute(select(p.c.id)).all()
-    return {"codecs": codecs, "packs": len(packs)}
+    return {
+        "codecs": {r.hash: r.codec for r in rows},
+        "pack_of": {
+            r.hash: codec.read_pack_ref(r.data)[0] if r.codec.startswith("p-") else None
+            for r in rows
+        },
+        "packs": len(packs),
+    }
 
 
 def test_a_traces_documents_share_one_pack_and_its_call_payloads_do_not(
@@ -387,3 +395,26 @@ def test_pack_slices_give_back_each_blob() -> None:
         codec.unpack_slice("p-raw", plain, len(plain), 1)
     with pytest.raises(ValueError, match="three varints"):
         codec.read_pack_ref(b"\x01\x02")
+
+
+def test_blobs_already_stored_are_not_packed_again(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    trace_id = _record(store)
+    nodes = store.nodes_of(trace_id)
+    docs = store.get_blobs({h for n in nodes for h in (n.input_hash, n.state_hash) if h})
+    before = _pack_rows(store)
+    store.close()
+    store = open_store(tmp_path)  # a new instance: it does not know what the store holds
+    try:
+        store.write_batch(WriteBatch(blobs=dict(docs), packable=set(docs)))
+        assert _pack_rows(store) == before  # every blob was there: no pack nobody names
+        new = {sha256_hex(b"new %d" % i): b"new %d" % i for i in range(3)}
+        both = docs | new
+        store.write_batch(WriteBatch(blobs=both, packable=set(both)))
+        after = _pack_rows(store)
+        assert after["packs"] == before["packs"] + 1
+        assert len({after["pack_of"][h] for h in new}) == 1  # the new blobs, packed alone
+        assert all(after["pack_of"][h] == before["pack_of"][h] for h in docs)
+        assert store.get_blobs(both) == both
+    finally:
+        store.close()

@@ -495,14 +495,25 @@ class Store:
             return [self._blob_row(digest, data) for digest, data in new.items()], None
         packed = set(together)
         rows = [self._blob_row(h, data) for h, data in new.items() if h not in packed]
-        stored, slices = pack_together([new[h] for h in together])
-        sizes = [len(new[h]) for h in together]
-        return rows, _Pack(stored, list(zip(together, sizes, slices, strict=True)))
+        return rows, _packed({h: new[h] for h in together})
 
     def _insert_pack(self, conn: Connection, pack: _Pack | None) -> list[dict[str, Any]]:
         """Insert a pack (inside ``conn``'s transaction); the blob rows of its blobs."""
         if pack is None:
             return []
+        # Blobs another write stored meanwhile (or that this process did not know it had):
+        # their rows would be ignored, so they must not be packed (a pack nobody names).
+        t = schema.blobs
+        digests = [b[0] for b in pack.blobs]
+        present: set[str] = set()
+        for i in range(0, len(digests), _IN_CHUNK):
+            chunk = digests[i : i + _IN_CHUNK]
+            present.update(r[0] for r in conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk))))
+        if present:
+            rest = {h: data for h, data in pack.items.items() if h not in present}
+            if len(rest) < 2:
+                return [self._blob_row(h, data) for h, data in rest.items()]
+            pack = _packed(rest)
         pack_id = conn.execute(
             insert(schema.blob_packs).values(data=pack.data)
         ).inserted_primary_key[0]
@@ -1625,6 +1636,16 @@ class _Pack:
 
     data: bytes
     blobs: list[tuple[str, int, tuple[str, int, int]]]
+    items: dict[str, bytes]
+    """The blobs' bytes by sha256."""
+
+
+def _packed(items: dict[str, bytes]) -> _Pack:
+    """A pack of these blobs (sha256 → bytes), in this order."""
+    digests = list(items)
+    stored, slices = pack_together([items[h] for h in digests])
+    sizes = [len(items[h]) for h in digests]
+    return _Pack(stored, list(zip(digests, sizes, slices, strict=True)), items)
 
 
 def _from_packs(conn: Connection, rows: dict[str, tuple[str, bytes]]) -> dict[str, bytes]:
