@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rewind.replay import Rewind
 from tests import cli_process, pipelines
-from tests.cli_process import FORK_SERVER_VARIABLE, run_rewind
+from tests.cli_process import FORK_SERVER_VARIABLE, ROOT, run_rewind
 
 
 def both(
@@ -110,3 +112,36 @@ def test_a_command_that_runs_too_long_is_killed(
     # `rewind serve` runs until it is stopped.
     with pytest.raises(subprocess.TimeoutExpired):
         run_rewind("--store", str(tmp_path / "store"), "serve", "--port", "0", timeout=3)
+
+
+def test_the_server_exits_with_its_pytest_process(tmp_path: Path) -> None:
+    """A pytest process killed without running ``atexit`` leaves no fork server behind."""
+    code = (
+        "import os, sys\n"
+        "from tests.cli_process import _FORK_SERVER, run_rewind\n"
+        "assert run_rewind('--help').returncode == 0\n"
+        "print(_FORK_SERVER._process.pid, _FORK_SERVER._folder, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env.pop(FORK_SERVER_VARIABLE, None)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pid_text, folder = proc.stdout.split()
+    pid = int(pid_text)
+    for _ in range(600):  # it notices within a second; this bounds a hang, not the speed
+        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or _zombie(pid), "the fork server outlived pytest"
+    assert not Path(folder).exists()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, IndexError):
+        return True
