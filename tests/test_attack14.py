@@ -238,3 +238,40 @@ def test_a_damaged_pack_fails_the_cli_with_one_clear_line(tmp_path: Path, damage
     assert len(lines) == 1 and "the store is damaged" in lines[0], done.stderr
     assert f"blob pack {pack_id}" in lines[0]
     assert "Traceback" not in done.stderr and not done.stdout.strip()
+
+
+# -- a session's kept parent reads under concurrent forks -------------------------------------
+
+
+def test_concurrent_forks_of_one_parent_and_forks_of_forks_replay_it_exactly(
+    tmp_path: Path,
+) -> None:
+    """Forks in threads share the session's kept reads of their parent (engine/parent_reads):
+    every one replays the parent's hashes, and so do forks of a fork before and after a gc."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rewind.replay import Rewind
+    from tests import pipelines
+
+    rw = Rewind(open_store(tmp_path / "store"))
+    try:
+        run = rw.record(pipelines.pipeline, {"x": 7})
+        nodes = rw.store.nodes_of(run.run_id)
+        want = [(n.name, n.output_hash, n.state_hash) for n in nodes]
+
+        def hashes(run_id: str) -> list[tuple[str, str | None, str | None]]:
+            return [(n.name, n.output_hash, n.state_hash) for n in rw.store.nodes_of(run_id)]
+
+        def fork(i: int) -> str:
+            return rw.fork(run.run_id, at=nodes[i % len(nodes)].name).run_id
+
+        with ThreadPoolExecutor(4) as pool:
+            forks = list(pool.map(fork, range(12)))
+        assert all(hashes(f) == want for f in forks)
+        first = rw.fork(forks[0], at=nodes[1].name)
+        collect_garbage(rw.store, 10**9)
+        again = rw.fork(forks[0], at=nodes[1].name)
+        assert first.status == again.status == "completed"
+        assert hashes(first.run_id) == hashes(again.run_id) == want
+    finally:
+        rw.store.close()
