@@ -562,6 +562,50 @@ def test_fork_from_the_keyboard(server: dict[str, Any], page: Any) -> None:
     assert page.dialogs == [] and page.errors == []
 
 
+def test_a_run_that_finishes_between_the_views_two_reads_ends_completed(
+    server: dict[str, Any], page: Any
+) -> None:
+    """The run view reads a run and its graph at once: when the run finishes between the two
+    answers (the run says ``running``, the graph says done), the view must keep following it
+    and end ``completed`` — not stop with the stale ``running`` (a fast fork under load did).
+
+    Deterministic: the run blocks in its 2nd node; the browser's first read of the run is
+    answered while it blocks, its first read of the graph only after the run finished."""
+    url = server["url"]
+    test_pipelines.BLOCK_ENTERED.clear()
+    test_pipelines.BLOCK_RELEASE.clear()
+    held: dict[str, Any] = {}
+    try:
+        r = httpx.post(f"{url}/api/runs", json={"pipeline": "blocking"}, trust_env=False)
+        assert r.status_code == 202, r.text
+        rid = r.json()["run_id"]
+        assert test_pipelines.BLOCK_ENTERED.wait(20)
+
+        def first_reads(route: Any) -> None:
+            kind = "graph" if route.request.url.endswith("/graph") else "run"
+            if kind in held or held.get("done"):
+                route.continue_()
+                return
+            held[kind] = route
+            if "run" in held and "graph" in held:  # the first load's two reads, both held
+                held["done"] = True
+                held["run"].fulfill(response=held["run"].fetch())  # read while running
+                test_pipelines.BLOCK_RELEASE.set()
+                assert wait_finished(url, rid)["status"] == "completed"
+                held["graph"].continue_()  # read after the run finished
+
+        page.route(f"**/api/runs/{rid}", first_reads)
+        page.route(f"**/api/runs/{rid}/graph", first_reads)
+        page.goto(f"{url}/#/runs/{rid}?tab=graph")
+        view = page.get_by_test_id("run-view")
+        expect(view).to_have_attribute("data-run-id", rid)
+        assert held.get("done"), "the first load did not read the run and its graph"
+        expect(view).to_have_attribute("data-run-status", "completed")
+    finally:
+        test_pipelines.BLOCK_RELEASE.set()
+    assert page.dialogs == [] and page.errors == []
+
+
 def test_usable_at_390_px(server: dict[str, Any], browser: Any) -> None:
     url, parent = server["url"], server["parent"]
     page = _page(browser, width=390, height=844)

@@ -30,12 +30,16 @@ export function useLiveRun(runId: string | null, onFinished: () => void): LiveRu
         api<Graph>(`/api/runs/${id}/graph`),
         apiExact<RunDetail>(`/api/runs/${id}`),
       ]);
+      // The two reads are concurrent: the run may finish between them (its answer says
+      // "running", the graph's says done). It stays live while either answer says so, so the
+      // next load settles on the final status instead of stopping at a stale "running".
+      const live = graph.live || detail.live || detail.status === "queued" || detail.status === "running";
       let cost: Cost | null = null;
       if (detail.parent_run_id) cost = await api<Cost>(`/api/runs/${id}/cost`).catch(() => null);
-      if (n < applied.current) return graph.live;
+      if (n < applied.current) return live;
       applied.current = n;
       setState((s) => ({ ...s, graph, detail, cost, error: null, version: s.version + 1 }));
-      return graph.live;
+      return live;
     } catch (e) {
       if (n >= applied.current)
         setState((s) => ({ ...s, error: e instanceof ApiError ? e : new ApiError(0, String(e)) }));
