@@ -23,14 +23,16 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from rewind.calls import chat
+from rewind.canonical import sha256_hex
 from rewind.cli import app as cli_app
 from rewind.errors import ParentMissing, StoreError
 from rewind.llm import ChatClient
 from rewind.persister import encode_value
 from rewind.replay import Pipeline, Rewind
 from rewind.store import Store, open_store
-from rewind.store.codec import ZDICT_V1
+from rewind.store.codec import ZDICT_V1, read_pack_ref
 from rewind.store.retention import collect_garbage
+from rewind.store.store import WriteBatch
 from rewind.tools import tool
 from rewind.tracing import StepType, Tracer, step, tracer_source
 from rewind.tracing.store import load_trace
@@ -185,12 +187,16 @@ def test_gc_still_expires_entries_whose_replays_are_old_too(
         assert (report.llm_cache_expired, report.tool_cache_expired) == (3, 3)
 
 
-# -- hostile zd1 blobs --------------------------------------------------------------------------
-def _zd1_call_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
-    """(hash, stored bytes) of a blob stored inline as ``zd1`` that a node of ``run_id`` names
-    as the request or result of one of its calls (on SQLite hashes are 32-byte keys; a trace's
-    output documents and field values are packed together since migration 0012, its call
-    payloads are not)."""
+# -- hostile stored call payloads ----------------------------------------------------------------
+# A trace's call requests and results are packed together (blob_packs, zlib; migration 0012); a
+# blob written on its own (a Burr run's, one of a write's only packable blob) of 64 B up to 1 KiB
+# is stored as zd1 (raw DEFLATE: no checksum of its own).
+
+
+def _stored_call_payload(folder: Path, run_id: str, codecs: set[str]) -> tuple[str, str, bytes]:
+    """(hash, codec, stored bytes) of a blob that a node of ``run_id`` names as the request or
+    result of one of its calls, stored with one of ``codecs`` (on SQLite hashes are 32-byte keys;
+    packed bytes of 161 B or more are spilled to blob_data as ``x-<codec>``)."""
     with opened(folder) as st:
         hashes = [
             h
@@ -199,65 +205,110 @@ def _zd1_call_blob(folder: Path, run_id: str) -> tuple[str, bytes]:
             for h in (c.request_hash, c.result_hash)
             if h
         ]
+    for h in hashes:
+        found = _stored_blob(folder, h)
+        if found[1].removeprefix("x-") in codecs:
+            return found
+    raise AssertionError(f"no call payload blob stored as {codecs}")
+
+
+def _stored_blob(folder: Path, digest: str) -> tuple[str, str, bytes]:
+    """(hash, codec, stored bytes) of one blob row (spilled bytes from blob_data)."""
     db = sqlite3.connect(folder / "rewind.db")
     try:
-        for h in hashes:
-            row = db.execute(
-                "SELECT codec, data FROM blobs WHERE hash = ?", (bytes.fromhex(h),)
-            ).fetchone()
-            if row is not None and row[0] == "zd1":
-                return h, bytes(row[1])
+        codec, data = db.execute(
+            "SELECT b.codec, COALESCE(d.data, b.data) FROM blobs b"
+            " LEFT JOIN blob_data d ON d.hash = b.hash WHERE b.hash = ?",
+            (bytes.fromhex(digest),),
+        ).fetchone()
     finally:
         db.close()
-    raise AssertionError("no zd1 call payload blob")
+    return digest, codec, bytes(data)
 
 
-def _tamper(folder: Path, digest: str, data: bytes) -> None:
+def _tamper(folder: Path, digest: str, codec: str, data: bytes) -> None:
+    table = "blob_data" if codec.startswith("x-") else "blobs"
     db = sqlite3.connect(folder / "rewind.db")
     try:
-        db.execute("UPDATE blobs SET data = ? WHERE hash = ?", (data, bytes.fromhex(digest)))
+        db.execute(f"UPDATE {table} SET data = ? WHERE hash = ?", (data, bytes.fromhex(digest)))
         assert db.total_changes == 1
         db.commit()
     finally:
         db.close()
 
 
+def _tamper_pack(folder: Path, ref: bytes, damage: str) -> None:
+    """Damage the pack a ``p-`` blob row (``ref``) names: cut its zlib bytes short, or flip one
+    bit of the blob's slice and compress the pack again (it then inflates cleanly to other
+    bytes: only the blob's hash can tell)."""
+    pack_id, offset, _length = read_pack_ref(ref)
+    db = sqlite3.connect(folder / "rewind.db")
+    try:
+        (data,) = db.execute("SELECT data FROM blob_packs WHERE id = ?", (pack_id,)).fetchone()
+        if damage == "truncated":
+            bad = bytes(data)[: len(data) // 2]
+        else:
+            plain = bytearray(zlib.decompress(data))
+            plain[offset + 1] ^= 1
+            bad = zlib.compress(bytes(plain))
+        db.execute("UPDATE blob_packs SET data = ? WHERE id = ?", (bad, pack_id))
+        assert db.total_changes == 1
+        db.commit()
+    finally:
+        db.close()
+
+
+def _damaged_zd1(data: bytes, good: bytes, damage: str) -> bytes:
+    if damage == "truncated":
+        return data[: len(data) // 2]
+    # a flip that still inflates to other bytes (raw DEFLATE carries no checksum)
+    for i in range(len(data) * 8):
+        flipped = bytearray(data)
+        flipped[i // 8] ^= 1 << (i % 8)
+        d = zlib.decompressobj(-11, ZDICT_V1)
+        try:
+            out = d.decompress(bytes(flipped)) + d.flush()
+        except zlib.error:
+            continue
+        if out != good and len(out) == len(good):
+            return bytes(flipped)
+    raise AssertionError("no bit flip inflates to other bytes of the same length")
+
+
+@pytest.mark.parametrize("stored", ["pack", "zd1"])
 @pytest.mark.parametrize("damage", ["truncated", "bit flip"])
-def test_a_damaged_zd1_blob_is_a_clear_error_not_a_wrong_value(
-    tmp_path: Path, chat_client: ChatClient, damage: str
+def test_a_damaged_stored_call_payload_is_a_clear_error_not_a_wrong_value(
+    tmp_path: Path, chat_client: ChatClient, damage: str, stored: str
 ) -> None:
     folder = tmp_path / "store"
     run_id, _ = record(folder, chat_client, read_cache=False)
-    digest, data = _zd1_call_blob(folder, run_id)
+    digest, codec, data = _stored_call_payload(folder, run_id, {"p-raw", "p-hex1"})
     with opened(folder) as st:
         good = st.get_blob(digest)
-    if damage == "truncated":
-        bad = data[: len(data) // 2]
-    elif damage == "bit flip":
-        # a flip that still inflates to other bytes (raw DEFLATE carries no checksum)
-        bad = b""
-        for i in range(len(data) * 8):
-            flipped = bytearray(data)
-            flipped[i // 8] ^= 1 << (i % 8)
-            d = zlib.decompressobj(-11, ZDICT_V1)
-            try:
-                out = d.decompress(bytes(flipped)) + d.flush()
-            except zlib.error:
-                continue
-            if out != good and len(out) == len(good):
-                bad = bytes(flipped)
-                break
-        assert bad
-    _tamper(folder, digest, bad)
+    if stored == "zd1":
+        # The same kind of bytes (a chat request) written on its own, as a Burr run's are.
+        good = good.replace(b"step", b"step ")
+        digest = sha256_hex(good)
+        with opened(folder) as st:
+            st.write_batch(WriteBatch(blobs={digest: good}))
+        digest, codec, data = _stored_blob(folder, digest)
+        assert codec == "zd1"
+        _tamper(folder, digest, codec, _damaged_zd1(data, good, damage))
+    else:
+        _tamper_pack(folder, data, damage)
     damaged = r"cannot be unpacked|does not match its hash"
-    with opened(folder) as st, pytest.raises(StoreError, match=damaged):
+    with opened(folder) as st, pytest.raises(StoreError, match=damaged) as raised:
         st.get_blob(digest)
+    assert "store is damaged" in str(raised.value)
+    if stored == "zd1":
+        return  # no call of the run names it
     with opened(folder) as st:
         source = st.get_run(run_id).run_id
     # inspect reads every call's request and answer
     result = CliRunner().invoke(cli_app, ["inspect", source, "--store", str(folder)])
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and "Traceback" not in result.output
+    assert "store is damaged" in result.output
 
 
 # -- downgrade below 0010 -----------------------------------------------------------------------
@@ -632,29 +683,28 @@ def test_show_does_not_call_a_diverging_trace_replay_unchanged(
     assert "unchanged" not in result.output and "differs from step 5" in result.output
 
 
-def test_a_cached_replay_over_a_damaged_zd1_response_says_the_store_is_damaged(
-    tmp_path: Path, chat_client: ChatClient
+@pytest.mark.parametrize("damage", ["truncated", "bit flip"])
+def test_a_cached_replay_over_a_damaged_stored_response_says_the_store_is_damaged(
+    tmp_path: Path, chat_client: ChatClient, damage: str
 ) -> None:
-    """Cut short, a recorded model answer inflated to a prefix of itself: the replay blamed the
-    model endpoint ('answered a body that is not JSON'); a flipped bit in the text would have
-    been served as the recorded answer."""
+    """Cut short, a recorded model answer (then stored zd1) inflated to a prefix of itself: the
+    replay blamed the model endpoint ('answered a body that is not JSON'); a flipped bit in the
+    text would have been served as the recorded answer. Answers are packed now (blob_packs):
+    the pack holding the first answer is cut short, or one bit of the answer's slice flipped."""
     folder = tmp_path / "store"
     source, _ = record(folder, chat_client, read_cache=False)
     db = sqlite3.connect(folder / "rewind.db")
     try:
-        # 32-byte keys on SQLite (schema.Digest); packed bytes of 161 B or more are spilled
-        # to blob_data (codec x-zd1)
-        raw_digest, codec, data = db.execute(
-            "SELECT b.hash, b.codec, COALESCE(d.data, b.data) FROM calls c"
-            " JOIN blobs b ON b.hash = c.result_hash LEFT JOIN blob_data d ON d.hash = b.hash"
-            " WHERE c.kind = 'llm' AND b.codec IN ('zd1', 'x-zd1') ORDER BY c.position LIMIT 1"
+        # 32-byte keys on SQLite (schema.Digest)
+        _digest, codec, ref = db.execute(
+            "SELECT b.hash, b.codec, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
+            " WHERE c.kind = 'llm' ORDER BY c.position LIMIT 1"
         ).fetchone()
-        table = "blob_data" if codec == "x-zd1" else "blobs"
-        db.execute(f"UPDATE {table} SET data = ? WHERE hash = ?", (bytes(data)[:-20], raw_digest))
-        assert db.total_changes == 1
-        db.commit()
     finally:
         db.close()
+    assert codec in {"p-raw", "p-hex1"}
+    _tamper_pack(folder, bytes(ref), damage)
+    expected = "cannot be unpacked" if damage == "truncated" else "does not match its hash"
     # Results this process read before are kept by hash (correct bytes, whatever the row holds
     # now): forget them so the replay reads the damaged row.
     tracer_source._BLOBS.clear()
@@ -664,12 +714,14 @@ def test_a_cached_replay_over_a_damaged_zd1_response_says_the_store_is_damaged(
         try:
             # (an in-place replay reads its source's answers when it is made: inside raises)
             with (
-                pytest.raises(StoreError, match="does not match its hash"),
+                pytest.raises(StoreError, match=expected) as raised,
                 tracer.replay(source) if replay_in_place else tracer.trace("a13"),
             ):
                 agent(3)
         finally:
             tracer.close()
+        assert "store is damaged" in str(raised.value)
+        assert "endpoint" not in str(raised.value) and "model" not in str(raised.value)
 
 
 def test_burr_state_deltas_and_forks_past_full_rows_on_each_backend(

@@ -17,9 +17,10 @@ many bytes a row takes, never a hash, a cache key or what a reader gets back.
   (JSON text never has one), so every NUL of the stored bytes starts a digest. Rewind's
   ``{field: hash}`` maps (node outputs, state maps: a third of a traced step's blobs) are
   mostly hash and compress badly; this halves them. Added by migration 0011.
-- ``p-raw`` / ``p-hex1``: the blob is a slice of a pack (``blob_packs``: the small documents
-  of one traced chain's write, zlib-compressed together; :func:`pack_together`); handled by
-  the store. Added by migration 0012.
+- ``p-raw`` / ``p-hex1``: the blob is a slice of a pack (``blob_packs``: small blobs of one
+  traced chain's write read together — its documents, or its calls' payloads —,
+  zlib-compressed together; :func:`pack_together`); handled by the store. Added by migration
+  0012.
 - ``object``: the bytes live in the object store (see :mod:`rewind.store.objects`); handled by
   the store, not here.
 """

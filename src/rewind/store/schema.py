@@ -295,7 +295,8 @@ blob_data = Table(
 
 blob_packs = Table(
     # Many small blobs of one write in one row (codec.pack_together; migration 0012): a traced
-    # chain's documents (node input/output/state maps, field values). Their ``blobs`` rows
+    # chain's documents (node input/output/state maps, field values), or its calls' requests
+    # and results. Their ``blobs`` rows
     # (codec ``p-...``) name the pack by id. SQLite only (created empty on PostgreSQL).
     "blob_packs",
     metadata,

@@ -104,9 +104,9 @@ class WriteBatch:
     effects: list[dict[str, Any]] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
     """A traced chain's ``spans`` rows (:mod:`rewind.tracing.store`); empty for Burr runs."""
-    packable: set[str] = field(default_factory=set)
-    """Hashes of ``blobs`` that may be kept together in one pack (``blob_packs``, SQLite):
-    documents nobody reads on a replay's hot path (a traced chain's node documents)."""
+    packs: list[set[str]] = field(default_factory=list)
+    """Groups of hashes of ``blobs``, each kept together in one pack (``blob_packs``, SQLite)
+    when it is written: blobs read together (a traced chain's documents; its call payloads)."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -478,7 +478,7 @@ class Store:
         epoch = self._blob_epoch
         new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
-        rows, pack = self._blob_rows(new, batch.packable)
+        rows, packs = self._blob_rows(new, batch.packs)
         with self.write() as conn:
             if before is not None:
                 # First: a run row naming a parent the same gc archived fails as ParentMissing
@@ -489,11 +489,12 @@ class Store:
                 # (insert-or-ignore; objects uploaded again under the lock) and make sure the
                 # blobs the batch only refers to are still there.
                 new = dict(batch.blobs)
-                rows, pack = self._blob_rows(new, batch.packable)
+                rows, packs = self._blob_rows(new, batch.packs)
                 self._check_referenced(conn, batch)
             else:
                 self._check_objects(rows, new)
-            rows += self._insert_pack(conn, pack)
+            for pack in packs:
+                rows += self._insert_pack(conn, pack)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
             self._insert_blobs(conn, sorted(rows, key=_by_hash))
@@ -515,28 +516,31 @@ class Store:
             self._state_tails.update(tails)
 
     def _blob_rows(
-        self, new: dict[str, bytes], packable: set[str]
-    ) -> tuple[list[dict[str, Any]], _Pack | None]:
-        """The blob rows for ``new`` (sha256 → bytes) and, on SQLite, the pack of those in
-        ``packable`` (two or more of at most PACK_MAX_BYTES, not offloaded), whose rows
-        :meth:`_insert_pack` makes once the pack has its id."""
-        together = [
-            h
-            for h, data in new.items()
-            if h in packable
-            and len(data) <= PACK_MAX_BYTES
-            and (self.objects is None or len(data) < self.offload_min_bytes)
-        ]
-        if not self._spill or len(together) < 2:
-            return [self._blob_row(digest, data) for digest, data in new.items()], None
-        packed = set(together)
+        self, new: dict[str, bytes], groups: list[set[str]]
+    ) -> tuple[list[dict[str, Any]], list[_Pack]]:
+        """The blob rows for ``new`` (sha256 → bytes) and, on SQLite, a pack per group of
+        ``groups`` (of its blobs in ``new``, when two or more are at most PACK_MAX_BYTES and not
+        offloaded), whose rows :meth:`_insert_pack` makes once the pack has its id."""
+        packs: list[_Pack] = []
+        packed: set[str] = set()
+        for group in groups if self._spill else ():
+            together = [
+                h
+                for h in new
+                if h in group
+                and h not in packed
+                and len(new[h]) <= PACK_MAX_BYTES
+                and (self.objects is None or len(new[h]) < self.offload_min_bytes)
+            ]
+            if len(together) < 2:
+                continue
+            packed.update(together)
+            packs.append(_packed({h: new[h] for h in together}))
         rows = [self._blob_row(h, data) for h, data in new.items() if h not in packed]
-        return rows, _packed({h: new[h] for h in together})
+        return rows, packs
 
-    def _insert_pack(self, conn: Connection, pack: _Pack | None) -> list[dict[str, Any]]:
+    def _insert_pack(self, conn: Connection, pack: _Pack) -> list[dict[str, Any]]:
         """Insert a pack (inside ``conn``'s transaction); the blob rows of its blobs."""
-        if pack is None:
-            return []
         # Blobs another write stored meanwhile (or that this process did not know it had):
         # their rows would be ignored, so they must not be packed (a pack nobody names).
         t = schema.blobs

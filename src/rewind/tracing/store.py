@@ -220,7 +220,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         store.put_edges(data.name, edges, conn)
 
     batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
-    batch.packable = _document_blobs(batch, data)
+    batch.packs = _pack_groups(batch, data)
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
 
@@ -243,18 +243,19 @@ def _proven(
     return out
 
 
-def _document_blobs(batch: WriteBatch, data: TraceData) -> set[str]:
-    """The batch's blobs that may share a pack (``blob_packs``): its documents and field
-    values — every blob but the calls' and cache entries' requests and results (a replay reads
-    those one lookup at a time) and the tracer's extra blobs."""
-    calls = {data_hash for data_hash in data.extra_blobs}
+def _pack_groups(batch: WriteBatch, data: TraceData) -> list[set[str]]:
+    """The batch's blobs as the packs they may share (``blob_packs``): its documents and field
+    values; its calls' and cache entries' requests and results (a replay reads these, all of
+    a trace's at once). The tracer's extra blobs stay on their own."""
+    payloads: set[str] = set()
     for row in batch.calls:
-        calls.update(h for h in (row.get("request_hash"), row.get("result_hash")) if h)
+        payloads.update(h for h in (row.get("request_hash"), row.get("result_hash")) if h)
     for row in batch.llm_cache:
-        calls.update(h for h in (row.get("request_hash"), row.get("response_hash")) if h)
+        payloads.update(h for h in (row.get("request_hash"), row.get("response_hash")) if h)
     for row in batch.tool_cache:
-        calls.update(h for h in (row.get("args_hash"), row.get("result_hash")) if h)
-    return set(batch.blobs) - calls
+        payloads.update(h for h in (row.get("args_hash"), row.get("result_hash")) if h)
+    extra = set(data.extra_blobs)
+    return [set(batch.blobs) - payloads - extra, (payloads & set(batch.blobs)) - extra]
 
 
 _StepRows = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]

@@ -17,15 +17,16 @@ tables on SQLite.
   :mod:`rewind.store.spans`): nobody queries a step span on its own. Upgrading packs the step
   span rows of every stored trace the same way (readers take both forms anyway); a downgrade
   writes packed step spans back as rows and drops the column.
-- A traced chain's small documents (node input, output and state maps, field values) are
-  written together as one zlib-compressed pack (new table ``blob_packs``; their ``blobs`` rows,
-  codec ``p-raw``/``p-hex1``, name a slice of it; :func:`rewind.store.codec.pack_together`).
+- A traced chain's small blobs are written as two zlib-compressed packs (new table
+  ``blob_packs``; their ``blobs`` rows, codec ``p-raw``/``p-hex1``, name a slice of one;
+  :func:`rewind.store.codec.pack_together`): its documents (node input, output and state maps,
+  field values) and its calls' requests and results (a replay reads those all at once).
   Upgrading leaves stored blobs as they are; a downgrade stores every packed blob on its own
   again and drops the table.
 
 Measured on peerbench's 100-step trace (``benchmarks/storage.py``'s trace figure): 431,104 →
-303,104 bytes (state rows −46 KB; spans −38 KB of rows and index, +8 KB packed; the small
-tables' key indexes −6 KB; the documents' pack −39 KB).
+278,528 bytes (state rows −46 KB; spans −38 KB of rows and index, +8 KB packed; the small
+tables' key indexes −6 KB; the two packs −64 KB).
 
 Revision ID: 0012
 Revises: 0011
