@@ -332,19 +332,30 @@ class FieldEncoder:
         new = [k for k in fresh if type(objs[k]) not in _IMMUTABLE_TYPES]
         if not self._seal_on:
             if sealed:  # the seal was just turned off: every field on its own again
-                prints.update(
-                    (k, _pickled(objs[k]))
-                    for k in sealed
-                    if k in objs and k not in fresh and type(objs[k]) not in _IMMUTABLE_TYPES
-                )
-                self._sealed, self._sealed_print = {}, None
-            prints.update((k, _pickled(objs[k])) for k in new)
+                self._unseal(fresh)
+            self._prints.update((k, _pickled(objs[k])) for k in new)
             return
         moved = any(k in sealed for k in fresh) or any(k in sealed for k in removed)
         if not (alarm or moved or len(prints) + len(new) >= SEAL_AFTER_LOOSE):
             prints.update((k, _pickled(objs[k])) for k in new)
             return
-        keep = {k: p for k, p in prints.items() if p is None}  # cannot be pickled: stay loose
+        self._seal_all()
+
+    def _unseal(self, fresh: dict[str, EncodedField]) -> None:
+        """Turn the seal off: each sealed field not just encoded gets a pickle of its own."""
+        objs = self._objs
+        self._prints.update(
+            (k, _pickled(objs[k]))
+            for k in self._sealed
+            if k in objs and k not in fresh and type(objs[k]) not in _IMMUTABLE_TYPES
+        )
+        self._sealed, self._sealed_print = {}, None
+
+    def _seal_all(self) -> None:
+        """Seal every mutable field that can be pickled together (one pickle); fields that
+        cannot be pickled stay loose, and all do when they pickle only one by one."""
+        objs = self._objs
+        keep = {k: p for k, p in self._prints.items() if p is None}  # cannot be pickled: loose
         members = [k for k, v in objs.items() if type(v) not in _IMMUTABLE_TYPES and k not in keep]
         packed = _pickled([objs[k] for k in members])
         if packed is None:  # some member cannot be pickled: find it, seal the others
