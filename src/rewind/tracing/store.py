@@ -106,12 +106,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         StoreError: the trace id exists already, or positions are not 0..n-1.
         CanonicalError: a value cannot be hashed (callers pass values through ``jsonable``).
     """
-    steps = sorted(data.steps, key=lambda s: s.position)
-    if [s.position for s in steps] != list(range(len(steps))):
-        raise StoreError(
-            f"trace {data.trace_id} has step positions {[s.position for s in steps]}",
-            "positions must be 0, 1, 2, ... in execution order",
-        )
+    steps = _steps_in_order(data)
     blobs: dict[str, bytes] = dict(data.extra_blobs)
     state = _encode_map(data.input, blobs)
     init_doc, init_hash = map_hash(state)
@@ -122,29 +117,13 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     # A replay step whose state is its source's at the same position refers to the source's
     # state row (as a fork's inherited node does) instead of storing a copy of it.
     memo_source = source is not None and source.is_trace and bool(data.parent_run_id)
-    if data.parent_run_id and source is None:
-        with store.read() as conn:
-            source = load_rows(conn, data.parent_run_id)
+    source = _source_of(store, data, source)
     source_states = _source_states(store, data.parent_run_id, source)
     # Steps a replay of this source (the caller's rows, kept in-process) already proved equal
     # to it need no rows when their data is the same (rewind.tracing.step_memo).
     proven = step_memo.remembered(source, init_hash) if memo_source else []
-    fast = 0
-    folded: dict[str, str] | None = None
-    while fast < len(steps) and fast < len(proven):
-        if step_memo.signature(steps[fast]) != proven[fast][0]:
-            break
-        if proven[fast][1]:  # the state fields the step changed
-            folded = dict(state) if folded is None else folded
-            folded.update(proven[fast][1])
-        fast += 1
-    state = folded if folded is not None else state
-    parts: list[_StepRows] = []
-    states: list[dict[str, str]] = [state]
-    for s in steps[fast:]:
-        step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
-        parts.append(step_rows)
-        states.append(state)
+    fast, state = _fast_forward(steps, proven, state)
+    parts, states = _rows_from(data, steps[fast:], state, source_states)
     shared = fast + _shared_prefix(data.trace_id, parts, source, start=fast)
     if memo_source and source is not None and shared > fast:
         step_memo.remember(
@@ -155,45 +134,26 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         sum(int(s.prompt_tokens) for s in steps[:fast]),
         sum(int(s.completion_tokens) for s in steps[:fast]),
     )
-    for node, calls, span, part in parts[shared - fast :]:
-        batch.absorb(part)
-        batch.nodes.append(node)
-        batch.calls.extend(calls)
-        batch.spans.append(span)
+    _absorb(batch, parts[shared - fast :])
     config = {"kind": "trace"} | data.config
     target = _reference_target(source, shared) if shared and source is not None else None
     if target is None and shared:
         # too deep a chain of references: this replay's rows are written in full (the rows
         # of the steps proven equal before are built now)
-        state = _encode_map(data.input, {})
-        early: list[_StepRows] = []
-        for s in steps[:fast]:
-            step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
-            early.append(step_rows)
-        parts = early + parts
+        parts = _early_rows(data, steps[:fast], source_states) + parts
         node_rows = [p[0] for p in parts]
         tokens = (0, 0)
-        for node, calls, span, part in parts[:shared]:
-            batch.absorb(part)
-            batch.nodes.append(node)
-            batch.calls.extend(calls)
-            batch.spans.append(span)
+        _absorb(batch, parts[:shared])
         batch.nodes.sort(key=lambda n: n["position"])
         shared = 0
     if shared and source is not None and target is not None:
-        every = shared == len(steps) == len(source.nodes)
-        config[REFERENCE_KEY] = {"run": target, "steps": shared, "all": every}
-        config["kind"] = "trace"  # what reference_of requires (a user config may set "kind")
+        _refer(config, target, shared, every=shared == len(steps) == len(source.nodes))
     output_bytes = canonical_bytes(data.output)
     output_hash = sha256_hex(output_bytes)
     blobs[output_hash] = output_bytes
     batch.spans.append(_root_span(data, output_hash))
     run_status = run_status_of(data.status)
-    trace_error = (
-        error_line(data.error_type, data.error_message)
-        if data.error_type is not None or data.error_message is not None
-        else None
-    )
+    trace_error = _trace_error(data)
     edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
 
     def run_row(conn: Connection) -> None:
@@ -223,6 +183,88 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     batch.packs = _pack_groups(batch, data)
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
+
+
+def _steps_in_order(data: TraceData) -> list[StepData]:
+    """The trace's steps by position. Raises StoreError: positions are not 0..n-1."""
+    steps = sorted(data.steps, key=lambda s: s.position)
+    if [s.position for s in steps] != list(range(len(steps))):
+        raise StoreError(
+            f"trace {data.trace_id} has step positions {[s.position for s in steps]}",
+            "positions must be 0, 1, 2, ... in execution order",
+        )
+    return steps
+
+
+def _rows_from(
+    data: TraceData, steps: list[StepData], state: dict[str, str], source_states: dict[int, Any]
+) -> tuple[list[_StepRows], list[dict[str, str]]]:
+    """(the rows of ``steps``, the state before the first and after each) from ``state``."""
+    parts: list[_StepRows] = []
+    states: list[dict[str, str]] = [state]
+    for s in steps:
+        step_rows, state = _step_rows(data, s, state, source_states.get(s.position))
+        parts.append(step_rows)
+        states.append(state)
+    return parts, states
+
+
+def _source_of(store: Store, data: TraceData, source: SourceRows | None) -> SourceRows | None:
+    """The rows of the replay's source: ``source`` when given, read when the trace has a
+    parent, None for a trace that is no replay."""
+    if data.parent_run_id and source is None:
+        with store.read() as conn:
+            return load_rows(conn, data.parent_run_id)
+    return source
+
+
+def _refer(config: dict[str, Any], target: str, shared: int, *, every: bool) -> None:
+    """Mark the run's ``config`` as stored by reference to ``target``'s first ``shared`` steps
+    (``every``: all of them, and the source has no more)."""
+    config[REFERENCE_KEY] = {"run": target, "steps": shared, "all": every}
+    config["kind"] = "trace"  # what reference_of requires (a user config may set "kind")
+
+
+def _absorb(batch: WriteBatch, parts: list[_StepRows]) -> None:
+    """Add the steps' node, call and span rows and their other rows to ``batch``."""
+    for node, calls, span, part in parts:
+        batch.absorb(part)
+        batch.nodes.append(node)
+        batch.calls.extend(calls)
+        batch.spans.append(span)
+
+
+def _trace_error(data: TraceData) -> str | None:
+    """The run row's error line of a failed trace (None when it did not fail)."""
+    if data.error_type is None and data.error_message is None:
+        return None
+    return error_line(data.error_type, data.error_message)
+
+
+def _fast_forward(
+    steps: list[StepData], proven: list[tuple[bytes, dict[str, str]]], state: dict[str, str]
+) -> tuple[int, dict[str, str]]:
+    """(how many leading ``steps`` match the remembered ``proven`` ones by signature, the
+    state after them): ``state`` with the fields those steps changed folded in
+    (:mod:`rewind.tracing.step_memo`)."""
+    fast = 0
+    folded: dict[str, str] | None = None
+    while fast < len(steps) and fast < len(proven):
+        if step_memo.signature(steps[fast]) != proven[fast][0]:
+            break
+        if proven[fast][1]:  # the state fields the step changed
+            folded = dict(state) if folded is None else folded
+            folded.update(proven[fast][1])
+        fast += 1
+    return fast, folded if folded is not None else state
+
+
+def _early_rows(
+    data: TraceData, steps: list[StepData], source_states: dict[int, Any]
+) -> list[_StepRows]:
+    """The rows of the leading ``steps`` a fast-forward skipped, built from the trace's input
+    state (when the replay is written in full after all)."""
+    return _rows_from(data, steps, _encode_map(data.input, {}), source_states)[0]
 
 
 def _proven(
