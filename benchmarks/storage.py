@@ -218,11 +218,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def trace_bytes(steps: int) -> dict[str, Any]:
     """Record peerbench's agent loop of ``steps`` steps as one trace into a fresh store (the
     model stub in a child process); its bytes on disk and bytes per table/index."""
-    from tests.model_stub import STUB_MODEL
-
     from rewind.llm import ChatClient, Endpoint, RetryPolicy
     from rewind.tracing import Tracer
-    from trace_replay import _TRACED_TOOL, StubProcess, run_agent, traced_llm
+
+    # trace_replay puts the repository root on sys.path (tests.model_stub, run as a script)
+    from trace_replay import _TRACED_TOOL, STUB_MODEL, StubProcess, run_agent, traced_llm
 
     stub = StubProcess()
     try:
