@@ -148,10 +148,12 @@ def unrecorded_runs(
         return []
     t = schema.runs
     ids = [j.run_id for j in candidates]
+    # States seen before the rows are read: a job that ends during the read is not "failed".
+    states = {j.run_id: j.state for j in candidates}
     with store.read() as conn:
         present = {r[0] for r in conn.execute(select(t.c.run_id).where(t.c.run_id.in_(ids))).all()}
     present |= archived_run_ids(store, ids)  # archived by gc: gone from the list, not "failed"
-    runs = (job.placeholder() for job in candidates if job.run_id not in present)
+    runs = (job.placeholder(states[job.run_id]) for job in candidates if job.run_id not in present)
     out = [
         run
         for run in runs

@@ -95,9 +95,11 @@ class RunJob:
         """The id of the job row in the store (None for a job given as a function)."""
         return self.spec.job_id if self.spec is not None else None
 
-    def placeholder(self) -> RunRecord:
-        """A run record for a job whose row the worker has not created yet."""
-        status = "failed" if self.state == "done" else "queued"
+    def placeholder(self, state: str | None = None) -> RunRecord:
+        """A run record for a job whose row the worker has not created yet: failed when the
+        job is done (``state``: the job's state as the caller saw it before it read the store
+        and found no row; the job's state now by default), else queued."""
+        status = "failed" if (state or self.state) == "done" else "queued"
         return RunRecord(
             run_id=self.run_id,
             pipeline=self.pipeline,
@@ -297,18 +299,20 @@ class RunManager(_WorkerPool):
             job = self.job(run_id)
             if job is None:
                 raise
-            if job.state == "done":
-                if archived_run_ids(self.store, [run_id]):
-                    raise UnknownRun(
-                        f"run {run_id} was archived by rewind gc",
-                        f"bring it back with `rewind archive restore {run_id}`",
-                    ) from None
-                # The job ended before its run row existed: report why.
-                return job.placeholder()
-            try:
-                return self.store.get_run(run_id)
-            except UnknownRun:
-                return job.placeholder()
+        # The job's state is read before the store is read again: a job that ended between
+        # the first read and now has its run row (if it ever had one) committed, and a job
+        # still going is reported queued even if it ends during the second read.
+        state = job.state
+        try:
+            return self.store.get_run(run_id)
+        except UnknownRun:
+            if state == "done" and archived_run_ids(self.store, [run_id]):
+                raise UnknownRun(
+                    f"run {run_id} was archived by rewind gc",
+                    f"bring it back with `rewind archive restore {run_id}`",
+                ) from None
+            # Queued, or the job ended before its run row existed (reported as failed).
+            return job.placeholder(state)
 
     def _prune(self) -> None:
         done = [j for j in self._jobs.values() if j.state == "done"]
