@@ -149,6 +149,43 @@ def test_unchanged_replay_is_one_run_row_linked_to_its_source(
         assert st.get_run(again).parent_run_id == source
 
 
+def test_a_tool_called_twice_with_the_same_arguments_stays_stored_by_reference(
+    folder: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    """A deterministic tool run twice with the same arguments in one recording has one cache
+    entry but two recorded times; the replay serves each call as its source recorded it
+    (lineage first), so it matches its source and adds no rows."""
+
+    def repeating() -> list[int]:
+        return [traced_sum([1, 2]), traced_sum([3, 4]), traced_sum([1, 2])]
+
+    def once(read_cache: bool) -> tuple[str, list[int]]:
+        tracer = Tracer(folder, chat_client=chat_client, read_cache=read_cache)
+        try:
+            with tracer.trace("repeats") as t:
+                out = repeating()
+        finally:
+            tracer.close()
+        assert t.write_error is None
+        return t.trace_id, out
+
+    EXECUTED.clear()
+    source, recorded = once(read_cache=False)
+    assert len(EXECUTED) == 3  # recorded live each time: two times for one cache entry
+    with opened(folder) as st:
+        times = [c.produced_at for n in st.nodes_of(source) for c in n.calls]
+    assert times[0] != times[2]
+    replay, replayed = once(read_cache=True)
+    assert replayed == recorded and len(EXECUTED) == 3
+    with opened(folder) as st:
+        run = st.get_run(replay)
+        assert run.parent_run_id == source
+        assert run.config["reference"] == {"run": source, "steps": 3, "all": True}
+        assert own_rows(st, replay) == {"nodes": 0, "calls": 0, "spans": 1, "burr_state": 0}
+        assert [c.produced_at for n in st.nodes_of(replay) for c in n.calls] == times
+        assert {c.outcome for n in st.nodes_of(replay) for c in n.calls} == {"hit"}
+
+
 def test_a_changed_call_stores_the_replay_fully_from_the_divergence(
     folder: Path, chat_client: ChatClient, fake_model: FakeModel
 ) -> None:

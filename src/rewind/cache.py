@@ -351,6 +351,8 @@ def _lookup(
         return None, ctx.bypass_reason
     if kind not in ctx.cached_kinds:
         return None, "bypass"
+    if ctx.find_source is not None:
+        _read_source(ctx, kind, key)
     entry: LineageEntry | None = None
     if scope is not None and ctx.lineage_at:
         entry = ctx.lineage_at.get((scope.position, key))
@@ -377,15 +379,20 @@ def _cache_entry(ctx: RunContext, kind: str, key: str) -> Any:
     """The cache table's entry for a key (a :class:`rewind.store.store.CacheEntry`) or None:
     from the entries read ahead when the run has them (the first lookup of a cached trace
     reads its source's, see :mod:`rewind.tracing.tracer_source`), else from the store."""
-    finder = ctx.find_source
-    if finder is not None:
-        ctx.find_source = None  # this copy of the run context; the finder clears the trace's
-        ctx.prefetched = finder(kind, key)
     if ctx.prefetched is not None:
         entry = ctx.prefetched.get((kind, key))
         if entry is not None:
             return entry
     return ctx.store.llm_cache_get(key) if kind == "llm" else ctx.store.tool_cache_get(key)
+
+
+def _read_source(ctx: RunContext, kind: str, key: str) -> None:
+    """At a cached trace's first lookup: find the recorded trace it replays (the finder also
+    fills :attr:`RunContext.lineage_at` with that trace's calls, served first by position)."""
+    finder = ctx.find_source
+    if finder is not None:
+        ctx.find_source = None  # this copy of the run context; the finder clears the trace's
+        ctx.prefetched = finder(kind, key)
 
 
 def _miss_reason(ctx: RunContext, scope: NodeScope | None) -> str:

@@ -653,7 +653,7 @@ class Trace:
         """At the first cache lookup of a cached trace: link the trace to the recorded trace
         that made this call and read that trace's cache entries and results ahead (see
         :mod:`rewind.tracing.tracer_source`). Returns the entries read (None: no source)."""
-        from rewind.tracing.tracer_source import find_source
+        from rewind.tracing.tracer_source import find_source, lineage_at
 
         ctx = self.run_context  # steps run in copies of it: they see what is set here
         with self._lock:
@@ -670,6 +670,10 @@ class Trace:
             self.parent_run_id = found.rows.run_id
             self._source = found.rows
             ctx.lineage_blobs.update(found.blobs)
+            # Lineage first (DESIGN rule 5): a call the source made at the same position is
+            # served as the source recorded it, so a deterministic tool it ran twice keeps
+            # each run's time and an unchanged replay stays stored by reference.
+            ctx.lineage_at.update(lineage_at(found.rows))
             ctx.prefetched = found.entries
             return found.entries
 

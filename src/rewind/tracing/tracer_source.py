@@ -5,9 +5,10 @@ up by its content key. Looking every call up in the store costs a read transacti
 read per call; instead, at the first lookup the trace finds the recorded trace that made that
 call (the newest completed trace of the same name whose calls include the key) and reads, in
 one transaction, that trace's rows and the cache entries and result bytes of all its calls.
-Later lookups of those keys are dictionary reads; any other key is looked up in the store as
-before, so what a lookup returns is exactly what the cache table holds (as of the first
-lookup). Within one process, the source's rows (immutable while the run exists, see
+Later lookups are dictionary reads: a call the source made at the same position with the same
+key is served as the source recorded it (lineage first, DESIGN rule 5: a deterministic tool the
+source ran twice with the same arguments keeps each run's time), any other key from the cache
+entries read ahead, and a key the source never sent from the store as before. Within one process, the source's rows (immutable while the run exists, see
 :func:`source_rows`) and the result bytes (content-addressed) are kept for the next trace that
 replays it; the cache entries are read each time. The trace is then written as a replay of its
 source (its ``parent``), stored by reference where it is identical
@@ -24,12 +25,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, select, text
 
+from rewind.context import LineageEntry
 from rewind.errors import StoreError
 from rewind.store import Store, schema
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
 from rewind.store.store import CacheEntry
 
-__all__ = ["CANDIDATES", "FoundSource", "find_source"]
+__all__ = ["CANDIDATES", "FoundSource", "find_source", "lineage_at"]
 
 CANDIDATES = 4
 """How many of the newest traces of the same name are tried."""
@@ -161,6 +163,35 @@ def _call_keys(rows: SourceRows) -> frozenset[tuple[str, str]]:
         while len(_CALL_KEYS) > ROWS_KEPT:
             _CALL_KEYS.popitem(last=False)
     return keys
+
+
+_LINEAGE_AT: OrderedDict[int, tuple[SourceRows, dict[tuple[int, str], LineageEntry]]] = (
+    OrderedDict()
+)
+
+
+def lineage_at(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]:
+    """``{(position, cache key): entry}`` of the calls of ``rows`` that have a result (served
+    and dry-run side effects left out, as :func:`rewind.tracing.store.lineage_index` does),
+    made once per rows object (the rows kept by :func:`source_rows` are immutable). Callers
+    copy it; the dict returned is shared."""
+    with _ROWS_LOCK:
+        held = _LINEAGE_AT.get(id(rows))
+        if held is not None and held[0] is rows:
+            return held[1]
+    at = {
+        (position, c["key"]): LineageEntry(
+            c["result_hash"], c["produced_at"], c["run_id"], position, c["call_index"]
+        )
+        for position, calls in rows.calls.items()
+        for c in calls
+        if c["result_hash"] and c["outcome"] not in ("served", "dry-run")
+    }
+    with _ROWS_LOCK:
+        _LINEAGE_AT[id(rows)] = (rows, at)
+        while len(_LINEAGE_AT) > ROWS_KEPT:
+            _LINEAGE_AT.popitem(last=False)
+    return at
 
 
 BLOB_MEMORY_BYTES = 16 * 1024 * 1024
