@@ -673,7 +673,7 @@ class Trace:
             # Lineage first (DESIGN rule 5): a call the source made at the same position is
             # served as the source recorded it, so a deterministic tool it ran twice keeps
             # each run's time and an unchanged replay stays stored by reference.
-            ctx.lineage_at.update(lineage_at(found.rows))
+            ctx.lineage_at.update(lineage_at(found))
             ctx.prefetched = found.entries
             return found.entries
 

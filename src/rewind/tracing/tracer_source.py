@@ -7,8 +7,10 @@ call (the newest completed trace of the same name whose calls include the key) a
 one transaction, that trace's rows and the cache entries and result bytes of all its calls.
 Later lookups are dictionary reads: a call the source made at the same position with the same
 key is served as the source recorded it (lineage first, DESIGN rule 5: a deterministic tool the
-source ran twice with the same arguments keeps each run's time), any other key from the cache
-entries read ahead, and a key the source never sent from the store as before. Within one process, the source's rows (immutable while the run exists, see
+source ran twice with the same arguments keeps each run's time) when its cache entry was
+recorded here (an imported trace's answers serve its own replays only); any other key comes
+from the cache entries read ahead, and a key the source never sent from the store as before.
+Within one process, the source's rows (immutable while the run exists, see
 :func:`source_rows`) and the result bytes (content-addressed) are kept for the next trace that
 replays it; the cache entries are read each time. The trace is then written as a replay of its
 source (its ``parent``), stored by reference where it is identical
@@ -165,33 +167,46 @@ def _call_keys(rows: SourceRows) -> frozenset[tuple[str, str]]:
     return keys
 
 
-_LINEAGE_AT: OrderedDict[int, tuple[SourceRows, dict[tuple[int, str], LineageEntry]]] = (
-    OrderedDict()
-)
+_LINEAGE_AT: OrderedDict[
+    int, tuple[SourceRows, dict[tuple[int, str], tuple[str, LineageEntry]]]
+] = OrderedDict()
 
 
-def lineage_at(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]:
-    """``{(position, cache key): entry}`` of the calls of ``rows`` that have a result (served
-    and dry-run side effects left out, as :func:`rewind.tracing.store.lineage_index` does),
-    made once per rows object (the rows kept by :func:`source_rows` are immutable). Callers
-    copy it; the dict returned is shared."""
+def lineage_at(found: FoundSource) -> dict[tuple[int, str], LineageEntry]:
+    """``{(position, cache key): entry}`` of the source's calls that have a result (served and
+    dry-run side effects left out, as :func:`rewind.tracing.store.lineage_index` does) and whose
+    cache entry was read ahead and was recorded here (``origin`` None: an answer a trace import
+    seeded serves that trace's replays only, never a live chain that shares its name).
+
+    The index over the rows is made once per rows object (the rows kept by
+    :func:`source_rows` are immutable); the dict returned is the caller's."""
+    rows = found.rows
     with _ROWS_LOCK:
         held = _LINEAGE_AT.get(id(rows))
-        if held is not None and held[0] is rows:
-            return held[1]
-    at = {
-        (position, c["key"]): LineageEntry(
-            c["result_hash"], c["produced_at"], c["run_id"], position, c["call_index"]
-        )
-        for position, calls in rows.calls.items()
-        for c in calls
-        if c["result_hash"] and c["outcome"] not in ("served", "dry-run")
-    }
-    with _ROWS_LOCK:
-        _LINEAGE_AT[id(rows)] = (rows, at)
-        while len(_LINEAGE_AT) > ROWS_KEPT:
-            _LINEAGE_AT.popitem(last=False)
-    return at
+        at = held[1] if held is not None and held[0] is rows else None
+    if at is None:
+        at = {
+            (position, c["key"]): (
+                c["kind"],
+                LineageEntry(
+                    c["result_hash"], c["produced_at"], c["run_id"], position, c["call_index"]
+                ),
+            )
+            for position, calls in rows.calls.items()
+            for c in calls
+            if c["result_hash"] and c["outcome"] not in ("served", "dry-run")
+        }
+        with _ROWS_LOCK:
+            _LINEAGE_AT[id(rows)] = (rows, at)
+            while len(_LINEAGE_AT) > ROWS_KEPT:
+                _LINEAGE_AT.popitem(last=False)
+    entries = found.entries
+    out: dict[tuple[int, str], LineageEntry] = {}
+    for where, (kind, entry) in at.items():
+        cached = entries.get((kind, where[1]))
+        if cached is not None and cached.origin is None:
+            out[where] = entry
+    return out
 
 
 BLOB_MEMORY_BYTES = 16 * 1024 * 1024
