@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 import httpx
 import tenacity
 
-from rewind.canonical import canonical_bytes, key_of
+from rewind.canonical import KeyPrefix, canonical_bytes, key_of, loads
 from rewind.errors import EndpointUnavailable, ModelCallError
 
 __all__ = [
@@ -112,6 +112,7 @@ _FLOAT_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty"
 _NEVER_SENT = _TELEMETRY_FIELDS | {"stream", "stream_options"}
 _SAMPLING_SENT_EXPLICITLY = ("temperature", "top_p")
 _KEY_VERSION = "llm/v1"
+_KEY_PREFIX = KeyPrefix(_KEY_VERSION)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
@@ -267,7 +268,7 @@ def llm_request_key(
         ValueError, rewind.canonical.CanonicalError: as :func:`llm_cache_key`.
     """
     request = canonical_bytes(normalize_request(body, default_model=default_model))
-    return key_of(_KEY_VERSION, request), request
+    return _KEY_PREFIX.key(request), request
 
 
 def json_schema_format(
@@ -330,7 +331,7 @@ class ChatResponse:
                 ``choices[0].message``.
         """
         try:
-            data = json.loads(raw)
+            data = loads(raw)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             raise ModelCallError(
                 f"the model endpoint answered a body that is not JSON: {_snippet(raw)}",
@@ -347,7 +348,10 @@ class ChatResponse:
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         finish_reason = first.get("finish_reason")
-        return cls(
+        # Every field set as __init__ would, without its object.__setattr__ per field (a
+        # frozen dataclass's): a cached replay rebuilds one response per LLM call.
+        response = object.__new__(cls)
+        response.__dict__.update(
             raw=bytes(raw),
             data=data,
             content=_message_text(message.get("content")),
@@ -356,6 +360,7 @@ class ChatResponse:
             completion_tokens=_count(usage.get("completion_tokens")),
             latency_ms=latency_ms,
         )
+        return response
 
 
 @dataclass(frozen=True)

@@ -220,12 +220,13 @@ class Step:
         self._token = _STEP.set(self)
         if self.trace is not None:
             base = self.trace.run_context
-            self.scope = NodeScope(
-                name=self.name,
-                position=self.position,
-                started_at=self.started_at,
-                started_perf=self._perf,
-                param_overrides=dict(base.param_overrides.get(self.name, {})),
+            overrides = base.param_overrides.get(self.name)
+            self.scope = NodeScope.fresh(
+                self.name,
+                self.position,
+                self.started_at,
+                self._perf,
+                dict(overrides) if overrides else {},
             )
             # A shallow copy with this step's scope (cheaper than dataclasses.replace, which
             # runs __init__ over every field, and than copy.copy's reduce protocol; the copy
