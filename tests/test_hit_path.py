@@ -4,11 +4,15 @@
 * :func:`rewind.canonical.loads` (orjson, json where orjson would differ) gives ``json.loads``'s
   value, with the same types (an integer beyond 64 bits stays an exact int).
 * Records and scopes built without their dataclass ``__init__`` equal those built with it.
+* A plain chat request (``chat_step``'s common case) is keyed from its one plain copy by
+  :func:`plain_request_key`: the same key and request bytes as :func:`llm_request_key` of the
+  body ``chat`` sends, and a traced step records the same call either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -22,8 +26,11 @@ from rewind.call import Call, CallPolicy, Executed
 from rewind.canonical import KeyPrefix, canonical_bytes, key_of, loads
 from rewind.context import NodeScope
 from rewind.errors import ModelCallError
-from rewind.llm import ChatResponse
+from rewind.llm import ChatClient, ChatResponse, llm_cache_key, llm_request_key, plain_request_key
+from rewind.store import open_store
 from rewind.store.records import CallRecord
+from rewind.tracing import Tracer, chat_step
+from rewind.tracing.model import as_fields, plain_fields
 
 parts = st.one_of(st.text(max_size=12), st.binary(max_size=12))
 scalars = st.one_of(
@@ -168,3 +175,141 @@ def test_in_child_process_follows_a_fork(tmp_path: Any) -> None:
     assert os.read(read, 1) == b"1"
     os.close(read)
     os.close(write)
+
+
+# -- chat requests keyed from their plain copy ---------------------------------------------------
+
+ascii_text = st.text(st.characters(max_codepoint=127), max_size=8)
+plain_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**62), 2**62),
+    st.sampled_from([0, 1, 2, 10**5, 10**16, 10**17, -(10**17)]),  # 1e16 and up: exponent floats
+    ascii_text,
+)
+plain_values = st.recursive(
+    plain_scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(ascii_text, children, max_size=3)
+    ),
+    max_leaves=10,
+)
+messages_strategy = st.lists(
+    st.dictionaries(
+        st.sampled_from(["role", "content", "name", "tool_call_id"]),
+        st.one_of(ascii_text, st.text(max_size=8), st.none(), plain_values),
+        min_size=1,
+    ),
+    max_size=3,
+)
+params_strategy = st.dictionaries(
+    st.sampled_from(
+        [
+            "model",
+            "temperature",
+            "top_p",
+            "presence_penalty",
+            "max_tokens",
+            "stop",
+            "seed",
+            "user",
+            "stream",
+            "response_format",
+            "top_k",
+        ]
+    ),
+    st.one_of(
+        plain_values,
+        st.floats(allow_nan=False, allow_infinity=False),  # not plain: the general way
+        st.text(max_size=4),  # non-ASCII: not plain either
+    ),
+    max_size=5,
+)
+models = st.one_of(st.sampled_from(["m", "gpt-4o", "模型"]), st.text(min_size=1, max_size=6))
+
+
+@settings(max_examples=400)
+@given(messages_strategy, params_strategy, models)
+def test_plain_request_key_equals_llm_request_key(
+    messages: list[dict[str, Any]], params: dict[str, Any], model: str
+) -> None:
+    """What chat_step keys (plain copy of its input) == what chat keys (the body it sends)."""
+    plain = plain_fields({"messages": messages, **params})
+    body = {"messages": [dict(m) for m in messages]}
+    body.update({k: v for k, v in params.items() if v is not None})
+    try:
+        expected: Any = llm_request_key(body, default_model=model)
+    except ValueError as exc:  # CanonicalError (a lone surrogate), or no model at all
+        expected = type(exc)
+    if plain is None:
+        return
+    keyed = {k: v for k, v in plain.items() if v is not None}
+    try:
+        got: Any = plain_request_key(keyed, default_model=model)
+    except ValueError as exc:
+        got = type(exc)
+    assert got == expected
+    if isinstance(got, tuple):
+        assert got[0] == llm_cache_key(body, default_model=model)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 10**16},  # 1e16: exponent notation from repr, canonical writes digits
+        {"top_p": 10**17, "temperature": 0},
+        {"presence_penalty": -(10**18)},
+        {"frequency_penalty": 9_999_999_999_999_999},
+        {"temperature": True, "stop": "x"},
+    ],
+)
+@pytest.mark.parametrize("model", ["m", "模型"])
+def test_plain_request_key_writes_sampling_floats_canonically(
+    params: dict[str, Any], model: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], **params}
+    plain = plain_fields(body)
+    assert plain is not None
+    assert plain_request_key(plain, default_model=model) == llm_request_key(
+        body, default_model=model
+    )
+
+
+def test_plain_fields_refuses_what_it_cannot_copy_directly() -> None:
+    assert plain_fields({"a": [1, {"b": "c"}], "n": None}) == {"a": [1, {"b": "c"}], "n": None}
+    for value in ({"t": 0.0}, {"s": "é"}, {"t": (1,)}, {1: "x"}, {"big": 2**63}, [1]):
+        assert plain_fields(value) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "messages, params",
+    [
+        ([{"role": "user", "content": "ping"}], {"temperature": 0, "max_tokens": 8}),
+        ([{"role": "user", "content": "ping"}], {"temperature": 0.0, "top_p": None}),
+        ([{"role": "user", "content": "café"}], {"temperature": 0}),
+        (({"role": "user", "content": "tuple"},), {"temperature": 0, "stop": "x"}),
+    ],
+)
+def test_chat_step_records_the_call_chat_would(
+    tmp_path: Any, chat_client: ChatClient, messages: Any, params: dict[str, Any]
+) -> None:
+    store = open_store(tmp_path / "store")
+    try:
+        tracer = Tracer(store, chat_client=chat_client)
+        with tracer.trace("t") as t:
+            reply = chat_step("ask", messages, **params)
+        s = t.steps[0].data()
+        body = {"messages": [dict(m) for m in messages]}
+        body.update({k: v for k, v in params.items() if v is not None})
+        key, request = llm_request_key(body, default_model=chat_client.endpoint.model)
+        assert [c.key for c in s.calls] == [key]
+        assert s.calls[0].request_hash == hashlib.sha256(request).hexdigest()
+        assert s.inputs == as_fields({"messages": messages, **params})
+        assert s.fields == {"ask": reply.content}
+        replay = Tracer(store, chat_client=chat_client, read_cache=True)
+        with replay.trace("t") as again:
+            served = chat_step("ask", messages, **params)
+        assert served.raw == reply.raw
+        assert [c.label for c in again.steps[0].data().calls] == ["hit"]
+    finally:
+        store.close()

@@ -667,8 +667,10 @@ def _key_part(i: int, part: bytes | str) -> bytes:
 
 # An integer literal of 19 digits or more may lie beyond 64 bits, which orjson reads as a float
 # (json reads every integer exactly): such text, and whatever orjson refuses (NaN, 1e400, lone
-# surrogates, a byte order mark...), is read by json.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# surrogates, a byte order mark...), is read by json. Runs of digits are found by mapping every
+# digit to "0" and every other byte to " " (bytes.translate: several times faster than a regex).
+_DIGIT_MAP = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_DIGITS = b"0" * 19
 
 
 def loads(data: bytes) -> Any:
@@ -679,7 +681,11 @@ def loads(data: bytes) -> Any:
     Raises:
         ValueError: as ``json.loads`` (not JSON, not UTF-8).
     """
-    if _orjson is not None and not _LONG_DIGITS.search(data):
+    if (
+        _orjson is not None
+        and type(data) is bytes
+        and _LONG_DIGITS not in data.translate(_DIGIT_MAP)
+    ):
         try:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:

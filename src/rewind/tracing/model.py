@@ -42,6 +42,7 @@ __all__ = [
     "TraceView",
     "error_line",
     "jsonable",
+    "plain_fields",
     "run_status_of",
     "split_error",
     "trace_status_of",
@@ -206,6 +207,17 @@ def _plain_copy(value: Any, depth: int) -> Any:
 
 
 _STR_ONLY = frozenset({str})
+
+
+def plain_fields(value: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`jsonable` of a dict when it is plain JSON copied directly (exact ``dict``,
+    ``list``, ASCII ``str``, ``bool``, ``None``, ints of at most 63 bits, ASCII string keys, no
+    floats, at most 16 deep), else None. A plain copy needs no canonical check to be hashed:
+    :func:`rewind.llm.plain_request_key` keys it as it is."""
+    if type(value) is not dict:
+        return None
+    copied = _plain_copy(value, 0)
+    return None if copied is _NOT_PLAIN else copied
 
 
 def _plain_child(v: Any, depth: int) -> Any:
