@@ -148,6 +148,17 @@ def test_call_record_equals_the_constructed_one() -> None:
     )
     assert got == built and got.__dict__ == built.__dict__
     assert hash(got) == hash(built)
+    assert set(got.__dict__) == {f.name for f in dataclasses.fields(CallRecord)}
+
+
+def test_call_of_equals_the_constructed_call() -> None:
+    def execute() -> Executed:
+        return Executed(b"1")
+
+    args = ("tool", "t", "k" * 64, b"{}", execute, CallPolicy("time-bound", 5.0), 2)
+    got, built = Call.of(*args), Call(*args)
+    assert got == built and got.__dict__ == built.__dict__
+    assert set(got.__dict__) == {f.name for f in dataclasses.fields(Call)}
 
 
 def test_fresh_node_scope_equals_the_constructed_one() -> None:

@@ -99,6 +99,32 @@ class Call:
     policy: CallPolicy
     index: int = 0
 
+    @classmethod
+    def of(
+        cls,
+        kind: str,
+        name: str,
+        key: str,
+        request: bytes,
+        execute: Callable[[], Executed],
+        policy: CallPolicy,
+        index: int,
+    ) -> Call:
+        """``Call(kind, name, key, request, execute, policy, index)`` with every field set as
+        the frozen dataclass's ``__init__`` sets it, without its ``object.__setattr__`` per
+        field: the cache builds one per call."""
+        call = _new(cls)
+        call.__dict__.update(
+            kind=kind,
+            name=name,
+            key=key,
+            request=request,
+            execute=execute,
+            policy=policy,
+            index=index,
+        )
+        return call
+
     @property
     def request_hash(self) -> str:
         """sha256 hex of the request bytes."""

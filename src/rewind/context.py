@@ -170,11 +170,12 @@ class NodeScope:
     @property
     def tokens(self) -> tuple[int, int]:
         """(prompt, completion) tokens spent by the node's calls so far, its sub-runs' included."""
-        calls = [*self.calls, *self.sub_calls]
-        return (
-            sum(c.prompt_tokens for c in calls),
-            sum(c.completion_tokens for c in calls),
-        )
+        prompt = completion = 0
+        for calls in (self.calls, self.sub_calls):
+            for c in calls:
+                prompt += c.prompt_tokens
+                completion += c.completion_tokens
+        return prompt, completion
 
 
 @dataclass

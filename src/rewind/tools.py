@@ -99,7 +99,10 @@ class Tool:
         return dict(bound.arguments)
 
     def key_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The arguments that enter the cache key (all but the idempotency argument)."""
+        """The arguments that enter the cache key (all but the idempotency argument; ``args``
+        itself when the tool has none: treat it as read-only)."""
+        if self.idempotency_arg is None:
+            return args
         return {k: v for k, v in args.items() if k != self.idempotency_arg}
 
     def key(self, args: dict[str, Any]) -> str:

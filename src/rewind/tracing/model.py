@@ -80,6 +80,7 @@ class StepStatus(StrEnum):
 
 
 STEP_TYPES = tuple(t.value for t in StepType)
+_STEP_TYPE_SET = frozenset(STEP_TYPES)
 STEP_STATUSES = tuple(s.value for s in StepStatus)
 
 _TO_RUN = {
@@ -109,6 +110,8 @@ def step_type_of(value: str | StepType) -> str:
     Raises:
         ValueError: not one of :data:`STEP_TYPES`.
     """
+    if type(value) is str and value in _STEP_TYPE_SET:
+        return value
     text = str(value.value if isinstance(value, StepType) else value)
     if text not in STEP_TYPES:
         raise ValueError(f"unknown step type {text!r}; use one of {', '.join(STEP_TYPES)}")
