@@ -18,6 +18,7 @@ import math
 import os
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +30,7 @@ from rewind.errors import ModelCallError
 from rewind.llm import ChatClient, ChatResponse, llm_cache_key, llm_request_key, plain_request_key
 from rewind.store import open_store
 from rewind.store.records import CallRecord
-from rewind.tracing import Tracer, chat_step
+from rewind.tracing import Tracer, chat_step, step_memo
 from rewind.tracing.model import as_fields, plain_fields
 
 parts = st.one_of(st.text(max_size=12), st.binary(max_size=12))
@@ -321,6 +322,16 @@ def test_chat_step_records_the_call_chat_would(
         with replay.trace("t") as again:
             served = chat_step("ask", messages, **params)
         assert served.raw == reply.raw
-        assert [c.label for c in again.steps[0].data().calls] == ["hit"]
+        hit = again.steps[0].data()
+        assert [c.label for c in hit.calls] == ["hit"]
+        signed = step_memo.signature(hit)
+        assert signed is not None and signed == _signature_by_lists(hit)
     finally:
         store.close()
+
+
+def _signature_by_lists(s: Any) -> bytes:
+    """The step signature as it was first written: lists of the fields, field by field."""
+    values: list[Any] = [getattr(s, name) for name in step_memo._SIGNED]
+    values.append([[getattr(c, name) for name in step_memo._CALL_FIELDS] for c in s.calls])
+    return hashlib.sha256(orjson.dumps(values, option=step_memo._OPTIONS)).digest()
