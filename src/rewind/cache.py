@@ -198,12 +198,12 @@ def _new_call(
     policy: CallPolicy,
 ) -> Call:
     if scope is None:
-        return Call(kind, name, key, request, execute, policy, 0)
+        return Call.of(kind, name, key, request, execute, policy, 0)
     sampled = kind == "llm" or policy.determinism == "time-bound"
     if sampled:
         lane = current_lane()
         key = occurrence_key(key, lane, scope.occurrence(lane, key))
-    return Call(kind, name, key, request, execute, policy, scope.reserve_index())
+    return Call.of(kind, name, key, request, execute, policy, scope.reserve_index())
 
 
 def _no_sync_execute() -> Executed:

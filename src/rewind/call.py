@@ -23,6 +23,8 @@ Determinism = Literal["deterministic", "time-bound", "side-effect", "non-determi
 CallOutcome = Literal["hit", "miss", "bypass", "served", "dry-run"]
 """A call record's cache outcome (its reason says which rule decided it); stored as this string."""
 
+_new = object.__new__
+
 DETERMINISM_FLAGS: tuple[Determinism, ...] = get_args(Determinism)
 """The determinism flags a call may declare (see :mod:`rewind.cache`)."""
 
@@ -97,6 +99,32 @@ class Call:
     policy: CallPolicy
     index: int = 0
 
+    @classmethod
+    def of(
+        cls,
+        kind: str,
+        name: str,
+        key: str,
+        request: bytes,
+        execute: Callable[[], Executed],
+        policy: CallPolicy,
+        index: int,
+    ) -> Call:
+        """``Call(kind, name, key, request, execute, policy, index)`` with every field set as
+        the frozen dataclass's ``__init__`` sets it, without its ``object.__setattr__`` per
+        field: the cache builds one per call."""
+        call = _new(cls)
+        call.__dict__.update(
+            kind=kind,
+            name=name,
+            key=key,
+            request=request,
+            execute=execute,
+            policy=policy,
+            index=index,
+        )
+        return call
+
     @property
     def request_hash(self) -> str:
         """sha256 hex of the request bytes."""
@@ -113,21 +141,25 @@ class Call:
         latency_ms: float = 0.0,
     ) -> CallRecord:
         """The call's record with an outcome and the rule's reason (tokens from ``done``)."""
-        return CallRecord(
-            self.index,
-            self.kind,
-            self.name,
-            self.key,
-            self.request_hash,
-            result_hash,
-            outcome,
-            reason,
-            done.prompt_tokens if done else 0,
-            done.completion_tokens if done else 0,
-            latency_ms,
+        # Every field set as the frozen dataclass's __init__ would, without its
+        # object.__setattr__ per field (as CallRecord.from_row): one record per call.
+        record = _new(CallRecord)
+        record.__dict__.update(
+            call_index=self.index,
+            kind=self.kind,
+            name=self.name,
+            key=self.key,
+            request_hash=self.request_hash,
+            result_hash=result_hash,
+            outcome=outcome,
+            reason=reason,
+            prompt_tokens=done.prompt_tokens if done else 0,
+            completion_tokens=done.completion_tokens if done else 0,
+            latency_ms=latency_ms,
             determinism=self.policy.determinism,
             produced_at=produced_at,
         )
+        return record
 
     def pending(
         self,

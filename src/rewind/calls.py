@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rewind.cache import DEFAULT_POLICY, CallPolicy, Executed, through_cache
-from rewind.context import current
+from rewind.context import RunContext, current
 from rewind.errors import EndpointUnavailable
-from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, llm_request_key
+from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, llm_request_key, plain_request_key
 
 
 def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
@@ -44,6 +44,31 @@ def chat(messages: Sequence[Mapping[str, Any]], **params: Any) -> ChatResponse:
     return send(body, default_model=client.endpoint.model)
 
 
+def chat_plain(
+    plain: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+) -> ChatResponse:
+    """``chat(messages, **params)`` when the caller holds the request's plain copy already:
+    ``plain`` is :func:`rewind.tracing.model.plain_fields` of ``{"messages": messages,
+    **params}`` (a traced step's input). The key is computed from it by
+    :func:`rewind.llm.plain_request_key` (the same key, without checking every value again);
+    the body sent on a miss is :func:`chat`'s.
+
+    Raises:
+        as :func:`chat`.
+    """
+    ctx = current()
+    client = ctx.chat_client if ctx is not None else None
+    if ctx is None or client is None:
+        return chat(messages, **params)  # raises as chat does
+    default_model = client.endpoint.model
+    key, request = plain_request_key(
+        {k: v for k, v in plain.items() if v is not None}, default_model=default_model
+    )
+    body: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+    body.update({k: v for k, v in params.items() if v is not None})
+    return _send(ctx, body, key, request, default_model)
+
+
 def send(body: Mapping[str, Any], *, default_model: str | None = None) -> ChatResponse:
     """Send a whole chat-completions request body through the current run's LLM cache.
 
@@ -68,6 +93,17 @@ def send(body: Mapping[str, Any], *, default_model: str | None = None) -> ChatRe
         )
     body = {k: v for k, v in body.items() if v is not None}
     key, request = llm_request_key(body, default_model=default_model)
+    return _send(ctx, body, key, request, default_model)
+
+
+def _send(
+    ctx: RunContext,
+    body: Mapping[str, Any],
+    key: str,
+    request: bytes,
+    default_model: str | None,
+) -> ChatResponse:
+    """Serve a keyed request from the cache or send ``body`` (see :func:`send`)."""
     client = ctx.chat_client
 
     def execute() -> Executed:

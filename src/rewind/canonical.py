@@ -47,10 +47,12 @@ from typing import Any
 
 __all__ = [
     "CanonicalError",
+    "KeyPrefix",
     "canonical_bytes",
     "canonical_json",
     "content_hash",
     "key_of",
+    "loads",
     "sha256_hex",
 ]
 
@@ -613,20 +615,79 @@ def key_of(*parts: bytes | str) -> str:
     """
     h = hashlib.sha256()
     for i, part in enumerate(parts):
-        if isinstance(part, str):
-            try:
-                data = part.encode("utf-8")
-            except UnicodeEncodeError:
-                raise CanonicalError(
-                    f"key_of part {i}", "string holds a lone surrogate (no UTF-8 form)"
-                ) from None
-        elif isinstance(part, (bytes, bytearray)):
-            data = bytes(part)
-        else:
-            raise TypeError(
-                f"key_of part {i} is {type(part).__name__}; pass bytes or str "
-                "(use canonical_bytes() for structured values)"
-            )
+        data = _key_part(i, part)
         h.update(b"%d:" % len(data))
         h.update(data)
     return h.hexdigest()
+
+
+class KeyPrefix:
+    """:func:`key_of` with its leading parts hashed once: ``KeyPrefix(*head).key(data)`` is
+    ``key_of(*head, data)``, the same digest, without hashing the head again for each key (a
+    cache lookup keys every call with the same ``"llm/v1"`` or ``"tool/v1", name`` head).
+
+    Raises:
+        TypeError, CanonicalError: a part of the head, as :func:`key_of`.
+    """
+
+    __slots__ = ("_state", "head")
+
+    def __init__(self, *head: bytes | str) -> None:
+        self.head = head
+        state = hashlib.sha256()
+        for i, part in enumerate(head):
+            data = _key_part(i, part)
+            state.update(b"%d:" % len(data))
+            state.update(data)
+        self._state = state
+
+    def key(self, data: bytes) -> str:
+        """``key_of(*head, data)`` for one last part of bytes (64 hex characters)."""
+        h = self._state.copy()
+        h.update(b"%d:" % len(data))
+        h.update(data)
+        return h.hexdigest()
+
+
+def _key_part(i: int, part: bytes | str) -> bytes:
+    if isinstance(part, str):
+        try:
+            return part.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CanonicalError(
+                f"key_of part {i}", "string holds a lone surrogate (no UTF-8 form)"
+            ) from None
+    if isinstance(part, (bytes, bytearray)):
+        return bytes(part)
+    raise TypeError(
+        f"key_of part {i} is {type(part).__name__}; pass bytes or str "
+        "(use canonical_bytes() for structured values)"
+    )
+
+
+# An integer literal of 19 digits or more may lie beyond 64 bits, which orjson reads as a float
+# (json reads every integer exactly): such text, and whatever orjson refuses (NaN, 1e400, lone
+# surrogates, a byte order mark...), is read by json. Runs of digits are found by mapping every
+# digit to "0" and every other byte to " " (bytes.translate: several times faster than a regex).
+_DIGIT_MAP = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_DIGITS = b"0" * 19
+
+
+def loads(data: bytes) -> Any:
+    """``json.loads(data)`` for JSON bytes: the same value, read by orjson (several times
+    faster) unless the text holds a run of 19 or more digits or orjson refuses it, which json
+    then reads. What a cache hit parses its recorded bytes with (the bytes stay as stored).
+
+    Raises:
+        ValueError: as ``json.loads`` (not JSON, not UTF-8).
+    """
+    if (
+        _orjson is not None
+        and type(data) is bytes
+        and _LONG_DIGITS not in data.translate(_DIGIT_MAP)
+    ):
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(data)

@@ -39,6 +39,10 @@ _LANE: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("rewind_
 _EXECUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("rewind_executing", default=False)
 _ACTIVE: dict[str, int] = {}  # run id -> number of open activations, in any thread
 _ACTIVE_LOCK = threading.Lock()
+# This process's id, kept up to date in forked children: os.getpid() is a system call, and
+# every tool call asks whether it runs in the run's process.
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 @dataclass
@@ -94,6 +98,39 @@ class NodeScope:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _next_index: int = 0
 
+    @classmethod
+    def fresh(
+        cls,
+        name: str,
+        position: int,
+        started_at: float,
+        started_perf: float,
+        param_overrides: dict[str, Any],
+    ) -> NodeScope:
+        """``NodeScope(name, position, started_at, started_perf, param_overrides)``: every
+        field set as ``__init__`` sets it, without running the generated ``__init__`` and its
+        default factories one by one (a traced step opens one scope)."""
+        scope = object.__new__(cls)
+        scope.__dict__.update(
+            name=name,
+            position=position,
+            started_at=started_at,
+            started_perf=started_perf,
+            param_overrides=param_overrides,
+            input_overrides={},
+            params={},
+            calls=[],
+            pending={},
+            effects=[],
+            occurrences={},
+            submits={},
+            spawned={},
+            sub_calls=[],
+            lock=threading.Lock(),
+            _next_index=0,
+        )
+        return scope
+
     def reserve_index(self) -> int:
         """The next call index of this node (0, 1, …); safe from worker threads."""
         with self.lock:
@@ -133,11 +170,12 @@ class NodeScope:
     @property
     def tokens(self) -> tuple[int, int]:
         """(prompt, completion) tokens spent by the node's calls so far, its sub-runs' included."""
-        calls = [*self.calls, *self.sub_calls]
-        return (
-            sum(c.prompt_tokens for c in calls),
-            sum(c.completion_tokens for c in calls),
-        )
+        prompt = completion = 0
+        for calls in (self.calls, self.sub_calls):
+            for c in calls:
+                prompt += c.prompt_tokens
+                completion += c.completion_tokens
+        return prompt, completion
 
 
 @dataclass
@@ -224,7 +262,7 @@ class RunContext:
     def in_child_process(self) -> bool:
         """Whether the calling code runs in a child process forked from the run's process
         (``multiprocessing`` with ``fork``, ``os.fork``): a call made there cannot be recorded."""
-        return os.getpid() != self.pid
+        return _PID[0] != self.pid
 
     def remember(self, scope: NodeScope) -> None:
         """Keep a finished node's new cache entries visible to later nodes of this run until

@@ -35,7 +35,22 @@ from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 import httpx
 import tenacity
 
-from rewind.canonical import canonical_bytes, key_of
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _orjson = None  # type: ignore[assignment]
+    _PLAIN_OPTIONS = 0
+else:
+    # Sorted keys; anything but the exact JSON types refused (a safety net: plain bodies have
+    # none), so a body that is not plain after all goes to the canonical encoder.
+    _PLAIN_OPTIONS = (
+        _orjson.OPT_SORT_KEYS
+        | _orjson.OPT_PASSTHROUGH_SUBCLASS
+        | _orjson.OPT_PASSTHROUGH_DATACLASS
+        | _orjson.OPT_PASSTHROUGH_DATETIME
+    )
+
+from rewind.canonical import KeyPrefix, canonical_bytes, key_of, loads
 from rewind.errors import EndpointUnavailable, ModelCallError
 
 __all__ = [
@@ -112,6 +127,7 @@ _FLOAT_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty"
 _NEVER_SENT = _TELEMETRY_FIELDS | {"stream", "stream_options"}
 _SAMPLING_SENT_EXPLICITLY = ("temperature", "top_p")
 _KEY_VERSION = "llm/v1"
+_KEY_PREFIX = KeyPrefix(_KEY_VERSION)
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
@@ -267,7 +283,44 @@ def llm_request_key(
         ValueError, rewind.canonical.CanonicalError: as :func:`llm_cache_key`.
     """
     request = canonical_bytes(normalize_request(body, default_model=default_model))
-    return key_of(_KEY_VERSION, request), request
+    return _KEY_PREFIX.key(request), request
+
+
+def plain_request_key(
+    body: Mapping[str, Any], *, default_model: str | None = None
+) -> tuple[str, bytes]:
+    """:func:`llm_request_key` of a body of plain JSON, without the canonical encoder's walk
+    over every value to check that it may take its fast path.
+
+    Plain means what :func:`rewind.tracing.model.plain_fields` returns: exact ``dict``,
+    ``list``, ``str``, ``bool``, ``None`` and ``int`` (at most 63 bits), ASCII ``str`` keys, no
+    floats. Normalizing adds only floats this function checks (the sampling parameters) and the
+    model name, so the canonical text is what orjson writes with sorted keys, byte for byte
+    (tests compare the keys on generated bodies). Anything outside that goes the general way.
+
+    Raises:
+        ValueError, rewind.canonical.CanonicalError: as :func:`llm_cache_key`.
+    """
+    request = normalize_request(body, default_model=default_model)
+    if _orjson is not None and type(request["model"]) is str and _positional_floats(request):
+        try:
+            data = _orjson.dumps(request, option=_PLAIN_OPTIONS)
+        except (TypeError, _orjson.JSONEncodeError):
+            pass  # a lone surrogate in the model name: the canonical encoder names it
+        else:
+            return _KEY_PREFIX.key(data), data
+    data = canonical_bytes(request)
+    return _KEY_PREFIX.key(data), data
+
+
+def _positional_floats(request: Mapping[str, Any]) -> bool:
+    """Whether the normalized sampling parameters that are floats are written by repr() in
+    positional notation (zero, or 1e-4 <= |f| < 1e16), as canonical JSON writes them."""
+    for name in _FLOAT_PARAMS:
+        value = request[name]
+        if type(value) is float and not (value == 0.0 or 1e-4 <= abs(value) < 1e16):
+            return False
+    return True
 
 
 def json_schema_format(
@@ -330,7 +383,7 @@ class ChatResponse:
                 ``choices[0].message``.
         """
         try:
-            data = json.loads(raw)
+            data = loads(raw)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             raise ModelCallError(
                 f"the model endpoint answered a body that is not JSON: {_snippet(raw)}",
@@ -347,7 +400,10 @@ class ChatResponse:
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         finish_reason = first.get("finish_reason")
-        return cls(
+        # Every field set as __init__ would, without its object.__setattr__ per field (a
+        # frozen dataclass's): a cached replay rebuilds one response per LLM call.
+        response = object.__new__(cls)
+        response.__dict__.update(
             raw=bytes(raw),
             data=data,
             content=_message_text(message.get("content")),
@@ -356,6 +412,7 @@ class ChatResponse:
             completion_tokens=_count(usage.get("completion_tokens")),
             latency_ms=latency_ms,
         )
+        return response
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from rewind.cache import CallPolicy, Executed, through_cache
-from rewind.canonical import canonical_bytes, key_of
+from rewind.canonical import KeyPrefix, canonical_bytes, loads
 from rewind.context import active_runs, current
 from rewind.errors import ContextLost, RewindError
 
@@ -75,6 +74,7 @@ class Tool:
         self.signature = inspect.signature(fn)
         self._positional = positional_names(self.signature)
         self._policy_made: tuple[tuple[Any, ...], CallPolicy] | None = None
+        self._key_prefix: KeyPrefix | None = None
         if idempotency_arg is not None and idempotency_arg not in self.signature.parameters:
             raise ValueError(f"{name}: no argument named {idempotency_arg!r}")
         self.idempotency_arg = idempotency_arg
@@ -99,12 +99,23 @@ class Tool:
         return dict(bound.arguments)
 
     def key_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The arguments that enter the cache key (all but the idempotency argument)."""
+        """The arguments that enter the cache key (all but the idempotency argument; ``args``
+        itself when the tool has none: treat it as read-only)."""
+        if self.idempotency_arg is None:
+            return args
         return {k: v for k, v in args.items() if k != self.idempotency_arg}
 
     def key(self, args: dict[str, Any]) -> str:
-        """The tool cache key for bound arguments."""
-        return key_of("tool/v1", self.name, canonical_bytes(self.key_args(args)))
+        """The tool cache key for bound arguments:
+        ``key_of("tool/v1", name, canonical_bytes(key_args(args)))``."""
+        return self._key_of(canonical_bytes(self.key_args(args)))
+
+    def _key_of(self, request: bytes) -> str:
+        """``key_of("tool/v1", self.name, request)``, its head hashed once per name."""
+        prefix = self._key_prefix
+        if prefix is None or prefix.head[1] != self.name:
+            prefix = self._key_prefix = KeyPrefix("tool/v1", self.name)
+        return prefix.key(request)
 
     def policy(self, args: dict[str, Any]) -> CallPolicy:
         """The cache policy of one call."""
@@ -147,7 +158,7 @@ class Tool:
             return self.fn(*args, **kwargs)
         bound = self.bind(*args, **kwargs)
         request = canonical_bytes(self.key_args(bound))
-        key = key_of("tool/v1", self.name, request)
+        key = self._key_of(request)
 
         def execute() -> Executed:
             return Executed(canonical_bytes(self.fn(**bound)))
@@ -161,7 +172,7 @@ class Tool:
             execute=execute,
             policy=self.policy(bound),
         )
-        return json.loads(data)
+        return loads(data)
 
 
 def positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:

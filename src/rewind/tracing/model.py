@@ -42,6 +42,7 @@ __all__ = [
     "TraceView",
     "error_line",
     "jsonable",
+    "plain_fields",
     "run_status_of",
     "split_error",
     "trace_status_of",
@@ -79,6 +80,7 @@ class StepStatus(StrEnum):
 
 
 STEP_TYPES = tuple(t.value for t in StepType)
+_STEP_TYPE_SET = frozenset(STEP_TYPES)
 STEP_STATUSES = tuple(s.value for s in StepStatus)
 
 _TO_RUN = {
@@ -108,6 +110,8 @@ def step_type_of(value: str | StepType) -> str:
     Raises:
         ValueError: not one of :data:`STEP_TYPES`.
     """
+    if type(value) is str and value in _STEP_TYPE_SET:
+        return value
     text = str(value.value if isinstance(value, StepType) else value)
     if text not in STEP_TYPES:
         raise ValueError(f"unknown step type {text!r}; use one of {', '.join(STEP_TYPES)}")
@@ -206,6 +210,17 @@ def _plain_copy(value: Any, depth: int) -> Any:
 
 
 _STR_ONLY = frozenset({str})
+
+
+def plain_fields(value: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`jsonable` of a dict when it is plain JSON copied directly (exact ``dict``,
+    ``list``, ASCII ``str``, ``bool``, ``None``, ints of at most 63 bits, ASCII string keys, no
+    floats, at most 16 deep), else None. A plain copy needs no canonical check to be hashed:
+    :func:`rewind.llm.plain_request_key` keys it as it is."""
+    if type(value) is not dict:
+        return None
+    copied = _plain_copy(value, 0)
+    return None if copied is _NOT_PLAIN else copied
 
 
 def _plain_child(v: Any, depth: int) -> Any:

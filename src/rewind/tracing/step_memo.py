@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -49,6 +50,8 @@ _SIGNED = tuple(
     if f.name not in _UNSIGNED_FIELDS and f.name not in ("calls", "pending", "effects")
 )
 _CALL_FIELDS = tuple(f.name for f in dataclasses.fields(CallRecord) if f.name != "latency_ms")
+_signed_values = operator.attrgetter(*_SIGNED)
+_call_values = operator.attrgetter(*_CALL_FIELDS)
 _OPTIONS = (
     orjson.OPT_SORT_KEYS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
@@ -72,8 +75,9 @@ def signature(s: StepData) -> bytes | None:
     rows of its own is never shared)."""
     if s.pending or s.effects:
         return None
-    values: list[Any] = [getattr(s, name) for name in _SIGNED]
-    values.append([[getattr(c, name) for name in _CALL_FIELDS] for c in s.calls])
+    # Tuples of the fields (one attrgetter call each): orjson writes a tuple as the array a
+    # list of the same values gives, so the text is what the field-by-field lists gave.
+    values = (*_signed_values(s), [_call_values(c) for c in s.calls])
     try:
         text = orjson.dumps(values, default=_refuse, option=_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):

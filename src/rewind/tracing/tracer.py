@@ -72,6 +72,7 @@ from rewind.tracing.model import (
     TraceData,
     as_fields,
     jsonable,
+    plain_fields,
     step_type_of,
 )
 from rewind.tracing.store import write_trace
@@ -220,12 +221,13 @@ class Step:
         self._token = _STEP.set(self)
         if self.trace is not None:
             base = self.trace.run_context
-            self.scope = NodeScope(
-                name=self.name,
-                position=self.position,
-                started_at=self.started_at,
-                started_perf=self._perf,
-                param_overrides=dict(base.param_overrides.get(self.name, {})),
+            overrides = base.param_overrides.get(self.name)
+            self.scope = NodeScope.fresh(
+                self.name,
+                self.position,
+                self.started_at,
+                self._perf,
+                dict(overrides) if overrides else {},
             )
             # A shallow copy with this step's scope (cheaper than dataclasses.replace, which
             # runs __init__ over every field, and than copy.copy's reduce protocol; the copy
@@ -546,12 +548,30 @@ def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature, tuple[str, ..
 def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatResponse:
     """An ``llm_call`` step around one :func:`rewind.calls.chat` call: the request is the input,
     the answer's text the output; model, finish_reason and tokens are recorded."""
-    from rewind.calls import chat
+    from rewind.calls import chat, chat_plain
 
-    with step(name, StepType.LLM_CALL, input={"messages": messages, **params}) as s:
-        response = chat(messages, **params)
+    request = {"messages": messages, **params}
+    # A plain request (the common case) is copied once, as the step's input, and keyed from
+    # that copy; any other goes through as_fields and chat().
+    plain = plain_fields(request)
+    s = _open_step(
+        name, StepType.LLM_CALL.value, plain if plain is not None else as_fields(request)
+    )
+    with s:
+        if plain is not None:
+            response = chat_plain(plain, messages, params)
+        else:
+            response = chat(messages, **params)
         s.set_output(response)
         return response
+
+
+def _open_step(name: str, step_type: str, inputs: dict[str, Any]) -> Step:
+    """A new (pending) step of the current trace, or an unrecorded one outside any trace."""
+    trace = _TRACE.get()
+    if trace is not None:
+        return trace.step(name, step_type, inputs=inputs)
+    return Step(None, name, step_type, inputs, {}, 0, ROOT_POSITION)
 
 
 # -- traces ------------------------------------------------------------------------------------
