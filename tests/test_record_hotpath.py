@@ -356,50 +356,6 @@ def test_progress_stops_watching_a_run_only_after_its_last_commit(
         rw.store.close()
 
 
-def test_a_runs_first_progress_mark_is_written_off_its_thread_and_close_waits_for_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The mark of a run's first node start is written by the progress thread (the run's own
-    thread does not wait for a write transaction at its start), and closing the store waits
-    for that write when it is under way (a closed SQLite store must not be written again)."""
-    import threading
-    import time
-
-    from rewind import progress
-    from rewind.replay import Rewind
-    from tests import pipelines
-
-    writes: list[tuple[str, str]] = []
-    real = progress._write
-
-    def slow_write(store: Any, run_id: str, position: int, name: str, since: float) -> Any:
-        writes.append(("start", threading.current_thread().name))
-        time.sleep(0.3)
-        try:
-            return real(store, run_id, position, name, since)
-        finally:
-            writes.append(("end", threading.current_thread().name))
-
-    monkeypatch.setattr(progress, "_write", slow_write)
-    rw = Rewind(tmp_path / "store")
-    pipelines.BLOCK_ENTERED.clear()
-    pipelines.BLOCK_RELEASE.clear()
-    worker = threading.Thread(target=lambda: rw.record(pipelines.blocking, {"x": 1}))
-    worker.start()
-    try:
-        assert pipelines.BLOCK_ENTERED.wait(60)
-        deadline = time.monotonic() + 60
-        while not writes and time.monotonic() < deadline:
-            time.sleep(0.005)
-    finally:
-        pipelines.BLOCK_RELEASE.set()
-        worker.join()
-    assert writes and writes[0] == ("start", "rewind-progress")
-    rw.store.close()  # the write may still sleep: close waits for it
-    assert writes[-1][0] == "end"
-    assert {who for _, who in writes} == {"rewind-progress"}
-
-
 def test_node_and_call_records_read_back_equal_records_built_through_init(
     tmp_path: Path,
 ) -> None:

@@ -5,7 +5,7 @@ worker) writes, at each top-level node start, which node it executes now onto th
 (``runs.live_node``, ``live_position``, ``live_since``) and in the same transaction reads
 ``runs.cancel_requested`` — at most every :data:`WRITE_INTERVAL_S` per run (a start within it is
 written by a background thread at the end of the interval, which also reads the cancel flags of
-the runs in flight that often; a run's first start is written by that thread at once). So:
+the runs in flight that often). So:
 
 - any server reading the same store shows the running node of a run it does not execute, and
   the tokens so far (the sum over the node rows committed so far: the recorder commits a
@@ -80,7 +80,6 @@ class _RunMarks:
     last_write: float = 0.0  # time.monotonic() of the last write
     waiting: tuple[int, str, float] | None = None  # (position, name, unix s) not written yet
     cancel: dict[str, Any] | None = None  # the cancel request seen by the last write
-    first: bool = False  # the waiting mark is the run's first: written at once, by the thread
 
 
 class _ProgressWriter:
@@ -91,7 +90,6 @@ class _ProgressWriter:
         self.runs: dict[str, _RunMarks] = {}
         self.thread: threading.Thread | None = None
         self.pid = 0
-        self.writing: dict[int, int] = {}  # id(store) -> the thread's writes of it under way
 
     def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
         now = time.monotonic()
@@ -99,13 +97,7 @@ class _ProgressWriter:
             self._ensure_thread()
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
-                # A run's first mark is written by the thread at once, not on the run's own
-                # thread (a write transaction, ~1 ms, at the start of every run); the marks of
-                # the nodes that start within WRITE_INTERVAL_S after it wait as usual.
-                marks = self.runs[run_id] = _RunMarks(store, last_write=now, first=True)
-                marks.waiting = (position, name, time.time())
-                self.lock.notify()
-                return marks.cancel
+                marks = self.runs[run_id] = _RunMarks(store)
             if now - marks.last_write < WRITE_INTERVAL_S:
                 if marks.waiting is None:
                     self.lock.notify()  # a new deadline; a mark already waiting has its own
@@ -134,12 +126,9 @@ class _ProgressWriter:
                 now = time.monotonic()
                 jobs = []
                 for rid, m in self.runs.items():
-                    if m.waiting is not None and (
-                        m.first or now - m.last_write >= WRITE_INTERVAL_S
-                    ):
+                    if m.waiting is not None and now - m.last_write >= WRITE_INTERVAL_S:
                         jobs.append((rid, m, m.waiting))
                         m.waiting = None
-                        m.first = False
                         m.last_write = now
                 poll = bool(self.runs) and now - last_poll >= WRITE_INTERVAL_S
                 watched = list(self.runs.items()) if poll else []
@@ -157,16 +146,7 @@ class _ProgressWriter:
                 with self.lock:
                     if self.runs.get(rid) is not m:
                         continue  # the run ended meanwhile (forget): never touch its store
-                    key = id(m.store)
-                    self.writing[key] = self.writing.get(key, 0) + 1
-                try:
-                    asked = _write(m.store, rid, position, name, since)
-                finally:
-                    with self.lock:
-                        self.writing[key] -= 1
-                        if not self.writing[key]:
-                            del self.writing[key]
-                        self.lock.notify_all()  # a forget(store=...) may wait for this write
+                asked = _write(m.store, rid, position, name, since)
                 with self.lock:
                     m.cancel = asked or m.cancel
             if poll:
@@ -175,9 +155,8 @@ class _ProgressWriter:
 
     def forget(self, run_id: str | None = None, store: Store | None = None) -> None:
         """Stop watching a run (it finished) or every run of a store (it is closing). Waits for
-        a poll in flight, and for a store the thread's writes of it under way, so no read or
-        write of that store happens afterwards (a closed SQLite store must not be reopened:
-        that would recreate its -wal/-shm files)."""
+        a poll in flight, so no read of that store happens afterwards (a closed SQLite store
+        must not be reopened: that would recreate its -wal/-shm files)."""
         with self.lock:
             for rid in [
                 r
@@ -185,9 +164,6 @@ class _ProgressWriter:
                 if (run_id is not None and r == run_id) or (store is not None and m.store is store)
             ]:
                 del self.runs[rid]
-            if store is not None and threading.current_thread() is not self.thread:
-                while self.writing.get(id(store)):
-                    self.lock.wait()
 
     def _poll(self, watched: list[tuple[str, _RunMarks]]) -> None:
         by_store: dict[int, list[tuple[str, _RunMarks]]] = {}
@@ -261,9 +237,7 @@ def node_started(store: Store, run_id: str, position: int, name: str) -> dict[st
     whether a cancel was asked.
 
     The mark is written at once, or — within :data:`WRITE_INTERVAL_S` of the run's last write —
-    by a background thread at the end of the interval; a run's first mark by that thread at
-    once (so the run's own thread does not wait for a write at its start). The cancel request
-    is the one last seen:
+    by a background thread at the end of the interval. The cancel request is the one last seen:
     a cancel asked in this process is seen at once; one asked by another process within
     :data:`WRITE_INTERVAL_S` (the background thread reads the flags that often). Never raises
     for a store problem (progress must not break a run): it then reports no cancel.
