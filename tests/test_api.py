@@ -1470,6 +1470,8 @@ def test_grid_stability_and_audit_of_unknown_or_busy_runs(client: TestClient, st
 
     rid = start(client, "blocking")
     assert pipelines.BLOCK_ENTERED.wait(60)
+    while not store.nodes_of(rid):  # the first node's commit (within the flush interval)
+        time.sleep(0.01)
     before = row_counts(store)
     r = client.post(f"/api/runs/{rid}/grid", json={"at": 1, "overrides": [param("x", "y", 1)]})
     assert_error(r, 409, "RunBusy", text="still running")

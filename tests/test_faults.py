@@ -26,6 +26,7 @@ import pytest
 from burr.core import State, action, default
 from burr.core.graph import GraphBuilder
 
+from rewind.canonical import sha256_hex
 from rewind.errors import ForkError, RunBusy, StoreError
 from rewind.recorder import FLUSH_INTERVAL_MS
 from rewind.replay import Pipeline, Rewind
@@ -304,7 +305,11 @@ def test_kill_9_at_random_moments_loses_no_node_older_than_the_flush_bound(
             for run in st.list_runs():
                 st.nodes_of(run.run_id)  # every run stays readable
             run = st.get_run(report.run_id)
-            stored = {n.position for n in st.nodes_of(run.run_id)}
+            nodes = st.nodes_of(run.run_id)
+            stored = {n.position for n in nodes}
+            # every committed node's documents read back (packed with it, SQLite)
+            named = {h for n in nodes for h in (n.input_hash, n.output_hash) if h}
+            assert all(sha256_hex(d) == h for h, d in st.get_blobs(named).items())
         finally:
             st.close()
         if report.status is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -531,6 +532,11 @@ def test_fork_while_the_run_executes_in_another_thread_raises_run_busy(rw: Rewin
         while not pipelines.BLOCK_ENTERED.wait(0.05):
             assert worker.is_alive(), "the blocking run ended before reaching its 2nd node"
         assert rw.store.get_run("busy-run").status == "running"
+        # the recorder commits the finished first node within its flush interval, from its
+        # flusher thread: wait for that commit, so the counts below see only the fork's writes
+        while not rw.store.nodes_of("busy-run"):
+            assert worker.is_alive()
+            time.sleep(0.01)
         before = row_counts(rw.store)
         with pytest.raises(RunBusy):
             rw.fork("busy-run", at=1)

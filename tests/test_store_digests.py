@@ -38,6 +38,10 @@ BLOB_SAMPLES = (
     b'{"messages": [{"content": "hi", "role": "user"}], "model": "m"}',
     b"".join(hashlib.sha256(b"%d" % i).digest() for i in range(13)),  # 416 random bytes: raw
     b'{"rows": [' + b", ".join(b'{"x": %d}' % i for i in range(400)) + b"]}",  # zlib, spilled
+    # zd1 (a Burr run's own small documents are packed: no longer a zd1 row of their own)
+    b'{"inputs":{"max_tokens":16,"messages":[{"content":"say hi","role":"system"},'
+    b'{"content":"hello there","role":"user"}],"model":"m","temperature":0},"node":"draft",'
+    b'"params":{}}',
 )
 _TOOL = step("digest_sum", "tool_call")(rewind.tool("digest_sum_numbers")(lambda n: sum(n)))
 

@@ -4,14 +4,16 @@ The recorder is handed to Burr as its state persister in "lifecycle adapter" mod
 row, its calls, the cache entries they produced and the content-addressed state row are written
 together, in one transaction: a crash can never leave a node without its state or the other way
 round. Rows are batched (group commit): a node that finishes ``flush_interval_ms`` or more after
-the last commit is committed at once, inside its hook (a slow LLM node is written as soon as it
-finishes); otherwise its rows wait, and a flusher thread commits them when the oldest waiting node
-is ``flush_interval_ms`` old, even while the next node is still running. So a chain of cheap
-nodes shares one commit, and a process killed at any moment (``kill -9``) loses at most the nodes
-that finished in the last ``flush_interval_ms`` plus the duration of the commit under way (see
-README, "How it works" → Record). Hooks never raise into Burr (a raising hook aborts the run
-before the state is saved); failures are collected in :attr:`Recorder.errors` and fail the run
-afterwards.
+the later of its start and the last commit is committed at once, inside its hook (a slow LLM node
+is written as soon as it finishes); otherwise its rows wait, and a flusher thread commits them
+when the oldest waiting node is ``flush_interval_ms`` old, even while the next node is still
+running. So a chain of cheap nodes shares one commit, and a process killed at any moment
+(``kill -9``) loses at most the nodes that finished in the last ``flush_interval_ms`` plus the
+duration of the commit under way (see README, "How it works" → Record). A commit's small blobs
+go to two compressed packs, its documents and its call payloads (``blob_packs``, SQLite), written
+in the same transaction as the rows that name them. Hooks never raise into Burr (a raising hook
+aborts the run before the state is saved); failures are collected in :attr:`Recorder.errors` and
+fail the run afterwards.
 
 Hashes (all sha256 hex of canonical JSON): every semantic state field is hashed once as a blob;
 a node's ``output_hash`` is the hash of the map {written field: field hash} and ``state_hash`` the
@@ -65,7 +67,7 @@ from rewind.persister import (
 )
 from rewind.serde import encode
 from rewind.store.records import CallRecord
-from rewind.store.store import Store, WriteBatch, call_rows, state_row
+from rewind.store.store import Store, WriteBatch, call_rows, pack_groups, state_row
 
 logger = logging.getLogger(__name__)
 
@@ -349,11 +351,13 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             if in_flight is not None and not isinstance(in_flight, Exception):
                 exception = in_flight  # type: ignore[assignment]
         refusal: UnstorableValue | None = None
+        scope = self.ctx.node
+        started = scope.started_perf if scope is not None else time.perf_counter()
         try:
             rows, refusal = self._record(
                 self.ctx.run_id, partition_key, sequence_id, state, action, exception
             )
-            self._queue(rows)
+            self._queue(rows, started)
         except Exception as exc:
             self._fail("after", action, exc)
         finally:
@@ -556,6 +560,9 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
                 self._last_flush = time.perf_counter()
             if not batch and after is None:
                 return
+            # The batch's small blobs go to two compressed packs (documents; call payloads),
+            # committed with the node rows that name them (SQLite; see Store.write_batch).
+            batch.packs = pack_groups(batch)
             try:
                 self.ctx.store.write_batch(batch, after=after)
             except Exception as exc:
@@ -584,13 +591,21 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
         if due is not None and due <= now:
             self.flush()
 
-    def _queue(self, rows: WriteBatch) -> None:
-        """Add a finished node's rows to the batch; commit now, or arm the deadline flush."""
+    def _queue(self, rows: WriteBatch, started: float) -> None:
+        """Add a finished node's rows to the batch; commit now, or arm the deadline flush.
+
+        The node is committed at once when it ran ``flush_interval_ms`` or more since the later
+        of its start (``time.perf_counter()`` s) and the last commit (a slow node), or when the
+        waiting rows are past their deadline (the flusher thread is late); the time before the
+        first node (building the Burr app) does not count, so a run's first node shares the
+        next commit instead of committing alone."""
         now = time.perf_counter()
         armed: float | None = None
         with self._lock:
             self.batch.absorb(rows)
-            commit_now = self._closed or (now - self._last_flush) * 1000 >= self.flush_interval_ms
+            since = max(started, self._last_flush)
+            late = self._due is not None and self._due <= now
+            commit_now = self._closed or late or (now - since) * 1000 >= self.flush_interval_ms
             if not commit_now and self._due is None:
                 armed = self._due = now + self.flush_interval_ms / 1000
         if commit_now:

@@ -167,7 +167,7 @@ def pack_together(items: list[bytes]) -> tuple[bytes, list[tuple[str, int, int]]
 
 def pack_ref(pack_id: int, offset: int, length: int) -> bytes:
     """``blobs.data`` of a packed blob: three unsigned LEB128 varints (pack id, offset, length)."""
-    return b"".join(_varint(n) for n in (pack_id, offset, length))
+    return _varint(pack_id) + _varint(offset) + _varint(length)
 
 
 def read_pack_ref(data: bytes) -> tuple[int, int, int]:
@@ -204,7 +204,16 @@ def unpack_slice(codec: str, plain: bytes, offset: int, length: int) -> bytes:
     return unpack(inner, part)
 
 
+_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
 def _varint(n: int) -> bytes:
+    # one or two bytes without the loop: every length and most offsets and pack ids of a pack
+    # (one reference per packed blob)
+    if n < 0x80:
+        return _BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
     out = bytearray()
     while True:
         byte = n & 0x7F

@@ -79,6 +79,10 @@ PUT_PROBE_MIN_BYTES = 1024
 """:meth:`Store.put_blob` first asks whether a blob this large is stored (a primary-key read)
 before compressing and inserting it: every fork of a run stores the same graph document
 (~10 KB for 100 nodes), which the store instance may not know as written."""
+PACK_GROUP_MAX_BYTES = 256 * 1024
+"""Largest uncompressed size of one blob pack (bytes): a group of a write's blobs
+(:attr:`WriteBatch.packs`) larger than this is cut into several packs, so reading one small
+blob never decompresses more (≈ 0.5 ms)."""
 GC_LOCK_KEY = 0x5245_5749_4E47  # "REWING": writers share it, ``rewind gc`` takes it alone (PG)
 """PostgreSQL advisory lock key that orders writers against ``rewind gc``'s blob sweep: every write
 transaction holds it shared, the sweep exclusively (on SQLite the database write lock does the
@@ -493,8 +497,13 @@ class Store:
                 self._check_referenced(conn, batch)
             else:
                 self._check_objects(rows, new)
-            for pack in packs:
-                rows += self._insert_pack(conn, pack)
+            if packs:
+                # Blobs another write stored meanwhile (or that this process did not know it
+                # had): their rows would be ignored, so they must not be packed (a pack nobody
+                # names). One query for every pack of the batch.
+                present = self._stored_of(conn, [b[0] for pack in packs for b in pack.blobs])
+                for pack in packs:
+                    rows += self._insert_pack(conn, pack, present)
             # In key order: each index then fills its pages in sequence instead of splitting
             # them at random places (random hashes leave B-tree pages ~2/3 full).
             self._insert_blobs(conn, sorted(rows, key=_by_hash))
@@ -518,9 +527,10 @@ class Store:
     def _blob_rows(
         self, new: dict[str, bytes], groups: list[set[str]]
     ) -> tuple[list[dict[str, Any]], list[_Pack]]:
-        """The blob rows for ``new`` (sha256 → bytes) and, on SQLite, a pack per group of
+        """The blob rows for ``new`` (sha256 → bytes) and, on SQLite, packs per group of
         ``groups`` (of its blobs in ``new``, when two or more are at most PACK_MAX_BYTES and not
-        offloaded), whose rows :meth:`_insert_pack` makes once the pack has its id."""
+        offloaded; cut at PACK_GROUP_MAX_BYTES), whose rows :meth:`_insert_pack` makes once
+        the pack has its id."""
         packs: list[_Pack] = []
         packed: set[str] = set()
         for group in groups if self._spill else ():
@@ -532,24 +542,18 @@ class Store:
                 and len(new[h]) <= PACK_MAX_BYTES
                 and (self.objects is None or len(new[h]) < self.offload_min_bytes)
             ]
-            if len(together) < 2:
-                continue
-            packed.update(together)
-            packs.append(_packed({h: new[h] for h in together}))
+            for chunk in _pack_chunks(together, new):
+                packed.update(chunk)
+                packs.append(_packed({h: new[h] for h in chunk}))
         rows = [self._blob_row(h, data) for h, data in new.items() if h not in packed]
         return rows, packs
 
-    def _insert_pack(self, conn: Connection, pack: _Pack) -> list[dict[str, Any]]:
-        """Insert a pack (inside ``conn``'s transaction); the blob rows of its blobs."""
-        # Blobs another write stored meanwhile (or that this process did not know it had):
-        # their rows would be ignored, so they must not be packed (a pack nobody names).
-        t = schema.blobs
-        digests = [b[0] for b in pack.blobs]
-        present: set[str] = set()
-        for i in range(0, len(digests), _IN_CHUNK):
-            chunk = digests[i : i + _IN_CHUNK]
-            present.update(r[0] for r in conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk))))
-        if present:
+    def _insert_pack(
+        self, conn: Connection, pack: _Pack, present: set[str]
+    ) -> list[dict[str, Any]]:
+        """Insert a pack (inside ``conn``'s transaction) without its blobs in ``present`` (stored
+        already); the blob rows of the blobs it holds."""
+        if not present.isdisjoint(pack.items):
             rest = {h: data for h, data in pack.items.items() if h not in present}
             if len(rest) < 2:
                 return [self._blob_row(h, data) for h, data in rest.items()]
@@ -632,24 +636,27 @@ class Store:
 
     def _present_blobs(self, digests: Collection[str]) -> set[str]:
         """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
-        t = schema.blobs
-        listed = list(digests)
-        present: set[str] = set()
         with self.read() as conn:
-            for i in range(0, len(listed), _IN_CHUNK):
-                chunk = listed[i : i + _IN_CHUNK]
-                if self._bulk_sql is None:
-                    found = conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk)))
-                    present.update(r[0] for r in found)
-                    continue
-                # SQLite: the driver's statement cache instead of compiling an expanding IN
-                # for every probe (0.36 -> 0.06 ms for 16 hashes); hashes bound as stored
-                marks = ",".join("?" * len(chunk))
-                found = conn.exec_driver_sql(
-                    f"SELECT blobs.hash FROM blobs WHERE blobs.hash IN ({marks})",
-                    tuple(schema.digest_bytes(h) for h in chunk),
-                )
-                present.update(_hex_digest(h) for (h,) in found)
+            return self._stored_of(conn, list(digests))
+
+    def _stored_of(self, conn: Connection, digests: Sequence[str]) -> set[str]:
+        """Which of ``digests`` have a blob row, as ``conn`` sees them (one query per 500)."""
+        t = schema.blobs
+        present: set[str] = set()
+        for i in range(0, len(digests), _IN_CHUNK):
+            chunk = digests[i : i + _IN_CHUNK]
+            if self._bulk_sql is None:
+                found = conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk)))
+                present.update(r[0] for r in found)
+                continue
+            # SQLite: the driver's statement cache instead of compiling an expanding IN
+            # for every probe (0.36 -> 0.06 ms for 16 hashes); hashes bound as stored
+            marks = ",".join("?" * len(chunk))
+            found = conn.exec_driver_sql(
+                f"SELECT blobs.hash FROM blobs WHERE blobs.hash IN ({marks})",
+                tuple(schema.digest_bytes(h) for h in chunk),
+            )
+            present.update(_hex_digest(h) for (h,) in found)
         return present
 
     def _check_objects(self, rows: list[dict[str, Any]], data: dict[str, bytes]) -> None:
@@ -1561,6 +1568,22 @@ def _probe(blobs: dict[str, bytes]) -> list[str]:
     return listed[::step][:PRESENCE_PROBE_BLOBS]
 
 
+def pack_groups(batch: WriteBatch, exclude: Collection[str] = ()) -> list[set[str]]:
+    """The batch's blobs as the packs they may share (:attr:`WriteBatch.packs`): its documents
+    and state field values in one, its calls' and cache entries' requests and results in the
+    other (a diff reads the first kind, a replay serving calls the second, each of a run's
+    nodes at once). ``exclude``: blobs that stay on their own."""
+    payloads: set[str] = set()
+    for row in batch.calls:
+        payloads.update(h for h in (row.get("request_hash"), row.get("result_hash")) if h)
+    for row in batch.llm_cache:
+        payloads.update(h for h in (row.get("request_hash"), row.get("response_hash")) if h)
+    for row in batch.tool_cache:
+        payloads.update(h for h in (row.get("args_hash"), row.get("result_hash")) if h)
+    blobs = batch.blobs.keys() - exclude
+    return [blobs - payloads, payloads & blobs]
+
+
 def _by_hash(row: dict[str, Any]) -> str:
     return row["hash"]
 
@@ -1720,6 +1743,21 @@ class _Pack:
     blobs: list[tuple[str, int, tuple[str, int, int]]]
     items: dict[str, bytes]
     """The blobs' bytes by sha256."""
+
+
+def _pack_chunks(digests: list[str], blobs: dict[str, bytes]) -> list[list[str]]:
+    """``digests`` cut, in order, into packs of at most :data:`PACK_GROUP_MAX_BYTES` of
+    uncompressed bytes (a reader of one blob decompresses its whole pack); a pack holds two
+    blobs or more (a blob alone keeps a row of its own)."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for h in digests:
+        if size + len(blobs[h]) > PACK_GROUP_MAX_BYTES and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(h)
+        size += len(blobs[h])
+    return [c for c in chunks if len(c) >= 2]
 
 
 def _packed(items: dict[str, bytes]) -> _Pack:

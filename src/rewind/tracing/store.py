@@ -48,7 +48,7 @@ from rewind.store.references import (
 from rewind.store.references import resolve as resolve_reference
 from rewind.store.spans import expand as expand_spans
 from rewind.store.spans import pack_rows as pack_span_rows
-from rewind.store.store import WriteBatch, call_rows, state_row
+from rewind.store.store import WriteBatch, call_rows, pack_groups, state_row
 from rewind.tracing import step_memo
 from rewind.tracing.model import (
     CHAIN_TYPE,
@@ -180,7 +180,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         store.put_edges(data.name, edges, conn)
 
     batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
-    batch.packs = _pack_groups(batch, data)
+    batch.packs = pack_groups(batch, exclude=data.extra_blobs)  # the tracer's extras alone
     store.write_batch(batch, before=run_row)
     return store.get_run(data.trace_id)
 
@@ -283,21 +283,6 @@ def _proven(
             break
         out.append((sig, changed))
     return out
-
-
-def _pack_groups(batch: WriteBatch, data: TraceData) -> list[set[str]]:
-    """The batch's blobs as the packs they may share (``blob_packs``): its documents and field
-    values; its calls' and cache entries' requests and results (a replay reads these, all of
-    a trace's at once). The tracer's extra blobs stay on their own."""
-    payloads: set[str] = set()
-    for row in batch.calls:
-        payloads.update(h for h in (row.get("request_hash"), row.get("result_hash")) if h)
-    for row in batch.llm_cache:
-        payloads.update(h for h in (row.get("request_hash"), row.get("response_hash")) if h)
-    for row in batch.tool_cache:
-        payloads.update(h for h in (row.get("args_hash"), row.get("result_hash")) if h)
-    extra = set(data.extra_blobs)
-    return [set(batch.blobs) - payloads - extra, (payloads & set(batch.blobs)) - extra]
 
 
 _StepRows = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]
