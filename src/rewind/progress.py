@@ -87,6 +87,10 @@ class _ProgressWriter:
 
     def __init__(self) -> None:
         self.lock = threading.Condition()
+        # Held by the background thread while it reads or writes a store, and by forget(store=)
+        # (a store closing waits for it); never by mark(), which a running node calls: a read
+        # slowed by a loaded machine must not hold up the run's next node start.
+        self.io = threading.Lock()
         self.runs: dict[str, _RunMarks] = {}
         self.thread: threading.Thread | None = None
         self.pid = 0
@@ -109,6 +113,13 @@ class _ProgressWriter:
         with self.lock:
             marks.cancel = asked or marks.cancel
             return marks.cancel
+
+    def created(self, store: Store, run_id: str) -> None:
+        """The run row was just written ``running``: that counts as the run's last progress
+        write, so a first node start within :data:`WRITE_INTERVAL_S` is written by the
+        background thread (a run shorter than that writes no mark at all)."""
+        with self.lock:
+            self.runs[run_id] = _RunMarks(store, last_write=time.monotonic())
 
     def _ensure_thread(self) -> None:
         if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
@@ -143,10 +154,11 @@ class _ProgressWriter:
                     self.lock.wait(timeout=max(0.005, min(waits)) if waits else 60.0)
                     continue
             for rid, m, (position, name, since) in jobs:
-                with self.lock:
-                    if self.runs.get(rid) is not m:
-                        continue  # the run ended meanwhile (forget): never touch its store
-                asked = _write(m.store, rid, position, name, since)
+                with self.io:
+                    with self.lock:
+                        if self.runs.get(rid) is not m:
+                            continue  # the run ended meanwhile (forget): never touch its store
+                    asked = _write(m.store, rid, position, name, since)
                 with self.lock:
                     m.cancel = asked or m.cancel
             if poll:
@@ -157,7 +169,7 @@ class _ProgressWriter:
         """Stop watching a run (it finished) or every run of a store (it is closing). Waits for
         a poll in flight, so no read of that store happens afterwards (a closed SQLite store
         must not be reopened: that would recreate its -wal/-shm files)."""
-        with self.lock:
+        with self.io if store is not None else contextlib.nullcontext(), self.lock:
             for rid in [
                 r
                 for r, m in self.runs.items()
@@ -172,10 +184,11 @@ class _ProgressWriter:
         t = schema.runs
         for items in by_store.values():
             store = items[0][1].store
-            # Under the lock (one small read every WRITE_INTERVAL_S), so forget() cannot let a
-            # store close while this reads it.
-            with self.lock:
-                items = [(rid, m) for rid, m in items if self.runs.get(rid) is m]
+            # Under self.io, so forget(store=) cannot let a store close while this reads it;
+            # not under self.lock, which node starts take.
+            with self.io:
+                with self.lock:
+                    items = [(rid, m) for rid, m in items if self.runs.get(rid) is m]
                 if not items:
                     continue
                 try:
@@ -190,6 +203,7 @@ class _ProgressWriter:
                         }
                 except Exception:  # a lost connection: try again later
                     continue
+            with self.lock:
                 for rid, m in items:
                     row = rows.get(rid)
                     if row is not None and row.status != "running":
@@ -201,6 +215,15 @@ class _ProgressWriter:
 
 
 _WRITER = _ProgressWriter()
+
+
+def run_created(store: Store, run_id: str) -> None:
+    """This process just committed ``run_id``'s row as ``running`` and is about to execute it:
+    the row counts as its first progress write, so its first node start is written by the
+    background thread at the end of :data:`WRITE_INTERVAL_S` (no write transaction of its own
+    in the run's thread; a run that ends sooner writes none). Cancels are seen as before: one
+    asked in this process at once, one asked elsewhere by the next poll."""
+    _WRITER.created(store, run_id)
 
 
 def run_ended(run_id: str) -> None:

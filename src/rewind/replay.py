@@ -366,6 +366,7 @@ class Rewind:
             config=config,
             launch=launch.to_json() | {"effects": effects} | (_sub_run[2] if _sub_run else {}),
         )
+        progress.run_created(self.store, child_id)
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(

@@ -1,0 +1,121 @@
+"""The Burr fork/replay hot path: what a fork skips must never change what it records or when
+it stops. Progress marks (:mod:`rewind.progress`): a fork's first node start is written by the
+progress thread, a cancel still stops the fork at its next node, and the thread's reads never
+hold up a node start. Real Burr runs recorded into a real SQLite store."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rewind import progress
+from rewind.replay import Rewind
+from tests import pipelines
+
+
+def test_a_fork_writes_no_progress_mark_from_its_own_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork's run row, just written ``running``, counts as its first progress write: its
+    node starts within the interval are left to the progress thread (no write transaction in
+    the run's thread), and the replay is unchanged (same hashes, every call a hit)."""
+    rw = Rewind(tmp_path / "store")
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    writers: list[str] = []
+    mark = progress.mark_live_node
+
+    def counted(*args: Any) -> str | None:
+        writers.append(threading.current_thread().name)
+        return mark(*args)
+
+    monkeypatch.setattr(progress, "mark_live_node", counted)
+    monkeypatch.setattr(progress, "WRITE_INTERVAL_S", 3600.0)  # the thread never gets to it
+    # a process up for longer than the interval (a run's first write is then due at once)
+    clock = SimpleNamespace(monotonic=lambda: time.monotonic() + 1e6, time=time.time)
+    monkeypatch.setattr(progress, "time", clock)
+    child = rw.replay(parent.run_id, at=1)
+    assert threading.current_thread().name not in writers
+    assert child.status == "completed"
+    mine, theirs = rw.store.nodes_of(child.run_id), rw.store.nodes_of(parent.run_id)
+    assert [n.state_hash for n in mine] == [n.state_hash for n in theirs]
+    assert [n.output_hash for n in mine] == [n.output_hash for n in theirs]
+    assert all(n.cache_outcome == "hit" for n in mine) and child.tokens == 0
+    assert child.run_id not in progress._WRITER.runs  # forgotten when it finished
+
+
+def test_a_cancel_asked_in_this_process_stops_a_fork_at_its_next_node(tmp_path: Path) -> None:
+    rw = Rewind(tmp_path / "store")
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    asked: list[str] = []
+
+    def on_event(event: str, payload: dict[str, Any]) -> None:
+        if event == "node_finished" and payload["name"] == "start":
+            run_id = next(r for r in progress._WRITER.runs if r != parent.run_id)
+            asked.append(run_id)
+            assert progress.request_cancel(rw.store, run_id, "me")
+
+    rw.on_event = on_event
+    child = rw.replay(parent.run_id, at=1)
+    assert asked == [child.run_id]
+    assert child.status == progress.CANCELLED
+    assert "cancelled by me before node 2 (expand)" in str(child.error)
+    assert [n.name for n in rw.store.nodes_of(child.run_id)] == ["start"]
+
+
+class _SlowStore:
+    """A store whose reads block until released (the progress thread's poll of cancel flags)
+    and whose writes fail (a progress write never raises into a run)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.log: list[str] = []
+
+    @contextmanager
+    def read(self) -> Iterator[Any]:
+        self.entered.set()
+        self.log.append("read entered")
+        self.release.wait(timeout=60)
+        self.log.append("read left")
+        raise RuntimeError("no rows here")  # the poll treats it as a lost connection
+        yield  # pragma: no cover
+
+    @contextmanager
+    def write(self) -> Iterator[Any]:
+        raise RuntimeError("read only")
+        yield  # pragma: no cover
+
+
+def test_a_slow_poll_never_holds_up_a_node_start_but_a_closing_store_waits_for_it() -> None:
+    writer = progress._ProgressWriter()
+    writer.thread, writer.pid = threading.current_thread(), os.getpid()  # no thread of its own
+    store: Any = _SlowStore()
+    watched = progress._RunMarks(store)
+    writer.runs["watched"] = watched
+    poll = threading.Thread(target=writer._poll, args=([("watched", watched)],))
+    poll.start()
+    assert store.entered.wait(timeout=60)
+    # a node start of another run while the poll reads: not blocked by it
+    assert writer.mark(store, "other", 0, "first") is None
+    store.log.append("mark returned")
+
+    def close() -> None:
+        writer.forget(store=store)
+        store.log.append("forgotten")
+
+    closing = threading.Thread(target=close)
+    closing.start()
+    closing.join(timeout=0.2)  # (a store closing waits for the read in flight)
+    store.release.set()
+    poll.join(timeout=60)
+    closing.join(timeout=60)
+    assert store.log == ["read entered", "mark returned", "read left", "forgotten"]
+    assert writer.runs == {}
