@@ -119,3 +119,34 @@ def test_a_slow_poll_never_holds_up_a_node_start_but_a_closing_store_waits_for_i
     closing.join(timeout=60)
     assert store.log == ["read entered", "mark returned", "read left", "forgotten"]
     assert writer.runs == {}
+
+
+def test_the_runs_own_tracker_is_called_at_no_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewind's tracker on the run's own app implements no Burr hook (its copies, the trackers
+    sub-applications get, do: tests/test_sub_runs.py), so Burr calls nothing of it per step."""
+    import rewind.replay as replay_module
+    from rewind.engine.subapps import RunTracker, SubAppTracker
+
+    seen: list[str] = []
+    built: list[RunTracker] = []
+
+    class Spy(RunTracker):
+        def __init__(self, inner: Any, recorder: Any) -> None:
+            super().__init__(inner, recorder)
+            built.append(self)
+
+        def pre_run_step(self, **kwargs: Any) -> None:
+            seen.append("pre")
+
+        def post_run_step(self, **kwargs: Any) -> None:
+            seen.append("post")
+
+    monkeypatch.setattr(replay_module, "RunTracker", Spy)
+    rw = Rewind(tmp_path / "store")
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    child = rw.replay(parent.run_id, at=2)
+    assert (parent.status, child.status) == ("completed", "completed")
+    assert len(built) == 2 and seen == []
+    assert isinstance(built[0].copy(), SubAppTracker)
