@@ -1,15 +1,12 @@
 """The Burr fork/replay hot path: what a fork skips must never change what it records or when
 it stops. Progress marks (:mod:`rewind.progress`): a fork's first node start is written by the
-progress thread, a cancel still stops the fork at its next node, and the thread's reads never
-hold up a node start. Real Burr runs recorded into a real SQLite store."""
+progress thread and a cancel still stops the fork at its next node; Rewind's own tracker is
+called at no step. Real Burr runs recorded into a real SQLite store."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -68,57 +65,6 @@ def test_a_cancel_asked_in_this_process_stops_a_fork_at_its_next_node(tmp_path: 
     assert child.status == progress.CANCELLED
     assert "cancelled by me before node 2 (expand)" in str(child.error)
     assert [n.name for n in rw.store.nodes_of(child.run_id)] == ["start"]
-
-
-class _SlowStore:
-    """A store whose reads block until released (the progress thread's poll of cancel flags)
-    and whose writes fail (a progress write never raises into a run)."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.log: list[str] = []
-
-    @contextmanager
-    def read(self) -> Iterator[Any]:
-        self.entered.set()
-        self.log.append("read entered")
-        self.release.wait(timeout=60)
-        self.log.append("read left")
-        raise RuntimeError("no rows here")  # the poll treats it as a lost connection
-        yield  # pragma: no cover
-
-    @contextmanager
-    def write(self) -> Iterator[Any]:
-        raise RuntimeError("read only")
-        yield  # pragma: no cover
-
-
-def test_a_slow_poll_never_holds_up_a_node_start_but_a_closing_store_waits_for_it() -> None:
-    writer = progress._ProgressWriter()
-    writer.thread, writer.pid = threading.current_thread(), os.getpid()  # no thread of its own
-    store: Any = _SlowStore()
-    watched = progress._RunMarks(store)
-    writer.runs["watched"] = watched
-    poll = threading.Thread(target=writer._poll, args=([("watched", watched)],))
-    poll.start()
-    assert store.entered.wait(timeout=60)
-    # a node start of another run while the poll reads: not blocked by it
-    assert writer.mark(store, "other", 0, "first") is None
-    store.log.append("mark returned")
-
-    def close() -> None:
-        writer.forget(store=store)
-        store.log.append("forgotten")
-
-    closing = threading.Thread(target=close)
-    closing.start()
-    closing.join(timeout=0.2)  # (a store closing waits for the read in flight)
-    store.release.set()
-    poll.join(timeout=60)
-    closing.join(timeout=60)
-    assert store.log == ["read entered", "mark returned", "read left", "forgotten"]
-    assert writer.runs == {}
 
 
 def test_the_runs_own_tracker_is_called_at_no_step(

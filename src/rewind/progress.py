@@ -87,10 +87,6 @@ class _ProgressWriter:
 
     def __init__(self) -> None:
         self.lock = threading.Condition()
-        # Held by the background thread while it reads or writes a store, and by forget(store=)
-        # (a store closing waits for it); never by mark(), which a running node calls: a read
-        # slowed by a loaded machine must not hold up the run's next node start.
-        self.io = threading.Lock()
         self.runs: dict[str, _RunMarks] = {}
         self.thread: threading.Thread | None = None
         self.pid = 0
@@ -154,11 +150,10 @@ class _ProgressWriter:
                     self.lock.wait(timeout=max(0.005, min(waits)) if waits else 60.0)
                     continue
             for rid, m, (position, name, since) in jobs:
-                with self.io:
-                    with self.lock:
-                        if self.runs.get(rid) is not m:
-                            continue  # the run ended meanwhile (forget): never touch its store
-                    asked = _write(m.store, rid, position, name, since)
+                with self.lock:
+                    if self.runs.get(rid) is not m:
+                        continue  # the run ended meanwhile (forget): never touch its store
+                asked = _write(m.store, rid, position, name, since)
                 with self.lock:
                     m.cancel = asked or m.cancel
             if poll:
@@ -169,7 +164,7 @@ class _ProgressWriter:
         """Stop watching a run (it finished) or every run of a store (it is closing). Waits for
         a poll in flight, so no read of that store happens afterwards (a closed SQLite store
         must not be reopened: that would recreate its -wal/-shm files)."""
-        with self.io if store is not None else contextlib.nullcontext(), self.lock:
+        with self.lock:
             for rid in [
                 r
                 for r, m in self.runs.items()
@@ -184,11 +179,10 @@ class _ProgressWriter:
         t = schema.runs
         for items in by_store.values():
             store = items[0][1].store
-            # Under self.io, so forget(store=) cannot let a store close while this reads it;
-            # not under self.lock, which node starts take.
-            with self.io:
-                with self.lock:
-                    items = [(rid, m) for rid, m in items if self.runs.get(rid) is m]
+            # Under the lock (one small read every WRITE_INTERVAL_S), so forget() cannot let a
+            # store close while this reads it.
+            with self.lock:
+                items = [(rid, m) for rid, m in items if self.runs.get(rid) is m]
                 if not items:
                     continue
                 try:
@@ -203,7 +197,6 @@ class _ProgressWriter:
                         }
                 except Exception:  # a lost connection: try again later
                     continue
-            with self.lock:
                 for rid, m in items:
                     row = rows.get(rid)
                     if row is not None and row.status != "running":
