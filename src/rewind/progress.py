@@ -80,6 +80,7 @@ class _RunMarks:
     last_write: float = 0.0  # time.monotonic() of the last write
     waiting: tuple[int, str, float] | None = None  # (position, name, unix s) not written yet
     cancel: dict[str, Any] | None = None  # the cancel request seen by the last write
+    check_first: bool = False  # created(): the first node start reads the cancel flag itself
 
 
 class _ProgressWriter:
@@ -98,17 +99,32 @@ class _ProgressWriter:
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
+            first, marks.check_first = marks.check_first, False
             if now - marks.last_write < WRITE_INTERVAL_S:
                 if marks.waiting is None:
                     self.lock.notify()  # a new deadline; a mark already waiting has its own
                 marks.waiting = (position, name, time.time())
-                return marks.cancel
-            marks.waiting = None
-            marks.last_write = now
-        asked = _write(store, run_id, position, name, time.time())
+                if not first:
+                    return marks.cancel
+                write = False
+            else:
+                marks.waiting = None
+                marks.last_write = now
+                write = True
+        if write:
+            asked = _write(store, run_id, position, name, time.time())
+        else:  # a run's first node start: a cancel asked since its row was written stops it
+            asked = _read_cancel(store, run_id)
         with self.lock:
             marks.cancel = asked or marks.cancel
             return marks.cancel
+
+    def created(self, store: Store, run_id: str) -> None:
+        """The run row was just written ``running``: that counts as the run's last progress
+        write, so a first node start within :data:`WRITE_INTERVAL_S` is written by the
+        background thread (a run shorter than that writes no mark at all)."""
+        with self.lock:
+            self.runs[run_id] = _RunMarks(store, last_write=time.monotonic(), check_first=True)
 
     def _ensure_thread(self) -> None:
         if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
@@ -203,6 +219,16 @@ class _ProgressWriter:
 _WRITER = _ProgressWriter()
 
 
+def run_created(store: Store, run_id: str) -> None:
+    """This process just committed ``run_id``'s row as ``running`` and is about to execute it:
+    the row counts as its first progress write, so its first node start is written by the
+    background thread at the end of :data:`WRITE_INTERVAL_S` (no write transaction of its own
+    in the run's thread; a run that ends sooner writes none). Cancels are seen as before: one
+    asked in this process at once, one asked elsewhere before the first node by that node's
+    start (it reads the flag: a read, not a write), later ones by the next poll."""
+    _WRITER.created(store, run_id)
+
+
 def run_ended(run_id: str) -> None:
     """A run finished: stop watching its cancel flag (called by :meth:`Store.finish_run`)."""
     _WRITER.forget(run_id=run_id)
@@ -222,6 +248,19 @@ def _write(
     except Exception:  # a progress write must never break the run
         return None
     return _cancel_value(asked) if asked else None
+
+
+def _read_cancel(store: Store, run_id: str) -> dict[str, Any] | None:
+    """The run's cancel request as stored (one read, no write), or None. Never raises."""
+    t = schema.runs
+    try:
+        with store.read() as conn:
+            raw = conn.execute(
+                select(t.c.cancel_requested).where(t.c.run_id == run_id)
+            ).scalar_one_or_none()
+    except Exception:  # a progress read must never break the run
+        return None
+    return _cancel_value(raw) if raw else None
 
 
 def _cancel_value(raw: str) -> dict[str, Any]:

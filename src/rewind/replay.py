@@ -47,7 +47,7 @@ from rewind.engine.plan import (
     resolve_node,
     validate_override,
 )
-from rewind.engine.subapps import SubAppTracker
+from rewind.engine.subapps import RunTracker
 from rewind.errors import (
     CodeDrift,
     EndpointUnavailable,
@@ -366,6 +366,7 @@ class Rewind:
             config=config,
             launch=launch.to_json() | {"effects": effects} | (_sub_run[2] if _sub_run else {}),
         )
+        progress.run_created(self.store, child_id)
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
             builder = builder.initialize_from(
@@ -1046,7 +1047,7 @@ def _build(
         builder = builder()
     builder = builder.with_state_persister(recorder)
     # __context.tracker inside the app's actions: its copies record sub-applications
-    return builder.with_tracker(SubAppTracker(builder.tracker, recorder)).build()
+    return builder.with_tracker(RunTracker(builder.tracker, recorder)).build()
 
 
 def _raise_on_start(exc: Exception) -> Callable[[], ApplicationBuilder]:

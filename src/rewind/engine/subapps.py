@@ -4,11 +4,12 @@ Burr's parallel actions (``MapStates``, ``MapActions``, ``MapActionsAndStates``)
 sub-application the parent's state persister and a ``copy()`` of its tracker, so Rewind's
 recorder sees their steps by itself. A recursive sub-application is built by the user's action,
 and Burr's documented way to link it to its parent is
-``.with_tracker(__context.tracker.copy()).with_spawning_parent(...)``. :class:`SubAppTracker` is
-the tracker Rewind gives every app it runs: it wraps the app's own tracker (if any), and its
-copies — the trackers sub-applications get — forward every hook to a copy of the app's tracker
-*and* report the sub-application's creation and steps to the run's recorder, which records it as
-a sub-run linked to the node that built it.
+``.with_tracker(__context.tracker.copy()).with_spawning_parent(...)``. :class:`RunTracker` is
+the tracker Rewind gives every app it runs: it wraps the app's own tracker (if any) and has no
+hook of its own (Burr calls nothing of it at the run's steps); its copies — the trackers
+sub-applications get, :class:`SubAppTracker` — forward every hook to a copy of the app's
+tracker *and* report the sub-application's creation and steps to the run's recorder, which
+records it as a sub-run linked to the node that built it.
 """
 
 from __future__ import annotations
@@ -18,27 +19,27 @@ from typing import Any
 from burr.tracking.base import SyncTrackingClient
 
 
-class SubAppTracker(SyncTrackingClient):
+class RunTracker:
     """The tracker of an app Rewind runs (``__context.tracker`` inside its actions).
 
+    It implements no lifecycle hook, so Burr calls it at no step of the run's own app (the
+    app's own tracker is attached separately and gets every hook); only its :meth:`copy` — the
+    tracker a sub-application gets — matters.
+
     Args:
-        inner: the app's own tracker, or None. On the run's own app it is attached separately,
-            so this wrapper forwards nothing there; on a copy it is the inner tracker's copy and
-            receives every hook.
+        inner: the app's own tracker, or None.
         recorder: the run's :class:`rewind.recorder.Recorder` (its hooks take a
             sub-application's creation and steps).
-        routed: False on the run's own app, True on the copies handed to sub-applications.
     """
 
-    def __init__(self, inner: Any, recorder: Any, *, routed: bool = False) -> None:
+    def __init__(self, inner: Any, recorder: Any) -> None:
         self.inner = inner
         self.recorder = recorder
-        self.routed = routed
 
     def copy(self) -> SubAppTracker:
         """The tracker for a sub-application: a copy of the app's tracker plus the recorder."""
         copy = getattr(self.inner, "copy", None)
-        return SubAppTracker(copy() if callable(copy) else self.inner, self.recorder, routed=True)
+        return SubAppTracker(copy() if callable(copy) else self.inner, self.recorder)
 
     def __getattr__(self, name: str) -> Any:
         # Anything else a user reads off ``__context.tracker`` is the app's own tracker's.
@@ -47,9 +48,13 @@ class SubAppTracker(SyncTrackingClient):
             raise AttributeError(name)
         return getattr(inner, name)
 
+
+class SubAppTracker(RunTracker, SyncTrackingClient):
+    """The tracker of a sub-application of an app Rewind runs: forwards every hook to a copy of
+    the app's tracker (``inner``, may be None) and reports the sub-application's creation and
+    steps to the run's recorder."""
+
     def _forward(self, hook: str, record: bool, kwargs: dict[str, Any]) -> None:
-        if not self.routed:
-            return
         method = getattr(self.inner, hook, None)
         if callable(method):
             method(**kwargs)
