@@ -43,7 +43,7 @@ demo: $(STAMP)
 test: $(STAMP) $(UI_INDEX) chromium postgresql redis
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 verify: $(STAMP)
 	$(BIN)/rewind verify

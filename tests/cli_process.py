@@ -28,6 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FORK_SERVER_VARIABLE = "REWIND_TESTS_FORK_SERVER"
+_USER_STORE_VARIABLES = ("REWIND_STORE", "REWIND_OBJECTS")
 _START_WAIT_S = 300  # a bound on a hung start (imports on a loaded machine), not a speed check
 
 
@@ -42,13 +43,14 @@ def run_rewind(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m rewind ARGS`` with ``PYTHONPATH`` = this checkout's ``src`` and root (an
     editable install of another checkout must not answer instead), ``COLUMNS`` = ``columns``,
-    ``REWIND_STORE`` removed unless ``env`` sets it. Output is captured as text.
+    ``REWIND_STORE`` and ``REWIND_OBJECTS`` (a developer's own store and bucket) removed unless
+    ``env`` sets them. Output is captured as text.
 
     Raises:
         subprocess.TimeoutExpired: the command ran longer than ``timeout`` seconds (it is
             killed first).
     """
-    full_env = {k: v for k, v in os.environ.items() if k != "REWIND_STORE"}
+    full_env = {k: v for k, v in os.environ.items() if k not in _USER_STORE_VARIABLES}
     full_env |= {
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "COLUMNS": str(columns),

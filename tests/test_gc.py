@@ -8,9 +8,7 @@ immutable; recorded node rows are, and stay untouched): the gc's clock is the re
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,9 +35,9 @@ from rewind.store.retention import (
 )
 from rewind.store.store import WriteBatch, state_row, state_row_hashes
 from tests import pipelines
+from tests.cli_process import run_rewind
 from tests.services import PostgresServer, S3Server
 
-ROOT = Path(__file__).resolve().parent.parent
 DAY = 86400.0
 MONTH = 30 * DAY
 BIG = 2048  # bytes: blobs this large leave the database for the object store in these tests
@@ -507,15 +505,7 @@ def test_bad_ages_are_refused(bad: str) -> None:
 
 
 def _cli(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    env.pop("REWIND_OBJECTS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "rewind", *args, "--store", str(store)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    return run_rewind(*args, "--store", str(store))
 
 
 @pytest.mark.parametrize(
@@ -597,8 +587,6 @@ def test_cli_gc_and_restore_on_postgres_with_archives_in_s3(
     age(store, old.run_id, 40)
     before = rows_of(store, old.run_id)
     env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         REWIND_STORE=url,
         REWIND_OBJECTS=objects.url,
         AWS_ACCESS_KEY_ID="rewind-test",
@@ -608,10 +596,7 @@ def test_cli_gc_and_restore_on_postgres_with_archives_in_s3(
     )
 
     def cli(*args: str) -> Any:
-        proc = subprocess.run(
-            [sys.executable, "-m", "rewind", *args, "--json"],
-            capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
-        )  # fmt: skip
+        proc = run_rewind(*args, "--json", env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 

@@ -5,9 +5,6 @@ environment (``REWIND_STORE`` = a PostgreSQL URL, ``REWIND_OBJECTS`` = an S3 buc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +13,8 @@ from sqlalchemy import text
 
 from rewind.store import open_store
 from rewind.store.objects import OFFLOAD_MIN_BYTES, ObjectStore
+from tests.cli_process import run_rewind
 from tests.services import PostgresServer, S3Server
-
-ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.postgres, pytest.mark.s3]
 
@@ -29,8 +25,6 @@ def test_cli_records_and_forks_on_postgres_with_large_blobs_in_s3(
     url = postgres_server.new_database()
     objects_url = f"s3://{s3_server.new_bucket()}/team"
     env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         REWIND_STORE=url,
         REWIND_OBJECTS=objects_url,
         AWS_ACCESS_KEY_ID="rewind-test",
@@ -40,14 +34,7 @@ def test_cli_records_and_forks_on_postgres_with_large_blobs_in_s3(
     )
 
     def cli(*args: str) -> Any:
-        proc = subprocess.run(
-            [sys.executable, "-m", "rewind", *args, "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,  # a URL store writes artifacts below ./.rewind
-            check=False,
-        )
+        proc = run_rewind(*args, "--json", env=env, cwd=tmp_path)  # artifacts: ./.rewind
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
