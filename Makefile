@@ -9,11 +9,21 @@ UI_SOURCES := web/package.json web/package-lock.json web/index.html web/vite.con
 
 .PHONY: demo test lint verify bench serve ui chromium postgresql redis clean
 
+# llama.cpp compiles for the CPU it is built on (-march=native). Some virtual machines advertise
+# AMX without enabling its register state: a native build then dies on the model's first request
+# (a general protection fault at ldtilecfg in libggml-cpu.so). On x86-64 AMX is left out; AVX2 and
+# AVX-512 stay. A wheel pip cached from an earlier native build is reused as it is: remove it with
+# `pip cache remove llama_cpp_python` to rebuild.
+ifeq ($(shell uname -m),x86_64)
+LLAMA_ISA_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+endif
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# llama-cpp-python compiles from source (~5-10 min on 2 cores) the first time; pip caches the wheel.
-	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
+	CFLAGS="$(LLAMA_ISA_FLAGS) $$CFLAGS" CXXFLAGS="$(LLAMA_ISA_FLAGS) $$CXXFLAGS" \
+		$(BIN)/python -m pip install --quiet -e '.[local,dev]'
 	touch $(STAMP)
 
 # The browser UI (Vite + React), built into the package's static folder.
