@@ -335,9 +335,8 @@ def test_a_forked_child_writing_through_an_inherited_store_object_leaves_the_par
 def test_a_child_forked_during_a_progress_write_can_close_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Was a bug (burrrec 6cbbfce). ``Store.close`` now waits while ``_WRITER.writing`` counts a
-    write
-    of that store by the progress thread. A process forked while that thread is inside a write
+    """Was a bug (burrrec 6cbbfce). ``Store.close`` waited while ``_WRITER.writing`` counted a
+    write of that store by the progress thread. A process forked while that thread is inside a write
     (a run's first mark is written by it at once: every run start) copies the count, but not
     the thread: in the child, closing the store waits forever for a write that will never end.
     Here the thread's write is held open (``progress._write`` patched to wait) while the test
@@ -351,7 +350,11 @@ def test_a_child_forked_during_a_progress_write_can_close_the_store(
 
     monkeypatch.setattr(progress, "_write", held_write)
     try:
-        progress.node_started(store, "att15-run", 0, "first")  # the thread writes it at once
+        # The mark's write is held open in another thread (whichever thread writes it).
+        writer = threading.Thread(
+            target=progress.node_started, args=(store, "att15-run", 0, "first"), daemon=True
+        )
+        writer.start()
         assert entered.wait(10)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
@@ -361,6 +364,7 @@ def test_a_child_forked_during_a_progress_write_can_close_the_store(
         release.set()
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+        writer.join(10)
     finally:
         release.set()
         progress.run_ended("att15-run")
