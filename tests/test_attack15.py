@@ -335,12 +335,12 @@ def test_a_forked_child_writing_through_an_inherited_store_object_leaves_the_par
 def test_a_child_forked_during_a_progress_write_can_close_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Was a bug (burrrec 6cbbfce). ``Store.close`` waited while ``_WRITER.writing`` counted a
-    write of that store by the progress thread. A process forked while that thread is inside a write
-    (a run's first mark is written by it at once: every run start) copies the count, but not
-    the thread: in the child, closing the store waits forever for a write that will never end.
-    Here the thread's write is held open (``progress._write`` patched to wait) while the test
-    forks; the child's ``store.close()`` must return. Actual: it hangs (SIGALRM after 5 s)."""
+    """Was a bug (burrrec 6cbbfce), and is one on main too: a process forked while another
+    thread is inside a progress write, or while the progress thread polls the cancel flags
+    under its lock, copied that lock held; the child's ``store.close()`` (or its first node
+    start) then waited forever. Here a write is held open in another thread (``progress._write``
+    patched to wait) while the test forks; the child's ``store.close()`` must return within the
+    alarm's 5 s (fixed: the child gets new locks, ``os.register_at_fork``)."""
     store = open_store(tmp_path / "store")
     entered, release = threading.Event(), threading.Event()
 

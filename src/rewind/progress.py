@@ -219,6 +219,20 @@ class _ProgressWriter:
 _WRITER = _ProgressWriter()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: a lock the progress thread held at the
+    fork (it polls the cancel flags under ``_WRITER.lock``) would never be released, and the
+    child's first node start or ``Store.close`` would wait for it forever. The child gets new
+    locks; the runs it inherited stay watched, by its own thread once it marks one."""
+    global _pending_lock
+    _pending_lock = threading.Lock()
+    _WRITER.lock = threading.Condition()
+    _WRITER.thread = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def run_created(store: Store, run_id: str) -> None:
     """This process just committed ``run_id``'s row as ``running`` and is about to execute it:
     the row counts as its first progress write, so its first node start is written by the
