@@ -4,8 +4,8 @@ The recorder is handed to Burr as its state persister in "lifecycle adapter" mod
 row, its calls, the cache entries they produced and the content-addressed state row are written
 together, in one transaction: a crash can never leave a node without its state or the other way
 round. Rows are batched (group commit): a node that finishes ``flush_interval_ms`` or more after
-the later of its start and the last commit is committed at once, inside its hook (a slow LLM node
-is written as soon as it finishes); otherwise its rows wait, and a flusher thread commits them
+the last commit is committed at once, inside its hook (a slow LLM node is written as soon as it
+finishes); otherwise its rows wait, and a flusher thread commits them
 when the oldest waiting node is ``flush_interval_ms`` old, even while the next node is still
 running. So a chain of cheap nodes shares one commit, and a process killed at any moment
 (``kill -9``) loses at most the nodes that finished in the last ``flush_interval_ms`` plus the
@@ -594,16 +594,16 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
     def _queue(self, rows: WriteBatch, started: float) -> None:
         """Add a finished node's rows to the batch; commit now, or arm the deadline flush.
 
-        The node is committed at once when it ran ``flush_interval_ms`` or more since the later
-        of its start (``time.perf_counter()`` s) and the last commit (a slow node), or when the
-        waiting rows are past their deadline (the flusher thread is late); the time before the
-        first node (building the Burr app) does not count, so a run's first node shares the
-        next commit instead of committing alone."""
+        The node is committed at once when it finished ``flush_interval_ms`` or more after the
+        last commit (or the recorder's start: a run's first node after a slow app build commits
+        alone, so a forked worker's first node does not wait for the flusher thread), or when
+        the waiting rows are past their deadline (the flusher thread is late). ``started`` is
+        the node's start (``time.perf_counter()`` s)."""
         now = time.perf_counter()
         armed: float | None = None
         with self._lock:
             self.batch.absorb(rows)
-            since = max(started, self._last_flush)
+            since = self._last_flush
             late = self._due is not None and self._due <= now
             commit_now = self._closed or late or (now - since) * 1000 >= self.flush_interval_ms
             if not commit_now and self._due is None:
