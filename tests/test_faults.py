@@ -7,6 +7,7 @@ slower, not different.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import random
@@ -121,19 +122,25 @@ def test_a_forked_worker_killed_mid_run_is_reaped_and_its_fork_says_where_it_sto
     pipeline = killed_worker_pipeline(root)
     rw.register(pipeline)
     _ENTERED.clear()
-    worker = multiprocessing.get_context("fork").Process(
-        target=lambda: rw.record(pipeline, {"x": 2}, run_id="worker-run"), daemon=True
-    )
-    worker.start()
+    # A bare os.fork (Rewind's os.register_at_fork hooks run, as in any prefork server), not
+    # multiprocessing's: its after-fork hooks also run other libraries' cleanups, and kombu's
+    # (left registered by the Celery tests that ran earlier in this pytest worker) closes an
+    # inherited Redis channel by reading a reply that never comes — the child hung there.
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the worker
+        try:
+            rw.record(pipeline, {"x": 2}, run_id="worker-run")
+        finally:
+            os._exit(0)
     try:
         assert _ENTERED.wait(300), "the worker never reached its 2nd node"
         assert rw.store.get_run("worker-run").status == "running"
         with pytest.raises(RunBusy, match="still running"):
             rw.fork("worker-run", at=1)  # the worker is alive: nothing to reap
-        os.kill(worker.pid, signal.SIGKILL)
-        os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         # Dead but not yet waited for, while this (its parent) process lives on.
-        assert psutil.Process(worker.pid).status() == psutil.STATUS_ZOMBIE
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
         session = Rewind(root) if reaped_by == "opening the store" else rw
         session.register(pipeline)
@@ -147,8 +154,9 @@ def test_a_forked_worker_killed_mid_run_is_reaped_and_its_fork_says_where_it_sto
         assert "fork at a node it reached: 1:prepare" in err.value.hint
         assert session.fork("worker-run", at="prepare").status == "completed"
     finally:
-        worker.kill()
-        worker.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
     assert [r.status for r in rw.store.list_runs()].count("running") == 0
     with sqlite3.connect(root / "rewind.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
