@@ -340,13 +340,13 @@ def test_a_child_forked_during_a_progress_write_can_close_the_store(
     under its lock, copied that lock held; the child's ``store.close()`` (or its first node
     start) then waited forever. Here a write is held open in another thread (``progress._write``
     patched to wait) while the test forks; the child's ``store.close()`` must return within the
-    alarm's 5 s (fixed: the child gets new locks, ``os.register_at_fork``)."""
+    alarm's 120 s (fixed: the child gets new locks, ``os.register_at_fork``)."""
     store = open_store(tmp_path / "store")
     entered, release = threading.Event(), threading.Event()
 
     def held_write(*_args: object) -> None:
         entered.set()
-        release.wait(30)
+        release.wait(300)
 
     monkeypatch.setattr(progress, "_write", held_write)
     try:
@@ -355,10 +355,10 @@ def test_a_child_forked_during_a_progress_write_can_close_the_store(
             target=progress.node_started, args=(store, "att15-run", 0, "first"), daemon=True
         )
         writer.start()
-        assert entered.wait(10)
+        assert entered.wait(120)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            signal.alarm(5)
+            signal.alarm(120)
             store.close()
             os._exit(0)
         release.set()
@@ -431,7 +431,14 @@ def test_a_fork_cancelled_through_another_store_object_stops_before_its_next_nod
             assert _GATE_ENTERED.wait(60)
             fork_id = next(r.run_id for r in other.list_runs() if r.run_id != parent.run_id)
             assert progress.request_cancel(other, fork_id, "server")
-            time.sleep(3 * progress.WRITE_INTERVAL_S)  # the progress thread's poll sees it
+            # Until the progress thread's poll has seen it (no fixed sleep: CI may be loaded).
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                with progress._WRITER.lock:
+                    marks = progress._WRITER.runs.get(fork_id)
+                    if marks is None or marks.cancel is not None:
+                        break
+                time.sleep(0.01)
         finally:
             _GATE_OPEN.set()
             _GATE_ARMED.clear()
