@@ -251,11 +251,14 @@ class Store:
         """
         if not self._epoch_ready:
             return
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
-        epoch = conn.execute(
-            select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
-        ).scalar()
+        if conn.dialect.name == "sqlite":  # through the driver: every write reads it
+            epoch = conn.exec_driver_sql(_SQLITE_EPOCH, (BLOB_EPOCH_KEY,)).scalar()
+        else:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
+            epoch = conn.execute(
+                select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
+            ).scalar()
         if epoch != self._blob_epoch:
             with self._known_lock:
                 self._known_blobs.clear()
@@ -304,8 +307,8 @@ class Store:
         write lock (a traced chain opens its store once per trace)."""
         try:
             with self.read() as conn:
-                current = migrate.current_revision(conn) == migrate.HEAD
-                version = _schema_version(conn) if current else None
+                revision, version = _revision_and_version(conn)
+            current = revision == migrate.HEAD
         except SQLAlchemyError:
             current = False  # a new database, or one being created: the write path decides
         if current and version is not None:
@@ -725,11 +728,13 @@ class Store:
                 v = values.pop(key)
                 values[f"{key}_json"] = None if v is None else json.dumps(v, sort_keys=True)
         try:
+            # One statement for every run (its compiled form cached per set of columns), not
+            # insert().values(...) built per run.
             if conn.dialect.name == "sqlite":  # a refused statement leaves the transaction usable
-                conn.execute(insert(schema.runs).values(**values))
+                conn.execute(_INSERT_RUN, values)
             else:  # PostgreSQL aborts the transaction: a savepoint keeps it readable for the why
                 with conn.begin_nested():
-                    conn.execute(insert(schema.runs).values(**values))
+                    conn.execute(_INSERT_RUN, values)
         except IntegrityError as exc:
             raise _run_row_refused(conn, values) from exc
 
@@ -962,6 +967,21 @@ class Store:
         t = schema.runs
         with self.read() as conn:
             return conn.execute(select(t.c.run_id).where(t.c.run_id == run_id)).first() is not None
+
+    def run_in(self, conn: Connection, run_id: str) -> RunRecord:
+        """The run with exactly this id, read in ``conn``'s transaction (a writer reading back
+        the run it has just written, without a read transaction of its own); its last audit is
+        left None.
+
+        Raises:
+            UnknownRun: no run has this id.
+        """
+        from rewind.errors import UnknownRun
+
+        row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
+        if row is None:
+            raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
+        return self._run_record(row)
 
     def _run_record(self, row: Any) -> RunRecord:
         record = RunRecord.from_row(row)
@@ -1543,6 +1563,7 @@ def _last_audits_statement() -> Any:
 _LAST_AUDITS = _last_audits_statement()
 """The newest audit row of each run in ``:ids``."""
 _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
+_INSERT_RUN = insert(schema.runs)
 
 
 class _BlobRow(NamedTuple):
@@ -2028,6 +2049,32 @@ def open_store(
         return Store(folder.resolve(), engine, read_only=True, objects=object_store)
     _make_folder(folder)
     return Store(folder.resolve(), sqlite_engine(db.resolve()), objects=object_store)
+
+
+_SQLITE_EPOCH = "SELECT value FROM meta WHERE key = ?"
+_SQLITE_REVISION_AND_VERSION = (
+    "SELECT (SELECT version_num FROM alembic_version),"
+    " (SELECT value FROM meta WHERE key = 'schema_version')"
+)
+
+
+def _revision_and_version(conn: Connection) -> tuple[str | None, str | None]:
+    """(Alembic revision, ``meta.schema_version``) of the store behind ``conn``; the version is
+    None when the revision is not :data:`migrate.HEAD` (it is read only then).
+
+    On SQLite one statement through the driver (a store is opened once per trace: SQLAlchemy's
+    table reflection and two compiled selects cost ~0.6 ms of the ~1 ms open); a missing table
+    raises there, as the reflection-guarded reads find no revision: both send the caller to the
+    migration path.
+
+    Raises:
+        SQLAlchemyError: the database cannot be read (or, on SQLite, lacks either table).
+    """
+    if conn.dialect.name == "sqlite":
+        revision, version = conn.exec_driver_sql(_SQLITE_REVISION_AND_VERSION).one()
+        return revision, version if revision == migrate.HEAD else None
+    revision = migrate.current_revision(conn)
+    return revision, _schema_version(conn) if revision == migrate.HEAD else None
 
 
 def _schema_version(conn: Connection) -> str | None:
