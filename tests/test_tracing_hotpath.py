@@ -6,10 +6,13 @@
   give, and every other call shape still goes through ``bind`` (same errors).
 * A step switches the run context without ``activate``: the context is the step's inside it and
   the trace's again after it, also when steps nest or a step raises.
+* ``Step.data`` builds its :class:`StepData` without the generated ``__init__``: every field is
+  set, and equal to what the constructor gives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 from typing import Any
@@ -22,7 +25,7 @@ from rewind.context import current
 from rewind.errors import RewindError
 from rewind.tools import positional_names
 from rewind.tracing import Tracer, step
-from rewind.tracing.model import jsonable
+from rewind.tracing.model import StepData, jsonable
 from rewind.tracing.tracer import bound_input
 
 
@@ -143,3 +146,21 @@ def test_step_switches_the_run_context_and_restores_it(tmp_path: Any) -> None:
     assert seen == [("outer", "outer"), ("inner", "inner")]
     steps = {s.name: s.status for s in t.steps}
     assert steps == {"outer": "success", "inner": "success", "fails": "failed"}
+
+
+def test_step_data_sets_every_field_as_the_constructor_does(tmp_path: Any) -> None:
+    tracer = Tracer(tmp_path / "store")
+    with tracer.trace("chain") as t:
+        with step("parse", "parse", input={"text": "a"}) as s:
+            s.set(model="m", usage={"prompt_tokens": 1})
+            s.set_output({"x": [1, 2]})
+        with step("fails", "validate") as f:
+            f.fail("no")
+    tracer.close()
+    for s in t.steps:
+        data = s.data()
+        names = {f.name for f in dataclasses.fields(StepData)}
+        assert set(vars(data)) == names
+        rebuilt = StepData(**{n: getattr(data, n) for n in names})
+        assert rebuilt == data
+        assert data.reads == {} and data.determinism is None and data.cache_outcome is None

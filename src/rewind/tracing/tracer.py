@@ -383,13 +383,17 @@ class Step:
         duration = self.duration_ms
         if self.status == StepStatus.RUNNING:  # still running when the trace ended
             duration = (time.perf_counter() - self._perf) * 1000.0
-        return StepData(
+        # Every field set as StepData(...) with these keywords sets it, without the generated
+        # __init__ (a trace builds one per step when it ends; tests check the field names).
+        out = object.__new__(StepData)
+        out.__dict__.update(
             position=self.position,
             name=self.name,
             step_type=self.step_type,
             status=status,
             inputs=self.inputs,
-            params=jsonable(params) if params is not None else {},
+            reads={},
+            params=jsonable(params) if params else {},
             fields={self.name: self._snapshot} if status == StepStatus.SUCCESS else None,
             error_type=self.error_type,
             error_message=self.error_message,
@@ -404,7 +408,11 @@ class Step:
             calls=list(calls) if calls is not None else [],
             pending=list(pending.values()) if pending is not None else [],
             effects=list(effects) if effects is not None else [],
+            cache_outcome=None,
+            cache_reason=None,
+            determinism=None,
         )
+        return out
 
 
 def _result_bytes(ctx: RunContext | None, scope: NodeScope, key: str, digest: str) -> bytes | None:

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, bindparam, select, text
 
 from rewind.context import LineageEntry
 from rewind.errors import StoreError
@@ -61,14 +61,8 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
     A replay stored wholly by reference stands for its source: the source is used instead,
     so replays of replays all point at the trace that holds the rows.
     """
-    runs = schema.runs
     with store.read() as conn:
-        candidates = conn.execute(
-            select(runs.c.run_id, runs.c.config_json)
-            .where(runs.c.pipeline == name, runs.c.status == "completed")
-            .order_by(runs.c.created_at.desc())
-            .limit(CANDIDATES)
-        ).all()
+        candidates = conn.execute(_CANDIDATES, {"name": name}).all()
         tried: set[str] = set()
         for run_id, config_json in candidates:
             config = json.loads(config_json or "{}")
@@ -88,6 +82,20 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
     return None
 
 
+# Built once (a cached trace runs both at its first lookup; building a select costs about as
+# much as running it).
+_runs = schema.runs
+_CANDIDATES = (
+    select(_runs.c.run_id, _runs.c.config_json)
+    .where(_runs.c.pipeline == bindparam("name"), _runs.c.status == "completed")
+    .order_by(_runs.c.created_at.desc())
+    .limit(CANDIDATES)
+)
+_RUN_TIMES = select(_runs.c.status, _runs.c.created_at, _runs.c.finished_at).where(
+    _runs.c.run_id == bindparam("run_id")
+)
+
+
 def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
     """The rows of ``run_id`` (:func:`rewind.store.references.load_rows`), kept in this process
     for the next trace that replays the same source.
@@ -100,10 +108,7 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
     bytes of the calls are not kept: a recording may have replaced them since
     (:func:`_prefetch` reads them for each trace).
     """
-    runs = schema.runs
-    row = conn.execute(
-        select(runs.c.status, runs.c.created_at, runs.c.finished_at).where(runs.c.run_id == run_id)
-    ).first()
+    row = conn.execute(_RUN_TIMES, {"run_id": run_id}).first()
     if row is None or row[0] != "completed":
         return load_rows(conn, run_id)
     key = (str(store.engine.url), run_id, float(row[1]), row[2])
@@ -238,19 +243,19 @@ def _cached_rows(conn: Connection, run_id: str) -> list[tuple[str, str, str, flo
     processing per value: a 100-step trace has 200 of them, read by every cached trace)."""
     if conn.dialect.name != "sqlite":
         return [tuple(r) for r in conn.execute(_CACHED, {"r": run_id}).fetchall()]
+    # The conversion inlined (not a call per value: 400 values per 100-step trace).
     return [
-        (kind, _hex(key), _hex(result), created, origin)
+        (
+            kind,
+            key.hex() if type(key) is bytes and len(key) == 32 else key,
+            result.hex() if type(result) is bytes and len(result) == 32 else result,
+            created,
+            origin,
+        )
         for kind, key, result, created, origin in conn.exec_driver_sql(
             _CACHED_SQL, (run_id, run_id)
         ).fetchall()
     ]
-
-
-def _hex(value: object) -> object:
-    """What :meth:`rewind.store.schema.Digest.process_result_value` returns for ``value``."""
-    if type(value) is bytes and len(value) == 32:
-        return value.hex()
-    return value
 
 
 _CACHED_SQL = (
