@@ -17,7 +17,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -479,7 +481,12 @@ def _source_states(
         return {}
     if source is None or not source.is_trace:
         return _state_rows_of(store, run_id)
-    return {
+    with _STATES_LOCK:
+        held = _STATES.get(id(source))
+        if held is not None and held[0] is source:
+            _STATES.move_to_end(id(source))
+            return held[1]
+    states = {
         n["position"]: (
             n["name"],
             n["state_hash"],
@@ -490,6 +497,21 @@ def _source_states(
         for n in source.nodes
         if n["state_hash"] and n["error"] is None
     }
+    with _STATES_LOCK:
+        _STATES[id(source)] = (source, states)
+        while len(_STATES) > _STATES_KEPT:
+            _STATES.popitem(last=False)
+    return states
+
+
+# id of a source's rows -> (the rows, their states): made once per rows object (the rows a
+# process keeps between replays, rewind.tracing.tracer_source.source_rows, are immutable); the
+# dict returned is only read.
+_STATES: OrderedDict[int, tuple[SourceRows, dict[int, tuple[str, str, str, str, int]]]] = (
+    OrderedDict()
+)
+_STATES_LOCK = threading.Lock()
+_STATES_KEPT = 8
 
 
 def _state_rows_of(store: Store, run_id: str) -> dict[int, tuple[str, str, str, str, int]]:
