@@ -627,9 +627,7 @@ class Store:
         conn.exec_driver_sql(
             sql,
             [
-                tuple(
-                    [digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns]
-                )
+                tuple([bind(row.get(c, d)) if bind else row.get(c, d) for c, d, bind in columns])
                 for row in rows
             ],
         )
@@ -1607,13 +1605,13 @@ _BULK_TABLES = {
 
 
 @functools.cache
-def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
+def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, Callable[[Any], Any] | None]]]]:
     """Per table of :data:`_BULK_TABLES`: the SQLite ``INSERT`` statement with ``?`` marks for
-    every column, and (column, value when a row omits it, whether it is a
-    :class:`~rewind.store.schema.Digest` to bind as bytes) in that order — the same statements,
-    defaults and stored values as the SQLAlchemy ones in :class:`Store` (scalar column defaults
-    only)."""
-    out: dict[str, tuple[str, list[tuple[str, Any, bool]]]] = {}
+    every column, and (column, value when a row omits it, how to bind its value: for a
+    :class:`~rewind.store.schema.Digest` as bytes, for a :class:`~rewind.store.schema.Usual`
+    its usual value as ``''``, else None) in that order — the same statements, defaults and
+    stored values as the SQLAlchemy ones in :class:`Store` (scalar column defaults only)."""
+    out: dict[str, tuple[str, list[tuple[str, Any, Callable[[Any], Any] | None]]]] = {}
     for name, (target, action) in _BULK_TABLES.items():
         table = schema.metadata.tables[name]
         columns = []
@@ -1625,7 +1623,7 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
                 (
                     col.name,
                     None if default is None else default.arg,
-                    isinstance(col.type, schema.Digest),
+                    _sqlite_bind(col.type),
                 )
             )
         names = [c for c, _d, _dg in columns]
@@ -1637,6 +1635,16 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
             sql += f" ON CONFLICT ({target}) DO UPDATE SET {rest}"
         out[name] = (sql, columns)
     return out
+
+
+def _sqlite_bind(column_type: Any) -> Callable[[Any], Any] | None:
+    """How :func:`_sqlite_bulk_sql` binds a value of a column of this type on SQLite (None: as
+    it is)."""
+    if isinstance(column_type, schema.Digest):
+        return digest_bytes
+    if isinstance(column_type, schema.Usual):
+        return column_type.stored
+    return None
 
 
 _FIELDS_KEY = "_fields"
