@@ -1,5 +1,6 @@
-"""Migration 0013: a node or call row's usual ``determinism`` (``deterministic``) is stored as
-``''`` on SQLite (``schema.Usual``); every reader sees the same values as before."""
+"""Migration 0013: a node or call row's usual ``determinism`` (``deterministic``) and a node
+row's own run id as its ``src_app_id`` are stored as ``''`` on SQLite; every reader sees the
+same values as before."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ def _stored(store: Store, table: str, run_id: str) -> list[Any]:
     return [r[0] for r in rows]
 
 
+def _src_apps(store: Store, run_id: str) -> list[Any]:
+    """The ``src_app_id`` values of the run's node rows as stored (raw SQL)."""
+    with store.read() as conn:
+        rows = conn.execute(
+            text("SELECT src_app_id FROM nodes WHERE run_id = :r ORDER BY position"),
+            {"r": run_id},
+        ).all()
+    return [r[0] for r in rows]
+
+
 def _seen(store: Store, run_id: str) -> dict[str, Any]:
     """What readers see: the trace view, the run's records and its raw rows (references)."""
     with store.read() as conn:
@@ -49,6 +60,9 @@ def _seen(store: Store, run_id: str) -> dict[str, Any]:
         "view": repr(load_trace(store, run_id, payloads=True)),
         "nodes": [(n.position, n.determinism) for n in store.nodes_of(run_id)],
         "calls": [(n.position, c.determinism) for n in store.nodes_of(run_id) for c in n.calls],
+        "src": [(n.src_app_id, n.src_sequence_id) for n in store.nodes_of(run_id)],
+        "state": [store.load_state_row("", run_id, seq) for seq in (0, 1, None)],
+        "src rows": [n["src_app_id"] for n in rows.nodes],
         "rows": [n["determinism"] for n in rows.nodes]
         + [c["determinism"] for p in sorted(rows.calls) for c in rows.calls[p]],
     }
@@ -66,6 +80,11 @@ def test_the_usual_determinism_is_stored_empty_on_sqlite_and_read_back(
         usual = "" if store_target.backend == "sqlite" else "deterministic"
         assert _stored(store, "calls", trace_id) == [usual, "time-bound"]
         assert _stored(store, "nodes", trace_id)[0] == usual
+        own = "" if store_target.backend == "sqlite" else trace_id
+        assert _src_apps(store, trace_id) == [own, own]
+        assert seen["src"] == [(trace_id, 0), (trace_id, 1)]
+        assert seen["src rows"] == [trace_id, trace_id]
+        assert seen["state"][2] is not None and seen["state"][2]["sequence_id"] == 1
         with store.read() as conn:  # a Core filter binds the usual value as it is stored
             t = schema.calls
             found = conn.execute(
@@ -117,6 +136,7 @@ def test_a_0012_store_upgrades_to_empty_usual_values_and_downgrades_back(
             assert migrate.current_revision(conn) == "0012"
         assert _stored(store, "calls", trace_id) == ["deterministic", "time-bound"]
         assert _stored(store, "nodes", trace_id)[0] == "deterministic"
+        assert _src_apps(store, trace_id) == [trace_id, trace_id]
         assert _seen(store, trace_id) == seen  # the way 0012 stores it reads the same
     finally:
         store.close()
@@ -126,6 +146,8 @@ def test_a_0012_store_upgrades_to_empty_usual_values_and_downgrades_back(
             assert migrate.current_revision(conn) == migrate.HEAD
         usual = "" if store_target.backend == "sqlite" else "deterministic"
         assert _stored(store, "calls", trace_id) == [usual, "time-bound"]
+        own = "" if store_target.backend == "sqlite" else trace_id
+        assert _src_apps(store, trace_id) == [own, own]
         assert _seen(store, trace_id) == seen
         if store_target.backend == "sqlite":  # the immutability triggers are back
             with store.read() as conn:

@@ -222,6 +222,8 @@ def _physical(conn: Connection, out: SourceRows) -> None:
             out.spans[row["position"]] = row
     for row in out.nodes:
         row["inherited"] = bool(row["inherited"])
+        # stored "" for the row's own run (SQLite): resolved before a virtual row rebinds run_id
+        row["src_app_id"] = schema.src_app_of(row["src_app_id"], row["run_id"])
 
 
 _DIGESTS: dict[str, Any] = {

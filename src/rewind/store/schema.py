@@ -10,6 +10,7 @@ The immutability triggers (rule 7) live in the migrations, per dialect.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -117,6 +118,25 @@ USUAL_COLUMNS: dict[str, dict[str, str]] = {
 }
 """The columns typed :class:`Usual`, with their usual value (migration 0013 rewrote it as ``''``
 on SQLite)."""
+
+OWN_APP = ""
+"""``nodes.src_app_id`` as SQLite stores it when it is the row's own ``run_id`` (a run's own
+nodes: nearly every row; migration 0013). Rows written before hold the run id itself; readers
+take both (:func:`src_app_of`)."""
+
+
+def lean_node_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A ``nodes`` row as SQLite stores it: ``src_app_id`` :data:`OWN_APP` when it equals the
+    row's ``run_id`` (32 of a ~220-byte row), else the row itself (never changed in place)."""
+    if row.get("src_app_id") == row.get("run_id"):
+        return {**row, "src_app_id": OWN_APP}
+    return row
+
+
+def src_app_of(stored: str, run_id: str) -> str:
+    """A node row's source app id from its stored ``src_app_id`` and its ``run_id``."""
+    return stored or run_id
+
 
 DIGEST_COLUMNS: dict[str, tuple[str, ...]] = {
     "blobs": ("hash",),

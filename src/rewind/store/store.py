@@ -510,7 +510,7 @@ class Store:
             self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
             self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
             tails = self._insert_states(conn, batch.states)
-            self._bulk(conn, self._insert_node, batch.nodes)
+            self._bulk(conn, self._insert_node, self._lean_nodes(batch.nodes))
             self._bulk(conn, self._insert_call, batch.calls)
             self._bulk(conn, insert(schema.effects), batch.effects)
             self._bulk(conn, insert(schema.spans), batch.spans)
@@ -608,6 +608,14 @@ class Store:
                 "an app id can be recorded once; fork it instead of re-running it",
             ) from exc
         return tails
+
+    def _lean_nodes(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``nodes`` rows as this store keeps them: on SQLite a row's ``src_app_id`` is stored
+        as ``""`` when it is the row's own run (:func:`~rewind.store.schema.lean_node_row`);
+        the rows themselves are not changed."""
+        if self._bulk_sql is None:
+            return rows
+        return [schema.lean_node_row(r) for r in rows]  # type: ignore[misc]
 
     def _bulk(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """Execute ``stmt`` (an insert or upsert of one table) for many rows in ``conn``.
@@ -1074,7 +1082,7 @@ class Store:
         self, conn: Connection, node: dict[str, Any], calls: Sequence[CallRecord] = ()
     ) -> None:
         """Insert one node row and its calls (values keyed by column name)."""
-        conn.execute(self._insert_node, [node])
+        conn.execute(self._insert_node, [self._lean_nodes([node])[0]])
         if calls:
             conn.execute(self._insert_call, call_rows(node["run_id"], node["position"], calls))
 
@@ -1364,7 +1372,7 @@ class Store:
             return None
         q = select(n.c.sequence_id, n.c.name, n.c.state_hash, n.c.started_at).where(
             n.c.run_id == app_id,
-            n.c.src_app_id == app_id,
+            n.c.src_app_id.in_((schema.OWN_APP, app_id)),  # "": its own run (SQLite)
             n.c.src_sequence_id == n.c.sequence_id,
             n.c.state_hash.is_not(None),
             n.c.error.is_(None),
