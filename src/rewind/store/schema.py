@@ -10,7 +10,6 @@ The immutability triggers (rule 7) live in the migrations, per dialect.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -125,7 +124,7 @@ nodes: nearly every row; migration 0013). Rows written before hold the run id it
 take both (:func:`src_app_of`)."""
 
 
-def lean_node_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
+def lean_node_row(row: dict[str, Any]) -> dict[str, Any]:
     """A ``nodes`` row as SQLite stores it: ``src_app_id`` :data:`OWN_APP` when it equals the
     row's ``run_id`` (32 of a ~220-byte row), else the row itself (never changed in place)."""
     if row.get("src_app_id") == row.get("run_id"):

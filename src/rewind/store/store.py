@@ -615,7 +615,7 @@ class Store:
         the rows themselves are not changed."""
         if self._bulk_sql is None:
             return rows
-        return [schema.lean_node_row(r) for r in rows]  # type: ignore[misc]
+        return [schema.lean_node_row(r) for r in rows]
 
     def _bulk(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """Execute ``stmt`` (an insert or upsert of one table) for many rows in ``conn``.
