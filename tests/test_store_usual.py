@@ -193,3 +193,29 @@ def test_the_migration_rewrites_the_columns_the_schema_types_usual() -> None:
         for t in schema.metadata.sorted_tables
     }
     assert {k: v for k, v in typed.items() if v} == schema.USUAL_COLUMNS
+
+
+def test_a_fork_of_a_fork_keeps_the_app_ids_its_inherited_rows_name(tmp_path: Path) -> None:
+    from rewind.replay import ParamOverride, Rewind
+    from tests import pipelines
+
+    store = open_store(tmp_path / "store")
+    try:
+        rw = Rewind(store)
+        parent = rw.record(pipelines.pipeline, {"x": 5})
+        fork = rw.fork(parent.run_id, at=1, override=ParamOverride("expand", "factor", 3))
+        again = rw.fork(fork.run_id, at=2)
+        for run_id in (parent.run_id, fork.run_id, again.run_id):
+            nodes = store.nodes_of(run_id)
+            # stored "" exactly where the row's source app is its own run
+            assert _src_apps(store, run_id) == [
+                "" if n.src_app_id == run_id else n.src_app_id for n in nodes
+            ]
+        first = store.nodes_of(again.run_id)[0]  # inherited: names the run it came from
+        assert first.inherited and first.src_app_id == fork.run_id
+        assert _src_apps(store, again.run_id)[0] == fork.run_id
+        assert [n.output_hash for n in store.nodes_of(again.run_id)] == [
+            n.output_hash for n in store.nodes_of(fork.run_id)
+        ]
+    finally:
+        store.close()
