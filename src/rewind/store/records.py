@@ -258,7 +258,7 @@ class NodeRecord:
             position=m["position"],
             name=m["name"],
             sequence_id=m["sequence_id"],
-            src_app_id=m["src_app_id"],
+            src_app_id=m["src_app_id"] or m["run_id"],  # stored "" for its own run (SQLite)
             src_sequence_id=m["src_sequence_id"],
             inherited=bool(m["inherited"]),
             input_hash=m["input_hash"],

@@ -222,10 +222,20 @@ def _physical(conn: Connection, out: SourceRows) -> None:
             out.spans[row["position"]] = row
     for row in out.nodes:
         row["inherited"] = bool(row["inherited"])
+        # stored "" for the row's own run (SQLite): resolved before a virtual row rebinds run_id
+        row["src_app_id"] = schema.src_app_of(row["src_app_id"], row["run_id"])
 
 
-_DIGESTS = {name: schema.Digest() for names in schema.DIGEST_COLUMNS.values() for name in names}
-"""Result types that read :class:`~rewind.store.schema.Digest` columns back as hex (by name)."""
+_DIGESTS: dict[str, Any] = {
+    **{name: schema.Digest() for names in schema.DIGEST_COLUMNS.values() for name in names},
+    **{
+        name: schema.Usual(usual)
+        for c in schema.USUAL_COLUMNS.values()
+        for name, usual in c.items()
+    },
+}
+"""Result types that read :class:`~rewind.store.schema.Digest` columns back as hex and
+:class:`~rewind.store.schema.Usual` ones as their values (by name: the same in every table)."""
 
 
 def _dicts(conn: Connection, query: str, run_id: str) -> list[dict[str, Any]]:

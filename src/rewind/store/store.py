@@ -513,7 +513,7 @@ class Store:
             self._bulk(conn, self._upsert_llm, sorted(batch.llm_cache, key=_by_key))
             self._bulk(conn, self._upsert_tool, sorted(batch.tool_cache, key=_by_key))
             tails = self._insert_states(conn, batch.states)
-            self._bulk(conn, self._insert_node, batch.nodes)
+            self._bulk(conn, self._insert_node, self._lean_nodes(batch.nodes))
             self._bulk(conn, self._insert_call, batch.calls)
             self._bulk(conn, insert(schema.effects), batch.effects)
             self._bulk(conn, insert(schema.spans), batch.spans)
@@ -612,6 +612,14 @@ class Store:
             ) from exc
         return tails
 
+    def _lean_nodes(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``nodes`` rows as this store keeps them: on SQLite a row's ``src_app_id`` is stored
+        as ``""`` when it is the row's own run (:func:`~rewind.store.schema.lean_node_row`);
+        the rows themselves are not changed."""
+        if self._bulk_sql is None:
+            return rows
+        return [schema.lean_node_row(r) for r in rows]
+
     def _bulk(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """Execute ``stmt`` (an insert or upsert of one table) for many rows in ``conn``.
 
@@ -630,9 +638,7 @@ class Store:
         conn.exec_driver_sql(
             sql,
             [
-                tuple(
-                    [digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns]
-                )
+                tuple([bind(row.get(c, d)) if bind else row.get(c, d) for c, d, bind in columns])
                 for row in rows
             ],
         )
@@ -1096,7 +1102,7 @@ class Store:
         self, conn: Connection, node: dict[str, Any], calls: Sequence[CallRecord] = ()
     ) -> None:
         """Insert one node row and its calls (values keyed by column name)."""
-        conn.execute(self._insert_node, [node])
+        conn.execute(self._insert_node, [self._lean_nodes([node])[0]])
         if calls:
             conn.execute(self._insert_call, call_rows(node["run_id"], node["position"], calls))
 
@@ -1386,7 +1392,7 @@ class Store:
             return None
         q = select(n.c.sequence_id, n.c.name, n.c.state_hash, n.c.started_at).where(
             n.c.run_id == app_id,
-            n.c.src_app_id == app_id,
+            n.c.src_app_id.in_((schema.OWN_APP, app_id)),  # "": its own run (SQLite)
             n.c.src_sequence_id == n.c.sequence_id,
             n.c.state_hash.is_not(None),
             n.c.error.is_(None),
@@ -1628,13 +1634,13 @@ _BULK_TABLES = {
 
 
 @functools.cache
-def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
+def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, Callable[[Any], Any] | None]]]]:
     """Per table of :data:`_BULK_TABLES`: the SQLite ``INSERT`` statement with ``?`` marks for
-    every column, and (column, value when a row omits it, whether it is a
-    :class:`~rewind.store.schema.Digest` to bind as bytes) in that order — the same statements,
-    defaults and stored values as the SQLAlchemy ones in :class:`Store` (scalar column defaults
-    only)."""
-    out: dict[str, tuple[str, list[tuple[str, Any, bool]]]] = {}
+    every column, and (column, value when a row omits it, how to bind its value: for a
+    :class:`~rewind.store.schema.Digest` as bytes, for a :class:`~rewind.store.schema.Usual`
+    its usual value as ``''``, else None) in that order — the same statements, defaults and
+    stored values as the SQLAlchemy ones in :class:`Store` (scalar column defaults only)."""
+    out: dict[str, tuple[str, list[tuple[str, Any, Callable[[Any], Any] | None]]]] = {}
     for name, (target, action) in _BULK_TABLES.items():
         table = schema.metadata.tables[name]
         columns = []
@@ -1646,7 +1652,7 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
                 (
                     col.name,
                     None if default is None else default.arg,
-                    isinstance(col.type, schema.Digest),
+                    _sqlite_bind(col.type),
                 )
             )
         names = [c for c, _d, _dg in columns]
@@ -1658,6 +1664,16 @@ def _sqlite_bulk_sql() -> dict[str, tuple[str, list[tuple[str, Any, bool]]]]:
             sql += f" ON CONFLICT ({target}) DO UPDATE SET {rest}"
         out[name] = (sql, columns)
     return out
+
+
+def _sqlite_bind(column_type: Any) -> Callable[[Any], Any] | None:
+    """How :func:`_sqlite_bulk_sql` binds a value of a column of this type on SQLite (None: as
+    it is)."""
+    if isinstance(column_type, schema.Digest):
+        return digest_bytes
+    if isinstance(column_type, schema.Usual):
+        return column_type.stored
+    return None
 
 
 _FIELDS_KEY = "_fields"

@@ -518,14 +518,14 @@ def _state_rows_of(store: Store, run_id: str) -> dict[int, tuple[str, str, str, 
     """Position → (node name, state hash, state row status, app id, sequence id) of the nodes of
     ``run_id`` whose state row exists (one query); empty when the run has none."""
     n, st = schema.nodes, schema.burr_state
+    # a node row's src_app_id is stored "" when it is its own run (SQLite)
+    src_app = func.coalesce(func.nullif(n.c.src_app_id, schema.OWN_APP), n.c.run_id)
     query = (
-        select(
-            n.c.position, n.c.name, n.c.state_hash, st.c.status, n.c.src_app_id, n.c.src_sequence_id
-        )
+        select(n.c.position, n.c.name, n.c.state_hash, st.c.status, src_app, n.c.src_sequence_id)
         .join(
             st,
             (st.c.partition_key == "")
-            & (st.c.app_id == n.c.src_app_id)
+            & (st.c.app_id == src_app)
             & (st.c.sequence_id == n.c.src_sequence_id),
         )
         .where(n.c.run_id == run_id)
