@@ -95,10 +95,13 @@ class _ProgressWriter:
     def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
         now = time.monotonic()
         with self.lock:
-            self._ensure_thread()
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
+            if marks.waiting is None or self.thread is None:
+                # A mark already waiting was handed to this process's thread (a forked child
+                # has none: _after_fork_in_child): most node starts skip the liveness check.
+                self._ensure_thread()
             first, marks.check_first = marks.check_first, False
             if now - marks.last_write < WRITE_INTERVAL_S:
                 if marks.waiting is None:
