@@ -16,7 +16,7 @@ import pytest
 from burr.core import State, action, default
 from burr.core.graph import GraphBuilder
 
-from rewind.canonical import canonical_bytes
+from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.persister import FieldEncoder, _pickled, encode_value, field_map, map_hash
 from rewind.replay import Pipeline, Rewind
 
@@ -182,6 +182,45 @@ def test_state_map_bytes_equal_the_whole_map_encodings(names: list[str]) -> None
         want = {k: encode_value(k, v).digest for k, v in values.items()}
         assert enc.state_map() == (canonical_bytes(want), json.dumps(want, sort_keys=True))
         values = {**values, names[i]: {"round": i}}
+
+
+def test_state_hash_equals_the_hash_of_the_whole_map_over_random_steps() -> None:
+    """The state hash resumed from kept hash states (FieldEncoder.state_hash) against the
+    sha256 of the whole map: fields added, changed and deleted anywhere in the sorted map
+    (the tail cut back to a block boundary, the map emptied), some steps not hashed at all."""
+    import rewind.persister as persister
+
+    rng = random.Random(1313)
+    enc = FieldEncoder()
+    block = persister._HASH_BLOCK
+    state: dict[str, Any] = {}
+    for step in range(600):
+        if step % 150 == 149:
+            state = {}  # every field deleted
+        elif step % 50 == 49:
+            keep = sorted(state)[: block * rng.randint(0, 3)]
+            state = {k: state[k] for k in keep}  # the tail cut back to a block boundary
+        for _ in range(rng.randint(1, 4)):
+            k = f"f{rng.randrange(5 * block):03d}"
+            if rng.random() < 0.25:
+                state.pop(k, None)
+            else:
+                state[k] = [step]
+        enc.step({"__SEQUENCE_ID": step, **state}, recheck=list(state))
+        if rng.random() < 0.3:
+            continue  # several steps between two hashes
+        want = {k: encode_value(k, v).digest for k, v in state.items()}
+        text = json.dumps(want, sort_keys=True)
+        assert enc.state_hash() == (sha256_hex(canonical_bytes(want)), text), step
+        assert enc.state_map() == (canonical_bytes(want), text), step
+
+
+def test_state_hash_of_names_jcs_sorts_differently() -> None:
+    enc = FieldEncoder()
+    values = {"\U0001f600": [1], "\uffff": [2], "a": [3]}
+    enc.step(values)
+    want = {k: encode_value(k, v).digest for k, v in values.items()}
+    assert enc.state_hash() == (sha256_hex(canonical_bytes(want)), json.dumps(want, sort_keys=True))
 
 
 def test_step_leaves_the_encoder_unchanged_when_a_field_cannot_be_stored() -> None:

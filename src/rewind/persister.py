@@ -9,6 +9,7 @@ semantic field is a blob keyed by its sha256, so a field that did not change cos
 from __future__ import annotations
 
 import copyreg
+import hashlib
 import io
 import json
 import pickle
@@ -83,6 +84,9 @@ _IMMUTABLE_TYPES = frozenset({str, int, float, bool, type(None), bytes})
 """Types whose value an object cannot change in place: the same object is the same value."""
 
 _MISSING = object()
+
+_HASH_BLOCK = 16
+"""Map fragments between two kept hash states of :meth:`FieldEncoder.state_hash`."""
 
 SEAL_AFTER_LOOSE = 4
 """Mutable fields compared one by one (outside the seal) that make :class:`FieldEncoder` seal
@@ -256,6 +260,10 @@ class FieldEncoder:
         self._canon: list[bytes] = []
         self._text: list[str] = []
         self._order: list[str] | None = None  # the fields sorted (None: rebuild the lists)
+        # sha256 states of the map's bytes at every _HASH_BLOCK-th fragment (see state_hash),
+        # valid for the fragments before _clean (the first one changed since they were taken)
+        self._marks: list[Any] = []
+        self._clean = 0
         # The seal (see the class docstring): field -> its object when sealed, the pickle of the
         # list of those objects, and whether sealing is on. A field is in _prints (compared on
         # its own: "loose") or in _sealed, never in both; immutable values are in neither.
@@ -462,8 +470,10 @@ class FieldEncoder:
         for k in removed:
             i = bisect_left(order, k)
             del order[i], canon[i], text[i]
+            self._clean = min(self._clean, i)
         for k, f in fresh.items():
             i = bisect_left(order, k)
+            self._clean = min(self._clean, i)
             c, t = _map_fragments(k, f.digest)
             if i < len(order) and order[i] == k:
                 canon[i], text[i] = c, t
@@ -484,17 +494,61 @@ class FieldEncoder:
         Raises:
             CanonicalError: a field name cannot be encoded (a lone surrogate).
         """
-        digests = self._digests
+        if not self._fragments_ready():
+            digests = self._digests
+            return canonical_bytes(digests), json.dumps(digests, sort_keys=True)
+        return b"{" + b",".join(self._canon) + b"}", "{" + ", ".join(self._text) + "}"
+
+    def state_hash(self) -> tuple[str, str]:
+        """As :meth:`state_map`, with the sha256 hex of the map's canonical bytes in place of
+        the bytes (``sha256_hex(state_map()[0])``, computed without hashing the whole map).
+
+        The hash state is kept every :data:`_HASH_BLOCK` fragments; hashing resumes from the
+        last one before the first fragment changed since: a node that writes a field late in
+        the sorted map (a chain's next field) hashes the map's tail, not all of it.
+
+        Raises:
+            CanonicalError: a field name cannot be encoded (a lone surrogate).
+        """
+        if not self._fragments_ready():
+            doc, text = self.state_map()
+            return sha256_hex(doc), text
+        canon, marks = self._canon, self._marks
+        n = len(canon)
+        # marks[b] hashed b"{" and blocks 0..b-1, each followed by b",": still valid when those
+        # fragments are unchanged and one follows them (a comma after the last is not JSON)
+        del marks[max(0, min(self._clean, n - 1) // _HASH_BLOCK + 1) :]
+        if not marks:
+            marks.append(hashlib.sha256(b"{"))
+        block = len(marks) - 1
+        h = marks[block].copy()
+        while True:
+            end = (block + 1) * _HASH_BLOCK
+            h.update(b",".join(canon[block * _HASH_BLOCK : end]))
+            if end >= n:
+                break
+            h.update(b",")
+            marks.append(h.copy())
+            block += 1
+        self._clean = n
+        h.update(b"}")
+        return h.hexdigest(), "{" + ", ".join(self._text) + "}"
+
+    def _fragments_ready(self) -> bool:
+        """Build the sorted map fragments if needed; False when the map cannot be joined from
+        them (a field name JCS sorts differently from Python)."""
         if self._order is None:
+            digests = self._digests
             order = sorted(digests)
             if not all(map(str.isascii, order)) and any(map(_ASTRAL.search, order)):
                 # JCS orders names by UTF-16 code units, Python by code points
-                return canonical_bytes(digests), json.dumps(digests, sort_keys=True)
+                return False
             pairs = [_map_fragments(k, digests[k]) for k in order]
             self._canon = [c for c, _ in pairs]
             self._text = [t for _, t in pairs]
             self._order = order
-        return b"{" + b",".join(self._canon) + b"}", "{" + ", ".join(self._text) + "}"
+            self._marks = []
+        return True
 
     def encode(
         self, semantic: dict[str, Any], *, written: Collection[str] = ()

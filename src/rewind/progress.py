@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, bindparam, func, select
 
 from rewind.errors import RewindError
 from rewind.store import schema
@@ -95,10 +95,13 @@ class _ProgressWriter:
     def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
         now = time.monotonic()
         with self.lock:
-            self._ensure_thread()
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
+            if marks.waiting is None or self.thread is None:
+                # A mark already waiting was handed to this process's thread (a forked child
+                # has none: _after_fork_in_child): most node starts skip the liveness check.
+                self._ensure_thread()
             first, marks.check_first = marks.check_first, False
             if now - marks.last_write < WRITE_INTERVAL_S:
                 if marks.waiting is None:
@@ -264,14 +267,17 @@ def _write(
     return _cancel_value(asked) if asked else None
 
 
+# Built once (a run's first node start reads it): building a select costs more than running it.
+_CANCEL_OF = select(schema.runs.c.cancel_requested).where(
+    schema.runs.c.run_id == bindparam("run_id")
+)
+
+
 def _read_cancel(store: Store, run_id: str) -> dict[str, Any] | None:
     """The run's cancel request as stored (one read, no write), or None. Never raises."""
-    t = schema.runs
     try:
         with store.read() as conn:
-            raw = conn.execute(
-                select(t.c.cancel_requested).where(t.c.run_id == run_id)
-            ).scalar_one_or_none()
+            raw = conn.execute(_CANCEL_OF, {"run_id": run_id}).scalar_one_or_none()
     except Exception:  # a progress read must never break the run
         return None
     return _cancel_value(raw) if raw else None

@@ -636,11 +636,11 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             # action may change a list it reads or writes in place): see FieldEncoder.
             step = self.encoder.step(values, recheck=(*action.reads, *action.writes))
             digests, fresh, internal = step.digests, step.fresh, step.internal
-            state_doc, fields_json = self.encoder.state_map()
+            state_digest, fields_json = self.encoder.state_hash()
         except UnstorableValue as exc:
             step = None
             refusal, digests, fresh, internal = exc, {}, {}, {}
-            state_doc, fields_json = b"", ""
+            state_digest, fields_json = "", ""
             exception = exception or exc
         batch = WriteBatch()
         for f in fresh.values():
@@ -661,7 +661,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             written = {k: digests[k] for k in action.writes if k in digests}
             output_doc, output_hash = map_hash(written)
             batch.blobs.setdefault(output_hash, output_doc)
-            state_hash = sha256_hex(state_doc)
+            state_hash = state_digest
         add_scope_rows(batch, scope)
         if step is not None:
             last = self._last_state_fields
