@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,18 @@ _ENTERED = multiprocessing.get_context("fork").Event()
 _TEST_PID = os.getpid()
 
 
+def wait_for_worker(pid: int, child_error: Path) -> None:
+    """Until the forked worker reaches its 2nd node; fails at once, with the worker's traceback,
+    when it exits first (not reaped: the caller still waits for it)."""
+    for _ in range(300):
+        if _ENTERED.wait(1):
+            return
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            error = child_error.read_text() if child_error.exists() else "(no exception)"
+            pytest.fail(f"the worker exited before its 2nd node:\n{error}")
+    pytest.fail("the worker never reached its 2nd node (300 s)")
+
+
 def killed_worker_pipeline(store: Path) -> Pipeline:
     graph = (
         GraphBuilder()
@@ -126,14 +139,17 @@ def test_a_forked_worker_killed_mid_run_is_reaped_and_its_fork_says_where_it_sto
     # multiprocessing's: its after-fork hooks also run other libraries' cleanups, and kombu's
     # (left registered by the Celery tests that ran earlier in this pytest worker) closes an
     # inherited Redis channel by reading a reply that never comes — the child hung there.
+    child_error = tmp_path / "worker-error.txt"
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the worker
         try:
             rw.record(pipeline, {"x": 2}, run_id="worker-run")
+        except BaseException:  # told to the parent, which would otherwise wait for _ENTERED
+            child_error.write_text(traceback.format_exc())
         finally:
             os._exit(0)
     try:
-        assert _ENTERED.wait(300), "the worker never reached its 2nd node"
+        wait_for_worker(pid, child_error)
         assert rw.store.get_run("worker-run").status == "running"
         with pytest.raises(RunBusy, match="still running"):
             rw.fork("worker-run", at=1)  # the worker is alive: nothing to reap
