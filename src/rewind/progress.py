@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, bindparam, func, select
 
 from rewind.errors import RewindError
 from rewind.store import schema
@@ -95,12 +95,17 @@ class _ProgressWriter:
     def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
         now = time.monotonic()
         with self.lock:
-            self._ensure_thread()
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
+            late = now - marks.last_write >= WRITE_INTERVAL_S
+            if marks.waiting is None or self.thread is None or late:
+                # A mark waiting found the thread running less than an interval ago (a forked
+                # child's hook clears the thread): checked about once per write interval
+                # instead of at every node start.
+                self._ensure_thread()
             first, marks.check_first = marks.check_first, False
-            if now - marks.last_write < WRITE_INTERVAL_S:
+            if not late:
                 if marks.waiting is None:
                     self.lock.notify()  # a new deadline; a mark already waiting has its own
                 marks.waiting = (position, name, time.time())
@@ -266,15 +271,18 @@ def _write(
 
 def _read_cancel(store: Store, run_id: str) -> dict[str, Any] | None:
     """The run's cancel request as stored (one read, no write), or None. Never raises."""
-    t = schema.runs
     try:
         with store.read() as conn:
-            raw = conn.execute(
-                select(t.c.cancel_requested).where(t.c.run_id == run_id)
-            ).scalar_one_or_none()
+            raw = conn.execute(_CANCEL_OF, {"run_id": run_id}).scalar_one_or_none()
     except Exception:  # a progress read must never break the run
         return None
     return _cancel_value(raw) if raw else None
+
+
+_CANCEL_OF = select(schema.runs.c.cancel_requested).where(
+    schema.runs.c.run_id == bindparam("run_id")
+)
+"""A run's ``cancel_requested`` (built once: building a select costs more than running it)."""
 
 
 def _cancel_value(raw: str) -> dict[str, Any]:

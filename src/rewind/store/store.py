@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -253,9 +254,7 @@ class Store:
             return
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
-        epoch = conn.execute(
-            select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
-        ).scalar()
+        epoch = conn.execute(_BLOB_EPOCH).scalar()
         if epoch != self._blob_epoch:
             with self._known_lock:
                 self._known_blobs.clear()
@@ -343,8 +342,7 @@ class Store:
     def _present_in(self, conn: Connection, digest: str) -> bool:
         """Whether ``conn`` sees a blob row with this hash (a gc deletes blobs only under the
         write lock, so one seen inside a write transaction stays until it commits)."""
-        t = schema.blobs
-        return conn.execute(select(t.c.hash).where(t.c.hash == digest)).first() is not None
+        return conn.execute(_BLOB_PRESENT, {"hash": digest}).first() is not None
 
     def _insert_blobs(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert (or ignore, when present) blob rows made by :meth:`_blob_row`: the packed
@@ -624,15 +622,7 @@ class Store:
             conn.execute(stmt, rows)
             return
         sql, columns = bulk
-        conn.exec_driver_sql(
-            sql,
-            [
-                tuple(
-                    [digest_bytes(row.get(c, d)) if dg else row.get(c, d) for c, d, dg in columns]
-                )
-                for row in rows
-            ],
-        )
+        conn.exec_driver_sql(sql, _bulk_params(columns, rows))
 
     def _present_blobs(self, digests: Collection[str]) -> set[str]:
         """Which of ``digests`` have a blob row (one read, one query per 500 hashes)."""
@@ -726,10 +716,10 @@ class Store:
                 values[f"{key}_json"] = None if v is None else json.dumps(v, sort_keys=True)
         try:
             if conn.dialect.name == "sqlite":  # a refused statement leaves the transaction usable
-                conn.execute(insert(schema.runs).values(**values))
+                conn.execute(_INSERT_RUN, values)
             else:  # PostgreSQL aborts the transaction: a savepoint keeps it readable for the why
                 with conn.begin_nested():
-                    conn.execute(insert(schema.runs).values(**values))
+                    conn.execute(_INSERT_RUN, values)
         except IntegrityError as exc:
             raise _run_row_refused(conn, values) from exc
 
@@ -760,24 +750,18 @@ class Store:
         connection that writers queued on this transaction's lock hold (a deadlock until the
         busy timeout).
         """
-        totals = conn.execute(
-            text(
-                "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
-                " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
-            ),
-            {"r": run_id, "f": False},
-        ).one()
+        totals = conn.execute(_RUN_TOTALS, {"r": run_id, "f": False}).one()
         conn.execute(
-            update(schema.runs)
-            .where(and_(schema.runs.c.run_id == run_id, schema.runs.c.status == "running"))
-            .values(
-                status=status,
-                finished_at=time.time(),
-                prompt_tokens=int(totals[0]),
-                completion_tokens=int(totals[1]),
-                latency_ms=float(totals[2]),
-                error=error,
-            )
+            _FINISH_RUN,
+            {
+                "id": run_id,
+                "new_status": status,
+                "new_finished_at": time.time(),
+                "new_prompt_tokens": int(totals[0]),
+                "new_completion_tokens": int(totals[1]),
+                "new_latency_ms": float(totals[2]),
+                "new_error": error,
+            },
         )
 
     def reap_orphans(self, run_ids: Iterable[str] | None = None) -> list[str]:
@@ -1233,12 +1217,9 @@ class Store:
 
         ``data``: the document's canonical bytes when the caller has them already."""
         digest = self.put_blob(conn, canonical_bytes(document) if data is None else data)
+        drift_json = None if drift is None else json.dumps(drift, sort_keys=True)
         conn.execute(
-            insert(schema.run_graphs).values(
-                run_id=run_id,
-                graph_hash=digest,
-                drift_json=None if drift is None else json.dumps(drift, sort_keys=True),
-            )
+            _INSERT_RUN_GRAPH, {"run_id": run_id, "graph_hash": digest, "drift_json": drift_json}
         )
         return digest
 
@@ -1520,12 +1501,39 @@ def state_row(
         "position": position,
         "status": status,
         "fields_json": json.dumps(fields, sort_keys=True) if fields_json is None else fields_json,
-        "internal_json": json.dumps(internal, sort_keys=True),
+        "internal_json": _internal_json(internal),
         "created_at": time.time(),
     }
     if since is not None:
         row[_SINCE_KEY] = since
     return row
+
+
+_PLAIN_TEXT = re.compile(r"[ !#-\[\]-~]*\Z")
+"""Printable ASCII without ``"`` and ``\\``: ``json.dumps`` writes it as it is."""
+
+
+def _internal_json(internal: dict[str, Any]) -> str:
+    """``json.dumps(internal, sort_keys=True)``: Burr's ``__`` fields of a state row.
+
+    Written directly when every name and string is plain and every number an int (Burr's
+    ``__PRIOR_STEP`` and ``__SEQUENCE_ID``, at every node: ~3x faster than ``json.dumps``)."""
+    plain = _PLAIN_TEXT.match
+    parts = []
+    for k in sorted(internal) if all(type(k) is str for k in internal) else ():
+        v = internal[k]
+        if not plain(k):
+            break
+        if type(v) is int:
+            parts.append(f'"{k}": {int.__repr__(v)}')
+        elif type(v) is str and plain(v):
+            parts.append(f'"{k}": "{v}"')
+        else:
+            break
+    else:
+        if len(parts) == len(internal):
+            return "{" + ", ".join(parts) + "}"
+    return json.dumps(internal, sort_keys=True)
 
 
 def _last_audits_statement() -> Any:
@@ -1543,6 +1551,27 @@ def _last_audits_statement() -> Any:
 _LAST_AUDITS = _last_audits_statement()
 """The newest audit row of each run in ``:ids``."""
 _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
+_BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
+_INSERT_RUN = insert(schema.runs)
+_INSERT_RUN_GRAPH = insert(schema.run_graphs)
+_BLOB_PRESENT = select(schema.blobs.c.hash).where(schema.blobs.c.hash == bindparam("hash"))
+_RUN_TOTALS = text(
+    "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
+    " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
+)
+_FINISH_RUN = (
+    update(schema.runs)
+    .where(and_(schema.runs.c.run_id == bindparam("id"), schema.runs.c.status == "running"))
+    .values(
+        status=bindparam("new_status"),
+        finished_at=bindparam("new_finished_at"),
+        prompt_tokens=bindparam("new_prompt_tokens"),
+        completion_tokens=bindparam("new_completion_tokens"),
+        latency_ms=bindparam("new_latency_ms"),
+        error=bindparam("new_error"),
+    )
+)
+"""Finish a running run (:meth:`Store.finish_run_in`); a finished run is left as it is."""
 
 
 class _BlobRow(NamedTuple):
@@ -1604,6 +1633,33 @@ _BULK_TABLES = {
     "effects": (None, None),
     "spans": (None, None),
 }
+
+
+def _bulk_params(columns: list[tuple[str, Any, bool]], rows: list[dict[str, Any]]) -> list[Any]:
+    """The parameter tuples of ``rows`` for a statement of :func:`_sqlite_bulk_sql` (its
+    ``columns``): a row's value of each column, or the column's default when it has none,
+    digests bound as bytes.
+
+    Rows that carry every column (most do) are read with one ``itemgetter`` call each and only
+    their digest columns converted: ~3x less Python per row than a lookup per column."""
+    names = [c for c, _d, _dg in columns]
+    digests = [i for i, (_c, _d, dg) in enumerate(columns) if dg]
+    whole = itemgetter(*names) if len(names) > 1 else None
+    out: list[Any] = []
+    for row in rows:
+        try:
+            if whole is None:
+                raise KeyError(names)
+            values = whole(row)
+        except KeyError:  # a row that leaves some columns to their defaults
+            values = tuple([row.get(c, d) for c, d, _dg in columns])
+        if digests:
+            listed = list(values)
+            for i in digests:
+                listed[i] = digest_bytes(listed[i])
+            values = tuple(listed)
+        out.append(values)
+    return out
 
 
 @functools.cache
