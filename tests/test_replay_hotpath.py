@@ -21,7 +21,7 @@ from rewind.canonical import canonical_bytes
 from rewind.persister import map_hash, plain_map_bytes
 from rewind.recorder import _input_doc_bytes
 from rewind.replay import Rewind
-from rewind.store.store import _internal_json
+from rewind.store.store import _delta_json, _internal_json
 from tests import pipelines
 
 
@@ -143,3 +143,18 @@ def test_a_nodes_input_document_has_the_canonical_bytes(
 def test_a_state_rows_internal_fields_are_json_dumps_text(internal: dict[str, Any]) -> None:
     """Burr's ``__`` fields of a state row: the text ``json.dumps(..., sort_keys=True)`` wrote."""
     assert _internal_json(internal) == json.dumps(internal, sort_keys=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=0),
+    st.dictionaries(_NAMES, st.one_of(_NAMES, st.sampled_from(["a" * 64]))),
+    st.lists(_NAMES),
+)
+def test_a_state_rows_delta_is_json_dumps_text(
+    base: int, changed: dict[str, str], removed: list[str]
+) -> None:
+    """A state row stored as a delta: the text ``json.dumps(..., sort_keys=True)`` wrote."""
+    assert _delta_json(base, changed, removed) == json.dumps(
+        [base, changed, removed], sort_keys=True
+    )

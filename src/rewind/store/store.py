@@ -254,7 +254,10 @@ class Store:
             return
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
-        epoch = conn.execute(_BLOB_EPOCH).scalar()
+        if self._bulk_sql is not None:  # SQLite: the driver's statement cache (every write)
+            epoch = conn.exec_driver_sql(_BLOB_EPOCH_SQL, (BLOB_EPOCH_KEY,)).scalar()
+        else:
+            epoch = conn.execute(_BLOB_EPOCH).scalar()
         if epoch != self._blob_epoch:
             with self._known_lock:
                 self._known_blobs.clear()
@@ -1552,6 +1555,7 @@ _LAST_AUDITS = _last_audits_statement()
 """The newest audit row of each run in ``:ids``."""
 _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
 _BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
+_BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
 _INSERT_RUN = insert(schema.runs)
 _INSERT_RUN_GRAPH = insert(schema.run_graphs)
 _BLOB_PRESENT = select(schema.blobs.c.hash).where(schema.blobs.c.hash == bindparam("hash"))
@@ -1743,13 +1747,29 @@ def state_deltas(
         tail = new_tails.get(app) or tails.get(app)
         depth = 0
         if tail is not None and tail[0] == seq - 1 and tail[2] < STATE_DELTA_MAX_DEPTH:
-            delta = json.dumps([seq - 1, *_changes(tail[1], fields, since)], sort_keys=True)
+            delta = _delta_json(seq - 1, *_changes(tail[1], fields, since))
             if len(delta) < len(row["fields_json"]):
                 row = row | {"fields_json": delta}
                 depth = tail[2] + 1
         out.append(row)
         new_tails[app] = (seq, fields, depth)
     return out, new_tails
+
+
+def _delta_json(base: int, changed: dict[str, str], removed: list[str]) -> str:
+    """``json.dumps([base, changed, removed], sort_keys=True)``: a state row's delta, written
+    directly when every name and hash is plain (most rows: one per node)."""
+    plain = _PLAIN_TEXT.match
+    names = [*changed, *removed]
+    if (
+        type(base) is int
+        and all(type(k) is str and plain(k) for k in names)
+        and all(type(v) is str and plain(v) for v in changed.values())
+    ):
+        fields = ", ".join([f'"{k}": "{changed[k]}"' for k in sorted(changed)])
+        gone = ", ".join([f'"{k}"' for k in removed])
+        return f"[{int.__repr__(base)}, {{{fields}}}, [{gone}]]"
+    return json.dumps([base, changed, removed], sort_keys=True)
 
 
 def _changes(
