@@ -950,6 +950,13 @@ class Store:
         with self.read() as conn:
             return conn.execute(select(t.c.run_id).where(t.c.run_id == run_id)).first() is not None
 
+    def run_in(self, conn: Connection, run_id: str) -> RunRecord | None:
+        """The run with exactly this id as ``conn``'s transaction sees it (no audits read), or
+        None when there is none (a run just finished in that transaction: no read of its own).
+        """
+        row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
+        return None if row is None else self._run_record(row)
+
     def _run_record(self, row: Any) -> RunRecord:
         record = RunRecord.from_row(row)
         if record.run_id in self._orphans and record.status == "running":
