@@ -5,6 +5,7 @@ called at no step. Real Burr runs recorded into a real SQLite store."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -12,9 +13,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rewind import progress
+from rewind.canonical import canonical_bytes
+from rewind.persister import map_hash, plain_map_bytes
+from rewind.recorder import _input_doc_bytes
 from rewind.replay import Rewind
+from rewind.store.store import _delta_json, _internal_json
 from tests import pipelines
 
 
@@ -96,3 +103,58 @@ def test_the_runs_own_tracker_is_called_at_no_step(
     assert (parent.status, child.status) == ("completed", "completed")
     assert len(built) == 2 and seen == []
     assert isinstance(built[0].copy(), SubAppTracker)
+
+
+_NAMES = st.text(
+    st.characters(min_codepoint=0, max_codepoint=0x1F600, blacklist_categories=("Cs",)), max_size=12
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_NAMES, st.one_of(_NAMES, st.sampled_from(["a" * 64, "0f" * 32]))))
+def test_plain_map_bytes_are_the_canonical_bytes(values: dict[str, str]) -> None:
+    """The {name: string} maps a node hashes (written directly when plain) have exactly the
+    canonical bytes."""
+    fast = plain_map_bytes(values)
+    if fast is not None:
+        assert fast == canonical_bytes(values)
+    assert map_hash(values)[0] == canonical_bytes(values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _NAMES,
+    st.dictionaries(_NAMES, st.sampled_from(["a" * 64, "0f" * 32, 'x"y'])),
+    st.sampled_from([{}, {"q": 1}]),
+    st.sampled_from([{}, {"temperature": 0.5}]),
+)
+def test_a_nodes_input_document_has_the_canonical_bytes(
+    name: str, reads: dict[str, str], inputs: dict[str, Any], params: dict[str, Any]
+) -> None:
+    """A node's input document (its name, the hashes it reads, inputs, params) is hashed over
+    its canonical bytes, whichever way they are written."""
+    action = SimpleNamespace(name=name)
+    doc = {"node": name, "reads": reads, "inputs": inputs, "params": params}
+    assert _input_doc_bytes(action, reads, inputs, params) == canonical_bytes(doc)  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_NAMES, st.one_of(_NAMES, st.integers(), st.booleans(), st.none())))
+def test_a_state_rows_internal_fields_are_json_dumps_text(internal: dict[str, Any]) -> None:
+    """Burr's ``__`` fields of a state row: the text ``json.dumps(..., sort_keys=True)`` wrote."""
+    assert _internal_json(internal) == json.dumps(internal, sort_keys=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=0),
+    st.dictionaries(_NAMES, st.one_of(_NAMES, st.sampled_from(["a" * 64]))),
+    st.lists(_NAMES),
+)
+def test_a_state_rows_delta_is_json_dumps_text(
+    base: int, changed: dict[str, str], removed: list[str]
+) -> None:
+    """A state row stored as a delta: the text ``json.dumps(..., sort_keys=True)`` wrote."""
+    assert _delta_json(base, changed, removed) == json.dumps(
+        [base, changed, removed], sort_keys=True
+    )

@@ -604,8 +604,36 @@ def field_map(fields: dict[str, EncodedField]) -> dict[str, str]:
 
 def map_hash(fields: dict[str, str]) -> tuple[bytes, str]:
     """Canonical bytes and sha256 of a {field: sha256} map: the Merkle hash of those fields."""
-    data = canonical_bytes(fields)
+    data = plain_map_bytes(fields)
+    if data is None:
+        data = canonical_bytes(fields)
     return data, sha256_hex(data)
+
+
+def plain_text(value: Any) -> bool:
+    """Whether ``value`` is a str of printable ASCII without ``"`` and ``\\``: JSON text
+    (canonical or ``json.dumps``) writes it between quotes as it is."""
+    return type(value) is str and _PLAIN_NAME.match(value) is not None
+
+
+def plain_map_bytes(values: Mapping[str, str]) -> bytes | None:
+    """The canonical JSON bytes of a {name: string} map (a node's {field: sha256} maps), when
+    every name and string is printable ASCII without ``"`` and ``\\`` (written as they are,
+    sorted by code point as RFC 8785 sorts them); else None (ask :func:`canonical_bytes`).
+
+    The same bytes as :func:`canonical_bytes` without its walk over the value: these maps are
+    encoded at every node."""
+    plain = _PLAIN_NAME.match
+    parts = []
+    try:
+        for k in sorted(values):
+            v = values[k]
+            if type(k) is not str or type(v) is not str or not plain(k) or not plain(v):
+                return None
+            parts.append(f'"{k}":"{v}"')
+    except TypeError:  # names that do not sort together (not all str)
+        return None
+    return ("{" + ",".join(parts) + "}").encode()
 
 
 class ForkStartLoader(BaseStateLoader):

@@ -98,12 +98,14 @@ class _ProgressWriter:
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
-            if marks.waiting is None or self.thread is None:
-                # A mark already waiting was handed to this process's thread (a forked child
-                # has none: _after_fork_in_child): most node starts skip the liveness check.
+            late = now - marks.last_write >= WRITE_INTERVAL_S
+            if marks.waiting is None or self.thread is None or late:
+                # A mark waiting found the thread running less than an interval ago (a forked
+                # child's hook clears the thread): checked about once per write interval
+                # instead of at every node start.
                 self._ensure_thread()
             first, marks.check_first = marks.check_first, False
-            if now - marks.last_write < WRITE_INTERVAL_S:
+            if not late:
                 if marks.waiting is None:
                     self.lock.notify()  # a new deadline; a mark already waiting has its own
                 marks.waiting = (position, name, time.time())
@@ -281,6 +283,12 @@ def _read_cancel(store: Store, run_id: str) -> dict[str, Any] | None:
     except Exception:  # a progress read must never break the run
         return None
     return _cancel_value(raw) if raw else None
+
+
+_CANCEL_OF = select(schema.runs.c.cancel_requested).where(
+    schema.runs.c.run_id == bindparam("run_id")
+)
+"""A run's ``cancel_requested`` (built once: building a select costs more than running it)."""
 
 
 def _cancel_value(raw: str) -> dict[str, Any]:

@@ -63,6 +63,8 @@ from rewind.persister import (
     RewindPersister,
     field_map,
     map_hash,
+    plain_map_bytes,
+    plain_text,
     state_values,
 )
 from rewind.serde import encode
@@ -159,6 +161,24 @@ def bound_params(action: Action) -> dict[str, Any]:
     its inputs do, so they enter its input hash)."""
     bound = getattr(action, "_bound_params", None) or {}  # FunctionBasedAction's, Burr 0.43
     return {k: _input_doc(v) for k, v in bound.items()}
+
+
+def _input_doc_bytes(
+    action: Action, reads: dict[str, str], inputs: dict[str, Any], params: dict[str, Any]
+) -> bytes:
+    """The canonical bytes a node's ``input_hash`` hashes: its name, the hashes of the fields it
+    reads (``reads``), its runtime ``inputs``, its ``params`` and its bound values."""
+    bound = bound_params(action)
+    name = action.name
+    if not inputs and not params and not bound and plain_text(name):
+        # Most nodes: written directly (the bytes canonical_bytes writes for this document)
+        reads_doc = plain_map_bytes(reads)
+        if reads_doc is not None:
+            return b'{"inputs":{},"node":"%s","params":{},"reads":%s}' % (name.encode(), reads_doc)
+    doc = {"node": name, "reads": reads, "inputs": inputs, "params": params}
+    if bound:
+        doc["bound"] = bound
+    return canonical_bytes(doc)
 
 
 def _input_doc(value: Any) -> Any:
@@ -648,11 +668,7 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             # blob is stored: write_batch skips the known ones, and has the bytes at hand to
             # write them again if a concurrent rewind gc deleted them meanwhile.
             batch.blobs.setdefault(f.digest, f.data)
-        doc = {"node": action.name, "reads": self._reads, "inputs": self._inputs}
-        bound = bound_params(action)
-        if bound:
-            doc["bound"] = bound
-        input_doc = canonical_bytes(doc | {"params": scope.params})
+        input_doc = _input_doc_bytes(action, self._reads, self._inputs, scope.params)
         input_hash = sha256_hex(input_doc)
         batch.blobs.setdefault(input_hash, input_doc)
         output_hash: str | None = None

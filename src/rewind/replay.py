@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from burr.core import Application, ApplicationBuilder
+from sqlalchemy import Connection
 
 from rewind import progress
 from rewind.canonical import canonical_bytes, sha256_hex
@@ -986,13 +987,22 @@ class Rewind:
         failures = len(recorder.errors)
         # The run row is finished in the transaction of its last rows (one commit less); if
         # that commit fails, the run is finished failed with the reason below.
-        recorder.close(after=lambda conn: self.store.finish_run_in(conn, ctx.run_id, status, final))
+        finished: list[RunRecord | None] = []
+
+        def finish(conn: Connection) -> None:
+            self.store.finish_run_in(conn, ctx.run_id, status, final)
+            finished.append(self.store.run_in(conn, ctx.run_id))  # read in the same transaction
+
+        recorder.close(after=finish)
         if len(recorder.errors) > failures:
             status, final = _final_status(error, recorder.errors, cancelled)
             self.store.finish_run(ctx.run_id, status, error=final)
+            finished.clear()  # that commit failed: the row is the one just finished
         else:
             progress.run_ended(ctx.run_id)  # after the commit (see Store.finish_run_in)
-        run = self.store.get_run(ctx.run_id, audit=False)  # just finished: never audited yet
+        run = finished[0] if finished else None
+        if run is None:
+            run = self.store.get_run(ctx.run_id, audit=False)  # just finished: never audited yet
         ctx.emit("run_finished", run_id=run.run_id, status=run.status, error=run.error)
         if unavailable is not None:
             # The environment, not the pipeline, is at fault: say what to set or install.

@@ -252,14 +252,12 @@ class Store:
         """
         if not self._epoch_ready:
             return
-        if conn.dialect.name == "sqlite":  # through the driver: every write reads it
-            epoch = conn.exec_driver_sql(_SQLITE_EPOCH, (BLOB_EPOCH_KEY,)).scalar()
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
+        if self._bulk_sql is not None:  # SQLite: the driver's statement cache (every write)
+            epoch = conn.exec_driver_sql(_BLOB_EPOCH_SQL, (BLOB_EPOCH_KEY,)).scalar()
         else:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
-            epoch = conn.execute(
-                select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
-            ).scalar()
+            epoch = conn.execute(_BLOB_EPOCH).scalar()
         if epoch != self._blob_epoch:
             with self._known_lock:
                 self._known_blobs.clear()
@@ -347,8 +345,7 @@ class Store:
     def _present_in(self, conn: Connection, digest: str) -> bool:
         """Whether ``conn`` sees a blob row with this hash (a gc deletes blobs only under the
         write lock, so one seen inside a write transaction stays until it commits)."""
-        t = schema.blobs
-        return conn.execute(select(t.c.hash).where(t.c.hash == digest)).first() is not None
+        return conn.execute(_BLOB_PRESENT, {"hash": digest}).first() is not None
 
     def _insert_blobs(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Insert (or ignore, when present) blob rows made by :meth:`_blob_row`: the packed
@@ -784,24 +781,18 @@ class Store:
         connection that writers queued on this transaction's lock hold (a deadlock until the
         busy timeout).
         """
-        totals = conn.execute(
-            text(
-                "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
-                " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
-            ),
-            {"r": run_id, "f": False},
-        ).one()
+        totals = conn.execute(_RUN_TOTALS, {"r": run_id, "f": False}).one()
         conn.execute(
-            update(schema.runs)
-            .where(and_(schema.runs.c.run_id == run_id, schema.runs.c.status == "running"))
-            .values(
-                status=status,
-                finished_at=time.time(),
-                prompt_tokens=int(totals[0]),
-                completion_tokens=int(totals[1]),
-                latency_ms=float(totals[2]),
-                error=error,
-            )
+            _FINISH_RUN,
+            {
+                "id": run_id,
+                "new_status": status,
+                "new_finished_at": time.time(),
+                "new_prompt_tokens": int(totals[0]),
+                "new_completion_tokens": int(totals[1]),
+                "new_latency_ms": float(totals[2]),
+                "new_error": error,
+            },
         )
 
     def reap_orphans(self, run_ids: Iterable[str] | None = None) -> list[str]:
@@ -987,20 +978,12 @@ class Store:
         with self.read() as conn:
             return conn.execute(select(t.c.run_id).where(t.c.run_id == run_id)).first() is not None
 
-    def run_in(self, conn: Connection, run_id: str) -> RunRecord:
-        """The run with exactly this id, read in ``conn``'s transaction (a writer reading back
-        the run it has just written, without a read transaction of its own); its last audit is
-        left None.
-
-        Raises:
-            UnknownRun: no run has this id.
+    def run_in(self, conn: Connection, run_id: str) -> RunRecord | None:
+        """The run with exactly this id as ``conn``'s transaction sees it (no audits read), or
+        None when there is none (a run just finished in that transaction: no read of its own).
         """
-        from rewind.errors import UnknownRun
-
         row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
-        if row is None:
-            raise UnknownRun(f"unknown run {run_id!r}", "list runs with `rewind runs`")
-        return self._run_record(row)
+        return None if row is None else self._run_record(row)
 
     def _run_record(self, row: Any) -> RunRecord:
         record = RunRecord.from_row(row)
@@ -1272,12 +1255,9 @@ class Store:
 
         ``data``: the document's canonical bytes when the caller has them already."""
         digest = self.put_blob(conn, canonical_bytes(document) if data is None else data)
+        drift_json = None if drift is None else json.dumps(drift, sort_keys=True)
         conn.execute(
-            insert(schema.run_graphs).values(
-                run_id=run_id,
-                graph_hash=digest,
-                drift_json=None if drift is None else json.dumps(drift, sort_keys=True),
-            )
+            _INSERT_RUN_GRAPH, {"run_id": run_id, "graph_hash": digest, "drift_json": drift_json}
         )
         return digest
 
@@ -1559,12 +1539,39 @@ def state_row(
         "position": position,
         "status": status,
         "fields_json": json.dumps(fields, sort_keys=True) if fields_json is None else fields_json,
-        "internal_json": json.dumps(internal, sort_keys=True),
+        "internal_json": _internal_json(internal),
         "created_at": time.time(),
     }
     if since is not None:
         row[_SINCE_KEY] = since
     return row
+
+
+_PLAIN_TEXT = re.compile(r"[ !#-\[\]-~]*\Z")
+"""Printable ASCII without ``"`` and ``\\``: ``json.dumps`` writes it as it is."""
+
+
+def _internal_json(internal: dict[str, Any]) -> str:
+    """``json.dumps(internal, sort_keys=True)``: Burr's ``__`` fields of a state row.
+
+    Written directly when every name and string is plain and every number an int (Burr's
+    ``__PRIOR_STEP`` and ``__SEQUENCE_ID``, at every node: ~3x faster than ``json.dumps``)."""
+    plain = _PLAIN_TEXT.match
+    parts = []
+    for k in sorted(internal) if all(type(k) is str for k in internal) else ():
+        v = internal[k]
+        if not plain(k):
+            break
+        if type(v) is int:
+            parts.append(f'"{k}": {int.__repr__(v)}')
+        elif type(v) is str and plain(v):
+            parts.append(f'"{k}": "{v}"')
+        else:
+            break
+    else:
+        if len(parts) == len(internal):
+            return "{" + ", ".join(parts) + "}"
+    return json.dumps(internal, sort_keys=True)
 
 
 def _last_audits_statement() -> Any:
@@ -1582,7 +1589,28 @@ def _last_audits_statement() -> Any:
 _LAST_AUDITS = _last_audits_statement()
 """The newest audit row of each run in ``:ids``."""
 _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
+_BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
+_BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
 _INSERT_RUN = insert(schema.runs)
+_INSERT_RUN_GRAPH = insert(schema.run_graphs)
+_BLOB_PRESENT = select(schema.blobs.c.hash).where(schema.blobs.c.hash == bindparam("hash"))
+_RUN_TOTALS = text(
+    "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
+    " COALESCE(SUM(latency_ms),0) FROM nodes WHERE run_id=:r AND inherited=:f"
+)
+_FINISH_RUN = (
+    update(schema.runs)
+    .where(and_(schema.runs.c.run_id == bindparam("id"), schema.runs.c.status == "running"))
+    .values(
+        status=bindparam("new_status"),
+        finished_at=bindparam("new_finished_at"),
+        prompt_tokens=bindparam("new_prompt_tokens"),
+        completion_tokens=bindparam("new_completion_tokens"),
+        latency_ms=bindparam("new_latency_ms"),
+        error=bindparam("new_error"),
+    )
+)
+"""Finish a running run (:meth:`Store.finish_run_in`); a finished run is left as it is."""
 
 
 class _BlobRow(NamedTuple):
@@ -1770,13 +1798,29 @@ def state_deltas(
         tail = new_tails.get(app) or tails.get(app)
         depth = 0
         if tail is not None and tail[0] == seq - 1 and tail[2] < STATE_DELTA_MAX_DEPTH:
-            delta = json.dumps([seq - 1, *_changes(tail[1], fields, since)], sort_keys=True)
+            delta = _delta_json(seq - 1, *_changes(tail[1], fields, since))
             if len(delta) < len(row["fields_json"]):
                 row = row | {"fields_json": delta}
                 depth = tail[2] + 1
         out.append(row)
         new_tails[app] = (seq, fields, depth)
     return out, new_tails
+
+
+def _delta_json(base: int, changed: dict[str, str], removed: list[str]) -> str:
+    """``json.dumps([base, changed, removed], sort_keys=True)``: a state row's delta, written
+    directly when every name and hash is plain (most rows: one per node)."""
+    plain = _PLAIN_TEXT.match
+    names = [*changed, *removed]
+    if (
+        type(base) is int
+        and all(type(k) is str and plain(k) for k in names)
+        and all(type(v) is str and plain(v) for v in changed.values())
+    ):
+        fields = ", ".join([f'"{k}": "{changed[k]}"' for k in sorted(changed)])
+        gone = ", ".join([f'"{k}"' for k in removed])
+        return f"[{int.__repr__(base)}, {{{fields}}}, [{gone}]]"
+    return json.dumps([base, changed, removed], sort_keys=True)
 
 
 def _changes(
@@ -2113,7 +2157,6 @@ def open_store(
     return Store(folder.resolve(), sqlite_engine(db.resolve()), objects=object_store)
 
 
-_SQLITE_EPOCH = "SELECT value FROM meta WHERE key = ?"
 _SQLITE_REVISION_AND_VERSION = (
     "SELECT (SELECT version_num FROM alembic_version),"
     " (SELECT value FROM meta WHERE key = 'schema_version')"

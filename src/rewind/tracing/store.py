@@ -183,13 +183,14 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
 
     batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
     batch.packs = pack_groups(batch, exclude=data.extra_blobs)  # the tracer's extras alone
-    written: list[RunRecord] = []
+    written: list[RunRecord | None] = []
     # The run row is read back in the write transaction (no read transaction after it; a run
     # just created has no audit yet).
     store.write_batch(
         batch, before=run_row, after=lambda conn: written.append(store.run_in(conn, data.trace_id))
     )
-    return written[0]
+    run = written[0] if written else None
+    return run if run is not None else store.get_run(data.trace_id)
 
 
 def _steps_in_order(data: TraceData) -> list[StepData]:
