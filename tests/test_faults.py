@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +287,8 @@ def run_killed_child(store: Path, seed: int, kill_after_s: float) -> tuple[Child
             os.dup2(null, 1)
             kill_child.main(str(store), write_fd, seed)
             code = 0
+        except BaseException:
+            traceback.print_exc()  # on stderr, as the child's own interpreter would
         finally:
             os._exit(code)
     os.close(write_fd)
