@@ -26,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests import cli_zygote
+
 ROOT = Path(__file__).resolve().parent.parent
 FORK_SERVER_VARIABLE = "REWIND_TESTS_FORK_SERVER"
 _USER_STORE_VARIABLES = ("REWIND_STORE", "REWIND_OBJECTS")
@@ -39,12 +41,14 @@ def run_rewind(
     stdin: str | None = None,
     columns: int = 160,
     timeout: float = 900,
+    obey_file_modes: bool = False,
     **popen: Any,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m rewind ARGS`` with ``PYTHONPATH`` = this checkout's ``src`` and root (an
     editable install of another checkout must not answer instead), ``COLUMNS`` = ``columns``,
     ``REWIND_STORE`` and ``REWIND_OBJECTS`` (a developer's own store and bucket) removed unless
-    ``env`` sets them. Output is captured as text.
+    ``env`` sets them. Output is captured as text. ``obey_file_modes``: the command runs without
+    the capabilities that let root ignore file modes (:func:`tests.cli_zygote.obey_file_modes`).
 
     Raises:
         subprocess.TimeoutExpired: the command ran longer than ``timeout`` seconds (it is
@@ -57,7 +61,12 @@ def run_rewind(
         **(env or {}),
     }
     if not popen and _FORK_SERVER.serves(full_env):
-        return _FORK_SERVER.run(list(args), full_env, Path(cwd), stdin or "", timeout)
+        return _FORK_SERVER.run(
+            list(args), full_env, Path(cwd), stdin or "", timeout, obey_file_modes
+        )
+    if obey_file_modes:
+        assert "preexec_fn" not in popen, "obey_file_modes sets preexec_fn"
+        popen["preexec_fn"] = cli_zygote.obey_file_modes
     return subprocess.run(
         [sys.executable, "-m", "rewind", *args],
         capture_output=True,
@@ -138,11 +147,18 @@ class _ForkServer:
                 self._folder = None
 
     def run(
-        self, args: list[str], env: dict[str, str], cwd: Path, stdin: str, timeout: float
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        stdin: str,
+        timeout: float,
+        obey_file_modes: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """Fork ``rewind ARGS`` from the server; like ``subprocess.run(..., text=True)``."""
         path = self._ensure_started()
-        body = json.dumps({"argv": args, "env": env, "cwd": str(cwd)}).encode()
+        request = {"argv": args, "env": env, "cwd": str(cwd), "obey_file_modes": obey_file_modes}
+        body = json.dumps(request).encode()
         encoding = "utf-8" if sys.flags.utf8_mode else locale.getencoding()
         pipes = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
         theirs = [pipes[0][0], pipes[1][1], pipes[2][1]]

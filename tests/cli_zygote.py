@@ -22,7 +22,8 @@ traceback and exit status 1). Its exit status, stdout and stderr are the process
 passes no ``Popen`` options; anything else runs as a plain subprocess.
 
 Run as ``python -m tests.cli_zygote SOCKET_PATH``. Protocol, per connection: the client sends a
-4-byte big-endian length and a JSON object ``{"argv": [...], "env": {...}, "cwd": "..."}`` with
+4-byte big-endian length and a JSON object ``{"argv": [...], "env": {...}, "cwd": "...",
+"obey_file_modes": false}`` (true: see :func:`obey_file_modes`) with
 three file descriptors (stdin, stdout, stderr) attached to its first byte; the server answers
 ``pid <n>\\n`` and later ``exit <returncode>\\n`` (a negative return code: killed by that
 signal, as :class:`subprocess.Popen` reports it).
@@ -31,6 +32,7 @@ signal, as :class:`subprocess.Popen` reports it).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -77,6 +79,8 @@ def _run_command(request: dict[str, Any], fds: list[int]) -> int:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    if request.get("obey_file_modes"):
+        obey_file_modes()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -104,6 +108,52 @@ def _run_command(request: dict[str, Any], fds: list[int]) -> int:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
     return code
+
+
+_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
+_PR_CAPBSET_DROP = 24
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def obey_file_modes() -> None:
+    """Make this process (and any program it executes) obey file modes, as everyone must on
+    read-only media: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its bounding set (so an
+    ``exec`` does not give them back to root) and from its effective, permitted and inheritable
+    sets (so this process, forked and not exec'd, loses them now). Root ignores file modes
+    otherwise. A no-op without the capabilities (any other user).
+
+    Raises:
+        OSError: ``prctl`` or ``capset`` refused, or the capabilities are still effective.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    dac = (1 << _CAP_DAC_OVERRIDE) | (1 << _CAP_DAC_READ_SEARCH)
+    if not data[0].effective & dac and not data[0].permitted & dac:
+        return
+    for capability in (_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH):
+        if libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+    for part in ("effective", "permitted", "inheritable"):
+        setattr(data[0], part, getattr(data[0], part) & ~dac)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    if libc.capget(ctypes.byref(header), data) != 0 or data[0].effective & dac:
+        raise OSError(ctypes.get_errno(), "CAP_DAC_OVERRIDE/READ_SEARCH still effective")
 
 
 def _exit_status(value: object) -> int:

@@ -1,4 +1,4 @@
-"""Child process of the kill -9 trials in ``test_faults.py``: records a chain, to be killed.
+"""Child of the kill -9 trials in ``test_faults.py`` (forked there): records a chain, to be killed.
 
 ``python -m tests.kill_child STORE FD SEED`` records a 12-node chain whose nodes take a random
 short time (0–30 ms) except one slow node (1 s). It reports to the parent through the pipe FD (one

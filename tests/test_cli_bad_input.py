@@ -7,8 +7,6 @@ store holding one recorded run of the small test pipeline.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -198,15 +196,6 @@ def test_fork_of_a_run_without_nodes_says_it_was_interrupted(tmp_path: Path) -> 
     st.close()
 
 
-def _obey_file_modes() -> None:  # pragma: no cover - runs in the child, before exec
-    """Root ignores file modes; without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH in its bounding set
-    (so in the exec'd process) it obeys them, as everyone must on read-only media."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
-
-
 def test_read_commands_work_on_a_read_only_store(tmp_path: Path) -> None:
     """A store on read-only media (here: a folder and files nobody may write; even root obeys
     the modes in the commands) can be listed, shown, diffed, inspected, audited, exported."""
@@ -224,7 +213,6 @@ def test_read_commands_work_on_a_read_only_store(tmp_path: Path) -> None:
     store.chmod(0o555)
     try:
         before = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in store.iterdir())
-        drop = _obey_file_modes if os.geteuid() == 0 else None
         for args in (
             ["runs", "--json"],
             ["show", a],
@@ -236,7 +224,7 @@ def test_read_commands_work_on_a_read_only_store(tmp_path: Path) -> None:
             ["root-cause", a],
             ["otel", "export", a, "--out", str(out / "spans.json")],
         ):
-            proc = rewind(tmp_path, "--store", str(store), *args, preexec_fn=drop)
+            proc = rewind(tmp_path, "--store", str(store), *args, obey_file_modes=True)
             assert proc.returncode == 0, (args, proc.stderr[-2000:])
             assert "Traceback" not in proc.stderr
             if args[0] == "runs":
@@ -244,7 +232,7 @@ def test_read_commands_work_on_a_read_only_store(tmp_path: Path) -> None:
         after = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in store.iterdir())
         assert after == before  # nothing created or written, not even a -wal/-shm file
         # A command that records says in one line that it cannot write.
-        proc = rewind(tmp_path, "--store", str(store), "fork", a, "--at", "1", preexec_fn=drop)
+        proc = rewind(tmp_path, "--store", str(store), "fork", a, "--at", "1", obey_file_modes=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     finally:

@@ -35,6 +35,7 @@ from rewind.persister import encode_value
 from rewind.replay import Rewind
 from rewind.serde import decode, decode_field, display, encode
 from tests import typed_values as tv
+from tests.cli_process import run_rewind
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +58,12 @@ def python(*args: str, seed: int = 1, cwd: Path = ROOT) -> Any:
     )
 
 
-def rewind_cli(store: Path, *args: str, seed: int = 1, cwd: Path = ROOT) -> Any:
+def rewind_cli(store: Path, *args: str, seed: int | None = None, cwd: Path = ROOT) -> Any:
+    """``rewind --store STORE ARGS``: in a fresh interpreter with hash seed ``seed``, or when
+    ``seed`` is None (a test that compares no processes' hash orders) forked from the tests'
+    fork server (``tests/cli_process.py``, ~1 s of CPU less a command)."""
+    if seed is None:
+        return run_rewind("--store", str(store), *args, cwd=cwd)
     return python("-m", "rewind", "--store", str(store), *args, seed=seed, cwd=cwd)
 
 
@@ -87,7 +93,9 @@ def digest(value: Any) -> str:
 def forked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     store = tmp_path_factory.mktemp("typed") / "store"
     state = json.dumps({"cases": list(tv.CASES)})
-    run = rewind_cli(store, "run", "--pipeline", tv.typed_pipeline.ref, "--state", state, "--json")
+    run = rewind_cli(
+        store, "run", "--pipeline", tv.typed_pipeline.ref, "--state", state, "--json", seed=1
+    )
     assert run.returncode == 0, run.stderr
     parent = json.loads(run.stdout)
     fork = rewind_cli(store, "fork", parent["run"]["run_id"], "--at", "keep", "--json", seed=2)
