@@ -183,14 +183,22 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
 
     batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
     batch.packs = pack_groups(batch, exclude=data.extra_blobs)  # the tracer's extras alone
+    return _write_read_back(store, batch, run_row, data.trace_id)
+
+
+def _write_read_back(store: Store, batch: WriteBatch, run_row: Any, trace_id: str) -> RunRecord:
+    """Write ``batch`` (``run_row`` first) and return the trace's run row, read back in the write
+    transaction (no read transaction after it; a run just created has no audit yet).
+
+    Raises:
+        StoreError: the write failed (nothing of it is stored).
+    """
     written: list[RunRecord | None] = []
-    # The run row is read back in the write transaction (no read transaction after it; a run
-    # just created has no audit yet).
     store.write_batch(
-        batch, before=run_row, after=lambda conn: written.append(store.run_in(conn, data.trace_id))
+        batch, before=run_row, after=lambda conn: written.append(store.run_in(conn, trace_id))
     )
     run = written[0] if written else None
-    return run if run is not None else store.get_run(data.trace_id)
+    return run if run is not None else store.get_run(trace_id)
 
 
 def _steps_in_order(data: TraceData) -> list[StepData]:
