@@ -370,3 +370,47 @@ def test_kill_9_at_random_moments_loses_no_node_older_than_the_flush_bound(
                 lost_old.append(f"trial {trial}: node {position} finished {age_ms:.0f} ms before")
     assert lost_old == [], f"nodes older than {BOUND_MS:.0f} ms lost: {lost_old}"
     assert old_nodes_checked > 0  # the trials did kill runs with nodes older than the bound
+
+
+# -- a running node's mark never runs ahead of the rows before it -----------------------------
+
+
+def test_a_node_shown_running_has_every_earlier_node_stored(
+    rw: Rewind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flusher thread never comes (as on a loaded machine): the progress thread's mark of
+    node 2 must still not be seen before node 1's rows (the API would show node 1 pending while
+    node 2 runs). The mark's writer commits the run's earlier rows first."""
+    from rewind.recorder import Recorder
+
+    monkeypatch.setattr("rewind.recorder._FLUSHER.schedule", lambda due, recorder: None)
+    defaults = dict(Recorder.__init__.__kwdefaults__ or {}, flush_interval_ms=1e9)
+    monkeypatch.setattr(Recorder.__init__, "__kwdefaults__", defaults)  # no commit in the hook
+    pipelines.BLOCK_ENTERED.clear()
+    pipelines.BLOCK_RELEASE.clear()
+    result: list[object] = []
+    worker = threading.Thread(
+        target=lambda: result.append(rw.record(pipelines.blocking, {"x": 1}, run_id="held")),
+    )
+    worker.start()
+    try:
+        assert pipelines.BLOCK_ENTERED.wait(120)
+        db = root_db(rw)
+        for _ in range(6000):  # the mark comes WRITE_INTERVAL_S after the run row
+            with contextlib.closing(sqlite3.connect(db)) as conn:
+                live = conn.execute("SELECT live_node FROM runs WHERE run_id='held'").fetchone()
+                names = [r[0] for r in conn.execute("SELECT name FROM nodes WHERE run_id='held'")]
+            if live and live[0] == "hold":
+                break
+            threading.Event().wait(0.02)
+        assert live and live[0] == "hold", "node 2's start was never marked"
+        assert names == ["prepare"]
+    finally:
+        pipelines.BLOCK_RELEASE.set()
+        worker.join(120)
+    assert result and getattr(result[0], "status", None) == "completed"
+
+
+def root_db(rw: Rewind) -> Path:
+    """The SQLite file of ``rw``'s store."""
+    return Path(rw.store.engine.url.database or "")

@@ -26,6 +26,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,7 @@ class _RunMarks:
     waiting: tuple[int, str, float] | None = None  # (position, name, unix s) not written yet
     cancel: dict[str, Any] | None = None  # the cancel request seen by the last write
     check_first: bool = False  # created(): the first node start reads the cancel flag itself
+    before_write: Callable[[], None] | None = None  # commits the run's earlier nodes (never raises)
 
 
 class _ProgressWriter:
@@ -92,12 +94,20 @@ class _ProgressWriter:
         self.thread: threading.Thread | None = None
         self.pid = 0
 
-    def mark(self, store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
+    def mark(
+        self,
+        store: Store,
+        run_id: str,
+        position: int,
+        name: str,
+        before_write: Callable[[], None] | None = None,
+    ) -> dict[str, Any] | None:
         now = time.monotonic()
         with self.lock:
             marks = self.runs.get(run_id)
             if marks is None or marks.store is not store:
                 marks = self.runs[run_id] = _RunMarks(store)
+            marks.before_write = before_write
             late = now - marks.last_write >= WRITE_INTERVAL_S
             if marks.waiting is None or self.thread is None or late:
                 # A mark waiting found the thread running less than an interval ago (a forked
@@ -117,6 +127,8 @@ class _ProgressWriter:
                 marks.last_write = now
                 write = True
         if write:
+            if before_write is not None:
+                before_write()  # the nodes before this one are committed before its mark
             asked = _write(store, run_id, position, name, time.time())
         else:  # a run's first node start: a cancel asked since its row was written stops it
             asked = _read_cancel(store, run_id)
@@ -167,6 +179,11 @@ class _ProgressWriter:
                 with self.lock:
                     if self.runs.get(rid) is not m:
                         continue  # the run ended meanwhile (forget): never touch its store
+                    before_write = m.before_write
+                if before_write is not None:
+                    # The nodes before this one are committed before its mark, so no reader
+                    # sees a node running while an earlier one it finished is still unstored.
+                    before_write()
                 asked = _write(m.store, rid, position, name, since)
                 with self.lock:
                     m.cancel = asked or m.cancel
@@ -269,12 +286,6 @@ def _write(
     return _cancel_value(asked) if asked else None
 
 
-# Built once (a run's first node start reads it): building a select costs more than running it.
-_CANCEL_OF = select(schema.runs.c.cancel_requested).where(
-    schema.runs.c.run_id == bindparam("run_id")
-)
-
-
 def _read_cancel(store: Store, run_id: str) -> dict[str, Any] | None:
     """The run's cancel request as stored (one read, no write), or None. Never raises."""
     try:
@@ -299,9 +310,19 @@ def _cancel_value(raw: str) -> dict[str, Any]:
     return {"by": None, "at": None}
 
 
-def node_started(store: Store, run_id: str, position: int, name: str) -> dict[str, Any] | None:
+def node_started(
+    store: Store,
+    run_id: str,
+    position: int,
+    name: str,
+    before_write: Callable[[], None] | None = None,
+) -> dict[str, Any] | None:
     """Record that ``run_id`` starts node ``name`` at ``position`` (0-based) now, and say
     whether a cancel was asked.
+
+    ``before_write`` (the run's recorder's ``flush``: must never raise) runs just before the
+    mark is written, wherever that happens, so the rows of the nodes before this one are
+    committed before any reader can see this one running.
 
     The mark is written at once, or — within :data:`WRITE_INTERVAL_S` of the run's last write —
     by a background thread at the end of the interval. The cancel request is the one last seen:
@@ -314,7 +335,7 @@ def node_started(store: Store, run_id: str, position: int, name: str) -> dict[st
     """
     if _take_pending(run_id):
         return {"by": None, "at": time.time()}
-    return _WRITER.mark(store, run_id, position, name)
+    return _WRITER.mark(store, run_id, position, name, before_write)
 
 
 def request_cancel(store: Store, run_id: str, by: str | None) -> bool:

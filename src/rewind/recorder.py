@@ -310,7 +310,9 @@ class Recorder(PreRunStepHook, PostRunStepHook, PostApplicationCreateHook):
             # The running node goes to the store (other processes show it) and a cancel asked
             # anywhere stops the run here, before the node executes (rewind.progress).
             ctx = self.ctx
-            asked = progress.node_started(ctx.store, ctx.run_id, self.position, action.name)
+            asked = progress.node_started(
+                ctx.store, ctx.run_id, self.position, action.name, before_write=self.flush
+            )
             if asked is not None:
                 who = f" by {asked['by']}" if asked.get("by") else ""
                 raise progress.RunCancelled(
