@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
-from sqlalchemy.exc import CompileError
+from sqlalchemy.exc import CompileError, DBAPIError
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import StoreError
@@ -296,5 +296,151 @@ def test_a_fork_of_a_fork_reads_the_same_on_every_backend_and_replays_unchanged(
         assert {n.src_app_id for n in store.nodes_of(replayed.run_id) if not n.inherited} == {
             replayed.run_id
         }
+    finally:
+        store.close()
+
+
+# -- plain writers of state rows --------------------------------------------------------------
+
+_JSONISH = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.one_of(_HOSTILE, st.text(max_size=6)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.one_of(_HOSTILE, st.text(max_size=6)), _JSONISH, max_size=5))
+def test_a_state_rows_internal_json_is_json_dumps(internal: dict[str, Any]) -> None:
+    from rewind.store.store import _internal_json
+
+    try:
+        want = json.dumps(internal, sort_keys=True)
+    except (TypeError, ValueError):
+        return
+    assert _internal_json(internal) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(-1, 2**40),
+    st.dictionaries(st.one_of(_HOSTILE, st.text(max_size=6)), st.one_of(_HOSTILE, st.text())),
+    st.lists(st.one_of(_HOSTILE, st.text(max_size=6)), max_size=4),
+)
+def test_a_state_rows_delta_is_json_dumps(
+    base: int, changed: dict[str, str], removed: list[str]
+) -> None:
+    from rewind.store.store import _delta_json
+
+    assert _delta_json(base, changed, removed) == json.dumps(
+        [base, changed, removed], sort_keys=True
+    )
+
+
+# -- opening stores ---------------------------------------------------------------------------
+
+
+def test_threads_creating_the_same_new_store_at_once_all_open_it(tmp_path: Path) -> None:
+    """The one-statement revision read fails on a store being created (no tables yet, or
+    alembic_version without meta): every opener must fall back to the migration path."""
+    root = tmp_path / "store"
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def opener() -> None:
+        try:
+            start.wait()
+            open_store(root).close()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    store = open_store(root, read_only=True)
+    try:
+        assert store.run_exists("nothing") is False
+    finally:
+        store.close()
+
+
+def test_a_0012_store_holding_a_fork_of_a_fork_upgrades_with_its_triggers_and_app_ids(
+    tmp_path: Path,
+) -> None:
+    """A store main (0012) wrote, with forks' inherited rows and a time-bound call: after the
+    upgrade every reader sees the same, the inherited rows keep the run they name, and the
+    immutability triggers refuse an update again."""
+    from alembic import command
+
+    from rewind.replay import ParamOverride, Rewind
+    from rewind.store import migrate
+    from tests import pipelines
+
+    root = tmp_path / "store"
+    store = open_store(root)
+    rw = Rewind(store)
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    fork = rw.fork(parent.run_id, at=1, override=ParamOverride("expand", "factor", 3))
+    again = rw.fork(fork.run_id, at=2)
+    ids = (parent.run_id, fork.run_id, again.run_id)
+    before = {r: store.nodes_of(r) for r in ids}
+    with store.write() as conn:
+        command.downgrade(migrate._config(conn), "0012")  # type: ignore[arg-type]
+    with store.read() as conn:
+        assert (
+            conn.exec_driver_sql("SELECT COUNT(*) FROM nodes WHERE src_app_id = ''").scalar() == 0
+        )
+    store.close()
+    store = open_store(root)
+    try:
+        assert {r: store.nodes_of(r) for r in ids} == before
+        with store.read() as conn:
+            inherited = conn.exec_driver_sql(
+                "SELECT src_app_id FROM nodes WHERE run_id = ? AND inherited = 1",
+                (again.run_id,),
+            ).all()
+        assert inherited and all(r[0] and r[0] != again.run_id for r in inherited)
+        for update in (
+            "UPDATE nodes SET src_app_id = 'x' WHERE run_id = ?",
+            "UPDATE calls SET determinism = 'x' WHERE run_id = ?",
+        ):
+            with pytest.raises(DBAPIError, match=r"(?i)immutable"), store.write() as conn:
+                conn.exec_driver_sql(update, (parent.run_id,))
+        again2 = Rewind(store).replay(again.run_id, at=1)
+        assert [n.output_hash for n in store.nodes_of(again2.run_id)] == [
+            n.output_hash for n in before[again.run_id]
+        ]
+    finally:
+        store.close()
+
+
+def test_a_run_archived_by_gc_and_restored_reads_the_same(tmp_path: Path) -> None:
+    """gc archives node rows as stored ('' values) and a restore puts them back: the records
+    and a replay of the restored fork are the same."""
+    from rewind.replay import ParamOverride, Rewind
+    from rewind.store.retention import collect_garbage, restore_run
+    from tests import pipelines
+
+    store = open_store(tmp_path / "store")
+    try:
+        rw = Rewind(store)
+        parent = rw.record(pipelines.pipeline, {"x": 5})
+        fork = rw.fork(parent.run_id, at=1, override=ParamOverride("expand", "factor", 3))
+        ids = (parent.run_id, fork.run_id)
+        before = {r: store.nodes_of(r) for r in ids}
+        report = collect_garbage(store, 0.0, now=10**12)
+        assert set(ids) <= set(report.to_json().get("archived_runs", ids))
+        assert not store.run_exists(fork.run_id)
+        restore_run(store, fork.run_id)
+        assert {r: store.nodes_of(r) for r in ids} == before
+        again = rw.replay(fork.run_id, at=1)
+        assert [n.output_hash for n in store.nodes_of(again.run_id)] == [
+            n.output_hash for n in before[fork.run_id]
+        ]
     finally:
         store.close()
