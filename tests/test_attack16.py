@@ -444,3 +444,60 @@ def test_a_run_archived_by_gc_and_restored_reads_the_same(tmp_path: Path) -> Non
         ]
     finally:
         store.close()
+
+
+def test_the_api_and_cli_show_a_fork_of_a_fork_the_same_before_and_after_0013(
+    tmp_path: Path,
+) -> None:
+    """Node lists (API), show/diff (CLI) of a fork of a fork read the same from the rows as
+    0012 stored them and as 0013 stores them ('' for the usual values)."""
+    from alembic import command
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from rewind.api import create_app
+    from rewind.cli import app as cli_app
+    from rewind.replay import ParamOverride, Rewind
+    from rewind.store import migrate
+    from tests import pipelines
+
+    root = tmp_path / "store"
+    store = open_store(root)
+    rw = Rewind(store)
+    parent = rw.record(pipelines.pipeline, {"x": 5})
+    fork = rw.fork(parent.run_id, at=1, override=ParamOverride("expand", "factor", 3))
+    again = rw.fork(fork.run_id, at=2)
+    ids = (parent.run_id, fork.run_id, again.run_id)
+    store.close()
+
+    def seen() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        st = open_store(root)
+        try:
+            with TestClient(create_app(st, chat_client=None)) as client:
+                for r in ids:
+                    got = client.get(f"/api/runs/{r}/nodes")
+                    assert got.status_code == 200, got.text
+                    out[r] = [
+                        {k: v for k, v in n.items() if k in ("src_app_id", "determinism")}
+                        for n in got.json()["nodes"]
+                    ]
+                    assert all(n["src_app_id"] for n in out[r]), out[r]
+        finally:
+            st.close()
+        runner = CliRunner()
+        for args in (["show", again.run_id], ["diff", fork.run_id, again.run_id]):
+            res = runner.invoke(cli_app, ["--store", str(root), *args])
+            assert res.exit_code == 0, res.output
+            out[" ".join(args)] = res.output
+        return out
+
+    now = seen()
+    st = open_store(root)
+    with st.write() as conn:
+        command.downgrade(migrate._config(conn), "0012")  # type: ignore[arg-type]
+    st.close()
+    # read through a store object that does not upgrade: the rows as main stored them
+    st = open_store(root)  # upgrades again, from rows holding the values themselves
+    st.close()
+    assert seen() == now
