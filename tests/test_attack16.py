@@ -6,6 +6,7 @@ Each test is a finding (xfail strict, with the reason) or a regression test of w
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import threading
@@ -501,3 +502,82 @@ def test_the_api_and_cli_show_a_fork_of_a_fork_the_same_before_and_after_0013(
     st = open_store(root)  # upgrades again, from rows holding the values themselves
     st.close()
     assert seen() == now
+
+
+# -- 3 again: the recorder end to end with hostile node and field names ------------------------
+
+_ODD_FIELDS = [
+    'q"uote',
+    "back\\slash",
+    "ls\u2028",
+    "é",
+    "\uffff",
+    "\ue000",
+    "\U0001f600",
+    "ctl\x01",
+    "a",
+    "ab",
+    "a b",
+    *[f"f{i:02d}" for i in range(20)],
+]
+
+
+def _odd_pipeline(astral: bool) -> Any:
+    from burr.core import State, action, default
+    from burr.core.graph import GraphBuilder
+
+    from rewind.replay import Pipeline
+
+    fields = [f for f in _ODD_FIELDS if astral or f != "\U0001f600"]
+    nodes: dict[str, Any] = {}
+    for i, name in enumerate(['n"0', "n\\1", "n\u20282", "n3", "n4"]):
+        target = fields[(7 * i + 3) % len(fields)]
+        late = fields[-1 - i]
+
+        def run(state: State, _t: str = target, _l: str = late, _i: int = i) -> State:
+            return state.update(**{_t: [_i, state["seed"]], _l: {"i": _i}})
+
+        nodes[name] = action(reads=["seed"], writes=[target, late])(run)
+    names = list(nodes)
+    graph = (
+        GraphBuilder()
+        .with_actions(**nodes)
+        .with_transitions(*[(a, b, default) for a, b in itertools.pairwise(names)])
+        .build()
+    )
+    return Pipeline(name="odd", graph=graph, entrypoint=names[0], ref="")
+
+
+@pytest.mark.parametrize("astral", [False, True])
+def test_recorded_documents_of_hostile_names_are_canonical_and_replay_unchanged(
+    tmp_path: Path, astral: bool
+) -> None:
+    """Every node's input and state documents as recorded are the canonical bytes of what they
+    parse to, hash to the row's hashes, and the state map is exactly the fields' hashes; an
+    unchanged replay is identical and costs no tokens."""
+    from rewind.replay import Rewind
+
+    store = open_store(tmp_path / "store")
+    try:
+        rw = Rewind(store)
+        seed = {f: f"v{j}" for j, f in enumerate(_ODD_FIELDS[:12]) if astral or f != "\U0001f600"}
+        run = rw.record(_odd_pipeline(astral), {"seed": 1, **seed})
+        nodes = store.nodes_of(run.run_id)
+        assert len(nodes) == 5
+        for n in nodes:
+            data = store.get_blobs([n.input_hash])[n.input_hash]
+            assert sha256_hex(data) == n.input_hash
+            assert canonical_bytes(json.loads(data)) == data, data[:200]
+            row = store.load_state_row("", n.src_app_id, n.src_sequence_id)
+            assert row is not None
+            # the state hash is the hash of the state row's {field: hash} map, canonical
+            assert sha256_hex(canonical_bytes(row["fields"])) == n.state_hash
+            assert set(row["fields"]) >= {"seed", *seed}
+        replayed = rw.replay(run.run_id, at=1)
+        again = store.nodes_of(replayed.run_id)
+        assert [(n.input_hash, n.output_hash, n.state_hash) for n in again] == [
+            (n.input_hash, n.output_hash, n.state_hash) for n in nodes
+        ]
+        assert sum(n.prompt_tokens + n.completion_tokens for n in again) == 0
+    finally:
+        store.close()
