@@ -269,12 +269,6 @@ def _write(
     return _cancel_value(asked) if asked else None
 
 
-# Built once (a run's first node start reads it): building a select costs more than running it.
-_CANCEL_OF = select(schema.runs.c.cancel_requested).where(
-    schema.runs.c.run_id == bindparam("run_id")
-)
-
-
 def _read_cancel(store: Store, run_id: str) -> dict[str, Any] | None:
     """The run's cancel request as stored (one read, no write), or None. Never raises."""
     try:
