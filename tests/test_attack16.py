@@ -139,10 +139,12 @@ def test_a_nodes_input_doc_bytes_equal_canonical_bytes_for_hostile_names(
 # -- 2. store hot paths -----------------------------------------------------------------------
 
 
-def test_create_run_refuses_a_value_for_a_column_the_runs_table_lacks(tmp_path: Path) -> None:
+def test_create_run_refuses_a_value_for_a_column_the_runs_table_lacks(
+    store_target: StoreTarget,
+) -> None:
     """main's insert(...).values(**values) refused an unknown key (a misspelt column); the
     prebuilt statement drops it silently, so a caller's value would be lost without a word."""
-    store = open_store(tmp_path / "store")
+    store = store_target.open()
     try:
         with pytest.raises(CompileError, match="parnet_run_id"), store.write() as conn:
             store.create_run(conn, run_id="r1", pipeline="p", parnet_run_id="x")
