@@ -239,9 +239,6 @@ class Rewind:
                 created_by=self.created_by,
             )
             self.store.put_run_graph(conn, run_id, graph)
-        # The run row, just committed ``running``, counts as the first progress write (as a
-        # fork's does): the first node start reads the cancel flag instead of writing a mark.
-        progress.run_created(self.store, run_id)
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
         builder = pipeline.builder(run_id).with_state(**state).with_entrypoint(pipeline.entrypoint)
@@ -251,6 +248,11 @@ class Rewind:
             0,
             sub_runs=SubRunSetup(pipeline.name, pipeline.ref, config or {}),
         )
+        # The run row, just committed ``running``, counts as the first progress write (as a
+        # fork's does): the first node start reads the cancel flag instead of writing a mark.
+        # Only now, when the run executes: a run that failed to start (a builder that raised)
+        # is never watched by the progress thread.
+        progress.run_created(self.store, run_id)
         return self._execute(builder, ctx, recorder, launch)
 
     # -- fork ---------------------------------------------------------------------------------

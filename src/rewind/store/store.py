@@ -38,7 +38,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import CompileError, IntegrityError, SQLAlchemyError
 
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import ParentMissing, RewindError, StoreError
@@ -743,6 +743,9 @@ class Store:
             if key in values:
                 v = values.pop(key)
                 values[f"{key}_json"] = None if v is None else json.dumps(v, sort_keys=True)
+        unknown = values.keys() - _RUN_COLUMNS
+        if unknown:  # the prebuilt statement would drop them silently; .values() refused them
+            raise CompileError(f"Unconsumed column names: {', '.join(sorted(unknown))}")
         try:
             # One statement for every run (its compiled form cached per set of columns), not
             # insert().values(...) built per run.
@@ -1592,6 +1595,8 @@ _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id
 _BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
 _BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
 _INSERT_RUN = insert(schema.runs)
+_RUN_COLUMNS = frozenset(schema.runs.c.keys())
+"""The columns of a run row (:meth:`Store.create_run` refuses any other key)."""
 _INSERT_RUN_GRAPH = insert(schema.run_graphs)
 _BLOB_PRESENT = select(schema.blobs.c.hash).where(schema.blobs.c.hash == bindparam("hash"))
 _RUN_TOTALS = text(
