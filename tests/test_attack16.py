@@ -6,7 +6,6 @@ Each test is a finding (xfail strict, with the reason) or a regression test of w
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import sqlite3
@@ -22,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import CompileError, DBAPIError
 
 from rewind.canonical import canonical_bytes, sha256_hex
-from rewind.errors import StoreError
+from rewind.errors import InvalidOverride, StoreError
 from rewind.persister import FieldEncoder, encode_value, map_hash, plain_map_bytes
 from rewind.recorder import _input_doc_bytes
 from rewind.store import Store, open_store, schema
@@ -593,16 +592,17 @@ def test_a_record_that_fails_before_it_executes_is_not_left_watched_by_the_progr
     tmp_path: Path,
 ) -> None:
     """The run row now counts as the first progress write (progress.run_created). A record
-    whose Burr builder raises after the row was written (state names that are not strings) must
-    not leave the run in the progress writer's runs: its thread would read that run's cancel
-    flag every 100 ms until the store closes."""
+    that fails before it executes (state names that are not strings: refused before the row is
+    written, once Burr's builder raised after it) must not leave the run in the progress
+    writer's runs: its thread would read that run's cancel flag every 100 ms until the store
+    closes."""
     from rewind import progress
     from rewind.replay import Rewind
     from tests import pipelines
 
     store = open_store(tmp_path / "store")
     try:
-        with pytest.raises(TypeError):
+        with pytest.raises(InvalidOverride):
             Rewind(store).record(pipelines.pipeline, {1: 2, "x": 1})  # type: ignore[dict-item]
         watched = {r for r, m in progress._WRITER.runs.items() if m.store is store}
         assert watched == set()
@@ -610,19 +610,13 @@ def test_a_record_that_fails_before_it_executes_is_not_left_watched_by_the_progr
         store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing (main too): record() writes the run row before Burr's builder checks "
-    "the state, so a state whose names are not strings raises a bare TypeError and leaves the "
-    "run 'running' (interrupted only once its process is gone)",
-)
 def test_a_record_refused_for_its_state_leaves_no_running_run(tmp_path: Path) -> None:
     from rewind.replay import Rewind
     from tests import pipelines
 
     store = open_store(tmp_path / "store")
     try:
-        with contextlib.suppress(Exception):  # refused one way or another
+        with pytest.raises(InvalidOverride, match="state field names must be strings; got 1"):
             Rewind(store).record(pipelines.pipeline, {1: 2, "x": 1})  # type: ignore[dict-item]
         with store.read() as conn:
             statuses = [r[0] for r in conn.exec_driver_sql("SELECT status FROM runs")]

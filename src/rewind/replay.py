@@ -207,8 +207,9 @@ class Rewind:
             UnstorableValue: ``state`` holds a value that cannot be stored exactly (nothing is
                 written); a node that writes one fails the run at that node with this error.
             RewindError: ``target`` is not something Rewind can attach to.
-            InvalidOverride: an input is not JSON, a halt node is unknown, or a looping graph
-                has no halt condition (nothing is written).
+            InvalidOverride: an input is not JSON, a halt node is unknown, a looping graph
+                has no halt condition, or a state field name is not a string (nothing is
+                written).
             EndpointUnavailable: the model endpoint cannot be reached (the run is recorded as
                 failed at the node that needed it first).
         """
@@ -218,12 +219,15 @@ class Rewind:
         )
         if state is None:
             state = dict(pipeline.initial_state or {})
+        _check_field_names(state)
         self.register(pipeline)
         run_id = run_id or new_run_id()
         # Refuses, before anything is written, a value that could not be stored exactly; the
         # run then starts from the caller's own values (typed, never round-tripped through JSON).
         fields, _ = FieldEncoder().encode(dict(state))
         graph = pipeline.graph_document()  # reads source files: outside the write lock
+        # Built before the run row is written: a state Burr refuses leaves nothing behind.
+        builder = pipeline.builder(run_id).with_state(**state).with_entrypoint(pipeline.entrypoint)
         with self.store.write() as conn:
             for f in fields.values():
                 self.store.put_blob(conn, f.data)
@@ -241,7 +245,6 @@ class Rewind:
             self.store.put_run_graph(conn, run_id, graph)
         self.store.put_edges(pipeline.name, pipeline.edges())
         ctx = self._context(run_id, read_cache=False)
-        builder = pipeline.builder(run_id).with_state(**state).with_entrypoint(pipeline.entrypoint)
         recorder = Recorder(
             ctx,
             self.persister,
@@ -1119,3 +1122,19 @@ def _inherited_row(child_id: str, node: NodeRecord) -> dict[str, Any]:
         "error": node.error,
         "started_at": time.time(),
     }
+
+
+def _check_field_names(state: dict[Any, Any]) -> None:
+    """Refuse a state whose field names are not all strings (Burr's ``with_state`` would raise
+    a bare ``TypeError`` for them).
+
+    Raises:
+        InvalidOverride: a field name is not a string (nothing is written).
+    """
+    odd = [name for name in state if not isinstance(name, str)]
+    if odd:
+        raise InvalidOverride(
+            f"state field names must be strings; got {odd[0]!r} ({type(odd[0]).__name__})",
+            "name every field of the state with a string",
+            field="state",
+        )
