@@ -215,3 +215,27 @@ def test_concurrent_first_opens_create_the_schema_once(store_target: StoreTarget
         t.join()
     assert errors == []
     assert opened == [migrate.HEAD] * 4
+
+
+def test_a_traced_source_lookup_searches_the_runs_index_not_every_run(tmp_path: Path) -> None:
+    """find_source's candidate query (a pipeline's newest completed runs) uses the index of
+    migration 0014 instead of scanning every run (a migrated store has the same indexes as a
+    new one: test_migrated_schema_equals_the_declared_tables)."""
+    from sqlalchemy.dialects import sqlite
+
+    from rewind.store import open_store
+    from rewind.tracing.tracer_source import _CANDIDATES
+
+    sql = str(
+        _CANDIDATES.params(name="chain").compile(
+            dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}
+        )
+    )
+    store = open_store(tmp_path / "new")
+    try:
+        with store.read() as conn:
+            plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+    finally:
+        store.close()
+    assert "USING INDEX ix_runs_pipeline_created" in plan, plan
+    assert "SCAN runs" not in plan, plan

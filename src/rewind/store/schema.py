@@ -17,6 +17,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -197,6 +198,9 @@ runs = Table(
     # JSON {"by", "at"} once a cancel was asked; the executing process stops at its next node.
     Column("cancel_requested", Text, nullable=True),
 )
+# A traced chain finds its source among a pipeline's newest runs (rewind.tracing.tracer_source):
+# without this index that query scans every run (1.4 ms at 10^4 runs; migration 0014).
+Index("ix_runs_pipeline_created", runs.c.pipeline, runs.c.created_at)
 
 nodes = Table(
     "nodes",
