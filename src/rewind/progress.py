@@ -102,6 +102,10 @@ class _ProgressWriter:
         name: str,
         before_write: Callable[[], None] | None = None,
     ) -> dict[str, Any] | None:
+        """Mark node ``name`` (0-based ``position``) of ``run_id`` started: written now, or by
+        the background thread at the end of :data:`WRITE_INTERVAL_S`, with ``before_write``
+        run first wherever it is written (see :func:`node_started`). Returns the cancel request
+        last seen (``{"by", "at"}``) or None; never raises for a store problem."""
         now = time.monotonic()
         with self.lock:
             marks = self.runs.get(run_id)
