@@ -347,7 +347,9 @@ def test_a_rewind_that_predates_0011_refuses_the_store(
     shutil.copytree(
         migrate.MIGRATIONS,
         older,
-        ignore=shutil.ignore_patterns("0011_*", "0012_*", "0013_*", "0014_*", "__pycache__"),
+        ignore=shutil.ignore_patterns(
+            "0011_*", "0012_*", "0013_*", "0014_*", "0015_*", "__pycache__"
+        ),
     )
     monkeypatch.setattr(migrate, "MIGRATIONS", older)
     head = migrate.HEAD  # the store's revision
@@ -369,8 +371,9 @@ def _revision_0011() -> Any:
 
 
 def _later_key_ordered() -> set[str]:
-    """Tables revision 0012 rebuilds WITHOUT ROWID (tests/test_store_lean_traces.py)."""
-    return set(_revision("0012").KEY_ORDERED)
+    """Tables revisions 0012 and 0015 rebuild WITHOUT ROWID (tests/test_store_lean_traces.py,
+    tests/test_store_key_ordered_nodes.py)."""
+    return set(_revision("0012").KEY_ORDERED) | set(_revision("0015").KEY_ORDERED)
 
 
 def _revision(number: str) -> Any:
