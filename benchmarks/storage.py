@@ -218,6 +218,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def trace_bytes(steps: int) -> dict[str, Any]:
     """Record peerbench's agent loop of ``steps`` steps as one trace into a fresh store (the
     model stub in a child process); its bytes on disk and bytes per table/index."""
+    with tempfile.TemporaryDirectory(prefix="rewind-trace-bytes-") as tmp:
+        record_trace(Path(tmp), steps)
+        files = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
+        tables = table_bytes(Path(tmp) / "rewind.db")
+    return {"trace_steps": steps, "trace_bytes": files, "tables": tables}
+
+
+def record_trace(folder: Path, steps: int) -> None:
+    """Record peerbench's agent loop of ``steps`` steps as one trace into the store at
+    ``folder`` (the model stub in a child process for the duration)."""
     from rewind.llm import ChatClient, Endpoint, RetryPolicy
     from rewind.tracing import Tracer
 
@@ -228,17 +238,13 @@ def trace_bytes(steps: int) -> dict[str, Any]:
     try:
         endpoint = Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL)
         client = ChatClient(endpoint, retry=RetryPolicy(attempts=1))
-        with tempfile.TemporaryDirectory(prefix="rewind-trace-bytes-") as tmp:
-            tracer = Tracer(tmp, chat_client=client, raise_on_write_error=True)
-            with tracer.trace("bench-trace-bytes"):
-                run_agent(traced_llm, _TRACED_TOOL, steps)
-            tracer.close()
-            client.close()
-            files = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
-            tables = table_bytes(Path(tmp) / "rewind.db")
+        tracer = Tracer(folder, chat_client=client, raise_on_write_error=True)
+        with tracer.trace("bench-trace-bytes"):
+            run_agent(traced_llm, _TRACED_TOOL, steps)
+        tracer.close()
+        client.close()
     finally:
         stub.close()
-    return {"trace_steps": steps, "trace_bytes": files, "tables": tables}
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ("trace_replay.py", "replay_in_place_ms_per_step"),
         ("canonical_hashing.py", "canonical_hash_mb_per_s"),
         ("store_scaling.py", "burr_replay_largest_vs_smallest"),
+        ("trace_bytes_designs.py", "smallest_design_vs_peer_ratio"),
     ],
 )
 def test_benchmark_prints_its_figure(script: str, figure: str) -> None:
