@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import json
 import re
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from rewind.tracing import Tracer, chat_step, load_trace, step
 from tests import pipelines
 from tests.conftest import StoreTarget
 from tests.model_stub import STUB_MODEL, ModelStub
+from tests.older_rewind import pretend_older_rewind
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 BLOB_SAMPLES = (
@@ -343,17 +343,8 @@ def test_a_rewind_that_predates_0011_refuses_the_store(
     store = open_store(tmp_path / "store")
     Rewind(store).record(pipelines.pipeline, {"x": 7})
     store.close()
-    older = tmp_path / "migrations"
-    shutil.copytree(
-        migrate.MIGRATIONS,
-        older,
-        ignore=shutil.ignore_patterns(
-            "0011_*", "0012_*", "0013_*", "0014_*", "0015_*", "__pycache__"
-        ),
-    )
-    monkeypatch.setattr(migrate, "MIGRATIONS", older)
     head = migrate.HEAD  # the store's revision
-    monkeypatch.setattr(migrate, "HEAD", "0010")
+    pretend_older_rewind(monkeypatch, tmp_path, last="0010")
     with pytest.raises(StoreError, match=f"revision {head}, unknown to this Rewind") as info:
         open_store(tmp_path / "store")
     assert "upgrade Rewind" in info.value.hint

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import zlib
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from rewind.tracing import Tracer, load_trace, step
 from rewind.tracing.store import count_traces, state_at, stored_span_ids
 from tests import pipelines
 from tests.conftest import StoreTarget
+from tests.older_rewind import pretend_older_rewind
 
 LEAN_KEY_ORDERED = {"spans", "meta", "edges", "artifacts", "run_graphs", "audits", "users"}
 
@@ -217,15 +217,8 @@ def test_a_rewind_that_predates_0012_refuses_the_store(
     store = open_store(tmp_path / "store")
     _record(store)
     store.close()
-    older = tmp_path / "migrations"
-    shutil.copytree(
-        migrate.MIGRATIONS,
-        older,
-        ignore=shutil.ignore_patterns("0012_*", "0013_*", "0014_*", "0015_*", "__pycache__"),
-    )
-    monkeypatch.setattr(migrate, "MIGRATIONS", older)
     head = migrate.HEAD  # the store's revision
-    monkeypatch.setattr(migrate, "HEAD", "0011")
+    pretend_older_rewind(monkeypatch, tmp_path, last="0011")
     with pytest.raises(StoreError, match=f"revision {head}, unknown to this Rewind"):
         open_store(tmp_path / "store")
 

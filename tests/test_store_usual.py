@@ -4,7 +4,6 @@ same values as before."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from rewind.store import Store, migrate, open_store, schema
 from rewind.store.references import load_rows
 from rewind.tracing import Tracer, load_trace, step
 from tests.conftest import StoreTarget
+from tests.older_rewind import pretend_older_rewind
 
 _add = step("add", "tool_call")(rewind.tool("usual_add")(lambda a, b: a + b))
 _clock = step("clock", "tool_call")(
@@ -168,15 +168,8 @@ def test_a_rewind_that_predates_0013_refuses_the_store(
     store = open_store(tmp_path / "store")
     _record(store)
     store.close()
-    older = tmp_path / "migrations"
-    shutil.copytree(
-        migrate.MIGRATIONS,
-        older,
-        ignore=shutil.ignore_patterns("0013_*", "0014_*", "0015_*", "__pycache__"),
-    )
-    monkeypatch.setattr(migrate, "MIGRATIONS", older)
     head = migrate.HEAD
-    monkeypatch.setattr(migrate, "HEAD", "0012")
+    pretend_older_rewind(monkeypatch, tmp_path, last="0012")
     with pytest.raises(StoreError, match=f"revision {head}, unknown to this Rewind"):
         open_store(tmp_path / "store")
 
