@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from rewind.canonical import sha256_hex
 from rewind.replay import Rewind
@@ -14,6 +14,7 @@ from rewind.store import Store, open_store, schema
 from rewind.store.codec import read_pack_ref
 from rewind.store.retention import collect_garbage, restore_run
 from rewind.store.store import (
+    PACK_ASK_FIRST_BLOBS,
     PACK_GROUP_MAX_BYTES,
     WriteBatch,
     pack_groups,
@@ -155,3 +156,39 @@ def test_a_group_larger_than_the_pack_limit_is_cut_into_several_packs(tmp_path: 
         assert store.get_blobs(set(blobs)) == blobs
     finally:
         store.close()
+
+
+def _write_blobs(root: Path, blobs: dict[str, bytes], *, packed: bool) -> Store:
+    """A new Store on ``root`` (returned open) after one write of ``blobs``, as one pack group
+    or as rows of their own."""
+    store = open_store(root)
+    batch = WriteBatch()
+    batch.blobs.update(blobs)
+    if packed:
+        batch.packs.append(set(blobs))
+    store.write_batch(batch)
+    return store
+
+
+def test_a_small_pack_asks_first_and_leaves_out_the_blobs_stored_already(tmp_path: Path) -> None:
+    """At most PACK_ASK_FIRST_BLOBS packed blobs (a traced chain's exit write): which are stored
+    is asked before packing. Blobs stored unpacked by an earlier write (that this Store object
+    does not know about) stay as they are, the rest go into one pack, every blob reads back;
+    when all are stored already no pack is made at all."""
+    root = tmp_path / "store"
+    blobs = {sha256_hex(b): b for b in (f"small {i} ".encode() * 5 for i in range(6))}
+    assert len(blobs) <= PACK_ASK_FIRST_BLOBS
+    early = dict(list(blobs.items())[:2])
+    _write_blobs(root, early, packed=False).close()
+    for round_ in range(2):  # the second time every blob is stored already
+        store = _write_blobs(root, blobs, packed=True)
+        try:
+            assert store.get_blobs(list(blobs)) == blobs
+            packs = _packs_of(store, set(blobs))
+            assert all(packs[h] is None for h in early), packs
+            assert len({packs[h] for h in blobs if h not in early}) == 1, packs
+            with store.read() as conn:
+                n_packs = conn.execute(select(func.count()).select_from(schema.blob_packs))
+                assert n_packs.scalar_one() == 1, round_
+        finally:
+            store.close()

@@ -6,8 +6,9 @@
   give, and every other call shape still goes through ``bind`` (same errors).
 * A step switches the run context without ``activate``: the context is the step's inside it and
   the trace's again after it, also when steps nest or a step raises.
-* ``Step.data`` builds its :class:`StepData` without the generated ``__init__``: every field is
-  set, and equal to what the constructor gives.
+* ``Step.data`` builds its :class:`StepData` (and a cached trace its read-ahead cache entries)
+  without the generated ``__init__``: every field is set, and equal to what the constructor
+  gives.
 """
 
 from __future__ import annotations
@@ -164,3 +165,16 @@ def test_step_data_sets_every_field_as_the_constructor_does(tmp_path: Any) -> No
         rebuilt = StepData(**{n: getattr(data, n) for n in names})
         assert rebuilt == data
         assert data.reads == {} and data.determinism is None and data.cache_outcome is None
+
+
+@pytest.mark.parametrize("origin", [None, "a" * 32])
+def test_a_cache_entry_read_ahead_equals_the_constructed_one(origin: str | None) -> None:
+    """The cache entries a cached trace reads ahead are built without the frozen dataclass's
+    ``__init__``: every field is set, and the entry equals (and hashes as) the constructed one."""
+    from rewind.store.store import CacheEntry
+    from rewind.tracing.tracer_source import _cache_entry
+
+    built = _cache_entry("k" * 64, "r" * 64, 1.5, origin)
+    made = CacheEntry("k" * 64, "r" * 64, 1.5, 0, 0, origin)
+    assert built == made and hash(built) == hash(made)
+    assert set(vars(built)) == {f.name for f in dataclasses.fields(CacheEntry)}

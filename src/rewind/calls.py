@@ -9,7 +9,7 @@ flagged ``non-deterministic``: still cached, so an unchanged replay stays exact,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rewind.cache import DEFAULT_POLICY, CallPolicy, Executed, through_cache
@@ -61,12 +61,17 @@ def chat_plain(
     if ctx is None or client is None:
         return chat(messages, **params)  # raises as chat does
     default_model = client.endpoint.model
-    key, request = plain_request_key(
-        {k: v for k, v in plain.items() if v is not None}, default_model=default_model
-    )
-    body: dict[str, Any] = {"messages": [dict(m) for m in messages]}
-    body.update({k: v for k, v in params.items() if v is not None})
-    return _send(ctx, body, key, request, default_model)
+    fields = {k: v for k, v in plain.items() if v is not None}
+    key, request = plain_request_key(fields, default_model=default_model)
+
+    def body() -> dict[str, Any]:
+        # Built only when the call misses (a served call sends nothing).
+        out: dict[str, Any] = {"messages": [dict(m) for m in messages]}
+        out.update({k: v for k, v in params.items() if v is not None})
+        return out
+
+    # The plain copy's fields (None dropped) hold the body's temperature and model.
+    return _send(ctx, fields, key, request, default_model, body)
 
 
 def send(body: Mapping[str, Any], *, default_model: str | None = None) -> ChatResponse:
@@ -93,38 +98,41 @@ def send(body: Mapping[str, Any], *, default_model: str | None = None) -> ChatRe
         )
     body = {k: v for k, v in body.items() if v is not None}
     key, request = llm_request_key(body, default_model=default_model)
-    return _send(ctx, body, key, request, default_model)
+    return _send(ctx, body, key, request, default_model, lambda: body)
 
 
 def _send(
     ctx: RunContext,
-    body: Mapping[str, Any],
+    fields: Mapping[str, Any],
     key: str,
     request: bytes,
     default_model: str | None,
+    body: Callable[[], Mapping[str, Any]],
 ) -> ChatResponse:
-    """Serve a keyed request from the cache or send ``body`` (see :func:`send`)."""
+    """Serve a keyed request from the cache or send ``body()`` (see :func:`send`): ``fields``
+    are the request's fields without ``None`` values (its ``model`` and ``temperature`` are the
+    body's)."""
     client = ctx.chat_client
+    model = fields.get("model") or default_model
 
     def execute() -> Executed:
         if client is None:
             raise EndpointUnavailable(
-                f"the call to {body.get('model') or default_model} is not in the cache and no "
-                "model endpoint is configured",
+                f"the call to {model} is not in the cache and no model endpoint is configured",
                 "set REWIND_BASE_URL and REWIND_MODEL to an endpoint serving that model",
             )
-        response = client.complete(body)
+        response = client.complete(body())
         return Executed(
             response.raw, response.prompt_tokens, response.completion_tokens, response.latency_ms
         )
 
-    temperature = body.get("temperature", DEFAULT_TEMPERATURE)
+    temperature = fields.get("temperature", DEFAULT_TEMPERATURE)
     sampled = isinstance(temperature, int | float) and temperature > 0
     policy = CallPolicy("non-deterministic") if sampled else DEFAULT_POLICY
     data, record = through_cache(
         ctx,
         kind="llm",
-        name=str(body.get("model") or default_model),
+        name=str(model),
         key=key,
         request=request,
         execute=execute,
