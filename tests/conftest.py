@@ -22,7 +22,7 @@ from sqlalchemy import text
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import Store, open_store
-from tests import pipelines
+from tests import pipelines, schedule
 from tests.services import PostgresServer, postgres_server, redis_server, s3_server
 
 __all__ = [
@@ -62,14 +62,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, hand out the files that hold ``slow`` tests first.
+    """Under pytest-xdist, hand out the longest files first.
 
     ``make test`` runs ``-n 2 --dist loadfile --no-loadscope-reorder``: each worker takes the
-    next whole file as it becomes free, in collection order. The files with ``slow`` tests (the
-    embedded model, workers, servers) take up to minutes each; collected last, one of them could
-    still run alone on one worker after the other worker has finished everything else. The order
-    within a file is kept; every worker sorts the same collection the same way (xdist requires
-    that). A run without xdist keeps the plain collection order.
+    next whole file as it becomes free, in collection order. Collected in name order, a long
+    file (the embedded model, workers, servers: up to minutes each) could still run alone on one
+    worker after the other worker has finished everything else. The files are sorted by their
+    measured cost (:data:`tests.schedule.FILE_SECONDS`, longest first: the
+    longest-processing-time rule), then the other files that hold ``slow`` tests, then the rest
+    in collection order. The order within a file is kept; every worker sorts the same collection
+    the same way (xdist requires that). A run without xdist keeps the plain collection order.
 
     Without ``--no-loadscope-reorder``, xdist (3.x) hands out the files with the most tests
     first, which undoes this order: in one run of the whole suite test_queue, test_team_backends
@@ -84,7 +86,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # xdist hands out tests by id: of several tests with one id only the first would run.
         raise pytest.UsageError(f"test ids that are not unique: {twice[:5]}")
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)
+    items.sort(
+        key=lambda item: (
+            -schedule.FILE_SECONDS.get(item.path.name, 0),
+            item.path not in slow_files,
+        )
+    )
 
 
 def _give_schemathesis_cases_their_own_ids(items: list[pytest.Item]) -> None:

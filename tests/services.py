@@ -175,7 +175,31 @@ def postgres_server() -> Iterator[PostgresServer]:
             capture_output=True,
             cwd=folder,
         )
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_in_background(folder)
+
+
+def remove_in_background(folder: Path) -> None:
+    """Delete ``folder`` in a process of its own that this one does not wait for.
+
+    A session's PostgreSQL cluster holds a copy of the store template per test (hundreds of MB):
+    deleting it after 150 databases took 3.5 s, and 60 s once on the loaded machine (measured
+    alone), at the end of a worker's session, that is on the critical path of its last file
+    (whose teardown took 10 and 28 s in one loaded whole-suite run). Nothing reads the folder
+    once the server has stopped; ``rm`` goes on after pytest has exited.
+    """
+    _BACKGROUND.append(
+        subprocess.Popen(
+            ["rm", "-rf", "--", str(folder)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    )
+
+
+_BACKGROUND: list[subprocess.Popen[bytes]] = []
+"""Deletions under way (referenced, so no "still running" warning is raised when collected)."""
 
 
 @dataclass
