@@ -41,12 +41,13 @@ def test_the_background_thread_checkpoints_what_was_committed(
     seen: list[tuple[int, int, int]] = []
     real = ckpt.checkpoint
 
-    def spy(engine: Any) -> tuple[int, int, int]:
-        seen.append(real(engine))
+    def spy(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
+        seen.append(real(engine, min_frames))
         ran.set()
         return seen[-1]
 
     monkeypatch.setattr(ckpt, "CHECKPOINT_DELAY_S", 0.0)
+    monkeypatch.setattr(ckpt, "CHECKPOINT_MIN_FRAMES", 1)
     monkeypatch.setattr(ckpt, "checkpoint", spy)
     store = open_store(tmp_path)
     ran.clear()
@@ -68,3 +69,18 @@ def test_no_checkpoint_recreates_a_deleted_store_file(tmp_path: Path) -> None:
         f.unlink()
     assert ckpt.checkpoint(store.engine) == (0, 0, 0)
     assert not list((tmp_path / "s").glob("rewind.db*"))
+
+
+def test_a_small_wal_is_left_for_later_and_its_frames_are_counted(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    database = str(store.engine.url.database)
+    _insert(store, "a")
+    waiting = ckpt.pending_frames(database)
+    assert waiting is not None and waiting > 0
+    assert ckpt.checkpoint(store.engine, waiting + 1) == (0, 0, 0)  # below the threshold
+    assert ckpt.pending_frames(database) == waiting
+    busy, frames, done = ckpt.checkpoint(store.engine, waiting)
+    assert busy == 0 and done == frames >= waiting
+    assert ckpt.pending_frames(database) == 0
+    store.close()
+    assert ckpt.pending_frames(str(tmp_path / "nothing-here.db")) is None

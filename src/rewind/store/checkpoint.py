@@ -9,20 +9,22 @@ every fifth or sixth run had one).
 
 Here a background thread does it: a commit of a writable SQLite store only notes that its
 database has new WAL frames (:meth:`WalCheckpointer.wrote`, a dict update under a lock), and
-the thread runs ``PRAGMA wal_checkpoint(PASSIVE)`` on one of that store's pooled connections
-:data:`CHECKPOINT_DELAY_S` later: at most one checkpoint per database per delay, however many
-commits happen meanwhile. A PASSIVE checkpoint never waits for a lock and never blocks a
-writer or a reader (it copies the frames no reader still needs), and it changes no committed
-data: durability stays what ``synchronous=NORMAL`` gives, and a crash during a checkpoint is
-recovered by SQLite as any other. The writers' own ``wal_autocheckpoint`` stays as a backstop at
-a larger size (:data:`rewind.store.engine.SQLITE_WAL_AUTOCHECKPOINT_PAGES`), in case this
-thread falls behind.
-"""
+:data:`CHECKPOINT_DELAY_S` later the thread reads how many frames wait in the WAL (the
+wal-index header in the ``-shm`` file) and, from :data:`CHECKPOINT_MIN_FRAMES` on, runs
+``PRAGMA wal_checkpoint(PASSIVE)`` on one of that store's pooled connections: as many
+checkpoints as SQLite's own, at most one per database per delay. A PASSIVE checkpoint never
+waits for a lock and never blocks a writer or a reader (it copies the frames no reader still
+needs), and it changes no committed data: durability stays what ``synchronous=NORMAL``
+gives, and a crash during a checkpoint is recovered by SQLite as any other. The writers' own
+``wal_autocheckpoint`` stays as a backstop at a larger size
+(:data:`rewind.store.engine.SQLITE_WAL_AUTOCHECKPOINT_PAGES`), in case this thread falls
+behind."""
 
 from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 import time
 from typing import Any
@@ -34,6 +36,37 @@ CHECKPOINT_DELAY_S = 0.5
 A recording writes at most ~20 MB of WAL a second (100-node chain of cheap nodes, 2 cores), so
 the WAL stays under the writers' 16 MB backstop; a recording of slower nodes writes far less
 and gets at most two small checkpoints a second."""
+
+
+CHECKPOINT_MIN_FRAMES = 4096
+"""WAL frames (pages) not yet copied into the database below which the thread leaves the WAL
+as it is: 4 MB at 1 KiB pages, the size after which SQLite's default checkpoints, so the copies
+and fsyncs are as many as before, only off the committing thread."""
+
+_WAL_INDEX_VERSION = 3007000
+"""``iVersion`` of the wal-index header in the ``-shm`` file (https://sqlite.org/walformat.html)."""
+
+
+def pending_frames(database: str) -> int | None:
+    """WAL frames of ``database`` not yet checkpointed, read from the wal-index header in its
+    ``-shm`` file (``mxFrame`` minus ``nBackfill``, native byte order, see
+    https://sqlite.org/walformat.html, section 2.2); None when the file cannot be read or has
+    another layout. Read without a lock: an estimate, which only decides whether to checkpoint.
+    """
+    try:
+        with open(database + "-shm", "rb") as f:
+            head = f.read(100)
+    except OSError:
+        return None
+    if len(head) < 100:
+        return None
+    version, _unused, _change, _init, _endian, _page, max_frame = struct.unpack_from(
+        "=IIIBBHI", head, 0
+    )
+    (backfilled,) = struct.unpack_from("=I", head, 96)
+    if version != _WAL_INDEX_VERSION or backfilled > max_frame:
+        return None
+    return max_frame - backfilled
 
 
 class WalCheckpointer:
@@ -85,7 +118,7 @@ class WalCheckpointer:
                 del self.due[engine]
                 self.busy = engine
             try:
-                checkpoint(engine)
+                checkpoint(engine, CHECKPOINT_MIN_FRAMES)
             except Exception as exc:  # a lost connection, a closed file: the backstop remains
                 logger.debug("WAL checkpoint failed: %s", exc)
             finally:
@@ -94,13 +127,17 @@ class WalCheckpointer:
                     self.lock.notify_all()
 
 
-def checkpoint(engine: Any) -> tuple[int, int, int]:
+def checkpoint(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
     """Run ``PRAGMA wal_checkpoint(PASSIVE)`` on one of ``engine``'s pooled connections
     (outside any transaction); returns SQLite's (busy, WAL frames, frames checkpointed), or
     (0, 0, 0) without connecting when the database file is gone (a deleted store folder: a new
-    connection would create an empty database there)."""
+    connection would create an empty database there) or when fewer than ``min_frames`` frames
+    wait in its WAL (as far as its ``-shm`` file tells, :func:`pending_frames`)."""
     database = engine.url.database
     if not database or not os.path.exists(database):
+        return (0, 0, 0)
+    pending = pending_frames(database) if min_frames else None
+    if pending is not None and pending < min_frames:
         return (0, 0, 0)
     raw = engine.raw_connection()
     try:
