@@ -19,6 +19,7 @@ from rewind.errors import RewindError, StoreError
 from rewind.persister import RewindPersister
 from rewind.replay import Rewind
 from rewind.store import Store, open_store
+from rewind.store.engine import SQLITE_WAL_AUTOCHECKPOINT_PAGES
 from rewind.store.schema import SCHEMA_VERSION
 from rewind.store.store import DB_FILENAME
 from tests import pipelines
@@ -100,7 +101,7 @@ def test_sqlite_connection_uses_wal_normal_sync_and_busy_timeout(tmp_path: Path)
     assert synchronous == 1  # NORMAL
     assert busy == 30_000
     assert foreign_keys == 1
-    assert checkpoint == 4096  # pages: 4 MB of WAL at 1 KiB pages, SQLite's default in bytes
+    assert checkpoint == SQLITE_WAL_AUTOCHECKPOINT_PAGES  # the backstop (rewind.store.checkpoint)
     store.close()
 
 

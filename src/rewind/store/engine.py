@@ -29,12 +29,14 @@ also leave less slack: measured on peerbench's 100-step trace, 893 KB at 4 KiB, 
 (512: 921 KB, more page overhead; 2048: 829 KB), with no measurable change of the record time.
 It must be set before the database's first write (the ``journal_mode`` pragma below)."""
 
-SQLITE_WAL_AUTOCHECKPOINT_PAGES = 4096
+SQLITE_WAL_AUTOCHECKPOINT_PAGES = 16_384
 """WAL pages (of :data:`SQLITE_PAGE_SIZE`) after which a commit copies the WAL into the database
-file (a checkpoint: both files are fsynced). SQLite's default of 1,000 pages assumes 4 KiB
-pages; at 1 KiB it checkpointed every 1 MB, i.e. every two or three recorded 100-node runs, and
-the fsyncs landed inside the run (measured in ``benchmarks/record_overhead.py``). 4,096 pages
-keep SQLite's default 4 MB of WAL between checkpoints."""
+file itself (a checkpoint: both files are fsynced), on the committing thread. A writable store's
+checkpoints normally run on a background thread well before that (:mod:`rewind.store.checkpoint`:
+from 4 MB of WAL, within 0.5 s): this is the backstop, should that thread fall behind.
+SQLite's default of 1,000 pages assumes 4 KiB pages; at 1 KiB it checkpointed every 1 MB, i.e.
+every two or three recorded 100-node runs, and the fsyncs landed inside the run (measured in
+``benchmarks/record_overhead.py``); 16,384 pages are 16 MB of WAL."""
 
 
 _ENGINES: OrderedDict[tuple[int, str], Engine] = OrderedDict()

@@ -43,6 +43,7 @@ from sqlalchemy.exc import CompileError, IntegrityError, SQLAlchemyError
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import ParentMissing, RewindError, StoreError
 from rewind.store import migrate, schema
+from rewind.store.checkpoint import CHECKPOINTER
 from rewind.store.codec import (
     PACK_MAX_BYTES,
     PACK_PREFIX,
@@ -184,6 +185,7 @@ class Store:
         self.root = root
         self.engine = engine
         self.read_only = read_only
+        self._wal = engine.dialect.name == "sqlite"
         self._orphans: frozenset[str] = frozenset()
         self.objects = objects
         self.offload_min_bytes = (
@@ -243,6 +245,8 @@ class Store:
         with self.engine.connect().execution_options(immediate=True) as conn, conn.begin():
             self._enter_write(conn)
             yield conn
+        if self._wal:  # SQLite: its WAL is checkpointed off this thread (store.checkpoint)
+            CHECKPOINTER.wrote(self.engine)
 
     def _enter_write(self, conn: Connection) -> None:
         """Order this write transaction against ``rewind gc`` and notice when a gc deleted blobs.
@@ -332,6 +336,7 @@ class Store:
         progress = sys.modules.get("rewind.progress")
         if progress is not None:
             progress.store_closing(self)
+        CHECKPOINTER.forget(self.engine)
         self.engine.dispose()
 
     # -- blobs --------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""WAL checkpoints off the committing thread (rewind.store.checkpoint)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from rewind.store import Store, open_store
+from rewind.store import checkpoint as ckpt
+
+
+def _insert(store: Store, key: str) -> None:
+    with store.write() as conn:
+        conn.execute(text("INSERT INTO meta(key, value) VALUES (:k, 'x')"), {"k": key})
+
+
+def test_a_commit_arms_one_checkpoint_and_close_drops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt, "CHECKPOINT_DELAY_S", 3600.0)  # armed, not run, during the test
+    store = open_store(tmp_path)
+    _insert(store, "a")
+    due = ckpt.CHECKPOINTER.due.get(store.engine)
+    assert due is not None
+    _insert(store, "b")
+    assert ckpt.CHECKPOINTER.due.get(store.engine) == due  # one per delay, however many commits
+    busy, frames, done = ckpt.checkpoint(store.engine)
+    assert (busy, frames > 0, done) == (0, True, frames)  # every frame copied, nothing waited
+    store.close()
+    assert store.engine not in ckpt.CHECKPOINTER.due  # a closed store is never reopened
+
+
+def test_the_background_thread_checkpoints_what_was_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = threading.Event()
+    seen: list[tuple[int, int, int]] = []
+    real = ckpt.checkpoint
+
+    def spy(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
+        seen.append(real(engine, min_frames))
+        ran.set()
+        return seen[-1]
+
+    monkeypatch.setattr(ckpt, "CHECKPOINT_DELAY_S", 0.0)
+    monkeypatch.setattr(ckpt, "CHECKPOINT_MIN_FRAMES", 1)
+    monkeypatch.setattr(ckpt, "checkpoint", spy)
+    store = open_store(tmp_path)
+    ran.clear()
+    seen.clear()
+    _insert(store, "a")
+    assert ran.wait(120), "the checkpoint thread never ran"
+    busy, frames, done = seen[-1]
+    assert busy == 0 and done == frames
+    with store.read() as conn:
+        assert conn.execute(text("SELECT value FROM meta WHERE key = 'a'")).scalar() == "x"
+    store.close()
+
+
+def test_no_checkpoint_recreates_a_deleted_store_file(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    _insert(store, "a")
+    store.close()
+    for f in (tmp_path / "s").glob("rewind.db*"):
+        f.unlink()
+    assert ckpt.checkpoint(store.engine) == (0, 0, 0)
+    assert not list((tmp_path / "s").glob("rewind.db*"))
+
+
+def test_a_small_wal_is_left_for_later_and_its_frames_are_counted(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    database = str(store.engine.url.database)
+    _insert(store, "a")
+    waiting = ckpt.pending_frames(database)
+    assert waiting is not None and waiting > 0
+    assert ckpt.checkpoint(store.engine, waiting + 1) == (0, 0, 0)  # below the threshold
+    assert ckpt.pending_frames(database) == waiting
+    busy, frames, done = ckpt.checkpoint(store.engine, waiting)
+    assert busy == 0 and done == frames >= waiting
+    assert ckpt.pending_frames(database) == 0
+    store.close()
+    assert ckpt.pending_frames(str(tmp_path / "nothing-here.db")) is None
