@@ -338,7 +338,7 @@ def test_downgrading_below_0010_leaves_no_replay_an_older_rewind_reads_empty(
     st = open_store(folder)
     try:
         with st.write() as conn:
-            command.downgrade(migrate._config(conn), "0009")  # type: ignore[arg-type]
+            command.downgrade(migrate._config(conn), "0009")
         with st.read() as conn:
             rows = {
                 run: conn.execute(
@@ -448,6 +448,67 @@ def test_the_api_serves_a_reference_replay_as_its_source_over_real_http(
         diff = http.get("/api/diff", params={"a": partial, "b": replay}).json()
         assert diff["first_divergence"] is None
         assert http.get(f"/api/traces/{replay}/inspect").status_code == 200
+
+
+# -- the single flight of a traced call ends with the trace ----------------------------------------
+def test_a_trace_after_gc_executes_the_calls_an_earlier_trace_executed_and_caches_them(
+    tmp_path: Path, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    """A cached trace's misses are shared with concurrent replays (``hit:in-flight``) until the
+    trace is written, not after: once ``rewind gc`` expired their entries, the next trace in the
+    same process executes those calls again and stores their entries. (A flight left behind was
+    followed instead: 0 tokens, no entry written, so the replay after it missed as well; a store
+    opened later at the freed store's address followed it too, which made the reference test
+    above fail under load, 5 steps stored by reference instead of 6.)"""
+    st = open_store(tmp_path / "store")
+    try:
+        record(st, chat_client, read_cache=False)
+        record(st, chat_client, read_cache=True, change_at=2)  # round 2 missed: executed
+        report = collect_garbage(st, 30 * DAY, now=time.time() + 40 * DAY)
+        assert len(report.archived) == 2 and report.tool_cache_expired == 4
+        before = fake_model.count
+        again, _ = record(st, chat_client, read_cache=True, change_at=2)
+        assert fake_model.count - before == 3  # every LLM call executed, none shared
+        calls = [c for n in st.nodes_of(again) for c in n.calls]
+        assert [(c.outcome, c.reason) for c in calls] == [("miss", "no-entry")] * 6
+        assert all(st.tool_cache_get(c.key) for c in calls if c.kind == "tool")
+        assert all(st.llm_cache_get(c.key) for c in calls if c.kind == "llm")
+    finally:
+        st.close()
+
+
+def test_a_flight_is_never_joined_by_a_store_made_where_a_freed_one_was() -> None:
+    """Flights are keyed by a number per store object that is never given again: CPython gives
+    a new object the id of a freed one, and keyed by ``id(store)`` a flight the old store left
+    served the new store's miss as ``hit:in-flight``."""
+    from rewind import cache
+    from rewind.call import DEFAULT_POLICY, Call
+    from rewind.context import RunContext
+
+    class _Store:
+        pass
+
+    def nothing() -> Any:
+        raise AssertionError("not executed")
+
+    call = Call.of("tool", "t", "k" * 64, b"{}", nothing, DEFAULT_POLICY, 0)
+    old = _Store()
+    old_id = id(old)
+    flight, future, leader = cache._join_flight(RunContext(store=old, run_id="a"), call)
+    assert leader
+    future.set_result((b"1", None, None))  # landed, never released (a writer that forgot it)
+    del old  # freed here (no cycle): the next objects of its size are made where it was
+    made: list[_Store] = []
+    while len(made) < 100_000 and (not made or id(made[-1]) != old_id):
+        made.append(_Store())
+    new = made[-1] if id(made[-1]) == old_id else None
+    if new is None:
+        pytest.skip("this interpreter gave no new object the freed store's id")
+    joined, _, leader = cache._join_flight(RunContext(store=new, run_id="b"), call)
+    with cache._INFLIGHT_LOCK:  # neither flight outlives the test
+        cache._INFLIGHT.pop(flight, None)
+        cache._INFLIGHT.pop(joined, None)
+    assert leader
 
 
 # -- a replay whose source gc archives while it runs --------------------------------------------
@@ -632,7 +693,7 @@ def test_burr_state_deltas_read_back_through_a_downgrade_to_0009_and_back(tmp_pa
             ]
         assert kinds.count(False) == 3 and not kinds[0] and not kinds[17] and not kinds[34]
         with rw.store.write() as conn:
-            command.downgrade(migrate._config(conn), "0009")  # type: ignore[arg-type]
+            command.downgrade(migrate._config(conn), "0009")
     finally:
         rw.store.close()
     rw = Rewind(folder)  # opens (and upgrades) the 0009 store

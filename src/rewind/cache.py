@@ -17,8 +17,10 @@ served from the shared cache and never silently re-executed on replay (see
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -41,16 +43,33 @@ from rewind.store.records import CallRecord
 _INFLIGHT: dict[tuple[int, str], Future[tuple[bytes, str | None, float | None]]] = {}
 _INFLIGHT_LOCK = threading.Lock()
 _INFLIGHT_MAX = 10_000
+# store object -> a number no other store object of this process ever gets: flights are keyed
+# by it, not by id(store), which CPython gives again to a store made after one was freed (a
+# flight left by the old store would then serve the new one's misses). Under _INFLIGHT_LOCK.
+_STORE_NUMBERS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_NEXT_NUMBER = itertools.count(1)
+
+
+def _store_number(store: object) -> int:
+    """The flight number of ``store`` (see ``_STORE_NUMBERS``); the caller holds the lock."""
+    number = _STORE_NUMBERS.get(store)
+    if number is None:
+        number = _STORE_NUMBERS[store] = next(_NEXT_NUMBER)
+    return number
 
 
 def release_flights(store: object, keys: Sequence[str]) -> None:
     """Forget finished in-flight calls once their cache rows are committed (the recorder calls
-    this after each flush); until then a concurrent replay still shares their result."""
+    this after each flush, a trace when it is written); until then a concurrent replay still
+    shares their result."""
     with _INFLIGHT_LOCK:
+        number = _STORE_NUMBERS.get(store)
+        if number is None:  # this store never had a flight
+            return
         for key in keys:
-            future = _INFLIGHT.get((id(store), key))
+            future = _INFLIGHT.get((number, key))
             if future is not None and future.done():
-                del _INFLIGHT[(id(store), key)]
+                del _INFLIGHT[(number, key)]
 
 
 def through_cache(
@@ -269,8 +288,8 @@ _Flight = Future[tuple[bytes, str | None, float | None]]
 
 
 def _join_flight(ctx: RunContext, call: Call) -> tuple[tuple[int, str], _Flight, bool]:
-    flight = (id(ctx.store), call.key)
     with _INFLIGHT_LOCK:
+        flight = (_store_number(ctx.store), call.key)
         leader = flight not in _INFLIGHT
         if leader:
             if len(_INFLIGHT) > _INFLIGHT_MAX:

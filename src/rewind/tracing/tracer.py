@@ -58,6 +58,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rewind.cache import release_flights
 from rewind.canonical import sha256_hex
 from rewind.context import NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
@@ -765,6 +766,9 @@ class Trace:
             if self.raise_on_write_error:
                 raise
         finally:
+            # The calls this trace executed shared their results with concurrent replays
+            # (rewind.cache's single flight) until their cache rows were committed: now.
+            release_flights(self.run_context.store, [c.key for s in data.steps for c in s.calls])
             for fn in self.callbacks.chain_end:
                 self._notify(fn, trace=data, record=self.record)
         return self.record
