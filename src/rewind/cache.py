@@ -331,8 +331,9 @@ def _land_flight(
     future.set_result((data, record.result_hash, record.produced_at))
     if scope is None:  # nothing will commit it later: forget it now
         release_flights(ctx.store, [call.key])
-    # Otherwise the entry stays until the recorder commits the cache row, so a replay that
-    # misses in between shares this result instead of executing the call again.
+    # Otherwise the entry stays until the recorder (or the trace) commits the cache row and
+    # releases it, so a replay that misses in between shares this result instead of executing
+    # the call again.
 
 
 def _follow(
