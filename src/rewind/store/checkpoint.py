@@ -96,14 +96,16 @@ class WalCheckpointer:
             else:
                 self.lock.notify()
 
-    def forget(self, engine: Any) -> None:
+    def forget(self, engine: Any) -> bool:
         """Drop ``engine``'s pending checkpoint and wait for one in flight (its store is
         closing: the engine must not open a connection afterwards, which would recreate the
-        ``-wal``/``-shm`` files of a closed store)."""
+        ``-wal``/``-shm`` files of a closed store). Returns whether one was pending: the
+        closing store then runs it itself (:func:`checkpoint_on_close`)."""
         with self.lock:
-            self.due.pop(engine, None)
+            pending = self.due.pop(engine, None) is not None
             while self.busy is engine and self.pid == os.getpid():
                 self.lock.wait(1.0)
+        return pending and self.pid == os.getpid()
 
     def _loop(self) -> None:
         while True:
@@ -148,6 +150,22 @@ def checkpoint(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
 
 
 CHECKPOINTER = WalCheckpointer()
+
+
+def checkpoint_on_close(engine: Any) -> None:
+    """A closing store's part (call before its engine's ``dispose``): drop its pending
+    checkpoint and, when one was pending, run it now on this thread if
+    :data:`CHECKPOINT_MIN_FRAMES` or more frames wait. Without it a store closed within
+    :data:`CHECKPOINT_DELAY_S` of its first commit (a traced chain opens one per trace) while
+    another connection keeps the file open (``rewind serve``, another store), so that its own
+    close does not checkpoint, left its WAL to grow to the writers' backstop. Never raises (a
+    failed checkpoint leaves the WAL to the next one)."""
+    if not CHECKPOINTER.forget(engine):
+        return
+    try:
+        checkpoint(engine, CHECKPOINT_MIN_FRAMES)
+    except Exception as exc:  # a lost connection, a closed file: the backstop remains
+        logger.debug("WAL checkpoint on close failed: %s", exc)
 
 
 def _after_fork_in_child() -> None:

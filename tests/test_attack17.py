@@ -1,0 +1,54 @@
+"""Attack 17: the changes merged for issue #13 since ec98759 (key-ordered ``nodes`` and
+``archive_permits`` (0015), WAL checkpoints on a background thread, packs of at most 8 blobs
+asked about first, an empty-pool engine reused without dispose).
+
+Each test is a finding (fixed, or xfail strict with the reason) or a regression test of what
+held.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from rewind.store import Store, open_store
+from rewind.store import checkpoint as ckpt
+
+
+def _fill(store: Store, rows: int, tag: str) -> None:
+    """``rows`` commits of ~1 KB each (about two WAL frames a commit at 1 KiB pages)."""
+    value = os.urandom(450).hex()
+    for i in range(rows):
+        with store.write() as conn:
+            conn.execute(
+                text("INSERT INTO meta(key, value) VALUES (:k, :v)"), {"k": f"{tag}{i}", "v": value}
+            )
+
+
+def test_a_store_closed_before_its_checkpoint_ran_leaves_no_big_wal_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding: Store.close dropped the pending checkpoint. Stores that live less than
+    CHECKPOINT_DELAY_S (a traced chain opens one per trace) while another connection keeps the
+    file open (``rewind serve``, another store of the process) then never had their WAL
+    checkpointed by the thread, nor by their close (not the last connection): the WAL grew to
+    the writers' 16 MB backstop, checkpointed on a committing thread (before: 4 MB)."""
+    monkeypatch.setattr(ckpt, "CHECKPOINT_DELAY_S", 3600.0)  # the thread never gets to it
+    monkeypatch.setattr(ckpt, "CHECKPOINT_MIN_FRAMES", 64)
+    open_store(tmp_path).close()
+    database = str(tmp_path / "rewind.db")
+    other = sqlite3.connect(database)  # a reader elsewhere keeps the file open
+    try:
+        other.execute("SELECT count(*) FROM meta").fetchone()
+        for n in range(4):
+            store = open_store(tmp_path)
+            _fill(store, 60, f"t{n}-")
+            store.close()
+        pending = ckpt.pending_frames(database)
+        assert pending is not None and pending < 64, pending
+    finally:
+        other.close()
