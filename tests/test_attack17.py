@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,25 @@ def test_a_store_closed_before_its_checkpoint_ran_leaves_no_big_wal_behind(
         assert pending is not None and pending < 64, pending
     finally:
         other.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_shm_that_is_a_fifo_does_not_hang_the_checkpoint_thread(tmp_path: Path) -> None:
+    """Finding: pending_frames opened ``-shm`` with a blocking open(); a ``-shm`` replaced by
+    a FIFO (a hostile folder) blocked the one checkpoint thread of the process for good (no
+    store of the process was checkpointed any more) and Store.close, waiting for that
+    checkpoint in flight, hung."""
+    database = str(tmp_path / "rewind.db")
+    os.mkfifo(database + "-shm")
+    seen: list[int | None] = []
+    reader = threading.Thread(target=lambda: seen.append(ckpt.pending_frames(database)))
+    reader.daemon = True
+    reader.start()
+    reader.join(60)  # a guard against hanging the suite, not a timing assertion
+    blocked = reader.is_alive()
+    if blocked:
+        with open(database + "-shm", "wb"):  # unblock the reader's open
+            pass
+        reader.join()
+    assert not blocked
+    assert seen == [None]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import struct
 import threading
 import time
@@ -54,8 +55,14 @@ def pending_frames(database: str) -> int | None:
     another layout. Read without a lock: an estimate, which only decides whether to checkpoint.
     """
     try:
-        with open(database + "-shm", "rb") as f:
-            head = f.read(100)
+        # Non-blocking, and only a regular file: a FIFO put in its place (a hostile folder)
+        # would block the process's one checkpoint thread, and every Store.close with it.
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(database + "-shm", flags)
+        try:
+            head = os.read(fd, 100) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
     except OSError:
         return None
     if len(head) < 100:
