@@ -75,3 +75,38 @@ def test_a_shm_that_is_a_fifo_does_not_hang_the_checkpoint_thread(tmp_path: Path
         reader.join()
     assert not blocked
     assert seen == [None]
+
+
+def test_0015_upgrades_and_downgrades_a_store_with_a_view_of_nodes(tmp_path: Path) -> None:
+    """Finding: 0015 rebuilt ``nodes`` and ``archive_permits`` by new table, copy, drop,
+    rename; a view of either (a user's own, e.g. for a dashboard) left dangling by the drop
+    made SQLite refuse the rename ("error in view ...: no such table: main.nodes"), so the
+    store could not be opened by this Rewind at all (nor downgraded)."""
+    from alembic import command
+
+    from rewind.store import migrate
+
+    store = open_store(tmp_path)
+    try:
+        _fill(store, 1, "x")
+        with store.write() as conn:
+            command.downgrade(migrate._config(conn), "0014")  # type: ignore[arg-type]
+    finally:
+        store.close()
+    db = tmp_path / "rewind.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE VIEW my_nodes AS SELECT run_id, name FROM nodes")
+        conn.execute("CREATE VIEW my_permits AS SELECT run_id FROM archive_permits")
+    store = open_store(tmp_path)  # upgraded to head
+    try:
+        with store.read() as conn:
+            assert migrate.current_revision(conn) == migrate.HEAD
+            assert conn.execute(text("SELECT count(*) FROM my_nodes")).scalar() == 0
+        with store.write() as conn:
+            command.downgrade(migrate._config(conn), "0014")  # type: ignore[arg-type]
+            assert conn.execute(text("SELECT count(*) FROM my_permits")).scalar() == 0
+    finally:
+        store.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA legacy_alter_table").fetchone() == (0,)
