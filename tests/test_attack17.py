@@ -110,3 +110,25 @@ def test_0015_upgrades_and_downgrades_a_store_with_a_view_of_nodes(tmp_path: Pat
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA legacy_alter_table").fetchone() == (0,)
+
+
+def test_many_stores_closed_while_the_thread_checkpoints_leave_single_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held: more stores than the engine cache keeps (8), checkpointed by the thread at every
+    commit; once each is closed no connection of this process is left open on it (its ``-wal``
+    and ``-shm`` are gone: ``rewind.db`` alone is the whole store, a plain ``cp`` copies it)."""
+    monkeypatch.setattr(ckpt, "CHECKPOINT_DELAY_S", 0.0)
+    monkeypatch.setattr(ckpt, "CHECKPOINT_MIN_FRAMES", 1)
+    stores = [open_store(tmp_path / f"s{i}") for i in range(12)]
+    for round_ in range(5):
+        for i, store in enumerate(stores):
+            _fill(store, 3, f"r{round_}-{i}-")
+    for store in stores:
+        store.close()
+    for i in range(12):
+        folder = tmp_path / f"s{i}"
+        assert sorted(p.name for p in folder.glob("rewind.db*")) == ["rewind.db"], i
+        with sqlite3.connect(folder / "rewind.db") as conn:
+            (count,) = conn.execute("SELECT count(*) FROM meta WHERE key LIKE 'r%'").fetchone()
+            assert count == 15
