@@ -132,3 +132,33 @@ def test_many_stores_closed_while_the_thread_checkpoints_leave_single_files(
         with sqlite3.connect(folder / "rewind.db") as conn:
             (count,) = conn.execute("SELECT count(*) FROM meta WHERE key LIKE 'r%'").fetchone()
             assert count == 15
+
+
+class _NoThreads(threading.Thread):
+    """A thread that cannot be started (a process at its thread limit: RLIMIT_NPROC, a
+    container's pids.max; or Python 3.12+ at interpreter shutdown)."""
+
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_commit_is_not_reported_failed_when_no_checkpoint_thread_can_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding: WalCheckpointer.wrote ("never raises") started the thread after the commit
+    without catching the RuntimeError of Thread.start: a committed write raised from
+    Store.write, so its caller (a recorder's flush, a trace's exit write) took committed rows
+    for lost. Without the thread the writers' own autocheckpoint remains."""
+    from rewind.store import store as store_module
+
+    fresh = ckpt.WalCheckpointer()
+    monkeypatch.setattr(ckpt, "CHECKPOINTER", fresh)
+    monkeypatch.setattr(store_module, "CHECKPOINTER", fresh)
+    monkeypatch.setattr(ckpt.threading, "Thread", _NoThreads)
+    store = open_store(tmp_path)
+    try:
+        _fill(store, 2, "k")  # raised RuntimeError after the first commit
+        with store.read() as conn:
+            assert conn.execute(text("SELECT count(*) FROM meta WHERE key LIKE 'k%'")).scalar() == 2
+    finally:
+        store.close()

@@ -99,7 +99,14 @@ class WalCheckpointer:
                 self.thread = threading.Thread(
                     target=self._loop, name="rewind-checkpoint", daemon=True
                 )
-                self.thread.start()
+                try:
+                    self.thread.start()
+                except RuntimeError as exc:  # at the thread limit, or at interpreter shutdown
+                    # The commit is done: raising would report it lost. The writers' own
+                    # autocheckpoint remains; the next commit tries again.
+                    self.thread = None
+                    del self.due[engine]
+                    logger.debug("no WAL checkpoint thread: %s", exc)
             else:
                 self.lock.notify()
 
