@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import struct
 import threading
 import time
@@ -54,8 +55,14 @@ def pending_frames(database: str) -> int | None:
     another layout. Read without a lock: an estimate, which only decides whether to checkpoint.
     """
     try:
-        with open(database + "-shm", "rb") as f:
-            head = f.read(100)
+        # Non-blocking, and only a regular file: a FIFO put in its place (a hostile folder)
+        # would block the process's one checkpoint thread, and every Store.close with it.
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(database + "-shm", flags)
+        try:
+            head = os.read(fd, 100) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
     except OSError:
         return None
     if len(head) < 100:
@@ -92,18 +99,27 @@ class WalCheckpointer:
                 self.thread = threading.Thread(
                     target=self._loop, name="rewind-checkpoint", daemon=True
                 )
-                self.thread.start()
+                try:
+                    self.thread.start()
+                except RuntimeError as exc:  # at the thread limit, or at interpreter shutdown
+                    # The commit is done: raising would report it lost. The writers' own
+                    # autocheckpoint remains; the next commit tries again.
+                    self.thread = None
+                    del self.due[engine]
+                    logger.debug("no WAL checkpoint thread: %s", exc)
             else:
                 self.lock.notify()
 
-    def forget(self, engine: Any) -> None:
+    def forget(self, engine: Any) -> bool:
         """Drop ``engine``'s pending checkpoint and wait for one in flight (its store is
         closing: the engine must not open a connection afterwards, which would recreate the
-        ``-wal``/``-shm`` files of a closed store)."""
+        ``-wal``/``-shm`` files of a closed store). Returns whether one was pending: the
+        closing store then runs it itself (:func:`checkpoint_on_close`)."""
         with self.lock:
-            self.due.pop(engine, None)
+            pending = self.due.pop(engine, None) is not None
             while self.busy is engine and self.pid == os.getpid():
                 self.lock.wait(1.0)
+        return pending and self.pid == os.getpid()
 
     def _loop(self) -> None:
         while True:
@@ -148,6 +164,22 @@ def checkpoint(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
 
 
 CHECKPOINTER = WalCheckpointer()
+
+
+def checkpoint_on_close(engine: Any) -> None:
+    """A closing store's part (call before its engine's ``dispose``): drop its pending
+    checkpoint and, when one was pending, run it now on this thread if
+    :data:`CHECKPOINT_MIN_FRAMES` or more frames wait. Without it a store closed within
+    :data:`CHECKPOINT_DELAY_S` of its first commit (a traced chain opens one per trace) while
+    another connection keeps the file open (``rewind serve``, another store), so that its own
+    close does not checkpoint, left its WAL to grow to the writers' backstop. Never raises (a
+    failed checkpoint leaves the WAL to the next one)."""
+    if not CHECKPOINTER.forget(engine):
+        return
+    try:
+        checkpoint(engine, CHECKPOINT_MIN_FRAMES)
+    except Exception as exc:  # a lost connection, a closed file: the backstop remains
+        logger.debug("WAL checkpoint on close failed: %s", exc)
 
 
 def _after_fork_in_child() -> None:

@@ -43,7 +43,7 @@ from sqlalchemy.exc import CompileError, IntegrityError, SQLAlchemyError
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.errors import ParentMissing, RewindError, StoreError
 from rewind.store import migrate, schema
-from rewind.store.checkpoint import CHECKPOINTER
+from rewind.store.checkpoint import CHECKPOINTER, checkpoint_on_close
 from rewind.store.codec import (
     PACK_MAX_BYTES,
     PACK_PREFIX,
@@ -336,7 +336,7 @@ class Store:
         progress = sys.modules.get("rewind.progress")
         if progress is not None:
             progress.store_closing(self)
-        CHECKPOINTER.forget(self.engine)
+        checkpoint_on_close(self.engine)
         self.engine.dispose()
 
     # -- blobs --------------------------------------------------------------------------------

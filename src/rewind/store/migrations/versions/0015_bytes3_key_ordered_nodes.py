@@ -65,11 +65,19 @@ def _rebuild_all(*, with_rowid: bool) -> None:
     trigger_sql = conn.exec_driver_sql(
         "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", (_PERMIT_TRIGGER,)
     ).scalar()
-    op.execute(f"DROP TRIGGER IF EXISTS {_PERMIT_TRIGGER}")
-    _rebuild("archive_permits", with_rowid=with_rowid)
-    if trigger_sql:
-        op.execute(trigger_sql)
-    _rebuild("nodes", with_rowid=with_rowid)
+    # A view of either table (a user's own) is left dangling by the rebuild's DROP TABLE, and
+    # SQLite then refuses the RENAME that puts the table back ("error in view ..."): the legacy
+    # rename checks no other view or trigger; the view names the table again once it is back.
+    legacy = conn.exec_driver_sql("PRAGMA legacy_alter_table").scalar()
+    op.execute("PRAGMA legacy_alter_table=ON")
+    try:
+        op.execute(f"DROP TRIGGER IF EXISTS {_PERMIT_TRIGGER}")
+        _rebuild("archive_permits", with_rowid=with_rowid)
+        if trigger_sql:
+            op.execute(trigger_sql)
+        _rebuild("nodes", with_rowid=with_rowid)
+    finally:
+        op.execute(f"PRAGMA legacy_alter_table={'ON' if legacy else 'OFF'}")
 
 
 def upgrade() -> None:
