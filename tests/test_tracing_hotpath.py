@@ -172,9 +172,9 @@ def test_a_cache_entry_read_ahead_equals_the_constructed_one(origin: str | None)
     """The cache entries a cached trace reads ahead are built without the frozen dataclass's
     ``__init__``: every field is set, and the entry equals (and hashes as) the constructed one."""
     from rewind.store.store import CacheEntry
-    from rewind.tracing.tracer_source import _cache_entry
 
-    built = _cache_entry("k" * 64, "r" * 64, 1.5, origin)
+    built = CacheEntry.read("k" * 64, "r" * 64, 1.5, origin)
     made = CacheEntry("k" * 64, "r" * 64, 1.5, 0, 0, origin)
+    assert CacheEntry.read("k", "r", 2.0, origin, 3, 4) == CacheEntry("k", "r", 2.0, 3, 4, origin)
     assert built == made and hash(built) == hash(made)
     assert set(vars(built)) == {f.name for f in dataclasses.fields(CacheEntry)}
