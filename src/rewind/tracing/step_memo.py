@@ -38,7 +38,7 @@ from rewind.store.records import CallRecord
 from rewind.store.references import SourceRows
 from rewind.tracing.model import StepData
 
-__all__ = ["SOURCES_KEPT", "held", "remember", "remembered", "signature"]
+__all__ = ["SOURCES_KEPT", "Proven", "held", "proven_of", "remember", "remembered", "signature"]
 
 SOURCES_KEPT = 8
 """How many sources' proven steps this process keeps."""
@@ -59,8 +59,121 @@ _OPTIONS = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 
-# id of the source rows -> (the rows, {initial state hash: [(signature, fields changed)]})
-_Entries = list[tuple[bytes, dict[str, str]]]
+
+@dataclasses.dataclass(frozen=True)
+class Proven:
+    """A step proven equal to its source's, frozen as the tracer's lane needs it
+    (:mod:`rewind.tracing.lane`). Its values are kept as orjson text (``inputs_text``: the
+    inputs, keys sorted, as a signature has them; ``rest_text``: ``[params, fields,
+    attributes]``, keys in their order), so nothing a caller does later to the step it handed
+    over changes what is remembered, and every step rebuilt from it has fresh values."""
+
+    signature: bytes
+    name: str
+    step_type: str
+    parent_position: int
+    inputs_text: bytes
+    rest_text: bytes
+    attributes_text: bytes
+    calls: tuple[CallRecord, ...]
+    prompt_tokens: int
+    completion_tokens: int
+
+    def step_data(
+        self,
+        position: int,
+        inputs: dict[str, Any],
+        attributes: dict[str, Any],
+        timing: tuple[str, float | None, float | None, float],
+    ) -> StepData:
+        """The step rebuilt at ``position`` with a run's own inputs and attributes (the caller
+        checked they are ``inputs_text`` and ``attributes_text``) and its span id, start, end
+        and duration (``timing``): the same signed fields, so the same :attr:`signature`."""
+        params, fields, _attributes = orjson.loads(self.rest_text)
+        span_id, started_at, ended_at, duration_ms = timing
+        out = object.__new__(StepData)
+        out.__dict__.update(
+            position=position,
+            name=self.name,
+            step_type=self.step_type,
+            status="success",
+            inputs=inputs,
+            reads={},
+            params=params,
+            fields=fields,
+            error_type=None,
+            error_message=None,
+            parent_position=self.parent_position,
+            span_id=span_id,
+            started_at=started_at,
+            ended_at=ended_at,
+            duration_ms=duration_ms,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            attributes=attributes,
+            calls=list(self.calls),
+            pending=[],
+            effects=[],
+            cache_outcome=None,
+            cache_reason=None,
+            determinism=None,
+        )
+        return out
+
+
+def text_of(value: Any, *, sort_keys: bool = True) -> bytes | None:
+    """``value`` as the orjson text a signature is made of (``sort_keys=False``: keys in their
+    order), or None when it is not plain JSON."""
+    try:
+        return orjson.dumps(
+            value,
+            default=_refuse,
+            option=_OPTIONS if sort_keys else _OPTIONS & ~orjson.OPT_SORT_KEYS,
+        )
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+def proven_of(s: StepData, sig: bytes) -> Proven | None:
+    """The frozen form of a step proven equal (its signature ``sig``), or None when it is not
+    a step a lane serves: anything but a successful step with its output as its only field and
+    no reads, errors, kept outcomes or determinism, pending entries or effects."""
+    if (
+        s.status != "success"
+        or s.reads
+        or s.error_type is not None
+        or s.error_message is not None
+        or s.pending
+        or s.effects
+        or s.cache_outcome is not None
+        or s.cache_reason is not None
+        or s.determinism is not None
+        or not isinstance(s.fields, dict)
+        or list(s.fields) != [s.name]
+    ):
+        return None
+    inputs_text = text_of(s.inputs)
+    rest_text = text_of([s.params, s.fields, s.attributes], sort_keys=False)
+    attributes_text = text_of(s.attributes, sort_keys=False)
+    if inputs_text is None or rest_text is None or attributes_text is None:
+        return None
+    return Proven(
+        sig,
+        s.name,
+        s.step_type,
+        s.parent_position,
+        inputs_text,
+        rest_text,
+        attributes_text,
+        tuple(s.calls),
+        int(s.prompt_tokens),
+        int(s.completion_tokens),
+    )
+
+
+# id of the source rows -> (the rows, {initial state hash: [(signature, fields changed,
+# the step frozen for the tracer's lane or None)]})
+_Entries = list[tuple[bytes, dict[str, str], Proven | None]]
 _MEMO: OrderedDict[int, tuple[SourceRows, dict[str, _Entries]]] = OrderedDict()
 _LOCK = threading.Lock()
 
@@ -96,12 +209,10 @@ def remembered(source: SourceRows, init_hash: str) -> _Entries:
         return list(held[1].get(init_hash, ()))
 
 
-def remember(
-    source: SourceRows, init_hash: str, start: int, proven: list[tuple[bytes, dict[str, str]]]
-) -> None:
+def remember(source: SourceRows, init_hash: str, start: int, proven: _Entries) -> None:
     """Remember steps ``start, start + 1, ...`` of a replay of ``source`` as proven equal to the
-    source's (their signatures and the state fields each changed). Kept only where they
-    continue the entries held (positions 0.. without gaps)."""
+    source's (their signatures, the state fields each changed, and the step itself). Kept only
+    where they continue the entries held (positions 0.. without gaps)."""
     if not proven:
         return
     with _LOCK:

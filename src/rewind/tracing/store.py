@@ -89,7 +89,13 @@ _IN_CHUNK = 400
 # -- write -------------------------------------------------------------------------------------
 
 
-def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = None) -> RunRecord:
+def write_trace(
+    store: Store,
+    data: TraceData,
+    *,
+    source: SourceRows | None = None,
+    signed: dict[int, bytes] | None = None,
+) -> RunRecord:
     """Write a trace: run row, node rows, calls, cache entries, blobs, state rows, spans.
 
     A replay (``data.parent_run_id`` set) whose first steps are, row for row, what its source
@@ -102,6 +108,9 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
         data: the trace; steps in any order (written by position, which must be 0..n-1).
         source: the rows of ``data.parent_run_id`` when the caller has them already (read
             here otherwise).
+        signed: ``id(step)`` -> signature (:func:`rewind.tracing.step_memo.signature`) of
+            steps of ``data`` the caller rebuilt from remembered ones (the tracer's lane), so
+            they are not signed again; the others are signed here when needed.
     Returns:
         the run row as written.
     Raises:
@@ -124,7 +133,7 @@ def write_trace(store: Store, data: TraceData, *, source: SourceRows | None = No
     # Steps a replay of this source (the caller's rows, kept in-process) already proved equal
     # to it need no rows when their data is the same (rewind.tracing.step_memo).
     proven = step_memo.remembered(source, init_hash) if memo_source else []
-    fast, state = _fast_forward(steps, proven, state)
+    fast, state = _fast_forward(steps, proven, state, signed or {})
     parts, states = _rows_from(data, steps[fast:], state, source_states)
     shared = fast + _shared_prefix(data.trace_id, parts, source, start=fast)
     if memo_source and source is not None and shared > fast:
@@ -258,15 +267,22 @@ def _trace_error(data: TraceData) -> str | None:
 
 
 def _fast_forward(
-    steps: list[StepData], proven: list[tuple[bytes, dict[str, str]]], state: dict[str, str]
+    steps: list[StepData],
+    proven: list[tuple[bytes, dict[str, str], step_memo.Proven | None]],
+    state: dict[str, str],
+    signed: dict[int, bytes],
 ) -> tuple[int, dict[str, str]]:
     """(how many leading ``steps`` match the remembered ``proven`` ones by signature, the
     state after them): ``state`` with the fields those steps changed folded in
-    (:mod:`rewind.tracing.step_memo`)."""
+    (:mod:`rewind.tracing.step_memo`). ``signed``: the signatures known already, by
+    ``id(step)``."""
     fast = 0
     folded: dict[str, str] | None = None
     while fast < len(steps) and fast < len(proven):
-        if step_memo.signature(steps[fast]) != proven[fast][0]:
+        sig = signed.get(id(steps[fast]))
+        if sig is None:
+            sig = step_memo.signature(steps[fast])
+        if sig != proven[fast][0]:
             break
         if proven[fast][1]:  # the state fields the step changed
             folded = dict(state) if folded is None else folded
@@ -285,7 +301,7 @@ def _early_rows(
 
 def _proven(
     steps: list[StepData], states: list[dict[str, str]]
-) -> list[tuple[bytes, dict[str, str]]]:
+) -> list[tuple[bytes, dict[str, str], step_memo.Proven | None]]:
     """(signature, state fields changed) of steps just proven equal to their source's, given
     the state before the first and after each (``states``, one more than ``steps``); up to the
     first step without a signature."""
@@ -297,13 +313,19 @@ def _proven(
         changed = {k: after[k] for k in s.fields or ()} if after is not before else {}
         if before | changed != after:  # not what _step_rows does: not remembered
             break
-        out.append((sig, changed))
+        out.append((sig, changed, step_memo.proven_of(s, sig)))
     return out
 
 
 _StepRows = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], WriteBatch]
 """One step's node row, call rows, span row and the rest of its rows (blobs, state, cache,
 effects) as a batch."""
+
+
+def initial_state_hash(inputs: dict[str, Any]) -> str:
+    """The hash of a trace's initial state (its input fields), as :func:`write_trace` computes
+    it (the key of :func:`rewind.tracing.step_memo.remembered`)."""
+    return map_hash(_encode_map(inputs, {}))[1]
 
 
 def _encode_map(values: dict[str, Any], into: dict[str, bytes]) -> dict[str, str]:

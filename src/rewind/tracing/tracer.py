@@ -37,7 +37,9 @@ comes from (:mod:`rewind.tracing.tracer_source`): that trace becomes its ``paren
 cache entries and answers are read once, so later lookups are dictionary reads. A replay (this
 one, or :meth:`Tracer.replay`'s) is stored by reference where it equals its source step for step
 (:mod:`rewind.store.references`): an unchanged replay adds one run row and its root span; one
-that diverges is written in full from the first divergence on.
+that diverges is written in full from the first divergence on. Once a replay of a source was
+written, a later one runs its steps in a lane while they are the steps that replay proved equal
+(:mod:`rewind.tracing.lane`): no node scope or cache lookup per step, the same data.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from rewind.errors import ParentMissing, RewindError
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
 from rewind.store.references import SourceRows
+from rewind.tools import Tool
 from rewind.tracing.model import (
     ROOT_POSITION,
     StepData,
@@ -198,6 +201,7 @@ class Step:
         self._calls: list[Any] | None = None
         self._pending: dict[str, Any] | None = None
         self._effects: list[Any] | None = None
+        self._proven: Any = None  # a step served in the trace's lane: what it was served as
 
     # -- life cycle ------------------------------------------------------------------------
     def __enter__(self) -> Step:
@@ -481,8 +485,16 @@ class _StepSpec:
 
             return awrapper  # type: ignore[return-value]
 
+        lane_tool = isinstance(fn, Tool) and not self.attributes
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if lane_tool:
+                trace = _TRACE.get()
+                if trace is not None and not trace._lane_off:
+                    served = _lane.serve_tool(trace, name, self.step_type, fn, args, kwargs)
+                    if served is not _lane.NOT_SERVED:
+                        return served
             s = self.open(name, bound_input(fn, args, kwargs))
             with s:
                 out = fn(*args, **kwargs)
@@ -563,6 +575,12 @@ def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatR
     # A plain request (the common case) is copied once, as the step's input, and keyed from
     # that copy; any other goes through as_fields and chat().
     plain = plain_fields(request)
+    if plain is not None:
+        trace = _TRACE.get()
+        if trace is not None and not trace._lane_off:
+            served = _lane.serve_chat(trace, name, plain)
+            if served is not None:
+                return served
     s = _open_step(
         name, StepType.LLM_CALL.value, plain if plain is not None else as_fields(request)
     )
@@ -663,6 +681,10 @@ class Trace:
         self._tokens: list[contextvars.Token[Any]] = []
         self._stack: ExitStack | None = None
         self._source: SourceRows | None = None
+        # The lane (rewind.tracing.lane): set up at the first step, off for good from the
+        # first step that takes the full path.
+        self._lane: Any = None
+        self._lane_off = not read_cache
 
     @property
     def run_context(self) -> RunContext:
@@ -751,10 +773,12 @@ class Trace:
             except ValueError:
                 token.var.set(None)
         self._tokens = []
-        data = self.data()
+        data, signed = self._data(lane=True)
         try:
             try:
-                self.record = write_trace(self.run_context.store, data, source=self._source)
+                self.record = write_trace(
+                    self.run_context.store, data, source=self._source, signed=signed
+                )
             except ParentMissing:
                 if data.parent_run_id is None:
                     raise
@@ -832,11 +856,25 @@ class Trace:
 
     def data(self) -> TraceData:
         """The trace as the store writes it."""
+        return self._data(lane=False)[0]
+
+    def _data(self, *, lane: bool) -> tuple[TraceData, dict[int, bytes]]:
+        """The trace as the store writes it, and ``id(step data)`` -> signature of the steps
+        served in the lane (``lane``: rebuilt from what they were served as, which the writer
+        need not sign again, see :func:`rewind.tracing.lane.step_data`)."""
         config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
-        steps = [s.data() for s in self.steps]
-        return TraceData(
+        signed: dict[int, bytes] = {}
+        steps = []
+        for s in self.steps:
+            rebuilt = _lane.step_data(s) if lane and s._proven is not None else None
+            if rebuilt is None:
+                steps.append(s.data())
+            else:
+                steps.append(rebuilt[0])
+                signed[id(rebuilt[0])] = rebuilt[1]
+        trace = TraceData(
             trace_id=self.trace_id,
             name=self.name,
             status=str(self.status),
@@ -856,6 +894,7 @@ class Trace:
             override=self.override,
             steps=steps,
         )
+        return trace, signed
 
     # -- steps -----------------------------------------------------------------------------
     def step(
@@ -878,6 +917,7 @@ class Trace:
             parent.position if parent is not None and parent.trace is self else ROOT_POSITION
         )
         with self._lock:
+            self._lane_off = True  # a step on the full path: the lane ends here
             s = Step(
                 self,
                 name,
@@ -1111,3 +1151,6 @@ def chain_ref_of(fn: Callable[..., Any]) -> str | None:
     if not module or module == "__main__" or "<locals>" in qualname:
         return None
     return f"{module}:{qualname}"
+
+
+from rewind.tracing import lane as _lane  # noqa: E402  (it reads this module's names)

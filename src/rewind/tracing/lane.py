@@ -1,0 +1,337 @@
+"""The lane of a cached trace: steps served as a replay before proved them equal to the source.
+
+A trace of ``Tracer(read_cache=True)`` replays the recorded trace its first lookup finds
+(:mod:`rewind.tracing.tracer_source`). Once a replay of that source was written, the steps it
+proved equal to the source's are remembered in this process (:mod:`rewind.tracing.step_memo`,
+with :class:`~rewind.tracing.step_memo.Proven`). A later trace of the same name and input then
+runs in a *lane* while each of its steps is, at the same position, the remembered one: a
+:func:`rewind.tracing.chat_step` or a ``@step``-wrapped :func:`rewind.tool` (deterministic, no
+resources, idempotency argument or ``on_served``) at the top level of the trace, in the thread
+that started it, with the same name, type, inputs (as a signature sees them), call key, and the
+same answer available from the source (its lineage entry at that position, read ahead). Such a
+step is not run through a node scope and the cache: its answer is the bytes the source's call
+recorded, and its :class:`~rewind.tracing.tracer.Step` is made finished, with the values the
+remembered step had (fresh copies) and its own span id and timing. Its data is therefore what
+the full path would have produced, and the trace is written by the usual writer (stored by
+reference when every step matched).
+
+The first step that is not served this way (anything else: another request, a miss, a step
+opened any other way, nesting, another thread, an async step, a user attribute on the step
+spec, a step past the remembered ones) runs the full path, and so does every step after it in
+that trace (:meth:`~rewind.tracing.tracer.Trace.step` ends the lane). Nothing is served unless
+every check passes, so a step either is served exactly as the full path would serve it or is
+not touched by the lane at all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from rewind.call import DEFAULT_POLICY
+from rewind.canonical import canonical_bytes, loads
+from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
+from rewind.store.records import CallRecord
+from rewind.tracing import step_memo
+from rewind.tracing.model import ROOT_POSITION, StepData, StepStatus, StepType, jsonable
+
+if TYPE_CHECKING:
+    from rewind.context import RunContext
+    from rewind.tools import Tool
+    from rewind.tracing.tracer import Step, Trace
+
+__all__ = ["NOT_SERVED", "Lane", "serve_chat", "serve_tool", "step_data"]
+
+NOT_SERVED = object()
+"""What :func:`serve_tool` returns when the step takes the full path."""
+
+_LLM = StepType.LLM_CALL.value
+
+
+class Lane:
+    """A trace's lane: the steps remembered for its source and initial state, by position."""
+
+    __slots__ = ("proven", "thread")
+
+    def __init__(self, proven: list[step_memo.Proven | None], thread: int) -> None:
+        self.proven = proven
+        self.thread = thread
+
+
+def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
+    """The trace's lane for a step about to make the call ``(kind, key)``, or None: this step
+    takes the full path (and, when the trace cannot have a lane at all, ends it)."""
+    ctx = trace._ctx
+    lane = trace._lane
+    if lane is None:
+        if trace._steps or ctx is None:
+            trace._lane_off = True
+            return None
+        lane = _start(trace, ctx, kind, key)
+        if lane is None:
+            trace._lane_off = True
+            return None
+        trace._lane = lane
+    if threading.get_ident() != lane.thread:
+        return None
+    from rewind.context import current
+    from rewind.tracing.tracer import _STEP
+
+    if _STEP.get() is not None or current() is not ctx:
+        return None
+    return lane
+
+
+def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
+    """Set up the lane at a trace's first step: the trace must be a plain cached trace (no
+    callbacks, stop, override, parameter or input overrides) whose source is found and has
+    remembered steps for this trace's input."""
+    if (
+        not trace._read_cache
+        or not ctx.read_cache
+        or not {"llm", "tool"} <= ctx.cached_kinds
+        or trace.callbacks.step_end
+        or trace.callbacks.chain_end
+        or trace.stop_after is not None
+        or trace.override is not None
+        or ctx.param_overrides
+        or ctx.input_overrides
+        or ctx.recent
+    ):
+        return None
+    finder = ctx.find_source
+    if finder is not None:
+        # What the first lookup does (rewind.cache._read_source); ctx is the trace's own run
+        # context here, whose finder clears it itself.
+        ctx.prefetched = finder(kind, key)
+    source = trace._source
+    if source is None or trace.parent_run_id != source.run_id:
+        return None
+    from rewind.tracing.store import initial_state_hash
+
+    proven = [
+        p for _sig, _changed, p in step_memo.remembered(source, initial_state_hash(trace.input))
+    ]
+    if not proven or proven[0] is None:
+        return None
+    return Lane(proven, threading.get_ident())
+
+
+class _Call:
+    """The call a step is about to make, as the lane checks it against the remembered one."""
+
+    __slots__ = ("determinism", "inputs", "key", "kind", "name", "request", "step", "step_type")
+
+    def __init__(
+        self,
+        step: str,
+        step_type: str,
+        inputs: dict[str, Any],
+        kind: str,
+        name: str,
+        key: str,
+        request: bytes,
+        determinism: str,
+    ) -> None:
+        self.step, self.step_type, self.inputs = step, step_type, inputs
+        self.kind, self.name, self.key, self.request = kind, name, key, request
+        self.determinism = determinism
+
+
+def _answer(trace: Trace, c: _Call) -> tuple[int, step_memo.Proven, CallRecord, bytes] | None:
+    """(position, the remembered step there, its one call, the result bytes) when the step
+    about to make the call ``c`` is, at the next position, the remembered step and its call,
+    and the source's answer to that call is at hand; else None (the full path)."""
+    lane = _lane(trace, c.kind, c.key)
+    ctx = trace._ctx
+    if lane is None or ctx is None:
+        return None
+    p = len(trace._steps)
+    remembered = _remembered(lane, p, c)
+    if remembered is None or c.key in ctx.recent:
+        return None
+    proven, call = remembered
+    # What rewind.cache._lookup serves first: the source's call at this position.
+    entry = ctx.lineage_at.get((p, c.key))
+    if entry is None or entry.result_hash != call.result_hash:
+        return None
+    data = ctx.lineage_blobs.get(call.result_hash)
+    if data is None or entry.produced_at != call.produced_at:
+        return None
+    if step_memo.text_of(c.inputs) != proven.inputs_text:
+        return None
+    return p, proven, call, data
+
+
+def _remembered(lane: Lane, p: int, c: _Call) -> tuple[step_memo.Proven, CallRecord] | None:
+    """(the remembered step at position ``p``, its one call) when they are the step and call
+    ``c`` served from the cache (a hit, 0 ms), else None."""
+    proven = lane.proven[p] if p < len(lane.proven) else None
+    if (
+        proven is None
+        or proven.name != c.step
+        or proven.step_type != c.step_type
+        or proven.parent_position != ROOT_POSITION
+        or len(proven.calls) != 1
+    ):
+        return None
+    call = proven.calls[0]
+    same = (call.key, call.kind, call.name, call.determinism) == (
+        c.key,
+        c.kind,
+        c.name,
+        c.determinism,
+    )
+    hit = (call.call_index, call.outcome, call.reason, call.latency_ms) == (0, "hit", "hit", 0.0)
+    return (proven, call) if same and hit else None
+
+
+def serve_chat(trace: Trace, name: str, plain: dict[str, Any]) -> ChatResponse | None:
+    """:func:`rewind.tracing.chat_step`'s step served in the lane, or None (take the full
+    path). ``plain`` is the request's plain copy (the step's input)."""
+    started, perf = trace.clock(), time.perf_counter()
+    ctx = trace._ctx
+    client = ctx.chat_client if ctx is not None else None
+    if client is None:
+        return None
+    default_model = client.endpoint.model
+    fields = {k: v for k, v in plain.items() if v is not None}
+    try:
+        key, request = plain_request_key(fields, default_model=default_model)
+    except Exception:  # the full path raises it where the step records it
+        return None
+    temperature = fields.get("temperature", DEFAULT_TEMPERATURE)
+    sampled = isinstance(temperature, int | float) and temperature > 0
+    model = str(fields.get("model") or default_model)
+    determinism = "non-deterministic" if sampled else DEFAULT_POLICY.determinism
+    c = _Call(name, _LLM, plain, "llm", model, key, request, determinism)
+    found = _answer(trace, c)
+    if found is None:
+        return None
+    try:
+        response = ChatResponse.from_raw(found[3], latency_ms=0.0)
+    except Exception:
+        return None
+    return response if _finish(trace, c, found, response.content, (started, perf)) else None
+
+
+def serve_tool(
+    trace: Trace,
+    name: str,
+    step_type: str,
+    tool: Tool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A ``@step``-wrapped tool's step served in the lane, or :data:`NOT_SERVED`."""
+    started, perf = trace.clock(), time.perf_counter()
+    ctx = trace._ctx
+    if (
+        ctx is None
+        or tool.determinism != "deterministic"
+        or tool.resources is not None
+        or tool.idempotency_arg is not None
+        or tool.on_served is not None
+        or ctx.in_child_process()
+    ):
+        return NOT_SERVED
+    from rewind.tracing.tracer import bound_input
+
+    try:
+        inputs = bound_input(tool, args, kwargs)
+        request = canonical_bytes(tool.key_args(tool.bind(*args, **kwargs)))
+        key = tool._key_of(request)
+    except Exception:  # the full path raises it where the step records it
+        return NOT_SERVED
+    c = _Call(name, step_type, inputs, "tool", tool.name, key, request, "deterministic")
+    found = _answer(trace, c)
+    if found is None:
+        return NOT_SERVED
+    try:
+        value = loads(found[3])
+    except ValueError:
+        return NOT_SERVED
+    return value if _finish(trace, c, found, value, (started, perf)) else NOT_SERVED
+
+
+def _finish(
+    trace: Trace,
+    c: _Call,
+    found: tuple[int, step_memo.Proven, CallRecord, bytes],
+    output: Any,
+    clock: tuple[float, float],
+) -> bool:
+    """Add the finished step at the position found (False, nothing added: the output is not
+    the remembered one, or another step took the position meanwhile). ``clock``: the unix and
+    perf-counter seconds the step started at."""
+    from rewind.tracing.tracer import Step
+
+    p, proven, call, data = found
+    name = c.step
+    params, fields, attributes = loads(proven.rest_text)
+    snapshot = jsonable(output)
+    if step_memo.text_of({name: snapshot}, sort_keys=False) != step_memo.text_of(
+        fields, sort_keys=False
+    ):
+        return False
+    started, perf = clock
+    s = Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    s.attributes = attributes  # Step copies them: these are this step's own already
+    duration = (time.perf_counter() - perf) * 1000.0
+    s.status = StepStatus.SUCCESS
+    s.output = output
+    s.started_at = started
+    s.ended_at = started + duration / 1000.0
+    s.duration_ms = duration
+    s.prompt_tokens = proven.prompt_tokens
+    s.completion_tokens = proven.completion_tokens
+    _set_finished(s, params, [call], snapshot)
+    s._proven = proven
+    with trace._lock:
+        if trace._lane_off or len(trace._steps) != p:
+            return False
+        trace._steps.append(s)
+    ctx = trace._ctx
+    if ctx is not None and ctx.served is not None:
+        # Kept as rewind.cache._hit keeps it, in case the source leaves the store.
+        ctx.served[c.key] = (c.request, data)
+    return True
+
+
+def _set_finished(s: Step, params: dict[str, Any], calls: list[CallRecord], snapshot: Any) -> None:
+    """What a finished step keeps of its scope (:meth:`Step._release`) and its output's
+    snapshot (:meth:`Step._collect`)."""
+    s._params = params
+    s._calls = calls
+    s._pending = {}
+    s._effects = []
+    s._snapshot = snapshot
+
+
+def step_data(s: Step) -> tuple[StepData, bytes] | None:
+    """(the data of a step served in the lane, its signature), rebuilt from what it was served
+    as when the step is still as the lane finished it (status, name, type, parent, errors,
+    tokens, and its inputs and attributes as JSON text: the public fields its data is made of),
+    else None (its data is built the full way, :meth:`Step.data`)."""
+    proven = s._proven
+    if (
+        proven is None
+        or s.status != StepStatus.SUCCESS
+        or s.name != proven.name
+        or s.step_type != proven.step_type
+        or s.parent_position != proven.parent_position
+        or s.error_type is not None
+        or s.error_message is not None
+        or s.prompt_tokens != proven.prompt_tokens
+        or s.completion_tokens != proven.completion_tokens
+        or s.scope is not None
+        or s.started_at is None
+    ):
+        return None
+    if step_memo.text_of(s.attributes, sort_keys=False) != proven.attributes_text:
+        return None
+    if step_memo.text_of(s.inputs) != proven.inputs_text:
+        return None
+    timing = (s.span_id, s.started_at, s.ended_at, s.duration_ms)
+    return proven.step_data(s.position, s.inputs, s.attributes, timing), proven.signature

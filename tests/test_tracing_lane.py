@@ -1,0 +1,296 @@
+"""The lane of a cached trace (rewind.tracing.lane): steps served as a proven replay served them.
+
+Each scenario runs in two stores with the same history (a recording, then one cached replay that
+proves its steps): in one the lane serves what it can, in the other it is switched off. The
+scenario's trace must return the same values, reach the model and the tool as often, and be
+stored exactly alike (every reader's view, ids and times aside) — and, unchanged, return what
+the recording returned. Real SQLite stores and a real loopback model server (tests.model_stub).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rewind
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.store import open_store
+from rewind.tracing import Tracer, chat_step, lane, step
+from rewind.tracing.store import load_trace
+from tests.model_stub import STUB_MODEL, ModelStub
+
+N = 6
+EXECUTED: list[list[int]] = []
+_NUMBERS = re.compile(r"\d+")
+
+
+def lane_sum(numbers: list[int]) -> int:
+    """The tool body (counts its executions)."""
+    EXECUTED.append(numbers)
+    return int(sum(numbers))
+
+
+TOOL = step("lane_sum", "tool_call")(rewind.tool("lane_sum")(lane_sum))
+
+
+def reply(question: str, n: int) -> str:
+    h = hashlib.sha256(question.encode()).digest()
+    return "numbers " + " ".join(str(b) for b in h[:4])
+
+
+@contextlib.contextmanager
+def stub_and_client() -> Iterator[tuple[ModelStub, ChatClient]]:
+    """A stub of its own (its answers' ids count its requests) and a client for it."""
+    with ModelStub(reply=reply) as stub:
+        client = ChatClient(
+            Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL),
+            retry=RetryPolicy(attempts=1),
+        )
+        try:
+            yield stub, client
+        finally:
+            client.close()
+
+
+@pytest.fixture
+def stub_client() -> Iterator[tuple[ModelStub, ChatClient]]:
+    with stub_and_client() as pair:
+        yield pair
+
+
+def agent(n: int = N, *, change_at: int = -1, tool_at: int = -1, raise_at: int = -1) -> str:
+    """The traced loop: an LLM step then a tool step, per step; optional changes."""
+    digest = hashlib.sha256()
+    answer, total = "start", 0
+    for i in range(n):
+        if i == raise_at:
+            raise RuntimeError(f"stopped at {i}")
+        extra = " (changed)" if i == change_at else ""
+        messages = [
+            {"role": "system", "content": "Reply with four numbers."},
+            {"role": "user", "content": f"step {i}: {total}; {answer}{extra}"},
+        ]
+        answer = chat_step("llm", messages, temperature=0, max_tokens=32).content
+        numbers = [int(x) for x in _NUMBERS.findall(answer)][:4]
+        total = TOOL([*numbers, 1] if i == tool_at else numbers)
+        digest.update(json.dumps([answer, total]).encode())
+    return digest.hexdigest()
+
+
+def run(
+    folder: Path, client: ChatClient, block: Callable[[], str], *, read_cache: bool = True
+) -> tuple[Any, str | None]:
+    """One trace of ``block`` through a new Tracer: (the trace, the block's digest or None when
+    it raised)."""
+    tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    digest = None
+    try:
+        with tracer.trace("lane-agent") as t:
+            digest = block()
+    except RuntimeError:
+        pass
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    return t, digest
+
+
+def view(folder: Path, run_id: str) -> Any:
+    """What readers see of a stored trace, without what differs between two stores (run ids,
+    span ids, times)."""
+    st = open_store(folder)
+    try:
+        v = load_trace(st, run_id, payloads=True)
+        parent = st.get_run(v.parent_run_id) if v.parent_run_id else None
+    finally:
+        st.close()
+    text = json.dumps(dataclasses.asdict(v), sort_keys=True, default=str)
+    text = text.replace(run_id, "SELF")
+    if parent is not None:
+        text = text.replace(parent.run_id, "PARENT")
+    out = json.loads(text)
+    volatile = {"span_id", "started_at", "ended_at", "duration_ms", "produced_at", "trace_id"}
+    volatile |= {"latency_ms"}  # of the calls that ran live
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(x) for k, x in value.items() if k not in volatile}
+        if isinstance(value, list):
+            return [strip(x) for x in value]
+        return value
+
+    return strip(out)
+
+
+def history(folder: Path, client: ChatClient) -> str:
+    """A recording, then one cached replay (which proves its steps); the recording's digest."""
+    _, recorded = run(folder, client, agent, read_cache=False)
+    _, replayed = run(folder, client, agent)
+    assert replayed == recorded
+    return recorded or ""
+
+
+@pytest.fixture
+def no_lane(monkeypatch: pytest.MonkeyPatch) -> Callable[[], Any]:
+    """A context in which the lane serves nothing."""
+
+    def off() -> Any:
+        patch = pytest.MonkeyPatch()
+        patch.setattr(lane, "serve_chat", lambda *a, **k: None)
+        patch.setattr(lane, "serve_tool", lambda *a, **k: lane.NOT_SERVED)
+        return patch
+
+    return off
+
+
+SCENARIOS: dict[str, Callable[[], str]] = {
+    "unchanged": agent,
+    "changed_request_at_3": lambda: agent(change_at=3),
+    "tool_miss_at_2": lambda: agent(tool_at=2),
+    "exception_at_4": lambda: agent(raise_at=4),
+    "extra_step": lambda: agent(N + 1),
+    "missing_step": lambda: agent(N - 1),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_lane_stores_and_returns_what_the_full_path_does(
+    tmp_path: Path, no_lane: Callable[[], Any], scenario: str
+) -> None:
+    block = SCENARIOS[scenario]
+    results = {}
+    for side in ("lane", "full"):
+        with stub_and_client() as (stub, client):
+            results[side] = _side(tmp_path / side, stub, client, block, no_lane, side == "full")
+    lane_side, full_side = results["lane"], results["full"]
+    assert _diff(lane_side[3], full_side[3]) == []
+    assert lane_side[:4] == full_side[:4]
+    assert full_side[4] == 0
+    assert lane_side[4] >= 1  # the lane served the steps before any change
+    if scenario == "unchanged":
+        assert lane_side[0] == lane_side[5]  # the recording's answers
+        assert lane_side[1:3] == (0, 0)
+        assert lane_side[4] == 2 * N
+        assert lane_side[3]["config"]["reference"]["all"] is True
+
+
+def _side(
+    folder: Path,
+    stub: ModelStub,
+    client: ChatClient,
+    block: Callable[[], str],
+    no_lane: Callable[[], Any],
+    full: bool,
+) -> tuple[Any, ...]:
+    """One side of a comparison: (digest, requests, tool executions, stored view, steps the
+    lane served, the recording's digest)."""
+    recorded = history(folder, client)
+    requests, executed = stub.count, len(EXECUTED)
+    patch = no_lane() if full else None
+    try:
+        t, digest = run(folder, client, block)
+    finally:
+        if patch is not None:
+            patch.undo()
+    served = sum(1 for s in t.steps if s._proven is not None)
+    return (
+        digest,
+        stub.count - requests,
+        len(EXECUTED) - executed,
+        view(folder, t.trace_id),
+        served,
+        recorded,
+    )
+
+
+def test_the_lane_serves_every_step_of_an_unchanged_replay_from_the_source(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    stub, client = stub_client
+    recorded = history(tmp_path, client)
+    source = run(tmp_path, client, agent, read_cache=False)  # a newer recording: the source
+    requests, executed = stub.count, len(EXECUTED)
+    proving, digest = run(tmp_path, client, agent)
+    assert digest == recorded and all(s._proven is None for s in proving.steps)
+    t, digest = run(tmp_path, client, agent)
+    assert digest == recorded
+    assert (stub.count - requests, len(EXECUTED) - executed) == (0, 0)
+    assert [s._proven is not None for s in t.steps] == [True] * (2 * N)
+    assert t.parent_run_id == source[0].trace_id
+    st = open_store(tmp_path)
+    try:
+        stored = st.get_run(t.trace_id)
+    finally:
+        st.close()
+    assert stored.parent_run_id == source[0].trace_id
+    assert stored.config["reference"] == {"run": source[0].trace_id, "steps": 2 * N, "all": True}
+    assert view(tmp_path, t.trace_id) == view(tmp_path, proving.trace_id)
+
+
+def test_a_step_changed_after_the_lane_served_it_is_written_as_changed(
+    tmp_path: Path, no_lane: Callable[[], Any]
+) -> None:
+    def block() -> str:
+        digest = agent()
+        from rewind.tracing import current_trace
+
+        trace = current_trace()
+        assert trace is not None
+        trace.steps[2].set(reviewed=True)  # a served step's attributes, changed by the caller
+        return digest
+
+    views = []
+    for side in ("lane", "full"):
+        with stub_and_client() as (stub, client):
+            got = _side(tmp_path / side, stub, client, block, no_lane, side == "full")
+        views.append(got[3])
+    assert _diff(views[0], views[1]) == []
+    assert views[0]["steps"][2]["attributes"]["reviewed"] is True
+    assert views[0]["config"]["reference"]["steps"] == 2
+
+
+def test_a_wrong_remembered_answer_is_never_served(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane serves the source's recorded bytes only when its lineage entry is the remembered
+    call's: a remembered step whose call names another result is not served."""
+    stub, client = stub_client
+    recorded = history(tmp_path, client)
+    original = lane._remembered
+
+    def tampered(ln: Any, p: int, c: Any) -> Any:
+        if p == 4 and ln.proven[4] is not None:
+            proven = ln.proven[4]
+            call = dataclasses.replace(proven.calls[0], result_hash="0" * 64)
+            ln.proven[4] = dataclasses.replace(proven, calls=(call,))
+        return original(ln, p, c)
+
+    monkeypatch.setattr(lane, "_remembered", tampered)
+    requests = stub.count
+    t, digest = run(tmp_path, client, agent)
+    assert digest == recorded
+    assert stub.count == requests
+    assert [s._proven is not None for s in t.steps][:5] == [True] * 4 + [False]
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in _diff(x, y, f"{path}[{i}]")
+        ]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
