@@ -294,3 +294,30 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
             for d in _diff(x, y, f"{path}[{i}]")
         ]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def test_a_callback_registered_during_a_trace_sees_every_later_step(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    _, client = stub_client
+    history(tmp_path, client)
+    seen: list[int] = []
+    tracer = Tracer(tmp_path, chat_client=client, read_cache=True, raise_on_write_error=True)
+    try:
+        with tracer.trace("lane-agent") as t:
+            digest = hashlib.sha256()
+            answer, total = "start", 0
+            for i in range(N):
+                if i == 2:
+                    tracer.on_step_end(lambda *, step, trace_id, **_: seen.append(step.position))
+                messages = [
+                    {"role": "system", "content": "Reply with four numbers."},
+                    {"role": "user", "content": f"step {i}: {total}; {answer}"},
+                ]
+                answer = chat_step("llm", messages, temperature=0, max_tokens=32).content
+                total = TOOL([int(x) for x in _NUMBERS.findall(answer)][:4])
+                digest.update(json.dumps([answer, total]).encode())
+    finally:
+        tracer.close()
+    assert [s._proven is not None for s in t.steps] == [True] * 4 + [False] * (2 * N - 4)
+    assert seen == list(range(4, 2 * N))

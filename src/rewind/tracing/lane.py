@@ -73,7 +73,7 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
             trace._lane_off = True
             return None
         trace._lane = lane
-    if threading.get_ident() != lane.thread:
+    if threading.get_ident() != lane.thread or _observed(trace):
         return None
     from rewind.context import current
     from rewind.tracing.tracer import _STEP
@@ -81,6 +81,13 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
     if _STEP.get() is not None or current() is not ctx:
         return None
     return lane
+
+
+def _observed(trace: Trace) -> bool:
+    """Whether step or chain callbacks or a stop condition watch the trace (registered on its
+    tracer at any time): their steps take the full path, which calls them."""
+    callbacks = trace.callbacks
+    return bool(callbacks.step_end or callbacks.chain_end or trace.stop_after is not None)
 
 
 def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
@@ -91,9 +98,7 @@ def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
         not trace._read_cache
         or not ctx.read_cache
         or not {"llm", "tool"} <= ctx.cached_kinds
-        or trace.callbacks.step_end
-        or trace.callbacks.chain_end
-        or trace.stop_after is not None
+        or _observed(trace)
         or trace.override is not None
         or ctx.param_overrides
         or ctx.input_overrides

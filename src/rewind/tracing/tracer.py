@@ -773,7 +773,8 @@ class Trace:
             except ValueError:
                 token.var.set(None)
         self._tokens = []
-        data, signed = self._data(lane=True)
+        # (a chain_end callback gets the steps built the full way, as it always did)
+        data, signed = self._data(lane=not self.callbacks.chain_end)
         try:
             try:
                 self.record = write_trace(
