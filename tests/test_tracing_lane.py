@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,42 @@ def test_a_callback_registered_during_a_trace_sees_every_later_step(
         tracer.close()
     assert [s._proven is not None for s in t.steps] == [True] * 4 + [False] * (2 * N - 4)
     assert seen == list(range(4, 2 * N))
+
+
+def test_a_lane_replay_whose_source_gc_archived_meanwhile_is_stored_unlinked(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """Every step served in the lane, then ``rewind gc`` archives the source (and sweeps its
+    blobs) before the replay is written: stored without a parent, every call's request and
+    result its own (what the full path does, rewind.tracing.tracer.Trace._unlinked)."""
+    from rewind.store.retention import collect_garbage
+
+    stub, client = stub_client
+    recorded = history(tmp_path, client)
+    requests = stub.count
+    tracer = Tracer(tmp_path, chat_client=client, read_cache=True, raise_on_write_error=True)
+    try:
+        with tracer.trace("lane-agent") as t:
+            digest = agent()
+            st = open_store(tmp_path)
+            try:
+                report = collect_garbage(st, 30 * 86400, now=time.time() + 40 * 86400)
+            finally:
+                st.close()
+            assert report.archived and report.blobs_deleted
+    finally:
+        tracer.close()
+    assert digest == recorded and stub.count == requests
+    assert [s._proven is not None for s in t.steps] == [True] * (2 * N)
+    st = open_store(tmp_path)
+    try:
+        run_row = st.get_run(t.trace_id)
+        assert run_row.parent_run_id is None and run_row.config["source_missing"]
+        v = load_trace(st, t.trace_id, payloads=True)
+        assert len(v.steps) == 2 * N and all(s.output is not None for s in v.steps)
+        for node in st.nodes_of(t.trace_id):
+            for call in node.calls:
+                assert call.result_hash and st.get_blob(call.result_hash)
+                assert st.get_blob(call.request_hash)
+    finally:
+        st.close()
