@@ -65,7 +65,7 @@ def test_verify_server_passes_on_postgres_redis_workers_and_s3(
         stderr=subprocess.STDOUT,
     )
     try:
-        while not queue_workers(queue, timeout=0.5):
+        while not queue_workers(queue, timeout=0.25, settle=0):  # returns at its first answer
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()
         verify = subprocess.run(
             [sys.executable, "-m", "rewind", "verify", "--server"],
@@ -152,5 +152,5 @@ def test_verify_starts_a_worker_when_none_consumes_the_queue_and_stops_it(
     with verification_worker(setup, said.append):
         assert len(queue_workers(queue)) == 1  # it answers before verify goes on
         assert "started one for this verification" in said[0]
-    assert queue_workers(queue, timeout=1.0) == []
+    assert queue_workers(queue, timeout=0.5) == []  # its process has exited
     assert "stopped the rewind worker verify started" in said[-1]
