@@ -93,12 +93,28 @@ class Workers:
             set_gate(self.gate, "release", "exit")
         for p in self.procs:
             p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        # A worker's warm shutdown lasts ~2 s (its pool process sleeps 1 s before exiting, then a
+        # 0.5 s timer loop is joined): nothing of this test waits for it. The workers stop
+        # consuming at once, and the next test uses another Redis database and store;
+        # ``stopped_workers`` reaps them when the module ends.
+        STOPPING.extend(self.procs)
+
+
+STOPPING: list[subprocess.Popen[bytes]] = []
+"""Workers told to stop (SIGTERM), reaped by :func:`stopped_workers`."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stopped_workers() -> Iterator[None]:
+    """Wait for every worker this module stopped to exit (killed after 60 s)."""
+    yield
+    for p in STOPPING:
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    STOPPING.clear()
 
 
 @pytest.fixture
