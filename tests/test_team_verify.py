@@ -40,6 +40,16 @@ def _team_env(url: str, queue: str, objects_url: str, s3: S3Server) -> dict[str,
     return env
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for ``proc`` (told to stop) to exit; kill it after 60 s."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.s3
@@ -48,6 +58,7 @@ def test_verify_server_passes_on_postgres_redis_workers_and_s3(
     redis_server: RedisServer,
     s3_server: S3Server,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     url = postgres_server.new_database()
     queue = redis_server.new_url()
@@ -64,6 +75,8 @@ def test_verify_server_passes_on_postgres_redis_workers_and_s3(
         stdout=worker_log,
         stderr=subprocess.STDOUT,
     )
+    request.addfinalizer(worker_log.close)
+    request.addfinalizer(lambda: _reap(worker))
     try:
         while not queue_workers(queue, timeout=0.25, settle=0):  # returns at its first answer
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()
@@ -77,13 +90,8 @@ def test_verify_server_passes_on_postgres_redis_workers_and_s3(
         )
         assert worker.poll() is None, "the team's worker must outlive the verification"
     finally:
+        # Its warm shutdown (~2 s) overlaps the checks below; the finalizer waits for it.
         worker.terminate()
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        worker_log.close()
     report = verify.stdout + verify.stderr
     print(report)  # shown with -s, and on failure
     assert verify.returncode == 0, report + (tmp_path / "worker.log").read_text()
