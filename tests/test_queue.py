@@ -32,7 +32,7 @@ from rewind.store import Store, open_store
 from tests import queue_pipelines
 from tests.conftest import StoreTarget, row_counts
 from tests.queue_pipelines import entered_pid, set_gate
-from tests.services import RedisServer, free_port
+from tests.services import RedisServer, free_port, reap
 
 REPO = Path(__file__).resolve().parent.parent
 REGISTRY = {"scaling": PipelineEntry.of(queue_pipelines.scaling, {"x": 3})}
@@ -109,11 +109,7 @@ def stopped_workers() -> Iterator[None]:
     """Wait for every worker this module stopped to exit (killed after 60 s)."""
     yield
     for p in STOPPING:
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        reap(p)
     STOPPING.clear()
 
 

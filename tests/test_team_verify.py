@@ -16,7 +16,7 @@ from sqlalchemy import text
 from rewind.api.verify_http import TeamSetup, queue_workers, verification_worker
 from rewind.store import open_store
 from rewind.store.objects import ObjectStore
-from tests.services import PostgresServer, RedisServer, S3Server
+from tests.services import PostgresServer, RedisServer, S3Server, reap
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,16 +38,6 @@ def _team_env(url: str, queue: str, objects_url: str, s3: S3Server) -> dict[str,
     )
     env.pop("REWIND_TOKEN", None)
     return env
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Wait for ``proc`` (told to stop) to exit; kill it after 60 s."""
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.slow
@@ -76,7 +66,7 @@ def test_verify_server_passes_on_postgres_redis_workers_and_s3(
         stderr=subprocess.STDOUT,
     )
     request.addfinalizer(worker_log.close)
-    request.addfinalizer(lambda: _reap(worker))
+    request.addfinalizer(lambda: reap(worker))  # terminated below
     try:
         while not queue_workers(queue, timeout=0.25, settle=0):  # returns at its first answer
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()
