@@ -80,8 +80,9 @@ class Workers:
             for p in self.procs:
                 if p.poll() is not None:
                     pytest.fail(f"a worker exited at start ({p.returncode}):\n{self.log_text()}")
-            # ``limit``: the ping returns once ``count`` workers answered, not after 0.5 s.
-            if len(control.ping(timeout=0.5, limit=self.count) or []) >= self.count:
+            # ``limit``: the ping returns once ``count`` workers answered, not after its timeout.
+            # A ping sent before a worker listens is lost: short probes notice it sooner.
+            if len(control.ping(timeout=0.2, limit=self.count) or []) >= self.count:
                 return
         pytest.fail(f"the workers did not answer a ping:\n{self.log_text()}")
 
