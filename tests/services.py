@@ -309,9 +309,14 @@ def redis_server() -> Iterator[RedisServer]:
     finally:
         client.close()
         proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        reap(proc, 30)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def reap(proc: subprocess.Popen[bytes], wait_s: float = 60) -> None:
+    """Wait for ``proc`` (already told to stop) to exit; kill it after ``wait_s`` seconds."""
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -86,7 +86,11 @@ class KeyValueServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for the serving loop's next look at its flag: every poll_interval
+        # (0.5 s by default, paid by every test's teardown)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def stop(self) -> None:
         self.server.shutdown()

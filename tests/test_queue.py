@@ -32,7 +32,7 @@ from rewind.store import Store, open_store
 from tests import queue_pipelines
 from tests.conftest import StoreTarget, row_counts
 from tests.queue_pipelines import entered_pid, set_gate
-from tests.services import RedisServer, free_port
+from tests.services import RedisServer, free_port, reap
 
 REPO = Path(__file__).resolve().parent.parent
 REGISTRY = {"scaling": PipelineEntry.of(queue_pipelines.scaling, {"x": 3})}
@@ -80,8 +80,9 @@ class Workers:
             for p in self.procs:
                 if p.poll() is not None:
                     pytest.fail(f"a worker exited at start ({p.returncode}):\n{self.log_text()}")
-            # ``limit``: the ping returns once ``count`` workers answered, not after 0.5 s.
-            if len(control.ping(timeout=0.5, limit=self.count) or []) >= self.count:
+            # ``limit``: the ping returns once ``count`` workers answered, not after its timeout.
+            # A ping sent before a worker listens is lost: short probes notice it sooner.
+            if len(control.ping(timeout=0.2, limit=self.count) or []) >= self.count:
                 return
         pytest.fail(f"the workers did not answer a ping:\n{self.log_text()}")
 
@@ -93,12 +94,24 @@ class Workers:
             set_gate(self.gate, "release", "exit")
         for p in self.procs:
             p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        # A worker's warm shutdown lasts ~2 s (its pool process sleeps 1 s before exiting, then a
+        # 0.5 s timer loop is joined): nothing of this test waits for it. The workers stop
+        # consuming at once, and the next test uses another Redis database and store;
+        # ``stopped_workers`` reaps them when the module ends.
+        STOPPING.extend(self.procs)
+
+
+STOPPING: list[subprocess.Popen[bytes]] = []
+"""Workers told to stop (SIGTERM), reaped by :func:`stopped_workers`."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stopped_workers() -> Iterator[None]:
+    """Wait for every worker this module stopped to exit (killed after 60 s)."""
+    yield
+    for p in STOPPING:
+        reap(p)
+    STOPPING.clear()
 
 
 @pytest.fixture

@@ -319,9 +319,13 @@ def test_tokens_are_stored_only_as_sha256(store_target: StoreTarget) -> None:
         store.close()
 
 
-def test_a_store_without_users_stays_open_until_the_first_user(tmp_path: Path) -> None:
+def test_a_store_without_users_stays_open_until_the_first_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rewind.store import open_store
 
+    # That the server looks again, not how often (1 s): it looks every 0.05 s here.
+    monkeypatch.setattr("rewind.api.middleware._USERS_RECHECK_S", 0.05)
     store = open_store(tmp_path / "store")
     app = create_app(store, chat_client=None, pipelines=REGISTRY)
     with LiveServer(app) as server, httpx.Client(base_url=server.url, trust_env=False) as c:
@@ -333,7 +337,7 @@ def test_a_store_without_users_stays_open_until_the_first_user(tmp_path: Path) -
         assert store.get_run(unowned).created_by is None
         _, token = add_user(store, "erin")
         deadline = time.monotonic() + 30
-        while c.get("/api/runs").status_code != 401:  # the server looks again within ~1 s
+        while c.get("/api/runs").status_code != 401:  # the server looks again soon
             assert time.monotonic() < deadline, "the server never noticed the first user"
             time.sleep(0.1)
         auth = {"Authorization": f"Bearer {token}"}

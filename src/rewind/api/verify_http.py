@@ -420,17 +420,39 @@ def check_team_setup(store: str | None, queue: str | None, objects: str | None) 
         )
 
 
-def queue_workers(queue: str, timeout: float = 3.0) -> list[str]:
+PING_TIMEOUT_S = 1.0
+"""Seconds a worker has to answer verify's ping (Celery's own ``celery inspect ping`` default).
+A ping collects replies until this much silence: with no worker it always lasts this long."""
+PING_SETTLE_S = 0.5
+"""Seconds the other workers have to answer once the first one did (they reply in
+milliseconds on one network; the count is only reported)."""
+READY_PROBE_S = 0.25
+"""Seconds one readiness probe waits for the worker verify started: a ping sent before the
+worker listens is lost, so a short probe, repeated, notices the worker soon after it listens."""
+
+
+def queue_workers(
+    queue: str, timeout: float = PING_TIMEOUT_S, settle: float = PING_SETTLE_S
+) -> list[str]:
     """Names of the Celery workers answering a ping on the queue ``queue`` (may be empty).
 
+    Args:
+        queue: the broker URL.
+        timeout: seconds to wait for a first answer (no answer: ``[]`` after this long).
+        settle: seconds to wait for the others once one answered (0: return the first one).
     Raises:
         QueueUnavailable: the broker cannot be reached.
     """
     from rewind.jobs.queue import celery_app, check_queue
 
     check_queue(queue)
-    replies = celery_app(queue).control.ping(timeout=timeout) or []
-    return sorted(name for reply in replies for name in reply)
+    control = celery_app(queue).control
+    # ``limit=1``: return at the first answer, not after ``timeout`` (a ping without a limit
+    # collects replies until ``timeout`` of silence, however soon the workers answered).
+    replies = control.ping(timeout=timeout, limit=1) or []
+    if replies and settle > 0:
+        replies += control.ping(timeout=settle) or []
+    return sorted({name for reply in replies for name in reply})
 
 
 @contextlib.contextmanager
@@ -458,7 +480,7 @@ def verification_worker(setup: TeamSetup, say: Callable[[str], Any]) -> Iterator
     say(f"no rewind worker consumes the queue; started one for this verification (pid {proc.pid})")
     try:
         deadline = time.monotonic() + 120
-        while not queue_workers(setup.queue, timeout=1.0):
+        while not queue_workers(setup.queue, timeout=READY_PROBE_S, settle=0):
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()
                 with open(log.name) as f:

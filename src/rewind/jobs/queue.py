@@ -102,6 +102,8 @@ def celery_app(url: str) -> Any:
             },
             worker_hijack_root_logger=False,
             worker_send_task_events=False,
+            # Celery's prefork pool, noticing a killed pool process at once (not up to 5 s on).
+            worker_pool="rewind.jobs.pool:TaskPool",
         )
         app.task(name=TASK_NAME, bind=False)(_run_job_task)
         _apps[url] = app
