@@ -26,7 +26,7 @@ from rewind.api import create_app
 from rewind.api.app import is_loopback
 from rewind.api.pipelines import PipelineEntry, research_entry
 from rewind.artifacts import publish
-from rewind.cli.serve import run_server, server_url
+from rewind.cli.serve import bind_socket, run_server, server_url
 from rewind.errors import RewindError, UnknownRun
 from rewind.jobs import state as job_state
 from rewind.llm import ChatClient
@@ -981,6 +981,34 @@ def test_serve_needs_a_token_beyond_loopback(
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
     assert server_url("0.0.0.0", 8080) == "http://127.0.0.1:8080/"
     assert server_url("::1", 8080) == "http://[::1]:8080/"
+
+
+def test_served_connections_send_small_answers_without_waiting_for_an_ack() -> None:
+    """A connection accepted on ``bind_socket``'s socket (as uvicorn accepts them) has Nagle's
+    algorithm off: uvicorn writes headers and body in two sends, and with it on the body waited
+    for the client's delayed ACK (~40 ms an answer)."""
+    import asyncio
+    import socket
+
+    async def nodelay_of_an_accepted_connection() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        listener = bind_socket("127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        async with server:
+            _, writer = await asyncio.open_connection(*listener.getsockname())
+            try:
+                return await asyncio.wait_for(accepted, 60)
+            finally:
+                writer.close()
+
+    assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
 
 
 def test_serve_prints_the_url_and_serves(tmp_path: Path) -> None:

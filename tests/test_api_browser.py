@@ -25,6 +25,7 @@ from rewind.cli.serve import LOOPBACK_NAMES
 from rewind.store import open_store
 from tests import pipelines
 from tests.live_server import LiveServer
+from tests.model_stub import SHUTDOWN_POLL_S
 
 TIMEOUT_MS = 60_000  # a loaded CI machine is slow; this bounds a hang, it measures nothing
 
@@ -70,7 +71,7 @@ class _Page(http.server.BaseHTTPRequestHandler):
 def other_site() -> Iterator[int]:
     """A plain web server on another 127.0.0.1 port; its port."""
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=httpd.serve_forever)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S})
     thread.start()
     yield int(httpd.server_address[1])
     httpd.shutdown()

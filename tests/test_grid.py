@@ -82,9 +82,13 @@ def rw(tmp_path: Path, model: SlowModel) -> Iterator[Rewind]:
 
 @pytest.fixture
 def parent(rw: Rewind, model: SlowModel) -> RunRecord:
+    # The delay makes concurrent variants overlap; the serial recording needs none (0.1 s of
+    # sleep in each of ~27 tests' setup).
+    delay, model.delay_s = model.delay_s, 0.0
     run = rw.record(pipelines.grid_pipeline, {"question": QUESTION})
     assert run.status == "completed", run.error
     model.requests.clear()
+    model.delay_s = delay
     return run
 
 

@@ -25,6 +25,7 @@ from rewind.localmodel import (
     find_default_model_file,
     model_endpoint,
 )
+from tests.model_stub import SHUTDOWN_POLL_S
 
 HAS_SERVER = importlib.util.find_spec("llama_cpp") is not None
 try:
@@ -168,7 +169,9 @@ class _NotFound(BaseHTTPRequestHandler):
 @pytest.fixture
 def not_found_server() -> Iterator[str]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()

@@ -93,11 +93,17 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free one the OS picks).
 
+    The socket is made with protocol ``IPPROTO_TCP`` (not 0): asyncio sets ``TCP_NODELAY`` on
+    an accepted connection only when its socket says so, and uvicorn writes a response's
+    headers and body in two sends. With Nagle's algorithm on, the body waited for the client's
+    delayed ACK of the headers: every small answer of ``rewind serve`` took ~40 ms more
+    (45 ms vs 1.9 ms a ``GET /api/runs`` over loopback).
+
     Raises:
         RewindError: the address cannot be bound (in use, not local, no permission).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
