@@ -282,6 +282,8 @@ def test_stop_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert pid is not None and not process_gone(pid)
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert argv[argv.index(b"--n_threads") + 1] == b"1"  # REWIND_MODEL_THREADS reached the server
+    # and reading the prompt too (llama_cpp.server's own default for it is every core)
+    assert argv[argv.index(b"--n_threads_batch") + 1] == b"1"
     server.stop()
     assert process_gone(pid)
     assert server.endpoint is None and server.pid is None

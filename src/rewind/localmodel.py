@@ -99,10 +99,13 @@ class LocalModelServer:
             :meth:`stop` deletes (a failed start keeps it and names it in the error).
         model_alias: the model name served and keyed; :data:`DEFAULT_MODEL_ALIAS` for the default
             file, the file's stem for any other file.
-        n_threads: generation threads; when ``None``, ``REWIND_MODEL_THREADS`` if set, else
-            ``min(cpu_count, 4)``. One thread generates nearly as fast on a quiet machine and
-            far faster when other processes share the cores (llama.cpp's threads spin-wait for
-            each other every layer of every token).
+        n_threads: threads for generating and for reading the prompt (llama_cpp.server's
+            ``--n_threads`` and ``--n_threads_batch``; its own default for the latter is every
+            core); when ``None``, ``REWIND_MODEL_THREADS`` if set, else ``min(cpu_count, 4)``.
+            One thread generates nearly as fast on a quiet machine and far faster when other
+            processes share the cores (llama.cpp's threads spin-wait for each other every layer
+            of every token): two ``rewind verify`` at once on 2 cores with 1 thread each took
+            35-38 s while prompts were read on 2 threads each, 21 s on 1.
 
     Raises (from the constructor):
         EndpointUnavailable: ``REWIND_MODEL_THREADS`` is set but is not a whole number ≥ 1.
@@ -240,6 +243,9 @@ class LocalModelServer:
             "--n_ctx",
             str(self.n_ctx),
             "--n_threads",
+            str(self.n_threads),
+            # Reading the prompt too: llama_cpp.server's own default is every core.
+            "--n_threads_batch",
             str(self.n_threads),
             "--verbose",
             "false",
