@@ -152,3 +152,37 @@ def test_verify_starts_a_worker_when_none_consumes_the_queue_and_stops_it(
         assert "started one for this verification" in said[0]
     assert queue_workers(queue, timeout=0.5) == []  # its process has exited
     assert "stopped the rewind worker verify started" in said[-1]
+
+
+def test_a_broker_that_goes_away_during_the_ping_is_a_clear_queue_error(tmp_path: Path) -> None:
+    """Redis stops while verify's ping waits for workers' answers: QueueUnavailable (what
+    verify shows with its hint), not the Redis client's ConnectionError."""
+    import shutil
+    import threading
+
+    from rewind.jobs.queue import QueueUnavailable
+    from tests.services import free_port, missing_service
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        missing_service("no redis-server binary (make redis installs Debian's redis-server)")
+    port = free_port()
+    command = [str(binary), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    command += ["--appendonly", "no", "--dir", str(tmp_path)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    queue = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            try:
+                queue_workers(queue, timeout=0.05)
+                break
+            except QueueUnavailable:  # not listening yet
+                if proc.poll() is not None:
+                    pytest.fail(f"redis-server exited at start with status {proc.returncode}")
+                threading.Event().wait(0.1)
+        threading.Timer(0.3, proc.kill).start()  # mid-ping: no worker answers for 5 s
+        with pytest.raises(QueueUnavailable, match="cannot reach the task queue"):
+            queue_workers(queue, timeout=5.0)
+    finally:
+        proc.kill()
+        reap(proc)

@@ -361,3 +361,29 @@ def test_a_lane_replay_whose_source_gc_archived_meanwhile_is_stored_unlinked(
                 assert st.get_blob(call.request_hash)
     finally:
         st.close()
+
+
+def test_a_trace_input_rewind_cannot_store_fails_the_write_not_the_chain(
+    tmp_path: Path, no_lane: Callable[[], Any]
+) -> None:
+    """A trace whose input is set, after it started, to a value Rewind has no encoding for: the
+    full path runs the chain and fails only the write (``write_error``); the lane, which keys
+    its remembered steps by the input's hash, must not raise into the chain either."""
+    outcomes = []
+    for side in ("lane", "full"):
+        with stub_and_client() as (stub, client):
+            recorded = history(tmp_path / side, client)
+            requests = stub.count
+            patch = no_lane() if side == "full" else None
+            tracer = Tracer(tmp_path / side, chat_client=client, read_cache=True)
+            try:
+                with tracer.trace("lane-agent") as t:
+                    t.input = {"request": object()}
+                    digest = agent()
+            finally:
+                tracer.close()
+                if patch is not None:
+                    patch.undo()
+            assert digest == recorded and stub.count == requests
+            outcomes.append((t.record is None, (t.write_error or "").split(":")[0]))
+    assert outcomes[0] == outcomes[1] == (True, "UnstorableValue")

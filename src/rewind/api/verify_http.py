@@ -443,15 +443,21 @@ def queue_workers(
     Raises:
         QueueUnavailable: the broker cannot be reached.
     """
-    from rewind.jobs.queue import celery_app, check_queue
+    from rewind.jobs.queue import QueueUnavailable, celery_app, check_queue, safe_url
 
     check_queue(queue)
     control = celery_app(queue).control
-    # ``limit=1``: return at the first answer, not after ``timeout`` (a ping without a limit
-    # collects replies until ``timeout`` of silence, however soon the workers answered).
-    replies = control.ping(timeout=timeout, limit=1) or []
-    if replies and settle > 0:
-        replies += control.ping(timeout=settle) or []
+    try:
+        # ``limit=1``: return at the first answer, not after ``timeout`` (a ping without a
+        # limit collects replies until ``timeout`` of silence, however soon they answered).
+        replies = control.ping(timeout=timeout, limit=1) or []
+        if replies and settle > 0:
+            replies += control.ping(timeout=settle) or []
+    except Exception as exc:  # the broker went away during the ping (redis ConnectionError)
+        raise QueueUnavailable(
+            f"cannot reach the task queue at {safe_url(queue)}: {exc}",
+            "start Redis (redis-server) or fix --queue / REWIND_QUEUE",
+        ) from exc
     return sorted({name for reply in replies for name in reply})
 
 

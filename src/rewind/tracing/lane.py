@@ -115,9 +115,11 @@ def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
         return None
     from rewind.tracing.store import initial_state_hash
 
-    proven = [
-        p for _sig, _changed, p in step_memo.remembered(source, initial_state_hash(trace.input))
-    ]
+    try:
+        init_hash = initial_state_hash(trace.input)
+    except Exception:  # an input set later that Rewind cannot store: only the write fails
+        return None
+    proven = [p for _sig, _changed, p in step_memo.remembered(source, init_hash)]
     if not proven or proven[0] is None:
         return None
     return Lane(proven, threading.get_ident())
