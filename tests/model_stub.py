@@ -8,11 +8,15 @@ in Rewind's bookkeeping. Used by the capture tests and ``benchmarks/capture_over
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rewind.llm import ChatClient
 
 STUB_MODEL = "stub-model"
 SHUTDOWN_POLL_S = 0.01
@@ -211,6 +215,25 @@ class ModelStub:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join()
+
+
+@contextlib.contextmanager
+def stub_and_client(
+    reply: Callable[[str, int], str] | None = None,
+) -> Iterator[tuple[ModelStub, ChatClient]]:
+    """A stub of its own (``reply(question, request number) -> answer``; default: the stub's
+    numbered answers) and a ``ChatClient`` for it without retries, closed on exit."""
+    from rewind.llm import ChatClient, Endpoint, RetryPolicy
+
+    with ModelStub(reply=reply) as stub:
+        client = ChatClient(
+            Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL),
+            retry=RetryPolicy(attempts=1),
+        )
+        try:
+            yield stub, client
+        finally:
+            client.close()
 
 
 def main() -> None:

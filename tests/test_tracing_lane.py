@@ -9,7 +9,6 @@ the recording returned. Real SQLite stores and a real loopback model server (tes
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -22,11 +21,11 @@ from typing import Any
 import pytest
 
 import rewind
-from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.llm import ChatClient
 from rewind.store import open_store
 from rewind.tracing import Tracer, chat_step, lane, step
 from rewind.tracing.store import load_trace
-from tests.model_stub import STUB_MODEL, ModelStub
+from tests.model_stub import ModelStub, stub_and_client
 
 N = 6
 EXECUTED: list[list[int]] = []
@@ -47,23 +46,9 @@ def reply(question: str, n: int) -> str:
     return "numbers " + " ".join(str(b) for b in h[:4])
 
 
-@contextlib.contextmanager
-def stub_and_client() -> Iterator[tuple[ModelStub, ChatClient]]:
-    """A stub of its own (its answers' ids count its requests) and a client for it."""
-    with ModelStub(reply=reply) as stub:
-        client = ChatClient(
-            Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL),
-            retry=RetryPolicy(attempts=1),
-        )
-        try:
-            yield stub, client
-        finally:
-            client.close()
-
-
 @pytest.fixture
 def stub_client() -> Iterator[tuple[ModelStub, ChatClient]]:
-    with stub_and_client() as pair:
+    with stub_and_client(reply) as pair:
         yield pair
 
 
@@ -169,7 +154,7 @@ def test_the_lane_stores_and_returns_what_the_full_path_does(
     block = SCENARIOS[scenario]
     results = {}
     for side in ("lane", "full"):
-        with stub_and_client() as (stub, client):
+        with stub_and_client(reply) as (stub, client):
             results[side] = _side(tmp_path / side, stub, client, block, no_lane, side == "full")
     lane_side, full_side = results["lane"], results["full"]
     assert _diff(lane_side[3], full_side[3]) == []
@@ -250,7 +235,7 @@ def test_a_step_changed_after_the_lane_served_it_is_written_as_changed(
 
     views = []
     for side in ("lane", "full"):
-        with stub_and_client() as (stub, client):
+        with stub_and_client(reply) as (stub, client):
             got = _side(tmp_path / side, stub, client, block, no_lane, side == "full")
         views.append(got[3])
     assert _diff(views[0], views[1]) == []
@@ -371,7 +356,7 @@ def test_a_trace_input_rewind_cannot_store_fails_the_write_not_the_chain(
     its remembered steps by the input's hash, must not raise into the chain either."""
     outcomes = []
     for side in ("lane", "full"):
-        with stub_and_client() as (stub, client):
+        with stub_and_client(reply) as (stub, client):
             recorded = history(tmp_path / side, client)
             requests = stub.count
             patch = no_lane() if side == "full" else None

@@ -14,25 +14,18 @@ from typing import Any
 
 import pytest
 
-from rewind.llm import ChatClient, Endpoint, RetryPolicy
+from rewind.llm import ChatClient
 from rewind.replay import Rewind
 from rewind.store import open_store
 from rewind.tracing import StepType, Tracer, chat_step, step, step_memo
 from rewind.tracing.store import load_trace
-from tests.model_stub import STUB_MODEL, ModelStub
+from tests.model_stub import ModelStub, stub_and_client
 
 
 @pytest.fixture
 def stub_client() -> Iterator[tuple[ModelStub, ChatClient]]:
-    with ModelStub(reply=lambda question, n: f"answer to {question}") as stub:
-        client = ChatClient(
-            Endpoint(base_url=stub.base_url, api_key="none", model=STUB_MODEL),
-            retry=RetryPolicy(attempts=1),
-        )
-        try:
-            yield stub, client
-        finally:
-            client.close()
+    with stub_and_client(lambda question, n: f"answer to {question}") as pair:
+        yield pair
 
 
 def block(value: Any) -> None:
