@@ -338,3 +338,33 @@ def test_a_source_read_once_is_reused_and_never_outlives_its_run(
         run = st.get_run(replay)
         assert run.parent_run_id == again
         assert run.config["reference"] == {"run": again, "steps": 6, "all": True}
+
+
+def test_cache_entries_read_ahead_are_read_each_time_and_rebuilt_only_when_changed(
+    folder: Path, chat_client: ChatClient
+) -> None:
+    """The cache entries of a source's calls are read by every cached trace: the entries of a
+    trace that read the same rows as the one before are that trace's (one dict, shared), and a
+    cache row changed since (a recording replaced the answer) is read as it is now."""
+    from rewind.tracing import tracer_source
+
+    trace_once(folder, chat_client, read_cache=False, steps=3)
+    with opened(folder) as st:
+        with st.read() as conn:
+            kind, key = conn.execute(
+                text("SELECT kind, lower(hex(key)) FROM calls WHERE kind = 'llm' LIMIT 1")
+            ).one()
+        first = tracer_source.find_source(st, "agent", kind, key)
+        again = tracer_source.find_source(st, "agent", kind, key)
+        assert first is not None and again is not None
+        assert again.entries is first.entries  # the same rows read: the same entries
+        with st.write() as conn:
+            conn.execute(
+                text("UPDATE llm_cache SET created_at = 12345.0 WHERE key = :k"),
+                {"k": bytes.fromhex(key)},
+            )
+        changed = tracer_source.find_source(st, "agent", kind, key)
+    assert changed is not None and changed.entries is not first.entries
+    assert changed.entries[(kind, key)].created_at == 12345.0
+    assert first.entries[(kind, key)].created_at != 12345.0
+    assert changed.entries.keys() == first.entries.keys()

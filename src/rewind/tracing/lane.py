@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from rewind.call import DEFAULT_POLICY
 from rewind.canonical import canonical_bytes, loads
+from rewind.context import current
 from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
 from rewind.store.records import CallRecord
 from rewind.tracing import step_memo
+from rewind.tracing import tracer as _tracer  # (it imports this module at its end)
 from rewind.tracing.model import ROOT_POSITION, StepData, StepStatus, StepType, jsonable
 
 if TYPE_CHECKING:
@@ -75,10 +77,7 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
         trace._lane = lane
     if threading.get_ident() != lane.thread or _observed(trace):
         return None
-    from rewind.context import current
-    from rewind.tracing.tracer import _STEP
-
-    if _STEP.get() is not None or current() is not ctx:
+    if _tracer._STEP.get() is not None or current() is not ctx:
         return None
     return lane
 
@@ -272,18 +271,14 @@ def _finish(
     """Add the finished step at the position found (False, nothing added: the output is not
     the remembered one, or another step took the position meanwhile). ``clock``: the unix and
     perf-counter seconds the step started at."""
-    from rewind.tracing.tracer import Step
-
     p, proven, call, data = found
     name = c.step
-    params, fields, attributes = loads(proven.rest_text)
     snapshot = jsonable(output)
-    if step_memo.text_of({name: snapshot}, sort_keys=False) != step_memo.text_of(
-        fields, sort_keys=False
-    ):
+    if step_memo.text_of({name: snapshot}, sort_keys=False) != proven.fields_text:
         return False
+    params, fields, attributes = loads(proven.rest_text)
     started, perf = clock
-    s = Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    s = _tracer.Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
     s.attributes = attributes  # Step copies them: these are this step's own already
     duration = (time.perf_counter() - perf) * 1000.0
     s.status = StepStatus.SUCCESS
@@ -295,6 +290,7 @@ def _finish(
     s.completion_tokens = proven.completion_tokens
     _set_finished(s, params, [call], snapshot)
     s._proven = proven
+    s._lane_fields = fields  # read once, this step's own: step_data uses them
     with trace._lock:
         if trace._lane_off or len(trace._steps) != p:
             return False
@@ -341,4 +337,6 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
     if step_memo.text_of(s.inputs) != proven.inputs_text:
         return None
     timing = (s.span_id, s.started_at, s.ended_at, s.duration_ms)
-    return proven.step_data(s.position, s.inputs, s.attributes, timing), proven.signature
+    fields = s._lane_fields
+    parsed = (s._params, fields) if s._params is not None and fields is not None else None
+    return proven.step_data(s.position, s.inputs, s.attributes, timing, parsed), proven.signature

@@ -75,6 +75,7 @@ class Proven:
     inputs_text: bytes
     rest_text: bytes
     attributes_text: bytes
+    fields_text: bytes
     calls: tuple[CallRecord, ...]
     prompt_tokens: int
     completion_tokens: int
@@ -85,11 +86,17 @@ class Proven:
         inputs: dict[str, Any],
         attributes: dict[str, Any],
         timing: tuple[str, float | None, float | None, float],
+        parsed: tuple[dict[str, Any], dict[str, Any]] | None = None,
     ) -> StepData:
         """The step rebuilt at ``position`` with a run's own inputs and attributes (the caller
         checked they are ``inputs_text`` and ``attributes_text``) and its span id, start, end
-        and duration (``timing``): the same signed fields, so the same :attr:`signature`."""
-        params, fields, _attributes = orjson.loads(self.rest_text)
+        and duration (``timing``): the same signed fields, so the same :attr:`signature`.
+        ``parsed``: ``(params, fields)`` read from ``rest_text`` already for this step alone
+        (fresh objects nothing else holds), used instead of reading it again."""
+        if parsed is None:
+            params, fields, _attributes = orjson.loads(self.rest_text)
+        else:
+            params, fields = parsed
         span_id, started_at, ended_at, duration_ms = timing
         out = object.__new__(StepData)
         out.__dict__.update(
@@ -155,7 +162,8 @@ def proven_of(s: StepData, sig: bytes) -> Proven | None:
     inputs_text = text_of(s.inputs)
     rest_text = text_of([s.params, s.fields, s.attributes], sort_keys=False)
     attributes_text = text_of(s.attributes, sort_keys=False)
-    if inputs_text is None or rest_text is None or attributes_text is None:
+    fields_text = text_of(s.fields, sort_keys=False)
+    if inputs_text is None or rest_text is None or attributes_text is None or fields_text is None:
         return None
     return Proven(
         sig,
@@ -165,6 +173,7 @@ def proven_of(s: StepData, sig: bytes) -> Proven | None:
         inputs_text,
         rest_text,
         attributes_text,
+        fields_text,
         tuple(s.calls),
         int(s.prompt_tokens),
         int(s.completion_tokens),

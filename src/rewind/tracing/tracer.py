@@ -202,6 +202,7 @@ class Step:
         self._pending: dict[str, Any] | None = None
         self._effects: list[Any] | None = None
         self._proven: Any = None  # a step served in the trace's lane: what it was served as
+        self._lane_fields: dict[str, Any] | None = None  # and its fields, as read then
 
     # -- life cycle ------------------------------------------------------------------------
     def __enter__(self) -> Step:

@@ -24,6 +24,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, select, text
 
@@ -130,12 +131,8 @@ def _prefetch(
 ) -> FoundSource:
     """The cache entries of the source's calls and their result bytes: joins over the calls of
     the runs holding the source's rows (no list of keys sent to the database)."""
-    found = FoundSource(rows)
+    found = FoundSource(rows, _entries(conn, rows, calls))
     entries = found.entries
-    for holder in rows.holders:
-        for kind, key, result, created, origin in _cached_rows(conn, holder):
-            if (kind, key) in calls:
-                entries[(kind, key)] = CacheEntry.read(key, result, created, origin)
     wanted: set[str] = set()
     with _ROWS_LOCK:  # the remembered results, under one lock for all of them
         for entry in entries.values():
@@ -152,6 +149,38 @@ def _prefetch(
             found.blobs.update(read)
             _remember(read)
     return found
+
+
+_ENTRIES: OrderedDict[
+    int, tuple[SourceRows, list[tuple[Any, ...]], dict[tuple[str, str], CacheEntry]]
+] = OrderedDict()
+
+
+def _entries(
+    conn: Connection, rows: SourceRows, calls: frozenset[tuple[str, str]]
+) -> dict[tuple[str, str], CacheEntry]:
+    """The cache entries of the source's calls by ``(kind, key)``, read in ``conn``'s
+    transaction every time (a recording may have replaced them since). When the rows read are,
+    value for value, the ones the last trace of the same rows object read, that trace's dict is
+    returned again instead of being built anew (entries are immutable; the dict is shared:
+    callers only read it)."""
+    raw: list[tuple[Any, ...]] = []
+    for holder in rows.holders:
+        raw.extend(_cached_rows(conn, holder))
+    with _ROWS_LOCK:
+        held = _ENTRIES.get(id(rows))
+        if held is not None and held[0] is rows and held[1] == raw:
+            _ENTRIES.move_to_end(id(rows))
+            return held[2]
+    entries: dict[tuple[str, str], CacheEntry] = {}
+    for kind, key, result, created, origin in _hex_digests(raw):
+        if (kind, key) in calls:
+            entries[(kind, key)] = CacheEntry.read(key, result, created, origin)
+    with _ROWS_LOCK:
+        _ENTRIES[id(rows)] = (rows, raw, entries)
+        while len(_ENTRIES) > ROWS_KEPT:
+            _ENTRIES.popitem(last=False)
+    return entries
 
 
 _CALL_KEYS: OrderedDict[int, tuple[SourceRows, frozenset[tuple[str, str]]]] = OrderedDict()
@@ -235,14 +264,19 @@ def _remember(blobs: dict[str, bytes]) -> None:
             _BLOBS_SIZE[0] -= len(dropped)
 
 
-def _cached_rows(conn: Connection, run_id: str) -> list[tuple[str, str, str, float, str | None]]:
-    """(kind, key, result hash, created at, origin) of the cache entries of one run's calls.
-
-    On SQLite through the driver, the stored 32-byte digests turned into hex here as
-    :class:`~rewind.store.schema.Digest` does (one call per row instead of SQLAlchemy's result
-    processing per value: a 100-step trace has 200 of them, read by every cached trace)."""
+def _cached_rows(conn: Connection, run_id: str) -> list[tuple[Any, ...]]:
+    """(kind, key, result hash, created at, origin) of the cache entries of one run's calls, as
+    plain tuples. On SQLite the driver's values as they are (the digests as stored, 32 bytes:
+    :func:`_hex_digests` turns them into hex as :class:`~rewind.store.schema.Digest` does, one
+    pass over the rows instead of SQLAlchemy's result processing per value; a 100-step trace
+    has 200 of them, read by every cached trace); elsewhere hex already."""
     if conn.dialect.name != "sqlite":
         return [tuple(r) for r in conn.execute(_CACHED, {"r": run_id}).fetchall()]
+    return [tuple(r) for r in conn.exec_driver_sql(_CACHED_SQL, (run_id, run_id)).fetchall()]
+
+
+def _hex_digests(rows: list[Any]) -> list[tuple[str, str, str, float, str | None]]:
+    """Rows of :data:`_CACHED_SQL` with their 32-byte digests as hex (others as they are)."""
     # The conversion inlined (not a call per value: 400 values per 100-step trace).
     return [
         (
@@ -252,9 +286,7 @@ def _cached_rows(conn: Connection, run_id: str) -> list[tuple[str, str, str, flo
             created,
             origin,
         )
-        for kind, key, result, created, origin in conn.exec_driver_sql(
-            _CACHED_SQL, (run_id, run_id)
-        ).fetchall()
+        for kind, key, result, created, origin in rows
     ]
 
 
