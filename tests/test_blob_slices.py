@@ -174,7 +174,10 @@ def test_any_writes_with_shared_keys_read_back_every_blob_and_nothing_else(
         assert store.get_blobs(written) == written
         assert store.blob_digests() == set(written)
         rows, slices, _packs = _counts(store)
-        assert rows + slices == len(written)
+        # each blob once, but for one a write stored alone (not packed: a blobs row) that a
+        # Store not knowing it had stored as a slice: then both (a few bytes twice)
+        assert len(written) <= rows + slices <= len(written) + (rows if new_store_each_time else 0)
+        assert slices <= len(written)
         absent = [sha256_hex(b"absent %d" % i) for i in range(64)]
         assert store._present_blobs(absent) == set()
     finally:
