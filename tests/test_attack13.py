@@ -30,7 +30,7 @@ from rewind.llm import ChatClient
 from rewind.persister import encode_value
 from rewind.replay import Pipeline, Rewind
 from rewind.store import Store, open_store
-from rewind.store.codec import ZDICT_V1, read_pack_ref
+from rewind.store.codec import ZDICT_V1, pack_ref, read_pack_ref
 from rewind.store.retention import collect_garbage
 from rewind.store.store import WriteBatch
 from rewind.tools import tool
@@ -213,17 +213,22 @@ def _stored_call_payload(folder: Path, run_id: str, codecs: set[str]) -> tuple[s
 
 
 def _stored_blob(folder: Path, digest: str) -> tuple[str, str, bytes]:
-    """(hash, codec, stored bytes) of one blob row (spilled bytes from blob_data)."""
+    """(hash, codec, stored bytes) of one blob row (spilled bytes from blob_data); of a packed
+    blob without one (a ``blob_slices`` row, migration 0016), its pack reference."""
     db = sqlite3.connect(folder / "rewind.db")
     try:
-        codec, data = db.execute(
+        found = db.execute(
             "SELECT b.codec, COALESCE(d.data, b.data) FROM blobs b"
             " LEFT JOIN blob_data d ON d.hash = b.hash WHERE b.hash = ?",
             (bytes.fromhex(digest),),
         ).fetchone()
     finally:
         db.close()
-    return digest, codec, bytes(data)
+    if found is None:
+        with opened(folder) as st:
+            codec, pack_id, offset, length = st.pack_refs([digest])[digest]
+        return digest, codec, pack_ref(pack_id, offset, length)
+    return digest, found[0], bytes(found[1])
 
 
 def _tamper(folder: Path, digest: str, codec: str, data: bytes) -> None:
@@ -757,12 +762,12 @@ def test_a_cached_replay_over_a_damaged_stored_response_says_the_store_is_damage
     db = sqlite3.connect(folder / "rewind.db")
     try:
         # 32-byte keys on SQLite (schema.Digest)
-        _digest, codec, ref = db.execute(
-            "SELECT b.hash, b.codec, b.data FROM calls c JOIN blobs b ON b.hash = c.result_hash"
-            " WHERE c.kind = 'llm' ORDER BY c.position LIMIT 1"
+        (digest,) = db.execute(
+            "SELECT c.result_hash FROM calls c WHERE c.kind = 'llm' ORDER BY c.position LIMIT 1"
         ).fetchone()
     finally:
         db.close()
+    _digest, codec, ref = _stored_blob(folder, bytes(digest).hex())
     assert codec in {"p-raw", "p-hex1"}
     _tamper_pack(folder, bytes(ref), damage)
     expected = "cannot be unpacked" if damage == "truncated" else "does not match its hash"

@@ -29,7 +29,7 @@ from sqlalchemy import select
 import rewind
 from rewind.persister import FieldEncoder, encode_value
 from rewind.store import Store, open_store, schema
-from rewind.store.codec import read_pack_ref
+from rewind.store.codec import read_pack_ref, read_slice_ref
 from rewind.store.objects import ObjectStore
 from rewind.store.retention import collect_garbage, restore_run
 from rewind.tracing import Tracer, step
@@ -167,13 +167,15 @@ def _seen(store: Store, run_id: str) -> list[Any]:
 
 
 def _packs(store: Store) -> tuple[set[int], set[int]]:
-    """(ids of the stored packs, ids the blob rows name)."""
+    """(ids of the stored packs, ids the blob rows and blob_slices rows name)."""
     with store.read() as conn:
         ids = {r[0] for r in conn.execute(select(schema.blob_packs.c.id))}
         refs = conn.execute(
             select(schema.blobs.c.data).where(schema.blobs.c.codec.like("p-%"))
         ).all()
-    return ids, {read_pack_ref(r[0])[0] for r in refs}
+        slices = conn.execute(select(schema.blob_slices.c.ref)).all()
+    named = {read_pack_ref(r[0])[0] for r in refs}
+    return ids, named | {read_slice_ref(r[0])[1] for r in slices}
 
 
 def test_packed_traces_archived_by_gc_and_restored_read_the_same(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from sqlalchemy import func, select, update
 from rewind.canonical import sha256_hex
 from rewind.replay import Rewind
 from rewind.store import Store, open_store, schema
-from rewind.store.codec import read_pack_ref
 from rewind.store.retention import collect_garbage, restore_run
 from rewind.store.store import (
     PACK_ASK_FIRST_BLOBS,
@@ -40,14 +39,8 @@ def _named_blobs(store: Store, run_id: str) -> dict[str, set[str]]:
 
 def _packs_of(store: Store, digests: set[str]) -> dict[str, int | None]:
     """The pack id of each blob (None: a row of its own)."""
-    b = schema.blobs
-    with store.read() as conn:
-        rows = conn.execute(select(b.c.hash, b.c.codec, b.c.data)).all()
-    return {
-        r.hash: read_pack_ref(r.data)[0] if r.codec.startswith("p-") else None
-        for r in rows
-        if r.hash in digests
-    }
+    refs = store.pack_refs(digests)
+    return {h: refs[h][1] if h in refs else None for h in digests}
 
 
 def _age(store: Store, run_id: str, days: float) -> None:

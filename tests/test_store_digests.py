@@ -171,7 +171,7 @@ def _chain() -> None:
         _TOOL([len(reply), i])
 
 
-BLOB_STORAGE = {"blob_data", "blob_packs"}
+BLOB_STORAGE = {"blob_data", "blob_packs", "blob_slices"}
 """Where a blob's bytes are kept, in whatever form the revision writes (a traced chain's packed
 documents are stored one by one after a downgrade): compared through ``get_blobs`` instead."""
 
@@ -185,8 +185,7 @@ def _everything(store: Store, ids: dict[str, str]) -> dict[str, Any]:
             if table.name in BLOB_STORAGE:
                 continue
             out[table.name] = sorted(map(repr, conn.execute(select(table)).all()))
-        hashes = [r[0] for r in conn.execute(select(schema.blobs.c.hash))]
-    out["blobs"] = store.get_blobs(hashes)
+    out["blobs"] = store.get_blobs(store.blob_digests())
     for name, run_id in ids.items():
         out[f"run {name}"] = store.get_run(run_id)
         out[f"nodes {name}"] = store.nodes_of(run_id)
@@ -363,8 +362,8 @@ def _revision_0011() -> Any:
 
 def _later_key_ordered() -> set[str]:
     """Tables revisions 0012 and 0015 rebuild WITHOUT ROWID (tests/test_store_lean_traces.py,
-    tests/test_store_key_ordered_nodes.py)."""
-    return set(_revision("0012").KEY_ORDERED) | set(_revision("0015").KEY_ORDERED)
+    tests/test_store_key_ordered_nodes.py) and 0016 creates so (tests/test_blob_slices.py)."""
+    return {t for n in ("0012", "0015", "0016") for t in _revision(n).KEY_ORDERED}
 
 
 def _revision(number: str) -> Any:

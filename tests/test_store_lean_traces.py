@@ -295,19 +295,25 @@ def test_the_migration_packs_with_the_columns_of_pack_version_1() -> None:
 
 # --- packs: a traced chain's documents in one compressed row -----------------------------------
 def _pack_rows(store: Store) -> dict[str, Any]:
-    """The blobs' codecs and pack ids (None: not packed) by hash, and how many packs exist."""
-    b, p = schema.blobs, schema.blob_packs
+    """The blobs' codecs and pack ids (None: not packed) by hash, and how many packs exist:
+    ``blobs`` rows and ``blob_slices`` rows (migration 0016; hashed from their packs' bytes)."""
+    b, p, s = schema.blobs, schema.blob_packs, schema.blob_slices
     with store.read() as conn:
         rows = conn.execute(select(b.c.hash, b.c.codec, b.c.data)).all()
-        packs = conn.execute(select(p.c.id)).all()
-    return {
-        "codecs": {r.hash: r.codec for r in rows},
-        "pack_of": {
-            r.hash: codec.read_pack_ref(r.data)[0] if r.codec.startswith("p-") else None
-            for r in rows
-        },
-        "packs": len(packs),
+        packs = dict(conn.execute(select(p.c.id, p.c.data)).all())
+        slices = conn.execute(select(s.c.key, s.c.ref)).all()
+    codecs = {r.hash: r.codec for r in rows}
+    pack_of = {
+        r.hash: codec.read_pack_ref(r.data)[0] if r.codec.startswith("p-") else None for r in rows
     }
+    for key, ref in slices:
+        kind, pack_id, offset, length, _size = codec.read_slice_ref(ref)
+        digest = sha256_hex(
+            codec.unpack_slice(kind, zlib.decompress(packs[pack_id]), offset, length)
+        )
+        assert digest.startswith(key.hex())
+        codecs[digest], pack_of[digest] = kind, pack_id
+    return {"codecs": codecs, "pack_of": pack_of, "packs": len(packs)}
 
 
 def test_a_traces_documents_and_its_call_payloads_are_two_packs(
@@ -337,12 +343,6 @@ def test_a_traces_documents_and_its_call_payloads_are_two_packs(
         store.close()
 
 
-def _stored_ref(store: Store, digest: str) -> bytes:
-    b = schema.blobs
-    with store.read() as conn:
-        return conn.execute(select(b.c.data).where(b.c.hash == digest)).scalar_one()
-
-
 def test_a_damaged_pack_is_reported_not_read_as_other_bytes(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     try:
@@ -353,7 +353,7 @@ def test_a_damaged_pack_is_reported_not_read_as_other_bytes(tmp_path: Path) -> N
         this = p.c.id == pack_id
         with store.read() as conn:
             data = conn.execute(select(p.c.data).where(this)).scalar_one()
-        _pack, offset, _length = codec.read_pack_ref(_stored_ref(store, digest))
+        _codec, _pack, offset, _length = store.pack_refs([digest])[digest]
         plain = bytearray(zlib.decompress(data))
         plain[offset + 1] ^= 1  # one bit of the blob's slice, the pack still decompresses
         with store.write() as conn:

@@ -27,7 +27,14 @@ import rewind
 from rewind.errors import StoreError
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.store import migrate, open_store
-from rewind.store.codec import ZDICT_V1, pack, unpack
+from rewind.store.codec import (
+    SLICE_KEY_BYTES,
+    ZDICT_V1,
+    pack,
+    read_slice_ref,
+    unpack,
+    unpack_slice,
+)
 from rewind.store.engine import SQLITE_PAGE_SIZE
 from rewind.store.store import STATE_DELTA_MAX_DEPTH, WriteBatch, state_row
 from rewind.tracing import Tracer, chat_step, step
@@ -137,6 +144,8 @@ def test_chat_blobs_are_stored_compressed(recorded: tuple[Path, Path]) -> None:
             " LEFT JOIN blob_data d ON d.hash = b.hash"  # long packed bytes (codec x-...)
         ).fetchall()
         packs = [bytes(d) for (d,) in conn.execute("SELECT data FROM blob_packs")]
+        pack_ids = [i for (i,) in conn.execute("SELECT id FROM blob_packs")]
+        slices = [(bytes(k), bytes(r)) for k, r in conn.execute("SELECT key, ref FROM blob_slices")]
         payloads = {
             h
             for row in conn.execute("SELECT request_hash, result_hash FROM calls")
@@ -146,15 +155,26 @@ def test_chat_blobs_are_stored_compressed(recorded: tuple[Path, Path]) -> None:
     # Hashes are kept as their 32 bytes (migration 0011), read back as hex by the store.
     assert all(type(h) is bytes and len(h) == 32 for h, _s, _c, _d in stored)
     rows = [(h.hex(), size, codec, data) for h, size, codec, data in stored]
+    # A packed blob is a blob_slices row (migration 0016: the first bytes of its hash and a
+    # reference to its slice); its bytes are in a pack.
+    plain = [zlib.decompress(p) for p in packs]
+    by_id = dict(zip(pack_ids, plain, strict=True))
+    for key, ref in slices:
+        codec, pack_id, offset, length, size = read_slice_ref(ref)
+        data = unpack_slice(codec, by_id[pack_id], offset, length)
+        assert hashlib.sha256(data).digest().startswith(key) and len(key) == SLICE_KEY_BYTES
+        rows.append((hashlib.sha256(data).hexdigest(), size, codec, ref))
     raw_total = sum(size for _h, size, _c, _d in rows)
-    # A packed blob's row holds a reference to its slice; the slices are in the packs' bytes.
-    stored_total = sum(len(data) for _h, _s, _c, data in rows) + sum(len(p) for p in packs)
+    stored_total = (
+        sum(len(data) for _h, _s, _c, data in rows)
+        + len(slices) * SLICE_KEY_BYTES
+        + sum(len(p) for p in packs)
+    )
     # A trace's documents and its calls' requests and answers are two zlib packs (migration
     # 0012): every chat payload is a slice of one, and every pack is zlib-compressed.
-    codec_of = {h: codec for h, _s, codec, _d in stored}
-    assert payloads and {codec_of[h] for h in payloads} <= {"p-raw", "p-hex1"}
+    codec_of = {h: codec for h, _s, codec, _d in rows}
+    assert payloads and {codec_of[h.hex()] for h in payloads} <= {"p-raw", "p-hex1"}
     assert len(packs) == 2
-    plain = [zlib.decompress(p) for p in packs]
     assert sum(map(len, packs)) <= 0.3 * sum(map(len, plain))  # measured ~13%
     # Requests, responses and node documents of a chat loop share most of their bytes: stored
     # (pack references and packs) at most 25% of their size (measured ~15%; zd1 one by one: ~51%).

@@ -20,7 +20,9 @@ many bytes a row takes, never a hash, a cache key or what a reader gets back.
 - ``p-raw`` / ``p-hex1``: the blob is a slice of a pack (``blob_packs``: small blobs of one
   traced chain's write read together — its documents, or its calls' payloads —,
   zlib-compressed together; :func:`pack_together`); handled by the store. Added by migration
-  0012.
+  0012. Since migration 0016 most packed blobs have no ``blobs`` row: a ``blob_slices`` row
+  keyed by the first :data:`SLICE_KEY_BYTES` bytes of the hash names the slice
+  (:func:`slice_ref`).
 - ``object``: the bytes live in the object store (see :mod:`rewind.store.objects`); handled by
   the store, not here.
 """
@@ -176,6 +178,56 @@ def read_pack_ref(data: bytes) -> tuple[int, int, int]:
     Raises:
         ValueError: not three varints.
     """
+    values = _read_varints(data)
+    if len(values) != 3:
+        raise ValueError("a packed blob's reference is not three varints")
+    return values[0], values[1], values[2]
+
+
+SLICE_KEY_BYTES = 8
+"""Bytes of a packed blob's sha256 that key its ``blob_slices`` row (migration 0016). Two blobs
+may share them (by chance, or made to: ~2^32 sha256 evaluations find such a pair): the first
+stored keeps the ``blob_slices`` row, any other is a ``blobs`` row under its full hash, and a
+reader checks the bytes a key names against the whole hash."""
+
+
+def slice_key(digest: str) -> bytes:
+    """The ``blob_slices.key`` of a blob's sha256 hex: its first :data:`SLICE_KEY_BYTES` bytes."""
+    return bytes.fromhex(digest[: 2 * SLICE_KEY_BYTES])
+
+
+def slice_ref(codec: str, pack_id: int, offset: int, length: int, size: int) -> bytes:
+    """``blob_slices.ref`` of a packed blob: unsigned LEB128 varints (pack id, offset, length),
+    and for a ``p-hex1`` slice a fourth, the blob's size in bytes (a ``p-raw`` slice's size is
+    its length).
+
+    Raises:
+        ValueError: ``codec`` is not ``p-raw`` or ``p-hex1``.
+    """
+    ref = pack_ref(pack_id, offset, length)
+    if codec == PACK_PREFIX + "raw":
+        return ref
+    if codec == PACK_PREFIX + "hex1":
+        return ref + _varint(size)
+    raise ValueError(f"unknown blob codec {codec!r}")
+
+
+def read_slice_ref(data: bytes) -> tuple[str, int, int, int, int]:
+    """(``p-`` codec, pack id, offset, length, size in bytes) from :func:`slice_ref` bytes.
+
+    Raises:
+        ValueError: not three or four varints.
+    """
+    values = _read_varints(data)
+    if len(values) == 3:
+        return PACK_PREFIX + "raw", values[0], values[1], values[2], values[2]
+    if len(values) == 4:
+        return PACK_PREFIX + "hex1", values[0], values[1], values[2], values[3]
+    raise ValueError("a packed blob's slice reference is not three or four varints")
+
+
+def _read_varints(data: bytes) -> list[int]:
+    """The unsigned LEB128 varints of ``data``; ValueError when it ends inside one."""
     values: list[int] = []
     value = shift = 0
     for byte in bytes(data):
@@ -184,9 +236,9 @@ def read_pack_ref(data: bytes) -> tuple[int, int, int]:
         if not byte & 0x80:
             values.append(value)
             value = shift = 0
-    if len(values) != 3 or shift:
-        raise ValueError("a packed blob's reference is not three varints")
-    return values[0], values[1], values[2]
+    if shift:
+        raise ValueError("a packed blob's reference ends inside a varint")
+    return values
 
 
 def unpack_slice(codec: str, plain: bytes, offset: int, length: int) -> bytes:

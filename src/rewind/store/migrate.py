@@ -15,7 +15,7 @@ from sqlalchemy import Connection, inspect, text
 
 from rewind.errors import StoreError
 
-HEAD = "0015"
+HEAD = "0016"
 """The newest revision in ``migrations/versions`` (a test checks they agree)."""
 BASELINE = "0001"
 """The revision equal to the schema of stores made before Alembic (``meta.schema_version`` 2)."""

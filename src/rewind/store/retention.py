@@ -65,10 +65,10 @@ from sqlalchemy.exc import IntegrityError
 from rewind.canonical import sha256_hex
 from rewind.errors import RewindError, RunBusy, StoreError, UnknownRun
 from rewind.store import schema
-from rewind.store.codec import PACK_PREFIX, read_pack_ref
+from rewind.store.codec import PACK_PREFIX, read_pack_ref, slice_key
 from rewind.store.objects import ObjectStore
 from rewind.store.references import REFERENCE_KEY, load_rows, reference_of
-from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store
+from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store, slice_row_ref
 
 ARCHIVE_FORMAT = "rewind-run-archive"
 ARCHIVE_VERSION = 1
@@ -95,6 +95,7 @@ NOT_REFERENCES = frozenset(
         "blobs",
         "blob_data",
         "blob_packs",
+        "blob_slices",
         "meta",
         "archived_runs",
         "archive_permits",
@@ -463,11 +464,11 @@ def _archive_document(store: Store, run_id: str) -> tuple[dict[str, Any], int, i
         for rows in tables.values():
             for row in rows:
                 named.update(_hashes_in(row.values()))
-        present = _existing_blobs(conn, named)
+        present = _existing_blobs(store, conn, named)
         maps = [h for h in _map_documents(tables) if h in present]
         for data in store.get_blobs(maps, conn).values():
             named.update(_HEX64.findall(data.decode("utf-8", "replace")))
-        present = _existing_blobs(conn, named)
+        present = _existing_blobs(store, conn, named)
         blobs = store.get_blobs(sorted(present), conn)
     artifacts = []
     artifact_bytes = 0
@@ -910,38 +911,45 @@ def _referenced(
                 maps.update(h for h in (m["input_hash"], m["output_hash"], m["state_hash"]) if h)
             elif table.name == "runs" and m["initial_state_hash"]:
                 maps.add(m["initial_state_hash"])
-    present = _existing_blobs(conn, maps)
+    present = _existing_blobs(store, conn, maps)
     for chunk in _chunks(sorted(present)):
         for data in store.get_blobs(chunk, conn).values():
             refs.update(_HEX64.findall(data.decode("utf-8", "replace")))
     return refs
 
 
-def _existing_blobs(conn: Connection, digests: Iterable[str]) -> set[str]:
-    t = schema.blobs
-    found: set[str] = set()
-    for chunk in _chunks(sorted(set(digests))):
-        found.update(r[0] for r in conn.execute(select(t.c.hash).where(t.c.hash.in_(chunk))))
-    return found
+def _existing_blobs(store: Store, conn: Connection, digests: Iterable[str]) -> set[str]:
+    """Which of ``digests`` the store holds (a ``blobs`` row, or a ``blob_slices`` row whose
+    bytes match the hash)."""
+    return store._stored_of(conn, sorted(set(digests)))
 
 
-def _unreferenced(conn: Connection, refs: set[str]) -> dict[str, tuple[int, str | None]]:
-    """Blob rows no reference names: hash → (size in bytes, object URL or None)."""
-    t = schema.blobs
-    return {
+def _unreferenced(conn: Connection, refs: set[str]) -> dict[str | bytes, tuple[int, str | None]]:
+    """Blob rows no reference names: hash (``blobs``) or key (``blob_slices``) → (size in
+    bytes, object URL or None). A ``blob_slices`` row stays while a reference shares its key
+    (the first bytes of a hash, migration 0016): it may be that blob's, and a slice kept too
+    long costs a few bytes where one deleted too soon loses a blob."""
+    t, s = schema.blobs, schema.blob_slices
+    out: dict[str | bytes, tuple[int, str | None]] = {
         r.hash: (r.size, r.ref if r.codec == "object" else None)
         for r in conn.execute(select(t.c.hash, t.c.size, t.c.codec, t.c.ref))
         if r.hash not in refs
     }
+    keys = {slice_key(h) for h in refs}
+    for key, ref in conn.execute(select(s.c.key, s.c.ref)):
+        if bytes(key) not in keys:
+            out[bytes(key)] = (slice_row_ref(key, ref)[4], None)
+    return out
 
 
 def _delete_unused_packs(conn: Connection) -> None:
-    """Delete the blob packs no blob row names any more (migration 0012)."""
-    t, p = schema.blobs, schema.blob_packs
+    """Delete the blob packs no blob row or slice names any more (migrations 0012, 0016)."""
+    t, s, p = schema.blobs, schema.blob_slices, schema.blob_packs
     used = {
         read_pack_ref(r[0])[0]
         for r in conn.execute(select(t.c.data).where(t.c.codec.like(PACK_PREFIX + "%")))
     }
+    used.update(slice_row_ref(k, r)[1] for k, r in conn.execute(select(s.c.key, s.c.ref)))
     unused = [r[0] for r in conn.execute(select(p.c.id)) if r[0] not in used]
     for chunk in _chunks(unused):
         conn.execute(delete(p).where(p.c.id.in_(chunk)))
@@ -958,19 +966,23 @@ def _sweep_blobs(store: Store, report: GcReport) -> None:
     with _exclusive(store) as conn:
         refs = _referenced(conn, store)
         doomed = _unreferenced(conn, refs)
-        for chunk in _chunks(sorted(doomed)):
+        hashes = sorted(h for h in doomed if isinstance(h, str))
+        for chunk in _chunks(hashes):
             conn.execute(delete(schema.blobs).where(schema.blobs.c.hash.in_(chunk)))
             conn.execute(delete(schema.blob_data).where(schema.blob_data.c.hash.in_(chunk)))
+        s = schema.blob_slices
+        for keys in _chunks(sorted(k for k in doomed if isinstance(k, bytes))):
+            conn.execute(delete(s).where(s.c.key.in_(keys)))
         _delete_unused_packs(conn)
         if doomed:
             bump_blob_epoch(conn)
     report.blobs_deleted = len(doomed)
     report.blob_bytes = sum(size for size, _ref in doomed.values())
-    objects = {h: ref for h, (_size, ref) in doomed.items() if ref}
+    objects = {h: ref for h, (_size, ref) in doomed.items() if ref and isinstance(h, str)}
     if not objects:
         return
     with _exclusive(store) as conn:
-        back = _existing_blobs(conn, objects)
+        back = _existing_blobs(store, conn, objects)
         for digest, ref in objects.items():
             if digest in back:
                 continue  # written again by a writer since: its object is needed

@@ -374,6 +374,19 @@ blob_packs = Table(
     Column("data", LargeBinary, nullable=False),  # zlib of the concatenated slices
 )
 
+blob_slices = Table(
+    # A packed blob (codec.pack_together) under the first codec.SLICE_KEY_BYTES bytes of its
+    # sha256 instead of a ``blobs`` row under all 32 (migration 0016): ~20 bytes a row where a
+    # ``blobs`` row took ~55. A second blob whose key is taken keeps a ``blobs`` row (codec
+    # ``p-...``); readers look in ``blobs`` first and check a slice's bytes against the whole
+    # hash. SQLite only (created empty on PostgreSQL).
+    "blob_slices",
+    metadata,
+    Column("key", LargeBinary, primary_key=True),
+    Column("ref", LargeBinary, nullable=False),  # codec.slice_ref: pack id, offset, length[, size]
+    sqlite_with_rowid=False,
+)
+
 burr_state = Table(
     "burr_state",
     metadata,
