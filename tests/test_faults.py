@@ -34,7 +34,7 @@ from rewind.recorder import FLUSH_INTERVAL_MS
 from rewind.replay import Pipeline, Rewind
 from rewind.store import open_store
 from rewind.store.store import WriteBatch, current_owner, owner_is_gone
-from tests import kill_child, pipelines
+from tests import forked, kill_child, pipelines
 from tests.conftest import orphan_run, row_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -287,7 +287,7 @@ def run_killed_child(store: Path, seed: int, kill_after_s: float) -> tuple[Child
     """Fork a child that runs :func:`tests.kill_child.main`; SIGKILL it ``kill_after_s`` after
     its run started.
 
-    A bare ``os.fork`` of this process (as in the forked-worker test above), not a fresh
+    A fork of this process (:func:`tests.forked.start`), not a fresh
     interpreter: Python, Burr and Rewind are already imported, so a trial does not spend ~1.3 s
     of CPU starting one (the suite ran 20 of them), and the child is a process of its own that
     the kill ends just the same. Its stdin and stdout (pytest-xdist's channel to a worker) are
@@ -296,22 +296,7 @@ def run_killed_child(store: Path, seed: int, kill_after_s: float) -> tuple[Child
     Returns the report and the kill time (unix s, taken just before the signal is sent, so ages
     computed from it are never larger than the true ones).
     """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(read_fd)
-            null = os.open(os.devnull, os.O_RDWR)
-            os.dup2(null, 0)
-            os.dup2(null, 1)
-            kill_child.main(str(store), write_fd, seed)
-            code = 0
-        except BaseException:
-            traceback.print_exc()  # on stderr, as the child's own interpreter would
-        finally:
-            os._exit(code)
-    os.close(write_fd)
+    pid, read_fd = forked.start(lambda write_fd: kill_child.main(str(store), write_fd, seed))
     report = ChildReport()
     try:
         head = read_until_started(read_fd, report)
