@@ -287,11 +287,11 @@ def run_killed_child(store: Path, seed: int, kill_after_s: float) -> tuple[Child
     """Fork a child that runs :func:`tests.kill_child.main`; SIGKILL it ``kill_after_s`` after
     its run started.
 
-    A fork of this process (:func:`tests.forked.start`), not a fresh
-    interpreter: Python, Burr and Rewind are already imported, so a trial does not spend ~1.3 s
-    of CPU starting one (the suite ran 20 of them), and the child is a process of its own that
-    the kill ends just the same. Its stdin and stdout (pytest-xdist's channel to a worker) are
-    /dev/null; it reports through the pipe only and leaves by ``os._exit``.
+    A fork of this process (:func:`tests.forked.start`), not a fresh interpreter: Python, Burr
+    and Rewind are already imported, so a trial does not spend ~1.3 s of CPU starting one, and
+    the child is a process of its own that the kill ends just the same. Its stdin and stdout
+    (pytest-xdist's channel to a worker) are /dev/null; it reports through the pipe only and
+    leaves by ``os._exit``.
 
     Returns the report and the kill time (unix s, taken just before the signal is sent, so ages
     computed from it are never larger than the true ones).
