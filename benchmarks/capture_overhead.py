@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7)")
     args = parser.parse_args(argv)
     calls = args.calls or (20 if args.quick else 200)
-    rounds = args.rounds or (3 if args.quick else 7)
+    rounds = args.rounds or (1 if args.quick else 7)
 
     plain_loop: list[float] = []
     record_loop: list[float] = []

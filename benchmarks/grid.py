@@ -299,7 +299,7 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=None, help="endpoint delay per request")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
-    delay_ms = args.delay_ms or (100.0 if args.quick else 200.0)
+    delay_ms = args.delay_ms or (20.0 if args.quick else 200.0)
 
     grid_ms: list[float] = []
     serial_ms: list[float] = []

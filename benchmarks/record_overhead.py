@@ -50,12 +50,12 @@ TARGET_ADDED_MS_PER_NODE = 0.25
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small version for smoke tests")
-    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--nodes", type=int, default=None, help="default 100")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 11)")
     parser.add_argument("--profile", action="store_true", help="cProfile one extra record")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (3 if args.quick else 11)
-    nodes = args.nodes
+    rounds = args.rounds or (1 if args.quick else 11)
+    nodes = args.nodes or (30 if args.quick else 100)
 
     with tempfile.TemporaryDirectory(prefix="rewind-bench-") as tmp:
         rw = Rewind(Path(tmp) / "store")

@@ -122,14 +122,14 @@ def check_replay(rw: Rewind, parent_id: str, child_id: str, nodes: int) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small version for smoke tests")
-    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--nodes", type=int, default=None, help="default 100")
     parser.add_argument("--cache-rows", type=int, default=None, help="default 100,000")
     parser.add_argument("--replays", type=int, default=None, help="timed replays (default 9)")
     parser.add_argument("--profile", action="store_true", help="cProfile one extra replay")
     args = parser.parse_args(argv)
-    cache_target = args.cache_rows or (5_000 if args.quick else 100_000)
-    replays = args.replays or (3 if args.quick else 9)
-    nodes = args.nodes
+    cache_target = args.cache_rows or (2_000 if args.quick else 100_000)
+    replays = args.replays or (1 if args.quick else 9)
+    nodes = args.nodes or (30 if args.quick else 100)
 
     with tempfile.TemporaryDirectory(prefix="rewind-bench-") as tmp:
         rw = Rewind(Path(tmp) / "store")

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--trace-steps", type=int, default=None, help="default 100")
     args = parser.parse_args(argv)
     traced = trace_bytes(args.trace_steps or (20 if args.quick else 100))
-    steps = args.steps or (40 if args.quick else 200)
+    steps = args.steps or (20 if args.quick else 200)
     state = initial_state()
     state_kb = len(canonical_bytes(state)) / 1000
 

@@ -23,7 +23,7 @@ the smallest size; the same two after the runs were added.
 
 Run: ``.venv/bin/python benchmarks/store_scaling.py [--quick] [--cache-sizes 1000,100000]``
 (the default sizes take a few minutes and ~0.5 GB of temporary disk; ``--quick``: 10^3 and
-5·10^3 cached calls, 200 runs).
+5·10^3 cached calls, 200 runs, the chain of 30 nodes, 1 timed replay).
 """
 
 from __future__ import annotations
@@ -193,17 +193,19 @@ def measure(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10^3 and 5*10^3 rows, 200 runs")
+    parser.add_argument(
+        "--quick", action="store_true", help="10^3 and 5*10^3 rows, 200 runs, 30 nodes, 1 replay"
+    )
     parser.add_argument("--cache-sizes", default=None, help="comma-separated cache row counts")
     parser.add_argument("--runs", type=int, default=None, help="stored runs to add (10^4)")
     parser.add_argument("--replays", type=int, default=None, help="timed replays per size (5)")
-    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--nodes", type=int, default=None, help="default 100")
     args = parser.parse_args(argv)
     default_sizes = "1000,5000" if args.quick else "1000,100000,1000000"
     sizes = sorted(int(s) for s in (args.cache_sizes or default_sizes).split(","))
     runs = args.runs if args.runs is not None else (200 if args.quick else 10_000)
-    replays = args.replays or (3 if args.quick else 5)
-    nodes = args.nodes
+    replays = args.replays or (1 if args.quick else 5)
+    nodes = args.nodes or (30 if args.quick else 100)
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rewind-bench-") as tmp:

@@ -132,14 +132,14 @@ def startup_s(args: list[str], rounds: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20 steps, 3 rounds")
+    parser.add_argument("--quick", action="store_true", help="20 steps, 1 round")
     parser.add_argument("--profile", action="store_true", help="cProfile one in-place replay")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve()
         return 0
-    n, rounds = (20, 3) if args.quick else (100, 7)
+    n, rounds = (20, 1) if args.quick else (100, 7)
     tmp = Path(tempfile.mkdtemp(prefix="rewind-bench-trace-"))
     try:
         stub = StubProcess()
@@ -224,9 +224,9 @@ def _measure(stub: StubProcess, tmp: Path, n: int, rounds: int, prof: bool, quic
             tracer.close()
 
         profile(one_replay)
-    split = split_figures(stub, client, tmp, 5 if quick else 15)
+    split = split_figures(stub, client, tmp, 1 if quick else 15)
     client.close()
-    start_rounds = 3 if quick else 5
+    start_rounds = 1 if quick else 5
     python_s = startup_s(["-c", "pass"], start_rounds)
     import_s = startup_s(["-c", "import rewind"], start_rounds) - python_s
     help_s = startup_s(["-m", "rewind", "--help"], start_rounds) - python_s

@@ -828,27 +828,19 @@ def test_concurrent_replays_while_the_source_is_recorded_again_show_what_their_c
     """Two processes replay the trace with ``read_cache=True`` while a third records it again
     (each answer new, overwriting the cache entries of the first round). Every stored trace,
     read back (references resolved), shows the answers its own code returned."""
-    import subprocess
-    import sys
-
     from rewind.tracing.store import load_trace
-    from tests.cli_process import ROOT
+    from tests import forked
     from tests.model_stub import ModelStub
 
     folder = tmp_path / "store"
-    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-    code = (
-        "import sys; from tests.test_attack13 import _traces_in_a_process as t; "
-        "t(*sys.argv[1:3], sys.argv[3] == 'replay', 5)"
-    )
     with ModelStub() as stub:
-        args = [str(folder), stub.base_url]
-        subprocess.run([sys.executable, "-c", code, *args, "record"], check=True, env=env)
+        args = (str(folder), stub.base_url)
+        assert forked.fork(_traces_in_a_process, *args, False, 5).wait()[0] == 0
+        # three processes at once (forked: Python, Burr and Rewind imported already)
         workers = [
-            subprocess.Popen([sys.executable, "-c", code, *args, mode], env=env)
-            for mode in ("replay", "replay", "record")
+            forked.fork(_traces_in_a_process, *args, mode, 5) for mode in (True, True, False)
         ]
-        assert [w.wait(timeout=600) for w in workers] == [0, 0, 0]
+        assert [w.wait()[0] for w in workers] == [0, 0, 0]
     with opened(folder) as st:
         runs = st.list_runs(limit=100)
         assert len(runs) == 20

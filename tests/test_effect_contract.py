@@ -678,32 +678,25 @@ slow_pipeline = pipelines._linear(
 )
 
 
+def _live_replay(root: Path, run_id: str) -> str:
+    """In a child process: a live replay of ``run_id`` through its own Rewind on ``root``."""
+    r = Rewind(root).replay(run_id, effects="live")
+    return f"{r.status} {r.error}"
+
+
 def test_1_live_forks_in_two_processes_never_interleave_on_one_folder(
     rw: Rewind, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
+    from tests import forked
 
     folder, log = tmp_path / "notes", tmp_path / "writes.log"
     folder.mkdir()
     run = rw.record(slow_pipeline, {"folder": str(folder), "text": "v1", "log": str(log)})
     assert run.status == "completed", run.error
-    script = (
-        "import sys; from rewind.replay import Rewind; "
-        "rw = Rewind(sys.argv[1]); r = rw.replay(sys.argv[2], effects='live'); "
-        "print(r.status, r.error)"
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(rw.store.root), run.run_id],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert all(o.startswith("completed") for o, _ in outs), outs
+    # three processes at once (forked: Python, Burr and Rewind imported already)
+    children = [forked.fork(_live_replay, rw.store.root, run.run_id) for _ in range(3)]
+    outs = [child.wait() for child in children]
+    assert all(code == 0 and out.startswith("completed") for code, out in outs), outs
     assert log.read_text(encoding="utf-8").split() == ["wrote"] * 4  # never "overlap"
 
 

@@ -34,7 +34,7 @@ from rewind.recorder import FLUSH_INTERVAL_MS
 from rewind.replay import Pipeline, Rewind
 from rewind.store import open_store
 from rewind.store.store import WriteBatch, current_owner, owner_is_gone
-from tests import kill_child, pipelines
+from tests import forked, kill_child, pipelines
 from tests.conftest import orphan_run, row_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,7 +219,12 @@ def test_one_flusher_thread_serves_every_run(rw: Rewind) -> None:
 
 # -- kill -9 at random moments: committed within the flush bound ---------------------------------
 
-TRIALS = 20
+TRIALS = 10
+"""Kill moments, stratified: trial ``i`` kills at a random moment of the ``i``-th tenth of the
+run's span, so every stretch of the run (start, the quick nodes and their commits, each part of
+the slow node, the end) is hit in every session, which 20 independent uniform draws did not
+promise (they cost ~0.7 s of sleeping each); about half the trials land past the flush bound
+inside the slow node, where they check the nodes before it."""
 SCHEDULING_ALLOWANCE_MS = 450.0
 """Allowance for the flusher thread to get the CPU and for the SQLite commit to run on a loaded
 machine; the bound checked is ``FLUSH_INTERVAL_MS`` plus this (README: "How it works" → Record)."""
@@ -282,31 +287,16 @@ def run_killed_child(store: Path, seed: int, kill_after_s: float) -> tuple[Child
     """Fork a child that runs :func:`tests.kill_child.main`; SIGKILL it ``kill_after_s`` after
     its run started.
 
-    A bare ``os.fork`` of this process (as in the forked-worker test above), not a fresh
-    interpreter: Python, Burr and Rewind are already imported, so a trial does not spend ~1.3 s
-    of CPU starting one (the suite ran 20 of them), and the child is a process of its own that
-    the kill ends just the same. Its stdin and stdout (pytest-xdist's channel to a worker) are
-    /dev/null; it reports through the pipe only and leaves by ``os._exit``.
+    A fork of this process (:func:`tests.forked.start`), not a fresh interpreter: Python, Burr
+    and Rewind are already imported, so a trial does not spend ~1.3 s of CPU starting one, and
+    the child is a process of its own that the kill ends just the same. Its stdin and stdout
+    (pytest-xdist's channel to a worker) are /dev/null; it reports through the pipe only and
+    leaves by ``os._exit``.
 
     Returns the report and the kill time (unix s, taken just before the signal is sent, so ages
     computed from it are never larger than the true ones).
     """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(read_fd)
-            null = os.open(os.devnull, os.O_RDWR)
-            os.dup2(null, 0)
-            os.dup2(null, 1)
-            kill_child.main(str(store), write_fd, seed)
-            code = 0
-        except BaseException:
-            traceback.print_exc()  # on stderr, as the child's own interpreter would
-        finally:
-            os._exit(code)
-    os.close(write_fd)
+    pid, read_fd = forked.start(lambda write_fd: kill_child.main(str(store), write_fd, seed))
     report = ChildReport()
     try:
         head = read_until_started(read_fd, report)
@@ -335,7 +325,8 @@ def test_kill_9_at_random_moments_loses_no_node_older_than_the_flush_bound(
     for trial in range(TRIALS):
         store = tmp_path / f"trial-{trial}"
         span_s = kill_child.SLOW_NODE_S + kill_child.NODES * kill_child.SHORT_NODE_MAX_S
-        report, killed_at = run_killed_child(store, trial, rng.uniform(0, span_s))
+        kill_after_s = span_s * (trial + rng.random()) / TRIALS
+        report, killed_at = run_killed_child(store, trial, kill_after_s)
         assert report.run_id is not None, f"trial {trial}: the child never started its run"
 
         st = open_store(store)

@@ -7,10 +7,11 @@ over real HTTP (uvicorn on loopback) with API users, on SQLite and PostgreSQL, a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -523,11 +524,8 @@ def test_a_run_in_another_process_shows_its_running_node_and_tokens(tmp_path: Pa
     with ModelStub() as stub, LiveServer(create_app(store, chat_client=None)) as server:
         env = {"REWIND_BASE_URL": stub.base_url, "REWIND_API_KEY": "x", "REWIND_MODEL": "stub"}
         state = json.dumps({"question": "why?", "gate": str(opener)})
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rewind", "run", "--pipeline",
-             "tests.test_run_management:gated", "--state", state, "--store", str(store_dir)],
-            env=_cli_env(env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        pool = ThreadPoolExecutor(1)
+        proc = pool.submit(_rewind_run_gated, state, store_dir, env)
         try:
             graph = _wait_for_running(server.url, "gate")
             rid = graph["run"]["run_id"]
@@ -557,23 +555,31 @@ def test_a_run_in_another_process_shows_its_running_node_and_tokens(tmp_path: Pa
             refresh = next(e for e in seen if e["event"] == "refresh")
             assert refresh["running"]["name"] == "gate" and refresh["tokens"] == ask_tokens
             assert seen[-1]["status"] == "completed"
-            assert proc.wait(120) == 0, proc.stderr.read() if proc.stderr else ""
+            done = proc.result(120)
+            assert done.returncode == 0, done.stderr
         finally:
             opener.write_text("open")
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            pool.shutdown()
         final = httpx.get(f"{server.url}/api/runs/{rid}/graph", trust_env=False).json()
     store.close()
     assert final["running"] is None and final["run"]["status"] == "completed"
 
 
 def _cli_env(extra: dict[str, str]) -> dict[str, str]:
-    import os
-
+    """This process's environment for a ``python -m rewind`` child (tests/test_ui_runs.py):
+    ``REWIND_STORE`` removed, ``PYTHONPATH`` = this checkout's ``src`` and root, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if k != "REWIND_STORE"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     return env | extra
+
+
+def _rewind_run_gated(
+    state: str, store_dir: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``rewind run`` of the ``gated`` pipeline in another process (the CLI fork server's)."""
+    pipeline = "tests.test_run_management:gated"
+    return run_rewind("run", "--pipeline", pipeline, "--state", state, "--store", str(store_dir),
+                      env=env, timeout=120)  # fmt: skip
 
 
 def _wait_for_running(url: str, node: str, hang_s: float = 120.0) -> dict[str, Any]:
@@ -598,23 +604,18 @@ def test_rewind_cancel_stops_a_run_another_process_executes(tmp_path: Path) -> N
     with ModelStub() as stub, LiveServer(create_app(store, chat_client=None)) as server:
         env = {"REWIND_BASE_URL": stub.base_url, "REWIND_API_KEY": "x", "REWIND_MODEL": "stub"}
         state = json.dumps({"question": "why?", "gate": str(opener)})
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rewind", "run", "--pipeline",
-             "tests.test_run_management:gated", "--state", state, "--store", str(store_dir)],
-            env=_cli_env(env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        pool = ThreadPoolExecutor(1)
+        proc = pool.submit(_rewind_run_gated, state, store_dir, env)
         try:
             rid = _wait_for_running(server.url, "gate")["run"]["run_id"]
             cancel = run_rewind("cancel", rid[:10], "--store", str(store_dir))
             assert cancel.returncode == 0, cancel.stderr
             assert "stops before its next node" in cancel.stdout
             opener.write_text("open")
-            proc.wait(120)
+            proc.result(120)
         finally:
             opener.write_text("open")
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            pool.shutdown()
         run = httpx.get(f"{server.url}/api/runs/{rid}", trust_env=False).json()
     assert run["status"] == "cancelled", run
     assert "before node 3 (shout)" in run["error"]
