@@ -10,7 +10,7 @@ matching the documented schema, documented headers.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import load_all_checks, not_a_server_error
-from schemathesis.generation.feedback import FeedbackSources
-from schemathesis.pytest._test_builder import build_operation_test
-from schemathesis.python._constants.orchestrator import make_constants_value_source
-from schemathesis.schemas import BaseSchema
+from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,
@@ -103,65 +99,21 @@ schema = schemathesis.openapi.from_dict(DOCUMENT)
 schemathesis.serializer.alias("application/x-protobuf", "application/octet-stream")
 
 
-def labels(of: BaseSchema) -> list[str]:
-    """``METHOD /path`` of every operation of ``of`` (the test ids ``schema.parametrize`` gives)."""
-    return [result.ok().label for result in of.get_all_operations()]
-
-
-_COLLECTED: dict[tuple[int, Callable[..., None]], tuple[dict[str, Any], FeedbackSources]] = {}
-"""Per schema (by id; the module's two live as long as it) and test: its operations and the
-feedback (constants pool) schemathesis draws from, made once per test as its pytest collector
-makes them (on a clone of the schema: generation keeps state on it, e.g. the paths its
-coverage phase already probed with undeclared methods)."""
-
-
-def run_operation(of: BaseSchema, label: str, test: Callable[..., None], **fixtures: Any) -> None:
-    """Run ``test`` (a function of ``case`` and ``fixtures``, with its ``@settings``) over the
-    cases schemathesis generates for the operation ``label``: every phase its project config
-    enables (examples, coverage, fuzzing), as ``@schema.parametrize()`` runs them (the same
-    requests, counted per operation).
-
-    Built here, when the test runs, not at collection: ``schema.parametrize()`` builds every
-    operation's test (its coverage phase's cases) while collecting, and every pytest-xdist
-    worker collects this module (~3-7 s of CPU each on the 2-core machine), not only the one
-    that runs it.
-    """
-    key = (id(of), test)
-    if key not in _COLLECTED:
-        load_all_checks()
-        own = of.clone()  # as parametrize() clones it per test: its own coverage dedup state
-        operations = {r.ok().label: r.ok() for r in own.get_all_operations()}
-        feedback = FeedbackSources(constants_value_source=make_constants_value_source(own))
-        _COLLECTED[key] = operations, feedback
-    operations, feedback = _COLLECTED[key]
-    built = build_operation_test(
-        config=of.config,
-        operation=operations[label],
-        test_func=test,
-        given_kwargs={},
-        feedback=feedback,
-    )
-    built(**fixtures)
-
-
 def test_the_served_document_is_the_one_tested(live: LiveServer) -> None:
     served = httpx.get(f"{live.url}/openapi.json", trust_env=False)
     assert served.status_code == 200
     assert served.json() == DOCUMENT
 
 
+@schema.parametrize()
 @BOUNDED
-def _conforms(case: Any, live: LiveServer) -> None:
+def test_every_operation_conforms_to_the_openapi_document(case: Any, live: LiveServer) -> None:
     case.call_and_validate(base_url=live.url, checks=CHECKS)
 
 
-@pytest.mark.parametrize("label", labels(schema))
-def test_every_operation_conforms_to_the_openapi_document(label: str, live: LiveServer) -> None:
-    run_operation(schema, label, _conforms, live=live)
-
-
+@schema.include(path_regex=r"\{run_id\}|^/api/diff$").parametrize()
 @BOUNDED
-def _conforms_on_the_recorded_run(case: Any, live: LiveServer) -> None:
+def test_operations_on_a_recorded_run_conform(case: Any, live: LiveServer) -> None:
     # Generated ids name no run (404); these requests reach the routes' 200/202/409 answers.
     parent = live.parent_run_id  # type: ignore[attr-defined]
     if "run_id" in case.path_parameters:
@@ -171,16 +123,9 @@ def _conforms_on_the_recorded_run(case: Any, live: LiveServer) -> None:
     case.call_and_validate(base_url=live.url, checks=CHECKS)
 
 
-ON_A_RUN = schema.include(path_regex=r"\{run_id\}|^/api/diff$")
-
-
-@pytest.mark.parametrize("label", labels(ON_A_RUN))
-def test_operations_on_a_recorded_run_conform(label: str, live: LiveServer) -> None:
-    run_operation(ON_A_RUN, label, _conforms_on_the_recorded_run, live=live)
-
-
+@schema.parametrize()
 @settings(BOUNDED, max_examples=2)
-def _refused(case: Any, locked: tuple[LiveServer, Store]) -> None:
+def test_refusals_before_any_route_conform(case: Any, locked: tuple[LiveServer, Store]) -> None:
     # From another site and without the token: writes are refused as cross-site (403), reads
     # for the missing token (401); both as documented, and nothing is stored.
     server, store = locked
@@ -189,8 +134,3 @@ def _refused(case: Any, locked: tuple[LiveServer, Store]) -> None:
     )
     assert response.status_code == (403 if case.method in STATE_CHANGING_METHODS else 401)
     assert store.list_runs(1) == []
-
-
-@pytest.mark.parametrize("label", labels(schema))
-def test_refusals_before_any_route_conform(label: str, locked: tuple[LiveServer, Store]) -> None:
-    run_operation(schema, label, _refused, locked=locked)
