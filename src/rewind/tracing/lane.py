@@ -35,7 +35,6 @@ from rewind.context import current
 from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
 from rewind.store.records import CallRecord
 from rewind.tracing import step_memo
-from rewind.tracing import tracer as _tracer  # (it imports this module at its end)
 from rewind.tracing.model import ROOT_POSITION, StepData, StepStatus, StepType, jsonable
 
 if TYPE_CHECKING:
@@ -77,7 +76,9 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
         trace._lane = lane
     if threading.get_ident() != lane.thread or _observed(trace):
         return None
-    if _tracer._STEP.get() is not None or current() is not ctx:
+    from rewind.tracing.tracer import _STEP  # tracer imports this module
+
+    if _STEP.get() is not None or current() is not ctx:
         return None
     return lane
 
@@ -278,7 +279,9 @@ def _finish(
         return False
     params, fields, attributes = loads(proven.rest_text)
     started, perf = clock
-    s = _tracer.Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    from rewind.tracing.tracer import Step  # tracer imports this module
+
+    s = Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
     s.attributes = attributes  # Step copies them: these are this step's own already
     duration = (time.perf_counter() - perf) * 1000.0
     s.status = StepStatus.SUCCESS
