@@ -199,6 +199,12 @@ def test_search_filters_and_paging(client: TestClient, store: Store) -> None:
     ids = [t["trace_id"] for p in (page1, page2, page3) for t in p["traces"]]
     assert len(ids) == len(set(ids)) == 7
     assert page1["next_offset"] == 3 and page3["next_offset"] is None
+    # past the last trace, and past the database's integers (schemathesis found a 500 there)
+    for offset in (7, 2**63, 2**65 + 3):
+        beyond = client.get("/api/traces", params={"kind": "trace", "offset": offset})
+        assert beyond.status_code == 200, beyond.text
+        assert beyond.json()["traces"] == [] and beyond.json()["total"] == 7
+        assert beyond.json()["next_offset"] is None
     starts = [t["started_at"] for p in (page1, page2, page3) for t in p["traces"]]
     assert starts == sorted(starts, reverse=True)
     bad = client.get("/api/traces", params={"since": "last tuesday"})

@@ -1052,7 +1052,7 @@ def search_runs(
             ``interrupted``.
         since, until: bounds on the start time (unix seconds, inclusive).
         kind: ``trace``, ``run`` (Burr runs) or ``any``.
-        limit, offset: paging.
+        limit, offset: paging (any ``offset`` >= 0; past the last match the page is empty).
     Raises:
         RewindError: an unknown status or kind.
     """
@@ -1079,13 +1079,19 @@ def search_runs(
         raise RewindError(f"unknown kind {kind!r}", "use trace, run or any")
     with store.read() as conn:
         total = conn.execute(select(func.count()).select_from(t).where(*conds)).scalar_one()
-        rows = conn.execute(
-            select(t)
-            .where(*conds)
-            .order_by(t.c.created_at.desc(), t.c.run_id)
-            .limit(limit)
-            .offset(offset)
-        ).all()
+        # Past the last match there is nothing to read, and an offset past the database's
+        # integer range (a query string can name any) would fail in the driver.
+        rows = (
+            []
+            if offset >= total
+            else conn.execute(
+                select(t)
+                .where(*conds)
+                .order_by(t.c.created_at.desc(), t.c.run_id)
+                .limit(limit)
+                .offset(offset)
+            ).all()
+        )
     return [RunRecord.from_row(r) for r in rows], int(total)
 
 
