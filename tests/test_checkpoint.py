@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -84,3 +86,54 @@ def test_a_small_wal_is_left_for_later_and_its_frames_are_counted(tmp_path: Path
     assert ckpt.pending_frames(database) == 0
     store.close()
     assert ckpt.pending_frames(str(tmp_path / "nothing-here.db")) is None
+
+
+_SHM_DMS_BYTE = 128
+"""The byte of a ``-shm`` file every process with the database open holds a shared POSIX lock
+on (SQLite's ``UNIX_SHM_DMS``); a process that can lock it exclusively takes itself for the
+only user and truncates and rebuilds the ``-shm``."""
+
+_TRY_DMS = (
+    "import fcntl, sys\n"
+    "with open(sys.argv[1], 'r+b') as f:\n"
+    "    try:\n"
+    f"        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {_SHM_DMS_BYTE})\n"
+    "    except OSError:\n"
+    "        sys.exit(3)\n"
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX locks")
+def test_reading_the_pending_frames_keeps_this_process_s_sqlite_locks(tmp_path: Path) -> None:
+    """Finding (flake26): pending_frames opened and closed the ``-shm`` file; closing any
+    descriptor of a file drops every POSIX lock the process holds on it, SQLite's included.
+    Another process opening the store then took the ``-shm`` for unused and rebuilt it under
+    this one: a queued grid's API process died of SIGBUS in a commit, or read a stale snapshot
+    (a variant reported without its run, or without its nodes)."""
+    store = open_store(tmp_path)
+    database = str(store.engine.url.database)
+    _insert(store, "a")
+    with store.engine.connect() as conn:  # this process has the database (and -shm) open
+        conn.exec_driver_sql("SELECT count(*) FROM meta").fetchone()
+        held = subprocess.run([sys.executable, "-c", _TRY_DMS, database + "-shm"], check=False)
+        assert held.returncode == 3, "the shared lock on the -shm was not held to begin with"
+        assert ckpt.pending_frames(database)
+        again = subprocess.run([sys.executable, "-c", _TRY_DMS, database + "-shm"], check=False)
+        assert again.returncode == 3, "reading the pending frames dropped SQLite's -shm lock"
+    store.close()
+
+
+def test_the_pending_frames_of_a_new_generation_count_from_its_start(tmp_path: Path) -> None:
+    """After a checkpoint copied every frame, the next write restarts the WAL (new salts):
+    the frames of the old generation still in the file are not counted."""
+    store = open_store(tmp_path)
+    database = str(store.engine.url.database)
+    for n in range(20):
+        _insert(store, f"k{n}")
+    many = ckpt.pending_frames(database)
+    busy, frames, done = ckpt.checkpoint(store.engine)
+    assert busy == 0 and done == frames and ckpt.pending_frames(database) == 0
+    _insert(store, "after")
+    few = ckpt.pending_frames(database)
+    assert many is not None and few is not None and 0 < few < many, (many, few)
+    store.close()

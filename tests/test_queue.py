@@ -345,7 +345,9 @@ def test_grid_of_8_over_2_workers_equals_in_process(
             if name == "queued":  # variants wait until two workers took one (not the parent)
                 set_gate(gate, "mode", "rendezvous")
             reports[name] = grid_report(c, parent["run_id"], factors)
-            trajectories[name] = [trajectory(c, v["run_id"]) for v in reports[name]["variants"]]
+            variants = reports[name]["variants"]
+            assert [v["status"] for v in variants] == ["completed"] * 8, variants
+            trajectories[name] = [trajectory(c, v["run_id"]) for v in variants]
             # Stability samples (caches bypassed) execute on the workers too, one at a time.
             set_gate(gate, "mode", "")
             stabilities[name] = stability_report(c, parent["run_id"])
@@ -359,7 +361,6 @@ def test_grid_of_8_over_2_workers_equals_in_process(
         assert row is not None and pid_of(row.worker) != os.getpid(), row
     assert trajectories["queued"] == trajectories["local"]
     variants = reports["queued"]["variants"]
-    assert [v["status"] for v in variants] == ["completed"] * 8
     assert len({row for t in trajectories["queued"] for row in t}) > 3  # factors differ
     owners = set()
     for v in variants:

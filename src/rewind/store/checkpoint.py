@@ -9,8 +9,9 @@ every fifth or sixth run had one).
 
 Here a background thread does it: a commit of a writable SQLite store only notes that its
 database has new WAL frames (:meth:`WalCheckpointer.wrote`, a dict update under a lock), and
-:data:`CHECKPOINT_DELAY_S` later the thread reads how many frames wait in the WAL (the
-wal-index header in the ``-shm`` file) and, from :data:`CHECKPOINT_MIN_FRAMES` on, runs
+:data:`CHECKPOINT_DELAY_S` later the thread estimates how many frames wait in the WAL (from
+the ``-wal`` file, :func:`pending_frames`; never from the ``-shm`` file, whose locks a read
+would drop) and, from :data:`CHECKPOINT_MIN_FRAMES` on, runs
 ``PRAGMA wal_checkpoint(PASSIVE)`` on one of that store's pooled connections: as many
 checkpoints as SQLite's own, at most one per database per delay. A PASSIVE checkpoint never
 waits for a lock and never blocks a writer or a reader (it copies the frames no reader still
@@ -44,36 +45,104 @@ CHECKPOINT_MIN_FRAMES = 4096
 as it is: 4 MB at 1 KiB pages, the size after which SQLite's default checkpoints, so the copies
 and fsyncs are as many as before, only off the committing thread."""
 
-_WAL_INDEX_VERSION = 3007000
-"""``iVersion`` of the wal-index header in the ``-shm`` file (https://sqlite.org/walformat.html)."""
+_WAL_MAGIC = (0x377F0682, 0x377F0683)
+"""Magic numbers of a WAL file's header (https://sqlite.org/walformat.html, section 1.1)."""
+_WAL_HEADER = 32
+_FRAME_HEADER = 24
+
+_backfilled: dict[str, tuple[bytes, int]] = {}
+"""Per database: the salts of its WAL when this process last checkpointed it, and the frames
+that checkpoint copied (:func:`checkpoint` notes them, :func:`pending_frames` subtracts them)."""
+
+
+def _open_wal(database: str) -> tuple[int, int] | None:
+    """``(fd, size in bytes)`` of ``database``'s ``-wal`` file opened read-only, or None when
+    it is not a regular file. The caller closes the fd.
+
+    Raises:
+        OSError: the file cannot be opened (missing, no permission).
+    """
+    # Non-blocking, and only a regular file: a FIFO put in its place (a hostile folder)
+    # would block the process's one checkpoint thread, and every Store.close with it.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(database + "-wal", flags)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        return None
+    return fd, info.st_size
 
 
 def pending_frames(database: str) -> int | None:
-    """WAL frames of ``database`` not yet checkpointed, read from the wal-index header in its
-    ``-shm`` file (``mxFrame`` minus ``nBackfill``, native byte order, see
-    https://sqlite.org/walformat.html, section 2.2); None when the file cannot be read or has
-    another layout. Read without a lock: an estimate, which only decides whether to checkpoint.
+    """WAL frames of ``database`` not yet checkpointed, estimated from its ``-wal`` file: the
+    frames of the WAL's current generation (those carrying the salts of its header,
+    https://sqlite.org/walformat.html) minus the ones this process's last :func:`checkpoint`
+    of that generation copied (a checkpoint by another process is not seen: the estimate is
+    then high, and the next PASSIVE checkpoint has nothing to copy). None when the file cannot
+    be read or has another layout; 0 when it holds no header yet. Read without a lock: an
+    estimate, which only decides whether to checkpoint.
+
+    The ``-shm`` file is never opened here: closing a descriptor of a file drops every POSIX
+    lock the process holds on it, SQLite's own included — the wal-index locks that keep this
+    process's readers' snapshots from being overwritten, and the lock that tells another
+    process opening the database that the ``-shm`` is in use (without it that process
+    truncates and rebuilds the ``-shm`` under this process's mapping: SIGBUS, or reads of a
+    stale snapshot). SQLite takes no lock on the ``-wal`` file.
     """
     try:
-        # Non-blocking, and only a regular file: a FIFO put in its place (a hostile folder)
-        # would block the process's one checkpoint thread, and every Store.close with it.
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-        fd = os.open(database + "-shm", flags)
+        opened = _open_wal(database)
+        if opened is None:
+            return None
+        fd, size = opened
         try:
-            head = os.read(fd, 100) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            return _generation_frames(fd, size, _backfilled.get(database))
         finally:
             os.close(fd)
     except OSError:
         return None
-    if len(head) < 100:
+
+
+def _generation_frames(fd: int, size: int, backfilled: tuple[bytes, int] | None) -> int | None:
+    """Frames of the WAL open at ``fd`` (``size`` bytes) that carry its header's salts, minus
+    ``backfilled`` frames when those were copied from this generation."""
+    if size < _WAL_HEADER:
+        return 0
+    head = os.pread(fd, _WAL_HEADER, 0)
+    magic, _version, page = struct.unpack_from(">III", head, 0)
+    if magic not in _WAL_MAGIC:
         return None
-    version, _unused, _change, _init, _endian, _page, max_frame = struct.unpack_from(
-        "=IIIBBHI", head, 0
-    )
-    (backfilled,) = struct.unpack_from("=I", head, 96)
-    if version != _WAL_INDEX_VERSION or backfilled > max_frame:
+    page = 65536 if page == 1 else page
+    salts = head[16:24]
+    stride = page + _FRAME_HEADER
+
+    def current(frame: int) -> bool:  # 1-based; a frame of an older generation has old salts
+        return os.pread(fd, 8, _WAL_HEADER + (frame - 1) * stride + 8) == salts
+
+    low, high = 0, (size - _WAL_HEADER) // stride  # frames 1..low are current ones
+    while low < high:
+        mid = (low + high + 1) // 2
+        if current(mid):
+            low = mid
+        else:
+            high = mid - 1
+    done = backfilled[1] if backfilled is not None and backfilled[0] == salts else 0
+    return max(0, low - done)
+
+
+def _wal_salts(database: str) -> bytes | None:
+    """The salts of ``database``'s WAL header, or None."""
+    try:
+        opened = _open_wal(database)
+        if opened is None:
+            return None
+        fd = opened[0]
+        try:
+            head = os.pread(fd, _WAL_HEADER, 0)
+        finally:
+            os.close(fd)
+    except OSError:
         return None
-    return max_frame - backfilled
+    return head[16:24] if len(head) == _WAL_HEADER else None
 
 
 class WalCheckpointer:
@@ -148,7 +217,7 @@ def checkpoint(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
     (outside any transaction); returns SQLite's (busy, WAL frames, frames checkpointed), or
     (0, 0, 0) without connecting when the database file is gone (a deleted store folder: a new
     connection would create an empty database there) or when fewer than ``min_frames`` frames
-    wait in its WAL (as far as its ``-shm`` file tells, :func:`pending_frames`)."""
+    wait in its WAL (as far as :func:`pending_frames` estimates)."""
     database = engine.url.database
     if not database or not os.path.exists(database):
         return (0, 0, 0)
@@ -157,9 +226,13 @@ def checkpoint(engine: Any, min_frames: int = 0) -> tuple[int, int, int]:
         return (0, 0, 0)
     raw = engine.raw_connection()
     try:
+        before = _wal_salts(database)
         row = raw.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        after = _wal_salts(database)
     finally:
         raw.close()
+    if before is not None and before == after:  # no writer restarted the WAL meanwhile
+        _backfilled[database] = (after, int(row[2]))
     return tuple(row)
 
 
