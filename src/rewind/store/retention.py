@@ -920,8 +920,12 @@ def _referenced(
 
 def _existing_blobs(store: Store, conn: Connection, digests: Iterable[str]) -> set[str]:
     """Which of ``digests`` the store holds (a ``blobs`` row, or a ``blob_slices`` row whose
-    bytes match the hash)."""
-    return store._stored_of(conn, sorted(set(digests)))
+    bytes match the hash).
+
+    Raises:
+        StoreError: a slice under one of their keys is damaged (gc and archives stop rather
+            than go on without the blobs it holds or names)."""
+    return store._stored_of(conn, sorted(set(digests)), strict=True)
 
 
 def _unreferenced(conn: Connection, refs: set[str]) -> dict[str | bytes, tuple[int, str | None]]:
