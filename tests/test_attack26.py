@@ -79,3 +79,103 @@ def test_gc_takes_a_slice_of_another_blob_sharing_the_key_for_absent_not_damage(
         collect_garbage(store, 10.0**9)
     finally:
         store.close()
+
+
+# --- traced replays ----------------------------------------------------------------------------
+def _typed_chain(values: list[object]) -> list[object]:
+    """Steps whose output is each value (no call: a replay in place serves them by output)."""
+    from rewind.tracing import step
+
+    out = []
+    for i, v in enumerate(values):
+        with step(f"v{i}", "transform", input={"i": i}) as s:
+            s.set_output(v)
+        out.append(v)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("recorded", "replayed"),
+    [(1, 1.0), (1, True), (0, False), (0.0, -0.0), (1.0, 1), ("1", 1), ([1], (1,)), (None, 0)],
+)
+def test_an_in_place_replay_differing_only_in_type_keeps_its_own_values(
+    tmp_path: Path, recorded: object, replayed: object
+) -> None:
+    """A step of an in-place replay whose output equals the recorded one in Python (1 == 1.0 ==
+    True, 0.0 == -0.0) but not in type is not served as the recorded step: the replay stores its
+    own value, and reads back the type it returned."""
+    import json
+
+    from rewind.store import open_store
+    from rewind.tracing import Tracer
+    from rewind.tracing.store import load_trace
+
+    st = open_store(tmp_path / "store")
+    try:
+        with Tracer(st).trace("typed") as t:
+            _typed_chain([recorded, "same", recorded])
+        with Tracer(st).replay(t.trace_id) as r:
+            _typed_chain([replayed, "same", replayed])
+        source, replay = load_trace(st, t.trace_id), load_trace(st, r.trace_id)
+        got = [s.output for s in replay.steps]
+        want = json.loads(json.dumps([replayed, "same", replayed]))
+        assert json.dumps(got) == json.dumps(want)
+        assert source.steps[0].output_hash != replay.steps[0].output_hash or json.dumps(
+            recorded
+        ) == json.dumps(replayed)
+    finally:
+        st.close()
+
+
+CONVERT: list[object] = [int]
+
+
+def _atk26_value(n: int) -> int:
+    return n
+
+
+def _converted_chain(n: int) -> list[object]:
+    from rewind.tools import tool
+    from rewind.tracing import step
+
+    fetch = tool("atk26_value")(_atk26_value)
+
+    @step("convert", "tool_call")
+    def convert(i: int) -> object:
+        return CONVERT[0](fetch(i))
+
+    return [convert(i) for i in range(n)]
+
+
+@pytest.mark.parametrize("convert", [float, bool, lambda v: -0.0 if v == 0 else float(v)])
+def test_a_served_tool_step_differing_only_in_type_is_not_the_recorded_step(
+    tmp_path: Path, convert: object
+) -> None:
+    """In the lane (a replay in place, a step with a call served from the recording), a step
+    whose output differs from the recorded one only in type (int 1 vs 1.0 vs True, 0 vs -0.0) is
+    stored with its own value."""
+    import json
+
+    from rewind.store import open_store
+    from rewind.tracing import Tracer
+    from rewind.tracing.store import load_trace
+
+    st = open_store(tmp_path / "store")
+    try:
+        CONVERT[0] = int
+        with Tracer(st).trace("conv") as t:
+            recorded = _converted_chain(4)
+        for _ in range(2):  # the second replay runs with the source's rows remembered
+            CONVERT[0] = convert  # type: ignore[assignment]
+            with Tracer(st).replay(t.trace_id) as r:
+                replayed = _converted_chain(4)
+            view = load_trace(st, r.trace_id)
+            assert json.dumps([s.output for s in view.steps]) == json.dumps(replayed)
+            assert json.dumps(replayed) != json.dumps(recorded)
+        CONVERT[0] = int
+        with Tracer(st).replay(t.trace_id) as r:
+            again = _converted_chain(4)
+        assert json.dumps([s.output for s in load_trace(st, r.trace_id).steps]) == json.dumps(again)
+    finally:
+        CONVERT[0] = int
+        st.close()
