@@ -179,3 +179,50 @@ def test_a_served_tool_step_differing_only_in_type_is_not_the_recorded_step(
     finally:
         CONVERT[0] = int
         st.close()
+
+
+# --- migration 0016 over damaged rows ----------------------------------------------------------
+def test_0016_upgrades_and_downgrades_a_store_with_a_damaged_pack_reference(
+    tmp_path: Path,
+) -> None:
+    """One damaged packed-blob row (its pack reference cut inside a varint) does not make the
+    whole store unopenable by the Rewind that adds 0016 (0015 opened it; only that blob failed
+    to read), nor a damaged slice row its downgrade: the row stays, reads of that blob report the
+    damage, every other blob reads back."""
+    from alembic import command
+
+    from rewind.store import migrate, open_store
+
+    rw = Rewind(tmp_path / "store")
+    store = rw.store
+    run = rw.record(pipelines.pipeline, {"x": 5})
+    digests = store.blob_digests()
+    blobs = store.get_blobs(digests)
+    b = schema.blobs
+    with store.write() as conn:
+        command.downgrade(migrate._config(conn), "0015")  # type: ignore[arg-type]
+        first = select(b.c.hash).where(b.c.codec.like("p-%")).order_by(b.c.hash).limit(1)
+        damaged = conn.execute(first).scalar_one()
+        conn.execute(b.update().where(b.c.hash == damaged).values(data=b"\x81"))
+    store.close()
+    store = open_store(tmp_path / "store")  # upgrades to 0016
+    try:
+        with pytest.raises(StoreError, match="damaged"):
+            store.get_blob(damaged)
+        rest = digests - {damaged}
+        assert store.get_blobs(rest) == {h: blobs[h] for h in rest}
+        s = schema.blob_slices
+        with store.write() as conn:
+            key = conn.execute(select(s.c.key).order_by(s.c.key).limit(1)).scalar()
+            conn.execute(s.update().where(s.c.key == key).values(ref=b"\x81"))
+            command.downgrade(migrate._config(conn), "0015")  # type: ignore[arg-type]
+            assert migrate.current_revision(conn) == "0015"
+    finally:
+        store.close()
+    store = open_store(tmp_path / "store")
+    try:
+        readable = {h for h in rest if codec.slice_key(h) != bytes(key)}
+        assert store.get_blobs(readable) == {h: blobs[h] for h in readable}
+        assert store.get_run(run.run_id) is not None
+    finally:
+        store.close()
