@@ -226,3 +226,78 @@ def test_0016_upgrades_and_downgrades_a_store_with_a_damaged_pack_reference(
         assert store.get_run(run.run_id) is not None
     finally:
         store.close()
+
+
+class _Boom(Exception):
+    pass
+
+
+def _atk26_step_tool(n: int) -> int:
+    if n == 3:
+        raise _Boom("tool failed at 3")
+    return n * 10
+
+
+def _failing_chain() -> list[int]:
+    """Four steps, each a tool call; the tool raises at the fourth, the trace fails there."""
+    from rewind.tools import tool
+    from rewind.tracing import step
+
+    call = tool("atk26_step_tool")(_atk26_step_tool)
+    out = []
+    for i in range(5):
+        with step(f"s{i}", "tool_call", input={"i": i}) as s:
+            v = call(i)
+            s.set_output({"v": v, "half": v / 2, "neg": -0.0 * i, "ok": bool(v)})
+        out.append(v)
+    return out
+
+
+def test_threads_replaying_a_trace_that_failed_mid_way_agree(tmp_path: Path) -> None:
+    """A trace whose tool raised at its fourth step, replayed from the cache and in place by
+    four threads at once, several times each: every replay fails at the same step with the same
+    error and stores the same step values as the source (the entries read ahead are shared
+    between replays of the same source)."""
+    import threading
+
+    from rewind.store import open_store
+    from rewind.tracing import Tracer
+    from rewind.tracing.store import load_trace
+
+    st = open_store(tmp_path / "store")
+    try:
+        with pytest.raises(_Boom), Tracer(st).trace("fails") as t:
+            _failing_chain()
+        source = load_trace(st, t.trace_id)
+        assert source.status == "failed"
+        want = [(s.name, s.status, s.output_hash, s.error_message) for s in source.steps]
+        made: list[str] = []
+        errors: list[BaseException] = []
+
+        def replay(k: int) -> None:
+            try:
+                for j in range(4):
+                    if (j + k) % 2:
+                        cm = Tracer(st, read_cache=True).trace("fails")
+                    else:
+                        cm = Tracer(st).replay(t.trace_id)
+                    with pytest.raises(_Boom), cm as r:
+                        _failing_chain()
+                    made.append(r.trace_id)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=replay, args=(k,)) for k in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        assert len(made) == 16
+        for trace_id in made:
+            view = load_trace(st, trace_id)
+            assert view.status == "failed"
+            got = [(s.name, s.status, s.output_hash, s.error_message) for s in view.steps]
+            assert got == want
+    finally:
+        st.close()
