@@ -356,3 +356,23 @@ def test_runs_sharing_blobs_with_one_byte_keys_survive_delete_gc_archive_and_res
         assert rw.replay(runs[0], at=1).tokens == 0
     finally:
         store.close()
+
+
+def test_a_read_only_open_of_a_store_a_newer_rewind_wrote_says_to_upgrade_rewind(
+    tmp_path: Path,
+) -> None:
+    """``rewind runs`` (a read-only open) of a store at a revision this Rewind does not know
+    said to open it with a command that writes to upgrade it, which cannot work (the writable
+    open then says the store is newer): it says what the writable open says."""
+    from sqlalchemy import text
+
+    from rewind.store import open_store
+
+    store = open_store(tmp_path / "store")
+    with store.write() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    store.close()
+    for read_only in (True, False):
+        with pytest.raises(StoreError, match="unknown to this Rewind") as caught:
+            open_store(tmp_path / "store", read_only=read_only)
+        assert caught.value.hint.startswith("upgrade Rewind")

@@ -316,6 +316,12 @@ class Store:
                 ) from exc
             revision = migrate.current_revision(conn)
         self._check_version(version)
+        if revision is not None and not migrate.is_known(revision):
+            raise StoreError(
+                f"store {self.root} is at schema revision {revision}, unknown to this Rewind "
+                f"(newest known: {migrate.HEAD})",
+                "upgrade Rewind to the version that wrote this store, or use a new --store",
+            )
         if revision != migrate.HEAD:
             # Read-only: nothing can be migrated, and older revisions lack columns this code reads.
             raise StoreError(
