@@ -376,3 +376,50 @@ def test_a_read_only_open_of_a_store_a_newer_rewind_wrote_says_to_upgrade_rewind
         with pytest.raises(StoreError, match="unknown to this Rewind") as caught:
             open_store(tmp_path / "store", read_only=read_only)
         assert caught.value.hint.startswith("upgrade Rewind")
+
+
+def _old_pack_sweep(store) -> None:
+    """What ``_delete_unused_packs`` of a Rewind at revision 0015 does: delete every pack no
+    ``blobs`` row names (it does not know ``blob_slices``)."""
+    from sqlalchemy import delete
+
+    b, p = schema.blobs, schema.blob_packs
+    with store.write() as conn:
+        used = {
+            codec.read_pack_ref(r[0])[0]
+            for r in conn.execute(select(b.c.data).where(b.c.codec.like("p-%")))
+        }
+        unused = [r[0] for r in conn.execute(select(p.c.id)) if r[0] not in used]
+        assert unused
+        conn.execute(delete(p).where(p.c.id.in_(unused)))
+
+
+def test_an_older_rewind_still_running_cannot_delete_the_packs_of_slices(tmp_path: Path) -> None:
+    """A Rewind of revision 0015 that opened the store before a newer one upgraded it (a
+    ``rewind serve`` left running) deleted, at its next gc or run deletion, every pack no
+    ``blobs`` row names: every blob stored as a slice was lost. Its delete now fails (and rolls
+    back); this Rewind's gc still deletes the packs nothing names."""
+    from sqlalchemy.exc import DBAPIError
+
+    rw = Rewind(tmp_path / "store")
+    store = rw.store
+    try:
+        run = rw.record(pipelines.pipeline, {"x": 5})
+        digests = store.blob_digests()
+        blobs = store.get_blobs(digests)
+        with pytest.raises(DBAPIError, match="older than the store"):
+            _old_pack_sweep(store)
+        assert store.get_blobs(digests) == blobs
+        from rewind.store.retention import delete_run
+
+        with store.read() as conn:
+            before = len(conn.execute(select(schema.blob_packs.c.id)).all())
+        delete_run(store, run.run_id)  # this Rewind's sweep deletes the packs it freed
+        with store.read() as conn:
+            assert len(conn.execute(select(schema.blob_packs.c.id)).all()) < before
+            assert (
+                conn.execute(select(schema.meta).where(schema.meta.c.key == "pack_sweep")).all()
+                == []
+            )
+    finally:
+        store.close()

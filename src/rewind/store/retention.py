@@ -70,6 +70,8 @@ from rewind.store.objects import ObjectStore
 from rewind.store.references import REFERENCE_KEY, load_rows, reference_of
 from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store, slice_row_ref
 
+PACK_SWEEP_KEY = "pack_sweep"
+"""The ``meta`` row held while gc deletes blob packs (migration 0016's ``SWEEP_KEY``)."""
 ARCHIVE_FORMAT = "rewind-run-archive"
 ARCHIVE_VERSION = 1
 ARCHIVABLE_STATUSES = ("completed", "failed", "cancelled")
@@ -955,8 +957,14 @@ def _delete_unused_packs(conn: Connection) -> None:
     }
     used.update(slice_row_ref(k, r)[1] for k, r in conn.execute(select(s.c.key, s.c.ref)))
     unused = [r[0] for r in conn.execute(select(p.c.id)) if r[0] not in used]
+    if not unused:
+        return
+    # Migration 0016's trigger refuses pack deletes outside this marker (an older Rewind's gc)
+    m = schema.meta
+    conn.execute(insert(m).values(key=PACK_SWEEP_KEY, value="1"))
     for chunk in _chunks(unused):
         conn.execute(delete(p).where(p.c.id.in_(chunk)))
+    conn.execute(delete(m).where(m.c.key == PACK_SWEEP_KEY))
 
 
 def _lock_out_writers(conn: Connection) -> None:

@@ -45,6 +45,19 @@ KEY_ORDERED = ("blob_slices",)
 """The table this revision creates ``WITHOUT ROWID`` on SQLite."""
 KEY_BYTES = 8
 """Frozen copy of ``rewind.store.codec.SLICE_KEY_BYTES`` (a test checks they are equal)."""
+PACKS_KEPT_TRIGGER = "blob_packs_kept"
+SWEEP_KEY = "pack_sweep"
+"""The ``meta`` key a gc of this revision or newer holds while it deletes packs. A Rewind of
+revision 0015 or older still running (it opened the store before this upgrade) deletes every
+pack no ``blobs`` row names, which is now most of them: the trigger aborts such a delete
+(its gc or ``delete_run`` fails and rolls back) instead of losing those blobs."""
+_TRIGGER_SQL = (
+    f"CREATE TRIGGER {PACKS_KEPT_TRIGGER} BEFORE DELETE ON blob_packs FOR EACH ROW"
+    f" WHEN NOT EXISTS (SELECT 1 FROM meta WHERE key = '{SWEEP_KEY}') BEGIN"
+    " SELECT RAISE(ABORT, 'this Rewind is older than the store (schema revision 0016 or"
+    " newer): it would delete blob packs it cannot see are used; upgrade it and restart it');"
+    " END"
+)
 
 
 def upgrade() -> None:
@@ -57,6 +70,7 @@ def upgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name != "sqlite":
         return
+    conn.exec_driver_sql(_TRIGGER_SQL)
     from rewind.store.codec import read_pack_ref, slice_ref
 
     rows = conn.exec_driver_sql(
@@ -84,6 +98,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {PACKS_KEPT_TRIGGER}")
         _slices_back_to_blobs(conn)
     op.drop_table("blob_slices")
 
