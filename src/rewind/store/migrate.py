@@ -9,6 +9,7 @@ record path opens stores often; Alembic's script directory is loaded only when t
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 
 from sqlalchemy import Connection, inspect, text
@@ -29,6 +30,11 @@ def current_revision(conn: Connection) -> str | None:
     if not inspect(conn).has_table("alembic_version"):
         return None
     return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one of ``migrations/versions`` (False: a newer Rewind wrote it)."""
+    return any((MIGRATIONS / "versions").glob(f"{glob.escape(revision)}_*.py"))
 
 
 def upgrade(conn: Connection, *, where: str) -> None:

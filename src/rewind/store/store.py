@@ -316,6 +316,12 @@ class Store:
                 ) from exc
             revision = migrate.current_revision(conn)
         self._check_version(version)
+        if revision is not None and not migrate.is_known(revision):
+            raise StoreError(
+                f"store {self.root} is at schema revision {revision}, unknown to this Rewind "
+                f"(newest known: {migrate.HEAD})",
+                "upgrade Rewind to the version that wrote this store, or use a new --store",
+            )
         if revision != migrate.HEAD:
             # Read-only: nothing can be migrated, and older revisions lack columns this code reads.
             raise StoreError(
@@ -802,8 +808,20 @@ class Store:
         with self.read() as conn:
             return self._stored_of(conn, list(digests))
 
-    def _stored_of(self, conn: Connection, digests: Sequence[str]) -> set[str]:
-        """Which of ``digests`` have a blob row, as ``conn`` sees them (one query per 500)."""
+    def _stored_of(
+        self, conn: Connection, digests: Sequence[str], *, strict: bool = False
+    ) -> set[str]:
+        """Which of ``digests`` have a blob row, as ``conn`` sees them (one query per 500).
+
+        A ``blob_slices`` row under a digest's key names it only when the slice's bytes match
+        the whole hash. One that does not is absent when the slice holds another blob of the
+        same key; otherwise (a damaged pack or slice row) it is absent too (a writer then
+        stores the blob again), or, when ``strict`` (gc and archives, which must not go on
+        without a blob the store holds damaged), a StoreError.
+
+        Raises:
+            StoreError: a damaged slice reference; (``strict``) a damaged pack or slice.
+        """
         t = schema.blobs
         present: set[str] = set()
         for i in range(0, len(digests), _IN_CHUNK):
@@ -823,7 +841,9 @@ class Store:
         if self._bulk_sql is not None and len(present) < len(digests):
             # a blob_slices row names a blob only if its bytes match the whole hash (0016)
             rest = [d for d in digests if d not in present]
-            present.update(_from_packs(conn, _slice_refs(conn, rest), keyed=True, strict=False))
+            refs = _slice_refs(conn, rest)
+            found = _from_packs(conn, refs, keyed=True, strict=strict, shared_absent=True)
+            present.update(found)
         return present
 
     def _check_objects(self, rows: list[dict[str, Any]], data: dict[str, bytes]) -> None:
@@ -2095,6 +2115,7 @@ def _from_packs(
     *,
     keyed: bool = False,
     strict: bool = True,
+    shared_absent: bool = False,
 ) -> dict[str, bytes]:
     """The bytes of packed blobs (sha256 → (codec, pack id, offset, length)), each pack read
     and decompressed once, every blob checked against its hash; a blob whose pack is gone is
@@ -2107,14 +2128,18 @@ def _from_packs(
             (a mismatch may be another blob's slice, not damage).
         strict: raise on a damaged pack or a mismatch; when False such blobs are left out
             (a presence check: a blob found nowhere is written again).
+        shared_absent: (``keyed``) a slice holding another blob whose hash has the same first
+            bytes leaves the blob out even when ``strict`` (a presence check that must still
+            fail on damage: a mismatch whose bytes hash to another key).
     Raises:
         StoreError: (``strict``) a pack is damaged, or a blob does not match its hash.
     """
     out: dict[str, bytes] = {}
     for digest, data in _slices(conn, refs, strict=strict).items():
-        if sha256_hex(data) == digest:
+        actual = sha256_hex(data)
+        if actual == digest:
             out[digest] = data
-        elif strict:
+        elif strict and not (shared_absent and slice_key(actual) == slice_key(digest)):
             raise StoreError(
                 f"blob {digest[:12]} does not match its hash (its pack {refs[digest][1]} was "
                 "altered"

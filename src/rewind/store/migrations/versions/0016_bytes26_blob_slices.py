@@ -14,9 +14,10 @@ slice whose bytes do not match the hash asked for is not that blob (a presence c
 absent, and the writer stores it under its full hash; a read reports it missing or damaged).
 
 The upgrade moves every ``p-`` row out of ``blobs`` whose key no other moved row took (in hash
-order: of the rows sharing a key, the first moves, the others stay). A downgrade hashes every
-slice again to write its ``blobs`` row back, then drops the table. PostgreSQL stores no packs:
-the table is created empty there.
+order: of the rows sharing a key, the first moves, the others stay); a row whose pack reference
+is damaged stays (reading that blob reports it, as before; the store still opens). A downgrade
+hashes every readable slice again to write its ``blobs`` row back, then drops the table.
+PostgreSQL stores no packs: the table is created empty there.
 
 Measured with ``benchmarks/storage.py``: peerbench's 100-step trace 246,784 → 206,848 bytes
 (``blobs`` 65,536 → 1,024, ``blob_slices`` 24,576).
@@ -44,6 +45,19 @@ KEY_ORDERED = ("blob_slices",)
 """The table this revision creates ``WITHOUT ROWID`` on SQLite."""
 KEY_BYTES = 8
 """Frozen copy of ``rewind.store.codec.SLICE_KEY_BYTES`` (a test checks they are equal)."""
+PACKS_KEPT_TRIGGER = "blob_packs_kept"
+SWEEP_KEY = "pack_sweep"
+"""The ``meta`` key a gc of this revision or newer holds while it deletes packs. A Rewind of
+revision 0015 or older still running (it opened the store before this upgrade) deletes every
+pack no ``blobs`` row names, which is now most of them: the trigger aborts such a delete
+(its gc or ``delete_run`` fails and rolls back) instead of losing those blobs."""
+_TRIGGER_SQL = (
+    f"CREATE TRIGGER {PACKS_KEPT_TRIGGER} BEFORE DELETE ON blob_packs FOR EACH ROW"
+    f" WHEN NOT EXISTS (SELECT 1 FROM meta WHERE key = '{SWEEP_KEY}') BEGIN"
+    " SELECT RAISE(ABORT, 'this Rewind is older than the store (schema revision 0016 or"
+    " newer): it would delete blob packs it cannot see are used; upgrade it and restart it');"
+    " END"
+)
 
 
 def upgrade() -> None:
@@ -56,6 +70,7 @@ def upgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name != "sqlite":
         return
+    conn.exec_driver_sql(_TRIGGER_SQL)
     from rewind.store.codec import read_pack_ref, slice_ref
 
     rows = conn.exec_driver_sql(
@@ -67,7 +82,11 @@ def upgrade() -> None:
         key = bytes(digest[:KEY_BYTES])
         if len(digest) != 32 or key in slices:
             continue  # a hash 0011 could not store as bytes, or a key another blob holds
-        slices[key] = slice_ref(codec, *read_pack_ref(data), size)
+        try:
+            ref = slice_ref(codec, *read_pack_ref(data), size)
+        except ValueError:
+            continue  # a damaged row stays as it is: reading that blob reports the damage
+        slices[key] = ref
         moved.append((digest,))
     if moved:
         conn.exec_driver_sql(
@@ -79,6 +98,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     conn = op.get_bind()
     if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {PACKS_KEPT_TRIGGER}")
         _slices_back_to_blobs(conn)
     op.drop_table("blob_slices")
 
@@ -90,7 +110,10 @@ def _slices_back_to_blobs(conn: sa.Connection) -> None:
 
     by_pack: dict[int, list[tuple[str, int, int, int, int]]] = {}
     for (ref,) in conn.exec_driver_sql("SELECT ref FROM blob_slices"):
-        found = read_slice_ref(ref)
+        try:
+            found = read_slice_ref(ref)
+        except ValueError:
+            continue  # a damaged slice row: its blob was unreadable already
         by_pack.setdefault(found[1], []).append(found)
     rows: list[tuple[bytes, int, str, bytes]] = []
     for pack_id, refs in sorted(by_pack.items()):
