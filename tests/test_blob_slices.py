@@ -28,6 +28,7 @@ from rewind.store.retention import collect_garbage
 from rewind.store.store import PACK_ASK_FIRST_BLOBS, WriteBatch
 from tests import pipelines
 from tests.conftest import StoreTarget
+from tests.revisions import load_revision
 
 
 @pytest.fixture
@@ -296,19 +297,10 @@ def _row_digests(store: Store) -> set[str]:
 
 
 # --- migration 0016 ----------------------------------------------------------------------------
-def _revision_0016() -> Any:
-    import importlib.util
-
-    path = next((migrate.MIGRATIONS / "versions").glob("0016_*.py"))
-    spec = importlib.util.spec_from_file_location("rewind_revision_0016_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_migration_keys_slices_as_the_store_does() -> None:
-    assert _revision_0016().KEY_BYTES == codec.SLICE_KEY_BYTES == 8
+    assert load_revision("0016").KEY_BYTES == codec.SLICE_KEY_BYTES == 8
 
 
 def test_0016_downgrades_to_blobs_rows_and_upgrades_back(store_target: StoreTarget) -> None:

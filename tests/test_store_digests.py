@@ -31,6 +31,7 @@ from tests import pipelines
 from tests.conftest import StoreTarget
 from tests.model_stub import STUB_MODEL, ModelStub
 from tests.older_rewind import pretend_older_rewind
+from tests.revisions import load_revision
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 BLOB_SAMPLES = (
@@ -357,21 +358,10 @@ def _dialect(name: str) -> Any:
 
 
 def _revision_0011() -> Any:
-    return _revision("0011")
+    return load_revision("0011")
 
 
 def _later_key_ordered() -> set[str]:
     """Tables revisions 0012 and 0015 rebuild WITHOUT ROWID (tests/test_store_lean_traces.py,
     tests/test_store_key_ordered_nodes.py) and 0016 creates so (tests/test_blob_slices.py)."""
-    return {t for n in ("0012", "0015", "0016") for t in _revision(n).KEY_ORDERED}
-
-
-def _revision(number: str) -> Any:
-    import importlib.util
-
-    path = next((migrate.MIGRATIONS / "versions").glob(f"{number}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"rewind_revision_{number}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return {t for n in ("0012", "0015", "0016") for t in load_revision(n).KEY_ORDERED}

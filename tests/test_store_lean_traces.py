@@ -29,6 +29,7 @@ from rewind.tracing.store import count_traces, state_at, stored_span_ids
 from tests import pipelines
 from tests.conftest import StoreTarget
 from tests.older_rewind import pretend_older_rewind
+from tests.revisions import load_revision
 
 LEAN_KEY_ORDERED = {"spans", "meta", "edges", "artifacts", "run_graphs", "audits", "users"}
 
@@ -283,14 +284,7 @@ def test_rows_the_table_would_refuse_are_not_packed() -> None:
 
 
 def test_the_migration_packs_with_the_columns_of_pack_version_1() -> None:
-    import importlib.util
-
-    path = next((migrate.MIGRATIONS / "versions").glob("0012_*.py"))
-    spec = importlib.util.spec_from_file_location("rewind_revision_0012_frozen", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module._STEP_COLUMNS == spans.STEP_COLUMNS and spans.PACK_VERSION == 1
+    assert load_revision("0012")._STEP_COLUMNS == spans.STEP_COLUMNS and spans.PACK_VERSION == 1
 
 
 # --- packs: a traced chain's documents in one compressed row -----------------------------------

@@ -17,6 +17,7 @@ from rewind.store.references import load_rows
 from rewind.tracing import Tracer, load_trace, step
 from tests.conftest import StoreTarget
 from tests.older_rewind import pretend_older_rewind
+from tests.revisions import load_revision
 
 _add = step("add", "tool_call")(rewind.tool("usual_add")(lambda a, b: a + b))
 _clock = step("clock", "tool_call")(
@@ -175,14 +176,7 @@ def test_a_rewind_that_predates_0013_refuses_the_store(
 
 
 def test_the_migration_rewrites_the_columns_the_schema_types_usual() -> None:
-    import importlib.util
-
-    path = next((migrate.MIGRATIONS / "versions").glob("0013_*.py"))
-    spec = importlib.util.spec_from_file_location("rewind_revision_0013", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.COLUMNS == schema.USUAL_COLUMNS
+    assert load_revision("0013").COLUMNS == schema.USUAL_COLUMNS
     typed = {
         t.name: {c.name: c.type.usual for c in t.columns if isinstance(c.type, schema.Usual)}
         for t in schema.metadata.sorted_tables
