@@ -312,3 +312,29 @@ def _running_gated(url: str, hang_s: float = 120.0) -> str:
                     return str(r["run_id"])
         time.sleep(0.05)
     raise AssertionError("the terminal run never reached its gate node")
+
+
+def test_the_runs_list_is_loaded_once_then_polled(server: dict[str, Any], page: Any) -> None:
+    """The runs list is loaded when the page opens, then every 5 s while no run is live: the
+    page once asked for it again as each answer arrived (~60 times a second). The page's clock
+    is Playwright's, so no interval fires until the test moves it."""
+    url = server["url"]
+    record(url, "tiny")
+    for run in httpx.get(f"{url}/api/runs", trust_env=False).json()["runs"]:
+        wait_run(url, run["run_id"])  # no run live (then the list is polled every 1.5 s)
+    asked: list[str] = []
+
+    def runs_list(request: Any) -> bool:
+        return bool(request.url.split("?")[0].endswith("/api/runs"))
+
+    page.on("request", lambda r: asked.append(r.url) if runs_list(r) else None)
+    page.clock.install()
+    page.goto(f"{url}/#/")
+    items = page.get_by_test_id("runs-list").locator("[data-testid^=run-item-]")
+    expect(items.first).to_be_visible()
+    page.wait_for_load_state("networkidle")  # the old page never went quiet: this timed out
+    assert len(asked) == 1, asked
+    with page.expect_request(runs_list):
+        page.clock.run_for(5_000)
+    assert len(asked) == 2, asked
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
