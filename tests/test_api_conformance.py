@@ -25,6 +25,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.transport.requests import ManagedCookiesSession
 
 from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry
@@ -54,6 +55,16 @@ REGISTRY = {
     "tiny": PipelineEntry.of(pipelines.pipeline, {"x": 15}),
     "failing": PipelineEntry.of(pipelines.failing, {"x": 1}),
 }
+
+
+@pytest.fixture(scope="module")
+def http_session() -> Iterator[ManagedCookiesSession]:
+    """One HTTP session for the module's generated requests: its connections are kept alive
+    (by default schemathesis opens a session, and a connection, per request: ~4,700 of them).
+    It is the kind schemathesis makes itself: a response's cookies are dropped after each
+    request, and a redirect is followed only to the same host."""
+    with ManagedCookiesSession() as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -107,30 +118,39 @@ def test_the_served_document_is_the_one_tested(live: LiveServer) -> None:
 
 @schema.parametrize()
 @BOUNDED
-def test_every_operation_conforms_to_the_openapi_document(case: Any, live: LiveServer) -> None:
-    case.call_and_validate(base_url=live.url, checks=CHECKS)
+def test_every_operation_conforms_to_the_openapi_document(
+    case: Any, live: LiveServer, http_session: ManagedCookiesSession
+) -> None:
+    case.call_and_validate(base_url=live.url, session=http_session, checks=CHECKS)
 
 
 @schema.include(path_regex=r"\{run_id\}|^/api/diff$").parametrize()
 @BOUNDED
-def test_operations_on_a_recorded_run_conform(case: Any, live: LiveServer) -> None:
+def test_operations_on_a_recorded_run_conform(
+    case: Any, live: LiveServer, http_session: ManagedCookiesSession
+) -> None:
     # Generated ids name no run (404); these requests reach the routes' 200/202/409 answers.
     parent = live.parent_run_id  # type: ignore[attr-defined]
     if "run_id" in case.path_parameters:
         case.path_parameters["run_id"] = parent
     if case.path == "/api/diff" and isinstance(case.query, dict):
         case.query["a"] = parent
-    case.call_and_validate(base_url=live.url, checks=CHECKS)
+    case.call_and_validate(base_url=live.url, session=http_session, checks=CHECKS)
 
 
 @schema.parametrize()
 @settings(BOUNDED, max_examples=2)
-def test_refusals_before_any_route_conform(case: Any, locked: tuple[LiveServer, Store]) -> None:
+def test_refusals_before_any_route_conform(
+    case: Any, locked: tuple[LiveServer, Store], http_session: ManagedCookiesSession
+) -> None:
     # From another site and without the token: writes are refused as cross-site (403), reads
     # for the missing token (401); both as documented, and nothing is stored.
     server, store = locked
     response = case.call_and_validate(
-        base_url=server.url, headers={"Origin": "http://evil.example"}, checks=CHECKS
+        base_url=server.url,
+        session=http_session,
+        headers={"Origin": "http://evil.example"},
+        checks=CHECKS,
     )
     assert response.status_code == (403 if case.method in STATE_CHANGING_METHODS else 401)
     assert store.list_runs(1) == []

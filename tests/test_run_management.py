@@ -7,7 +7,6 @@ over real HTTP (uvicorn on loopback) with API users, on SQLite and PostgreSQL, a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from rewind.replay import Pipeline
 from rewind.store import Store, open_store, schema
 from rewind.store.users import add_user
 from tests import pipelines
-from tests.cli_process import ROOT, run_rewind
+from tests.cli_process import run_rewind
 from tests.conftest import StoreTarget
 from tests.live_server import LiveServer
 from tests.model_stub import ModelStub
@@ -563,14 +562,6 @@ def test_a_run_in_another_process_shows_its_running_node_and_tokens(tmp_path: Pa
         final = httpx.get(f"{server.url}/api/runs/{rid}/graph", trust_env=False).json()
     store.close()
     assert final["running"] is None and final["run"]["status"] == "completed"
-
-
-def _cli_env(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment for a ``python -m rewind`` child (tests/test_ui_runs.py):
-    ``REWIND_STORE`` removed, ``PYTHONPATH`` = this checkout's ``src`` and root, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k != "REWIND_STORE"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    return env | extra
 
 
 def _rewind_run_gated(

@@ -359,6 +359,36 @@ def test_fork_at_node_3_from_the_ui(server: dict[str, Any], page: Any) -> None:
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 
+def test_a_press_on_a_node_selects_it_though_the_drawing_moves_before_the_release(
+    server: dict[str, Any], page: Any
+) -> None:
+    """The release of a click can land off the node it pressed: the run view shifts under a
+    still pointer (content loads above the graph, the graph re-fits or is laid out again). A
+    press selects, so that click still selects (test_fork_at_node_3_from_the_ui once clicked node
+    3 and selected nothing). Here the view scrolls between press and release."""
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    page.set_viewport_size({"width": 1500, "height": 600})  # the run view scrolls
+    page.goto(f"{url}/#/runs/{parent}?tab=graph")
+    expect(page.get_by_test_id("graph")).to_have_attribute("data-layout", "done")
+    node3 = page.get_by_test_id("graph-node-analyse")
+    expect(node3).to_have_attribute("data-number", "3")
+    node3.scroll_into_view_if_needed()
+    box = node3.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.locator("main").evaluate(
+        "main => { const top = main.scrollTop; main.scrollBy(0, 300);"
+        " if (main.scrollTop === top) main.scrollBy(0, -300); }"
+    )
+    moved = node3.bounding_box()
+    assert abs(moved["y"] - box["y"]) > box["height"], (box, moved)  # off the node now
+    page.mouse.up()
+    expect(page).to_have_url(re.compile(r"[?&]node=3(&|$)"))
+    expect(page.get_by_test_id("node-editor")).to_contain_text("Fork at node 3 · analyse")
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
 def test_fork_a_burr_app_with_a_changed_runtime_input(server: dict[str, Any], page: Any) -> None:
     expect = playwright_api.expect
     url, parent = server["url"], server["chat"]

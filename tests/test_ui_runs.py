@@ -7,11 +7,9 @@ uvicorn on loopback, a real SQLite store; screenshots go to ``test-artifacts/``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -23,7 +21,7 @@ from rewind.api.pipelines import PipelineEntry
 from rewind.store import open_store
 from tests import pipelines
 from tests.model_stub import ModelStub
-from tests.test_run_management import _cli_env, held, hinted
+from tests.test_run_management import _rewind_run_gated, held, hinted
 from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, ThreadServer
 
 XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
@@ -271,12 +269,9 @@ def test_a_terminal_run_shows_its_running_node_and_tokens(
     with ModelStub(reply=lambda _q, n: f"{XSS} answer {n}") as stub:
         env = {"REWIND_BASE_URL": stub.base_url, "REWIND_API_KEY": "x", "REWIND_MODEL": "stub"}
         state = json.dumps({"question": "why?", "gate": str(opener)})
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rewind", "run", "--pipeline",
-             "tests.test_run_management:gated", "--state", state, "--store", str(folder)],
-            env=_cli_env(env), cwd=Path(__file__).resolve().parents[1],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        # `rewind run` in another process (forked from the tests' CLI fork server)
+        pool = ThreadPoolExecutor(1)
+        proc = pool.submit(_rewind_run_gated, state, folder, env)
         try:
             rid = _running_gated(url)
             page.goto(f"{url}/#/runs/{rid}")
@@ -298,12 +293,11 @@ def test_a_terminal_run_shows_its_running_node_and_tokens(
             expect(page.get_by_test_id("graph-node-shout")).to_have_attribute(
                 "data-status", "executed"
             )
-            assert proc.wait(120) == 0, proc.stderr.read() if proc.stderr else ""
+            done = proc.result(120)
+            assert done.returncode == 0, done.stderr
         finally:
             opener.write_text("open")
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            pool.shutdown()
     shot(page, "09-terminal-run-done")
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
@@ -318,3 +312,29 @@ def _running_gated(url: str, hang_s: float = 120.0) -> str:
                     return str(r["run_id"])
         time.sleep(0.05)
     raise AssertionError("the terminal run never reached its gate node")
+
+
+def test_the_runs_list_is_loaded_once_then_polled(server: dict[str, Any], page: Any) -> None:
+    """The runs list is loaded when the page opens, then every 5 s while no run is live: the
+    page once asked for it again as each answer arrived (~60 times a second). The page's clock
+    is Playwright's, so no interval fires until the test moves it."""
+    url = server["url"]
+    record(url, "tiny")
+    for run in httpx.get(f"{url}/api/runs", trust_env=False).json()["runs"]:
+        wait_run(url, run["run_id"])  # no run live (then the list is polled every 1.5 s)
+    asked: list[str] = []
+
+    def runs_list(request: Any) -> bool:
+        return bool(request.url.split("?")[0].endswith("/api/runs"))
+
+    page.on("request", lambda r: asked.append(r.url) if runs_list(r) else None)
+    page.clock.install()
+    page.goto(f"{url}/#/")
+    items = page.get_by_test_id("runs-list").locator("[data-testid^=run-item-]")
+    expect(items.first).to_be_visible()
+    page.wait_for_load_state("networkidle")  # the old page never went quiet: this timed out
+    assert len(asked) == 1, asked
+    with page.expect_request(runs_list):
+        page.clock.run_for(5_000)
+    assert len(asked) == 2, asked
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]

@@ -65,12 +65,16 @@ export default function App() {
       .catch((e) => setError(e instanceof ApiError ? e : new ApiError(0, String(e))));
   }, [filters]);
 
+  // Load now, then poll: every 1.5 s while a run is queued or running, else every 5 s. The
+  // effect depends on whether any run is live, not on the list itself: each answer is a new
+  // list, so with the list as a dependency every answer loaded the runs again at once (the
+  // page asked for /api/runs ~60 times a second, for as long as it was open).
+  const anyLive = runs.runs.some((r) => r.status === "running" || r.status === "queued");
   useEffect(() => {
     loadRuns();
-    const anyLive = runs.runs.some((r) => r.status === "running" || r.status === "queued");
     const timer = window.setInterval(loadRuns, anyLive ? 1500 : 5000);
     return () => window.clearInterval(timer);
-  }, [loadRuns, runs.runs]);
+  }, [loadRuns, anyLive]);
 
   const navigate = (runId: string, tab: Tab, node: number | null) => {
     window.location.hash = href(runId, tab, node);

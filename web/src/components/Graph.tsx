@@ -3,7 +3,7 @@
 // wrapped names and measured before the layout, so no box overlaps another and no edge label
 // sits on a node; a loop's back edge is drawn in its own colour, and a node that ran more than
 // once carries a ×N badge and the numbers of its executions.
-import { memo, useCallback, useEffect, useMemo, useRef, useState, type ReactNode } from "react";
+import { memo, useCallback, useEffect, useMemo, useRef, useState, type PointerEvent as ReactPointerEvent, type ReactNode } from "react";
 import {
   Handle,
   Position,
@@ -86,6 +86,20 @@ function breakable(name: string) {
 
 const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
   const { node, last, sub, selected, onSelect, onKeyboardSelect } = data;
+  // A mouse or pen selects on press, not on click: the drawing can move under a still pointer
+  // between press and release (something loading above the graph shifts it, a re-fit or a new
+  // layout moves it), and the release then lands on the pane, so a click selected nothing.
+  // Touch keeps selecting on click (a press there may start a pan); a click with no press
+  // before it (assistive technology) selects too. The number pressed, until its click.
+  const pressed = useRef<number | null>(null);
+  const press = (e: ReactPointerEvent, n: number) => {
+    pressed.current = e.button === 0 && e.pointerType !== "touch" ? n : null;
+    if (pressed.current !== null) onSelect(n);
+  };
+  const release = (n: number) => {
+    if (pressed.current !== n) onSelect(n);
+    pressed.current = null;
+  };
   const c = NODE_COLOURS[node.status];
   const isSelected = last !== undefined && node.numbers.includes(selected ?? -1);
   const heading = `${last !== undefined ? `${last} · ` : ""}${node.name}`;
@@ -96,7 +110,8 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
       data-number={last ?? ""}
       data-executions={node.executions}
       className={`graph-node relative w-max min-w-[9rem] max-w-[15rem] ${node.status === "running" ? "node-running" : ""} ${last !== undefined ? "cursor-pointer" : "cursor-default"}`}
-      onClick={() => last !== undefined && onSelect(last)}
+      onPointerDown={(e) => last !== undefined && press(e, last)}
+      onClick={() => last !== undefined && release(last)}
       tabIndex={last !== undefined ? 0 : -1}
       role="button"
       aria-pressed={isSelected}
@@ -156,9 +171,13 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
                   key={n}
                   className={`rounded px-1 ${n === selected ? "bg-slate-900 text-white" : "bg-white/70"}`}
                   title={`open node ${n} (${node.name})`}
+                  onPointerDown={(e) => {
+                    e.stopPropagation();
+                    press(e, n);
+                  }}
                   onClick={(e) => {
                     e.stopPropagation();
-                    onSelect(n);
+                    release(n);
                   }}
                 >
                   #{n}
