@@ -8,6 +8,7 @@ it, nothing written to the store; 130 interrupted.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -111,6 +112,18 @@ def main() -> None:
     reports); 2 bad input — one ``error:`` line on stderr saying what is wrong and how to fix
     it, nothing written to the store; 130 interrupted.
     """
+    try:
+        _main()
+    finally:
+        # The process exits next. Interpreter shutdown garbage-collects every object alive,
+        # cycles included: with pandas, SQLAlchemy and FastAPI loaded that took ~1-1.5 s of CPU
+        # for each `rewind serve` or `rewind worker` stopped (SIGTERM to exit: 1.8 s -> 0.2 s).
+        # Frozen objects are left to the OS instead; reference counting still frees the rest,
+        # atexit handlers still run, and everything the command wrote is already closed.
+        gc.freeze()
+
+
+def _main() -> None:
     logging.getLogger("burr").setLevel(logging.CRITICAL)
     _log_inertly()
     # SIGTERM (timeout, kill) unwinds like Ctrl-C: the run is marked interrupted and the
