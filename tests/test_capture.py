@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -411,6 +410,8 @@ def test_a_model_request_from_a_thread_without_the_run_context_is_reported_not_s
 def test_anthropic_messages_plain_and_streamed_replay_unchanged(
     rw: Rewind, stub: ModelStub
 ) -> None:
+    import anthropic  # here, not at the top: ~0.9 s to import, in every xdist worker's collection
+
     client = anthropic.Anthropic(
         base_url=stub.base_url.removesuffix("/v1"), api_key="a-key", max_retries=0
     )

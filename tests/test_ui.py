@@ -5,7 +5,8 @@ this process, over a temporary store holding a recorded run of the demo research
 model is a fake OpenAI-compatible endpoint (``httpx.MockTransport``) so the test needs no model
 server and runs in seconds; every model answer starts with an HTML/script payload, so the whole
 UI is exercised with hostile model output. No browser is downloaded: ``/usr/bin/chromium`` comes
-from Debian's ``chromium`` package. Screenshots of each view go to ``test-artifacts/``.
+from Debian's ``chromium`` package. With ``REWIND_SCREENSHOTS=1``, screenshots of each view go
+to ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -225,9 +226,30 @@ def page(browser: Any) -> Iterator[Any]:
     context.close()
 
 
-def shot(page: Any, name: str) -> None:
+SCREENSHOTS = os.environ.get("REWIND_SCREENSHOTS") == "1"
+"""Screenshots are for a person to look at (no test or tool reads them): opt-in."""
+
+
+def screenshot(target: Any, name: str, *, full_page: bool = False) -> None:
+    """Save ``target`` (a Playwright ``Page`` or ``Locator``) as ``test-artifacts/<name>.png``
+    when ``REWIND_SCREENSHOTS=1``. A locator's screenshot waits for its element to be visible;
+    without screenshots that wait stays, as an assertion (fails after ``TIMEOUT_MS``)."""
+    is_page = isinstance(target, playwright_api.Page)
+    if not SCREENSHOTS:
+        if not is_page:
+            playwright_api.expect(target).to_be_visible()
+        return
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"ui-{name}.png"), full_page=True)
+    path = str(ARTIFACTS / f"{name}.png")
+    if is_page:
+        target.screenshot(path=path, full_page=full_page)
+    else:
+        target.screenshot(path=path)
+
+
+def shot(page: Any, name: str) -> None:
+    """A full-page screenshot ``ui-<name>.png`` (see :func:`screenshot`)."""
+    screenshot(page, f"ui-{name}", full_page=True)
 
 
 def api_get(url: str, path: str, **params: Any) -> Any:
@@ -335,7 +357,7 @@ def test_fork_at_node_3_from_the_ui(server: dict[str, Any], page: Any) -> None:
     assert cost["saved"]["tokens"] == sum(
         n["original_tokens"] for n in cost["nodes"] if n["status"] in ("inherited", "hit")
     )
-    page.get_by_test_id("cost-bar").screenshot(path=str(ARTIFACTS / "ui-5-cost-bar.png"))
+    screenshot(page.get_by_test_id("cost-bar"), "ui-5-cost-bar")
 
     # RawJSON of node 3: hashes and outputs, copyable.
     page.get_by_test_id("tab-raw").click()

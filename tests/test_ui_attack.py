@@ -21,7 +21,7 @@ from rewind.api import create_app
 from rewind.api.pipelines import PipelineEntry
 from rewind.store import open_store
 from tests import pipelines, test_ui_runs
-from tests.test_ui import ARTIFACTS, STATIC_INDEX, ThreadServer
+from tests.test_ui import STATIC_INDEX, ThreadServer, screenshot
 from tests.test_ui_debugger import BIG, prose
 from tests.test_ui_runs import wait_run
 
@@ -64,8 +64,7 @@ def _run_count(url: str) -> int:
 
 
 def shot(page: Any, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"ui-attack-{name}.png"), full_page=True)
+    screenshot(page, f"ui-attack-{name}", full_page=True)
 
 
 def test_a_bidi_override_in_a_recorded_value_is_shown_as_an_escape(

@@ -27,7 +27,7 @@ from tests import pipelines as test_pipelines
 from tests import test_ui_debugger
 from tests.apps import multi_modal_chatbot
 from tests.model_stub import ModelStub
-from tests.test_ui import ARTIFACTS, TIMEOUT_MS, ThreadServer
+from tests.test_ui import TIMEOUT_MS, ThreadServer, screenshot
 from tests.test_ui_debugger import _check_prerequisites, _page
 
 expect = playwright_api.expect
@@ -159,8 +159,7 @@ def _translate(page: Any) -> tuple[float, float]:
 def test_branches_join_loop_and_long_names_draw_apart(server: dict[str, Any], page: Any) -> None:
     url, run_id = server["url"], server["branching"]
     graph = _open_graph(page, url, run_id)
-    ARTIFACTS.mkdir(exist_ok=True)
-    graph.screenshot(path=str(ARTIFACTS / "ui-graph-1-branches-join-loop.png"))
+    screenshot(graph, "ui-graph-1-branches-join-loop")
     names = [*LONG_NAMES, test_pipelines.PUBLISH_REPORT]
     nodes = _node_boxes(page, names)
     labels = _label_boxes(page)
@@ -253,8 +252,7 @@ def test_graph_at_390_px(server: dict[str, Any], browser: Any) -> None:
         for name, box in nodes.items():
             assert _inside(box, frame), f"{name} is outside the fitted view at 390 px"
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-        ARTIFACTS.mkdir(exist_ok=True)
-        graph.screenshot(path=str(ARTIFACTS / "ui-graph-2-390px.png"))
+        screenshot(graph, "ui-graph-2-390px")
         # a node is still chosen by touch/click and from the keyboard
         node = page.get_by_test_id(f"graph-node-{test_pipelines.PUBLISH_REPORT}")
         node.focus()
@@ -286,6 +284,5 @@ def test_a_burr_example_graph_draws_apart(server: dict[str, Any], page: Any) -> 
     expect(page.get_by_test_id("graph-node-generate_image")).to_have_attribute(
         "data-status", "skipped"
     )
-    ARTIFACTS.mkdir(exist_ok=True)
-    graph.screenshot(path=str(ARTIFACTS / "ui-graph-3-burr-multi-modal-chatbot.png"))
+    screenshot(graph, "ui-graph-3-burr-multi-modal-chatbot")
     assert page.dialogs == [] and page.errors == []

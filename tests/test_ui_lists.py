@@ -26,7 +26,7 @@ from rewind.store import open_store
 from rewind.tracing.otel import import_otlp
 from tests import pipelines as test_pipelines
 from tests import test_ui_debugger
-from tests.test_ui import ARTIFACTS, ThreadServer, _trace_with_a_tool_call
+from tests.test_ui import ThreadServer, _trace_with_a_tool_call, screenshot
 from tests.test_ui_debugger import _check_prerequisites
 from tests.test_ui_graph import _assert_drawn_apart, _node_boxes
 
@@ -124,8 +124,7 @@ def test_runs_list_draws_a_window_and_scrolls_to_the_oldest(
     expect(oldest).to_be_in_viewport()
     assert items.count() < RUNS // 2, items.count()
     expect(listing.get_by_test_id(f"run-item-{ids[-1]}")).to_have_count(0)  # scrolled away
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.get_by_role("complementary").screenshot(path=str(ARTIFACTS / "ui-lists-1-runs.png"))
+    screenshot(page.get_by_role("complementary"), "ui-lists-1-runs")
     oldest.click()
     expect(page.get_by_test_id("run-view")).to_have_attribute("data-run-id", ids[0])
     assert page.dialogs == [] and page.errors == []
@@ -157,8 +156,7 @@ def test_a_looping_runs_executions_draw_a_window(server: dict[str, Any], page: A
     # Choosing a node scrolls its row into view.
     page.get_by_test_id("graph-execs-lap").get_by_text("#1", exact=True).click()
     expect(page.get_by_test_id("execution-1")).to_be_in_viewport()
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "ui-lists-2-executions.png"))
+    screenshot(page, "ui-lists-2-executions")
     assert page.dialogs == [] and page.errors == []
 
 
@@ -181,8 +179,7 @@ def test_a_long_traces_spans_draw_a_window(server: dict[str, Any], page: Any) ->
     expect(detail).to_have_count(1)
     detail.scroll_into_view_if_needed()  # below the last row, inside the scroll box
     expect(detail).to_be_in_viewport()
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "ui-lists-3-trace-spans.png"))
+    screenshot(page, "ui-lists-3-trace-spans")
     assert page.dialogs == [] and page.errors == []
 
 
@@ -208,6 +205,5 @@ def test_a_long_diff_draws_a_window_of_node_rows(server: dict[str, Any], page: A
     expect(table.get_by_test_id(f"diff-row-{last - 1}")).to_have_count(0)
     table.evaluate("e => { e.scrollTop = e.scrollHeight; }")
     expect(table.get_by_test_id(f"diff-row-{last - 1}")).to_have_attribute("data-open", "yes")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "ui-lists-4-diff-rows.png"))
+    screenshot(page, "ui-lists-4-diff-rows")
     assert page.dialogs == [] and page.errors == []

@@ -1,7 +1,8 @@
 """Browser tests of the runs list and run management (issue 14, points 7 and 6): job children
 and sub-runs grouped, filters, cancel and delete from the UI, and the live progress of a run
 another process executes. Debian's headless Chromium driven by Playwright, the real app under
-uvicorn on loopback, a real SQLite store; screenshots go to ``test-artifacts/``.
+uvicorn on loopback, a real SQLite store; with ``REWIND_SCREENSHOTS=1``, screenshots go to
+``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rewind.store import open_store
 from tests import pipelines
 from tests.model_stub import ModelStub
 from tests.test_run_management import _rewind_run_gated, held, hinted
-from tests.test_ui import ARTIFACTS, STATIC_INDEX, TIMEOUT_MS, ThreadServer
+from tests.test_ui import STATIC_INDEX, TIMEOUT_MS, ThreadServer, screenshot
 
 XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 expect = playwright_api.expect
@@ -70,8 +71,7 @@ def _reset_blocking() -> Iterator[None]:
 
 
 def shot(page: Any, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"ui-runs-{name}.png"), full_page=True)
+    screenshot(page, f"ui-runs-{name}", full_page=True)
 
 
 def post(url: str, path: str, body: Any = None) -> dict[str, Any]:
