@@ -411,6 +411,31 @@ def test_a_press_on_a_node_selects_it_though_the_drawing_moves_before_the_releas
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 
+def test_a_click_without_a_press_selects_a_node_a_press_left_earlier(
+    server: dict[str, Any], page: Any
+) -> None:
+    """A click with no pointer press (assistive technology, ``detail`` 0) selects the node even
+    when a mouse press on that node was released elsewhere earlier (a pan started on it): that
+    press must not swallow the later click as the release of its own."""
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph")
+    expect(page.get_by_test_id("graph")).to_have_attribute("data-layout", "done")
+    node2 = page.get_by_test_id("graph-node-research")
+    expect(node2).to_have_attribute("data-number", "2")
+    box = node2.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()  # selects node 2, then drags away (a pan): no click on node 2
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] * 4, steps=5)
+    page.mouse.up()
+    page.get_by_test_id("graph-node-analyse").focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"[?&]node=3(&|$)"))
+    node2.dispatch_event("click")
+    expect(page).to_have_url(re.compile(r"[?&]node=2(&|$)"))
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
 def test_fork_a_burr_app_with_a_changed_runtime_input(server: dict[str, Any], page: Any) -> None:
     expect = playwright_api.expect
     url, parent = server["url"], server["chat"]

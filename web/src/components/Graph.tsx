@@ -3,7 +3,7 @@
 // wrapped names and measured before the layout, so no box overlaps another and no edge label
 // sits on a node; a loop's back edge is drawn in its own colour, and a node that ran more than
 // once carries a ×N badge and the numbers of its executions.
-import { memo, useCallback, useEffect, useMemo, useRef, useState, type PointerEvent as ReactPointerEvent, type ReactNode } from "react";
+import { memo, useCallback, useEffect, useMemo, useRef, useState, type MouseEvent as ReactMouseEvent, type PointerEvent as ReactPointerEvent, type ReactNode } from "react";
 import {
   Handle,
   Position,
@@ -90,14 +90,15 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
   // between press and release (something loading above the graph shifts it, a re-fit or a new
   // layout moves it), and the release then lands on the pane, so a click selected nothing.
   // Touch keeps selecting on click (a press there may start a pan); a click with no press
-  // before it (assistive technology) selects too. The number pressed, until its click.
+  // before it (assistive technology: detail 0) selects too, even if a press left earlier (a pan
+  // started on the node, released elsewhere) is still recorded. The number pressed, until its click.
   const pressed = useRef<number | null>(null);
   const press = (e: ReactPointerEvent, n: number) => {
     pressed.current = e.button === 0 && e.pointerType !== "touch" ? n : null;
     if (pressed.current !== null) onSelect(n);
   };
-  const release = (n: number) => {
-    if (pressed.current !== n) onSelect(n);
+  const release = (e: ReactMouseEvent, n: number) => {
+    if (e.detail === 0 || pressed.current !== n) onSelect(n);
     pressed.current = null;
   };
   const c = NODE_COLOURS[node.status];
@@ -111,7 +112,7 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
       data-executions={node.executions}
       className={`graph-node relative w-max min-w-[9rem] max-w-[15rem] ${node.status === "running" ? "node-running" : ""} ${last !== undefined ? "cursor-pointer" : "cursor-default"}`}
       onPointerDown={(e) => last !== undefined && press(e, last)}
-      onClick={() => last !== undefined && release(last)}
+      onClick={(e) => last !== undefined && release(e, last)}
       tabIndex={last !== undefined ? 0 : -1}
       role="button"
       aria-pressed={isSelected}
@@ -177,7 +178,7 @@ const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
                   }}
                   onClick={(e) => {
                     e.stopPropagation();
-                    release(n);
+                    release(e, n);
                   }}
                 >
                   #{n}
