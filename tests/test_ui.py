@@ -436,6 +436,32 @@ def test_a_click_without_a_press_selects_a_node_a_press_left_earlier(
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 
+def test_a_pan_started_on_a_node_selects_nothing(server: dict[str, Any], page: Any) -> None:
+    """A press on a node that moves before its release is a pan: the view moves, the selection
+    (URL, fork editor, history) does not. A press that comes up where it went down selects."""
+    expect = playwright_api.expect
+    url, parent = server["url"], server["parent"]
+    page.goto(f"{url}/#/runs/{parent}?tab=graph")
+    expect(page.get_by_test_id("graph")).to_have_attribute("data-layout", "done")
+    node1 = page.get_by_test_id("graph-node-plan")
+    expect(node1).to_have_attribute("data-number", "1")
+    box = node1.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + 60, y + 40, steps=8)
+    page.mouse.up()
+    moved = node1.bounding_box()
+    assert (moved["x"], moved["y"]) != (box["x"], box["y"]), "the drag did not pan the view"
+    assert "node=" not in page.url
+    expect(page.get_by_test_id("node-editor")).to_have_count(0)
+    node2 = page.get_by_test_id("graph-node-research")  # a later press selects as before
+    box2 = node2.bounding_box()
+    page.mouse.click(box2["x"] + box2["width"] / 2, box2["y"] + box2["height"] / 2)
+    expect(page).to_have_url(re.compile(r"[?&]node=2(&|$)"))
+    assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
+
+
 def test_fork_a_burr_app_with_a_changed_runtime_input(server: dict[str, Any], page: Any) -> None:
     expect = playwright_api.expect
     url, parent = server["url"], server["chat"]

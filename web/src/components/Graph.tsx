@@ -84,22 +84,39 @@ function breakable(name: string) {
   ));
 }
 
+// How far (CSS px) a mouse or pen may move between press and release and still select a node.
+const PRESS_SLOP_PX = 5;
+
 const RunNode = memo(function RunNode({ data }: NodeProps<FlowNode<NodeData>>) {
   const { node, last, sub, selected, onSelect, onKeyboardSelect } = data;
-  // A mouse or pen selects on press, not on click: the drawing can move under a still pointer
-  // between press and release (something loading above the graph shifts it, a re-fit or a new
-  // layout moves it), and the release then lands on the pane, so a click selected nothing.
-  // Touch keeps selecting on click (a press there may start a pan); a click with no press
-  // before it (assistive technology: detail 0) selects too, even if a press left earlier (a pan
-  // started on the node, released elsewhere) is still recorded. The number pressed, until its click.
-  const pressed = useRef<number | null>(null);
+  // A mouse or pen press selects when its button comes up with the pointer still where it was
+  // pressed (within PRESS_SLOP_PX), wherever the release lands: the drawing can move under a
+  // still pointer (something loading above the graph shifts it, a re-fit or a new layout moves
+  // it), and the release then lands on the pane, so a click selected nothing. A press that moves
+  // further is a pan and selects nothing. Touch keeps selecting on click (a press there may
+  // start a pan); a click with no press before it (assistive technology: detail 0) selects.
+  // `selectedByPress`: the number a press selected, so that its own click does not select again.
+  const selectedByPress = useRef<number | null>(null);
   const press = (e: ReactPointerEvent, n: number) => {
-    pressed.current = e.button === 0 && e.pointerType !== "touch" ? n : null;
-    if (pressed.current !== null) onSelect(n);
+    selectedByPress.current = null;
+    if (e.button !== 0 || e.pointerType === "touch") return;
+    const { clientX: x, clientY: y, pointerId } = e;
+    const end = (u: PointerEvent) => {
+      if (u.pointerId !== pointerId) return;
+      window.removeEventListener("pointerup", end, true);
+      window.removeEventListener("pointercancel", end, true);
+      if (u.type === "pointerup" && Math.hypot(u.clientX - x, u.clientY - y) < PRESS_SLOP_PX) {
+        selectedByPress.current = n;
+        onSelect(n);
+      }
+    };
+    window.addEventListener("pointerup", end, true);
+    window.addEventListener("pointercancel", end, true);
   };
   const release = (e: ReactMouseEvent, n: number) => {
-    if (e.detail === 0 || pressed.current !== n) onSelect(n);
-    pressed.current = null;
+    const selected = e.detail !== 0 && selectedByPress.current === n;
+    selectedByPress.current = null;
+    if (!selected) onSelect(n);
   };
   const c = NODE_COLOURS[node.status];
   const isSelected = last !== undefined && node.numbers.includes(selected ?? -1);
