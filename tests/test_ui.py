@@ -411,6 +411,21 @@ def test_a_press_on_a_node_selects_it_though_the_drawing_moves_before_the_releas
     assert page.dialogs == [] and page.errors == []  # type: ignore[attr-defined]
 
 
+def _pointer_on_node(
+    page: Any, server: dict[str, Any], name: str, number: int
+) -> tuple[Any, dict[str, float]]:
+    """Open the demo parent's graph, check that node ``name`` is node ``number``, and put the
+    mouse on its centre. Returns the node's locator and its bounding box (CSS px)."""
+    expect = playwright_api.expect
+    page.goto(f"{server['url']}/#/runs/{server['parent']}?tab=graph")
+    expect(page.get_by_test_id("graph")).to_have_attribute("data-layout", "done")
+    node = page.get_by_test_id(f"graph-node-{name}")
+    expect(node).to_have_attribute("data-number", str(number))
+    box = node.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    return node, box
+
+
 def test_a_click_without_a_press_selects_a_node_a_press_left_earlier(
     server: dict[str, Any], page: Any
 ) -> None:
@@ -418,14 +433,8 @@ def test_a_click_without_a_press_selects_a_node_a_press_left_earlier(
     when a mouse press on that node was released elsewhere earlier (a pan started on it): that
     press must not swallow the later click as the release of its own."""
     expect = playwright_api.expect
-    url, parent = server["url"], server["parent"]
-    page.goto(f"{url}/#/runs/{parent}?tab=graph")
-    expect(page.get_by_test_id("graph")).to_have_attribute("data-layout", "done")
-    node2 = page.get_by_test_id("graph-node-research")
-    expect(node2).to_have_attribute("data-number", "2")
-    box = node2.bounding_box()
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    page.mouse.down()  # selects node 2, then drags away (a pan): no click on node 2
+    node2, box = _pointer_on_node(page, server, "research", 2)
+    page.mouse.down()  # then drags away (a pan): no click on node 2
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] * 4, steps=5)
     page.mouse.up()
     page.get_by_test_id("graph-node-analyse").focus()
@@ -440,14 +449,8 @@ def test_a_pan_started_on_a_node_selects_nothing(server: dict[str, Any], page: A
     """A press on a node that moves before its release is a pan: the view moves, the selection
     (URL, fork editor, history) does not. A press that comes up where it went down selects."""
     expect = playwright_api.expect
-    url, parent = server["url"], server["parent"]
-    page.goto(f"{url}/#/runs/{parent}?tab=graph")
-    expect(page.get_by_test_id("graph")).to_have_attribute("data-layout", "done")
-    node1 = page.get_by_test_id("graph-node-plan")
-    expect(node1).to_have_attribute("data-number", "1")
-    box = node1.bounding_box()
+    node1, box = _pointer_on_node(page, server, "plan", 1)
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    page.mouse.move(x, y)
     page.mouse.down()
     page.mouse.move(x + 60, y + 40, steps=8)
     page.mouse.up()
