@@ -372,3 +372,107 @@ def test_a_trace_input_rewind_cannot_store_fails_the_write_not_the_chain(
             assert digest == recorded and stub.count == requests
             outcomes.append((t.record is None, (t.write_error or "").split(":")[0]))
     assert outcomes[0] == outcomes[1] == (True, "UnstorableValue")
+
+
+def _blob_rows(folder: Path) -> tuple[int, int, int]:
+    """Rows of the three tables blobs live in (blobs, blob_slices, blob_packs)."""
+    from sqlalchemy import func, select
+
+    from rewind.store import schema
+
+    st = open_store(folder)
+    try:
+        with st.read() as conn:
+            return tuple(  # type: ignore[return-value]
+                conn.execute(select(func.count()).select_from(t)).scalar()
+                for t in (schema.blobs, schema.blob_slices, schema.blob_packs)
+            )
+    finally:
+        st.close()
+
+
+def _traced(folder: Path, client: ChatClient, output: str, *, read_cache: bool = True) -> Any:
+    """A trace of the agent with an input, whose output is ``output``."""
+    tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    try:
+        with tracer.trace("lane-agent", {"question": "sum", "n": N}) as t:
+            agent()
+            t.set_output(output)
+    finally:
+        tracer.close()
+    return t
+
+
+def test_an_unchanged_replay_writes_no_blob_its_source_names(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The initial state (document and field values) and the output of an unchanged replay are
+    the ones its source's run row and root span name: they are not sent to the store again (no
+    blob in its write, no blob, slice or pack row added), and both read back through the
+    replay. An output of its own is written."""
+    from rewind.store import Store
+
+    _, client = stub_client
+    source = _traced(tmp_path, client, "done", read_cache=False)
+    _traced(tmp_path, client, "done")  # proves the steps
+    sent: list[set[str]] = []
+    write_batch = Store.write_batch
+
+    def spy(self: Store, batch: Any, **kwargs: Any) -> None:
+        sent.append(set(batch.blobs))
+        write_batch(self, batch, **kwargs)
+
+    monkeypatch.setattr(Store, "write_batch", spy)
+    before = _blob_rows(tmp_path)
+    same = _traced(tmp_path, client, "done")
+    assert same.parent_run_id == source.trace_id
+    assert [s._proven is not None for s in same.steps] == [True] * (2 * N)
+    assert sent == [set()]
+    assert _blob_rows(tmp_path) == before
+    other = _traced(tmp_path, client, "another output")
+    assert sent[1] == {hashlib.sha256(b'"another output"').hexdigest()}
+    assert _blob_rows(tmp_path) != before
+    st = open_store(tmp_path)
+    try:
+        for t, output in ((same, "done"), (other, "another output")):
+            v = load_trace(st, t.trace_id, payloads=True)
+            assert (v.input, v.output) == ({"n": N, "question": "sum"}, output)
+            run_row = st.get_run(t.trace_id)
+            assert run_row.initial_state_hash == st.get_run(source.trace_id).initial_state_hash
+            assert st.get_blob(run_row.initial_state_hash)
+    finally:
+        st.close()
+
+
+def test_a_chat_steps_key_is_made_once_per_request_and_default_model() -> None:
+    """lane._chat_call keeps what it made per (request text, default model): each request,
+    model and default gets the key plain_request_key gives it, whichever was asked first."""
+    from rewind.llm import plain_request_key
+    from rewind.tracing import step_memo
+    from rewind.tracing.model import plain_fields
+
+    messages = [{"role": "user", "content": "hi"}]
+    bodies = [
+        {"messages": messages, "temperature": 0},
+        {"messages": messages, "temperature": False},
+        {"messages": messages, "temperature": 1, "model": "m"},
+        {"messages": messages, "temperature": 0, "max_tokens": None},
+        {"messages": [{"content": "hi", "role": "user"}], "temperature": 0, "seed": 1},
+    ]
+    for _ in range(2):  # made, then read back
+        for body in bodies:
+            plain = plain_fields(body)
+            assert plain is not None
+            text = step_memo.text_of(plain)
+            for default in ("model-a", "model-b"):
+                fields = {k: v for k, v in plain.items() if v is not None}
+                expected = plain_request_key(fields, default_model=default)
+                key, request, model, determinism = lane._chat_call(plain, default, text)
+                assert (key, request) == expected
+                assert model == body.get("model", default)
+                sampled = body["temperature"] == 1
+                assert determinism == ("non-deterministic" if sampled else "deterministic")
+    no_model = plain_fields(bodies[0])
+    assert no_model is not None
+    text = step_memo.text_of(no_model)
+    assert lane._chat_call(no_model, "model-a", text) != lane._chat_call(no_model, "b", text)

@@ -35,6 +35,7 @@ from rewind.context import current
 from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
 from rewind.store.records import CallRecord
 from rewind.tracing import step_memo
+from rewind.tracing import tracer as _tracer  # (a cycle: its names are read at call time)
 from rewind.tracing.model import ROOT_POSITION, StepData, StepStatus, StepType, jsonable
 
 if TYPE_CHECKING:
@@ -76,9 +77,7 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
         trace._lane = lane
     if threading.get_ident() != lane.thread or _observed(trace):
         return None
-    from rewind.tracing.tracer import _STEP  # tracer imports this module
-
-    if _STEP.get() is not None or current() is not ctx:
+    if _tracer._STEP.get() is not None or current() is not ctx:
         return None
     return lane
 
@@ -126,22 +125,36 @@ def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
 
 
 class _Call:
-    """The call a step is about to make, as the lane checks it against the remembered one."""
+    """The call a step is about to make, as the lane checks it against the remembered one
+    (``inputs_text``: the inputs as :func:`step_memo.text_of` writes them, None when they are
+    not plain JSON)."""
 
-    __slots__ = ("determinism", "inputs", "key", "kind", "name", "request", "step", "step_type")
+    __slots__ = (
+        "determinism",
+        "inputs",
+        "inputs_text",
+        "key",
+        "kind",
+        "name",
+        "request",
+        "step",
+        "step_type",
+    )
 
     def __init__(
         self,
         step: str,
         step_type: str,
         inputs: dict[str, Any],
+        inputs_text: bytes | None,
         kind: str,
         name: str,
         key: str,
         request: bytes,
         determinism: str,
     ) -> None:
-        self.step, self.step_type, self.inputs = step, step_type, inputs
+        self.step, self.step_type = step, step_type
+        self.inputs, self.inputs_text = inputs, inputs_text
         self.kind, self.name, self.key, self.request = kind, name, key, request
         self.determinism = determinism
 
@@ -166,7 +179,7 @@ def _answer(trace: Trace, c: _Call) -> tuple[int, step_memo.Proven, CallRecord, 
     data = ctx.lineage_blobs.get(call.result_hash)
     if data is None or entry.produced_at != call.produced_at:
         return None
-    if step_memo.text_of(c.inputs) != proven.inputs_text:
+    if c.inputs_text is None or c.inputs_text != proven.inputs_text:
         return None
     return p, proven, call, data
 
@@ -202,17 +215,12 @@ def serve_chat(trace: Trace, name: str, plain: dict[str, Any]) -> ChatResponse |
     client = ctx.chat_client if ctx is not None else None
     if client is None:
         return None
-    default_model = client.endpoint.model
-    fields = {k: v for k, v in plain.items() if v is not None}
-    try:
-        key, request = plain_request_key(fields, default_model=default_model)
-    except Exception:  # the full path raises it where the step records it
+    inputs_text = step_memo.text_of(plain)
+    made = _chat_call(plain, client.endpoint.model, inputs_text)
+    if made is None:
         return None
-    temperature = fields.get("temperature", DEFAULT_TEMPERATURE)
-    sampled = isinstance(temperature, int | float) and temperature > 0
-    model = str(fields.get("model") or default_model)
-    determinism = "non-deterministic" if sampled else DEFAULT_POLICY.determinism
-    c = _Call(name, _LLM, plain, "llm", model, key, request, determinism)
+    key, request, model, determinism = made
+    c = _Call(name, _LLM, plain, inputs_text, "llm", model, key, request, determinism)
     found = _answer(trace, c)
     if found is None:
         return None
@@ -221,6 +229,50 @@ def serve_chat(trace: Trace, name: str, plain: dict[str, Any]) -> ChatResponse |
     except Exception:
         return None
     return response if _finish(trace, c, found, response.content, (started, perf)) else None
+
+
+CHAT_CALLS_KEPT = 4096
+"""How many chat requests' keys (:func:`_chat_call`) this process keeps."""
+
+_CHAT_CALLS: dict[tuple[bytes, str], tuple[str, bytes, str, str]] = {}
+
+
+def _chat_call(
+    plain: dict[str, Any], default_model: Any, inputs_text: bytes | None
+) -> tuple[str, bytes, str, str] | None:
+    """(cache key, canonical request bytes, model name, determinism) of the call a
+    :func:`rewind.tracing.chat_step` with the plain request ``plain`` makes through a client
+    whose default model is ``default_model``, or None when the key cannot be made (the full
+    path raises it where the step records it).
+
+    All four are functions of the request's value and the default model alone, and
+    ``inputs_text`` (the request as :func:`step_memo.text_of` writes it: keys sorted, exact
+    JSON types, so ``1``, ``1.0``, ``true`` and ``"1"`` are told apart) is equal only for equal
+    values: they are made once per text and default model, and a later step of the same
+    request (the same step in the next replay) reads them back instead of normalizing and
+    hashing the request again."""
+    memo = (inputs_text, default_model) if inputs_text is not None else None
+    if memo is not None and type(default_model) is str:
+        known = _CHAT_CALLS.get(memo)
+        if known is not None:
+            return known
+    else:
+        memo = None
+    fields = {k: v for k, v in plain.items() if v is not None}
+    try:
+        key, request = plain_request_key(fields, default_model=default_model)
+    except Exception:
+        return None
+    temperature = fields.get("temperature", DEFAULT_TEMPERATURE)
+    sampled = isinstance(temperature, int | float) and temperature > 0
+    model = str(fields.get("model") or default_model)
+    determinism = "non-deterministic" if sampled else DEFAULT_POLICY.determinism
+    made = (key, request, model, determinism)
+    if memo is not None:
+        if len(_CHAT_CALLS) >= CHAT_CALLS_KEPT:
+            _CHAT_CALLS.clear()
+        _CHAT_CALLS[memo] = made
+    return made
 
 
 def serve_tool(
@@ -243,15 +295,16 @@ def serve_tool(
         or ctx.in_child_process()
     ):
         return NOT_SERVED
-    from rewind.tracing.tracer import bound_input
-
     try:
-        inputs = bound_input(tool, args, kwargs)
+        inputs = _tracer.bound_input(tool, args, kwargs)
         request = canonical_bytes(tool.key_args(tool.bind(*args, **kwargs)))
         key = tool._key_of(request)
     except Exception:  # the full path raises it where the step records it
         return NOT_SERVED
-    c = _Call(name, step_type, inputs, "tool", tool.name, key, request, "deterministic")
+    inputs_text = step_memo.text_of(inputs)
+    c = _Call(
+        name, step_type, inputs, inputs_text, "tool", tool.name, key, request, "deterministic"
+    )
     found = _answer(trace, c)
     if found is None:
         return NOT_SERVED
@@ -279,9 +332,7 @@ def _finish(
         return False
     params, fields, attributes = loads(proven.rest_text)
     started, perf = clock
-    from rewind.tracing.tracer import Step  # tracer imports this module
-
-    s = Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    s = _tracer.Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
     s.attributes = attributes  # Step copies them: these are this step's own already
     duration = (time.perf_counter() - perf) * 1000.0
     s.status = StepStatus.SUCCESS
