@@ -476,3 +476,20 @@ def test_a_chat_steps_key_is_made_once_per_request_and_default_model() -> None:
     assert no_model is not None
     text = step_memo.text_of(no_model)
     assert lane._chat_call(no_model, "model-a", text) != lane._chat_call(no_model, "b", text)
+
+
+def test_a_step_served_in_the_lane_has_every_attribute_a_step_has(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """lane._served_step builds a Step without its __init__: it must set every attribute the
+    __init__ sets (and no other), so a served step behaves as any other."""
+    from rewind.tracing.tracer import Step
+
+    _, client = stub_client
+    history(tmp_path, client)
+    t, _ = run(tmp_path, client, agent)
+    made = Step(None, "x", "llm_call", {}, {}, 0, -1)
+    assert t.steps and all(s._proven is not None for s in t.steps)
+    for s in t.steps:
+        assert set(vars(s)) == set(vars(made))
+        assert s.status == "success" and s.trace is t and s.span_id != made.span_id
