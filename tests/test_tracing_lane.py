@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rewind
 from rewind.llm import ChatClient
@@ -493,3 +495,54 @@ def test_a_step_served_in_the_lane_has_every_attribute_a_step_has(
     for s in t.steps:
         assert set(vars(s)) == set(vars(made))
         assert s.status == "success" and s.trace is t and s.span_id != made.span_id
+
+
+def _lane_probe(numbers: list[Any], label: str = "x", extra: Any = None) -> int:
+    return len(numbers)
+
+
+_PROBE = rewind.tool("lane_request_probe")(_lane_probe)
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+"""JSON-like values, and some that are not plain (floats, tuples, non-ASCII text, big ints)."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES, _VALUES, st.booleans())
+def test_a_tool_steps_request_is_what_the_full_path_makes(
+    numbers: Any, extra: Any, keyword: bool
+) -> None:
+    """lane._tool_request copies plain arguments once and takes their text as the request:
+    for any arguments, the inputs, their text and the request bytes are what bound_input,
+    step_memo.text_of and canonical_bytes(key_args(bind(...))) give."""
+    from rewind.canonical import CanonicalError, canonical_bytes
+    from rewind.tracing import step_memo
+    from rewind.tracing.tracer import bound_input
+
+    args: tuple[Any, ...] = ([numbers, 1],) if keyword else ([numbers, 1], "x", extra)
+    kwargs: dict[str, Any] = {"extra": extra} if keyword else {}
+    try:
+        request = canonical_bytes(_PROBE.key_args(_PROBE.bind(*args, **kwargs)))
+    except CanonicalError:
+        with pytest.raises(CanonicalError):
+            lane._tool_request(_PROBE, args, kwargs)
+        return
+    inputs = bound_input(_PROBE, args, kwargs)
+    got = lane._tool_request(_PROBE, args, kwargs)
+    assert got == (inputs, step_memo.text_of(inputs), request)
+    assert json.dumps(got[0]) == json.dumps(inputs)  # exact types and key order too

@@ -36,7 +36,14 @@ from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
 from rewind.store.records import CallRecord
 from rewind.tracing import step_memo
 from rewind.tracing import tracer as _tracer  # (a cycle: its names are read at call time)
-from rewind.tracing.model import ROOT_POSITION, StepData, StepStatus, StepType, jsonable
+from rewind.tracing.model import (
+    ROOT_POSITION,
+    StepData,
+    StepStatus,
+    StepType,
+    jsonable,
+    plain_fields,
+)
 
 if TYPE_CHECKING:
     from rewind.context import RunContext
@@ -296,12 +303,10 @@ def serve_tool(
     ):
         return NOT_SERVED
     try:
-        inputs = _tracer.bound_input(tool, args, kwargs)
-        request = canonical_bytes(tool.key_args(tool.bind(*args, **kwargs)))
+        inputs, inputs_text, request = _tool_request(tool, args, kwargs)
         key = tool._key_of(request)
     except Exception:  # the full path raises it where the step records it
         return NOT_SERVED
-    inputs_text = step_memo.text_of(inputs)
     c = _Call(
         name, step_type, inputs, inputs_text, "tool", tool.name, key, request, "deterministic"
     )
@@ -313,6 +318,33 @@ def serve_tool(
     except ValueError:
         return NOT_SERVED
     return value if _finish(trace, c, found, value, (started, perf)) else NOT_SERVED
+
+
+def _tool_request(
+    tool: Tool, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], bytes | None, bytes]:
+    """(the step's inputs as :func:`rewind.tracing.tracer.bound_input` makes them, their
+    :func:`step_memo.text_of` text, the call's canonical request bytes) of a call of a tool
+    without an idempotency argument (its key arguments are its bound arguments).
+
+    Bound arguments of plain JSON (:func:`~rewind.tracing.model.plain_fields`; no ``self`` or
+    ``cls``, which ``bound_input`` leaves out) are copied once: that copy is what
+    ``bound_input`` returns (``jsonable`` of the same dict), and its text (orjson, keys sorted)
+    is, byte for byte, their canonical bytes, as :func:`rewind.llm.plain_request_key` has it
+    for a plain request. Other arguments go the general way.
+
+    Raises:
+        Exception: what binding the arguments or encoding them raises (the full path raises
+            it where the step records it).
+    """
+    bound = tool.bind(*args, **kwargs)
+    if "self" not in bound and "cls" not in bound:
+        inputs = plain_fields(bound)
+        text = step_memo.text_of(inputs) if inputs is not None else None
+        if inputs is not None and text is not None:
+            return inputs, text, text
+    inputs = _tracer.bound_input(tool, args, kwargs)
+    return inputs, step_memo.text_of(inputs), canonical_bytes(tool.key_args(bound))
 
 
 def _finish(
