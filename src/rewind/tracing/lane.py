@@ -385,26 +385,6 @@ def _finish(
     return True
 
 
-_SERVED_CONSTANTS: dict[str, Any] = {
-    "parent_position": ROOT_POSITION,
-    "status": StepStatus.SUCCESS,
-    "error_type": None,
-    "error_message": None,
-    "scope": None,
-    "_manual_tokens": None,
-    "_perf": 0.0,
-    "_ctx_token": None,
-    "_token": None,
-    "_response": None,
-}
-"""The attributes every step served in the lane has alike (immutable values only)."""
-_SERVED_NAMES = ("trace", "name", "step_type", "inputs", "attributes", "position", "output")
-_SERVED_NAMES += ("_snapshot", "started_at", "ended_at", "duration_ms", "span_id")
-_SERVED_NAMES += ("prompt_tokens", "completion_tokens", "_params", "_calls", "_pending")
-_SERVED_NAMES += ("_effects", "_proven", "_lane_fields")
-"""The attributes of its own each step served in the lane has (:func:`_served_step`)."""
-
-
 def _served_step(
     trace: Trace,
     name: str,
@@ -421,12 +401,40 @@ def _served_step(
     ``timing`` (started at, ended at: unix s; duration: ms); ``proven`` the remembered step it
     was served as and ``fields`` its fields, read for this step alone (:func:`step_data`)."""
     position, output, snapshot, attributes, params, calls = values
+    started, ended, duration = timing
     s = object.__new__(_tracer.Step)
-    s.__dict__.update(_SERVED_CONSTANTS)
-    own = (trace, name, proven.step_type, inputs, attributes, position, output, snapshot)
-    own += (*timing, _tracer.new_span_id(), proven.prompt_tokens, proven.completion_tokens)
     s.__dict__.update(
-        zip(_SERVED_NAMES, (*own, params, calls, {}, [], proven, fields), strict=True)
+        trace=trace,
+        name=name,
+        step_type=proven.step_type,
+        inputs=inputs,
+        attributes=attributes,
+        position=position,
+        parent_position=ROOT_POSITION,
+        span_id=_tracer.new_span_id(),
+        status=StepStatus.SUCCESS,
+        output=output,
+        error_type=None,
+        error_message=None,
+        started_at=started,
+        ended_at=ended,
+        duration_ms=duration,
+        prompt_tokens=proven.prompt_tokens,
+        completion_tokens=proven.completion_tokens,
+        scope=None,
+        _manual_tokens=None,
+        _perf=0.0,
+        _ctx_token=None,
+        _token=None,
+        # what a finished step keeps of its scope (Step._release) and its output's snapshot
+        _snapshot=snapshot,
+        _response=None,
+        _params=params,
+        _calls=calls,
+        _pending={},
+        _effects=[],
+        _proven=proven,
+        _lane_fields=fields,
     )
     return s
 
