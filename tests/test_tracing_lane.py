@@ -483,8 +483,8 @@ def test_a_chat_steps_key_is_made_once_per_request_and_default_model() -> None:
 def test_a_step_served_in_the_lane_has_every_attribute_a_step_has(
     tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
 ) -> None:
-    """lane._served_step builds a Step without its __init__: it must set every attribute the
-    __init__ sets (and no other), so a served step behaves as any other."""
+    """A step served in the lane carries every attribute a Step has (and no other), so it
+    behaves as any other."""
     from rewind.tracing.tracer import Step
 
     _, client = stub_client

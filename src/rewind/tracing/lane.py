@@ -364,16 +364,19 @@ def _finish(
         return False
     params, fields, attributes = loads(proven.rest_text)
     started, perf = clock
+    s = _tracer.Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    s.attributes = attributes  # Step copies them: these are this step's own already
     duration = (time.perf_counter() - perf) * 1000.0
-    s = _served_step(
-        trace,
-        name,
-        c.inputs,
-        (p, output, snapshot, attributes, params, [call]),
-        (started, started + duration / 1000.0, duration),
-        proven,
-        fields,
-    )
+    s.status = StepStatus.SUCCESS
+    s.output = output
+    s.started_at = started
+    s.ended_at = started + duration / 1000.0
+    s.duration_ms = duration
+    s.prompt_tokens = proven.prompt_tokens
+    s.completion_tokens = proven.completion_tokens
+    _set_finished(s, params, [call], snapshot)
+    s._proven = proven
+    s._lane_fields = fields  # read once, this step's own: step_data uses them
     with trace._lock:
         if trace._lane_off or len(trace._steps) != p:
             return False
@@ -385,58 +388,14 @@ def _finish(
     return True
 
 
-def _served_step(
-    trace: Trace,
-    name: str,
-    inputs: dict[str, Any],
-    values: tuple[int, Any, Any, dict[str, Any], dict[str, Any], list[CallRecord]],
-    timing: tuple[float, float, float],
-    proven: step_memo.Proven,
-    fields: dict[str, Any],
-) -> Step:
-    """A finished :class:`~rewind.tracing.tracer.Step` of ``trace`` served in the lane, as
-    ``Step(trace, name, proven.step_type, inputs, attributes, position, ROOT_POSITION)`` then
-    finished would be, every attribute its ``__init__`` sets set once (tests compare the
-    names): ``values`` is (position, output, its snapshot, attributes, params, calls),
-    ``timing`` (started at, ended at: unix s; duration: ms); ``proven`` the remembered step it
-    was served as and ``fields`` its fields, read for this step alone (:func:`step_data`)."""
-    position, output, snapshot, attributes, params, calls = values
-    started, ended, duration = timing
-    s = object.__new__(_tracer.Step)
-    s.__dict__.update(
-        trace=trace,
-        name=name,
-        step_type=proven.step_type,
-        inputs=inputs,
-        attributes=attributes,
-        position=position,
-        parent_position=ROOT_POSITION,
-        span_id=_tracer.new_span_id(),
-        status=StepStatus.SUCCESS,
-        output=output,
-        error_type=None,
-        error_message=None,
-        started_at=started,
-        ended_at=ended,
-        duration_ms=duration,
-        prompt_tokens=proven.prompt_tokens,
-        completion_tokens=proven.completion_tokens,
-        scope=None,
-        _manual_tokens=None,
-        _perf=0.0,
-        _ctx_token=None,
-        _token=None,
-        # what a finished step keeps of its scope (Step._release) and its output's snapshot
-        _snapshot=snapshot,
-        _response=None,
-        _params=params,
-        _calls=calls,
-        _pending={},
-        _effects=[],
-        _proven=proven,
-        _lane_fields=fields,
-    )
-    return s
+def _set_finished(s: Step, params: dict[str, Any], calls: list[CallRecord], snapshot: Any) -> None:
+    """What a finished step keeps of its scope (:meth:`Step._release`) and its output's
+    snapshot (:meth:`Step._collect`)."""
+    s._params = params
+    s._calls = calls
+    s._pending = {}
+    s._effects = []
+    s._snapshot = snapshot
 
 
 def step_data(s: Step) -> tuple[StepData, bytes] | None:
