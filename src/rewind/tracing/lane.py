@@ -258,13 +258,12 @@ def _chat_call(
     values: they are made once per text and default model, and a later step of the same
     request (the same step in the next replay) reads them back instead of normalizing and
     hashing the request again."""
-    memo = (inputs_text, default_model) if inputs_text is not None else None
-    if memo is not None and type(default_model) is str:
+    memo = None
+    if inputs_text is not None and type(default_model) is str:
+        memo = (inputs_text, default_model)
         known = _CHAT_CALLS.get(memo)
         if known is not None:
             return known
-    else:
-        memo = None
     fields = {k: v for k, v in plain.items() if v is not None}
     try:
         key, request = plain_request_key(fields, default_model=default_model)
