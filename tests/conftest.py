@@ -64,7 +64,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     ``__pycache__`` when its recorded source mtime and size still match, so a stale file is
     never used; ``py_compile`` writes each one atomically, so parallel sessions are safe.
     Ignored by git (``__pycache__/`` in .gitignore). Under pytest-xdist (``make test`` runs
-    ``-n 2``) only the controller compiles: it runs before the workers start.
+    ``-n 3``) only the controller compiles: it runs before the workers start.
     """
     if hasattr(session.config, "workerinput"):
         return
@@ -76,10 +76,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, hand out the longest files first.
 
-    ``make test`` runs ``-n 2 --dist loadfile --no-loadscope-reorder``: each worker takes the
+    ``make test`` runs ``-n 3 --dist loadfile --no-loadscope-reorder``: each worker takes the
     next whole file as it becomes free, in collection order. Collected in name order, a long
     file (the embedded model, workers, servers: up to minutes each) could still run alone on one
-    worker after the other worker has finished everything else. The files are sorted by their
+    worker after the other workers have finished everything else. The files are sorted by their
     measured cost (:data:`tests.schedule.FILE_SECONDS`, longest first: the
     longest-processing-time rule), then the other files that hold ``slow`` tests, then the rest
     in collection order. The order within a file is kept; every worker sorts the same collection

@@ -1,6 +1,6 @@
 """How long each of the suite's longest test files takes, for ordering the files under xdist.
 
-``make test`` runs ``-n 2 --dist loadfile --no-loadscope-reorder``: a worker takes the next whole
+``make test`` runs ``-n 3 --dist loadfile --no-loadscope-reorder``: a worker takes the next whole
 file, in collection order, whenever it becomes free. ``pytest_collection_modifyitems`` in
 tests/conftest.py orders the files longest first (the longest-processing-time rule): a long file
 started last would run alone on one worker after the other one has finished everything else.
