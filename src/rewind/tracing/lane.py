@@ -35,7 +35,6 @@ from rewind.context import current
 from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
 from rewind.store.records import CallRecord
 from rewind.tracing import step_memo
-from rewind.tracing import tracer as _tracer  # (a cycle: its names are read at call time)
 from rewind.tracing.model import (
     ROOT_POSITION,
     StepData,
@@ -84,7 +83,7 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
         trace._lane = lane
     if threading.get_ident() != lane.thread or _observed(trace):
         return None
-    if _tracer._STEP.get() is not None or current() is not ctx:
+    if _tracer()._STEP.get() is not None or current() is not ctx:
         return None
     return lane
 
@@ -129,6 +128,20 @@ def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
     if not proven or proven[0] is None:
         return None
     return Lane(proven, threading.get_ident())
+
+
+_TRACER: Any = None
+
+
+def _tracer() -> Any:
+    """The module :mod:`rewind.tracing.tracer` (it imports this one: imported at the first
+    step served, then kept, instead of an import statement on every step)."""
+    global _TRACER
+    if _TRACER is None:
+        from rewind.tracing import tracer
+
+        _TRACER = tracer
+    return _TRACER
 
 
 class _Call:
@@ -342,7 +355,7 @@ def _tool_request(
         text = step_memo.text_of(inputs) if inputs is not None else None
         if inputs is not None and text is not None:
             return inputs, text, text
-    inputs = _tracer.bound_input(tool, args, kwargs)
+    inputs = _tracer().bound_input(tool, args, kwargs)
     return inputs, step_memo.text_of(inputs), canonical_bytes(tool.key_args(bound))
 
 
@@ -363,7 +376,7 @@ def _finish(
         return False
     params, fields, attributes = loads(proven.rest_text)
     started, perf = clock
-    s = _tracer.Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    s = _tracer().Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
     s.attributes = attributes  # Step copies them: these are this step's own already
     duration = (time.perf_counter() - perf) * 1000.0
     s.status = StepStatus.SUCCESS
