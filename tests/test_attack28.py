@@ -5,7 +5,12 @@ Each lane scenario runs in two stores with the same history (a recording and a p
 :func:`_side`): in one the lane serves what it can, in the other it is off; both must return and
 store the same thing. The store scenarios archive, restore and delete the runs an unchanged
 replay's write relies on, and read every blob the rows left name. Real SQLite stores and a real
-loopback model server; nothing here found a bug (they guard what was tried, issue #13)."""
+loopback model server; none of those found a bug (they guard what was tried, issue #13).
+
+One did, beside the fast paths: a recorded tool's function was called ``fn(**bound)``, so a
+``**kwargs`` parameter got its dict as one keyword named after it, and a ``*args`` or a
+positional-only parameter raised TypeError (a keyword named ``self`` too, at ``Tool.__call__``).
+"""
 
 from __future__ import annotations
 
@@ -364,3 +369,50 @@ def test_attack_a_trace_input_changed_mid_trace_is_stored_as_the_full_path_store
     assert full_side[4] == 0
     assert lane_side[4] == 12  # every step, before and after the change
     assert lane_side[3]["input"] == full_side[3]["input"]
+
+
+# -- a tool's function is called with the arguments it was given -------------------------------
+def _kwargs_tool(a: int, b: int = 2, *, c: int = 3, **extra: Any) -> list[Any]:
+    return [a, b, c, extra]
+
+
+def _args_tool(first: int, *items: int, tag: str = "t") -> list[Any]:
+    return [first, list(items), tag]
+
+
+def _positional_tool(x: int, /, y: int = 1) -> list[int]:
+    return [x, y]
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"),
+    [
+        (_kwargs_tool, (1,), {}),
+        (_kwargs_tool, (1,), {"z": 9, "extra": 8}),
+        (_kwargs_tool, (1, 5), {"c": 6, "z": [1]}),
+        (_kwargs_tool, (1,), {"self": 7}),
+        (_args_tool, (1, 2, 3), {"tag": "x"}),
+        (_args_tool, (1,), {}),
+        (_positional_tool, (4,), {}),
+        (_positional_tool, (4, 5), {}),
+    ],
+)
+def test_attack_a_recorded_tool_runs_its_function_with_the_call_arguments(
+    tmp_path: Path, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """In a run, a tool executes its function as the call gave the arguments: keywords a
+    ``**kwargs`` parameter took, values a ``*args`` parameter took, positional-only ones (and a
+    keyword named ``self``) reach it as outside any run; the replay serves that answer."""
+    from rewind.tracing import Tracer
+
+    expected = json.loads(json.dumps(fn(*args, **kwargs)))
+    tool = rewind.tool(f"attack28.{fn.__name__}")(fn)
+    got = []
+    for read_cache in (False, True):
+        tracer = Tracer(tmp_path, read_cache=read_cache, raise_on_write_error=True)
+        try:
+            with tracer.trace("attack28-tool"):
+                got.append(tool(*args, **kwargs))
+        finally:
+            tracer.close()
+    assert got == [expected, expected]
