@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rewind.cache import CallPolicy, Executed, through_cache
@@ -80,8 +80,9 @@ class Tool:
         self.idempotency_arg = idempotency_arg
         functools.update_wrapper(self, fn)
 
-    def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Arguments by parameter name with defaults applied."""
+    def bind(self, /, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Arguments by parameter name with defaults applied (a ``*args`` parameter's values as
+        a tuple, a ``**kwargs`` parameter's as a dict, under their parameter's name)."""
         names = self._positional
         if names is not None:
             # What bind + apply_defaults give when every parameter is passed, without their cost.
@@ -140,7 +141,7 @@ class Tool:
             None if idem is None else str(idem),
         )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         ctx = current()
         if ctx is not None and ctx.in_child_process():
             if self.determinism == "side-effect":
@@ -161,7 +162,10 @@ class Tool:
         key = self._key_of(request)
 
         def execute() -> Executed:
-            return Executed(canonical_bytes(self.fn(**bound)))
+            if self._positional is not None:  # every parameter positional-or-keyword
+                return Executed(canonical_bytes(self.fn(**bound)))
+            args, kwargs = call_arguments(self.signature, bound)
+            return Executed(canonical_bytes(self.fn(*args, **kwargs)))
 
         data, _ = through_cache(
             ctx,
@@ -173,6 +177,32 @@ class Tool:
             policy=self.policy(bound),
         )
         return loads(data)
+
+
+def call_arguments(
+    signature: inspect.Signature, bound: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The positional and keyword arguments of a call whose arguments :meth:`Tool.bind` gave as
+    ``bound`` (parameter name -> value, every parameter present): what ``fn(*args, **kwargs)``
+    needs to see them again. A ``*args`` parameter's tuple is spread, a ``**kwargs``
+    parameter's dict given as keywords, positional-only parameters passed by position.
+
+    Raises:
+        KeyError: ``bound`` lacks a parameter that has no default.
+    """
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for name, p in signature.parameters.items():
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            args.extend(bound.get(name, ()))
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            kwargs.update(bound.get(name, {}))
+        elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+            if name in bound:
+                kwargs[name] = bound[name]
+        else:  # positional-only or positional-or-keyword: by position, in order
+            args.append(bound[name])
+    return args, kwargs
 
 
 def positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
