@@ -170,7 +170,8 @@ def test_attack_lane_matches_the_full_path(
     kept: int | None,
 ) -> None:
     """``kept``: the chat-key memo's size (1: emptied at nearly every request)."""
-    lane._CHAT_CALLS.clear()  # what an earlier test made is not read back
+    for memo in (lane._CHAT_CALLS, lane._REQUESTS, lane._TOOL_CALLS, lane._RESPONSES):
+        memo.clear()  # what an earlier test made is not read back
     if kept is not None:
         monkeypatch.setattr(lane, "CHAT_CALLS_KEPT", kept)
     results = {}

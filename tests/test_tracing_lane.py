@@ -546,3 +546,98 @@ def test_a_tool_steps_request_is_what_the_full_path_makes(
     got = lane._tool_request(_PROBE, args, kwargs)
     assert got == (inputs, step_memo.text_of(inputs), request)
     assert json.dumps(got[0]) == json.dumps(inputs)  # exact types and key order too
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+_ODD = st.sampled_from([_Str("a"), _Int(1), 1, 1.0, True, -0.0, 0.0, "é", 2**63, (1,), [1]])
+"""Values that are told apart only by their exact type (or not plain at all)."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES | _ODD, _VALUES | _ODD, st.booleans())
+def test_a_chat_request_is_what_the_full_path_makes_of_it_every_time(
+    content: Any, extra: Any, model: bool
+) -> None:
+    """lane._chat_request (kept per request as marshal writes it) gives, for any request, what
+    plain_fields, step_memo.text_of and lane._chat_call give; its text read back is the plain
+    copy (same values, types and key order); a request that is not plain is never served."""
+    from rewind.tracing import step_memo
+    from rewind.tracing.model import plain_fields
+
+    request = {"messages": [{"role": "user", "content": content}], "seed": extra}
+    if model:
+        request["model"] = "m"
+    for _ in range(2):  # made, then read back
+        got = lane._chat_request(request, "default-model")
+        plain = plain_fields(request)
+        if plain is None:
+            assert got is None
+            continue
+        text = step_memo.text_of(plain)
+        call = lane._chat_call(plain, "default-model", text)
+        assert got == (None if text is None or call is None else (text, *call))
+        if got is not None:
+            copy = json.loads(got[0])
+            assert json.dumps(copy) == json.dumps(plain) and copy == plain
+            assert json.dumps(lane.orjson.loads(got[0])) == json.dumps(plain)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES | _ODD, _VALUES | _ODD, st.booleans())
+def test_a_tool_call_is_what_the_full_path_makes_of_it_every_time(
+    numbers: Any, extra: Any, keyword: bool
+) -> None:
+    """lane._tool_call (kept per tool and arguments as marshal writes them) gives the inputs,
+    text, request and key lane._tool_request and the tool's key give: read back, the inputs
+    are left out and are the request's text read back."""
+    from rewind.canonical import CanonicalError
+
+    args: tuple[Any, ...] = ([numbers, 1],) if keyword else ([numbers, 1], "x", extra)
+    kwargs: dict[str, Any] = {"extra": extra} if keyword else {}
+    for _ in range(2):
+        try:
+            inputs, text, request = lane._tool_request(_PROBE, args, kwargs)
+        except CanonicalError:
+            with pytest.raises(CanonicalError):
+                lane._tool_call(_PROBE, args, kwargs)
+            continue
+        got = lane._tool_call(_PROBE, args, kwargs)
+        assert got[1:] == (text, request, _PROBE._key_of(request))
+        made = got[0] if got[0] is not None else lane.orjson.loads(got[2])
+        assert json.dumps(made) == json.dumps(inputs) and made == inputs
+
+
+def test_a_chat_answer_is_parsed_as_from_raw_parses_it_every_time() -> None:
+    """lane._response keeps an answer's fields per bytes: each response it makes equals
+    ChatResponse.from_raw's (long integers read exactly), with its own data; bytes from_raw
+    refuses are not served."""
+    from rewind.llm import ChatResponse
+
+    def body(content: Any, extra: str = "") -> bytes:
+        choice = {"message": {"content": content}, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 3, "completion_tokens": 2}
+        return json.dumps({"choices": [choice], "usage": usage, "x": extra}).encode()[:-1] + (
+            b', "big": 123456789012345678901234567890}'
+        )
+
+    raws = [body("hi"), body([{"type": "text", "text": "a"}]), body(None, "é"), b"[]", b"{"]
+    for _ in range(2):
+        for raw in raws:
+            got = lane._response(raw)
+            try:
+                expected = ChatResponse.from_raw(raw)
+            except Exception:
+                assert got is None
+                continue
+            assert got == expected and got.data == expected.data and got.raw is raw
+            assert got.data["big"] == 123456789012345678901234567890
+            got.data["x"] = "changed"
+            again = lane._response(raw)
+            assert again is not None and again.data == expected.data

@@ -25,12 +25,15 @@ not touched by the lane at all.
 
 from __future__ import annotations
 
+import marshal
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from rewind.call import DEFAULT_POLICY
-from rewind.canonical import canonical_bytes, loads
+from rewind.canonical import canonical_bytes, loads, loads_exactly
 from rewind.context import current
 from rewind.llm import DEFAULT_TEMPERATURE, ChatResponse, plain_request_key
 from rewind.store.records import CallRecord
@@ -227,28 +230,111 @@ def _remembered(lane: Lane, p: int, c: _Call) -> tuple[step_memo.Proven, CallRec
     return (proven, call) if same and hit else None
 
 
-def serve_chat(trace: Trace, name: str, plain: dict[str, Any]) -> ChatResponse | None:
+def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse | None:
     """:func:`rewind.tracing.chat_step`'s step served in the lane, or None (take the full
-    path). ``plain`` is the request's plain copy (the step's input)."""
+    path). ``request``: the step's request as the caller built it (``{"messages": ...,
+    **params}``); only a plain one (:func:`~rewind.tracing.model.plain_fields`) is served, and
+    the step's input is its plain copy."""
     started, perf = trace.clock(), time.perf_counter()
     ctx = trace._ctx
     client = ctx.chat_client if ctx is not None else None
     if client is None:
         return None
-    inputs_text = step_memo.text_of(plain)
-    made = _chat_call(plain, client.endpoint.model, inputs_text)
+    made = _chat_request(request, client.endpoint.model)
     if made is None:
         return None
-    key, request, model, determinism = made
-    c = _Call(name, _LLM, plain, inputs_text, "llm", model, key, request, determinism)
+    inputs_text, key, request_bytes, model, determinism = made
+    c = _Call(name, _LLM, None, inputs_text, "llm", model, key, request_bytes, determinism)
     found = _answer(trace, c)
     if found is None:
         return None
-    try:
-        response = ChatResponse.from_raw(found[3], latency_ms=0.0)
-    except Exception:
+    response = _response(found[3])
+    if response is None:
         return None
+    c.inputs = orjson.loads(inputs_text)  # the plain copy, read from its text (see _chat_request)
     return response if _finish(trace, c, found, response.content, (started, perf)) else None
+
+
+_UNKNOWN = object()
+
+_REQUESTS: dict[tuple[bytes, str], tuple[bytes, str, bytes, str, str] | None] = {}
+
+
+def _chat_request(
+    request: dict[str, Any], default_model: Any
+) -> tuple[bytes, str, bytes, str, str] | None:
+    """(the plain request's :func:`step_memo.text_of` text, then what :func:`_chat_call` makes
+    of it) for a request sent through a client whose default model is ``default_model``, or
+    None when the request is not plain or its key cannot be made (the full path takes it).
+
+    Made once per request value and default model: the request is told apart by its
+    ``marshal`` bytes, which write every value with its exact type (``1``, ``1.0``, ``True``;
+    a list and a tuple; ``0.0`` and ``-0.0``; ASCII or not) and refuse any subclass or other
+    object, so equal bytes are an equal value of the same exact types, whose plain copy and text
+    are equal too. A value marshal refuses (an object, a subclass, nesting too deep) is never
+    plain. The plain copy itself is ``orjson.loads`` of the text (keys sorted, ASCII strings,
+    ints of at most 63 bits: the same dicts, lists and scalars :func:`plain_fields` copies)."""
+    try:
+        dumped = marshal.dumps(request)
+    except ValueError:
+        return None
+    memo = (dumped, default_model) if type(default_model) is str else None
+    if memo is not None:
+        known = _REQUESTS.get(memo, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]
+    plain = plain_fields(request)
+    text = step_memo.text_of(plain) if plain is not None else None
+    call = _chat_call(plain, default_model, text) if plain is not None else None
+    made = (text, *call) if text is not None and call is not None else None
+    if memo is not None:
+        if len(_REQUESTS) >= CHAT_CALLS_KEPT:
+            _REQUESTS.clear()
+        _REQUESTS[memo] = made
+    return made
+
+
+RESPONSE_BYTES_KEPT = 16384
+"""The longest answer (bytes) whose parsed fields :func:`_response` keeps."""
+
+_RESPONSES: dict[bytes, tuple[str, str | None, int, int, bool]] = {}
+
+
+def _response(raw: bytes) -> ChatResponse | None:
+    """``ChatResponse.from_raw(raw, latency_ms=0.0)``, or None when it raises. Its fields
+    other than ``data`` (the text, finish reason, token counts) and whether orjson reads
+    ``raw`` exactly are kept per answer bytes; ``data`` is parsed again each time (the caller
+    owns it)."""
+    known = _RESPONSES.get(raw)
+    if known is None:
+        try:
+            response = ChatResponse.from_raw(raw, latency_ms=0.0)
+        except Exception:
+            return None
+        if type(raw) is bytes and len(raw) <= RESPONSE_BYTES_KEPT:
+            exact = loads_exactly(raw)
+            if len(_RESPONSES) >= CHAT_CALLS_KEPT:
+                _RESPONSES.clear()
+            _RESPONSES[raw] = (
+                response.content,
+                response.finish_reason,
+                response.prompt_tokens,
+                response.completion_tokens,
+                exact,
+            )
+        return response
+    content, finish_reason, prompt_tokens, completion_tokens, exact = known
+    response = object.__new__(ChatResponse)
+    response.__dict__.update(
+        raw=raw,
+        data=orjson.loads(raw) if exact else loads(raw),
+        content=content,
+        finish_reason=finish_reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        latency_ms=0.0,
+    )
+    return response
 
 
 CHAT_CALLS_KEPT = 4096
@@ -315,10 +401,10 @@ def serve_tool(
     ):
         return NOT_SERVED
     try:
-        inputs, inputs_text, request = _tool_request(tool, args, kwargs)
-        key = tool._key_of(request)
+        made = _tool_call(tool, args, kwargs)
     except Exception:  # the full path raises it where the step records it
         return NOT_SERVED
+    inputs, inputs_text, request, key = made
     c = _Call(
         name, step_type, inputs, inputs_text, "tool", tool.name, key, request, "deterministic"
     )
@@ -329,11 +415,54 @@ def serve_tool(
         value = loads(found[3])
     except ValueError:
         return NOT_SERVED
+    if c.inputs is None:
+        c.inputs = orjson.loads(request)  # the plain copy, read from its text (_tool_call)
     return value if _finish(trace, c, found, value, (started, perf)) else NOT_SERVED
 
 
-def _tool_request(
+_TOOL_CALLS: dict[tuple[str, bytes], tuple[bytes, str]] = {}
+
+
+def _tool_call(
     tool: Tool, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any] | None, bytes | None, bytes, str]:
+    """(the step's inputs, their text, the call's request bytes, its key) for a tool call
+    (:func:`_tool_request`, then the tool's key of the request). The inputs are None when the
+    bound arguments are plain and were seen before: their text is the request, and the inputs
+    are ``orjson.loads`` of it, made only if the step is served.
+
+    For plain bound arguments the text and key are kept per tool name and arguments as their
+    ``marshal`` bytes (exact types, subclasses refused: see :func:`_chat_request`), so the
+    same call in a later replay neither copies, writes nor hashes them again.
+
+    Raises:
+        Exception: as :func:`_tool_request`.
+    """
+    bound = tool.bind(*args, **kwargs)
+    memo = None
+    if "self" not in bound and "cls" not in bound:
+        try:
+            memo = (tool.name, marshal.dumps(bound))
+        except ValueError:  # an object or a subclass: not plain
+            memo = None
+        else:
+            known = _TOOL_CALLS.get(memo)
+            if known is not None:
+                return None, known[0], known[0], known[1]
+    inputs, inputs_text, request = _tool_request(tool, args, kwargs, bound)
+    key = tool._key_of(request)
+    if memo is not None and inputs_text is not None and inputs_text is request:
+        if len(_TOOL_CALLS) >= CHAT_CALLS_KEPT:
+            _TOOL_CALLS.clear()
+        _TOOL_CALLS[memo] = (request, key)
+    return inputs, inputs_text, request, key
+
+
+def _tool_request(
+    tool: Tool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    bound: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bytes | None, bytes]:
     """(the step's inputs as :func:`rewind.tracing.tracer.bound_input` makes them, their
     :func:`step_memo.text_of` text, the call's canonical request bytes) of a call of a tool
@@ -345,11 +474,14 @@ def _tool_request(
     is, byte for byte, their canonical bytes, as :func:`rewind.llm.plain_request_key` has it
     for a plain request. Other arguments go the general way.
 
+    ``bound``: ``tool.bind(*args, **kwargs)`` when the caller made it already.
+
     Raises:
         Exception: what binding the arguments or encoding them raises (the full path raises
             it where the step records it).
     """
-    bound = tool.bind(*args, **kwargs)
+    if bound is None:
+        bound = tool.bind(*args, **kwargs)
     if "self" not in bound and "cls" not in bound:
         inputs = plain_fields(bound)
         text = step_memo.text_of(inputs) if inputs is not None else None
@@ -374,7 +506,8 @@ def _finish(
     snapshot = jsonable(output)
     if step_memo.text_of({name: snapshot}, sort_keys=False) != proven.fields_text:
         return False
-    params, fields, attributes = loads(proven.rest_text)
+    # orjson's own text (step_memo.text_of), which it reads back exactly.
+    params, fields, attributes = orjson.loads(proven.rest_text)
     started, perf = clock
     s = _tracer().Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
     s.attributes = attributes  # Step copies them: these are this step's own already

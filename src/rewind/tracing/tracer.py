@@ -570,18 +570,17 @@ def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature, tuple[str, ..
 def chat_step(name: str, messages: list[dict[str, Any]], **params: Any) -> ChatResponse:
     """An ``llm_call`` step around one :func:`rewind.calls.chat` call: the request is the input,
     the answer's text the output; model, finish_reason and tokens are recorded."""
+    request = {"messages": messages, **params}
+    trace = _TRACE.get()
+    if trace is not None and not trace._lane_off:
+        served = _lane.serve_chat(trace, name, request)
+        if served is not None:
+            return served
     from rewind.calls import chat, chat_plain
 
-    request = {"messages": messages, **params}
     # A plain request (the common case) is copied once, as the step's input, and keyed from
     # that copy; any other goes through as_fields and chat().
     plain = plain_fields(request)
-    if plain is not None:
-        trace = _TRACE.get()
-        if trace is not None and not trace._lane_off:
-            served = _lane.serve_chat(trace, name, plain)
-            if served is not None:
-                return served
     s = _open_step(
         name, StepType.LLM_CALL.value, plain if plain is not None else as_fields(request)
     )
