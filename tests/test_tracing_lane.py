@@ -641,3 +641,45 @@ def test_a_chat_answer_is_parsed_as_from_raw_parses_it_every_time() -> None:
             got.data["x"] = "changed"
             again = lane._response(raw)
             assert again is not None and again.data == expected.data
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES | _ODD, _VALUES | _ODD)
+def test_an_output_taken_as_the_remembered_one_has_its_text(output: Any, remembered: Any) -> None:
+    """lane._same_output takes an output as the remembered one only when the full check
+    (jsonable, then step_memo.text_of of the fields) would: same text, same snapshot."""
+    from rewind.tracing import step_memo
+    from rewind.tracing.model import jsonable
+
+    text = step_memo.text_of({"out": remembered}, sort_keys=False)
+    if text is None:
+        return
+    read = lane.orjson.loads(text)["out"]  # the remembered output as the lane reads it
+    for candidate in (output, read):
+        got = lane._same_output(candidate, read)
+        if got is not lane._NOT_SAME:
+            snapshot = jsonable(candidate)
+            assert step_memo.text_of({"out": snapshot}, sort_keys=False) == text
+            assert json.dumps(got) == json.dumps(snapshot) and type(got) is type(snapshot)
+
+
+@pytest.mark.parametrize(
+    "raw", [b"1275", b'{"a": [1, 2.5, null]}', b"12345678901234567890123", b'"\\u00e9"', b"{"]
+)
+def test_a_tool_result_is_read_as_loads_reads_it_every_time(raw: bytes) -> None:
+    """lane._value reads a tool's recorded result as rewind.canonical.loads does (long
+    integers exactly), each time a fresh value; bytes loads refuses raise ValueError."""
+    from rewind.canonical import loads
+
+    for _ in range(2):
+        try:
+            expected = loads(raw)
+        except ValueError:
+            with pytest.raises(ValueError):
+                lane._value(raw)
+            continue
+        got = lane._value(raw)
+        assert json.dumps(got) == json.dumps(expected)
+        if isinstance(got, dict):
+            got["a"].append(0)
+            assert lane._value(raw) == expected

@@ -84,9 +84,17 @@ def _lane(trace: Trace, kind: str, key: str) -> Lane | None:
             trace._lane_off = True
             return None
         trace._lane = lane
-    if threading.get_ident() != lane.thread or _observed(trace):
-        return None
-    if _tracer()._STEP.get() is not None or current() is not ctx:
+    # Checked at every step (callbacks and stop conditions may be set at any time); what
+    # _observed says, without its call.
+    callbacks = trace.callbacks
+    if (
+        threading.get_ident() != lane.thread
+        or callbacks.step_end
+        or callbacks.chain_end
+        or trace.stop_after is not None
+        or (_STEP or _step_var()).get() is not None
+        or current() is not ctx
+    ):
         return None
     return lane
 
@@ -134,6 +142,7 @@ def _start(trace: Trace, ctx: RunContext, kind: str, key: str) -> Lane | None:
 
 
 _TRACER: Any = None
+_STEP: Any = None
 
 
 def _tracer() -> Any:
@@ -147,87 +156,86 @@ def _tracer() -> Any:
     return _TRACER
 
 
-class _Call:
-    """The call a step is about to make, as the lane checks it against the remembered one
-    (``inputs_text``: the inputs as :func:`step_memo.text_of` writes them, None when they are
-    not plain JSON)."""
+def _step_var() -> Any:
+    """The tracer's current-step context variable (read once, then kept)."""
+    global _STEP
+    _STEP = _tracer()._STEP
+    return _STEP
 
-    __slots__ = (
-        "determinism",
-        "inputs",
-        "inputs_text",
-        "key",
-        "kind",
-        "name",
-        "request",
-        "step",
-        "step_type",
-    )
 
-    def __init__(
-        self,
-        step: str,
-        step_type: str,
-        inputs: dict[str, Any],
-        inputs_text: bytes | None,
-        kind: str,
-        name: str,
-        key: str,
-        request: bytes,
-        determinism: str,
-    ) -> None:
-        self.step, self.step_type = step, step_type
-        self.inputs, self.inputs_text = inputs, inputs_text
-        self.kind, self.name, self.key, self.request = kind, name, key, request
-        self.determinism = determinism
+_Call = tuple[str, str, str, str, str, str, bytes | None]
+"""The call a step is about to make, as the lane checks it against the remembered one:
+``(step name, step type, call key, call kind, call name, determinism, inputs text)`` (the
+inputs as :func:`step_memo.text_of` writes them, None when they are not plain JSON)."""
 
 
 def _answer(trace: Trace, c: _Call) -> tuple[int, step_memo.Proven, CallRecord, bytes] | None:
     """(position, the remembered step there, its one call, the result bytes) when the step
     about to make the call ``c`` is, at the next position, the remembered step and its call,
     and the source's answer to that call is at hand; else None (the full path)."""
-    lane = _lane(trace, c.kind, c.key)
+    key = c[2]
+    lane = _lane(trace, c[3], key)
     ctx = trace._ctx
     if lane is None or ctx is None:
         return None
     p = len(trace._steps)
     remembered = _remembered(lane, p, c)
-    if remembered is None or c.key in ctx.recent:
+    if remembered is None or key in ctx.recent:
         return None
     proven, call = remembered
     # What rewind.cache._lookup serves first: the source's call at this position.
-    entry = ctx.lineage_at.get((p, c.key))
+    entry = ctx.lineage_at.get((p, key))
     if entry is None or entry.result_hash != call.result_hash:
         return None
     data = ctx.lineage_blobs.get(call.result_hash)
     if data is None or entry.produced_at != call.produced_at:
-        return None
-    if c.inputs_text is None or c.inputs_text != proven.inputs_text:
         return None
     return p, proven, call, data
 
 
 def _remembered(lane: Lane, p: int, c: _Call) -> tuple[step_memo.Proven, CallRecord] | None:
     """(the remembered step at position ``p``, its one call) when they are the step and call
-    ``c`` served from the cache (a hit, 0 ms), else None."""
+    ``c`` served from the cache (a hit, 0 ms) with ``c``'s inputs, else None."""
     proven = lane.proven[p] if p < len(lane.proven) else None
-    if (
-        proven is None
-        or proven.name != c.step
-        or proven.step_type != c.step_type
-        or proven.parent_position != ROOT_POSITION
-        or len(proven.calls) != 1
-    ):
+    if proven is None:
+        return None
+    held = _EXPECTED.get(id(proven))
+    if held is None or held[0] is not proven:
+        held = (proven, _expected(proven))
+        if len(_EXPECTED) >= EXPECTED_KEPT:
+            _EXPECTED.clear()
+        _EXPECTED[id(proven)] = held
+    expected = held[1]
+    if expected is None or expected != c:
+        return None
+    return proven, proven.calls[0]
+
+
+EXPECTED_KEPT = 65536
+"""How many remembered steps' expected calls (:func:`_expected`) this process keeps."""
+
+_EXPECTED: dict[int, tuple[step_memo.Proven, tuple[Any, ...] | None]] = {}
+
+
+def _expected(proven: step_memo.Proven) -> tuple[Any, ...] | None:
+    """What a step must be to be served as ``proven`` (a frozen value: made once per remembered
+    step): ``(name, type, call key, call kind, call name, determinism, inputs text)``, or None
+    when ``proven`` is not a top-level step of one call served from the cache (a hit, 0 ms)."""
+    if proven.parent_position != ROOT_POSITION or len(proven.calls) != 1:
         return None
     call = proven.calls[0]
-    same = (call.key, call.kind, call.name, call.determinism) == (
-        c.key,
-        c.kind,
-        c.name,
-        c.determinism,
-    )
     hit = (call.call_index, call.outcome, call.reason, call.latency_ms) == (0, "hit", "hit", 0.0)
-    return (proven, call) if same and hit else None
+    if not hit:
+        return None
+    return (
+        proven.name,
+        proven.step_type,
+        call.key,
+        call.kind,
+        call.name,
+        call.determinism,
+        proven.inputs_text,
+    )
 
 
 def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse | None:
@@ -244,15 +252,15 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     if made is None:
         return None
     inputs_text, key, request_bytes, model, determinism = made
-    c = _Call(name, _LLM, None, inputs_text, "llm", model, key, request_bytes, determinism)
-    found = _answer(trace, c)
+    found = _answer(trace, (name, _LLM, key, "llm", model, determinism, inputs_text))
     if found is None:
         return None
     response = _response(found[3])
     if response is None:
         return None
-    c.inputs = orjson.loads(inputs_text)  # the plain copy, read from its text (see _chat_request)
-    return response if _finish(trace, c, found, response.content, (started, perf)) else None
+    inputs = orjson.loads(inputs_text)  # the plain copy, read from its text (_chat_request)
+    served = _finish(trace, inputs, request_bytes, found, response.content, (started, perf))
+    return response if served else None
 
 
 _UNKNOWN = object()
@@ -405,19 +413,38 @@ def serve_tool(
     except Exception:  # the full path raises it where the step records it
         return NOT_SERVED
     inputs, inputs_text, request, key = made
-    c = _Call(
-        name, step_type, inputs, inputs_text, "tool", tool.name, key, request, "deterministic"
-    )
-    found = _answer(trace, c)
+    found = _answer(trace, (name, step_type, key, "tool", tool.name, "deterministic", inputs_text))
     if found is None:
         return NOT_SERVED
     try:
-        value = loads(found[3])
+        value = _value(found[3])
     except ValueError:
         return NOT_SERVED
-    if c.inputs is None:
-        c.inputs = orjson.loads(request)  # the plain copy, read from its text (_tool_call)
-    return value if _finish(trace, c, found, value, (started, perf)) else NOT_SERVED
+    if inputs is None:
+        inputs = orjson.loads(request)  # the plain copy, read from its text (_tool_call)
+    served = _finish(trace, inputs, request, found, value, (started, perf))
+    return value if served else NOT_SERVED
+
+
+_EXACT: dict[bytes, bool] = {}
+
+
+def _value(raw: bytes) -> Any:
+    """``loads(raw)`` (a tool's recorded result), whether orjson reads ``raw`` exactly kept per
+    result bytes (:func:`~rewind.canonical.loads_exactly`).
+
+    Raises:
+        ValueError: as :func:`~rewind.canonical.loads`.
+    """
+    exact = _EXACT.get(raw)
+    if exact is None:
+        value = loads(raw)
+        if type(raw) is bytes and len(raw) <= RESPONSE_BYTES_KEPT:
+            if len(_EXACT) >= CHAT_CALLS_KEPT:
+                _EXACT.clear()
+            _EXACT[raw] = loads_exactly(raw)
+        return value
+    return orjson.loads(raw) if exact else loads(raw)
 
 
 _TOOL_CALLS: dict[tuple[str, bytes], tuple[bytes, str]] = {}
@@ -493,23 +520,27 @@ def _tool_request(
 
 def _finish(
     trace: Trace,
-    c: _Call,
+    inputs: dict[str, Any],
+    request: bytes,
     found: tuple[int, step_memo.Proven, CallRecord, bytes],
     output: Any,
     clock: tuple[float, float],
 ) -> bool:
     """Add the finished step at the position found (False, nothing added: the output is not
-    the remembered one, or another step took the position meanwhile). ``clock``: the unix and
-    perf-counter seconds the step started at."""
+    the remembered one, or another step took the position meanwhile). ``inputs``: the step's
+    own; ``request``: the call's request bytes; ``clock``: the unix and perf-counter seconds
+    the step started at."""
     p, proven, call, data = found
-    name = c.step
-    snapshot = jsonable(output)
-    if step_memo.text_of({name: snapshot}, sort_keys=False) != proven.fields_text:
-        return False
+    name = proven.name
     # orjson's own text (step_memo.text_of), which it reads back exactly.
     params, fields, attributes = orjson.loads(proven.rest_text)
+    snapshot = _same_output(output, fields.get(name))
+    if snapshot is _NOT_SAME:
+        snapshot = jsonable(output)
+        if step_memo.text_of({name: snapshot}, sort_keys=False) != proven.fields_text:
+            return False
     started, perf = clock
-    s = _tracer().Step(trace, name, proven.step_type, c.inputs, attributes, p, ROOT_POSITION)
+    s = _tracer().Step(trace, name, proven.step_type, inputs, attributes, p, ROOT_POSITION)
     s.attributes = attributes  # Step copies them: these are this step's own already
     duration = (time.perf_counter() - perf) * 1000.0
     s.status = StepStatus.SUCCESS
@@ -529,8 +560,25 @@ def _finish(
     ctx = trace._ctx
     if ctx is not None and ctx.served is not None:
         # Kept as rewind.cache._hit keeps it, in case the source leaves the store.
-        ctx.served[c.key] = (c.request, data)
+        ctx.served[call.key] = (request, data)
     return True
+
+
+_NOT_SAME = object()
+_INT_BOUND = 1 << 63
+
+
+def _same_output(output: Any, remembered: Any) -> Any:
+    """``output`` (its :func:`jsonable` snapshot) when it is, with its exact type, the
+    remembered output, a string, an int of at most 63 bits, a bool or None: its text is then
+    the remembered text (``remembered`` was read from it, so holds no lone surrogate). Else
+    ``_NOT_SAME`` (the caller compares the texts)."""
+    t = type(output)
+    if t is not type(remembered) or output != remembered:
+        return _NOT_SAME
+    if t is str or t is bool or output is None or (t is int and -_INT_BOUND < output < _INT_BOUND):
+        return output
+    return _NOT_SAME
 
 
 def _set_finished(s: Step, params: dict[str, Any], calls: list[CallRecord], snapshot: Any) -> None:
