@@ -211,7 +211,7 @@ def _remembered(lane: Lane, p: int, c: _Call) -> tuple[step_memo.Proven, CallRec
     return proven, proven.calls[0]
 
 
-EXPECTED_KEPT = 65536
+EXPECTED_KEPT = 4096
 """How many remembered steps' expected calls (:func:`_expected`) this process keeps."""
 
 _EXPECTED: dict[int, tuple[step_memo.Proven, tuple[Any, ...] | None]] = {}
