@@ -243,14 +243,14 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     path). ``request``: the step's request as the caller built it (``{"messages": ...,
     **params}``); only a plain one (:func:`~rewind.tracing.model.plain_fields`) is served, and
     the step's input is its plain copy."""
-    started, perf = trace.clock(), time.perf_counter()
     ctx = trace._ctx
     client = ctx.chat_client if ctx is not None else None
     if client is None:
         return None
     made = _chat_request(request, client.endpoint.model)
-    if made is None:
+    if made is None:  # not plain: the clock is not read (as before the lane took any request)
         return None
+    started, perf = trace.clock(), time.perf_counter()
     inputs_text, key, request_bytes, model, determinism = made
     found = _answer(trace, (name, _LLM, key, "llm", model, determinism, inputs_text))
     if found is None:
@@ -284,7 +284,7 @@ def _chat_request(
     ints of at most 63 bits: the same dicts, lists and scalars :func:`plain_fields` copies)."""
     try:
         dumped = marshal.dumps(request)
-    except ValueError:
+    except Exception:  # ValueError: an object, a subclass, nesting too deep
         return None
     memo = (dumped, default_model) if type(default_model) is str else None
     if memo is not None:
