@@ -683,3 +683,45 @@ def test_a_tool_result_is_read_as_loads_reads_it_every_time(raw: bytes) -> None:
         if isinstance(got, dict):
             got["a"].append(0)
             assert lane._value(raw) == expected
+
+
+def _typed_agent(kind: str) -> Callable[[], str]:
+    """agent() whose step 3 sends an equal request with other exact types (``kind``)."""
+
+    def block() -> str:
+        out = []
+        for i in range(4):
+            content: Any = f"q{i}"
+            messages: Any = [{"role": "user", "content": content}]
+            params: dict[str, Any] = {"temperature": 0, "max_tokens": 32}
+            if i == 3 and kind == "subclass":
+                messages = [{"role": "user", "content": _Str(content)}]
+            elif i == 3 and kind == "tuple":
+                messages = ({"role": "user", "content": content},)
+            elif i == 3 and kind == "float":
+                params["max_tokens"] = 32.0
+            elif i == 3 and kind == "bool":
+                params["temperature"] = False
+            out.append(chat_step("llm", messages, **params).content)
+            out.append(TOOL((1, i) if i == 3 and kind == "tuple" else [1, i]))
+        return json.dumps(out)
+
+    return block
+
+
+@pytest.mark.parametrize("kind", ["subclass", "tuple", "float", "bool"])
+def test_a_request_equal_but_for_its_types_is_not_served_by_the_warm_lane(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient], kind: str
+) -> None:
+    """With the lane's memos filled by earlier replays of the same steps, a step whose request
+    differs only in its values' exact types (a str subclass, a tuple for a list, 32.0 for 32,
+    False for 0) is not served by the lane: it and every step after it take the full path."""
+    _, client = stub_client
+    plain = _typed_agent("")
+    _, recorded = run(tmp_path, client, plain, read_cache=False)
+    for _ in range(2):  # proves the steps, then is served by the lane (memos filled)
+        t, digest = run(tmp_path, client, plain)
+        assert digest == recorded
+    assert all(s._proven is not None for s in t.steps)
+    t, _ = run(tmp_path, client, _typed_agent(kind))
+    assert [s._proven is not None for s in t.steps] == [True] * 6 + [False] * 2
