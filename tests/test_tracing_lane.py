@@ -725,3 +725,16 @@ def test_a_request_equal_but_for_its_types_is_not_served_by_the_warm_lane(
     assert all(s._proven is not None for s in t.steps)
     t, _ = run(tmp_path, client, _typed_agent(kind))
     assert [s._proven is not None for s in t.steps] == [True] * 6 + [False] * 2
+
+
+def test_answers_of_other_bytes_types_are_read_as_from_raw_reads_them() -> None:
+    """An answer or tool result held as a bytearray (another store driver) is read as the
+    full path reads it, never looked up in the per-bytes memos (it is not hashable)."""
+    from rewind.canonical import loads
+    from rewind.llm import ChatResponse
+
+    raw = b'{"choices": [{"message": {"content": "hi"}}]}'
+    for _ in range(2):
+        got = lane._response(bytearray(raw))
+        assert got == ChatResponse.from_raw(bytearray(raw)) and type(got.raw) is bytes
+        assert lane._value(bytearray(b"[1, 2]")) == loads(b"[1, 2]")

@@ -21,6 +21,13 @@ spec, a step past the remembered ones) runs the full path, and so does every ste
 that trace (:meth:`~rewind.tracing.tracer.Trace.step` ends the lane). Nothing is served unless
 every check passes, so a step either is served exactly as the full path would serve it or is
 not touched by the lane at all.
+
+What a step's checks need of values that do not change is made once per process and kept
+(bounded): a request's plain text, key and request bytes per request value (told apart with
+its exact types by its ``marshal`` bytes), an answer's parsed fields per answer bytes, and a
+remembered step's expected call per remembered step. What the step hands out (its input, the
+answer's ``data``, its attributes) is read from text again at each step, so no two steps share
+a mutable value.
 """
 
 from __future__ import annotations
@@ -313,7 +320,7 @@ def _response(raw: bytes) -> ChatResponse | None:
     other than ``data`` (the text, finish reason, token counts) and whether orjson reads
     ``raw`` exactly are kept per answer bytes; ``data`` is parsed again each time (the caller
     owns it)."""
-    known = _RESPONSES.get(raw)
+    known = _RESPONSES.get(raw) if type(raw) is bytes else None
     if known is None:
         try:
             response = ChatResponse.from_raw(raw, latency_ms=0.0)
@@ -436,7 +443,7 @@ def _value(raw: bytes) -> Any:
     Raises:
         ValueError: as :func:`~rewind.canonical.loads`.
     """
-    exact = _EXACT.get(raw)
+    exact = _EXACT.get(raw) if type(raw) is bytes else None
     if exact is None:
         value = loads(raw)
         if type(raw) is bytes and len(raw) <= RESPONSE_BYTES_KEPT:
