@@ -368,3 +368,33 @@ def test_cache_entries_read_ahead_are_read_each_time_and_rebuilt_only_when_chang
     assert changed.entries[(kind, key)].created_at == 12345.0
     assert first.entries[(kind, key)].created_at != 12345.0
     assert changed.entries.keys() == first.entries.keys()
+
+
+def test_the_source_found_through_the_sqlite_driver_equals_the_core_one(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite find_source reads the candidates, the source's run times and the cache entries
+    through the driver (tuples, no compiled statements); the Core statements other databases
+    run find the same source, with the same key for the rows kept, entries and results."""
+    from rewind.tracing import tracer_source
+
+    trace_once(folder, chat_client, read_cache=False, steps=3)
+    trace_once(folder, chat_client, read_cache=True, steps=3)  # a replay by reference: newest
+    with opened(folder) as st:
+        with st.read() as conn:
+            kind, key = conn.execute(
+                text("SELECT kind, lower(hex(key)) FROM calls WHERE kind = 'tool' LIMIT 1")
+            ).one()
+        tracer_source._ROWS.clear()
+        by_driver = tracer_source.find_source(st, "agent", kind, key)
+        monkeypatch.setattr(tracer_source, "_sqlite_driver", lambda conn: None)
+        kept = tracer_source.find_source(st, "agent", kind, key)
+        tracer_source._ROWS.clear()
+        by_core = tracer_source.find_source(st, "agent", kind, key)
+    assert by_driver is not None and kept is not None and by_core is not None
+    assert kept.rows is by_driver.rows  # the run row read both ways makes the same key
+    assert by_core.rows is not by_driver.rows
+    assert by_driver.rows.run_id == by_core.rows.run_id
+    assert by_driver.rows.calls == by_core.rows.calls
+    assert by_driver.entries == by_core.entries and len(by_driver.entries) == 6
+    assert by_driver.blobs == by_core.blobs
