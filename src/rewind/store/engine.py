@@ -85,7 +85,11 @@ def close_connections(engine: Engine) -> None:
     """
     pool = engine.pool
     if type(pool) is QueuePool and engine.dialect.name == "sqlite" and not pool.checkedout():
-        pool.dispose()  # closes the checked-in connections; the pool stays usable
+        # Closes the checked-in connections and resets the pool's count; the pool stays
+        # usable. A checkout racing this (another thread's store) keeps its connection, which
+        # goes back to this pool; the count is then off by one until the next open or close
+        # on the engine sees a connection and disposes (a pool size, never a kept file).
+        pool.dispose()
     else:
         engine.dispose()
 
