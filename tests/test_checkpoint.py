@@ -137,3 +137,26 @@ def test_the_pending_frames_of_a_new_generation_count_from_its_start(tmp_path: P
     few = ckpt.pending_frames(database)
     assert many is not None and few is not None and 0 < few < many, (many, few)
     store.close()
+
+
+def test_a_wal_too_small_to_reach_the_threshold_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint(min_frames) first bounds the frames by the ``-wal`` file's size (frames of
+    SQLite's smallest page): below the threshold it neither reads the WAL nor connects; at or
+    above it the estimate decides as before. A missing ``-wal`` bounds nothing."""
+    store = open_store(tmp_path)
+    database = str(store.engine.url.database)
+    _insert(store, "a")
+    waiting = ckpt.pending_frames(database)
+    bound = ckpt._frames_at_most(database)
+    assert waiting is not None and 0 < waiting <= bound
+    read: list[str] = []
+    real = ckpt.pending_frames
+    monkeypatch.setattr(ckpt, "pending_frames", lambda db: read.append(db) or real(db))
+    assert ckpt.checkpoint(store.engine, int(bound) + 1) == (0, 0, 0)
+    assert read == []  # the size alone was enough
+    busy, frames, done = ckpt.checkpoint(store.engine, waiting)
+    assert read == [database] and busy == 0 and done == frames >= waiting
+    store.close()
+    assert ckpt._frames_at_most(database) == float("inf")  # folded and deleted at close

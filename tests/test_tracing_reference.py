@@ -340,6 +340,15 @@ def test_a_source_read_once_is_reused_and_never_outlives_its_run(
         assert run.config["reference"] == {"run": again, "steps": 6, "all": True}
 
 
+def _a_call(st: Store, kind: str) -> tuple[str, str]:
+    """``(kind, cache key)`` of a recorded call of that kind."""
+    with st.read() as conn:
+        found = conn.execute(
+            text("SELECT kind, lower(hex(key)) FROM calls WHERE kind = :k LIMIT 1"), {"k": kind}
+        ).one()
+    return found[0], found[1]
+
+
 def test_cache_entries_read_ahead_are_read_each_time_and_rebuilt_only_when_changed(
     folder: Path, chat_client: ChatClient
 ) -> None:
@@ -350,10 +359,7 @@ def test_cache_entries_read_ahead_are_read_each_time_and_rebuilt_only_when_chang
 
     trace_once(folder, chat_client, read_cache=False, steps=3)
     with opened(folder) as st:
-        with st.read() as conn:
-            kind, key = conn.execute(
-                text("SELECT kind, lower(hex(key)) FROM calls WHERE kind = 'llm' LIMIT 1")
-            ).one()
+        kind, key = _a_call(st, "llm")
         first = tracer_source.find_source(st, "agent", kind, key)
         again = tracer_source.find_source(st, "agent", kind, key)
         assert first is not None and again is not None
@@ -368,3 +374,74 @@ def test_cache_entries_read_ahead_are_read_each_time_and_rebuilt_only_when_chang
     assert changed.entries[(kind, key)].created_at == 12345.0
     assert first.entries[(kind, key)].created_at != 12345.0
     assert changed.entries.keys() == first.entries.keys()
+
+
+def test_the_source_found_through_the_sqlite_driver_equals_the_core_one(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite find_source reads the candidates, the source's run times and the cache entries
+    through the driver (tuples, no compiled statements); the Core statements other databases
+    run find the same source, with the same key for the rows kept, entries and results."""
+    from rewind.tracing import tracer_source
+
+    trace_once(folder, chat_client, read_cache=False, steps=3)
+    trace_once(folder, chat_client, read_cache=True, steps=3)  # a replay by reference: newest
+    with opened(folder) as st:
+        kind, key = _a_call(st, "tool")
+        tracer_source._ROWS.clear()
+        by_driver = tracer_source.find_source(st, "agent", kind, key)
+        monkeypatch.setattr(tracer_source, "_sqlite_driver", lambda conn: None)
+        kept = tracer_source.find_source(st, "agent", kind, key)
+        tracer_source._ROWS.clear()
+        by_core = tracer_source.find_source(st, "agent", kind, key)
+    assert by_driver is not None and kept is not None and by_core is not None
+    assert kept.rows is by_driver.rows  # the run row read both ways makes the same key
+    assert by_core.rows is not by_driver.rows
+    assert by_driver.rows.run_id == by_core.rows.run_id
+    assert by_driver.rows.calls == by_core.rows.calls
+    assert by_driver.entries == by_core.entries and len(by_driver.entries) == 6
+    assert by_driver.blobs == by_core.blobs
+
+
+def test_results_and_lineage_of_the_same_entries_are_reused_until_a_result_is_dropped(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace that gets the same entries as the one before (same rows, no cache row changed)
+    gets the same results and lineage index without looking each result up again; once the
+    memory dropped a result (or was cleared), the results are looked up, and read from the
+    store when gone. Each caller gets its own dicts."""
+    from rewind.tracing import tracer_source
+
+    trace_once(folder, chat_client, read_cache=False, steps=3)
+    blob_reads: list[set[str]] = []
+    real_blobs = Store.get_blobs
+
+    def counting_blobs(self: Store, digests: Any, conn: Any = None) -> dict[str, bytes]:
+        blob_reads.append(set(digests))
+        return real_blobs(self, digests, conn)
+
+    monkeypatch.setattr(Store, "get_blobs", counting_blobs)
+    with opened(folder) as st:
+        kind, key = _a_call(st, "llm")
+        first = tracer_source.find_source(st, "agent", kind, key)
+        again = tracer_source.find_source(st, "agent", kind, key)
+        assert first is not None and again is not None and again.entries is first.entries
+        assert again.blobs == first.blobs and again.blobs is not first.blobs
+        index = tracer_source.lineage_at(first)
+        assert tracer_source.lineage_at(again) == index and len(index) == 6
+        assert tracer_source.lineage_at(again) is not index
+        reads = len(blob_reads)
+
+        dropped = next(iter(first.blobs))  # the memory drops one result
+        with tracer_source._ROWS_LOCK:
+            tracer_source._BLOBS_SIZE[0] -= len(tracer_source._BLOBS.pop(dropped))
+            tracer_source._BLOBS_DROPPED[0] += 1
+        third = tracer_source.find_source(st, "agent", kind, key)
+        assert third is not None and third.blobs == first.blobs
+        assert blob_reads[reads:] == [{dropped}]  # read again from the store
+
+        tracer_source._BLOBS.clear()  # cleared (as a test forgets what it read)
+        tracer_source._BLOBS_SIZE[0] = 0
+        fourth = tracer_source.find_source(st, "agent", kind, key)
+        assert fourth is not None and fourth.blobs == first.blobs
+        assert blob_reads[reads + 1 :] == [set(first.blobs)]

@@ -72,6 +72,28 @@ def sqlite_engine(db_path: Path) -> Engine:
     return engine
 
 
+def close_connections(engine: Engine) -> None:
+    """Close ``engine``'s pooled connections (what a closing store does): the last connection of
+    a SQLite file folds its WAL into the file and deletes the ``-wal`` and ``-shm`` files.
+
+    A SQLite file's engine (:func:`sqlite_engine`, reused by the next store opened on the path)
+    keeps its pool when no connection is checked out: the idle connections are closed and the
+    next checkout opens a new one on the file as it is then, as after ``Engine.dispose``, which
+    would also build a new pool (~0.1-0.2 ms per closed store; a traced chain closes one per
+    trace). Any other engine, or one with a connection checked out (another store open on the
+    same file), is disposed as before.
+    """
+    pool = engine.pool
+    if type(pool) is QueuePool and engine.dialect.name == "sqlite" and not pool.checkedout():
+        # Closes the checked-in connections and resets the pool's count; the pool stays
+        # usable. A checkout racing this (another thread's store) keeps its connection, which
+        # goes back to this pool; the count is then off by one until the next open or close
+        # on the engine sees a connection and disposes (a pool size, never a kept file).
+        pool.dispose()
+    else:
+        engine.dispose()
+
+
 def new_sqlite_engine(db_path: Path) -> Engine:
     """Create an engine for a SQLite file with WAL, ``synchronous=NORMAL`` and ``busy_timeout``.
 

@@ -14,6 +14,7 @@ import operator
 import os
 import re
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -57,7 +58,12 @@ from rewind.store.codec import (
     unpack,
     unpack_slice,
 )
-from rewind.store.engine import sqlite_engine, sqlite_read_only_engine, url_engine
+from rewind.store.engine import (
+    close_connections,
+    sqlite_engine,
+    sqlite_read_only_engine,
+    url_engine,
+)
 from rewind.store.objects import ObjectStore, artifact_key
 from rewind.store.objects import offload_min_bytes as offload_min_bytes_env
 from rewind.store.records import CallRecord, EffectRecord, NodeRecord, RunGraph, RunRecord
@@ -347,10 +353,13 @@ class Store:
         :data:`rewind.store.migrate.HEAD`: opening a current store reads two rows and takes no
         write lock (a traced chain opens its store once per trace)."""
         try:
-            with self.read() as conn:
-                revision, version = _revision_and_version(conn)
+            if self.engine.dialect.driver == "pysqlite":  # the sqlite3 module
+                revision, version = _sqlite_revision_and_version(self.engine)
+            else:
+                with self.read() as conn:
+                    revision, version = _revision_and_version(conn)
             current = revision == migrate.HEAD
-        except SQLAlchemyError:
+        except (SQLAlchemyError, sqlite3.Error):
             current = False  # a new database, or one being created: the write path decides
         if current and version is not None:
             self._check_version(version)
@@ -372,7 +381,7 @@ class Store:
         if progress is not None:
             progress.store_closing(self)
         checkpoint_on_close(self.engine)
-        self.engine.dispose()
+        close_connections(self.engine)
 
     # -- blobs --------------------------------------------------------------------------------
     def put_blob(self, conn: Connection, data: bytes) -> str:
@@ -2432,6 +2441,25 @@ def _revision_and_version(conn: Connection) -> tuple[str | None, str | None]:
         return revision, version if revision == migrate.HEAD else None
     revision = migrate.current_revision(conn)
     return revision, _schema_version(conn) if revision == migrate.HEAD else None
+
+
+def _sqlite_revision_and_version(engine: Engine) -> tuple[str | None, str | None]:
+    """:func:`_revision_and_version` of a SQLite store, read on one of ``engine``'s pooled
+    connections through the driver: one statement in autocommit mode (its own read transaction,
+    ended when its rows are fetched), without a SQLAlchemy connection, ``BEGIN``/``COMMIT`` and
+    result (~0.1 ms of the ~0.7 ms open of a store opened per trace, measured).
+
+    Raises:
+        sqlite3.Error: the database cannot be read, or lacks either table (a new store).
+        SQLAlchemyError: the pool could not hand out a connection.
+    """
+    raw = engine.raw_connection()
+    try:
+        rows = raw.driver_connection.execute(_SQLITE_REVISION_AND_VERSION).fetchall()
+    finally:
+        raw.close()
+    revision, version = rows[0]
+    return revision, version if revision == migrate.HEAD else None
 
 
 def _schema_version(conn: Connection) -> str | None:

@@ -1,0 +1,84 @@
+"""Opening and closing a SQLite store (a traced chain does both once per trace): the schema
+check read through the driver, the pool kept across closes, and what must not change."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from rewind.errors import StoreError
+from rewind.store import open_store
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_close_folds_the_wal_and_keeps_the_engines_pool(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    pool = store.engine.pool
+    with store.write() as conn:
+        conn.execute(text("INSERT INTO meta(key, value) VALUES ('oc', 'one')"))
+    store.close()
+    assert _files(tmp_path) == ["rewind.db"]  # no -wal, no -shm after the last close
+    assert store.engine.pool is pool and pool.checkedin() == 0 and pool.checkedout() == 0
+    again = open_store(tmp_path)
+    assert again.engine is store.engine
+    with again.read() as conn:
+        assert conn.execute(text("SELECT value FROM meta WHERE key = 'oc'")).scalar() == "one"
+    again.close()
+    assert _files(tmp_path) == ["rewind.db"]
+
+
+def test_closing_while_another_store_holds_a_connection_disposes_the_pool(
+    tmp_path: Path,
+) -> None:
+    first = open_store(tmp_path)
+    second = open_store(tmp_path)
+    assert second.engine is first.engine
+    with second.read() as conn:  # a connection checked out while the first store closes
+        pool = first.engine.pool
+        first.close()
+        assert first.engine.pool is not pool  # disposed as before: counts stay exact
+        assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 0
+    with second.write() as conn:
+        conn.execute(text("INSERT INTO meta(key, value) VALUES ('oc', 'two')"))
+    second.close()
+    with sqlite3.connect(tmp_path / "rewind.db") as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'oc'").fetchone() == ("two",)
+
+
+def test_a_file_that_is_no_database_is_a_store_error_and_left_as_it_is(tmp_path: Path) -> None:
+    db = tmp_path / "rewind.db"
+    db.write_bytes(b"not a database at all " * 64)
+    with pytest.raises(StoreError, match="not a database"):
+        open_store(tmp_path)
+    assert db.read_bytes() == b"not a database at all " * 64
+    assert _files(tmp_path) == ["rewind.db"]
+
+
+def test_a_store_of_a_newer_version_or_unknown_revision_is_refused(tmp_path: Path) -> None:
+    open_store(tmp_path).close()
+    with sqlite3.connect(tmp_path / "rewind.db") as conn:
+        conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="schema version 999"):
+        open_store(tmp_path)
+    with sqlite3.connect(tmp_path / "rewind.db") as conn:
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute("UPDATE alembic_version SET version_num = 'zzzz'")
+    with pytest.raises(StoreError, match="revision zzzz"):
+        open_store(tmp_path)
+
+
+def test_a_foreign_sqlite_file_gets_the_schema_beside_its_own_tables(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "rewind.db") as conn:
+        conn.execute("CREATE TABLE theirs (a)")
+        conn.execute("INSERT INTO theirs VALUES (1)")
+    store = open_store(tmp_path)  # no alembic_version: the write path migrates
+    assert store.list_runs() == []
+    store.close()
+    with sqlite3.connect(tmp_path / "rewind.db") as conn:
+        assert conn.execute("SELECT a FROM theirs").fetchall() == [(1,)]
