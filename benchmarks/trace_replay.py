@@ -18,7 +18,9 @@ fixed ms per trace plus ms per step (traces of 10 and 100 steps), and the garbag
 share.
 
 Every replay must return the recorded digest and reach the stub 0 times (the script fails
-otherwise). Also printed: the SQL statements each side executes (counted on the engine), the
+otherwise). Also printed: the SQL statements SQLite runs for each side (counted by sqlite3's trace
+callback on every connection the store checks out, so statements sent through the driver count
+too; BEGIN and COMMIT are statements), the
 bytes of the recorded store (after a WAL checkpoint) and the bytes one in-place replay adds,
 and the start-up time of ``import rewind`` and ``rewind --help`` against ``python -c pass``.
 The last line is the JSON of figures.
@@ -101,13 +103,21 @@ def traced_llm(messages: list[dict[str, str]]) -> str:
 
 
 class Counter:
-    """Counts the SQL statements an engine executes (executemany counts once)."""
+    """Counts the SQL statements SQLite runs on the connections an engine checks out (the
+    driver's trace callback: statements SQLAlchemy executes and those sent to the driver
+    directly alike; each row of an executemany counts)."""
 
     def __init__(self) -> None:
         self.n = 0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
+    def statement(self, _sql: str) -> None:
         self.n += 1
+
+    def checkout(self, dbapi_connection: Any, *_args: Any) -> None:
+        dbapi_connection.set_trace_callback(self.statement)
+
+    def checkin(self, dbapi_connection: Any, *_args: Any) -> None:
+        dbapi_connection.set_trace_callback(None)
 
 
 def dir_bytes(path: Path) -> int:
@@ -164,13 +174,17 @@ def _measure(stub: StubProcess, tmp: Path, n: int, rounds: int, prof: bool, quic
     def timed_trace(side: str, store_dir: Path, open_block: Callable[[Tracer], Any]) -> None:
         tracer = Tracer(store_dir, chat_client=client, read_cache=side == "replay_cache")
         counter = Counter()
-        event.listen(tracer.store.engine, "before_cursor_execute", counter)
+        engine = tracer.store.engine
+        event.listen(engine, "checkout", counter.checkout)
+        event.listen(engine, "checkin", counter.checkin)
         started = time.perf_counter()
         with open_block(tracer) as t:
             digest = run_agent(traced_llm, _TRACED_TOOL, n)
         times[side].append((time.perf_counter() - started) * 1000 / n)
         statements[side] = counter.n
         tracer.close()
+        event.remove(engine, "checkout", counter.checkout)
+        event.remove(engine, "checkin", counter.checkin)
         if side == "record":
             source[str(store_dir)] = t.trace_id
             digests[str(store_dir)] = digest
