@@ -546,3 +546,38 @@ def test_a_tool_steps_request_is_what_the_full_path_makes(
     got = lane._tool_request(_PROBE, args, kwargs)
     assert got == (inputs, step_memo.text_of(inputs), request)
     assert json.dumps(got[0]) == json.dumps(inputs)  # exact types and key order too
+
+
+def test_served_step_data_fills_in_what_step_data_and_the_full_path_give(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """steps_data's ServedData, once a field is read, holds every field step_data rebuilds;
+    the fields it holds unread are the same; and a served step changed after the lane served
+    it is compared on its own (its neighbours still served, it not)."""
+    _, client = stub_client
+    history(tmp_path, client)
+    t, _ = run(tmp_path, client, agent)
+    steps = t.steps
+    assert all(s._proven is not None for s in steps)
+    served = lane.steps_data(steps)
+    for s, got in zip(steps, served, strict=True):
+        assert got is not None
+        data, sig = got
+        assert isinstance(data, lane.ServedData)
+        assert (data.position, data.name, data.prompt_tokens, data.completion_tokens) == (
+            s.position,
+            s.name,
+            s.prompt_tokens,
+            s.completion_tokens,
+        )
+        assert "inputs" not in vars(data)  # not filled in yet
+        expected, expected_sig = lane.step_data(s)
+        assert sig == expected_sig
+        filled = dataclasses.asdict(data)  # reads every field: fills it in
+        assert filled == dataclasses.asdict(expected) == dataclasses.asdict(s.data())
+    steps[3].inputs["numbers"] = [*steps[3].inputs["numbers"], 0]
+    again = lane.steps_data(steps)
+    assert [x is None for x in again] == [i == 3 for i in range(len(steps))]
+    steps[3].inputs["numbers"] = steps[3].inputs["numbers"][:-1]
+    steps[4].inputs["messages"] = list(steps[4].inputs["messages"])
+    assert all(x is not None for x in lane.steps_data(steps))  # equal again, as JSON

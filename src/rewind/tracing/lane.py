@@ -25,6 +25,7 @@ not touched by the lane at all.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,15 @@ if TYPE_CHECKING:
     from rewind.tools import Tool
     from rewind.tracing.tracer import Step, Trace
 
-__all__ = ["NOT_SERVED", "Lane", "serve_chat", "serve_tool", "step_data"]
+__all__ = [
+    "NOT_SERVED",
+    "Lane",
+    "ServedData",
+    "serve_chat",
+    "serve_tool",
+    "step_data",
+    "steps_data",
+]
 
 NOT_SERVED = object()
 """What :func:`serve_tool` returns when the step takes the full path."""
@@ -415,8 +424,63 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
     as when the step is still as the lane finished it (status, name, type, parent, errors,
     tokens, and its inputs and attributes as JSON text: the public fields its data is made of),
     else None (its data is built the full way, :meth:`Step.data`)."""
+    if not _as_finished(s):
+        return None
     proven = s._proven
-    if (
+    if step_memo.text_of(s.attributes, sort_keys=False) != proven.attributes_text:
+        return None
+    if step_memo.text_of(s.inputs) != proven.inputs_text:
+        return None
+    return _rebuilt(s), proven.signature
+
+
+def steps_data(steps: list[Step]) -> list[tuple[StepData, bytes] | None]:
+    """:func:`step_data` of each of ``steps`` (None for a step not served in the lane), its
+    data filled in only when a field besides its position, name, tokens and calls is read
+    (:class:`ServedData`).
+
+    The inputs and attributes of every served step are compared with what they were served
+    as in two texts (one orjson call each, a JSON array of the values), not two per step:
+    each element of such an array is a whole JSON value, so two arrays' texts are equal
+    exactly when they are element by element. When they differ (a caller changed a served
+    step), each step is compared on its own."""
+    served = [s for s in steps if s._proven is not None]
+    same = _same_texts(served)
+    out: list[tuple[StepData, bytes] | None] = []
+    for s in steps:
+        if s._proven is None:
+            out.append(None)
+        elif not same:
+            out.append(step_data(s))
+        elif _as_finished(s):
+            out.append((ServedData.of(s), s._proven.signature))
+        else:
+            out.append(None)
+    return out
+
+
+def _same_texts(served: list[Step]) -> bool:
+    """Whether the inputs and the attributes of every one of ``served`` are, as JSON text,
+    what the step was served as (False: some are not, or are not plain JSON)."""
+    if not served:
+        return True
+    inputs = step_memo.text_of([s.inputs for s in served])
+    attributes = step_memo.text_of([s.attributes for s in served], sort_keys=False)
+    return inputs == _joined([s._proven.inputs_text for s in served]) and (
+        attributes == _joined([s._proven.attributes_text for s in served])
+    )
+
+
+def _joined(texts: list[bytes]) -> bytes:
+    """The JSON array of the JSON ``texts``, as orjson writes it (no spaces)."""
+    return b"[" + b",".join(texts) + b"]"
+
+
+def _as_finished(s: Step) -> bool:
+    """Whether a step served in the lane still has the status, name, type, parent, errors,
+    tokens and timing the lane finished it with."""
+    proven = s._proven
+    return not (
         proven is None
         or s.status != StepStatus.SUCCESS
         or s.name != proven.name
@@ -428,13 +492,67 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
         or s.completion_tokens != proven.completion_tokens
         or s.scope is not None
         or s.started_at is None
-    ):
-        return None
-    if step_memo.text_of(s.attributes, sort_keys=False) != proven.attributes_text:
-        return None
-    if step_memo.text_of(s.inputs) != proven.inputs_text:
-        return None
+    )
+
+
+def _rebuilt(s: Step) -> StepData:
+    """The data of a step served in the lane, rebuilt from what it was served as (the caller
+    checked it is still as the lane finished it)."""
     timing = (s.span_id, s.started_at, s.ended_at, s.duration_ms)
     fields = s._lane_fields
     parsed = (s._params, fields) if s._params is not None and fields is not None else None
-    return proven.step_data(s.position, s.inputs, s.attributes, timing, parsed), proven.signature
+    return s._proven.step_data(s.position, s.inputs, s.attributes, timing, parsed)
+
+
+class ServedData(StepData):
+    """The data of a step served in the lane (:func:`steps_data`), whose fields besides its
+    position, name, tokens and calls are filled in when one of them is first read, all at
+    once, with the values :func:`step_data` gives (from the step as it is then: the trace's
+    writer reads it while the trace ends).
+
+    The writer of an unchanged replay reads no other field of a step it stores by reference
+    (its signature is known, :func:`rewind.tracing.store.write_trace`), and rebuilding every
+    step's data was about a fifth of such a trace's exit. Only :meth:`Trace.finish` makes
+    them (a ``chain_end`` callback gets data built the full way)."""
+
+    @classmethod
+    def of(cls, s: Step) -> ServedData:
+        """The data of the served step ``s`` (checked by the caller to be as the lane
+        finished it), its other fields not filled in yet."""
+        proven = s._proven
+        out = object.__new__(cls)
+        out.__dict__.update(
+            position=s.position,
+            name=proven.name,
+            prompt_tokens=proven.prompt_tokens,
+            completion_tokens=proven.completion_tokens,
+            calls=list(proven.calls),
+            _step=s,
+        )
+        return out
+
+    def _fill(self) -> None:
+        """Fill in every field from the step (kept until now)."""
+        s = self.__dict__.pop("_step")
+        self.__dict__.update(_rebuilt(s).__dict__)
+
+
+class _Filled:
+    """A field of :class:`ServedData` read before it is filled in: fills it in (a non-data
+    descriptor: once the field is in the instance's dict, it is read from there)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: ServedData | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return getattr(StepData, self.name, self)
+        obj._fill()
+        return obj.__dict__[self.name]
+
+
+for _field in dataclasses.fields(StepData):
+    if _field.name not in ("position", "name", "prompt_tokens", "completion_tokens", "calls"):
+        setattr(ServedData, _field.name, _Filled(_field.name))

@@ -863,14 +863,15 @@ class Trace:
     def _data(self, *, lane: bool) -> tuple[TraceData, dict[int, bytes]]:
         """The trace as the store writes it, and ``id(step data)`` -> signature of the steps
         served in the lane (``lane``: rebuilt from what they were served as, which the writer
-        need not sign again, see :func:`rewind.tracing.lane.step_data`)."""
+        need not sign again, see :func:`rewind.tracing.lane.steps_data`)."""
         config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
         signed: dict[int, bytes] = {}
         steps = []
-        for s in self.steps:
-            rebuilt = _lane.step_data(s) if lane and s._proven is not None else None
+        mine = self.steps
+        served = _lane.steps_data(mine) if lane else [None] * len(mine)
+        for s, rebuilt in zip(mine, served, strict=True):
             if rebuilt is None:
                 steps.append(s.data())
             else:
