@@ -166,10 +166,10 @@ def write_trace(
     batch.spans.append(_root_span(data, output_hash))
     run_status = run_status_of(data.status)
     trace_error = _trace_error(data)
-    edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
+    edges = _new_edges(data, steps, source, shared)
 
-    def run_row(conn: Connection) -> None:
-        store.create_run(
+    def run_row(conn: Connection) -> dict[str, Any]:
+        values = store.create_run(
             conn,
             run_id=data.trace_id,
             pipeline=data.name,
@@ -190,6 +190,7 @@ def write_trace(
             owner=None,
         )
         store.put_edges(data.name, edges, conn)
+        return values
 
     _drop_named_by_source(blobs, data, source, (init_hash, initial, output_hash))
     batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
@@ -198,18 +199,43 @@ def write_trace(
 
 
 def _write_read_back(store: Store, batch: WriteBatch, run_row: Any, trace_id: str) -> RunRecord:
-    """Write ``batch`` (``run_row`` first) and return the trace's run row, read back in the write
-    transaction (no read transaction after it; a run just created has no audit yet).
+    """Write ``batch`` (``run_row`` first: it inserts the run row and returns the values
+    :meth:`Store.create_run` inserted) and return the trace's run row: as inserted when the
+    store tells it is stored as given (:meth:`Store.run_as_inserted`), else read back in the
+    write transaction (no read transaction after it; a run just created has no audit yet).
 
     Raises:
         StoreError: the write failed (nothing of it is stored).
     """
+    inserted: list[dict[str, Any]] = []
     written: list[RunRecord | None] = []
-    store.write_batch(
-        batch, before=run_row, after=lambda conn: written.append(store.run_in(conn, trace_id))
-    )
+
+    def after(conn: Connection) -> None:
+        run = store.run_as_inserted(inserted[0]) if inserted else None
+        written.append(run if run is not None else store.run_in(conn, trace_id))
+
+    store.write_batch(batch, before=lambda conn: inserted.append(run_row(conn)), after=after)
     run = written[0] if written else None
     return run if run is not None else store.get_run(trace_id)
+
+
+def _new_edges(
+    data: TraceData, steps: list[StepData], source: SourceRows | None, shared: int
+) -> list[tuple[str, str, str]]:
+    """The trace's graph edges (step name to the next step's), or none when its source holds
+    them all: every step of the trace is one of the source's first ``shared`` ones (stored by
+    reference to them: the same node rows, names included), under the same pipeline. The
+    source's run row was written with its edges (these pairs among them) in one transaction,
+    and edge rows are never deleted: writing them again would insert nothing (two statements
+    of an unchanged replay's exit)."""
+    if (
+        source is not None
+        and source.pipeline == data.name
+        and shared == len(steps)
+        and shared <= len(source.nodes)
+    ):
+        return []
+    return sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
 
 
 def _drop_named_by_source(
