@@ -440,3 +440,24 @@ def test_run_as_inserted_is_the_row_read_back_or_none(
         assert (built is not None) == kept
         if built is not None:
             assert built == read == st.get_run("r1")
+
+
+def test_write_trace_takes_steps_in_any_order_and_refuses_gaps(folder: Path) -> None:
+    from rewind.errors import StoreError
+    from rewind.tracing.model import StepData, TraceData
+    from rewind.tracing.store import write_trace
+
+    def data(trace_id: str, positions: list[int]) -> TraceData:
+        steps = [StepData(position=p, name=f"s{p}", fields={f"s{p}": p}) for p in positions]
+        return TraceData(trace_id=trace_id, name="order", started_at=1.0, steps=steps)
+
+    with opened(folder) as st:
+        write_trace(st, data("a" * 32, [2, 0, 1]))
+        write_trace(st, data("b" * 32, [0, 1, 2]))
+        a, b = (load_trace(st, t * 32) for t in "ab")
+        assert [s.name for s in a.steps] == [s.name for s in b.steps] == ["s0", "s1", "s2"]
+        assert [(n.name, n.state_hash) for n in st.nodes_of("a" * 32)] == [
+            (n.name, n.state_hash) for n in st.nodes_of("b" * 32)
+        ]
+        with pytest.raises(StoreError, match="step positions"):
+            write_trace(st, data("c" * 32, [0, 2, 3]))

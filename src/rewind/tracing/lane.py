@@ -439,36 +439,33 @@ def steps_data(steps: list[Step]) -> list[tuple[StepData, bytes] | None]:
     data filled in only when a field besides its position, name, tokens and calls is read
     (:class:`ServedData`).
 
-    The inputs and attributes of every served step are compared with what they were served
-    as in two texts (one orjson call each, a JSON array of the values), not two per step:
-    each element of such an array is a whole JSON value, so two arrays' texts are equal
-    exactly when they are element by element. When they differ (a caller changed a served
-    step), each step is compared on its own."""
-    served = [s for s in steps if s._proven is not None]
-    same = _same_texts(served)
+    The inputs and attributes of the served steps are compared with what they were served as
+    in two texts (one orjson call each, a JSON array of the values), not two per step: each
+    element of such an array is a whole JSON value, so two arrays' texts are equal exactly
+    when they are element by element. When they differ (a caller changed a served step),
+    each step is compared on its own. One pass over the steps (a trace's exit walks them
+    cold from memory)."""
     out: list[tuple[StepData, bytes] | None] = []
+    inputs: list[Any] = []
+    attributes: list[Any] = []
+    inputs_texts: list[bytes] = []
+    attributes_texts: list[bytes] = []
     for s in steps:
-        if s._proven is None:
+        proven = s._proven
+        if proven is None or not _as_finished(s):
             out.append(None)
-        elif not same:
-            out.append(step_data(s))
-        elif _as_finished(s):
-            out.append((ServedData.of(s), s._proven.signature))
-        else:
-            out.append(None)
+            continue
+        inputs.append(s.inputs)
+        attributes.append(s.attributes)
+        inputs_texts.append(proven.inputs_text)
+        attributes_texts.append(proven.attributes_text)
+        out.append((ServedData.of(s), proven.signature))
+    if inputs and (
+        step_memo.text_of(inputs) != _joined(inputs_texts)
+        or step_memo.text_of(attributes, sort_keys=False) != _joined(attributes_texts)
+    ):
+        return [step_data(s) if s._proven is not None else None for s in steps]
     return out
-
-
-def _same_texts(served: list[Step]) -> bool:
-    """Whether the inputs and the attributes of every one of ``served`` are, as JSON text,
-    what the step was served as (False: some are not, or are not plain JSON)."""
-    if not served:
-        return True
-    inputs = step_memo.text_of([s.inputs for s in served])
-    attributes = step_memo.text_of([s.attributes for s in served], sort_keys=False)
-    return inputs == _joined([s._proven.inputs_text for s in served]) and (
-        attributes == _joined([s._proven.attributes_text for s in served])
-    )
 
 
 def _joined(texts: list[bytes]) -> bytes:

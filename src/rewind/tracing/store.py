@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -134,7 +135,7 @@ def write_trace(
     # Steps a replay of this source (the caller's rows, kept in-process) already proved equal
     # to it need no rows when their data is the same (rewind.tracing.step_memo).
     proven = step_memo.remembered(source, init_hash) if memo_source else []
-    fast, state = _fast_forward(steps, proven, state, signed or {})
+    fast, state, tokens = _fast_forward(steps, proven, state, signed or {})
     parts, states = _rows_from(data, steps[fast:], state, source_states)
     shared = fast + _shared_prefix(data.trace_id, parts, source, start=fast)
     if memo_source and source is not None and shared > fast:
@@ -142,10 +143,6 @@ def write_trace(
             source, init_hash, fast, _proven(steps[fast:shared], states[: shared - fast + 1])
         )
     node_rows = [p[0] for p in parts]
-    tokens = (
-        sum(int(s.prompt_tokens) for s in steps[:fast]),
-        sum(int(s.completion_tokens) for s in steps[:fast]),
-    )
     _absorb(batch, parts[shared - fast :])
     config = {"kind": "trace"} | data.config
     target = _reference_target(source, shared) if shared and source is not None else None
@@ -267,13 +264,20 @@ def _drop_named_by_source(
 
 def _steps_in_order(data: TraceData) -> list[StepData]:
     """The trace's steps by position. Raises StoreError: positions are not 0..n-1."""
-    steps = sorted(data.steps, key=lambda s: s.position)
-    if [s.position for s in steps] != list(range(len(steps))):
+    steps = list(data.steps)
+    positions = list(map(_POSITION, steps))
+    if positions != list(range(len(steps))):  # a tracer's steps are in order already
+        steps.sort(key=_POSITION)
+        positions = list(map(_POSITION, steps))
+    if positions != list(range(len(steps))):
         raise StoreError(
             f"trace {data.trace_id} has step positions {[s.position for s in steps]}",
             "positions must be 0, 1, 2, ... in execution order",
         )
     return steps
+
+
+_POSITION = operator.attrgetter("position")
 
 
 def _rows_from(
@@ -326,24 +330,26 @@ def _fast_forward(
     proven: list[tuple[bytes, dict[str, str], step_memo.Proven | None]],
     state: dict[str, str],
     signed: dict[int, bytes],
-) -> tuple[int, dict[str, str]]:
+) -> tuple[int, dict[str, str], tuple[int, int]]:
     """(how many leading ``steps`` match the remembered ``proven`` ones by signature, the
-    state after them): ``state`` with the fields those steps changed folded in
-    (:mod:`rewind.tracing.step_memo`). ``signed``: the signatures known already, by
-    ``id(step)``."""
-    fast = 0
+    state after them, their prompt and completion tokens): ``state`` with the fields those
+    steps changed folded in (:mod:`rewind.tracing.step_memo`). ``signed``: the signatures
+    known already, by ``id(step)``."""
+    fast = prompt = completion = 0
     folded: dict[str, str] | None = None
-    while fast < len(steps) and fast < len(proven):
-        sig = signed.get(id(steps[fast]))
+    for s, (remembered, changed, _step) in zip(steps, proven, strict=False):
+        sig = signed.get(id(s))
         if sig is None:
-            sig = step_memo.signature(steps[fast])
-        if sig != proven[fast][0]:
+            sig = step_memo.signature(s)
+        if sig != remembered:
             break
-        if proven[fast][1]:  # the state fields the step changed
+        if changed:  # the state fields the step changed
             folded = dict(state) if folded is None else folded
-            folded.update(proven[fast][1])
+            folded.update(changed)
+        prompt += int(s.prompt_tokens)
+        completion += int(s.completion_tokens)
         fast += 1
-    return fast, folded if folded is not None else state
+    return fast, folded if folded is not None else state, (prompt, completion)
 
 
 def _early_rows(
