@@ -264,9 +264,15 @@ class Store:
 
     # -- transactions -------------------------------------------------------------------------
     @contextmanager
-    def write(self) -> Iterator[Connection]:
+    def write(self, *, blobs: bool = True) -> Iterator[Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite); commits on success.
 
+        Args:
+            blobs: False when the transaction writes no blob and no row :meth:`write_batch`
+                checks the blobs of (state, node, call, cache or effect rows): on SQLite it then
+                does not read ``meta.blob_epoch`` (:meth:`_enter_write`; ``BEGIN IMMEDIATE``
+                orders it against gc, and the next write that relies on the blobs this process
+                knows reads it).
         Raises:
             StoreError: the store was opened read-only.
         """
@@ -276,7 +282,8 @@ class Store:
                 "run a command that records (or open the store without read_only)",
             )
         with self.engine.connect().execution_options(immediate=True) as conn, conn.begin():
-            self._enter_write(conn)
+            if blobs or self._bulk_sql is None:
+                self._enter_write(conn)
             yield conn
         if self._wal:  # SQLite: its WAL is checkpointed off this thread (store.checkpoint)
             CHECKPOINTER.wrote(self.engine)
@@ -585,7 +592,9 @@ class Store:
         new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows, packs = self._blob_rows(new, batch.packs)
-        with self.write() as conn:
+        # A batch of spans alone (an unchanged trace replay's root span) neither writes blobs
+        # nor has rows _check_referenced looks at: the epoch would change nothing it does.
+        with self.write(blobs=_has_blob_rows(batch)) as conn:
             if before is not None:
                 # First: a run row naming a parent the same gc archived fails as ParentMissing
                 # (a trace replay is then stored unlinked), not as a blob its source held.
@@ -1799,6 +1808,20 @@ _BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_
 _BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
 _INSERT_RUN = insert(schema.runs)
 _RUN_COLUMNS = frozenset(schema.runs.c.keys())
+
+
+def _has_blob_rows(batch: WriteBatch) -> bool:
+    """Whether ``batch`` writes blobs (its packs group some of them) or rows whose blobs
+    :meth:`Store.write_batch` checks."""
+    return bool(
+        batch.blobs
+        or batch.states
+        or batch.nodes
+        or batch.calls
+        or batch.llm_cache
+        or batch.tool_cache
+        or batch.effects
+    )
 
 
 def _kept_float(value: Any) -> bool:

@@ -794,7 +794,7 @@ class Trace:
         finally:
             # The calls this trace executed shared their results with concurrent replays
             # (rewind.cache's single flight) until their cache rows were committed: now.
-            release_flights(self.run_context.store, [c.key for s in data.steps for c in s.calls])
+            release_flights(self.run_context.store, (c.key for s in data.steps for c in s.calls))
             for fn in self.callbacks.chain_end:
                 self._notify(fn, trace=data, record=self.record)
         return self.record
