@@ -1808,6 +1808,7 @@ _BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_
 _BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
 _INSERT_RUN = insert(schema.runs)
 _RUN_COLUMNS = frozenset(schema.runs.c.keys())
+"""The columns of a run row (:meth:`Store.create_run` refuses any other key)."""
 
 
 def _has_blob_rows(batch: WriteBatch) -> bool:
@@ -1842,7 +1843,6 @@ def _run_kind(column: Any) -> Callable[[Any], bool]:
 
 _RUN_KINDS = {c.name: _run_kind(c) for c in schema.runs.columns}
 """Per run column: whether a value is read back as given (:meth:`Store.run_as_inserted`)."""
-"""The columns of a run row (:meth:`Store.create_run` refuses any other key)."""
 _INSERT_RUN_GRAPH = insert(schema.run_graphs)
 _RUN_TOTALS = text(
     "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
