@@ -26,6 +26,7 @@ import rewind
 from rewind.llm import ChatClient
 from rewind.store import open_store
 from rewind.tracing import Tracer, chat_step, lane, step
+from rewind.tracing.model import StepData
 from rewind.tracing.store import load_trace
 from tests.model_stub import ModelStub, stub_and_client
 
@@ -553,16 +554,14 @@ def test_served_step_data_fills_in_what_step_data_and_the_full_path_give(
 ) -> None:
     """steps_data's ServedData, once a field is read, holds every field step_data rebuilds;
     the fields it holds unread are the same; and a served step changed after the lane served
-    it is compared on its own (its neighbours still served, it not)."""
+    it is compared on its own (its neighbours still served, it built the full way)."""
     _, client = stub_client
     history(tmp_path, client)
     t, _ = run(tmp_path, client, agent)
     steps = t.steps
     assert all(s._proven is not None for s in steps)
-    served = lane.steps_data(steps)
-    for s, got in zip(steps, served, strict=True):
-        assert got is not None
-        data, sig = got
+    served, signed = lane.steps_data(steps)
+    for s, data in zip(steps, served, strict=True):
         assert isinstance(data, lane.ServedData)
         assert (data.position, data.name, data.prompt_tokens, data.completion_tokens) == (
             s.position,
@@ -572,12 +571,13 @@ def test_served_step_data_fills_in_what_step_data_and_the_full_path_give(
         )
         assert "inputs" not in vars(data)  # not filled in yet
         expected, expected_sig = lane.step_data(s)
-        assert sig == expected_sig
+        assert signed[id(data)] == expected_sig
         filled = dataclasses.asdict(data)  # reads every field: fills it in
         assert filled == dataclasses.asdict(expected) == dataclasses.asdict(s.data())
     steps[3].inputs["numbers"] = [*steps[3].inputs["numbers"], 0]
-    again = lane.steps_data(steps)
-    assert [x is None for x in again] == [i == 3 for i in range(len(steps))]
+    again, signed = lane.steps_data(steps)
+    assert [id(d) in signed for d in again] == [i != 3 for i in range(len(steps))]
+    assert type(again[3]) is StepData and again[3].inputs == steps[3].inputs
     steps[3].inputs["numbers"] = steps[3].inputs["numbers"][:-1]
     steps[4].inputs["messages"] = list(steps[4].inputs["messages"])
-    assert all(x is not None for x in lane.steps_data(steps))  # equal again, as JSON
+    assert len(lane.steps_data(steps)[1]) == len(steps)  # equal again, as JSON

@@ -434,18 +434,21 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
     return _rebuilt(s), proven.signature
 
 
-def steps_data(steps: list[Step]) -> list[tuple[StepData, bytes] | None]:
-    """:func:`step_data` of each of ``steps`` (None for a step not served in the lane), its
-    data filled in only when a field besides its position, name, tokens and calls is read
-    (:class:`ServedData`).
+def steps_data(steps: list[Step]) -> tuple[list[StepData], dict[int, bytes]]:
+    """The data of each of ``steps`` (:meth:`Step.data`, or for a step served in the lane
+    what :func:`step_data` rebuilds, filled in only when a field besides its position, name,
+    tokens and calls is read: :class:`ServedData`), and ``id(data)`` -> signature of the
+    served ones.
 
     The inputs and attributes of the served steps are compared with what they were served as
     in two texts (one orjson call each, a JSON array of the values), not two per step: each
     element of such an array is a whole JSON value, so two arrays' texts are equal exactly
     when they are element by element. When they differ (a caller changed a served step),
-    each step is compared on its own. One pass over the steps (a trace's exit walks them
-    cold from memory)."""
-    out: list[tuple[StepData, bytes] | None] = []
+    each served step is compared on its own. One pass over the steps (a trace's exit walks
+    them cold from memory)."""
+    out: list[StepData] = []
+    signed: dict[int, bytes] = {}
+    served: list[int] = []
     inputs: list[Any] = []
     attributes: list[Any] = []
     inputs_texts: list[bytes] = []
@@ -453,19 +456,27 @@ def steps_data(steps: list[Step]) -> list[tuple[StepData, bytes] | None]:
     for s in steps:
         proven = s._proven
         if proven is None or not _as_finished(s):
-            out.append(None)
+            out.append(s.data())
             continue
+        served.append(len(out))
         inputs.append(s.inputs)
         attributes.append(s.attributes)
         inputs_texts.append(proven.inputs_text)
         attributes_texts.append(proven.attributes_text)
-        out.append((ServedData.of(s), proven.signature))
+        data = ServedData.of(s)
+        signed[id(data)] = proven.signature
+        out.append(data)
     if inputs and (
         step_memo.text_of(inputs) != _joined(inputs_texts)
         or step_memo.text_of(attributes, sort_keys=False) != _joined(attributes_texts)
     ):
-        return [step_data(s) if s._proven is not None else None for s in steps]
-    return out
+        signed = {}
+        for i in served:
+            rebuilt = step_data(steps[i])
+            out[i] = steps[i].data() if rebuilt is None else rebuilt[0]
+            if rebuilt is not None:
+                signed[id(rebuilt[0])] = rebuilt[1]
+    return out, signed
 
 
 def _joined(texts: list[bytes]) -> bytes:

@@ -867,16 +867,10 @@ class Trace:
         config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
-        signed: dict[int, bytes] = {}
-        steps = []
-        mine = self.steps
-        served = _lane.steps_data(mine) if lane else [None] * len(mine)
-        for s, rebuilt in zip(mine, served, strict=True):
-            if rebuilt is None:
-                steps.append(s.data())
-            else:
-                steps.append(rebuilt[0])
-                signed[id(rebuilt[0])] = rebuilt[1]
+        if lane:
+            steps, signed = _lane.steps_data(self.steps)
+        else:
+            steps, signed = [s.data() for s in self.steps], {}
         trace = TraceData(
             trace_id=self.trace_id,
             name=self.name,
