@@ -618,8 +618,8 @@ class Store:
             tails = self._insert_states(conn, batch.states)
             self._bulk(conn, self._insert_node, self._lean_nodes(batch.nodes))
             self._bulk(conn, self._insert_call, batch.calls)
-            self._bulk(conn, insert(schema.effects), batch.effects)
-            self._bulk(conn, insert(schema.spans), batch.spans)
+            self._bulk(conn, _INSERT_EFFECT, batch.effects)
+            self._bulk(conn, _INSERT_SPAN, batch.spans)
             if after is not None:
                 after(conn)
         with self._known_lock:
@@ -1807,6 +1807,8 @@ _RUN_BY_ID_SQL = f"SELECT {', '.join(schema.runs.c.keys())} FROM runs WHERE run_
 _BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
 _BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
 _INSERT_RUN = insert(schema.runs)
+_INSERT_EFFECT = insert(schema.effects)  # built once (~10 us each per write batch otherwise)
+_INSERT_SPAN = insert(schema.spans)
 _RUN_COLUMNS = frozenset(schema.runs.c.keys())
 """The columns of a run row (:meth:`Store.create_run` refuses any other key)."""
 
