@@ -540,9 +540,9 @@ class ServedData(StepData):
         return out
 
     def _fill(self) -> None:
-        """Fill in every field from the step (kept until now)."""
-        s = self.__dict__.pop("_step")
-        self.__dict__.update(_rebuilt(s).__dict__)
+        """Fill in every field from the step (kept beside them: filling in twice, as two
+        threads reading at once may, sets the same values)."""
+        self.__dict__.update(_rebuilt(self.__dict__["_step"]).__dict__)
 
 
 class _Filled:
