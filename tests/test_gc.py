@@ -341,6 +341,19 @@ def test_gc_beside_a_live_writer_never_leaves_a_row_naming_a_missing_blob(
         referenced_blobs_exist(target.store, run_id)
 
 
+def _refused_naming_a_deleted_blob(store: Store) -> None:
+    """A batch whose state row names a blob no one stored is refused as one a gc deleted."""
+    batch = WriteBatch()
+    batch.states.append(
+        state_row(
+            partition_key="", app_id="app-1", sequence_id=0, position="start",
+            status="completed", fields={"x": "a" * 64}, internal={},
+        )
+    )  # fmt: skip
+    with pytest.raises(StoreError, match="deleted by a concurrent rewind gc"):
+        store.write_batch(batch)
+
+
 def test_a_write_naming_a_blob_a_gc_deleted_is_refused_whole(target: GcTarget) -> None:
     """The bytes of a cache hit are not in the writer's batch: when a gc ran since the writer
     last wrote and the blob is gone, the batch fails loudly and writes nothing."""
@@ -349,17 +362,37 @@ def test_a_write_naming_a_blob_a_gc_deleted_is_refused_whole(target: GcTarget) -
         pass  # the store has seen the current blob epoch
     with store.write() as conn:
         bump_blob_epoch(conn)  # what a gc that deleted blobs does
-    gone = "a" * 64
-    batch = WriteBatch()
-    batch.states.append(
-        state_row(
-            partition_key="", app_id="app-1", sequence_id=0, position="start",
-            status="completed", fields={"x": gone}, internal={},
-        )
-    )  # fmt: skip
-    with pytest.raises(StoreError, match="deleted by a concurrent rewind gc"):
-        store.write_batch(batch)
+    _refused_naming_a_deleted_blob(store)
     assert store.load_state_row("", "app-1", None, values=False) is None
+
+
+def test_a_spans_only_write_after_a_gc_does_not_hide_it_from_the_next_write(
+    target: GcTarget,
+) -> None:
+    """A batch of spans alone (an unchanged trace replay's root span) does not read the blob
+    epoch on SQLite; the next write naming a blob still sees the gc and refuses the batch.
+    (On PostgreSQL every write reads it, under gc's lock: the spans-only write sees the gc.)"""
+    store = target.store
+    if store.engine.dialect.name != "sqlite":
+        pytest.skip("SQLite only")
+    with store.write():
+        pass  # the store has seen the current blob epoch
+    with store.write() as conn:
+        bump_blob_epoch(conn)
+    root = {
+        "run_id": "spans-only", "position": -1, "span_id": "1" * 16, "parent_position": None,
+        "step_type": "chain", "status": "success", "error_type": None, "error_message": None,
+        "attributes_json": "{}", "started_at": 1.0, "ended_at": 2.0, "duration_ms": 1000.0,
+        "output_hash": None,
+    }  # fmt: skip
+    store.write_batch(
+        WriteBatch(spans=[root]),
+        before=lambda conn: store.create_run(
+            conn, run_id="spans-only", pipeline="p", status="completed", created_at=1.0
+        ),
+    )
+    _refused_naming_a_deleted_blob(store)
+    assert store.get_run("spans-only").status == "completed"
 
 
 # -- cache expiry ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import rewind
 from rewind.llm import ChatClient
 from rewind.store import open_store
 from rewind.tracing import Tracer, chat_step, lane, step
+from rewind.tracing.model import StepData
 from rewind.tracing.store import load_trace
 from tests.model_stub import ModelStub, stub_and_client
 
@@ -738,3 +739,37 @@ def test_answers_of_other_bytes_types_are_read_as_from_raw_reads_them() -> None:
         got = lane._response(bytearray(raw))
         assert got == ChatResponse.from_raw(bytearray(raw)) and type(got.raw) is bytes
         assert lane._value(bytearray(b"[1, 2]")) == loads(b"[1, 2]")
+
+
+def test_served_step_data_fills_in_what_step_data_and_the_full_path_give(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """steps_data's ServedData, once a field is read, holds every field step_data rebuilds;
+    the fields it holds unread are the same; and a served step changed after the lane served
+    it is compared on its own (its neighbours still served, it built the full way)."""
+    _, client = stub_client
+    history(tmp_path, client)
+    t, _ = run(tmp_path, client, agent)
+    steps = t.steps
+    assert all(s._proven is not None for s in steps)
+    served, signed = lane.steps_data(steps)
+    for s, data in zip(steps, served, strict=True):
+        assert isinstance(data, lane.ServedData)
+        assert (data.position, data.name, data.prompt_tokens, data.completion_tokens) == (
+            s.position,
+            s.name,
+            s.prompt_tokens,
+            s.completion_tokens,
+        )
+        assert "inputs" not in vars(data)  # not filled in yet
+        expected, expected_sig = lane.step_data(s)
+        assert signed[id(data)] == expected_sig
+        filled = dataclasses.asdict(data)  # reads every field: fills it in
+        assert filled == dataclasses.asdict(expected) == dataclasses.asdict(s.data())
+    steps[3].inputs["numbers"] = [*steps[3].inputs["numbers"], 0]
+    again, signed = lane.steps_data(steps)
+    assert [id(d) in signed for d in again] == [i != 3 for i in range(len(steps))]
+    assert type(again[3]) is StepData and again[3].inputs == steps[3].inputs
+    steps[3].inputs["numbers"] = steps[3].inputs["numbers"][:-1]
+    steps[4].inputs["messages"] = list(steps[4].inputs["messages"])
+    assert len(lane.steps_data(steps)[1]) == len(steps)  # equal again, as JSON

@@ -445,3 +445,96 @@ def test_results_and_lineage_of_the_same_entries_are_reused_until_a_result_is_dr
         fourth = tracer_source.find_source(st, "agent", kind, key)
         assert fourth is not None and fourth.blobs == first.blobs
         assert blob_reads[reads + 1 :] == [set(first.blobs)]
+
+
+def test_an_unchanged_replay_returns_the_run_row_as_stored_and_its_edges_stay_the_sources(
+    folder: Path, chat_client: ChatClient
+) -> None:
+    """A trace's record (built from the values inserted, not read back) is the stored row; an
+    unchanged replay inserts no edge rows (its source's are the same pairs, stored with it),
+    a changed one inserts its new pairs."""
+    trace_once(folder, chat_client, read_cache=False, steps=4)
+    with opened(folder) as st:
+        edges = st.edges_of("agent")
+    assert sorted(edges) == [("llm", "sum_numbers", "default"), ("sum_numbers", "llm", "default")]
+    for _ in range(3):  # the second and third are served from the lane
+        tracer = Tracer(folder, chat_client=chat_client, read_cache=True, raise_on_write_error=True)
+        try:
+            with tracer.trace("agent") as t:
+                agent(4)
+        finally:
+            tracer.close()
+        with opened(folder) as st:
+            assert t.record == st.get_run(t.trace_id)
+            assert t.record.config["reference"]["all"] is True
+            assert st.edges_of("agent") == edges
+    tracer = Tracer(folder, chat_client=chat_client, read_cache=True, raise_on_write_error=True)
+    try:
+        with tracer.trace("agent") as t:
+            agent(2)
+            with step("extra"):
+                pass
+    finally:
+        tracer.close()
+    with opened(folder) as st:
+        assert t.record == st.get_run(t.trace_id)
+        assert t.record.config["reference"]["steps"] == 4
+        assert sorted(st.edges_of("agent")) == sorted([*edges, ("sum_numbers", "extra", "default")])
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "kept"),
+    [
+        ("created_at", 1700000000.25, True),
+        ("created_at", float("inf"), True),
+        ("created_at", 1700000000, False),  # an int in a real column is read back a float
+        ("finished_at", -0.0, False),  # stored as 0.0
+        ("finished_at", float("nan"), False),  # stored as NULL
+        ("prompt_tokens", True, False),  # a bool is read back an int
+        ("fork_position", 2.0, False),
+        ("error", None, True),
+    ],
+)
+def test_run_as_inserted_is_the_row_read_back_or_none(
+    folder: Path, column: str, value: Any, kept: bool
+) -> None:
+    values = {
+        "run_id": "r1",
+        "pipeline": "p",
+        "status": "completed",
+        "config": {"kind": "trace", "b": [1, 2]},
+        "created_at": 1700000000.5,
+        "finished_at": 1700000001.5,
+        "prompt_tokens": 3,
+        "owner": None,
+    }
+    values[column] = value
+    with opened(folder) as st:
+        with st.write() as conn:
+            inserted = st.create_run(conn, **values)
+            built = st.run_as_inserted(dict(inserted))
+            read = st.run_in(conn, "r1")
+        assert (built is not None) == kept
+        if built is not None:
+            assert built == read == st.get_run("r1")
+
+
+def test_write_trace_takes_steps_in_any_order_and_refuses_gaps(folder: Path) -> None:
+    from rewind.errors import StoreError
+    from rewind.tracing.model import StepData, TraceData
+    from rewind.tracing.store import write_trace
+
+    def data(trace_id: str, positions: list[int]) -> TraceData:
+        steps = [StepData(position=p, name=f"s{p}", fields={f"s{p}": p}) for p in positions]
+        return TraceData(trace_id=trace_id, name="order", started_at=1.0, steps=steps)
+
+    with opened(folder) as st:
+        write_trace(st, data("a" * 32, [2, 0, 1]))
+        write_trace(st, data("b" * 32, [0, 1, 2]))
+        a, b = (load_trace(st, t * 32) for t in "ab")
+        assert [s.name for s in a.steps] == [s.name for s in b.steps] == ["s0", "s1", "s2"]
+        assert [(n.name, n.state_hash) for n in st.nodes_of("a" * 32)] == [
+            (n.name, n.state_hash) for n in st.nodes_of("b" * 32)
+        ]
+        with pytest.raises(StoreError, match="step positions"):
+            write_trace(st, data("c" * 32, [0, 2, 3]))

@@ -21,7 +21,7 @@ import itertools
 import json
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
@@ -58,10 +58,10 @@ def _store_number(store: object) -> int:
     return number
 
 
-def release_flights(store: object, keys: Sequence[str]) -> None:
+def release_flights(store: object, keys: Iterable[str]) -> None:
     """Forget finished in-flight calls once their cache rows are committed (the recorder calls
     this after each flush, a trace when it is written); until then a concurrent replay still
-    shares their result."""
+    shares their result. ``keys`` is iterated only when the store ever had a flight."""
     with _INFLIGHT_LOCK:
         number = _STORE_NUMBERS.get(store)
         if number is None:  # this store never had a flight

@@ -87,6 +87,8 @@ class SourceRows:
     initial_state_hash: str | None = None
     """The run row's initial state hash, when read (:func:`load_rows`): a blob the run row
     names, so one the store holds while the run is stored."""
+    pipeline: str | None = None
+    """The run row's pipeline (a trace's name), when read (:func:`load_rows`)."""
     chain: list[tuple[str, int] | None] = field(default_factory=list)
     """``chain[i]``: the reference ``(source run id, k)`` of ``holders[i]``, None for the run
     that holds all its rows."""
@@ -193,14 +195,15 @@ def load_rows(conn: Connection, run_id: str, *, depth: int = 0) -> SourceRows:
     """
     runs = schema.runs
     config = conn.execute(
-        select(runs.c.config_json, runs.c.created_at, runs.c.initial_state_hash).where(
-            runs.c.run_id == run_id
-        )
+        select(
+            runs.c.config_json, runs.c.created_at, runs.c.initial_state_hash, runs.c.pipeline
+        ).where(runs.c.run_id == run_id)
     ).first()
     out = SourceRows(run_id)
     if config is None:
         return out
     out.initial_state_hash = config[2]
+    out.pipeline = config[3]
     _physical(conn, out)
     ref = reference_of(json.loads(config[0] or "{}"))
     out.chain.append(ref)

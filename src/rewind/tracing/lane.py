@@ -32,6 +32,7 @@ a mutable value.
 
 from __future__ import annotations
 
+import dataclasses
 import marshal
 import threading
 import time
@@ -59,7 +60,15 @@ if TYPE_CHECKING:
     from rewind.tools import Tool
     from rewind.tracing.tracer import Step, Trace
 
-__all__ = ["NOT_SERVED", "Lane", "serve_chat", "serve_tool", "step_data"]
+__all__ = [
+    "NOT_SERVED",
+    "Lane",
+    "ServedData",
+    "serve_chat",
+    "serve_tool",
+    "step_data",
+    "steps_data",
+]
 
 NOT_SERVED = object()
 """What :func:`serve_tool` returns when the step takes the full path."""
@@ -603,8 +612,71 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
     as when the step is still as the lane finished it (status, name, type, parent, errors,
     tokens, and its inputs and attributes as JSON text: the public fields its data is made of),
     else None (its data is built the full way, :meth:`Step.data`)."""
+    if not _as_finished(s):
+        return None
     proven = s._proven
-    if (
+    if step_memo.text_of(s.attributes, sort_keys=False) != proven.attributes_text:
+        return None
+    if step_memo.text_of(s.inputs) != proven.inputs_text:
+        return None
+    return _rebuilt(s), proven.signature
+
+
+def steps_data(steps: list[Step]) -> tuple[list[StepData], dict[int, bytes]]:
+    """The data of each of ``steps`` (:meth:`Step.data`, or for a step served in the lane
+    what :func:`step_data` rebuilds, filled in only when a field besides its position, name,
+    tokens and calls is read: :class:`ServedData`), and ``id(data)`` -> signature of the
+    served ones.
+
+    The inputs and attributes of the served steps are compared with what they were served as
+    in two texts (one orjson call each, a JSON array of the values), not two per step: each
+    element of such an array is a whole JSON value, so two arrays' texts are equal exactly
+    when they are element by element. When they differ (a caller changed a served step),
+    each served step is compared on its own. One pass over the steps (a trace's exit walks
+    them cold from memory)."""
+    out: list[StepData] = []
+    signed: dict[int, bytes] = {}
+    served: list[int] = []
+    inputs: list[Any] = []
+    attributes: list[Any] = []
+    inputs_texts: list[bytes] = []
+    attributes_texts: list[bytes] = []
+    for s in steps:
+        proven = s._proven
+        if proven is None or not _as_finished(s):
+            out.append(s.data())
+            continue
+        served.append(len(out))
+        inputs.append(s.inputs)
+        attributes.append(s.attributes)
+        inputs_texts.append(proven.inputs_text)
+        attributes_texts.append(proven.attributes_text)
+        data = ServedData.of(s)
+        signed[id(data)] = proven.signature
+        out.append(data)
+    if inputs and (
+        step_memo.text_of(inputs) != _joined(inputs_texts)
+        or step_memo.text_of(attributes, sort_keys=False) != _joined(attributes_texts)
+    ):
+        signed = {}
+        for i in served:
+            rebuilt = step_data(steps[i])
+            out[i] = steps[i].data() if rebuilt is None else rebuilt[0]
+            if rebuilt is not None:
+                signed[id(rebuilt[0])] = rebuilt[1]
+    return out, signed
+
+
+def _joined(texts: list[bytes]) -> bytes:
+    """The JSON array of the JSON ``texts``, as orjson writes it (no spaces)."""
+    return b"[" + b",".join(texts) + b"]"
+
+
+def _as_finished(s: Step) -> bool:
+    """Whether a step served in the lane still has the status, name, type, parent, errors,
+    tokens and timing the lane finished it with."""
+    proven = s._proven
+    return not (
         proven is None
         or s.status != StepStatus.SUCCESS
         or s.name != proven.name
@@ -616,13 +688,67 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
         or s.completion_tokens != proven.completion_tokens
         or s.scope is not None
         or s.started_at is None
-    ):
-        return None
-    if step_memo.text_of(s.attributes, sort_keys=False) != proven.attributes_text:
-        return None
-    if step_memo.text_of(s.inputs) != proven.inputs_text:
-        return None
+    )
+
+
+def _rebuilt(s: Step) -> StepData:
+    """The data of a step served in the lane, rebuilt from what it was served as (the caller
+    checked it is still as the lane finished it)."""
     timing = (s.span_id, s.started_at, s.ended_at, s.duration_ms)
     fields = s._lane_fields
     parsed = (s._params, fields) if s._params is not None and fields is not None else None
-    return proven.step_data(s.position, s.inputs, s.attributes, timing, parsed), proven.signature
+    return s._proven.step_data(s.position, s.inputs, s.attributes, timing, parsed)
+
+
+class ServedData(StepData):
+    """The data of a step served in the lane (:func:`steps_data`), whose fields besides its
+    position, name, tokens and calls are filled in when one of them is first read, all at
+    once, with the values :func:`step_data` gives (from the step as it is then: the trace's
+    writer reads it while the trace ends).
+
+    The writer of an unchanged replay reads no other field of a step it stores by reference
+    (its signature is known, :func:`rewind.tracing.store.write_trace`), and rebuilding every
+    step's data was about a fifth of such a trace's exit. Only :meth:`Trace.finish` makes
+    them (a ``chain_end`` callback gets data built the full way)."""
+
+    @classmethod
+    def of(cls, s: Step) -> ServedData:
+        """The data of the served step ``s`` (checked by the caller to be as the lane
+        finished it), its other fields not filled in yet."""
+        proven = s._proven
+        out = object.__new__(cls)
+        out.__dict__.update(
+            position=s.position,
+            name=proven.name,
+            prompt_tokens=proven.prompt_tokens,
+            completion_tokens=proven.completion_tokens,
+            calls=list(proven.calls),
+            _step=s,
+        )
+        return out
+
+    def _fill(self) -> None:
+        """Fill in every field from the step (kept beside them: filling in twice, as two
+        threads reading at once may, sets the same values)."""
+        self.__dict__.update(_rebuilt(self.__dict__["_step"]).__dict__)
+
+
+class _Filled:
+    """A field of :class:`ServedData` read before it is filled in: fills it in (a non-data
+    descriptor: once the field is in the instance's dict, it is read from there)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: ServedData | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return getattr(StepData, self.name, self)
+        obj._fill()
+        return obj.__dict__[self.name]
+
+
+for _field in dataclasses.fields(StepData):
+    if _field.name not in ("position", "name", "prompt_tokens", "completion_tokens", "calls"):
+        setattr(ServedData, _field.name, _Filled(_field.name))

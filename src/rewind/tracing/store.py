@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -134,7 +135,7 @@ def write_trace(
     # Steps a replay of this source (the caller's rows, kept in-process) already proved equal
     # to it need no rows when their data is the same (rewind.tracing.step_memo).
     proven = step_memo.remembered(source, init_hash) if memo_source else []
-    fast, state = _fast_forward(steps, proven, state, signed or {})
+    fast, state, tokens = _fast_forward(steps, proven, state, signed or {})
     parts, states = _rows_from(data, steps[fast:], state, source_states)
     shared = fast + _shared_prefix(data.trace_id, parts, source, start=fast)
     if memo_source and source is not None and shared > fast:
@@ -142,10 +143,6 @@ def write_trace(
             source, init_hash, fast, _proven(steps[fast:shared], states[: shared - fast + 1])
         )
     node_rows = [p[0] for p in parts]
-    tokens = (
-        sum(int(s.prompt_tokens) for s in steps[:fast]),
-        sum(int(s.completion_tokens) for s in steps[:fast]),
-    )
     _absorb(batch, parts[shared - fast :])
     config = {"kind": "trace"} | data.config
     target = _reference_target(source, shared) if shared and source is not None else None
@@ -166,10 +163,10 @@ def write_trace(
     batch.spans.append(_root_span(data, output_hash))
     run_status = run_status_of(data.status)
     trace_error = _trace_error(data)
-    edges = sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
+    edges = _new_edges(data, steps, source, shared)
 
-    def run_row(conn: Connection) -> None:
-        store.create_run(
+    def run_row(conn: Connection) -> dict[str, Any]:
+        values = store.create_run(
             conn,
             run_id=data.trace_id,
             pipeline=data.name,
@@ -190,6 +187,7 @@ def write_trace(
             owner=None,
         )
         store.put_edges(data.name, edges, conn)
+        return values
 
     _drop_named_by_source(blobs, data, source, (init_hash, initial, output_hash))
     batch.spans = pack_span_rows(batch.spans)  # one root row carrying the step spans
@@ -198,18 +196,43 @@ def write_trace(
 
 
 def _write_read_back(store: Store, batch: WriteBatch, run_row: Any, trace_id: str) -> RunRecord:
-    """Write ``batch`` (``run_row`` first) and return the trace's run row, read back in the write
-    transaction (no read transaction after it; a run just created has no audit yet).
+    """Write ``batch`` (``run_row`` first: it inserts the run row and returns the values
+    :meth:`Store.create_run` inserted) and return the trace's run row: as inserted when the
+    store tells it is stored as given (:meth:`Store.run_as_inserted`), else read back in the
+    write transaction (no read transaction after it; a run just created has no audit yet).
 
     Raises:
         StoreError: the write failed (nothing of it is stored).
     """
+    inserted: list[dict[str, Any]] = []
     written: list[RunRecord | None] = []
-    store.write_batch(
-        batch, before=run_row, after=lambda conn: written.append(store.run_in(conn, trace_id))
-    )
+
+    def after(conn: Connection) -> None:
+        run = store.run_as_inserted(inserted[0]) if inserted else None
+        written.append(run if run is not None else store.run_in(conn, trace_id))
+
+    store.write_batch(batch, before=lambda conn: inserted.append(run_row(conn)), after=after)
     run = written[0] if written else None
     return run if run is not None else store.get_run(trace_id)
+
+
+def _new_edges(
+    data: TraceData, steps: list[StepData], source: SourceRows | None, shared: int
+) -> list[tuple[str, str, str]]:
+    """The trace's graph edges (step name to the next step's), or none when its source holds
+    them all: every step of the trace is one of the source's first ``shared`` ones (stored by
+    reference to them: the same node rows, names included), under the same pipeline. The
+    source's run row was written with its edges (these pairs among them) in one transaction,
+    and edge rows are never deleted: writing them again would insert nothing (two statements
+    of an unchanged replay's exit)."""
+    if (
+        source is not None
+        and source.pipeline == data.name
+        and shared == len(steps)
+        and shared <= len(source.nodes)
+    ):
+        return []
+    return sorted({(a.name, b.name, "default") for a, b in itertools.pairwise(steps)})
 
 
 def _drop_named_by_source(
@@ -241,13 +264,20 @@ def _drop_named_by_source(
 
 def _steps_in_order(data: TraceData) -> list[StepData]:
     """The trace's steps by position. Raises StoreError: positions are not 0..n-1."""
-    steps = sorted(data.steps, key=lambda s: s.position)
-    if [s.position for s in steps] != list(range(len(steps))):
+    steps = list(data.steps)
+    positions = list(map(_POSITION, steps))
+    if positions != list(range(len(steps))):  # a tracer's steps are in order already
+        steps.sort(key=_POSITION)
+        positions = list(map(_POSITION, steps))
+    if positions != list(range(len(steps))):
         raise StoreError(
             f"trace {data.trace_id} has step positions {[s.position for s in steps]}",
             "positions must be 0, 1, 2, ... in execution order",
         )
     return steps
+
+
+_POSITION = operator.attrgetter("position")
 
 
 def _rows_from(
@@ -300,24 +330,26 @@ def _fast_forward(
     proven: list[tuple[bytes, dict[str, str], step_memo.Proven | None]],
     state: dict[str, str],
     signed: dict[int, bytes],
-) -> tuple[int, dict[str, str]]:
+) -> tuple[int, dict[str, str], tuple[int, int]]:
     """(how many leading ``steps`` match the remembered ``proven`` ones by signature, the
-    state after them): ``state`` with the fields those steps changed folded in
-    (:mod:`rewind.tracing.step_memo`). ``signed``: the signatures known already, by
-    ``id(step)``."""
-    fast = 0
+    state after them, their prompt and completion tokens): ``state`` with the fields those
+    steps changed folded in (:mod:`rewind.tracing.step_memo`). ``signed``: the signatures
+    known already, by ``id(step)``."""
+    fast = prompt = completion = 0
     folded: dict[str, str] | None = None
-    while fast < len(steps) and fast < len(proven):
-        sig = signed.get(id(steps[fast]))
+    for s, (remembered, changed, _step) in zip(steps, proven, strict=False):
+        sig = signed.get(id(s))
         if sig is None:
-            sig = step_memo.signature(steps[fast])
-        if sig != proven[fast][0]:
+            sig = step_memo.signature(s)
+        if sig != remembered:
             break
-        if proven[fast][1]:  # the state fields the step changed
+        if changed:  # the state fields the step changed
             folded = dict(state) if folded is None else folded
-            folded.update(proven[fast][1])
+            folded.update(changed)
+        prompt += int(s.prompt_tokens)
+        completion += int(s.completion_tokens)
         fast += 1
-    return fast, folded if folded is not None else state
+    return fast, folded if folded is not None else state, (prompt, completion)
 
 
 def _early_rows(

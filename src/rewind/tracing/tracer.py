@@ -793,7 +793,7 @@ class Trace:
         finally:
             # The calls this trace executed shared their results with concurrent replays
             # (rewind.cache's single flight) until their cache rows were committed: now.
-            release_flights(self.run_context.store, [c.key for s in data.steps for c in s.calls])
+            release_flights(self.run_context.store, (c.key for s in data.steps for c in s.calls))
             for fn in self.callbacks.chain_end:
                 self._notify(fn, trace=data, record=self.record)
         return self.record
@@ -862,19 +862,14 @@ class Trace:
     def _data(self, *, lane: bool) -> tuple[TraceData, dict[int, bytes]]:
         """The trace as the store writes it, and ``id(step data)`` -> signature of the steps
         served in the lane (``lane``: rebuilt from what they were served as, which the writer
-        need not sign again, see :func:`rewind.tracing.lane.step_data`)."""
+        need not sign again, see :func:`rewind.tracing.lane.steps_data`)."""
         config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
-        signed: dict[int, bytes] = {}
-        steps = []
-        for s in self.steps:
-            rebuilt = _lane.step_data(s) if lane and s._proven is not None else None
-            if rebuilt is None:
-                steps.append(s.data())
-            else:
-                steps.append(rebuilt[0])
-                signed[id(rebuilt[0])] = rebuilt[1]
+        if lane:
+            steps, signed = _lane.steps_data(self.steps)
+        else:
+            steps, signed = [s.data() for s in self.steps], {}
         trace = TraceData(
             trace_id=self.trace_id,
             name=self.name,
