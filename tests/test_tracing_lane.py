@@ -773,3 +773,38 @@ def test_served_step_data_fills_in_what_step_data_and_the_full_path_give(
     steps[3].inputs["numbers"] = steps[3].inputs["numbers"][:-1]
     steps[4].inputs["messages"] = list(steps[4].inputs["messages"])
     assert len(lane.steps_data(steps)[1]) == len(steps)  # equal again, as JSON
+
+
+def test_a_served_step_is_held_as_a_record_until_the_traces_steps_are_read(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """The lane keeps a served step as a Served record; reading the trace's steps makes each
+    a Step once (the same object at every later read), whose data is the record's, and the
+    trace's exit rebuilds an unread record's data as the Step's."""
+    _, client = stub_client
+    history(tmp_path, client)
+    held: list[Any] = []
+
+    def block() -> str:
+        from rewind.tracing import current_trace
+
+        digest = agent()
+        trace = current_trace()
+        assert trace is not None
+        held.extend(trace._steps)
+        return digest
+
+    t, _ = run(tmp_path, client, block)
+    assert len(held) == 2 * N and all(type(r) is lane.Served for r in held)
+    records, signed = lane.steps_data(held)
+    steps = t.steps
+    assert [id(s) for s in steps] == [id(s) for s in t.steps]  # made once
+    assert all(
+        type(s) is not lane.Served and s._proven is r.proven
+        for s, r in zip(steps, held, strict=True)
+    )
+    from_steps, signed_steps = lane.steps_data(steps)
+    assert [signed[id(d)] for d in records] == [signed_steps[id(d)] for d in from_steps]
+    for r, s, data in zip(held, steps, records, strict=True):
+        assert (s.span_id, s.started_at, s.output) == (r.span_id, r.started_at, r.output)
+        assert dataclasses.asdict(data) == dataclasses.asdict(s.data())

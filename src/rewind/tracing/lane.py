@@ -11,9 +11,10 @@ that started it, with the same name, type, inputs (as a signature sees them), ca
 same answer available from the source (its lineage entry at that position, read ahead). Such a
 step is not run through a node scope and the cache: its answer is the bytes the source's call
 recorded, and its :class:`~rewind.tracing.tracer.Step` is made finished, with the values the
-remembered step had (fresh copies) and its own span id and timing. Its data is therefore what
-the full path would have produced, and the trace is written by the usual writer (stored by
-reference when every step matched).
+remembered step had (fresh copies) and its own span id and timing, when something first reads
+the trace's steps (until then the trace holds a :class:`Served` record of it). Its data is
+therefore what the full path would have produced, and the trace is written by the usual writer
+(stored by reference when every step matched).
 
 The first step that is not served this way (anything else: another request, a miss, a step
 opened any other way, nesting, another thread, an async step, a user attribute on the step
@@ -63,11 +64,13 @@ if TYPE_CHECKING:
 __all__ = [
     "NOT_SERVED",
     "Lane",
+    "Served",
     "ServedData",
     "serve_chat",
     "serve_tool",
     "step_data",
     "steps_data",
+    "steps_of",
 ]
 
 NOT_SERVED = object()
@@ -185,10 +188,16 @@ _Call = tuple[str, str, str, str, str, str, bytes | None]
 inputs as :func:`step_memo.text_of` writes them, None when they are not plain JSON)."""
 
 
-def _answer(trace: Trace, c: _Call) -> tuple[int, step_memo.Proven, CallRecord, bytes] | None:
-    """(position, the remembered step there, its one call, the result bytes) when the step
-    about to make the call ``c`` is, at the next position, the remembered step and its call,
-    and the source's answer to that call is at hand; else None (the full path)."""
+_Found = tuple[int, step_memo.Proven, CallRecord, bytes, Any]
+"""What :func:`_answer` finds: (position, the remembered step there, its one call, the result
+bytes, the remembered output as :func:`_remembered` gives it)."""
+
+
+def _answer(trace: Trace, c: _Call) -> _Found | None:
+    """(position, the remembered step there, its one call, the result bytes, its remembered
+    output) when the step about to make the call ``c`` is, at the next position, the
+    remembered step and its call, and the source's answer to that call is at hand; else None
+    (the full path)."""
     key = c[2]
     lane = _lane(trace, c[3], key)
     ctx = trace._ctx
@@ -198,7 +207,7 @@ def _answer(trace: Trace, c: _Call) -> tuple[int, step_memo.Proven, CallRecord, 
     remembered = _remembered(lane, p, c)
     if remembered is None or key in ctx.recent:
         return None
-    proven, call = remembered
+    proven, call, output = remembered
     # What rewind.cache._lookup serves first: the source's call at this position.
     entry = ctx.lineage_at.get((p, key))
     if entry is None or entry.result_hash != call.result_hash:
@@ -206,31 +215,44 @@ def _answer(trace: Trace, c: _Call) -> tuple[int, step_memo.Proven, CallRecord, 
     data = ctx.lineage_blobs.get(call.result_hash)
     if data is None or entry.produced_at != call.produced_at:
         return None
-    return p, proven, call, data
+    return p, proven, call, data, output
 
 
-def _remembered(lane: Lane, p: int, c: _Call) -> tuple[step_memo.Proven, CallRecord] | None:
-    """(the remembered step at position ``p``, its one call) when they are the step and call
-    ``c`` served from the cache (a hit, 0 ms) with ``c``'s inputs, else None."""
+def _remembered(lane: Lane, p: int, c: _Call) -> tuple[step_memo.Proven, CallRecord, Any] | None:
+    """(the remembered step at position ``p``, its one call, its output when it is a string,
+    an int of at most 63 bits, a bool or None, else ``_NOT_SAME``) when they are the step and
+    call ``c`` served from the cache (a hit, 0 ms) with ``c``'s inputs, else None."""
     proven = lane.proven[p] if p < len(lane.proven) else None
     if proven is None:
         return None
     held = _EXPECTED.get(id(proven))
     if held is None or held[0] is not proven:
-        held = (proven, _expected(proven))
+        held = (proven, _expected(proven), _scalar_output(proven))
         if len(_EXPECTED) >= EXPECTED_KEPT:
             _EXPECTED.clear()
         _EXPECTED[id(proven)] = held
     expected = held[1]
     if expected is None or expected != c:
         return None
-    return proven, proven.calls[0]
+    return proven, proven.calls[0], held[2]
 
 
 EXPECTED_KEPT = 4096
 """How many remembered steps' expected calls (:func:`_expected`) this process keeps."""
 
-_EXPECTED: dict[int, tuple[step_memo.Proven, tuple[Any, ...] | None]] = {}
+_EXPECTED: dict[int, tuple[step_memo.Proven, tuple[Any, ...] | None, Any]] = {}
+
+
+def _scalar_output(proven: step_memo.Proven) -> Any:
+    """The remembered step's output, read from its text, when it is a string, an int of at
+    most 63 bits, a bool or None (an immutable value, kept per remembered step: what
+    :func:`_same_output` takes as is), else ``_NOT_SAME`` (outputs are compared as text)."""
+    fields = orjson.loads(proven.fields_text)
+    value = fields.get(proven.name, _NOT_SAME) if type(fields) is dict else _NOT_SAME
+    t = type(value)
+    if t is str or t is bool or value is None or (t is int and -_INT_BOUND < value < _INT_BOUND):
+        return value
+    return _NOT_SAME
 
 
 def _expected(proven: step_memo.Proven) -> tuple[Any, ...] | None:
@@ -266,7 +288,7 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     made = _chat_request(request, client.endpoint.model)
     if made is None:  # not plain: the clock is not read (as before the lane took any request)
         return None
-    started, perf = trace.clock(), time.perf_counter()
+    perf = (trace.clock(), time.perf_counter())
     inputs_text, key, request_bytes, model, determinism = made
     found = _answer(trace, (name, _LLM, key, "llm", model, determinism, inputs_text))
     if found is None:
@@ -274,8 +296,8 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     response = _response(found[3])
     if response is None:
         return None
-    inputs = orjson.loads(inputs_text)  # the plain copy, read from its text (_chat_request)
-    served = _finish(trace, inputs, request_bytes, found, response.content, (started, perf))
+    # The inputs: the plain copy, read from its text (_chat_request) when the step is read.
+    served = _finish(trace, None, inputs_text, request_bytes, found, response.content, perf)
     return response if served else None
 
 
@@ -413,7 +435,7 @@ def serve_tool(
     kwargs: dict[str, Any],
 ) -> Any:
     """A ``@step``-wrapped tool's step served in the lane, or :data:`NOT_SERVED`."""
-    started, perf = trace.clock(), time.perf_counter()
+    perf = (trace.clock(), time.perf_counter())
     ctx = trace._ctx
     if (
         ctx is None
@@ -436,9 +458,8 @@ def serve_tool(
         value = _value(found[3])
     except ValueError:
         return NOT_SERVED
-    if inputs is None:
-        inputs = orjson.loads(request)  # the plain copy, read from its text (_tool_call)
-    served = _finish(trace, inputs, request, found, value, (started, perf))
+    # Inputs None: the plain copy, read from its text (_tool_call) when the step is read.
+    served = _finish(trace, inputs, request, request, found, value, perf)
     return value if served else NOT_SERVED
 
 
@@ -534,45 +555,119 @@ def _tool_request(
     return inputs, step_memo.text_of(inputs), canonical_bytes(tool.key_args(bound))
 
 
+class Served:
+    """A step served in the lane, as its trace holds it until one of the trace's steps is read
+    (:func:`steps_of`): what its :class:`~rewind.tracing.tracer.Step` is made of, no more.
+
+    Nothing outside the trace can reach such a step before it is read (the lane hands out the
+    answer, never the step, and sets no current step), so its values are still the ones it was
+    served with; the Step is made, with fresh values read from the remembered texts, only when
+    something reads the trace's steps (:attr:`Trace.steps <rewind.tracing.tracer.Trace.steps>`),
+    and at the trace's exit an unread step's data is rebuilt from this record alone."""
+
+    __slots__ = (
+        "call",
+        "duration_ms",
+        "inputs",
+        "inputs_text",
+        "output",
+        "position",
+        "proven",
+        "snapshot",
+        "span_id",
+        "started_at",
+    )
+
+    def __init__(
+        self,
+        position: int,
+        proven: step_memo.Proven,
+        call: CallRecord,
+        inputs: tuple[dict[str, Any] | None, bytes],
+        output: tuple[Any, Any],
+        timing: tuple[str, float, float],
+    ) -> None:
+        self.position = position
+        self.proven = proven
+        self.call = call
+        self.inputs, self.inputs_text = inputs
+        self.output, self.snapshot = output
+        self.span_id, self.started_at, self.duration_ms = timing
+
+    def step(self, trace: Trace) -> Step:
+        """The step of ``trace`` this record stands for, made finished as the lane served it
+        (its inputs, params, fields and attributes fresh objects of its own)."""
+        proven = self.proven
+        params, fields, attributes = orjson.loads(proven.rest_text)
+        inputs = self.inputs if self.inputs is not None else orjson.loads(self.inputs_text)
+        s = _tracer().Step(
+            trace, proven.name, proven.step_type, inputs, attributes, self.position, ROOT_POSITION
+        )
+        s.attributes = attributes  # Step copies them: these are this step's own already
+        s.span_id = self.span_id
+        s.status = StepStatus.SUCCESS
+        s.output = self.output
+        s.started_at = self.started_at
+        s.ended_at = self.started_at + self.duration_ms / 1000.0
+        s.duration_ms = self.duration_ms
+        s.prompt_tokens = proven.prompt_tokens
+        s.completion_tokens = proven.completion_tokens
+        _set_finished(s, params, [self.call], self.snapshot)
+        s._proven = proven
+        s._lane_fields = fields  # read once, this step's own: step_data uses them
+        return s
+
+    def data(self) -> StepData:
+        """The step's data, as :func:`step_data` rebuilds it from the step :meth:`step`
+        makes (fresh values, read from the remembered texts)."""
+        proven = self.proven
+        params, fields, attributes = orjson.loads(proven.rest_text)
+        inputs = self.inputs if self.inputs is not None else orjson.loads(self.inputs_text)
+        started = self.started_at
+        timing = (self.span_id, started, started + self.duration_ms / 1000.0, self.duration_ms)
+        return proven.step_data(self.position, inputs, attributes, timing, (params, fields))
+
+
+def steps_of(trace: Trace) -> list[Step]:
+    """The trace's steps, by position, each :class:`Served` record among them made a Step
+    (once: the trace keeps that Step in its place). The caller holds the trace's lock."""
+    steps = trace._steps
+    for i, s in enumerate(steps):
+        if type(s) is Served:
+            steps[i] = s.step(trace)
+    return list(steps)
+
+
 def _finish(
     trace: Trace,
-    inputs: dict[str, Any],
+    inputs: dict[str, Any] | None,
+    inputs_text: bytes,
     request: bytes,
-    found: tuple[int, step_memo.Proven, CallRecord, bytes],
+    found: _Found,
     output: Any,
     clock: tuple[float, float],
 ) -> bool:
-    """Add the finished step at the position found (False, nothing added: the output is not
-    the remembered one, or another step took the position meanwhile). ``inputs``: the step's
-    own; ``request``: the call's request bytes; ``clock``: the unix and perf-counter seconds
-    the step started at."""
-    p, proven, call, data = found
-    name = proven.name
-    # orjson's own text (step_memo.text_of), which it reads back exactly.
-    params, fields, attributes = orjson.loads(proven.rest_text)
-    snapshot = _same_output(output, fields.get(name))
+    """Add the finished step at the position found, as a :class:`Served` record (False,
+    nothing added: the output is not the remembered one, or another step took the position
+    meanwhile). ``inputs``: the step's own, or None: ``orjson.loads(inputs_text)``, read
+    when the step is; ``request``: the call's request bytes; ``clock``: the unix and
+    perf-counter seconds the step started at."""
+    p, proven, call, data, remembered = found
+    snapshot = _same_output(output, remembered)
     if snapshot is _NOT_SAME:
         snapshot = jsonable(output)
-        if step_memo.text_of({name: snapshot}, sort_keys=False) != proven.fields_text:
+        if step_memo.text_of({proven.name: snapshot}, sort_keys=False) != proven.fields_text:
             return False
     started, perf = clock
-    s = _tracer().Step(trace, name, proven.step_type, inputs, attributes, p, ROOT_POSITION)
-    s.attributes = attributes  # Step copies them: these are this step's own already
+    span_id = _tracer().new_span_id()
     duration = (time.perf_counter() - perf) * 1000.0
-    s.status = StepStatus.SUCCESS
-    s.output = output
-    s.started_at = started
-    s.ended_at = started + duration / 1000.0
-    s.duration_ms = duration
-    s.prompt_tokens = proven.prompt_tokens
-    s.completion_tokens = proven.completion_tokens
-    _set_finished(s, params, [call], snapshot)
-    s._proven = proven
-    s._lane_fields = fields  # read once, this step's own: step_data uses them
+    record = Served(
+        p, proven, call, (inputs, inputs_text), (output, snapshot), (span_id, started, duration)
+    )
     with trace._lock:
         if trace._lane_off or len(trace._steps) != p:
             return False
-        trace._steps.append(s)
+        trace._steps.append(record)
     ctx = trace._ctx
     if ctx is not None and ctx.served is not None:
         # Kept as rewind.cache._hit keeps it, in case the source leaves the store.
@@ -622,11 +717,12 @@ def step_data(s: Step) -> tuple[StepData, bytes] | None:
     return _rebuilt(s), proven.signature
 
 
-def steps_data(steps: list[Step]) -> tuple[list[StepData], dict[int, bytes]]:
+def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, bytes]]:
     """The data of each of ``steps`` (:meth:`Step.data`, or for a step served in the lane
     what :func:`step_data` rebuilds, filled in only when a field besides its position, name,
     tokens and calls is read: :class:`ServedData`), and ``id(data)`` -> signature of the
-    served ones.
+    served ones. A :class:`Served` record (a step nothing read) is as it was served: its
+    data is rebuilt from it (:meth:`Served.data`), unchecked.
 
     The inputs and attributes of the served steps are compared with what they were served as
     in two texts (one orjson call each, a JSON array of the values), not two per step: each
@@ -636,12 +732,18 @@ def steps_data(steps: list[Step]) -> tuple[list[StepData], dict[int, bytes]]:
     them cold from memory)."""
     out: list[StepData] = []
     signed: dict[int, bytes] = {}
+    unread: dict[int, bytes] = {}  # the Served records' data: as they were served
     served: list[int] = []
     inputs: list[Any] = []
     attributes: list[Any] = []
     inputs_texts: list[bytes] = []
     attributes_texts: list[bytes] = []
     for s in steps:
+        if type(s) is Served:
+            data = ServedData.of(s)
+            unread[id(data)] = s.proven.signature
+            out.append(data)
+            continue
         proven = s._proven
         if proven is None or not _as_finished(s):
             out.append(s.data())
@@ -664,6 +766,8 @@ def steps_data(steps: list[Step]) -> tuple[list[StepData], dict[int, bytes]]:
             out[i] = steps[i].data() if rebuilt is None else rebuilt[0]
             if rebuilt is not None:
                 signed[id(rebuilt[0])] = rebuilt[1]
+    if unread:
+        signed.update(unread)
     return out, signed
 
 
@@ -712,10 +816,10 @@ class ServedData(StepData):
     them (a ``chain_end`` callback gets data built the full way)."""
 
     @classmethod
-    def of(cls, s: Step) -> ServedData:
-        """The data of the served step ``s`` (checked by the caller to be as the lane
-        finished it), its other fields not filled in yet."""
-        proven = s._proven
+    def of(cls, s: Step | Served) -> ServedData:
+        """The data of the served step ``s`` (a Step checked by the caller to be as the lane
+        finished it, or a :class:`Served` record), its other fields not filled in yet."""
+        proven = s.proven if type(s) is Served else s._proven
         out = object.__new__(cls)
         out.__dict__.update(
             position=s.position,
@@ -730,7 +834,8 @@ class ServedData(StepData):
     def _fill(self) -> None:
         """Fill in every field from the step (kept beside them: filling in twice, as two
         threads reading at once may, sets the same values)."""
-        self.__dict__.update(_rebuilt(self.__dict__["_step"]).__dict__)
+        step = self.__dict__["_step"]
+        self.__dict__.update((step.data() if type(step) is Served else _rebuilt(step)).__dict__)
 
 
 class _Filled:

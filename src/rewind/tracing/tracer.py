@@ -675,7 +675,8 @@ class Trace:
         self._ctx = run_context
         self._chat_client = chat_client
         self._read_cache = read_cache
-        self._steps: list[Step] = []
+        # (and the lane's records of steps it served, made Steps when read: see self.steps)
+        self._steps: list[Step | _lane.Served] = []
         self._lock = threading.Lock()
         self._perf = 0.0
         self._tokens: list[contextvars.Token[Any]] = []
@@ -732,7 +733,7 @@ class Trace:
     def steps(self) -> list[Step]:
         """The steps created so far, by position."""
         with self._lock:
-            return list(self._steps)
+            return _lane.steps_of(self)
 
     def __enter__(self) -> Trace:
         self.start()
@@ -867,7 +868,9 @@ class Trace:
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
         if lane:
-            steps, signed = _lane.steps_data(self.steps)
+            with self._lock:  # the steps served in the lane and not read since: as records
+                held = list(self._steps)
+            steps, signed = _lane.steps_data(held)
         else:
             steps, signed = [s.data() for s in self.steps], {}
         trace = TraceData(
