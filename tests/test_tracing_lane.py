@@ -780,7 +780,8 @@ def test_a_served_step_is_held_as_a_record_until_the_traces_steps_are_read(
 ) -> None:
     """The lane keeps a served step as a Served record; reading the trace's steps makes each
     a Step once (the same object at every later read), whose data is the record's, and the
-    trace's exit rebuilds an unread record's data as the Step's."""
+    trace's exit rebuilds an unread record's data as the Step's. A record's span id is drawn
+    when first read (an unchanged replay's exit reads none), then kept."""
     _, client = stub_client
     history(tmp_path, client)
     held: list[Any] = []
@@ -796,8 +797,13 @@ def test_a_served_step_is_held_as_a_record_until_the_traces_steps_are_read(
 
     t, _ = run(tmp_path, client, block)
     assert len(held) == 2 * N and all(type(r) is lane.Served for r in held)
+    # stored by reference: its exit drew no span id for the steps
+    assert t.record.config["reference"]["all"] is True
+    assert all(r.span_id is None for r in held)
     records, signed = lane.steps_data(held)
+    first = records[0].span_id  # drawn now, then the one the Step made later has
     steps = t.steps
+    assert steps[0].span_id == first and len({s.span_id for s in steps}) == 2 * N
     assert [id(s) for s in steps] == [id(s) for s in t.steps]  # made once
     assert all(
         type(s) is not lane.Served and s._proven is r.proven

@@ -585,14 +585,27 @@ class Served:
         call: CallRecord,
         inputs: tuple[dict[str, Any] | None, bytes],
         output: tuple[Any, Any],
-        timing: tuple[str, float, float],
+        timing: tuple[float, float],
     ) -> None:
         self.position = position
         self.proven = proven
         self.call = call
         self.inputs, self.inputs_text = inputs
         self.output, self.snapshot = output
-        self.span_id, self.started_at, self.duration_ms = timing
+        self.started_at, self.duration_ms = timing
+        self.span_id: str | None = None
+
+    def _span_id(self) -> str:
+        """The step's span id, drawn when first asked for (the writer of a replay stored by
+        reference never asks: the source's spans stand for its steps), then kept: every
+        Step and data made of this record carry the same one."""
+        span_id = self.span_id
+        if span_id is None:
+            with _SPAN_LOCK:
+                span_id = self.span_id
+                if span_id is None:
+                    span_id = self.span_id = _tracer().new_span_id()
+        return span_id
 
     def step(self, trace: Trace) -> Step:
         """The step of ``trace`` this record stands for, made finished as the lane served it
@@ -604,7 +617,7 @@ class Served:
             trace, proven.name, proven.step_type, inputs, attributes, self.position, ROOT_POSITION
         )
         s.attributes = attributes  # Step copies them: these are this step's own already
-        s.span_id = self.span_id
+        s.span_id = self._span_id()
         s.status = StepStatus.SUCCESS
         s.output = self.output
         s.started_at = self.started_at
@@ -624,8 +637,12 @@ class Served:
         params, fields, attributes = orjson.loads(proven.rest_text)
         inputs = self.inputs if self.inputs is not None else orjson.loads(self.inputs_text)
         started = self.started_at
-        timing = (self.span_id, started, started + self.duration_ms / 1000.0, self.duration_ms)
+        ended = started + self.duration_ms / 1000.0
+        timing = (self._span_id(), started, ended, self.duration_ms)
         return proven.step_data(self.position, inputs, attributes, timing, (params, fields))
+
+
+_SPAN_LOCK = threading.Lock()
 
 
 def steps_of(trace: Trace) -> list[Step]:
@@ -659,11 +676,8 @@ def _finish(
         if step_memo.text_of({proven.name: snapshot}, sort_keys=False) != proven.fields_text:
             return False
     started, perf = clock
-    span_id = _tracer().new_span_id()
     duration = (time.perf_counter() - perf) * 1000.0
-    record = Served(
-        p, proven, call, (inputs, inputs_text), (output, snapshot), (span_id, started, duration)
-    )
+    record = Served(p, proven, call, (inputs, inputs_text), (output, snapshot), (started, duration))
     with trace._lock:
         if trace._lane_off or len(trace._steps) != p:
             return False
