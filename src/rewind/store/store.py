@@ -233,16 +233,6 @@ class Store:
         self._known_lock = threading.Lock()
         self._blob_epoch: str | None = None
         self._epoch_ready = False  # meta.blob_epoch exists only once the migrations ran
-        # (partition key, app id) -> (sequence id, fields, delta depth) of the last state row
-        # this instance committed: the base of the next row's delta (see state_deltas).
-        self._state_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
-        self._edges_written: set[tuple[str, tuple[tuple[str, ...], ...]]] = set()
-        # The SQLite file what this instance remembers was learned on (see _same_file): held
-        # open from the first write, so that its inode is not reused while it is remembered.
-        database = engine.url.database if self._wal and not read_only else None
-        self._db_file = database if database and database != ":memory:" else None
-        self._db_held: _HeldFile | None = None
-        self._files_seen = 0  # how many times _same_file found another file
         try:
             if read_only:
                 self._check_schema()
@@ -271,6 +261,10 @@ class Store:
         self._insert_node = insert(schema.nodes)
         self._insert_call = insert(schema.calls)
         self._bulk_sql = _sqlite_bulk_sql() if dialect == "sqlite" else None
+        # (partition key, app id) -> (sequence id, fields, delta depth) of the last state row
+        # this instance committed: the base of the next row's delta (see state_deltas).
+        self._state_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
+        self._edges_written: set[tuple[str, tuple[tuple[str, ...], ...]]] = set()
         self._epoch_ready = not read_only
         _OPEN_STORES.add(self)
 
@@ -294,40 +288,11 @@ class Store:
                 "run a command that records (or open the store without read_only)",
             )
         with self.engine.connect().execution_options(immediate=True) as conn, conn.begin():
-            if self._db_file is not None:
-                self._same_file()
             if blobs or self._bulk_sql is None:
                 self._enter_write(conn)
             yield conn
         if self._wal:  # SQLite: its WAL is checkpointed off this thread (store.checkpoint)
             CHECKPOINTER.wrote(self.engine)
-
-    def _same_file(self) -> None:
-        """Forget what this instance remembers of the database (blobs stored, state rows'
-        tails, edges written) when its SQLite file is no longer the one it learned them on:
-        the path was deleted and created again (another store opened on it since then makes
-        this engine's new connections open the new file). Trusting them there would write rows
-        naming blobs the new file lacks (a damaged store) or state deltas of rows it does not
-        hold. The file is told apart by its inode, held open from the first write (until
-        :meth:`close`, which forgets too) so that no new file takes it: a ``stat`` per write
-        transaction (~1 us), and one descriptor per store that wrote. A store's first write
-        (nothing remembered yet) only starts holding its file."""
-        held = self._db_held
-        if held is not None and held.identity == _file_identity(self._db_file):
-            return
-        with self._known_lock:
-            if held is not None or self._known_blobs or self._state_tails or self._edges_written:
-                self._forget()
-                self._files_seen += 1
-            self._db_held = _HeldFile.open(self._db_file)
-        if held is not None:
-            held.close()
-
-    def _forget(self) -> None:
-        """Drop what this instance remembers of the database (under ``_known_lock``)."""
-        self._known_blobs.clear()
-        self._state_tails.clear()
-        self._edges_written.clear()
 
     def _enter_write(self, conn: Connection) -> None:
         """Order this write transaction against ``rewind gc`` and notice when a gc deleted blobs.
@@ -428,13 +393,6 @@ class Store:
             progress.store_closing(self)
         checkpoint_on_close(self.engine)
         close_connections(self.engine)
-        if self._db_file is not None:
-            # The file is no longer held: what was learned on it is not trusted after this.
-            with self._known_lock:
-                held, self._db_held = self._db_held, None
-                self._forget()
-            if held is not None:
-                held.close()
 
     # -- blobs --------------------------------------------------------------------------------
     def put_blob(self, conn: Connection, data: bytes) -> str:
@@ -639,7 +597,7 @@ class Store:
         """
         if not batch and before is None and after is None:
             return
-        epoch = (self._blob_epoch, self._files_seen)
+        epoch = self._blob_epoch
         new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows, packs = self._blob_rows(new, batch.packs)
@@ -650,9 +608,8 @@ class Store:
                 # First: a run row naming a parent the same gc archived fails as ParentMissing
                 # (a trace replay is then stored unlinked), not as a blob its source held.
                 before(conn)
-            if (self._blob_epoch, self._files_seen) != epoch:
-                # A gc deleted blobs since the rows were built (or the store's file is another
-                # one, _same_file): write every blob of the batch
+            if self._blob_epoch != epoch:
+                # A gc deleted blobs since the rows were built: write every blob of the batch
                 # (insert-or-ignore; objects uploaded again under the lock) and make sure the
                 # blobs the batch only refers to are still there.
                 new = dict(batch.blobs)
@@ -1492,8 +1449,6 @@ class Store:
         # Every record of a pipeline writes its edges; rows are never deleted, so edges this
         # instance committed once are not written (a write transaction of their own) again.
         written = (pipeline, tuple(tuple(r.values()) for r in rows))
-        if self._db_file is not None:
-            self._same_file()
         if written in self._edges_written:
             return
         with self.write() as own:
@@ -2573,40 +2528,6 @@ def _revision_and_version(conn: Connection) -> tuple[str | None, str | None]:
         return revision, version if revision == migrate.HEAD else None
     revision = migrate.current_revision(conn)
     return revision, _schema_version(conn) if revision == migrate.HEAD else None
-
-
-class _HeldFile:
-    """A file held open (a descriptor, closed by :meth:`close` or when collected) and its
-    (device, inode): while it is open, no file created later takes its inode."""
-
-    __slots__ = ("__weakref__", "_closer", "identity")
-
-    def __init__(self, fd: int) -> None:
-        st = os.fstat(fd)
-        self.identity: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        self._closer = weakref.finalize(self, os.close, fd)
-
-    @classmethod
-    def open(cls, path: str | None) -> _HeldFile | None:
-        """The file at ``path`` held open, or None when it cannot be opened."""
-        try:
-            fd = os.open(path, os.O_RDONLY) if path else None
-        except OSError:
-            return None
-        return None if fd is None else cls(fd)
-
-    def close(self) -> None:
-        """Close the descriptor (once)."""
-        self._closer()
-
-
-def _file_identity(path: str | None) -> tuple[int, int] | None:
-    """(device, inode) of the file at ``path``, or None when there is none."""
-    try:
-        st = os.stat(path) if path else None
-    except OSError:
-        return None
-    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def _sqlite_revision_and_version(engine: Engine) -> tuple[str | None, str | None]:
