@@ -255,3 +255,15 @@ def test_text_of_refuses_what_orjson_writes_as_null_but_is_not_none() -> None:
     assert (
         step_memo.text_of({"v": None, "w": [None, 1.5, -0.0]}) == b'{"v":null,"w":[null,1.5,-0.0]}'
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (atk30): orjson writes a uuid.UUID as its string natively (no passthrough "
+    "option), while canonical hashing refuses it: a step given a UUID where the proven steps "
+    "had its string is stored by reference as the string, where a recording refuses it",
+)
+def test_text_of_refuses_a_uuid_which_the_hashes_refuse() -> None:
+    import uuid
+
+    assert step_memo.text_of({"v": uuid.UUID(int=1)}) is None
