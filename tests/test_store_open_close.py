@@ -88,21 +88,14 @@ def _payload(x: int) -> dict[str, str]:
     return {"v": f"payload-{x}"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug (atk30): a Store's known-blob memory is not tied to the file it was "
-    "learned on; telling a re-created file apart needs an id stored in the database (its "
-    "inode is reused; holding the file open to pin it is unsafe: closing that descriptor "
-    "drops SQLite's POSIX locks)",
-)
 def test_a_store_kept_open_while_its_file_is_deleted_and_created_again_writes_every_blob(
     tmp_path: Path,
 ) -> None:
     """A Store (here a Tracer's, kept for many traces) remembers the blobs it wrote. When its
     file is deleted and another store creates it again in this process, the engine's next
     connections open the new file: the remembered blobs are not in it, and trusting them
-    writes rows naming missing blobs (a damaged store: "blob ... is missing"). Every blob must
-    be written to the new file."""
+    wrote rows naming missing blobs (a damaged store: "blob ... is missing"). The write sees
+    the other file (meta.store_id) and writes every blob to it."""
     import rewind
     from rewind.tracing import Tracer, step
     from rewind.tracing.store import load_trace
