@@ -82,3 +82,47 @@ def test_a_foreign_sqlite_file_gets_the_schema_beside_its_own_tables(tmp_path: P
     store.close()
     with sqlite3.connect(tmp_path / "rewind.db") as conn:
         assert conn.execute("SELECT a FROM theirs").fetchall() == [(1,)]
+
+
+def _payload(x: int) -> dict[str, str]:
+    return {"v": f"payload-{x}"}
+
+
+def test_a_store_kept_open_while_its_file_is_deleted_and_created_again_writes_every_blob(
+    tmp_path: Path,
+) -> None:
+    """A Store (here a Tracer's, kept for many traces) remembers the blobs it wrote. When its
+    file is deleted and another store creates it again in this process, the engine's next
+    connections open the new file: the remembered blobs are not in it, and trusting them
+    wrote rows naming missing blobs (a damaged store: "blob ... is missing"). The write sees
+    the other file (meta.store_id) and writes every blob to it."""
+    import rewind
+    from rewind.tracing import Tracer, step
+    from rewind.tracing.store import load_trace
+
+    tool = step("payload", "tool_call")(rewind.tool("open_close_payload")(_payload))
+    store = open_store(tmp_path)
+    kept = Tracer(store)
+    try:
+        with kept.trace("kept"):
+            for i in range(3):
+                tool(i)
+        for p in list(tmp_path.iterdir()):
+            if p.name.startswith("rewind.db"):
+                p.unlink()
+        other = Tracer(tmp_path)  # creates the file again (and closes the pool's connections)
+        with other.trace("other"):
+            pass
+        other.close()
+        with kept.trace("kept") as t:
+            for i in range(3):
+                tool(i)
+        assert t.write_error is None
+    finally:
+        store.close()
+    reader = open_store(tmp_path)
+    try:
+        view = load_trace(reader, t.trace_id, payloads=True)
+        assert [s.output for s in view.steps] == [_payload(i) for i in range(3)]
+    finally:
+        reader.close()

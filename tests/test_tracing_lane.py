@@ -814,3 +814,40 @@ def test_a_served_step_is_held_as_a_record_until_the_traces_steps_are_read(
     for r, s, data in zip(held, steps, records, strict=True):
         assert (s.span_id, s.started_at, s.output) == (r.span_id, r.started_at, r.output)
         assert dataclasses.asdict(data) == dataclasses.asdict(s.data())
+
+
+def _maybe_y(x: int, y: Any = None) -> int:
+    return x
+
+
+MAYBE_Y = step("maybe_y", "tool_call")(rewind.tool("lane_maybe_y")(_maybe_y))
+
+
+def test_a_served_input_set_to_nan_where_it_was_none_is_refused_as_the_full_path_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """orjson writes NaN as ``null``: a served step's None input changed to NaN by the caller
+    is not the text it was served with, and the write refuses it (CanonicalError) on both
+    paths instead of storing None."""
+
+    def once(*, mutate: bool, read_cache: bool = True, observed: bool = False) -> Any:
+        tracer = Tracer(tmp_path, read_cache=read_cache)
+        if observed:  # a step_end callback: every step takes the full path
+            tracer.on_step_end(lambda **_: None)
+        try:
+            with tracer.trace("lane-nan") as t:
+                MAYBE_Y(1)
+                MAYBE_Y(2)
+                if mutate:
+                    t.steps[0].inputs["y"] = float("nan")
+        finally:
+            tracer.close()
+        return t
+
+    once(mutate=False, read_cache=False)
+    once(mutate=False)
+    once(mutate=False)
+    for observed in (False, True):
+        t = once(mutate=True, observed=observed)
+        assert [s._proven is not None for s in t.steps] == [not observed] * 2
+        assert t.write_error is not None and "CanonicalError" in t.write_error

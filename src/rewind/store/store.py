@@ -18,6 +18,7 @@ import sqlite3
 import sys
 import threading
 import time
+import uuid
 import weakref
 import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -233,6 +234,10 @@ class Store:
         self._known_lock = threading.Lock()
         self._blob_epoch: str | None = None
         self._epoch_ready = False  # meta.blob_epoch exists only once the migrations ran
+        # SQLite: meta.store_id of the file what this instance remembers was learned on, and
+        # how many times a write found another (_same_database).
+        self._store_id: str | None = None
+        self._files_seen = 0
         try:
             if read_only:
                 self._check_schema()
@@ -308,13 +313,38 @@ class Store:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": GC_LOCK_KEY})
         if self._bulk_sql is not None:  # SQLite: the driver's statement cache (every write)
-            epoch = conn.exec_driver_sql(_BLOB_EPOCH_SQL, (BLOB_EPOCH_KEY,)).scalar()
+            epoch, store_id = conn.exec_driver_sql(
+                _EPOCH_AND_STORE_ID_SQL, (BLOB_EPOCH_KEY, STORE_ID_KEY)
+            ).one()
+            self._same_database(conn, store_id)
         else:
             epoch = conn.execute(_BLOB_EPOCH).scalar()
         if epoch != self._blob_epoch:
             with self._known_lock:
                 self._known_blobs.clear()
                 self._blob_epoch = epoch
+
+    def _same_database(self, conn: Connection, store_id: str | None) -> None:
+        """Forget what this instance remembers of the database (blobs stored, state rows'
+        tails, edges written) when a write finds another SQLite file than the one it learned
+        them on: ``meta.store_id`` (``store_id``, read with the epoch; written by the first
+        write that finds none) is not the one seen before. The file was deleted and created
+        again while this store stayed open (another store opened on the path meanwhile makes
+        the shared engine's new connections open the new file): trusting the memory there
+        wrote rows naming blobs the new file lacks (a damaged store). A file's inode cannot
+        tell them apart (the new file often reuses it), and holding the old file open is
+        unsafe (closing that descriptor drops SQLite's POSIX locks)."""
+        if store_id is None:
+            store_id = uuid.uuid4().hex
+            conn.exec_driver_sql(_INSERT_STORE_ID_SQL, (STORE_ID_KEY, store_id))
+        if store_id != self._store_id:
+            with self._known_lock:
+                if self._store_id is not None:
+                    self._known_blobs.clear()
+                    self._state_tails.clear()
+                    self._edges_written.clear()
+                    self._files_seen += 1
+                self._store_id = store_id
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -597,7 +627,7 @@ class Store:
         """
         if not batch and before is None and after is None:
             return
-        epoch = self._blob_epoch
+        epoch = (self._blob_epoch, self._files_seen)
         new = self._unstored_blobs(batch)
         # Rows are built (and large blobs uploaded) before the write lock is taken.
         rows, packs = self._blob_rows(new, batch.packs)
@@ -608,8 +638,9 @@ class Store:
                 # First: a run row naming a parent the same gc archived fails as ParentMissing
                 # (a trace replay is then stored unlinked), not as a blob its source held.
                 before(conn)
-            if self._blob_epoch != epoch:
-                # A gc deleted blobs since the rows were built: write every blob of the batch
+            if (self._blob_epoch, self._files_seen) != epoch:
+                # A gc deleted blobs since the rows were built (or the store's file is another
+                # one, _same_database): write every blob of the batch
                 # (insert-or-ignore; objects uploaded again under the lock) and make sure the
                 # blobs the batch only refers to are still there.
                 new = dict(batch.blobs)
@@ -1814,7 +1845,14 @@ _LAST_AUDITS = _last_audits_statement()
 _RUN_BY_ID = select(schema.runs).where(schema.runs.c.run_id == bindparam("run_id"))
 _RUN_BY_ID_SQL = f"SELECT {', '.join(schema.runs.c.keys())} FROM runs WHERE run_id = ?"
 _BLOB_EPOCH = select(schema.meta.c.value).where(schema.meta.c.key == BLOB_EPOCH_KEY)
-_BLOB_EPOCH_SQL = "SELECT meta.value FROM meta WHERE meta.key = ?"
+_EPOCH_AND_STORE_ID_SQL = (
+    "SELECT (SELECT value FROM meta WHERE key = ?), (SELECT value FROM meta WHERE key = ?)"
+)
+_INSERT_STORE_ID_SQL = "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)"
+STORE_ID_KEY = "store_id"
+"""``meta`` key of a SQLite store's random id, written by its first write that finds none
+(:meth:`Store._same_database`): tells a file deleted and created again at the same path from
+the one a store instance learned its memories on."""
 _INSERT_RUN = insert(schema.runs)
 _INSERT_EFFECT = insert(schema.effects)  # built once (~10 us each per write batch otherwise)
 _INSERT_SPAN = insert(schema.spans)

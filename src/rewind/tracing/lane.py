@@ -752,6 +752,7 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
     attributes: list[Any] = []
     inputs_texts: list[bytes] = []
     attributes_texts: list[bytes] = []
+    nulls = False
     for s in steps:
         if type(s) is Served:
             data = ServedData.of(s)
@@ -767,13 +768,11 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
         attributes.append(s.attributes)
         inputs_texts.append(proven.inputs_text)
         attributes_texts.append(proven.attributes_text)
+        nulls = nulls or proven.nulls
         data = ServedData.of(s)
         signed[id(data)] = proven.signature
         out.append(data)
-    if inputs and (
-        step_memo.text_of(inputs) != _joined(inputs_texts)
-        or step_memo.text_of(attributes, sort_keys=False) != _joined(attributes_texts)
-    ):
+    if inputs and not _as_served(inputs, attributes, inputs_texts, attributes_texts, nulls):
         signed = {}
         for i in served:
             rebuilt = step_data(steps[i])
@@ -783,6 +782,31 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
     if unread:
         signed.update(unread)
     return out, signed
+
+
+def _as_served(
+    inputs: list[Any],
+    attributes: list[Any],
+    inputs_texts: list[bytes],
+    attributes_texts: list[bytes],
+    nulls: bool,
+) -> bool:
+    """Whether the served steps' ``inputs`` and ``attributes`` are still, as texts, the ones
+    they were served with (``nulls``: whether any of those holds a ``null``; only then can an
+    equal text hide a NaN, which :func:`step_memo.null_is_none` reads the texts back for)."""
+    inputs_text = step_memo.raw_text(inputs)
+    attributes_text = step_memo.raw_text(attributes, sort_keys=False)
+    if (
+        inputs_text is None
+        or attributes_text is None
+        or inputs_text != _joined(inputs_texts)
+        or attributes_text != _joined(attributes_texts)
+    ):
+        return False
+    return not nulls or (
+        step_memo.null_is_none(inputs_text, inputs)
+        and step_memo.null_is_none(attributes_text, attributes)
+    )
 
 
 def _joined(texts: list[bytes]) -> bytes:

@@ -38,7 +38,18 @@ from rewind.store.records import CallRecord
 from rewind.store.references import SourceRows
 from rewind.tracing.model import StepData
 
-__all__ = ["SOURCES_KEPT", "Proven", "held", "proven_of", "remember", "remembered", "signature"]
+__all__ = [
+    "SOURCES_KEPT",
+    "Proven",
+    "held",
+    "null_is_none",
+    "proven_of",
+    "raw_text",
+    "remember",
+    "remembered",
+    "signature",
+    "text_of",
+]
 
 SOURCES_KEPT = 8
 """How many sources' proven steps this process keeps."""
@@ -79,6 +90,9 @@ class Proven:
     calls: tuple[CallRecord, ...]
     prompt_tokens: int
     completion_tokens: int
+    nulls: bool = False
+    """Whether ``inputs_text`` or ``attributes_text`` holds a ``null`` (a value equal in text
+    to them may then hold a NaN there: :func:`null_is_none`)."""
 
     def step_data(
         self,
@@ -131,6 +145,14 @@ class Proven:
 def text_of(value: Any, *, sort_keys: bool = True) -> bytes | None:
     """``value`` as the orjson text a signature is made of (``sort_keys=False``: keys in their
     order), or None when it is not plain JSON."""
+    text = raw_text(value, sort_keys=sort_keys)
+    return text if text is not None and null_is_none(text, value) else None
+
+
+def raw_text(value: Any, *, sort_keys: bool = True) -> bytes | None:
+    """:func:`text_of` without its check of the text's nulls (:func:`null_is_none`): for a
+    caller that compares the text with one of :func:`text_of` holding no null (so neither
+    does the value's, when they are equal), or checks it itself."""
     try:
         return orjson.dumps(
             value,
@@ -139,6 +161,15 @@ def text_of(value: Any, *, sort_keys: bool = True) -> bytes | None:
         )
     except (TypeError, orjson.JSONEncodeError):
         return None
+
+
+def null_is_none(text: bytes, value: Any) -> bool:
+    """Whether every ``null`` in ``text`` (orjson's text of ``value``) is a None: orjson writes
+    NaN and the infinities as ``null`` too, which the hashes refuse (a CanonicalError), so such
+    a value must not share the text of one holding None there. Checked by reading the text
+    back, only when it has a ``null`` (then a value read back as another, a tuple or a UUID,
+    is refused too: the full comparison decides). The scan costs ~0.5 ns per byte of text."""
+    return b"null" not in text or orjson.loads(text) == value
 
 
 def proven_of(s: StepData, sig: bytes) -> Proven | None:
@@ -177,6 +208,7 @@ def proven_of(s: StepData, sig: bytes) -> Proven | None:
         tuple(s.calls),
         int(s.prompt_tokens),
         int(s.completion_tokens),
+        b"null" in inputs_text or b"null" in attributes_text,
     )
 
 
@@ -203,6 +235,11 @@ def signature(s: StepData) -> bytes | None:
     try:
         text = orjson.dumps(values, default=_refuse, option=_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
+        return None
+    # The JSON-valued fields (the inputs as the caller gave them) hold no NaN or infinity
+    # written as null (see null_is_none); the others are text, numbers and call records.
+    documents = [s.inputs, s.reads, s.params, s.fields, s.attributes]
+    if text_of(documents, sort_keys=False) is None:
         return None
     return hashlib.sha256(text).digest()
 
