@@ -851,3 +851,41 @@ def test_a_served_input_set_to_nan_where_it_was_none_is_refused_as_the_full_path
         t = once(mutate=True, observed=observed)
         assert [s._proven is not None for s in t.steps] == [not observed] * 2
         assert t.write_error is not None and "CanonicalError" in t.write_error
+
+
+def test_a_served_step_failed_and_finished_again_is_timed_from_its_start(
+    tmp_path: Path, no_lane: Callable[[], Any]
+) -> None:
+    """A served step read, failed and finished again by the caller is stored with the duration
+    the full path gives it (from the step's start), not the perf counter's reading since boot
+    (its Step had no start on the perf counter)."""
+
+    ids: list[str] = []
+
+    def block() -> str:
+        from rewind.tracing import current_trace
+
+        digest = agent()
+        trace = current_trace()
+        assert trace is not None
+        ids.append(trace.trace_id)
+        s = trace.steps[1]
+        s.fail("rejected after the fact")
+        s.finish()
+        return digest
+
+    stored = {}
+    for side in ("lane", "full"):
+        with stub_and_client(reply) as (stub, client):
+            got = _side(tmp_path / side, stub, client, block, no_lane, side == "full")
+        assert got[4] == (2 * N if side == "lane" else 0)
+        stored[side] = got[3]
+    assert _diff(stored["lane"], stored["full"]) == []
+    st = open_store(tmp_path / "lane")
+    try:
+        failed = load_trace(st, ids[0]).steps[1]
+    finally:
+        st.close()
+    assert failed.status == "failed"
+    assert 0.0 <= failed.duration_ms < 60_000.0
+    assert failed.ended_at - failed.started_at < 60.0

@@ -571,6 +571,7 @@ class Served:
         "inputs",
         "inputs_text",
         "output",
+        "perf",
         "position",
         "proven",
         "snapshot",
@@ -585,14 +586,14 @@ class Served:
         call: CallRecord,
         inputs: tuple[dict[str, Any] | None, bytes],
         output: tuple[Any, Any],
-        timing: tuple[float, float],
+        timing: tuple[float, float, float],
     ) -> None:
         self.position = position
         self.proven = proven
         self.call = call
         self.inputs, self.inputs_text = inputs
         self.output, self.snapshot = output
-        self.started_at, self.duration_ms = timing
+        self.started_at, self.duration_ms, self.perf = timing
         self.span_id: str | None = None
 
     def _span_id(self) -> str:
@@ -623,6 +624,7 @@ class Served:
         s.started_at = self.started_at
         s.ended_at = self.started_at + self.duration_ms / 1000.0
         s.duration_ms = self.duration_ms
+        s._perf = self.perf  # a step finished again (after fail or skip) times from its start
         s.prompt_tokens = proven.prompt_tokens
         s.completion_tokens = proven.completion_tokens
         _set_finished(s, params, [self.call], self.snapshot)
@@ -677,7 +679,8 @@ def _finish(
             return False
     started, perf = clock
     duration = (time.perf_counter() - perf) * 1000.0
-    record = Served(p, proven, call, (inputs, inputs_text), (output, snapshot), (started, duration))
+    timing = (started, duration, perf)
+    record = Served(p, proven, call, (inputs, inputs_text), (output, snapshot), timing)
     with trace._lock:
         if trace._lane_off or len(trace._steps) != p:
             return False
