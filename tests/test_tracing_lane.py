@@ -889,3 +889,50 @@ def test_a_served_step_failed_and_finished_again_is_timed_from_its_start(
     assert failed.status == "failed"
     assert 0.0 <= failed.duration_ms < 60_000.0
     assert failed.ended_at - failed.started_at < 60.0
+
+
+def test_the_lane_reads_the_traces_clock_as_the_full_path_does(
+    tmp_path: Path, no_lane: Callable[[], Any]
+) -> None:
+    """An injected clock is read once per step, as on the full path: a step the lane looks at
+    but does not serve (a first recording through ``Tracer(read_cache=True)``: no source yet)
+    reads it no more often, and a served step reads it once. Every stored time is the one the
+    same traces get with the lane off."""
+
+    def times(folder: Path, client: ChatClient, full: bool) -> list[list[float]]:
+        out = []
+        for _ in range(3):  # the recording, the replay that proves it, a replay in the lane
+            ticks = map(float, range(1000, 2000))
+            tracer = Tracer(
+                folder,
+                chat_client=client,
+                read_cache=True,
+                clock=ticks.__next__,
+                raise_on_write_error=True,
+            )
+            patch = no_lane() if full else None
+            try:
+                with tracer.trace("lane-agent") as t:
+                    agent()
+            finally:
+                if patch is not None:
+                    patch.undo()
+                tracer.close()
+            st = open_store(folder)
+            try:
+                v = load_trace(st, t.trace_id)
+            finally:
+                st.close()
+            out.append([v.started_at, *(s.started_at for s in v.steps)])
+            out.append([s.started_at for s in t.steps])  # as the trace holds them
+        served = [s._proven is not None for s in t.steps]
+        assert served == [not full] * (2 * N)
+        return out
+
+    got = {}
+    for side in ("lane", "full"):
+        with stub_and_client(reply) as (_, client):
+            got[side] = times(tmp_path / side, client, side == "full")
+    assert got["lane"] == got["full"]
+    assert got["lane"][0] == [1000.0 + i for i in range(2 * N + 1)]
+    assert got["lane"][-1] == [1001.0 + i for i in range(2 * N)]

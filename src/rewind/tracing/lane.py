@@ -286,9 +286,11 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     if client is None:
         return None
     made = _chat_request(request, client.endpoint.model)
-    if made is None:  # not plain: the clock is not read (as before the lane took any request)
+    if made is None:
         return None
-    perf = (trace.clock(), time.perf_counter())
+    # The trace's clock is read only once the step is served (_finish): a step the lane does
+    # not take reads it as before the lane (an injected clock gives the same times).
+    perf = time.perf_counter()
     inputs_text, key, request_bytes, model, determinism = made
     found = _answer(trace, (name, _LLM, key, "llm", model, determinism, inputs_text))
     if found is None:
@@ -435,7 +437,7 @@ def serve_tool(
     kwargs: dict[str, Any],
 ) -> Any:
     """A ``@step``-wrapped tool's step served in the lane, or :data:`NOT_SERVED`."""
-    perf = (trace.clock(), time.perf_counter())
+    perf = time.perf_counter()  # the trace's clock: read only if served (_finish)
     ctx = trace._ctx
     if (
         ctx is None
@@ -664,20 +666,21 @@ def _finish(
     request: bytes,
     found: _Found,
     output: Any,
-    clock: tuple[float, float],
+    perf: float,
 ) -> bool:
     """Add the finished step at the position found, as a :class:`Served` record (False,
     nothing added: the output is not the remembered one, or another step took the position
     meanwhile). ``inputs``: the step's own, or None: ``orjson.loads(inputs_text)``, read
-    when the step is; ``request``: the call's request bytes; ``clock``: the unix and
-    perf-counter seconds the step started at."""
+    when the step is; ``request``: the call's request bytes; ``perf``: the perf-counter
+    seconds the step started at. The trace's clock is read here, once, for the step's start
+    (as the full path reads it once per step, and a step not served never reads it here)."""
     p, proven, call, data, remembered = found
     snapshot = _same_output(output, remembered)
     if snapshot is _NOT_SAME:
         snapshot = jsonable(output)
         if step_memo.text_of({proven.name: snapshot}, sort_keys=False) != proven.fields_text:
             return False
-    started, perf = clock
+    started = trace.clock()
     duration = (time.perf_counter() - perf) * 1000.0
     timing = (started, duration, perf)
     record = Served(p, proven, call, (inputs, inputs_text), (output, snapshot), timing)
