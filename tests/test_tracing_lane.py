@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import re
 import time
@@ -936,3 +937,21 @@ def test_the_lane_reads_the_traces_clock_as_the_full_path_does(
     assert got["lane"] == got["full"]
     assert got["lane"][0] == [1000.0 + i for i in range(2 * N + 1)]
     assert got["lane"][-1] == [1001.0 + i for i in range(2 * N)]
+
+
+def test_served_steps_times_follow_each_other_within_their_trace(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """A served step's start and end are read together when it is served: each step ends
+    before the next one starts, and the last one before its trace ends (spans nested in
+    time, as the full path's are)."""
+    _, client = stub_client
+    history(tmp_path, client)
+    for _ in range(5):
+        t, _ = run(tmp_path, client, agent)
+        steps = t.steps
+        assert all(s._proven is not None for s in steps)
+        assert all(s.duration_ms >= 0.0 for s in steps)
+        assert all(s.started_at <= s.ended_at for s in steps)
+        assert all(a.ended_at <= b.started_at for a, b in itertools.pairwise(steps))
+        assert t.started_at <= steps[0].started_at and steps[-1].ended_at <= t.ended_at

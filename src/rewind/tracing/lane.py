@@ -288,9 +288,6 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     made = _chat_request(request, client.endpoint.model)
     if made is None:
         return None
-    # The trace's clock is read only once the step is served (_finish): a step the lane does
-    # not take reads it as before the lane (an injected clock gives the same times).
-    perf = time.perf_counter()
     inputs_text, key, request_bytes, model, determinism = made
     found = _answer(trace, (name, _LLM, key, "llm", model, determinism, inputs_text))
     if found is None:
@@ -299,7 +296,7 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     if response is None:
         return None
     # The inputs: the plain copy, read from its text (_chat_request) when the step is read.
-    served = _finish(trace, None, inputs_text, request_bytes, found, response.content, perf)
+    served = _finish(trace, None, inputs_text, request_bytes, found, response.content)
     return response if served else None
 
 
@@ -437,7 +434,6 @@ def serve_tool(
     kwargs: dict[str, Any],
 ) -> Any:
     """A ``@step``-wrapped tool's step served in the lane, or :data:`NOT_SERVED`."""
-    perf = time.perf_counter()  # the trace's clock: read only if served (_finish)
     ctx = trace._ctx
     if (
         ctx is None
@@ -461,7 +457,7 @@ def serve_tool(
     except ValueError:
         return NOT_SERVED
     # Inputs None: the plain copy, read from its text (_tool_call) when the step is read.
-    served = _finish(trace, inputs, request, request, found, value, perf)
+    served = _finish(trace, inputs, request, request, found, value)
     return value if served else NOT_SERVED
 
 
@@ -666,14 +662,17 @@ def _finish(
     request: bytes,
     found: _Found,
     output: Any,
-    perf: float,
 ) -> bool:
     """Add the finished step at the position found, as a :class:`Served` record (False,
     nothing added: the output is not the remembered one, or another step took the position
     meanwhile). ``inputs``: the step's own, or None: ``orjson.loads(inputs_text)``, read
-    when the step is; ``request``: the call's request bytes; ``perf``: the perf-counter
-    seconds the step started at. The trace's clock is read here, once, for the step's start
-    (as the full path reads it once per step, and a step not served never reads it here)."""
+    when the step is; ``request``: the call's request bytes.
+
+    The step starts here: the trace's clock is read once, for its start, as the full path
+    reads it once per step (a step the lane looks at and does not serve never reads it, so an
+    injected clock gives the times it gives with the lane off), and the step lasts until its
+    record is made (its start and end read together: a served step never ends after the
+    next one starts, nor after its trace)."""
     p, proven, call, data, remembered = found
     snapshot = _same_output(output, remembered)
     if snapshot is _NOT_SAME:
@@ -681,6 +680,7 @@ def _finish(
         if step_memo.text_of({proven.name: snapshot}, sort_keys=False) != proven.fields_text:
             return False
     started = trace.clock()
+    perf = time.perf_counter()
     duration = (time.perf_counter() - perf) * 1000.0
     timing = (started, duration, perf)
     record = Served(p, proven, call, (inputs, inputs_text), (output, snapshot), timing)
