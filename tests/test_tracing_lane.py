@@ -955,3 +955,57 @@ def test_served_steps_times_follow_each_other_within_their_trace(
         assert all(s.started_at <= s.ended_at for s in steps)
         assert all(a.ended_at <= b.started_at for a, b in itertools.pairwise(steps))
         assert t.started_at <= steps[0].started_at and steps[-1].ended_at <= t.ended_at
+
+
+def _lane_record(q: str) -> dict[str, Any]:
+    return {"q": q, "items": [1, {"x": q}]}
+
+
+LANE_RECORD = step("lane_record", "tool_call")(rewind.tool("lane_record")(_lane_record))
+
+
+def test_a_dict_output_changed_through_the_traces_data_is_stored_as_the_step_returned_it(
+    tmp_path: Path, no_lane: Callable[[], Any]
+) -> None:
+    """The data ``Trace.data()`` and a ``step_end`` callback get hold their own copy of a
+    step's output: changing it changes neither the step nor what is stored, whether the lane
+    served the step or not (the full path handed out the step's own snapshot, so the full
+    path stored the change and the lane did not)."""
+
+    def once(folder: Path, *, read_cache: bool = True, callback: bool = False) -> Any:
+        tracer = Tracer(folder, read_cache=read_cache, raise_on_write_error=True)
+        if callback:
+
+            def scribble(*, step: StepData, **_: Any) -> None:
+                step.fields["lane_record"]["items"][1]["x"] = "callback"
+
+            tracer.on_step_end(scribble)
+        try:
+            with tracer.trace("lane-record") as t:
+                LANE_RECORD("a")
+                LANE_RECORD("b")
+                t.data().steps[0].fields["lane_record"]["q"] = "changed"
+        finally:
+            tracer.close()
+        return t
+
+    outputs = {}
+    for side in ("lane", "full", "callback"):
+        folder = tmp_path / side
+        once(folder, read_cache=False)
+        once(folder)
+        patch = no_lane() if side == "full" else None
+        try:
+            t = once(folder, callback=side == "callback")
+        finally:
+            if patch is not None:
+                patch.undo()
+        assert [s._proven is not None for s in t.steps] == [side == "lane"] * 2
+        assert t.steps[0].data().fields == {"lane_record": {"q": "a", "items": [1, {"x": "a"}]}}
+        st = open_store(folder)
+        try:
+            outputs[side] = [s.output for s in load_trace(st, t.trace_id, payloads=True).steps]
+        finally:
+            st.close()
+    expected = [{"q": q, "items": [1, {"x": q}]} for q in ("a", "b")]
+    assert outputs == {"lane": expected, "full": expected, "callback": expected}

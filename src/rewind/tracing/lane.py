@@ -767,7 +767,7 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
             continue
         proven = s._proven
         if proven is None or not _as_finished(s):
-            out.append(s.data())
+            out.append(s._data())
             continue
         served.append(len(out))
         inputs.append(s.inputs)
@@ -782,7 +782,7 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
         signed = {}
         for i in served:
             rebuilt = step_data(steps[i])
-            out[i] = steps[i].data() if rebuilt is None else rebuilt[0]
+            out[i] = steps[i]._data() if rebuilt is None else rebuilt[0]
             if rebuilt is not None:
                 signed[id(rebuilt[0])] = rebuilt[1]
     if unread:

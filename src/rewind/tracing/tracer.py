@@ -379,7 +379,13 @@ class Step:
             self.attributes.setdefault("finish_reason", response.finish_reason)
 
     def data(self) -> StepData:
-        """The step as the store writes it."""
+        """The step as the store writes it, its output a copy of its own (changing the data
+        changes neither the step nor what is stored)."""
+        return self._data(copy=True)
+
+    def _data(self, *, copy: bool = False) -> StepData:
+        """:meth:`data`; ``copy`` False: its output is the step's own snapshot (a trace's
+        exit, which hands the data to its writer alone, makes no copy)."""
         status = str(self.status)
         scope = self.scope
         params = scope.params if scope is not None else self._params
@@ -387,6 +393,11 @@ class Step:
         pending = scope.pending if scope is not None else self._pending
         effects = scope.effects if scope is not None else self._effects
         duration = self.duration_ms
+        snapshot = self._snapshot
+        if copy and (type(snapshot) is dict or type(snapshot) is list):
+            # What a caller does to the data (Trace.data(), a step_end callback) must not
+            # change the output the step is stored with.
+            snapshot = jsonable(snapshot)
         if self.status == StepStatus.RUNNING:  # still running when the trace ended
             duration = (time.perf_counter() - self._perf) * 1000.0
         # Every field set as StepData(...) with these keywords sets it, without the generated
@@ -400,7 +411,7 @@ class Step:
             inputs=self.inputs,
             reads={},
             params=jsonable(params) if params else {},
-            fields={self.name: self._snapshot} if status == StepStatus.SUCCESS else None,
+            fields={self.name: snapshot} if status == StepStatus.SUCCESS else None,
             error_type=self.error_type,
             error_message=self.error_message,
             parent_position=self.parent_position,
