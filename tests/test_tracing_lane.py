@@ -1009,3 +1009,28 @@ def test_a_dict_output_changed_through_the_traces_data_is_stored_as_the_step_ret
             st.close()
     expected = [{"q": q, "items": [1, {"x": q}]} for q in ("a", "b")]
     assert outputs == {"lane": expected, "full": expected, "callback": expected}
+
+
+def test_the_lanes_memos_are_bounded_by_bytes_as_well_as_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lane memo past MEMO_BYTES (or CHAT_CALLS_KEPT entries) is emptied before the next
+    entry; an entry larger than the bound alone is not kept; what is kept is read back."""
+    monkeypatch.setattr(lane, "MEMO_BYTES", 100)
+    monkeypatch.setattr(lane, "CHAT_CALLS_KEPT", 3)
+    memo = lane._Memo()
+    memo.put("a", 1, 60)
+    memo.put("b", 2, 30)
+    assert (memo.get("a"), memo.get("b"), memo.size, len(memo)) == (1, 2, 90, 2)
+    memo.put("c", 3, 20)  # 110 bytes: emptied first
+    assert (memo.get("a"), memo.get("c"), memo.size) == (None, 3, 20)
+    memo.put("d", 4, 101)  # larger than the bound alone: not kept
+    assert (memo.get("d", "gone"), len(memo), memo.size) == ("gone", 0, 0)
+    for i in range(4):
+        memo.put(i, i, 1)
+    assert len(memo) == 1 and memo.get(3) == 3  # emptied at 3 entries
+    big = {"messages": [{"role": "user", "content": "x" * 200}]}
+    lane._REQUESTS.clear()
+    made = lane._chat_request(big, "default-model")
+    assert made is not None and len(lane._REQUESTS) == 0  # too big to keep, still made
+    assert lane._chat_request(big, "default-model") == made

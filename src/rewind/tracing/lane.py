@@ -300,9 +300,49 @@ def serve_chat(trace: Trace, name: str, request: dict[str, Any]) -> ChatResponse
     return response if served else None
 
 
+MEMO_BYTES = 16 * 1024 * 1024
+"""The most bytes (of request and answer texts, keys and values counted) each of the lane's
+per-value memos holds; a memo past it, or past :data:`CHAT_CALLS_KEPT` entries, is emptied and
+refilled. Without it, 4,096 requests of a 100 KB prompt would keep ~1.6 GB."""
+
+
+class _Memo:
+    """A process memo bounded by entries (:data:`CHAT_CALLS_KEPT`) and by bytes
+    (:data:`MEMO_BYTES`): ``get`` as a dict's, ``put(key, value, size)`` with the bytes
+    (int) the entry holds. Sizes are added without a lock: two threads putting at once may
+    miscount by an entry, never keep more than the bound plus one entry."""
+
+    __slots__ = ("entries", "size")
+
+    def __init__(self) -> None:
+        self.entries: dict[Any, Any] = {}
+        self.size = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value kept for ``key``, else ``default``."""
+        return self.entries.get(key, default)
+
+    def put(self, key: Any, value: Any, size: int) -> None:
+        """Keep ``value`` for ``key``; ``size``: the bytes it holds (its texts)."""
+        if len(self.entries) >= CHAT_CALLS_KEPT or self.size + size > MEMO_BYTES:
+            self.clear()
+        if size <= MEMO_BYTES:
+            self.entries[key] = value
+            self.size += size
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self.entries = {}
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
 _UNKNOWN = object()
 
-_REQUESTS: dict[tuple[bytes, str], tuple[bytes, str, bytes, str, str] | None] = {}
+_REQUESTS = _Memo()
+"""(marshal bytes of a chat request, default model) -> :func:`_chat_request`'s answer."""
 
 
 def _chat_request(
@@ -333,16 +373,16 @@ def _chat_request(
     call = _chat_call(plain, default_model, text) if plain is not None else None
     made = (text, *call) if text is not None and call is not None else None
     if memo is not None:
-        if len(_REQUESTS) >= CHAT_CALLS_KEPT:
-            _REQUESTS.clear()
-        _REQUESTS[memo] = made
+        size = len(dumped) + (len(made[0]) + len(made[2]) if made is not None else 0)
+        _REQUESTS.put(memo, made, size)
     return made
 
 
 RESPONSE_BYTES_KEPT = 16384
 """The longest answer (bytes) whose parsed fields :func:`_response` keeps."""
 
-_RESPONSES: dict[bytes, tuple[str, str | None, int, int, bool]] = {}
+_RESPONSES = _Memo()
+"""Answer bytes -> (text, finish reason, prompt tokens, completion tokens, read exactly)."""
 
 
 def _response(raw: bytes) -> ChatResponse | None:
@@ -358,15 +398,14 @@ def _response(raw: bytes) -> ChatResponse | None:
             return None
         if type(raw) is bytes and len(raw) <= RESPONSE_BYTES_KEPT:
             exact = loads_exactly(raw)
-            if len(_RESPONSES) >= CHAT_CALLS_KEPT:
-                _RESPONSES.clear()
-            _RESPONSES[raw] = (
+            fields = (
                 response.content,
                 response.finish_reason,
                 response.prompt_tokens,
                 response.completion_tokens,
                 exact,
             )
+            _RESPONSES.put(raw, fields, 2 * len(raw))
         return response
     content, finish_reason, prompt_tokens, completion_tokens, exact = known
     response = object.__new__(ChatResponse)
@@ -385,7 +424,8 @@ def _response(raw: bytes) -> ChatResponse | None:
 CHAT_CALLS_KEPT = 4096
 """How many chat requests' keys (:func:`_chat_call`) this process keeps."""
 
-_CHAT_CALLS: dict[tuple[bytes, str], tuple[str, bytes, str, str]] = {}
+_CHAT_CALLS = _Memo()
+"""(request text, default model) -> :func:`_chat_call`'s answer."""
 
 
 def _chat_call(
@@ -419,9 +459,7 @@ def _chat_call(
     determinism = "non-deterministic" if sampled else DEFAULT_POLICY.determinism
     made = (key, request, model, determinism)
     if memo is not None:
-        if len(_CHAT_CALLS) >= CHAT_CALLS_KEPT:
-            _CHAT_CALLS.clear()
-        _CHAT_CALLS[memo] = made
+        _CHAT_CALLS.put(memo, made, len(memo[0]) + len(request))
     return made
 
 
@@ -461,7 +499,8 @@ def serve_tool(
     return value if served else NOT_SERVED
 
 
-_EXACT: dict[bytes, bool] = {}
+_EXACT = _Memo()
+"""Tool result bytes -> whether orjson reads them exactly."""
 
 
 def _value(raw: bytes) -> Any:
@@ -475,14 +514,13 @@ def _value(raw: bytes) -> Any:
     if exact is None:
         value = loads(raw)
         if type(raw) is bytes and len(raw) <= RESPONSE_BYTES_KEPT:
-            if len(_EXACT) >= CHAT_CALLS_KEPT:
-                _EXACT.clear()
-            _EXACT[raw] = loads_exactly(raw)
+            _EXACT.put(raw, loads_exactly(raw), len(raw))
         return value
     return orjson.loads(raw) if exact else loads(raw)
 
 
-_TOOL_CALLS: dict[tuple[str, bytes], tuple[bytes, str]] = {}
+_TOOL_CALLS = _Memo()
+"""(tool name, marshal bytes of its bound arguments) -> (request text, cache key)."""
 
 
 def _tool_call(
@@ -514,9 +552,7 @@ def _tool_call(
     inputs, inputs_text, request = _tool_request(tool, args, kwargs, bound)
     key = tool._key_of(request)
     if memo is not None and inputs_text is not None and inputs_text is request:
-        if len(_TOOL_CALLS) >= CHAT_CALLS_KEPT:
-            _TOOL_CALLS.clear()
-        _TOOL_CALLS[memo] = (request, key)
+        _TOOL_CALLS.put(memo, (request, key), len(memo[1]) + len(request))
     return inputs, inputs_text, request, key
 
 
@@ -606,12 +642,18 @@ class Served:
                     span_id = self.span_id = _tracer().new_span_id()
         return span_id
 
+    def _values(self) -> tuple[Any, Any, Any, Any]:
+        """Fresh (params, fields, attributes, inputs) of the step, read from the remembered
+        texts (the inputs: the step's own when the lane kept them, else read from their text)."""
+        params, fields, attributes = orjson.loads(self.proven.rest_text)
+        inputs = self.inputs if self.inputs is not None else orjson.loads(self.inputs_text)
+        return params, fields, attributes, inputs
+
     def step(self, trace: Trace) -> Step:
         """The step of ``trace`` this record stands for, made finished as the lane served it
         (its inputs, params, fields and attributes fresh objects of its own)."""
         proven = self.proven
-        params, fields, attributes = orjson.loads(proven.rest_text)
-        inputs = self.inputs if self.inputs is not None else orjson.loads(self.inputs_text)
+        params, fields, attributes, inputs = self._values()
         s = _tracer().Step(
             trace, proven.name, proven.step_type, inputs, attributes, self.position, ROOT_POSITION
         )
@@ -634,8 +676,7 @@ class Served:
         """The step's data, as :func:`step_data` rebuilds it from the step :meth:`step`
         makes (fresh values, read from the remembered texts)."""
         proven = self.proven
-        params, fields, attributes = orjson.loads(proven.rest_text)
-        inputs = self.inputs if self.inputs is not None else orjson.loads(self.inputs_text)
+        params, fields, attributes, inputs = self._values()
         started = self.started_at
         ended = started + self.duration_ms / 1000.0
         timing = (self._span_id(), started, ended, self.duration_ms)
