@@ -884,12 +884,14 @@ def test_a_served_step_failed_and_finished_again_is_timed_from_its_start(
     assert _diff(stored["lane"], stored["full"]) == []
     st = open_store(tmp_path / "lane")
     try:
-        failed = load_trace(st, ids[0]).steps[1]
+        trace = load_trace(st, ids[0])
     finally:
         st.close()
+    failed = trace.steps[1]
     assert failed.status == "failed"
-    assert 0.0 <= failed.duration_ms < 60_000.0
-    assert failed.ended_at - failed.started_at < 60.0
+    # Within its trace (no wall-clock bound: the bug stored the perf counter since boot).
+    assert 0.0 <= failed.duration_ms <= trace.duration_ms
+    assert trace.started_at <= failed.started_at <= failed.ended_at
 
 
 def test_the_lane_reads_the_traces_clock_as_the_full_path_does(
