@@ -15,6 +15,7 @@ import itertools
 import json
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -852,6 +853,53 @@ def test_a_served_input_set_to_nan_where_it_was_none_is_refused_as_the_full_path
         t = once(mutate=True, observed=observed)
         assert [s._proven is not None for s in t.steps] == [not observed] * 2
         assert t.write_error is not None and "CanonicalError" in t.write_error
+
+
+def test_a_served_input_set_to_a_uuid_where_it_was_its_string_is_refused_as_on_the_full_path(
+    tmp_path: Path,
+) -> None:
+    """orjson writes a ``uuid.UUID`` as its string: a served step's input changed from that
+    string to the UUID by the caller is not what it was served with, and the write refuses it
+    (CanonicalError) as a recording's does, on the lane and the full path alike. The same
+    change in its attributes is stored as the full path stores it (as not hashable)."""
+    u = uuid.UUID(int=0xABCDEF)
+
+    def once(*, mutate: str = "", read_cache: bool = True, observed: bool = False) -> Any:
+        tracer = Tracer(tmp_path, read_cache=read_cache)
+        if observed:  # a step_end callback: every step takes the full path
+            tracer.on_step_end(lambda **_: None)
+        try:
+            with tracer.trace("lane-uuid") as t:
+                MAYBE_Y(1, str(u))
+                MAYBE_Y(2, str(u))
+                if mutate == "inputs":
+                    t.steps[0].inputs["y"] = u
+                elif mutate == "attributes":
+                    t.steps[0].attributes["id"] = str(u)
+                    t.steps[1].attributes["id"] = u
+        finally:
+            tracer.close()
+        return t
+
+    once(read_cache=False)
+    once()
+    once()
+    recorded = once(mutate="inputs", read_cache=False)
+    assert recorded.write_error is not None and "CanonicalError" in recorded.write_error
+    for observed in (False, True):
+        t = once(mutate="inputs", observed=observed)
+        assert [s._proven is not None for s in t.steps] == [not observed] * 2
+        assert t.write_error == recorded.write_error.replace(recorded.trace_id, t.trace_id)
+    stored = []
+    for observed in (False, True):
+        t = once(mutate="attributes", observed=observed)
+        assert t.write_error is None
+        st = open_store(tmp_path)
+        try:
+            stored.append([s.attributes.get("id") for s in load_trace(st, t.trace_id).steps])
+        finally:
+            st.close()
+    assert stored[0] == stored[1] == [str(u), {"$unhashable": "UUID"}]
 
 
 def test_a_served_step_failed_and_finished_again_is_timed_from_its_start(

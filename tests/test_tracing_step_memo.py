@@ -8,10 +8,12 @@ separate process would make it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from rewind.llm import ChatClient
@@ -208,20 +210,15 @@ def test_steps_of_many_names_fold_the_state_they_change(
         st.close()
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_a_nan_or_infinity_where_the_source_had_none_is_refused_as_a_recording_refuses_it(
-    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient], bad: float
-) -> None:
-    """orjson writes NaN and infinities as ``null``: a step given one as input (``inputs=``
-    is kept as given) where the proven steps had None must not share their signature. The
-    write refuses it (CanonicalError) as a recording's does, instead of storing None."""
-    _, client = stub_client
-    folder = tmp_path / "store"
+def _refused_where_the_source_had(folder: Path, client: ChatClient, had: Any, bad: Any) -> None:
+    """Record a trace whose step ``post`` has the input ``{"v": had}``, prove it twice, then
+    replay it with ``{"v": bad}``: the replay's write must fail as a recording's of ``bad``
+    does (a CanonicalError), and neither is stored."""
 
     def once(value: Any, *, read_cache: bool = True) -> Any:
         tracer = Tracer(folder, chat_client=client, read_cache=read_cache)
         try:
-            with tracer.trace("memo-nan") as t:
+            with tracer.trace("memo-refused") as t:
                 chat_step("llm", [{"role": "user", "content": "question"}], temperature=0)
                 with t.step("post", inputs={"v": value}) as s:
                     s.set_output(1)
@@ -229,9 +226,9 @@ def test_a_nan_or_infinity_where_the_source_had_none_is_refused_as_a_recording_r
             tracer.close()
         return t
 
-    source = once(None, read_cache=False)
+    source = once(had, read_cache=False)
     for _ in range(2):  # the second is checked against what the first proved
-        replay = once(None)
+        replay = once(had)
         assert replay.write_error is None
         assert reference(folder, replay.trace_id)[1] == {
             "run": source.trace_id,
@@ -241,11 +238,24 @@ def test_a_nan_or_infinity_where_the_source_had_none_is_refused_as_a_recording_r
     assert step_memo.held() >= 2
     replay = once(bad)
     assert replay.write_error is not None and "CanonicalError" in replay.write_error
+    recording = once(bad, read_cache=False)
+    assert recording.write_error == replay.write_error.replace(replay.trace_id, recording.trace_id)
     st = open_store(folder)
     try:
-        assert replay.trace_id not in {r.run_id for r in st.list_runs()}  # nothing written
+        runs = {r.run_id for r in st.list_runs()}
+        assert replay.trace_id not in runs and recording.trace_id not in runs  # nothing written
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_nan_or_infinity_where_the_source_had_none_is_refused_as_a_recording_refuses_it(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient], bad: float
+) -> None:
+    """orjson writes NaN and infinities as ``null``: a step given one as input (``inputs=``
+    is kept as given) where the proven steps had None must not share their signature. The
+    write refuses it (CanonicalError) as a recording's does, instead of storing None."""
+    _refused_where_the_source_had(tmp_path / "store", stub_client[1], None, bad)
 
 
 def test_text_of_refuses_what_orjson_writes_as_null_but_is_not_none() -> None:
@@ -257,13 +267,35 @@ def test_text_of_refuses_what_orjson_writes_as_null_but_is_not_none() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (atk30): orjson writes a uuid.UUID as its string natively (no passthrough "
-    "option), while canonical hashing refuses it: a step given a UUID where the proven steps "
-    "had its string is stored by reference as the string, where a recording refuses it",
-)
 def test_text_of_refuses_a_uuid_which_the_hashes_refuse() -> None:
-    import uuid
+    """orjson writes a ``uuid.UUID`` as its string natively (``default`` is not called), while
+    canonical hashing refuses it: its text must not pass for the string's."""
+    u = uuid.UUID(int=0xABCDEF)
+    assert step_memo.text_of({"v": u}) is None
+    assert step_memo.text_of([None, {"a": [u]}], sort_keys=False) is None
+    assert step_memo.text_of({"k": [1, {"u": uuid.uuid4()}]}) is None
+    # the string itself is plain JSON, and so are strings that only look alike
+    assert step_memo.text_of({"v": str(u)}) == b'{"v":"' + str(u).encode() + b'"}'
+    for plain in (str(u).upper(), "a-b-c", "-" * 40, "x" + str(u), [str(u), 1, None]):
+        assert step_memo.text_of({"v": plain}) == orjson.dumps({"v": plain})
 
-    assert step_memo.text_of({"v": uuid.UUID(int=1)}) is None
+
+def test_doubtful_flags_null_and_uuid_shaped_strings_only() -> None:
+    u = str(uuid.UUID(int=0xABCDEF))
+    assert step_memo.doubtful(orjson.dumps({"v": None}))
+    assert step_memo.doubtful(orjson.dumps({"v": u}))
+    assert step_memo.doubtful(orjson.dumps([1, {"x": "id " + u}]))
+    for clean in ({"v": 1}, {"v": "gpt-4o-mini"}, {"v": "2026-12-03"}, {"v": u.upper()}, {}):
+        assert not step_memo.doubtful(orjson.dumps(clean))
+    assert step_memo.reads_back(orjson.dumps({"v": u}), {"v": u})
+    assert not step_memo.reads_back(orjson.dumps({"v": uuid.UUID(u)}), {"v": uuid.UUID(u)})
+
+
+def test_a_uuid_where_the_source_had_its_string_is_refused_as_a_recording_refuses_it(
+    tmp_path: Path, stub_client: tuple[ModelStub, ChatClient]
+) -> None:
+    """A step given a ``uuid.UUID`` as input (``inputs=`` is kept as given) where the proven
+    steps had its string must not share their signature (orjson writes both alike). The write
+    refuses it (CanonicalError) as a recording's does, instead of storing the string."""
+    u = uuid.UUID(int=0xABCDEF)
+    _refused_where_the_source_had(tmp_path / "store", stub_client[1], str(u), u)

@@ -799,7 +799,7 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
     attributes: list[Any] = []
     inputs_texts: list[bytes] = []
     attributes_texts: list[bytes] = []
-    nulls = False
+    doubtful = False
     for s in steps:
         if type(s) is Served:
             data = ServedData.of(s)
@@ -815,11 +815,11 @@ def steps_data(steps: list[Step | Served]) -> tuple[list[StepData], dict[int, by
         attributes.append(s.attributes)
         inputs_texts.append(proven.inputs_text)
         attributes_texts.append(proven.attributes_text)
-        nulls = nulls or proven.nulls
+        doubtful = doubtful or proven.doubtful
         data = ServedData.of(s)
         signed[id(data)] = proven.signature
         out.append(data)
-    if inputs and not _as_served(inputs, attributes, inputs_texts, attributes_texts, nulls):
+    if inputs and not _as_served(inputs, attributes, inputs_texts, attributes_texts, doubtful):
         signed = {}
         for i in served:
             rebuilt = step_data(steps[i])
@@ -836,11 +836,12 @@ def _as_served(
     attributes: list[Any],
     inputs_texts: list[bytes],
     attributes_texts: list[bytes],
-    nulls: bool,
+    doubtful: bool,
 ) -> bool:
     """Whether the served steps' ``inputs`` and ``attributes`` are still, as texts, the ones
-    they were served with (``nulls``: whether any of those holds a ``null``; only then can an
-    equal text hide a NaN, which :func:`step_memo.null_is_none` reads the texts back for)."""
+    they were served with (``doubtful``: whether any of those holds a ``null`` or a string
+    shaped like a UUID, :func:`step_memo.doubtful`; only then can an equal text hide a NaN or a
+    ``uuid.UUID``, which :func:`step_memo.reads_back` reads the texts back for)."""
     inputs_text = step_memo.raw_text(inputs)
     attributes_text = step_memo.raw_text(attributes, sort_keys=False)
     if (
@@ -850,9 +851,9 @@ def _as_served(
         or attributes_text != _joined(attributes_texts)
     ):
         return False
-    return not nulls or (
-        step_memo.null_is_none(inputs_text, inputs)
-        and step_memo.null_is_none(attributes_text, attributes)
+    return not doubtful or (
+        step_memo.reads_back(inputs_text, inputs)
+        and step_memo.reads_back(attributes_text, attributes)
     )
 
 

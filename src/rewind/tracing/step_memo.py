@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import operator
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -41,10 +42,11 @@ from rewind.tracing.model import StepData
 __all__ = [
     "SOURCES_KEPT",
     "Proven",
+    "doubtful",
     "held",
-    "null_is_none",
     "proven_of",
     "raw_text",
+    "reads_back",
     "remember",
     "remembered",
     "signature",
@@ -90,9 +92,10 @@ class Proven:
     calls: tuple[CallRecord, ...]
     prompt_tokens: int
     completion_tokens: int
-    nulls: bool = False
-    """Whether ``inputs_text`` or ``attributes_text`` holds a ``null`` (a value equal in text
-    to them may then hold a NaN there: :func:`null_is_none`)."""
+    doubtful: bool = False
+    """Whether ``inputs_text`` or ``attributes_text`` holds a ``null`` or a string shaped like
+    a UUID (a value equal in text to them may then hold a NaN or a ``uuid.UUID`` there, which
+    the hashes refuse: :func:`reads_back`)."""
 
     def step_data(
         self,
@@ -144,15 +147,17 @@ class Proven:
 
 def text_of(value: Any, *, sort_keys: bool = True) -> bytes | None:
     """``value`` as the orjson text a signature is made of (``sort_keys=False``: keys in their
-    order), or None when it is not plain JSON."""
+    order), or None when it is not plain JSON or holds a value the hashes refuse that orjson
+    writes as a plain one (:func:`reads_back`)."""
     text = raw_text(value, sort_keys=sort_keys)
-    return text if text is not None and null_is_none(text, value) else None
+    return text if text is not None and reads_back(text, value) else None
 
 
 def raw_text(value: Any, *, sort_keys: bool = True) -> bytes | None:
-    """:func:`text_of` without its check of the text's nulls (:func:`null_is_none`): for a
-    caller that compares the text with one of :func:`text_of` holding no null (so neither
-    does the value's, when they are equal), or checks it itself."""
+    """:func:`text_of` without its check that the value reads back from the text
+    (:func:`reads_back`): for a caller that compares the text with one of :func:`text_of`
+    that is not :func:`doubtful` (so neither is the value's, when they are equal), or checks
+    it itself."""
     try:
         return orjson.dumps(
             value,
@@ -163,13 +168,26 @@ def raw_text(value: Any, *, sort_keys: bool = True) -> bytes | None:
         return None
 
 
-def null_is_none(text: bytes, value: Any) -> bool:
-    """Whether every ``null`` in ``text`` (orjson's text of ``value``) is a None: orjson writes
-    NaN and the infinities as ``null`` too, which the hashes refuse (a CanonicalError), so such
-    a value must not share the text of one holding None there. Checked by reading the text
-    back, only when it has a ``null`` (then a value read back as another, a tuple or a UUID,
-    is refused too: the full comparison decides). The scan costs ~0.5 ns per byte of text."""
-    return b"null" not in text or orjson.loads(text) == value
+_UUID_TAIL = re.compile(rb'-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"')
+"""The end of a JSON string as orjson writes a ``uuid.UUID`` (``"8-4-4-4-12"``, lower-case
+hex). Searched from each ``-`` of a text (the pattern's literal first byte)."""
+
+
+def doubtful(text: bytes) -> bool:
+    """Whether orjson's ``text`` of a value might stand for a value the hashes refuse: it holds
+    a ``null`` (orjson writes NaN and the infinities so) or a string ending like a UUID's
+    (orjson writes a ``uuid.UUID`` as that string, natively: ``default`` is not called and no
+    option refuses it). ~0.5 ns per byte, more on text dense with ``-`` and hex digits."""
+    return b"null" in text or _UUID_TAIL.search(text) is not None
+
+
+def reads_back(text: bytes, value: Any) -> bool:
+    """Whether ``text`` (orjson's text of ``value``) stands for ``value`` alone, as far as the
+    hashes see: a NaN, an infinity or a ``uuid.UUID`` in ``value`` (which the hashes refuse, a
+    CanonicalError) must not share the text of a value holding None or that string there.
+    Checked by reading the text back, only when it is :func:`doubtful` (then a value read back
+    as another, a tuple or a str subclass, is refused too: the full comparison decides)."""
+    return not doubtful(text) or orjson.loads(text) == value
 
 
 def proven_of(s: StepData, sig: bytes) -> Proven | None:
@@ -208,7 +226,7 @@ def proven_of(s: StepData, sig: bytes) -> Proven | None:
         tuple(s.calls),
         int(s.prompt_tokens),
         int(s.completion_tokens),
-        b"null" in inputs_text or b"null" in attributes_text,
+        doubtful(inputs_text) or doubtful(attributes_text),
     )
 
 
@@ -236,8 +254,8 @@ def signature(s: StepData) -> bytes | None:
         text = orjson.dumps(values, default=_refuse, option=_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return None
-    # The JSON-valued fields (the inputs as the caller gave them) hold no NaN or infinity
-    # written as null (see null_is_none); the others are text, numbers and call records.
+    # The JSON-valued fields (the inputs as the caller gave them) hold no NaN, infinity or UUID
+    # written as a plain value (see reads_back); the others are text, numbers and call records.
     documents = [s.inputs, s.reads, s.params, s.fields, s.attributes]
     if text_of(documents, sort_keys=False) is None:
         return None
