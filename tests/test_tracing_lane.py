@@ -1039,7 +1039,28 @@ def test_a_dict_output_changed_through_the_traces_data_is_stored_as_the_step_ret
             tracer.close()
         return t
 
-    outputs = {}
+    stored = _stored_on_three_sides(tmp_path, no_lane, once, lambda v: v.output)
+    for t, _ in stored.values():
+        assert t.steps[0].data().fields == {"lane_record": {"q": "a", "items": [1, {"x": "a"}]}}
+    expected = [{"q": q, "items": [1, {"x": q}]} for q in ("a", "b")]
+    assert {side: got for side, (_, got) in stored.items()} == {
+        "lane": expected,
+        "full": expected,
+        "callback": expected,
+    }
+
+
+def _stored_on_three_sides(
+    tmp_path: Path,
+    no_lane: Callable[[], Any],
+    once: Callable[..., Any],
+    read: Callable[[Any], Any],
+) -> dict[str, tuple[Any, list[Any]]]:
+    """Per side ("lane": served in the lane, "full": the lane off, "callback": a step_end
+    callback given, so the full path): a store folder where ``once(folder, read_cache=...,
+    callback=...)`` (two steps) was recorded, replayed, then replayed on that side; the last
+    trace and ``read`` of each of its stored steps."""
+    out = {}
     for side in ("lane", "full", "callback"):
         folder = tmp_path / side
         once(folder, read_cache=False)
@@ -1051,14 +1072,46 @@ def test_a_dict_output_changed_through_the_traces_data_is_stored_as_the_step_ret
             if patch is not None:
                 patch.undo()
         assert [s._proven is not None for s in t.steps] == [side == "lane"] * 2
-        assert t.steps[0].data().fields == {"lane_record": {"q": "a", "items": [1, {"x": "a"}]}}
         st = open_store(folder)
         try:
-            outputs[side] = [s.output for s in load_trace(st, t.trace_id, payloads=True).steps]
+            out[side] = (t, [read(s) for s in load_trace(st, t.trace_id, payloads=True).steps])
         finally:
             st.close()
-    expected = [{"q": q, "items": [1, {"x": q}]} for q in ("a", "b")]
-    assert outputs == {"lane": expected, "full": expected, "callback": expected}
+    return out
+
+
+def test_inputs_changed_through_the_traces_data_are_stored_as_the_step_was_given_them(
+    tmp_path: Path, no_lane: Callable[[], Any]
+) -> None:
+    """The data ``Trace.data()`` and a ``step_end`` callback get hold their own copy of a
+    step's inputs (as of its output): changing them changes neither the step nor what is
+    stored, whether the lane served the step or not (both paths handed out the step's own
+    inputs, and stored the change)."""
+
+    def once(folder: Path, *, read_cache: bool = True, callback: bool = False) -> Any:
+        tracer = Tracer(folder, read_cache=read_cache, raise_on_write_error=True)
+        if callback:
+
+            def scribble(*, step: StepData, **_: Any) -> None:
+                step.inputs["q"] = "callback"
+
+            tracer.on_step_end(scribble)
+        try:
+            with tracer.trace("lane-record-inputs") as t:
+                LANE_RECORD("a")
+                LANE_RECORD("b")
+                t.data().steps[0].inputs["q"] = "changed"
+                t.data().steps[1].inputs.clear()
+        finally:
+            tracer.close()
+        return t
+
+    stored = _stored_on_three_sides(tmp_path, no_lane, once, lambda v: v.input)
+    expected = [{"q": "a"}, {"q": "b"}]
+    for side, (t, got) in stored.items():
+        assert [s.inputs for s in t.steps] == expected, side
+        assert t.record.config["reference"]["all"] is True  # as its source: by reference
+        assert got == expected, side
 
 
 def test_the_lanes_memos_are_bounded_by_bytes_as_well_as_entries(

@@ -379,13 +379,13 @@ class Step:
             self.attributes.setdefault("finish_reason", response.finish_reason)
 
     def data(self) -> StepData:
-        """The step as the store writes it, its output a copy of its own (changing the data
-        changes neither the step nor what is stored)."""
+        """The step as the store writes it, its inputs and output copies of its own (changing
+        the data changes neither the step nor what is stored)."""
         return self._data(copy=True)
 
     def _data(self, *, copy: bool = False) -> StepData:
-        """:meth:`data`; ``copy`` False: its output is the step's own snapshot (a trace's
-        exit, which hands the data to its writer alone, makes no copy)."""
+        """:meth:`data`; ``copy`` False: its inputs and output are the step's own objects (a
+        trace's exit, which hands the data to its writer alone, makes no copy)."""
         status = str(self.status)
         scope = self.scope
         params = scope.params if scope is not None else self._params
@@ -394,10 +394,14 @@ class Step:
         effects = scope.effects if scope is not None else self._effects
         duration = self.duration_ms
         snapshot = self._snapshot
-        if copy and (type(snapshot) is dict or type(snapshot) is list):
+        inputs = self.inputs
+        if copy:
             # What a caller does to the data (Trace.data(), a step_end callback) must not
-            # change the output the step is stored with.
-            snapshot = jsonable(snapshot)
+            # change the inputs and output the step is stored with.
+            if type(snapshot) is dict or type(snapshot) is list:
+                snapshot = jsonable(snapshot)
+            if type(inputs) is dict or type(inputs) is list:
+                inputs = jsonable(inputs)
         if self.status == StepStatus.RUNNING:  # still running when the trace ended
             duration = (time.perf_counter() - self._perf) * 1000.0
         # Every field set as StepData(...) with these keywords sets it, without the generated
@@ -408,7 +412,7 @@ class Step:
             name=self.name,
             step_type=self.step_type,
             status=status,
-            inputs=self.inputs,
+            inputs=inputs,
             reads={},
             params=jsonable(params) if params else {},
             fields={self.name: snapshot} if status == StepStatus.SUCCESS else None,
