@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -124,5 +125,56 @@ def test_a_store_kept_open_while_its_file_is_deleted_and_created_again_writes_ev
     try:
         view = load_trace(reader, t.trace_id, payloads=True)
         assert [s.output for s in view.steps] == [_payload(i) for i in range(3)]
+    finally:
+        reader.close()
+
+
+def _recreate(folder: Path) -> None:
+    """Delete the store's files under whatever holds them open, and let another store create
+    them again (closing the shared engine's connections, so the next ones open the new file)."""
+    for p in list(folder.iterdir()):
+        if p.name.startswith("rewind.db"):
+            p.unlink()
+    other = open_store(folder)
+    try:
+        other.put_edges("someone-else", [("x", "y", "")])  # its first write: a new store id
+    finally:
+        other.close()
+
+
+def test_edges_written_once_are_written_again_to_a_file_deleted_and_created_again(
+    tmp_path: Path,
+) -> None:
+    """A Store remembers the edges it committed and does not write them again; the memory
+    holds for the database it was learned on only. With the file deleted and created again
+    under the open store, the same edges (the first write there, nothing else first noticing
+    the other file) were skipped: the new file had none."""
+    edges = [("a", "b", ""), ("b", "c", "x > 1")]
+    store = open_store(tmp_path)
+    writes = []
+    write = store.write
+
+    def counted(**kwargs: Any) -> Any:
+        writes.append(1)
+        return write(**kwargs)
+
+    store.write = counted  # type: ignore[method-assign]
+    try:
+        store.put_edges("p", edges)
+        store.put_edges("p", edges)  # remembered: not written again
+        assert len(writes) == 1
+        assert sorted(store.edges_of("p")) == edges
+        _recreate(tmp_path)
+        assert store.edges_of("p") == []  # the store reads the new file
+        store.put_edges("p", edges)
+        assert sorted(store.edges_of("p")) == edges
+        store.put_edges("p", edges)  # remembered for the new file
+        assert len(writes) == 2
+    finally:
+        store.close()
+    reader = open_store(tmp_path)
+    try:
+        assert sorted(reader.edges_of("p")) == edges
+        assert reader.edges_of("someone-else") == [("x", "y", "")]
     finally:
         reader.close()

@@ -269,7 +269,8 @@ class Store:
         # (partition key, app id) -> (sequence id, fields, delta depth) of the last state row
         # this instance committed: the base of the next row's delta (see state_deltas).
         self._state_tails: dict[tuple[str, str], tuple[int, dict[str, str], int]] = {}
-        self._edges_written: set[tuple[str, tuple[tuple[str, ...], ...]]] = set()
+        # (store id the edges were written on, pipeline, edges) committed by this instance
+        self._edges_written: set[tuple[str | None, str, tuple[tuple[str, ...], ...]]] = set()
         self._epoch_ready = not read_only
         _OPEN_STORES.add(self)
 
@@ -1478,14 +1479,38 @@ class Store:
             conn.execute(stmt, rows)
             return
         # Every record of a pipeline writes its edges; rows are never deleted, so edges this
-        # instance committed once are not written (a write transaction of their own) again.
-        written = (pipeline, tuple(tuple(r.values()) for r in rows))
-        if written in self._edges_written:
+        # instance committed once are not written (a write transaction of their own) again,
+        # in the same database (on SQLite, a file deleted and created again under this open
+        # store is another one: its meta.store_id, read first, is not the one they were
+        # written on).
+        edges_key = (pipeline, tuple(tuple(r.values()) for r in rows))
+        if (self._store_id, *edges_key) in self._edges_written and self._same_store_id():
             return
         with self.write() as own:
             own.execute(stmt, rows)
+            written = (self._store_id, *edges_key)  # the database this write found
         if len(self._edges_written) < 1_000:
             self._edges_written.add(written)
+
+    def _same_store_id(self) -> bool:
+        """Whether the database is the one this instance's memories were learned on: on SQLite
+        its ``meta.store_id``, read now (one statement through the driver on a pooled
+        connection, as :func:`_sqlite_revision_and_version` reads), is the one its writes saw
+        last (:meth:`_same_database`); True on other databases, which have none. False when it
+        cannot be read (the caller then writes, and meets the error there)."""
+        if self._bulk_sql is None:
+            return True
+        if self._store_id is None or self.engine.dialect.driver != "pysqlite":
+            return False
+        try:
+            raw = self.engine.raw_connection()
+            try:
+                rows = raw.driver_connection.execute(_STORE_ID_SQL, (STORE_ID_KEY,)).fetchall()
+            finally:
+                raw.close()
+        except (SQLAlchemyError, sqlite3.Error):
+            return False
+        return bool(rows) and rows[0][0] == self._store_id
 
     def edges_of(self, pipeline: str) -> list[tuple[str, str, str]]:
         """A pipeline's edges as (src, dst, condition)."""
@@ -1849,6 +1874,7 @@ _EPOCH_AND_STORE_ID_SQL = (
     "SELECT (SELECT value FROM meta WHERE key = ?), (SELECT value FROM meta WHERE key = ?)"
 )
 _INSERT_STORE_ID_SQL = "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)"
+_STORE_ID_SQL = "SELECT value FROM meta WHERE key = ?"
 STORE_ID_KEY = "store_id"
 """``meta`` key of a SQLite store's random id, written by its first write that finds none
 (:meth:`Store._same_database`): tells a file deleted and created again at the same path from
