@@ -1114,6 +1114,41 @@ def test_inputs_changed_through_the_traces_data_are_stored_as_the_step_was_given
         assert got == expected, side
 
 
+def test_a_chain_end_callback_changes_nothing_the_trace_writes(tmp_path: Path) -> None:
+    """A trace with a ``chain_end`` callback builds its steps' data the full way (no lane
+    records): it writes the steps' own inputs, not the copies ``Trace.data()`` hands out
+    (a copy is ``jsonable``, which turns a NaN into a marker: the write then stored it where
+    the same trace without the callback fails, CanonicalError)."""
+
+    def once(value: Any, *, chain_end: bool) -> Any:
+        tracer = Tracer(tmp_path)
+        if chain_end:
+            tracer.on_chain_end(lambda **_: None)
+        try:
+            with tracer.trace("chain-end-inputs") as t, t.step("post", inputs={"v": value}) as s:
+                s.set_output(1)
+        finally:
+            tracer.close()
+        return t
+
+    for value in (float("nan"), (1, 2.0)):
+        plain, called = once(value, chain_end=False), once(value, chain_end=True)
+        assert called.write_error == (
+            None
+            if plain.write_error is None
+            else plain.write_error.replace(plain.trace_id, called.trace_id)
+        )
+        assert (called.record is None) == (plain.record is None)
+    st = open_store(tmp_path)
+    try:
+        runs = [r for r in st.list_runs() if r.pipeline == "chain-end-inputs"]
+        assert len(runs) == 2  # the tuple, twice: stored alike
+        views = [load_trace(st, r.run_id) for r in runs]
+        assert views[0].steps[0].input_hash == views[1].steps[0].input_hash
+    finally:
+        st.close()
+
+
 def test_the_lanes_memos_are_bounded_by_bytes_as_well_as_entries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -872,13 +872,17 @@ class Trace:
             logger.warning("trace callback failed (%s)", text)
 
     def data(self) -> TraceData:
-        """The trace as the store writes it."""
-        return self._data(lane=False)[0]
+        """The trace as the store writes it, each step's inputs and output copies of its own
+        (:meth:`Step.data`)."""
+        return self._data(lane=False, copy=True)[0]
 
-    def _data(self, *, lane: bool) -> tuple[TraceData, dict[int, bytes]]:
+    def _data(self, *, lane: bool, copy: bool = False) -> tuple[TraceData, dict[int, bytes]]:
         """The trace as the store writes it, and ``id(step data)`` -> signature of the steps
         served in the lane (``lane``: rebuilt from what they were served as, which the writer
-        need not sign again, see :func:`rewind.tracing.lane.steps_data`)."""
+        need not sign again, see :func:`rewind.tracing.lane.steps_data`). ``copy``: the
+        steps' data made by :meth:`Step.data` (copies), else by ``Step._data`` (the steps'
+        own inputs and outputs, as written: a copy is :func:`jsonable`, which turns a value
+        the hashes refuse into a marker the write would then store)."""
         config: dict[str, Any] = {"source": "tracer", **self.config}
         if self.chain_ref:
             config["chain_ref"] = self.chain_ref
@@ -887,7 +891,8 @@ class Trace:
                 held = list(self._steps)
             steps, signed = _lane.steps_data(held)
         else:
-            steps, signed = [s.data() for s in self.steps], {}
+            steps = [s.data() if copy else s._data() for s in self.steps]
+            signed = {}
         trace = TraceData(
             trace_id=self.trace_id,
             name=self.name,
