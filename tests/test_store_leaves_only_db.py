@@ -203,3 +203,55 @@ def test_a_store_reopened_after_a_reader_left_the_files_is_cleaned_by_its_close(
         assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 1
     store.close()
     assert _db_files(tmp_path) == ["rewind.db"]
+
+
+_DIES = """
+import os, sys
+from sqlalchemy import text
+from rewind.store import open_store
+
+store = open_store(sys.argv[1])
+with store.write() as conn:
+    conn.execute(text("INSERT INTO meta(key, value) VALUES ('held', 'yes')"))
+os._exit(0)  # killed with the store open: its committed row only in the WAL
+"""
+
+
+def test_a_reader_after_a_writer_died_keeps_its_committed_rows(tmp_path: Path) -> None:
+    run_id = _recorded(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", _DIES, str(tmp_path)], check=True, env=env)
+    assert (tmp_path / "rewind.db-wal").stat().st_size > 0
+    proc = run_rewind("--store", str(tmp_path), "runs", "--json")
+    assert proc.returncode == 0 and run_id in proc.stdout, proc.stderr[-2000:]
+    assert _db_files(tmp_path) == ["rewind.db"]  # the last close folded the WAL
+    con = sqlite3.connect(tmp_path / "rewind.db")
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert con.execute("SELECT value FROM meta WHERE key = 'held'").fetchone() == ("yes",)
+    finally:
+        con.close()
+    assert _held(tmp_path) == "yes"
+    assert _db_files(tmp_path) == ["rewind.db"]
+
+
+def test_a_reader_closing_after_the_writer_removes_the_files_the_writer_could_not(
+    tmp_path: Path,
+) -> None:
+    _recorded(tmp_path)
+    reader = open_store(tmp_path, read_only=True)
+    try:
+        with reader.read() as conn:
+            assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 1
+        writer = open_store(tmp_path)
+        with writer.write() as conn:
+            conn.execute(text("INSERT INTO meta(key, value) VALUES ('held', 'yes')"))
+        writer.close()  # not the last connection: the reader's keeps the files
+        assert _db_files(tmp_path) == ["rewind.db", "rewind.db-shm", "rewind.db-wal"]
+        with reader.read() as conn:
+            held = conn.execute(text("SELECT value FROM meta WHERE key = 'held'")).scalar()
+        assert held == "yes"
+    finally:
+        reader.close()
+    assert _db_files(tmp_path) == ["rewind.db"]
+    assert _held(tmp_path) == "yes"
