@@ -131,23 +131,38 @@ def new_sqlite_engine(db_path: Path) -> Engine:
 
 
 def sqlite_read_only_engine(db_path: Path) -> Engine:
-    """Create an engine that only reads an existing SQLite file: ``mode=ro``, ``query_only``.
+    """Create an engine that only reads an existing SQLite file (``query_only``; never created).
 
     Read commands (``rewind runs``, ``show``, ``diff``...) use it so a store on read-only media
     (a mounted snapshot, a CI artifact, another user's folder) can be listed, and so reading
-    never changes the database. A WAL reader needs the ``-shm`` index beside the file (SQLite
-    creates it when the folder is writable, so readers see a concurrent writer's commits); when
-    the folder is not writable the file is opened ``immutable`` instead (SQLite then assumes
-    nobody changes it while it is open — true of read-only media).
+    never changes the database's rows. A WAL reader needs the ``-shm`` index and a ``-wal`` file
+    beside the database (SQLite creates them when the folder is writable, so readers see a
+    concurrent writer's commits); when the folder is not writable the file is opened
+    ``immutable`` instead (SQLite then assumes nobody changes it while it is open — true of
+    read-only media).
+
+    A file this process may write is opened ``mode=rw`` (not created: ``mode=rwc`` is not
+    given) with ``PRAGMA query_only`` refusing every write statement, not ``mode=ro``: SQLite
+    cannot checkpoint through a ``mode=ro`` connection, so when it was the file's last
+    connection its close left the ``-wal`` and ``-shm`` files behind (a 32 KiB ``-shm`` after
+    every ``rewind runs``). A read-write connection's close, when it is the last connection
+    of any process (it takes the file's exclusive lock, or does nothing), copies committed WAL
+    frames into the file (none after a store's own close) and deletes both files, as the last
+    writer's close does; one still open elsewhere keeps them. A file this process may not
+    write is opened ``mode=ro`` (its ``-wal``/``-shm`` stay: SQLite could not delete them).
 
     Raises:
         FileNotFoundError: ``db_path`` does not exist (read-only never creates it).
     """
     if not db_path.is_file():
         raise FileNotFoundError(db_path)
-    uri = f"file:{quote(str(db_path))}?mode=ro"
+    uri = f"file:{quote(str(db_path))}"
     if not os.access(db_path.parent, os.W_OK):
-        uri += "&immutable=1"
+        uri += "?mode=ro&immutable=1"
+    elif os.access(db_path, os.W_OK):
+        uri += "?mode=rw"
+    else:
+        uri += "?mode=ro"
 
     def connect() -> sqlite3.Connection:
         return sqlite3.connect(

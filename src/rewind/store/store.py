@@ -2515,7 +2515,8 @@ def open_store(
             ``.db``/``.sqlite``, or a SQLAlchemy URL (``postgresql+psycopg://…``).
         read_only: only read an existing store (what ``rewind runs``/``show``/``diff``... do):
             nothing is created, migrated or written, so a store on read-only media can be read;
-            SQLite opens with ``mode=ro`` (see :func:`rewind.store.engine.sqlite_read_only_engine`).
+            SQLite reads with ``query_only``, and the last close leaves only the database file
+            (see :func:`rewind.store.engine.sqlite_read_only_engine`).
         root: with a URL, the folder artifacts are written below (default ``./.rewind``);
             ignored for SQLite, whose folder is the root.
         objects: object storage for large blobs (``s3://bucket/prefix``, ``file:///folder`` or
