@@ -125,3 +125,50 @@ def test_a_lane_replay_of_a_store_downgraded_and_upgraded_is_the_full_paths(
     # new source (the newest), whose steps this process has not proven yet.
     assert lane_side[4] == (0 if revision == "0009" else 2 * N)
     assert lane_side[3]["config"]["reference"]["all"] is True
+
+
+def repeated_chain(question: str = "same") -> list[str]:
+    """A chain sending one request at three steps (a sampled model answers each differently)."""
+    from rewind.tracing import chat_step
+
+    messages = [{"role": "user", "content": question}]
+    return [chat_step("llm", messages, temperature=0).content for _ in range(3)]
+
+
+@pytest.mark.parametrize("mode", ["chain", "recorded-calls"])
+def test_an_unchanged_replay_trace_returns_each_steps_own_answer_to_a_repeated_request(
+    tmp_path: Path, mode: str
+) -> None:
+    """A trace sent one request at three steps and got three answers (the stub numbers them,
+    as a sampling model differs). ``rewind replay-trace`` served every step the last answer
+    (its lineage by key alone), so the unchanged replay's outputs and hashes were not the
+    recording's and it was stored in full; it now serves each step the answer its own
+    position recorded, as ``Tracer(read_cache=True)`` and the in-place replay do."""
+    from rewind.tracing import Tracer
+    from rewind.tracing.replay import replay_trace
+    from rewind.tracing.store import load_trace
+
+    ref = "tests.test_attack31:repeated_chain" if mode == "chain" else None
+    with stub_and_client() as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.trace("repeated", {"question": "same"}, chain_ref=ref) as t:
+                t.set_output(repeated_chain("same"))
+        finally:
+            tracer.close()
+        recorded = t.output
+        assert len(set(recorded)) == 3
+        requests = stub.count
+        st = open_store(tmp_path)
+        try:
+            replay = replay_trace(st, t.trace_id, chat_client=client)
+            assert replay.config["replay_mode"] == mode
+            steps = load_trace(st, replay.run_id, payloads=True).steps
+            source = load_trace(st, t.trace_id, payloads=True).steps
+        finally:
+            st.close()
+    assert stub.count == requests
+    assert [s.output for s in steps] == recorded
+    assert [s.output_hash for s in steps] == [s.output_hash for s in source]
+    assert replay.parent_run_id == t.trace_id
+    assert replay.config["reference"] == {"run": t.trace_id, "steps": 3, "all": True}
