@@ -257,3 +257,58 @@ def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_ke
             st.close()
         again = replay()
     assert again.parent_run_id == trace_id and again.write_error is None
+
+
+def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_recorded(
+    tmp_path: Path,
+) -> None:
+    """A trace without chain code is replayed as its recorded calls. A step the recording
+    skipped, or that failed and was caught by the chain, was replayed as a success, so the
+    unchanged replay's statuses, and the state hashes of every step after, were not the
+    recording's (and it was stored in full from the skipped step on). They now keep their
+    recorded status and error when the replay does not change them (a failed step stores its
+    state row, so the reference stops there, as for any replay)."""
+    from rewind.tracing import Tracer, chat_step, step
+    from rewind.tracing.replay import replay_trace
+    from rewind.tracing.store import load_trace
+
+    def ask(q: str) -> str:
+        return chat_step("llm", [{"role": "user", "content": q}], temperature=0).content
+
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.trace("statuses", {"q": 1}) as t:
+                ask("one")
+                with step("maybe", "transform") as s:
+                    s.skip("not needed")
+                try:
+                    with step("parse", "parse", input="x"):
+                        raise ValueError("bad answer")
+                except ValueError:
+                    pass
+                with step("check", "validate") as s:
+                    s.fail("rejected", "Rejected")
+                with step("noop", "transform"):
+                    pass
+                ask("two")
+                t.set_output("done")
+        finally:
+            tracer.close()
+        requests = stub.count
+        st = open_store(tmp_path)
+        try:
+            replay = replay_trace(st, t.trace_id, chat_client=client)
+            source = load_trace(st, t.trace_id).steps
+            steps = load_trace(st, replay.run_id).steps
+        finally:
+            st.close()
+    assert replay.config["replay_mode"] == "recorded-calls" and stub.count == requests
+
+    def shown(s: Any) -> tuple[Any, ...]:
+        return (s.name, s.status, s.error_type, s.error_message, s.output_hash, s.state_hash)
+
+    assert [shown(s) for s in steps] == [shown(s) for s in source]
+    statuses = ["success", "skipped", "failed", "failed", "success", "success"]
+    assert [s.status for s in source] == statuses
+    assert replay.config["reference"] == {"run": t.trace_id, "steps": 2, "all": False}
