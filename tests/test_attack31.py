@@ -312,3 +312,44 @@ def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_re
     statuses = ["success", "skipped", "failed", "failed", "success", "success"]
     assert [s.status for s in source] == statuses
     assert replay.config["reference"] == {"run": t.trace_id, "steps": 2, "all": False}
+
+
+def test_gc_archives_a_run_whose_id_holds_path_separators_inside_its_archive_folder(
+    tmp_path: Path,
+) -> None:
+    """A trace id is the caller's (``Tracer.trace(trace_id=...)``) and nothing checks its
+    characters: ``rewind gc`` wrote the archive of a run named ``../../../escaped`` at
+    ``archive/runs/../../../escaped.json.gz``, outside the archive folder (and outside the
+    store's). The run id is now one path segment of the key (percent-quoted); restoring it
+    reads it back whole."""
+    from rewind.store.retention import collect_garbage, restore_run
+    from rewind.tracing import Tracer
+    from rewind.tracing.store import load_trace
+
+    location = tmp_path / "a" / "b" / "store"
+    ids = ["../../../escaped", "x/y", "plain"]
+    outputs: dict[str, Any] = {}
+    with stub_and_client(reply) as (_stub, client):
+        for trace_id in ids:
+            tracer = Tracer(location, chat_client=client, raise_on_write_error=True)
+            try:
+                with tracer.trace("odd-ids", {"q": 1}, trace_id=trace_id) as t:
+                    t.set_output(agent(2))
+            finally:
+                tracer.close()
+            outputs[trace_id] = t.output
+    before = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    st = open_store(location)
+    try:
+        report = collect_garbage(st, 0, now=4e9)
+        assert sorted(a.run_id for a in report.archived) == sorted(ids)
+        written = sorted(set(p for p in tmp_path.rglob("*") if p.is_file()) - set(before))
+        archives = [p for p in written if p.name.endswith(".json.gz")]
+        assert len(archives) == 3
+        assert all(p.parent == location / "archive" / "runs" for p in archives), archives
+        for trace_id in ids:
+            restore_run(st, trace_id)
+            assert load_trace(st, trace_id, payloads=True).output == outputs[trace_id]
+            assert len(load_trace(st, trace_id).steps) == 4
+    finally:
+        st.close()
