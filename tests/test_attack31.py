@@ -353,3 +353,24 @@ def test_gc_archives_a_run_whose_id_holds_path_separators_inside_its_archive_fol
             assert len(load_trace(st, trace_id).steps) == 4
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("trace_id", ["x" * 65, "ab" * 15 + "\x00", 12345])
+def test_a_trace_id_no_store_backend_keeps_is_refused_before_the_trace_runs(
+    tmp_path: Path, trace_id: Any
+) -> None:
+    """SQLite stored a trace id of 100 characters or holding NUL, PostgreSQL refused it at the
+    write (varchar(64); no NUL in text): the same trace was kept on one backend and lost, with
+    a database error, on the other. It is now refused when the trace is made, before its
+    chain runs, with a message that says what a trace id may be."""
+    from rewind.tracing import Tracer
+
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with pytest.raises(ValueError, match="a trace id is a string of at most 64"):
+            tracer.trace("ids", {"q": 1}, trace_id=trace_id)
+        with tracer.trace("ids", {"q": 1}, trace_id="x" * 64) as t:
+            pass
+    finally:
+        tracer.close()
+    assert t.record is not None and t.record.run_id == "x" * 64
