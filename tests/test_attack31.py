@@ -8,6 +8,7 @@ Real stores (SQLite, a throwaway PostgreSQL server) and a real loopback model se
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from rewind.errors import RewindError
 from rewind.store import open_store
 from rewind.tracing import lane
 from tests.model_stub import stub_and_client
@@ -374,3 +376,105 @@ def test_a_trace_id_no_store_backend_keeps_is_refused_before_the_trace_runs(
     finally:
         tracer.close()
     assert t.record is not None and t.record.run_id == "x" * 64
+
+
+def _child_traces(location: str, base_url: str, role: str, count: int) -> None:
+    """In a child process: ``count`` traces of :func:`agent` through a Tracer of their own,
+    cached (``role`` "replay", input ``{"n": 0}``) or recorded (``role`` "record", inputs and
+    a first question of their own); one JSON line per trace: its id, the chain's digest, its
+    write error and how many steps the lane served."""
+    from rewind.llm import ChatClient, Endpoint, RetryPolicy
+    from rewind.tracing import Tracer
+
+    client = ChatClient(
+        Endpoint(base_url=base_url, api_key="none", model="stub-model"),
+        retry=RetryPolicy(attempts=1),
+    )
+    try:
+        for i in range(count):
+            replaying = role == "replay"
+            tracer = Tracer(location, chat_client=client, read_cache=replaying)
+            try:
+                # The recorder's traces ask another first question: never the replays' source.
+                with tracer.trace("lane-agent", {"n": 0 if replaying else i + 1}) as t:
+                    digest = agent(3, change_at=-1 if replaying else 0)
+            finally:
+                tracer.close()
+            served = sum(1 for s in t.steps if s._proven is not None)
+            line = {"id": t.trace_id, "digest": digest, "error": t.write_error, "served": served}
+            print(json.dumps(line))
+    finally:
+        client.close()
+
+
+def test_lane_replays_beside_a_recorder_process_and_deletes_store_what_they_return(
+    tmp_path: Path,
+) -> None:
+    """Two processes replay one trace through the lane while a third records other traces of
+    its name and this one deletes the recorder's runs and runs gc: every replay is written,
+    linked to the recording, with the recording's answers, and the store stays whole."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from rewind.store.retention import collect_garbage, delete_run
+    from rewind.tracing import Tracer
+    from rewind.tracing.store import load_trace
+
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.trace("lane-agent", {"n": 0}) as recording:
+                recorded = agent(3)
+        finally:
+            tracer.close()
+        code = (
+            "import sys; from tests.test_attack31 import _child_traces as c; "
+            "c(*sys.argv[1:3], sys.argv[3], int(sys.argv[4]))"
+        )
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(tmp_path), stub.base_url, role, "12"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ),
+                cwd=Path(__file__).resolve().parents[1],  # where `tests` imports from
+            )
+            for role in ("replay", "replay", "record")
+        ]
+        deleted: set[str] = set()
+        while any(c.poll() is None for c in children):
+            st = open_store(tmp_path)
+            try:
+                with st.read() as conn:
+                    rows = conn.exec_driver_sql(
+                        "SELECT run_id FROM runs WHERE run_id != ? AND parent_run_id IS NULL",
+                        (recording.trace_id,),
+                    ).all()
+                for (run_id,) in rows[:2]:
+                    with contextlib.suppress(RewindError):  # a replay of it exists meanwhile
+                        delete_run(st, run_id)
+                        deleted.add(run_id)
+                collect_garbage(st, 3600.0)
+            finally:
+                st.close()
+        outs = [c.communicate()[0] for c in children]
+        assert all(c.returncode == 0 for c in children)
+    lines = [json.loads(line) for out in outs[:2] for line in out.splitlines()]
+    assert len(lines) == 24 and all(line["error"] is None for line in lines)
+    assert all(line["digest"] == recorded for line in lines)
+    assert max(line["served"] for line in lines) == 6  # the lane served whole replays
+    st = open_store(tmp_path)
+    try:
+        expected = [s.output for s in load_trace(st, recording.trace_id, payloads=True).steps]
+        for line in lines:
+            row = st.get_run(line["id"])
+            assert row.parent_run_id == recording.trace_id
+            steps = load_trace(st, line["id"], payloads=True).steps
+            assert [s.output for s in steps] == expected
+    finally:
+        st.close()
+    assert deleted
+    with contextlib.closing(sqlite3.connect(tmp_path / "rewind.db")) as db:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
