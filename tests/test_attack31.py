@@ -380,9 +380,9 @@ def test_a_trace_id_no_store_backend_keeps_is_refused_before_the_trace_runs(
 
 def _child_traces(location: str, base_url: str, role: str, count: int) -> None:
     """In a child process: ``count`` traces of :func:`agent` through a Tracer of their own,
-    cached (``role`` "replay", input ``{"n": 0}``) or recorded (``role`` "record", inputs and
-    a first question of their own); one JSON line per trace: its id, the chain's digest, its
-    write error and how many steps the lane served."""
+    cached (``role`` "replay", input ``{"n": 0}``) or recorded (``role`` "record", a name,
+    inputs and a first question of their own); one JSON line per trace: its id, the chain's
+    digest, its write error and how many steps the lane served."""
     from rewind.llm import ChatClient, Endpoint, RetryPolicy
     from rewind.tracing import Tracer
 
@@ -395,8 +395,10 @@ def _child_traces(location: str, base_url: str, role: str, count: int) -> None:
             replaying = role == "replay"
             tracer = Tracer(location, chat_client=client, read_cache=replaying)
             try:
-                # The recorder's traces ask another first question: never the replays' source.
-                with tracer.trace("lane-agent", {"n": 0 if replaying else i + 1}) as t:
+                # The recorder's traces have a name of their own: four newer traces of the
+                # replays' name would hide their source (the xfail test below).
+                name = "lane-agent" if replaying else "lane-agent-other"
+                with tracer.trace(name, {"n": 0 if replaying else i + 1}) as t:
                     digest = agent(3, change_at=-1 if replaying else 0)
             finally:
                 tracer.close()
@@ -410,8 +412,8 @@ def _child_traces(location: str, base_url: str, role: str, count: int) -> None:
 def test_lane_replays_beside_a_recorder_process_and_deletes_store_what_they_return(
     tmp_path: Path,
 ) -> None:
-    """Two processes replay one trace through the lane while a third records other traces of
-    its name and this one deletes the recorder's runs and runs gc: every replay is written,
+    """Two processes replay one trace through the lane while a third records other traces
+    and this one deletes the recorder's runs and runs gc: every replay is written,
     linked to the recording, with the recording's answers, and the store stays whole."""
     import os
     import sqlite3
@@ -478,3 +480,24 @@ def test_lane_replays_beside_a_recorder_process_and_deletes_store_what_they_retu
     assert deleted
     with contextlib.closing(sqlite3.connect(tmp_path / "rewind.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tracer_source.find_source tries only the CANDIDATES (4) newest completed traces of "
+    "the name for the first call's key: once four traces of the same name with other first "
+    "requests were recorded after it (other inputs of a busy chain), an unchanged cached "
+    "replay of a trace finds no source: it is stored unlinked (no parent), in full, and the "
+    "lane never serves it",
+)
+def test_a_cached_replay_finds_its_source_behind_newer_traces_of_the_same_name(
+    tmp_path: Path,
+) -> None:
+    with stub_and_client(reply) as (stub, client):
+        recording, recorded = run(tmp_path, client, lambda: agent(3), read_cache=False)
+        for i in range(4):  # the same chain asked other first questions
+            run(tmp_path, client, lambda i=i: agent(3, change_at=0) + str(i), read_cache=False)
+        requests = stub.count
+        replay, digest = run(tmp_path, client, lambda: agent(3))
+    assert digest == recorded and stub.count == requests
+    assert replay.parent_run_id == recording.trace_id
