@@ -58,6 +58,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Table, delete, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
@@ -525,7 +526,9 @@ def _archive_bytes(doc: dict[str, Any]) -> bytes:
 
 
 def _archive_key(run_id: str) -> str:
-    return f"archive/runs/{run_id}.json.gz"
+    # One path segment whatever the id holds: a trace id is the caller's, and ``../x`` or
+    # ``a/b`` would put the archive outside ``archive/runs/`` (a hex or UUID id reads as is).
+    return f"archive/runs/{quote(run_id, safe='')}.json.gz"
 
 
 def _archive_and_delete(

@@ -160,7 +160,8 @@ def _replay_steps(
             stack.append((s, step))
             changes = overrides.get(view.occurrence(s)) or overrides.get(s.name) or {}
             try:
-                _run_calls(s, step, requests, subs, changes)
+                if not _run_calls(s, step, requests, subs, changes):
+                    _as_recorded(s, step)
             except EndpointUnavailable as exc:
                 unavailable = unavailable or exc
                 step.finish(exc)
@@ -187,9 +188,21 @@ def _inputs(s: StepView) -> dict[str, Any]:
     return dict(inputs) if isinstance(inputs, Mapping) else {}
 
 
+def _as_recorded(s: StepView, step: Step) -> None:
+    """Give a step the replay left unchanged its recorded status: skipped, or failed with the
+    recorded error (a failure the chain caught: an unchanged replay keeps it, so its hashes,
+    and the state of every step after it, are the recording's)."""
+    if s.status == "skipped":
+        step.skip()  # the reason is among the attributes set already
+    elif s.status == "failed":
+        step.fail(s.error_message or "", s.error_type or "StepFailed")
+
+
 def _close(s: StepView, step: Step, subs: list[tuple[str, str]]) -> None:
-    if step.status == "running":
-        if not any(c.kind == "llm" for c in s.calls):
+    if step.status in ("running", "skipped", "failed") and step.ended_at is None:
+        if not any(c.kind == "llm" for c in s.calls) and (
+            s.output_hash is not None or s.status == "success"
+        ):
             step.set_output(_substituted(s.output, subs))
         step.finish()
 
@@ -200,9 +213,10 @@ def _run_calls(
     requests: Mapping[str, bytes],
     subs: list[tuple[str, str]],
     changes: Mapping[str, Any],
-) -> None:
+) -> bool:
     """Send the step's recorded calls again, changed by ``subs`` and ``changes`` (request field
-    → value)."""
+    → value). Returns whether the step is not the recorded one: a change applies to it, its
+    answer is another, or a changed text reaches its inputs or output."""
     if s.attributes.get("replayable") is False:
         recorded = _inputs(s)
         # Without recorded inputs nothing shows that the step is untouched by the change.
@@ -212,7 +226,9 @@ def _run_calls(
                 f"{s.attributes.get('not_replayable')}",
                 "record the production trace with message content and parameters captured",
             )
-        return
+        return False
+    changed = bool(changes) or _substituted(s.output, subs) != s.output
+    changed = changed or _substituted(_inputs(s), subs) != _inputs(s)
     answer: str | None = None
     for c in s.calls:
         raw = requests.get(c.request_hash)
@@ -230,12 +246,15 @@ def _run_calls(
         else:
             _serve_tool(c.name, c.key, raw, _substituted(request, subs) != request)
     if answer is None:
-        step.set_output(_substituted(s.output, subs))
-        return
+        if s.output_hash is not None or s.status == "success":
+            step.set_output(_substituted(s.output, subs))
+        return changed
     old = _recorded_answer(s)
     if old and answer != old:
         subs.append((old, answer))
+        changed = True
     step.set_output(_substituted(s.output, subs) if old else answer)
+    return changed
 
 
 def _serve_tool(name: str, key: str, request: bytes, changed: bool) -> None:

@@ -15,7 +15,7 @@ from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, RewindError
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import StepData, TraceView, jsonable
-from rewind.tracing.store import lineage_blobs, lineage_of
+from rewind.tracing.store import lineage_blobs, lineage_index
 from rewind.tracing.tracer import Trace
 
 __all__ = [
@@ -97,7 +97,12 @@ def replay_context(
 ) -> RunContext:
     """The run context of a replay of ``run``: cache reads on, the recorded trace's calls as its
     lineage (served first, so an unchanged replay returns exactly the recorded results), the
-    switches' cached call kinds, and the one change as ``param_overrides``."""
+    switches' cached call kinds, and the one change as ``param_overrides``.
+
+    The lineage is indexed by step position and key too (served before the key alone): a trace
+    that sent one request at several steps got an answer per step, and a lineage by key alone
+    served every step the last one (what ``Tracer(read_cache=True)`` and the in-place replay
+    already did)."""
     ctx = RunContext(
         store=store,
         run_id=run_id,
@@ -107,7 +112,7 @@ def replay_context(
         fork_node=view.steps[0].name if view.steps else None,
     )
     ctx.cached_kinds = switches.cached_kinds
-    ctx.lineage = lineage_of(store, run)
+    ctx.lineage, ctx.lineage_at = lineage_index(store, run)
     ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     return ctx
 

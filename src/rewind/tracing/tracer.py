@@ -107,6 +107,10 @@ MAX_ERROR_CHARS = 4000
 """Longest exception message kept on a step (characters)."""
 
 
+MAX_TRACE_ID_CHARS = 64
+"""The longest trace id a store keeps (its run id column, on every backend)."""
+
+
 def new_trace_id() -> str:
     """A new trace id: 32 lower-case hex characters (an OpenTelemetry trace id, a run id)."""
     return uuid.uuid4().hex
@@ -640,6 +644,10 @@ class Trace:
         trace_id: 32 hex characters; also the run id in the store.
         record: the stored run after the trace ended (None before, or if writing failed).
         write_error: why writing failed, if it did.
+
+    Raises:
+        ValueError: a name that is not 1 to 200 characters, or a ``trace_id`` given that is not
+            a string of at most :data:`MAX_TRACE_ID_CHARS` characters without NUL.
     """
 
     def __init__(
@@ -663,6 +671,15 @@ class Trace:
     ) -> None:
         if not name or len(name) > 200:
             raise ValueError("a trace needs a name of 1 to 200 characters")
+        if trace_id is not None and (
+            type(trace_id) is not str or len(trace_id) > MAX_TRACE_ID_CHARS or "\x00" in trace_id
+        ):
+            # SQLite would store it and PostgreSQL refuse it (varchar(64), no NUL): the same
+            # trace must not be kept on one backend and lost on the other.
+            raise ValueError(
+                f"a trace id is a string of at most {MAX_TRACE_ID_CHARS} characters without NUL, "
+                f"not {trace_id!r:.80}; pass None for a new one"
+            )
         self.config = dict(config or {})
         self.callbacks = callbacks or TraceCallbacks()
         self.callback_errors: list[str] = []
