@@ -17,22 +17,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import rewind
 from rewind.calls import chat
 from rewind.canonical import canonical_bytes, content_hash, sha256_hex
 from rewind.errors import InvalidOverride, RewindError
-from rewind.llm import ChatClient
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.persister import encode_value, map_hash
 from rewind.replay import Rewind
 from rewind.store import Store, open_store, schema
 from rewind.tools import tool
 from rewind.tracing import StepStatus, StepType, Tracer, chat_step, propagate, step
 from rewind.tracing.model import jsonable
-from rewind.tracing.replay import parse_change, replay_trace
+from rewind.tracing.replay import chain_client, parse_change, replay_trace
 from rewind.tracing.store import is_trace, load_trace, search_runs, state_at
-from tests.conftest import FakeModel
+from tests.conftest import FAKE_BASE_URL, FakeModel
 
 # -- chains at module level, so a replay can import them ---------------------------------------
 
@@ -384,6 +385,32 @@ def test_unchanged_replay_hits_every_call_with_identical_hashes(
     assert [n.cache_outcome for n in b] == ["hit", "hit", "none", "none"]
     assert Rewind(store).diff(original, replay.run_id).first_divergence is None
     assert replay.override is None
+
+
+def test_chain_replay_uses_the_chains_own_model_client(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    # `rewind replay-trace` hands the replay the CLI's client (the embedded model, or
+    # REWIND_MODEL): its model is keyed into every request that names none, so it missed every
+    # recorded call of a chain whose tracer had its own client, and sent them all live.
+    qa("whose client?")
+    original = last_trace(store)
+    other = FakeModel()
+    cli_client = ChatClient(
+        Endpoint(base_url=FAKE_BASE_URL, model="another-model"),
+        transport=httpx.MockTransport(other.handler),
+        retry=RetryPolicy(attempts=1),
+    )
+    with cli_client:
+        calls_before = fake_model.count
+        replay = replay_trace(store, original, chat_client=cli_client)
+        assert replay.status == "completed" and replay.tokens == 0
+        assert other.count == 0 and fake_model.count == calls_before
+        changed = replay_trace(store, original, change="input.style=long", chat_client=cli_client)
+    assert changed.status == "completed" and changed.tokens > 0
+    assert other.count == 0 and fake_model.count == calls_before + 1
+    assert chain_client("tests.test_tracing:qa") is tracer.chat_client
+    assert chain_client("tests.test_tracing:kb_search") is None
 
 
 def _loop_block(question: str) -> list[Any]:
