@@ -245,6 +245,22 @@ def test_exceptions_are_recorded_and_reraised(tracer: Tracer, store: Store) -> N
     assert store.nodes_of(view.trace_id)[0].output_hash is None
 
 
+def test_a_trace_ended_by_ctrl_c_is_interrupted_not_failed(tracer: Tracer, store: Store) -> None:
+    # As a Burr run is (README: "Ctrl-C or SIGTERM marks the run interrupted"); the CLI raises
+    # SIGTERM as KeyboardInterrupt too.
+    with pytest.raises(KeyboardInterrupt), tracer.trace("stopped", {"q": 1}):
+        with step("first", "transform") as s:
+            s.set_output(1)
+        raise KeyboardInterrupt
+    run = store.get_run(last_trace(store))
+    assert run.status == "interrupted" and "KeyboardInterrupt" in (run.error or "")
+    assert [n.name for n in store.nodes_of(run.run_id)] == ["first"]
+    assert load_trace(store, run.run_id).status == "failed"
+    with pytest.raises(ValueError), tracer.trace("broken", {"q": 1}):
+        raise ValueError("a chain's own failure")
+    assert store.get_run(last_trace(store)).status == "failed"
+
+
 def test_untraced_code_runs_normally(store: Store) -> None:
     with step("alone", "transform", input=1) as s:
         s.set_output(2)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+_INTERRUPTED_LINE = "[bold red]interrupted[/] — the run in progress is marked interrupted"
 
 app = typer.Typer(
     add_completion=False,
@@ -131,6 +133,8 @@ def _main() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         code = app(standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C inside a command into Exit(130)
+            err_console.print(_INTERRUPTED_LINE)
     except _UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             # `rewind` (or `rewind otel`) alone: Typer printed the help while raising this.
@@ -148,8 +152,8 @@ def _main() -> None:
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
         fail(RewindError(f"the store failed: {first}", "check that --store is writable"))
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/] — the run in progress is marked interrupted")
-        raise SystemExit(130) from None
+        err_console.print(_INTERRUPTED_LINE)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
