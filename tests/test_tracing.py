@@ -31,7 +31,7 @@ from rewind.store import Store, open_store, schema
 from rewind.tools import tool
 from rewind.tracing import StepStatus, StepType, Tracer, chat_step, propagate, step
 from rewind.tracing.model import jsonable
-from rewind.tracing.replay import chain_client, parse_change, replay_trace
+from rewind.tracing.replay import ReplaySwitches, chain_client, parse_change, replay_trace
 from rewind.tracing.store import is_trace, load_trace, search_runs, state_at
 from tests.conftest import FAKE_BASE_URL, FakeModel
 
@@ -427,6 +427,39 @@ def test_chain_replay_uses_the_chains_own_model_client(
     assert other.count == 0 and fake_model.count == calls_before + 1
     assert chain_client("tests.test_tracing:qa") is tracer.chat_client
     assert chain_client("tests.test_tracing:kb_search") is None
+
+
+def test_recorded_calls_replay_serves_a_request_an_sdk_sent(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    # A block traced without chain code whose model call went through an httpx-based SDK: its
+    # stored request is the captured HTTP request, which the recorded-calls replay sent to
+    # rewind.chat as if it were a chat body ("the request names no model", a ValueError that
+    # ended the replay at that step).
+    from rewind.capture import Transport
+
+    http = httpx.Client(transport=Transport(httpx.MockTransport(fake_model.handler)))
+    body = {"model": "sdk-model", "messages": [{"role": "user", "content": "via an SDK"}]}
+    with tracer.trace("sdk_block", {"q": "via an SDK"}) as t:
+        with step("ask", "llm_call") as s:
+            s.set_output(http.post(f"{FAKE_BASE_URL}/chat/completions", json=body).json())
+        http.post(f"{FAKE_BASE_URL}/chat/completions", json={**body, "temperature": 0})
+    http.close()
+    sent = fake_model.count
+    assert sent == 2 and t.record is not None and t.record.tokens > 0
+    replay = replay_trace(store, t.trace_id)
+    assert replay.config["replay_mode"] == "recorded-calls"
+    assert replay.status == "completed" and replay.tokens == 0 and fake_model.count == sent
+    a, b = store.nodes_of(t.trace_id), store.nodes_of(replay.run_id)
+    assert [n.output_hash for n in a] == [n.output_hash for n in b]
+    assert [n.cache_outcome for n in b] == ["hit", "hit"]
+    # Without the cache it cannot be sent again (no credentials, no code): said on the step.
+    uncached = replay_trace(store, t.trace_id, switches=ReplaySwitches(cached_llm=False))
+    failed = store.nodes_of(uncached.run_id)[0]
+    assert uncached.status == "failed" and "NotReplayable" in (failed.error or "")
+    assert fake_model.count == sent
+    with pytest.raises(InvalidOverride):  # its fields are not params a change may set
+        replay_trace(store, t.trace_id, change="ask.temperature=0.5")
 
 
 def _loop_block(question: str) -> list[Any]:
