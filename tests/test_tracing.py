@@ -631,6 +631,9 @@ def test_replay_refuses_bad_changes_and_writes_nothing(tracer: Tracer, store: St
 
         burr = rw.record(pipelines.pipeline, {"x": 5})
         replay_trace(store, burr.run_id)
+    # The in-place replay refuses it too (it used to write a "replay" of a Burr run).
+    with pytest.raises(RewindError, match="Burr run"):
+        tracer.replay(burr.run_id)
     with tracer.trace("manual") as tr:
         pass
     assert search_runs(store)[1] == count + 2  # the Burr run and the manual trace only

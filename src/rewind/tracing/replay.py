@@ -30,7 +30,7 @@ from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
-from rewind.tracing.store import lineage_blobs, lineage_index, load_trace
+from rewind.tracing.store import is_trace, lineage_blobs, lineage_index, load_trace
 from rewind.tracing.switches import (
     ReplaySwitches,
     divergence_check,
@@ -385,10 +385,16 @@ def replay_in_place(
         switches: :class:`ReplaySwitches` (default: everything cached, no stop).
         trace_id: the new trace's id (default: a new one).
     Raises:
-        UnknownRun: no such trace. RunBusy: it is still running.
+        UnknownRun: no such trace. RunBusy: it is still running. RewindError: ``source`` is a
+            Burr run, not a trace (fork it instead). Nothing is written.
     """
     store = tracer.store
     run = store.get_run(source)
+    if not is_trace(store, run.run_id):
+        raise RewindError(
+            f"run {run.run_id[:12]} is a Burr run, not a traced chain",
+            f"fork it instead: rewind fork {run.run_id[:12]} --at NODE",
+        )
     if run.status == "running":
         raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
     switches = switches or ReplaySwitches()
