@@ -23,7 +23,7 @@ import pytest
 import rewind
 from rewind.calls import chat
 from rewind.canonical import canonical_bytes, content_hash, sha256_hex
-from rewind.errors import InvalidOverride, RewindError
+from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.persister import encode_value, map_hash
 from rewind.replay import Rewind
@@ -460,6 +460,29 @@ def test_recorded_calls_replay_serves_a_request_an_sdk_sent(
     assert fake_model.count == sent
     with pytest.raises(InvalidOverride):  # its fields are not params a change may set
         replay_trace(store, t.trace_id, change="ask.temperature=0.5")
+
+
+def test_a_replay_whose_endpoint_is_down_is_written_and_named_by_the_error(
+    tracer: Tracer, store: Store
+) -> None:
+    # The CLI exits 2 ("bad input, nothing written") for an error that names no run; this
+    # replay was written, failed at the step whose call missed.
+    qa("endpoint down")
+    original = last_trace(store)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    down = ChatClient(
+        Endpoint(base_url=FAKE_BASE_URL, model="fake-model"),
+        transport=httpx.MockTransport(refuse),
+        retry=RetryPolicy(attempts=1),
+    )
+    tracer.configure(chat_client=down)  # the chain's own client is the one a miss goes to
+    with down, pytest.raises(EndpointUnavailable) as info:
+        replay_trace(store, original, change="input.style=long")
+    assert info.value.run_id is not None
+    assert store.get_run(info.value.run_id).status == "failed"
 
 
 def _loop_block(question: str) -> list[Any]:
