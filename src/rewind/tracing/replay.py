@@ -381,7 +381,9 @@ def replay_in_place(
         tracer: whose store, model client (for calls that miss), clock and callbacks to use.
         source: the recorded trace (id or unique prefix).
         name: the new trace's name (default: the source's).
-        input: the block's input (default: none, as ``Tracer.trace``).
+        input: the block's input (default: none, as ``Tracer.trace``). Pass the source's input
+            for an unchanged replay: the input is part of every step's state, so a replay with
+            another input shares no step with its source (each is stored again).
         switches: :class:`ReplaySwitches` (default: everything cached, no stop).
         trace_id: the new trace's id (default: a new one).
     Raises:
