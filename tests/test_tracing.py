@@ -485,6 +485,21 @@ def test_a_replay_whose_endpoint_is_down_is_written_and_named_by_the_error(
     assert store.get_run(info.value.run_id).status == "failed"
 
 
+def test_runs_lists_a_trace_replay_as_a_replay_not_a_fork_at_its_first_step(
+    tracer: Tracer, store: Store, chat_client: ChatClient
+) -> None:
+    from rewind.cli.runs import fork_cell
+
+    qa("list me")
+    original = last_trace(store)
+    unchanged = replay_trace(store, original, chat_client=chat_client)
+    changed = replay_trace(store, original, change="input.style=long", chat_client=chat_client)
+    # It used to say "retrieve (replay)" and "retrieve: param input.style=..." (a fork there).
+    assert fork_cell(store.get_run(unchanged.run_id)) == "replay"
+    assert fork_cell(store.get_run(changed.run_id)) == 'replay: input.style="long"'
+    assert fork_cell(store.get_run(original)) == ""
+
+
 def _loop_block(question: str) -> list[Any]:
     """A block of plain code (no importable chain function) that a trace wraps."""
     out = []
