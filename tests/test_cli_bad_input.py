@@ -175,6 +175,24 @@ def test_read_commands_on_a_missing_store_create_nothing(recorded: tuple[Path, s
         assert list(cwd.iterdir()) == []
 
 
+def test_commands_on_a_run_refuse_a_missing_store_and_create_nothing(
+    recorded: tuple[Path, str, Path],
+) -> None:
+    # A mistyped --store used to be created empty, then the run was "unknown".
+    _, _, cwd = recorded
+    for args in (
+        ["fork", "abcd", "--at", "1"],
+        ["replay-trace", "abcd"],
+        ["debug", "abcd"],
+        ["audit", "abcd"],
+        ["grid", "abcd", "--at", "1", "--set", "a.b=1"],
+        ["stability", "abcd", "-k", "2"],
+    ):
+        proc = rewind(cwd, *args)
+        assert proc.returncode == 2 and "no store at" in proc.stderr, (args, proc.stderr)
+        assert list(cwd.iterdir()) == [], args
+
+
 def test_fork_of_a_run_without_nodes_says_it_was_interrupted(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     with store.write() as conn:

@@ -17,22 +17,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import rewind
 from rewind.calls import chat
 from rewind.canonical import canonical_bytes, content_hash, sha256_hex
-from rewind.errors import InvalidOverride, RewindError
-from rewind.llm import ChatClient
+from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.persister import encode_value, map_hash
 from rewind.replay import Rewind
 from rewind.store import Store, open_store, schema
 from rewind.tools import tool
 from rewind.tracing import StepStatus, StepType, Tracer, chat_step, propagate, step
 from rewind.tracing.model import jsonable
-from rewind.tracing.replay import parse_change, replay_trace
+from rewind.tracing.replay import ReplaySwitches, chain_client, parse_change, replay_trace
 from rewind.tracing.store import is_trace, load_trace, search_runs, state_at
-from tests.conftest import FakeModel
+from tests.conftest import FAKE_BASE_URL, FakeModel
 
 # -- chains at module level, so a replay can import them ---------------------------------------
 
@@ -244,6 +245,22 @@ def test_exceptions_are_recorded_and_reraised(tracer: Tracer, store: Store) -> N
     assert store.nodes_of(view.trace_id)[0].output_hash is None
 
 
+def test_a_trace_ended_by_ctrl_c_is_interrupted_not_failed(tracer: Tracer, store: Store) -> None:
+    # As a Burr run is (README: "Ctrl-C or SIGTERM marks the run interrupted"); the CLI raises
+    # SIGTERM as KeyboardInterrupt too.
+    with pytest.raises(KeyboardInterrupt), tracer.trace("stopped", {"q": 1}):
+        with step("first", "transform") as s:
+            s.set_output(1)
+        raise KeyboardInterrupt
+    run = store.get_run(last_trace(store))
+    assert run.status == "interrupted" and "KeyboardInterrupt" in (run.error or "")
+    assert [n.name for n in store.nodes_of(run.run_id)] == ["first"]
+    assert load_trace(store, run.run_id).status == "failed"
+    with pytest.raises(ValueError), tracer.trace("broken", {"q": 1}):
+        raise ValueError("a chain's own failure")
+    assert store.get_run(last_trace(store)).status == "failed"
+
+
 def test_untraced_code_runs_normally(store: Store) -> None:
     with step("alone", "transform", input=1) as s:
         s.set_output(2)
@@ -384,6 +401,103 @@ def test_unchanged_replay_hits_every_call_with_identical_hashes(
     assert [n.cache_outcome for n in b] == ["hit", "hit", "none", "none"]
     assert Rewind(store).diff(original, replay.run_id).first_divergence is None
     assert replay.override is None
+
+
+def test_chain_replay_uses_the_chains_own_model_client(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    # `rewind replay-trace` hands the replay the CLI's client (the embedded model, or
+    # REWIND_MODEL): its model is keyed into every request that names none, so it missed every
+    # recorded call of a chain whose tracer had its own client, and sent them all live.
+    qa("whose client?")
+    original = last_trace(store)
+    other = FakeModel()
+    cli_client = ChatClient(
+        Endpoint(base_url=FAKE_BASE_URL, model="another-model"),
+        transport=httpx.MockTransport(other.handler),
+        retry=RetryPolicy(attempts=1),
+    )
+    with cli_client:
+        calls_before = fake_model.count
+        replay = replay_trace(store, original, chat_client=cli_client)
+        assert replay.status == "completed" and replay.tokens == 0
+        assert other.count == 0 and fake_model.count == calls_before
+        changed = replay_trace(store, original, change="input.style=long", chat_client=cli_client)
+    assert changed.status == "completed" and changed.tokens > 0
+    assert other.count == 0 and fake_model.count == calls_before + 1
+    assert chain_client("tests.test_tracing:qa") is tracer.chat_client
+    assert chain_client("tests.test_tracing:kb_search") is None
+
+
+def test_recorded_calls_replay_serves_a_request_an_sdk_sent(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    # A block traced without chain code whose model call went through an httpx-based SDK: its
+    # stored request is the captured HTTP request, which the recorded-calls replay sent to
+    # rewind.chat as if it were a chat body ("the request names no model", a ValueError that
+    # ended the replay at that step).
+    from rewind.capture import Transport
+
+    http = httpx.Client(transport=Transport(httpx.MockTransport(fake_model.handler)))
+    body = {"model": "sdk-model", "messages": [{"role": "user", "content": "via an SDK"}]}
+    with tracer.trace("sdk_block", {"q": "via an SDK"}) as t:
+        with step("ask", "llm_call") as s:
+            s.set_output(http.post(f"{FAKE_BASE_URL}/chat/completions", json=body).json())
+        http.post(f"{FAKE_BASE_URL}/chat/completions", json={**body, "temperature": 0})
+    http.close()
+    sent = fake_model.count
+    assert sent == 2 and t.record is not None and t.record.tokens > 0
+    replay = replay_trace(store, t.trace_id)
+    assert replay.config["replay_mode"] == "recorded-calls"
+    assert replay.status == "completed" and replay.tokens == 0 and fake_model.count == sent
+    a, b = store.nodes_of(t.trace_id), store.nodes_of(replay.run_id)
+    assert [n.output_hash for n in a] == [n.output_hash for n in b]
+    assert [n.cache_outcome for n in b] == ["hit", "hit"]
+    # Without the cache it cannot be sent again (no credentials, no code): said on the step.
+    uncached = replay_trace(store, t.trace_id, switches=ReplaySwitches(cached_llm=False))
+    failed = store.nodes_of(uncached.run_id)[0]
+    assert uncached.status == "failed" and "NotReplayable" in (failed.error or "")
+    assert fake_model.count == sent
+    with pytest.raises(InvalidOverride):  # its fields are not params a change may set
+        replay_trace(store, t.trace_id, change="ask.temperature=0.5")
+
+
+def test_a_replay_whose_endpoint_is_down_is_written_and_named_by_the_error(
+    tracer: Tracer, store: Store
+) -> None:
+    # The CLI exits 2 ("bad input, nothing written") for an error that names no run; this
+    # replay was written, failed at the step whose call missed.
+    qa("endpoint down")
+    original = last_trace(store)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    down = ChatClient(
+        Endpoint(base_url=FAKE_BASE_URL, model="fake-model"),
+        transport=httpx.MockTransport(refuse),
+        retry=RetryPolicy(attempts=1),
+    )
+    tracer.configure(chat_client=down)  # the chain's own client is the one a miss goes to
+    with down, pytest.raises(EndpointUnavailable) as info:
+        replay_trace(store, original, change="input.style=long")
+    assert info.value.run_id is not None
+    assert store.get_run(info.value.run_id).status == "failed"
+
+
+def test_runs_lists_a_trace_replay_as_a_replay_not_a_fork_at_its_first_step(
+    tracer: Tracer, store: Store, chat_client: ChatClient
+) -> None:
+    from rewind.cli.runs import fork_cell
+
+    qa("list me")
+    original = last_trace(store)
+    unchanged = replay_trace(store, original, chat_client=chat_client)
+    changed = replay_trace(store, original, change="input.style=long", chat_client=chat_client)
+    # It used to say "retrieve (replay)" and "retrieve: param input.style=..." (a fork there).
+    assert fork_cell(store.get_run(unchanged.run_id)) == "replay"
+    assert fork_cell(store.get_run(changed.run_id)) == 'replay: input.style="long"'
+    assert fork_cell(store.get_run(original)) == ""
 
 
 def _loop_block(question: str) -> list[Any]:
@@ -555,6 +669,9 @@ def test_replay_refuses_bad_changes_and_writes_nothing(tracer: Tracer, store: St
 
         burr = rw.record(pipelines.pipeline, {"x": 5})
         replay_trace(store, burr.run_id)
+    # The in-place replay refuses it too (it used to write a "replay" of a Burr run).
+    with pytest.raises(RewindError, match="Burr run"):
+        tracer.replay(burr.run_id)
     with tracer.trace("manual") as tr:
         pass
     assert search_runs(store)[1] == count + 2  # the Burr run and the manual trace only

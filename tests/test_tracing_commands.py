@@ -272,3 +272,29 @@ def test_wrappers_end_to_end(cli_store: Path, tmp_path: Path) -> None:
     assert r.exit_code == 0 and sorted(json.loads(r.stdout)["imported"]) == sorted([ok, burr])
     r = invoke(fresh, "otel", "import", str(tmp_path / "nope.json"))
     assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_ctrl_c_inside_a_command_says_interrupted_and_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Typer turns a KeyboardInterrupt inside a command into Exit(130), which
+    # app(standalone_mode=False) returns: Ctrl-C during `rewind replay-trace` (or any command)
+    # ended with exit 130 and not a word.
+    import signal
+    import sys
+
+    import rewind.cli  # noqa: F401  (registers the commands)
+
+    cli = sys.modules["rewind.cli.app"]
+
+    def interrupt(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_log_inertly", lambda: None)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's SIGTERM handler
+    monkeypatch.setattr(cli, "store_location", interrupt)
+    monkeypatch.setattr(sys, "argv", ["rewind", "runs"])
+    with pytest.raises(SystemExit) as exit_:
+        cli._main()
+    assert exit_.value.code == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -45,6 +45,7 @@ __all__ = [
     "endpoint_identity",
     "register_endpoint",
     "split_events",
+    "stored_request",
     "unregister_endpoint",
     "usage_tokens",
 ]
@@ -191,6 +192,26 @@ def describe_request(
         )
     except CanonicalError:
         return None  # NaN or similar: not a request Rewind can key exactly
+    return _described(request, identity, doc)
+
+
+def stored_request(request: bytes) -> ModelRequest | None:
+    """The :class:`ModelRequest` of a captured request as a call row stores it (the canonical
+    ``{method, url, headers, body}`` bytes of :attr:`ModelRequest.request`): its base cache key
+    (before a node's occurrence numbering), model and sampling. None for any other request
+    (``rewind.chat``'s own request document, a tool's arguments)."""
+    try:
+        doc = json.loads(request)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"method", "url", "headers", "body"}:
+        return None
+    if not isinstance(doc["url"], str):
+        return None
+    return _described(request, doc["url"], doc["body"])
+
+
+def _described(request: bytes, identity: str, doc: Any) -> ModelRequest:
     model = doc.get("model") if isinstance(doc, dict) else None
     if not isinstance(model, str) or not model:
         model = identity.split("?")[0].rstrip("/").rsplit("/", 1)[-1]

@@ -56,6 +56,7 @@ __all__ = [
     "AsyncTransport",
     "Transport",
     "acapture",
+    "call_of",
     "capture",
     "install",
     "installed",
@@ -113,7 +114,7 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
         live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
         return _executed(live[0])
 
-    data, _ = through_cache(ctx, execute=execute, **_call_of(described))
+    data, _ = through_cache(ctx, execute=execute, **call_of(described))
     return _response(request, live[0] if live else decode_envelope(data))
 
 
@@ -139,7 +140,7 @@ async def acapture(
         live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
         return _executed(live[0])
 
-    data, _ = await athrough_cache(ctx, aexecute=aexecute, **_call_of(described))
+    data, _ = await athrough_cache(ctx, aexecute=aexecute, **call_of(described))
     return _response(request, live[0] if live else decode_envelope(data))
 
 
@@ -177,9 +178,11 @@ def _describe(request: Any, body: bytes) -> ModelRequest | None:
     return describe_request(request.method, str(request.url), request.headers.multi_items(), body)
 
 
-def _call_of(described: ModelRequest) -> dict[str, Any]:
-    """The cache's view of a model request: an ``llm`` call named by its model; sampled unless
-    it asks for temperature 0 or is an embedding."""
+def call_of(described: ModelRequest) -> dict[str, Any]:
+    """The cache's view of a model request, as keyword arguments of
+    :func:`rewind.cache.through_cache` (``kind``, ``name``, ``key``, ``request``, ``policy``): an
+    ``llm`` call named by its model; sampled unless it asks for temperature 0 or is an
+    embedding."""
     return {
         "kind": "llm",
         "name": described.model,

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 DEFAULT_STORE = ".rewind"
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+_INTERRUPTED_LINE = "[bold red]interrupted[/] — the run in progress is marked interrupted"
 
 app = typer.Typer(
     add_completion=False,
@@ -131,6 +133,8 @@ def _main() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         code = app(standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C inside a command into Exit(130)
+            err_console.print(_INTERRUPTED_LINE)
     except _UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
             # `rewind` (or `rewind otel`) alone: Typer printed the help while raising this.
@@ -148,8 +152,8 @@ def _main() -> None:
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
         fail(RewindError(f"the store failed: {first}", "check that --store is writable"))
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/] — the run in progress is marked interrupted")
-        raise SystemExit(130) from None
+        err_console.print(_INTERRUPTED_LINE)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
@@ -188,17 +192,22 @@ def fail(exc: RewindError) -> NoReturn:
 
 @contextmanager
 def session(
-    store: str | None = None, *, model: bool = True, read_only: bool = False
+    store: str | None = None,
+    *,
+    model: bool = True,
+    read_only: bool = False,
+    must_exist: bool = False,
 ) -> Iterator[Rewind]:
     """A :class:`Rewind` on ``store`` (default: the command's store, :func:`opened_store`);
     ``read_only`` for commands that only read (the store is then neither created nor written, so
-    it may live on read-only media); ``model``: with the lazily started model client. A
-    :class:`RewindError` inside is the command's one error line (:func:`fail`)."""
+    it may live on read-only media); ``must_exist`` for commands on a recorded run (a mistyped
+    ``--store`` is refused, never created empty); ``model``: with the lazily started model
+    client. A :class:`RewindError` inside is the command's one error line (:func:`fail`)."""
     from rewind.session import LazyChatClient
     from rewind.store.users import local_user
 
     local_user()  # a bad $REWIND_USER is refused before the store is opened (or created)
-    with opened_store(store, read_only=read_only) as opened:
+    with opened_store(store, read_only=read_only, must_exist=must_exist) as opened:
         client = LazyChatClient() if model else None
         if model and os.environ.get("REWIND_MODEL") and not os.environ.get("REWIND_BASE_URL"):
             err_console.print(
@@ -352,7 +361,7 @@ def opened_store(
         location: a store folder, ``.db`` file or database URL instead of the command's store.
         read_only: open it read-only: nothing is created or written (``--dry-run``, listings).
         must_exist: refuse a SQLite location that holds no store instead of creating an empty
-            one (gc, cancel, delete).
+            one (commands on a recorded run: fork, replay-trace, debug, gc, cancel, delete...).
     A :class:`RewindError` raised while opening the store or inside the block becomes the
     command's one error line (:func:`fail`: exit 2, or 1 for a run recorded as failed).
     """

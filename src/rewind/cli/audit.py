@@ -14,6 +14,7 @@ from rewind.cli.app import (
     StoreOpt,
     fail,
     is_store_error,
+    require_existing_store,
     store_location,
 )
 from rewind.errors import RewindError, StoreError
@@ -130,6 +131,7 @@ def audit_command(
     from rewind.replay import Rewind
     from rewind.store import open_store
 
+    require_existing_store(store)
     rw = Rewind(open_store(store, read_only=read_only))
     try:
         report = audit_run(rw, run_id, against)

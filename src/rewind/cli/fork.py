@@ -70,7 +70,7 @@ def fork(
     a node whose code changed is allowed and labelled "code changed" (show, diff).
     """
     override = _one_change(set_, set_output, set_input)
-    with session() as rw:
+    with session(must_exist=True) as rw:
         _warn_model_change(rw, run_id)
         child = rw.fork(
             run_id,

@@ -13,6 +13,7 @@ from rewind.cli.app import (
     StoreOpt,
     check_count,
     fail,
+    require_existing_store,
     store_location,
 )
 from rewind.errors import RewindError
@@ -175,6 +176,7 @@ def grid_command(
 
     try:
         overrides = [parse_override(spec) for spec in set_]
+        require_existing_store(store)
         with command_session(store) as rw:
             report = grid(
                 rw,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -25,6 +26,9 @@ from rewind.cli.render import (
     show_run,
 )
 from rewind.terminal import inert, json_text
+
+if TYPE_CHECKING:
+    from rewind.store import RunRecord
 
 
 def runs(
@@ -52,22 +56,13 @@ def runs(
         for col in (*columns, "created"):
             t.add_column(col)
         for r in items:
-            fork = (
-                f"{inert(r.fork_node)}: {override_text(r.override)}"
-                if r.override
-                else (f"{inert(r.fork_node)} (replay)" if r.fork_node else "")
-            )
-            if r.spawning_run_id:
-                fork = (
-                    f"sub-run {inert(r.spawn_key or '')} of node {(r.spawning_position or 0) + 1}"
-                )
             t.add_row(
                 inert(r.run_id[:12]),
                 inert(r.pipeline),
                 inert(r.status),
                 str(r.tokens),
                 inert((r.parent_run_id or r.spawning_run_id or "")[:12]),
-                fork,
+                fork_cell(r),
                 r.effects_mode,
                 r.admissible or "",
                 time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
@@ -120,3 +115,20 @@ def diff(
             emit_json(d.to_json())
         else:
             print_diff(d)
+
+
+def fork_cell(r: RunRecord) -> str:
+    """The ``fork`` column of ``rewind runs`` (inert markup): where a fork started and its
+    change, ``replay`` and its change for a replay of a traced chain (it re-runs the whole chain:
+    its first step is no fork point), or which sub-run of which node a sub-run is."""
+    if r.spawning_run_id:
+        return f"sub-run {inert(r.spawn_key or '')} of node {(r.spawning_position or 0) + 1}"
+    if r.parent_run_id and (r.config or {}).get("kind") == "trace":
+        o = r.override
+        if not o:
+            return "replay"
+        value = json.dumps(o.get("value"))[:60]
+        return "replay: " + inert(f"{o.get('node')}.{o.get('param')}={value}")
+    if r.override:
+        return f"{inert(r.fork_node)}: {override_text(r.override)}"
+    return f"{inert(r.fork_node)} (replay)" if r.fork_node else ""

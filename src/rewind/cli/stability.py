@@ -13,6 +13,7 @@ from rewind.cli.app import (
     StoreOpt,
     check_count,
     fail,
+    require_existing_store,
     store_location,
 )
 from rewind.errors import InvalidOverride, RewindError
@@ -143,6 +144,7 @@ def stability_command(
                 "pass one --set (or --temperature)",
             )
         override = parse_override(set_[0]) if set_ else None
+        require_existing_store(store)
         with command_session(store) as rw:
 
             def progress(i: int, run: RunRecord) -> None:

@@ -64,7 +64,7 @@ def replay_trace_cmd(
     from rewind.tracing.replay import ReplaySwitches
 
     switches = ReplaySwitches(cached_llm, cached_tools, stop_at_divergence)
-    with session() as rw:
+    with session(must_exist=True) as rw:
         code = views.replay_trace_command(
             rw, trace, set_, as_json=as_json, console=console, chain=chain, switches=switches
         )
@@ -154,7 +154,7 @@ def debug_cmd(
     """Step through a recorded run or trace (commands from stdin when it is not a terminal)."""
     from rewind.cli import trace_views as views
 
-    with session() as rw:
+    with session(must_exist=True) as rw:
         code = views.debug_command(rw, run, console=console)
     raise typer.Exit(code)
 

@@ -31,6 +31,8 @@ from typing import Any
 
 from rewind.cache import CallPolicy, Executed, through_cache
 from rewind.calls import send
+from rewind.capture.exchange import ModelRequest, stored_request
+from rewind.capture.http import call_of
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import PROVIDER_DEFAULTS
 from rewind.store import RunRecord, Store
@@ -57,7 +59,10 @@ def recorded_params(store: Store, view: TraceView) -> dict[str, list[str]]:
     out: dict[str, set[str]] = {}
     for s in view.steps:
         for c in s.calls:
+            # A request an SDK sent (captured over HTTP) is served, never re-sent changed.
             if c.kind == "llm" and c.request_hash in blobs:
+                if stored_request(blobs[c.request_hash]) is not None:
+                    continue
                 request = json.loads(blobs[c.request_hash])
                 fields = out.setdefault(s.name, set(PROVIDER_DEFAULTS))
                 fields.update(k for k in request if k != "messages")
@@ -235,6 +240,11 @@ def _run_calls(
         if raw is None:
             continue
         request = json.loads(raw)
+        captured = stored_request(raw) if c.kind == "llm" else None
+        if captured is not None:
+            changed = bool(changes) or _substituted(request, subs) != request
+            _serve_captured(s.name, captured, changed)
+            continue
         if c.kind == "llm":
             body = dict(request)
             body["messages"] = _substituted(body.get("messages"), subs)
@@ -283,6 +293,31 @@ def _serve_tool(name: str, key: str, request: bytes, changed: bool) -> None:
         execute=refuse,
         policy=CallPolicy("deterministic"),
     )
+
+
+def _serve_captured(step_name: str, described: ModelRequest, changed: bool) -> None:
+    """Serve a model request an SDK sent (captured at the HTTP transport) from the cache. Its
+    stored form has no credentials and its answer is the SDK's, so without the chain's code a
+    changed request cannot be sent again, nor a missing answer rebuilt."""
+    from rewind.context import current
+
+    if changed:
+        raise NotReplayable(
+            f"step {step_name!r} sent its model request through an SDK (captured over HTTP) and "
+            "the change alters it; it cannot be sent again without the chain's code",
+            "pass --chain module:function to run the chain's code",
+        )
+
+    def refuse() -> Executed:
+        raise NotReplayable(
+            f"the SDK model request of step {step_name!r} is not in the cache and cannot be "
+            "sent again without the chain's code",
+            "serve it from the cache (--cached-llm) or pass --chain module:function",
+        )
+
+    ctx = current()
+    assert ctx is not None
+    through_cache(ctx, execute=refuse, **call_of(described))
 
 
 def _recorded_answer(s: StepView) -> str | None:

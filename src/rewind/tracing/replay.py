@@ -30,7 +30,7 @@ from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
 from rewind.tracing.model import INPUT_KEY, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
-from rewind.tracing.store import lineage_blobs, lineage_index, load_trace
+from rewind.tracing.store import is_trace, lineage_blobs, lineage_index, load_trace
 from rewind.tracing.switches import (
     ReplaySwitches,
     divergence_check,
@@ -49,6 +49,7 @@ IN_PLACE_MODE = "in-place"
 __all__ = [
     "ReplaySwitches",
     "TraceChange",
+    "chain_client",
     "divergence_check",
     "load_chain",
     "parse_change",
@@ -192,6 +193,24 @@ def load_chain(ref: str) -> Any:
     Raises:
         RewindError: the module or attribute cannot be imported, or is not callable.
     """
+    obj = _import_chain(ref)
+    return getattr(obj, "__wrapped__", obj)
+
+
+def chain_client(ref: str) -> Any:
+    """The model client of the :class:`Tracer` whose ``@tracer.chain`` decorated ``ref``, or
+    None (a plain function, or a tracer without a client). A chain-mode replay sends its
+    misses there, as the chain did when it was recorded: the model it fills into requests that
+    name none is part of every cache key, so another client's model would miss every call.
+
+    Raises:
+        RewindError: as :func:`load_chain`.
+    """
+    tracer = getattr(_import_chain(ref), "__rewind_tracer__", None)
+    return getattr(tracer, "chat_client", None)
+
+
+def _import_chain(ref: str) -> Any:
     module_name, colon, qualname = ref.partition(":")
     if not colon or not module_name or not qualname:
         raise RewindError(f"chain reference {ref!r} is not module:function", "")
@@ -208,7 +227,7 @@ def load_chain(ref: str) -> Any:
         ) from exc
     if not callable(obj):
         raise RewindError(f"{ref!r} is not a function", "")
-    return getattr(obj, "__wrapped__", obj)
+    return obj
 
 
 def replay_trace(
@@ -229,7 +248,8 @@ def replay_trace(
         trace_id: the trace (id or unique prefix).
         change: a :class:`TraceChange`, a ``target.path=VALUE`` spec, or None for an unchanged
             replay (expected: every LLM call a hit, 0 tokens, identical hashes).
-        chat_client: the model client for calls that miss (a changed prompt).
+        chat_client: the model client for calls that miss (a changed prompt); in chain mode the
+            chain's own tracer's client comes first (:func:`chain_client`).
         new_id: the replay's trace id (default: a new one).
         chain: ``module:function`` of the chain's code; default: the ``chain_ref`` recorded by
             Rewind's tracer in this store. An imported trace's ``chain_ref`` is never used on its
@@ -275,6 +295,7 @@ def replay_trace(
     if isinstance(change, str):
         change = parse_change(change, view)
     fn = load_chain(ref)
+    chat_client = chain_client(ref) or chat_client
     chain_input = copy.deepcopy(view.input)
     overrides: dict[str, dict[str, Any]] = {}
     if change is not None and change.target == INPUT_KEY:
@@ -360,14 +381,22 @@ def replay_in_place(
         tracer: whose store, model client (for calls that miss), clock and callbacks to use.
         source: the recorded trace (id or unique prefix).
         name: the new trace's name (default: the source's).
-        input: the block's input (default: none, as ``Tracer.trace``).
+        input: the block's input (default: none, as ``Tracer.trace``). Pass the source's input
+            for an unchanged replay: the input is part of every step's state, so a replay with
+            another input shares no step with its source (each is stored again).
         switches: :class:`ReplaySwitches` (default: everything cached, no stop).
         trace_id: the new trace's id (default: a new one).
     Raises:
-        UnknownRun: no such trace. RunBusy: it is still running.
+        UnknownRun: no such trace. RunBusy: it is still running. RewindError: ``source`` is a
+            Burr run, not a trace (fork it instead). Nothing is written.
     """
     store = tracer.store
     run = store.get_run(source)
+    if not is_trace(store, run.run_id):
+        raise RewindError(
+            f"run {run.run_id[:12]} is a Burr run, not a traced chain",
+            f"fork it instead: rewind fork {run.run_id[:12]} --at NODE",
+        )
     if run.status == "running":
         raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
     switches = switches or ReplaySwitches()

@@ -161,7 +161,10 @@ def write_trace(
     output_hash = sha256_hex(output_bytes)
     blobs[output_hash] = output_bytes
     batch.spans.append(_root_span(data, output_hash))
-    run_status = run_status_of(data.status)
+    # Ctrl-C (and SIGTERM, which the CLI raises as KeyboardInterrupt) ends a trace as it ends a
+    # Burr run: interrupted, not failed by the chain (its view still says `failed`).
+    interrupted = data.error_type == "KeyboardInterrupt"
+    run_status = "interrupted" if interrupted else run_status_of(data.status)
     trace_error = _trace_error(data)
     edges = _new_edges(data, steps, source, shared)
 

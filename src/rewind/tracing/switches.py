@@ -158,7 +158,8 @@ def run_replay(trace: Trace, body: Callable[[], EndpointUnavailable | None]) -> 
     the caller learns that the model endpoint is down.
 
     Raises:
-        EndpointUnavailable: as above. RewindError: the replay could not be written.
+        EndpointUnavailable: as above, naming the written replay (``run_id``). RewindError: the
+            replay could not be written.
     """
     unavailable: EndpointUnavailable | None = None
     try:
@@ -174,5 +175,7 @@ def run_replay(trace: Trace, body: Callable[[], EndpointUnavailable | None]) -> 
             "check that the store is writable",
         )
     if unavailable is not None:
-        raise unavailable
+        # The replay is written (failed at that step): the error names it, so the CLI exits 1
+        # and points at it instead of calling it bad input (exit 2, nothing written).
+        raise unavailable.for_run(trace.record.run_id) from unavailable
     return trace.record

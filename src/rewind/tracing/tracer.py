@@ -1156,6 +1156,7 @@ class Tracer:
                         return out
 
                 arun.__rewind_chain__ = chain_name  # type: ignore[attr-defined]
+                arun.__rewind_tracer__ = self  # type: ignore[attr-defined]
                 return arun  # type: ignore[return-value]
 
             @functools.wraps(fn)
@@ -1172,6 +1173,7 @@ class Tracer:
                     return out
 
             run.__rewind_chain__ = chain_name  # type: ignore[attr-defined]
+            run.__rewind_tracer__ = self  # type: ignore[attr-defined]
             return run  # type: ignore[return-value]
 
         return decorate
