@@ -223,14 +223,7 @@ def _run_calls(
     → value). Returns whether the step is not the recorded one: a change applies to it, its
     answer is another, or a changed text reaches its inputs or output."""
     if s.attributes.get("replayable") is False:
-        recorded = _inputs(s)
-        # Without recorded inputs nothing shows that the step is untouched by the change.
-        if changes or (subs and (not recorded or _substituted(recorded, subs) != recorded)):
-            raise NotReplayable(
-                f"step {s.name!r} depends on the change but was not recorded whole: "
-                f"{s.attributes.get('not_replayable')}",
-                "record the production trace with message content and parameters captured",
-            )
+        _check_untouched(s, subs, changes)
         return False
     changed = bool(changes) or _substituted(s.output, subs) != s.output
     changed = changed or _substituted(_inputs(s), subs) != _inputs(s)
@@ -246,13 +239,7 @@ def _run_calls(
             _serve_captured(s.name, captured, changed)
             continue
         if c.kind == "llm":
-            body = dict(request)
-            body["messages"] = _substituted(body.get("messages"), subs)
-            for name, value in changes.items():
-                body[name] = value
-                if step.scope is not None:  # recorded like rewind.param: enters the input hash
-                    step.scope.params[name] = value
-            answer = send(body).content
+            answer = _send_changed(request, step, subs, changes)
         else:
             _serve_tool(c.name, c.key, raw, _substituted(request, subs) != request)
     if answer is None:
@@ -265,6 +252,36 @@ def _run_calls(
         changed = True
     step.set_output(_substituted(s.output, subs) if old else answer)
     return changed
+
+
+def _check_untouched(s: StepView, subs: list[tuple[str, str]], changes: Mapping[str, Any]) -> None:
+    """Raise :class:`NotReplayable` when a step recorded without its content (attribute
+    ``replayable`` false) may depend on the change."""
+    recorded = _inputs(s)
+    # Without recorded inputs nothing shows that the step is untouched by the change.
+    if changes or (subs and (not recorded or _substituted(recorded, subs) != recorded)):
+        raise NotReplayable(
+            f"step {s.name!r} depends on the change but was not recorded whole: "
+            f"{s.attributes.get('not_replayable')}",
+            "record the production trace with message content and parameters captured",
+        )
+
+
+def _send_changed(
+    request: dict[str, Any],
+    step: Step,
+    subs: list[tuple[str, str]],
+    changes: Mapping[str, Any],
+) -> str | None:
+    """Send a recorded chat body again with ``subs`` applied to its messages and ``changes``
+    (request field → value) set; returns the answer's content."""
+    body = dict(request)
+    body["messages"] = _substituted(body.get("messages"), subs)
+    for name, value in changes.items():
+        body[name] = value
+        if step.scope is not None:  # recorded like rewind.param: enters the input hash
+            step.scope.params[name] = value
+    return send(body).content
 
 
 def _serve_tool(name: str, key: str, request: bytes, changed: bool) -> None:
