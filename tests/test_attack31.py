@@ -324,12 +324,29 @@ def test_gc_archives_a_run_whose_id_holds_path_separators_inside_its_archive_fol
     ``archive/runs/../../../escaped.json.gz``, outside the archive folder (and outside the
     store's). The run id is now one path segment of the key (percent-quoted); restoring it
     reads it back whole."""
-    from rewind.store.retention import collect_garbage, restore_run
-    from rewind.tracing import Tracer
-    from rewind.tracing.store import load_trace
+    from rewind.store.retention import collect_garbage
 
     location = tmp_path / "a" / "b" / "store"
     ids = ["../../../escaped", "x/y", "plain"]
+    outputs = trace_under_ids(location, ids)
+    before = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    st = open_store(location)
+    try:
+        report = collect_garbage(st, 0, now=4e9)
+        assert sorted(a.run_id for a in report.archived) == sorted(ids)
+        written = sorted(set(p for p in tmp_path.rglob("*") if p.is_file()) - set(before))
+        archives = [p for p in written if p.name.endswith(".json.gz")]
+        assert len(archives) == 3
+        assert all(p.parent == location / "archive" / "runs" for p in archives), archives
+        restore_whole(st, outputs)
+    finally:
+        st.close()
+
+
+def trace_under_ids(location: Path, ids: list[str]) -> dict[str, Any]:
+    """Record one traced agent run per id in ``ids`` at ``location``; returns id -> output."""
+    from rewind.tracing import Tracer
+
     outputs: dict[str, Any] = {}
     with stub_and_client(reply) as (_stub, client):
         for trace_id in ids:
@@ -340,21 +357,18 @@ def test_gc_archives_a_run_whose_id_holds_path_separators_inside_its_archive_fol
             finally:
                 tracer.close()
             outputs[trace_id] = t.output
-    before = sorted(p for p in tmp_path.rglob("*") if p.is_file())
-    st = open_store(location)
-    try:
-        report = collect_garbage(st, 0, now=4e9)
-        assert sorted(a.run_id for a in report.archived) == sorted(ids)
-        written = sorted(set(p for p in tmp_path.rglob("*") if p.is_file()) - set(before))
-        archives = [p for p in written if p.name.endswith(".json.gz")]
-        assert len(archives) == 3
-        assert all(p.parent == location / "archive" / "runs" for p in archives), archives
-        for trace_id in ids:
-            restore_run(st, trace_id)
-            assert load_trace(st, trace_id, payloads=True).output == outputs[trace_id]
-            assert len(load_trace(st, trace_id).steps) == 4
-    finally:
-        st.close()
+    return outputs
+
+
+def restore_whole(st: Any, outputs: dict[str, Any]) -> None:
+    """Restore each archived run of :func:`trace_under_ids` and check it is back whole."""
+    from rewind.store.retention import restore_run
+    from rewind.tracing.store import load_trace
+
+    for trace_id, output in outputs.items():
+        restore_run(st, trace_id)
+        assert load_trace(st, trace_id, payloads=True).output == output
+        assert len(load_trace(st, trace_id).steps) == 4
 
 
 @pytest.mark.parametrize("trace_id", ["x" * 65, "ab" * 15 + "\x00", 12345])

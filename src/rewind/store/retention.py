@@ -525,10 +525,20 @@ def _archive_bytes(doc: dict[str, Any]) -> bytes:
     return gzip.compress(text_.encode(), compresslevel=6, mtime=0)
 
 
+_ARCHIVE_NAME_CHARS = 192
+"""Longest quoted run id an archive key holds as is (a file name holds 255 bytes)."""
+
+
 def _archive_key(run_id: str) -> str:
     # One path segment whatever the id holds: a trace id is the caller's, and ``../x`` or
     # ``a/b`` would put the archive outside ``archive/runs/`` (a hex or UUID id reads as is).
-    return f"archive/runs/{quote(run_id, safe='')}.json.gz"
+    # Every ASCII id of a valid length quotes to at most 192 characters; a non-ASCII one can
+    # quote to 768 (64 four-byte characters), more than a file name holds: it is named by its
+    # hash instead (restore reads the recorded ref, whatever the key).
+    name = quote(run_id, safe="")
+    if len(name) > _ARCHIVE_NAME_CHARS:
+        name = "sha256-" + sha256_hex(run_id.encode("utf-8", "surrogatepass"))
+    return f"archive/runs/{name}.json.gz"
 
 
 def _archive_and_delete(

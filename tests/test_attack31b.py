@@ -1,0 +1,38 @@
+"""Attacks on the changes of session 31 (issue #13): read-only opens through ``mode=rw``,
+replay-trace fixes, trace id validation and percent-quoted archive keys.
+
+Each test names what it found (a regression test that failed before its fix) or what held.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rewind.store import open_store
+from tests.test_attack31 import restore_whole, trace_under_ids
+
+
+def test_gc_archives_runs_whose_valid_ids_quote_to_more_than_a_file_name_holds(
+    tmp_path: Path,
+) -> None:
+    """A trace id of 64 non-ASCII characters is valid (the store keeps it on every backend),
+    but percent-quoted (e16eded) it is 384 to 768 characters, and a file name holds 255 bytes:
+    ``rewind gc`` failed on it with 'cannot write archive/runs/%C3%A9...' (File name too long),
+    stopping the whole gc there (no later run archived, no blob swept), on every gc to come.
+    Such an id's key is now a hash of it (one segment, unique); restore reads the recorded ref."""
+    from rewind.store.retention import collect_garbage
+
+    location = tmp_path / "store"
+    ids = ["é" * 64, "\U0001f600" * 64, "/" * 64, "plain"]
+    outputs = trace_under_ids(location, ids)
+    st = open_store(location)
+    try:
+        report = collect_garbage(st, 0, now=4e9)
+        assert sorted(a.run_id for a in report.archived) == sorted(ids)
+        archives = list(location.rglob("*.json.gz"))
+        assert len(archives) == 4
+        assert all(p.parent == location / "archive" / "runs" for p in archives), archives
+        restore_whole(st, outputs)
+        assert not list(location.rglob("*.json.gz"))
+    finally:
+        st.close()
