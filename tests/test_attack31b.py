@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rewind.store import open_store
 from tests.test_attack31 import restore_whole, trace_under_ids
 
@@ -36,3 +38,26 @@ def test_gc_archives_runs_whose_valid_ids_quote_to_more_than_a_file_name_holds(
         assert not list(location.rglob("*.json.gz"))
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("trace_id", ["\ud800", "ab\udfffcd"])
+def test_a_trace_id_that_is_not_utf8_is_refused_before_the_trace_runs(
+    tmp_path: Path, trace_id: str
+) -> None:
+    """A trace id holding a lone surrogate passed the id check of e1bae04 (a str, ≤64
+    characters, no NUL), the chain ran (its model calls spent), then the write failed with
+    UnicodeEncodeError and the trace was lost (record None), on SQLite and PostgreSQL alike.
+    It is now refused when the trace is made, as the other ids no store keeps are."""
+    from rewind.tracing import Tracer
+
+    ran = []
+    tracer = Tracer(tmp_path, raise_on_write_error=False)
+    try:
+        with (
+            pytest.raises(ValueError, match="a trace id is a string of at most 64"),
+            tracer.trace("ids", {"q": 1}, trace_id=trace_id),
+        ):
+            ran.append(1)
+    finally:
+        tracer.close()
+    assert ran == []

@@ -111,6 +111,20 @@ MAX_TRACE_ID_CHARS = 64
 """The longest trace id a store keeps (its run id column, on every backend)."""
 
 
+def _storable_id(trace_id: object) -> bool:
+    """Whether every store backend keeps ``trace_id``: a string of at most
+    :data:`MAX_TRACE_ID_CHARS` characters, without NUL, encodable as UTF-8."""
+    if type(trace_id) is not str or len(trace_id) > MAX_TRACE_ID_CHARS or "\x00" in trace_id:
+        return False
+    if trace_id.isascii():
+        return True
+    try:
+        trace_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def new_trace_id() -> str:
     """A new trace id: 32 lower-case hex characters (an OpenTelemetry trace id, a run id)."""
     return uuid.uuid4().hex
@@ -647,7 +661,7 @@ class Trace:
 
     Raises:
         ValueError: a name that is not 1 to 200 characters, or a ``trace_id`` given that is not
-            a string of at most :data:`MAX_TRACE_ID_CHARS` characters without NUL.
+            a string of at most :data:`MAX_TRACE_ID_CHARS` characters without NUL, in UTF-8.
     """
 
     def __init__(
@@ -671,14 +685,13 @@ class Trace:
     ) -> None:
         if not name or len(name) > 200:
             raise ValueError("a trace needs a name of 1 to 200 characters")
-        if trace_id is not None and (
-            type(trace_id) is not str or len(trace_id) > MAX_TRACE_ID_CHARS or "\x00" in trace_id
-        ):
+        if trace_id is not None and not _storable_id(trace_id):
             # SQLite would store it and PostgreSQL refuse it (varchar(64), no NUL): the same
-            # trace must not be kept on one backend and lost on the other.
+            # trace must not be kept on one backend and lost on the other. One that is not
+            # UTF-8 (a lone surrogate) neither keeps: refused before the chain runs.
             raise ValueError(
-                f"a trace id is a string of at most {MAX_TRACE_ID_CHARS} characters without NUL, "
-                f"not {trace_id!r:.80}; pass None for a new one"
+                f"a trace id is a string of at most {MAX_TRACE_ID_CHARS} characters without NUL "
+                f"(UTF-8), not {trace_id!r:.80}; pass None for a new one"
             )
         self.config = dict(config or {})
         self.callbacks = callbacks or TraceCallbacks()
