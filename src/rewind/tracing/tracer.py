@@ -64,6 +64,7 @@ from rewind.cache import release_flights
 from rewind.canonical import sha256_hex
 from rewind.context import NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
+from rewind.interrupts import held_interrupts
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
 from rewind.store.references import SourceRows
@@ -801,7 +802,16 @@ class Trace:
         self._stack.enter_context(activate(ctx))
 
     def finish(self, exc: BaseException | None = None) -> RunRecord | None:
-        """End the trace, record the exception (if any) and write it to the store."""
+        """End the trace, record the exception (if any) and write it to the store.
+
+        A Ctrl-C or SIGTERM arriving meanwhile is held until the trace is written, then raised
+        (:func:`rewind.interrupts.held_interrupts`): raised inside the write, it rolled the
+        write back and the trace was lost."""
+        with held_interrupts():
+            return self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> RunRecord | None:
+        """:meth:`finish` with interrupts held."""
         self.duration_ms = (time.perf_counter() - self._perf) * 1000.0
         self.ended_at = self.started_at + self.duration_ms / 1000.0
         if exc is not None:
