@@ -103,3 +103,30 @@ def test_an_interrupt_while_a_trace_is_written_does_not_lose_the_trace(
         tracer.close()
         signal.signal(signal.SIGTERM, old)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_gc_never_writes_over_an_archive_made_before_keys_were_quoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before e16eded an archive's key was the bare run id: a run ``a%2Fb`` archived then is
+    at ``archive/runs/a%2Fb.json.gz``, the key the quoted id ``a/b`` has now. Archiving ``a/b``
+    wrote over it, and restoring ``a%2Fb`` failed ('does not match its hash'): that run was
+    lost. A key another archived run holds is now left alone (the run's archive is named by
+    its hash); both runs are restored whole."""
+    import rewind.store.retention as retention
+
+    location = tmp_path / "store"
+    old = trace_under_ids(location, ["a%2Fb"])
+    st = open_store(location)
+    try:
+        with monkeypatch.context() as m:  # the key as gc wrote it before e16eded
+            m.setattr(retention, "_archive_key", lambda run_id: f"archive/runs/{run_id}.json.gz")
+            retention.collect_garbage(st, 0, now=4e9)
+        assert [r["run_id"] for r in retention.archived_runs(st)] == ["a%2Fb"]
+        new = trace_under_ids(location, ["a/b"])
+        report = retention.collect_garbage(st, 0, now=4e9)
+        assert [a.run_id for a in report.archived] == ["a/b"]
+        assert len(list(location.rglob("*.json.gz"))) == 2
+        restore_whole(st, {**old, **new})
+    finally:
+        st.close()

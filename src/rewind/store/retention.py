@@ -529,16 +529,33 @@ _ARCHIVE_NAME_CHARS = 192
 """Longest quoted run id an archive key holds as is (a file name holds 255 bytes)."""
 
 
-def _archive_key(run_id: str) -> str:
+def _archive_key(run_id: str, *, hashed: bool = False) -> str:
     # One path segment whatever the id holds: a trace id is the caller's, and ``../x`` or
     # ``a/b`` would put the archive outside ``archive/runs/`` (a hex or UUID id reads as is).
     # Every ASCII id of a valid length quotes to at most 192 characters; a non-ASCII one can
     # quote to 768 (64 four-byte characters), more than a file name holds: it is named by its
-    # hash instead (restore reads the recorded ref, whatever the key).
+    # hash instead (restore reads the recorded ref, whatever the key), as is one whose key an
+    # older archive holds (``hashed``).
     name = quote(run_id, safe="")
-    if len(name) > _ARCHIVE_NAME_CHARS:
+    if hashed or len(name) > _ARCHIVE_NAME_CHARS:
         name = "sha256-" + sha256_hex(run_id.encode("utf-8", "surrogatepass"))
     return f"archive/runs/{name}.json.gz"
+
+
+def _free_archive_key(store: Store, target: ObjectStore, run_id: str) -> str:
+    """The key a run's archive is written at: :func:`_archive_key`, unless an archived run
+    of another id already holds it. Keys were the bare id before they were quoted, so an
+    archive of ``a%2Fb`` made then is at the key ``a/b`` has now: writing there would replace
+    it and lose that run."""
+    key = _archive_key(run_id)
+    done = schema.archived_runs
+    with store.read() as conn:
+        taken = conn.execute(
+            select(done.c.run_id).where(
+                done.c.archive_ref == f"{target.url}/{key}", done.c.run_id != run_id
+            )
+        ).first()
+    return key if taken is None else _archive_key(run_id, hashed=True)
 
 
 def _archive_and_delete(
@@ -547,7 +564,7 @@ def _archive_and_delete(
     """Write and verify a run's archive, then delete its rows (one transaction); returns the
     archive's URL. Artifact files are removed after the commit."""
     digest = sha256_hex(data)
-    ref = target.put_object(_archive_key(run_id), data)
+    ref = target.put_object(_free_archive_key(store, target, run_id), data)
     _read_archive(target, ref, digest)  # read back and verified before anything is deleted
     run = doc["tables"]["runs"][0]
     try:
