@@ -41,7 +41,7 @@ class held_interrupts:  # used as a context manager, named like one
             return
         for signum in _HELD:
             handler = _signal.getsignal(signum)
-            if handler is not _signal.SIG_IGN and handler is not None:
+            if handler is not None and handler != _signal.SIG_IGN:
                 self._old.append((signum, handler))
                 _signal.signal(signum, self._note)
 
