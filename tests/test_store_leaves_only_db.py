@@ -177,7 +177,7 @@ def test_a_store_another_process_holds_keeps_its_wal_and_rows_when_readers_close
         holder.stdin.write("\n")
         holder.stdin.flush()
         assert holder.stdout.readline().strip() == "closed"
-        assert holder.wait(60) == 0
+        assert holder.wait() == 0  # it said closed: no time limit (CI may be loaded)
     finally:
         if holder.poll() is None:
             holder.kill()

@@ -74,7 +74,6 @@ __all__ = [
     "is_trace",
     "lineage_blobs",
     "lineage_index",
-    "lineage_of",
     "load_trace",
     "load_traces",
     "parse_time",
@@ -1181,13 +1180,6 @@ def count_traces(store: Store) -> dict[str, int]:
 
 
 # -- lineage -----------------------------------------------------------------------------------
-
-
-def lineage_of(store: Store, run: RunRecord) -> dict[str, LineageEntry]:
-    """Cache key → the call that produced its result, over the run and its ancestors (nearest
-    wins): what a replay serves first, so an unchanged replay returns exactly the recorded
-    results."""
-    return lineage_index(store, run)[0]
 
 
 def lineage_index(
