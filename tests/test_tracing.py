@@ -546,6 +546,34 @@ def test_in_place_replay_serves_the_source_calls_and_links_to_it(
         assert state_at(store, y) == state_at(store, x) is not None
 
 
+def test_in_place_replay_takes_the_source_input_unless_given_one(
+    tracer: Tracer, store: Store, fake_model: FakeModel
+) -> None:
+    """``tracer.replay(id)`` without ``input=`` replays with the input the source recorded (its
+    fields, nested values and a wrapped non-dict input alike), so an unchanged block is stored
+    by reference; ``input=None`` is no input, and its steps are stored again."""
+    for given in ({"question": "in place", "opts": {"k": [1, 2.5, None]}}, "a bare string"):
+        with tracer.trace("block", given) as t:
+            recorded = _loop_block("in place")
+        calls = fake_model.count
+        with tracer.replay(t.trace_id) as r:
+            assert _loop_block("in place") == recorded
+        assert fake_model.count == calls
+        assert load_trace(store, r.trace_id).input == load_trace(store, t.trace_id).input
+        assert store.get_run(r.trace_id).initial_state_hash == (
+            store.get_run(t.trace_id).initial_state_hash
+        )
+        assert [n.state_hash for n in store.nodes_of(r.trace_id)] == [
+            n.state_hash for n in store.nodes_of(t.trace_id)
+        ]
+        assert _state_rows(store, r.trace_id) == 0
+        with tracer.replay(t.trace_id, input=None) as bare:
+            _loop_block("in place")
+        assert load_trace(store, bare.trace_id).input == {}
+        assert _state_rows(store, bare.trace_id) == len(store.nodes_of(bare.trace_id))
+        assert fake_model.count == calls  # still served: only the states differ
+
+
 def _state_rows(store: Store, app_id: str) -> int:
     """How many of the run's steps hold their state themselves (a state row, stored or derived
     from the step's state document since migration 0012), not by reference to another run."""

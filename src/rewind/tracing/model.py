@@ -58,6 +58,18 @@ INPUT_KEY = "input"
 """Key a non-dict input is wrapped under, and the ``--set input.…`` prefix of a replay."""
 
 
+class _SourceInput:
+    """The type of :data:`SOURCE_INPUT` (its repr names it in signatures)."""
+
+    def __repr__(self) -> str:
+        return "SOURCE_INPUT"
+
+
+SOURCE_INPUT: Any = _SourceInput()
+"""Default ``input`` of ``Tracer.replay`` (:func:`rewind.tracing.replay.replay_in_place`):
+the input the source trace recorded."""
+
+
 class StepType(StrEnum):
     """What a step does; the inspector checks each type for its own failure modes."""
 

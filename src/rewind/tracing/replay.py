@@ -28,7 +28,7 @@ from rewind.canonical import canonical_bytes
 from rewind.context import RunContext
 from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
-from rewind.tracing.model import INPUT_KEY, TraceView
+from rewind.tracing.model import INPUT_KEY, SOURCE_INPUT, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
 from rewind.tracing.store import is_trace, lineage_blobs, lineage_index, load_trace
 from rewind.tracing.switches import (
@@ -358,12 +358,27 @@ def _call(fn: Any, values: dict[str, Any]) -> Any:
     return fn(*args, **kwargs)
 
 
+def recorded_input(store: Store, run: RunRecord) -> dict[str, Any]:
+    """The input fields the trace ``run`` recorded (its initial state), decoded from the
+    stored JSON: ``{}`` when it had none. One read transaction, two blob reads.
+
+    Raises:
+        StoreError: a blob of the input is missing (the store is damaged).
+    """
+    if not run.initial_state_hash:
+        return {}
+    with store.read() as conn:
+        fields: dict[str, str] = store.get_json(run.initial_state_hash, conn)
+        blobs = store.get_blobs(fields.values(), conn)
+    return {name: json.loads(blobs[digest]) for name, digest in fields.items()}
+
+
 def replay_in_place(
     tracer: Tracer,
     source: str,
     *,
     name: str | None = None,
-    input: Any = None,
+    input: Any = SOURCE_INPUT,
     switches: ReplaySwitches | None = None,
     trace_id: str | None = None,
 ) -> Trace:
@@ -381,9 +396,10 @@ def replay_in_place(
         tracer: whose store, model client (for calls that miss), clock and callbacks to use.
         source: the recorded trace (id or unique prefix).
         name: the new trace's name (default: the source's).
-        input: the block's input (default: none, as ``Tracer.trace``). Pass the source's input
-            for an unchanged replay: the input is part of every step's state, so a replay with
-            another input shares no step with its source (each is stored again).
+        input: the block's input (default :data:`SOURCE_INPUT`: the input ``source`` recorded,
+            its fields as stored, so an unchanged block replays unchanged). Another input is
+            part of every step's state, so such a replay shares no step with its source (each
+            is stored again); ``None`` is no input, as ``Tracer.trace``.
         switches: :class:`ReplaySwitches` (default: everything cached, no stop).
         trace_id: the new trace's id (default: a new one).
     Raises:
@@ -412,7 +428,7 @@ def replay_in_place(
     ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     trace = Trace(
         name or run.pipeline,
-        input=input,
+        input=recorded_input(store, run) if input is SOURCE_INPUT else input,
         store=lambda: store,
         run_context=ctx,
         clock=tracer.clock,

@@ -71,6 +71,7 @@ from rewind.store.references import SourceRows
 from rewind.tools import Tool
 from rewind.tracing.model import (
     ROOT_POSITION,
+    SOURCE_INPUT,
     StepData,
     StepStatus,
     StepType,
@@ -1139,7 +1140,7 @@ class Tracer:
         source: str,
         *,
         name: str | None = None,
-        input: Any = None,
+        input: Any = SOURCE_INPUT,
         switches: Any = None,
         trace_id: str | None = None,
     ) -> Trace:
