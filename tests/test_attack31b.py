@@ -57,7 +57,7 @@ def test_a_trace_id_that_is_not_utf8_is_refused_before_the_trace_runs(
     tracer = Tracer(tmp_path, raise_on_write_error=False)
     try:
         with (
-            pytest.raises(ValueError, match="a trace id is a string of at most 64"),
+            pytest.raises(ValueError, match="a trace id is a string of 1 to 64"),
             tracer.trace("ids", {"q": 1}, trace_id=trace_id),
         ):
             ran.append(1)

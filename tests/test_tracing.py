@@ -574,6 +574,20 @@ def test_in_place_replay_takes_the_source_input_unless_given_one(
         assert fake_model.count == calls  # still served: only the states differ
 
 
+def test_an_empty_trace_id_is_refused_not_replaced(tracer: Tracer, store: Store) -> None:
+    """``trace_id=""`` was silently replaced by a new random id (the caller then looked for
+    a trace that was never stored under the id it gave); refused now, on a trace and on an
+    in-place replay, before anything runs or is written."""
+    with tracer.trace("ids", {"q": 1}) as t:
+        pass
+    runs = len(store.list_runs())
+    with pytest.raises(ValueError, match="a trace id is a string of 1 to 64"):
+        tracer.trace("ids", {"q": 1}, trace_id="")
+    with pytest.raises(ValueError, match="a trace id is a string of 1 to 64"):
+        tracer.replay(t.trace_id, trace_id="")
+    assert len(store.list_runs()) == runs
+
+
 def _state_rows(store: Store, app_id: str) -> int:
     """How many of the run's steps hold their state themselves (a state row, stored or derived
     from the step's state document since migration 0012), not by reference to another run."""

@@ -418,7 +418,7 @@ def replay_in_place(
     switches = switches or ReplaySwitches()
     ctx = RunContext(
         store=store,
-        run_id=trace_id or new_trace_id(),
+        run_id=new_trace_id() if trace_id is None else trace_id,
         read_cache=True,
         chat_client=tracer.chat_client,
         clock=tracer.clock,

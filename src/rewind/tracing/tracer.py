@@ -114,9 +114,11 @@ MAX_TRACE_ID_CHARS = 64
 
 
 def _storable_id(trace_id: object) -> bool:
-    """Whether every store backend keeps ``trace_id``: a string of at most
+    """Whether ``trace_id`` names a trace every store backend keeps: a string of 1 to
     :data:`MAX_TRACE_ID_CHARS` characters, without NUL, encodable as UTF-8."""
-    if type(trace_id) is not str or len(trace_id) > MAX_TRACE_ID_CHARS or "\x00" in trace_id:
+    if type(trace_id) is not str or not 0 < len(trace_id) <= MAX_TRACE_ID_CHARS:
+        return False
+    if "\x00" in trace_id:
         return False
     if trace_id.isascii():
         return True
@@ -692,7 +694,7 @@ class Trace:
             # trace must not be kept on one backend and lost on the other. One that is not
             # UTF-8 (a lone surrogate) neither keeps: refused before the chain runs.
             raise ValueError(
-                f"a trace id is a string of at most {MAX_TRACE_ID_CHARS} characters without NUL "
+                f"a trace id is a string of 1 to {MAX_TRACE_ID_CHARS} characters without NUL "
                 f"(UTF-8), not {trace_id!r:.80}; pass None for a new one"
             )
         self.config = dict(config or {})
@@ -700,7 +702,7 @@ class Trace:
         self.callback_errors: list[str] = []
         self.stop_after: Callable[[StepData], str | None] | None = None
         self.name = name
-        self.trace_id = trace_id or new_trace_id()
+        self.trace_id = new_trace_id() if trace_id is None else trace_id
         self.span_id = new_span_id()
         self.input = as_fields(input) if input is not None else {}
         self.attributes = dict(attributes or {})
