@@ -459,7 +459,9 @@ def test_503_then_success_recovers() -> None:
     assert recorder.calls == 3
 
 
-def test_connect_error_is_endpoint_unavailable_with_hint() -> None:
+def test_connect_error_is_endpoint_unavailable_with_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REWIND_BASE_URL", raising=False)
+
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
@@ -470,6 +472,30 @@ def test_connect_error_is_endpoint_unavailable_with_hint() -> None:
     assert info.value.message == "cannot reach the model endpoint at http://127.0.0.1:9999/v1"
     assert "REWIND_BASE_URL" in info.value.hint and "rewind-replay[local]" in info.value.hint
     assert str(info.value) == f"{info.value.message}\n{info.value.hint}"
+
+
+def test_unreachable_client_of_its_own_is_not_told_to_set_rewind_base_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chain's own ``ChatClient`` (another endpoint than ``REWIND_BASE_URL``) that cannot
+    connect was told to set REWIND_BASE_URL, which does not change that client: the hint now
+    names its endpoint and how to change it; the endpoint REWIND_BASE_URL names keeps the
+    variables' hint."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    monkeypatch.setenv("REWIND_BASE_URL", "http://127.0.0.1:8080/v1/")
+    with client_for(Recorder(refuse)) as client, pytest.raises(EndpointUnavailable) as info:
+        client.complete({"messages": []})
+    assert "start the server at http://127.0.0.1:9999/v1" in info.value.hint
+    assert "Endpoint(base_url=...)" in info.value.hint and "http://127.0.0.1:8080/v1" in (
+        info.value.hint
+    )
+    monkeypatch.setenv("REWIND_BASE_URL", "http://127.0.0.1:9999/v1")
+    with client_for(Recorder(refuse)) as client, pytest.raises(EndpointUnavailable) as info:
+        client.complete({"messages": []})
+    assert "REWIND_BASE_URL/REWIND_API_KEY/REWIND_MODEL" in info.value.hint
 
 
 def test_read_timeout_is_retried_then_endpoint_unavailable() -> None:

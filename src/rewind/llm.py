@@ -144,6 +144,19 @@ _UNREACHABLE_HINT = (
 )
 
 
+def _unreachable_hint(base_url: str) -> str:
+    """How to fix an endpoint that cannot be reached: the environment variables when the
+    endpoint is the one ``REWIND_BASE_URL`` names or none is set, else the client that was given
+    ``base_url`` (a chain's own ``ChatClient(Endpoint(...))``: no variable would change it)."""
+    configured = os.environ.get("REWIND_BASE_URL", "").strip().rstrip("/")
+    if not configured or configured == base_url:
+        return _UNREACHABLE_HINT
+    return (
+        f"start the server at {base_url}, or build the ChatClient with an Endpoint(base_url=...) "
+        f"that runs (REWIND_BASE_URL, {configured}, is not the endpoint this client uses)"
+    )
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where chat requests go.
@@ -600,7 +613,8 @@ class ChatClient:
             ) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise EndpointUnavailable(
-                f"cannot reach the model endpoint at {self.endpoint.base_url}", _UNREACHABLE_HINT
+                f"cannot reach the model endpoint at {self.endpoint.base_url}",
+                _unreachable_hint(self.endpoint.base_url),
             ) from exc
         except httpx.ReadTimeout as exc:
             raise EndpointUnavailable(
@@ -613,7 +627,7 @@ class ChatClient:
             raise EndpointUnavailable(
                 f"the connection to the model endpoint at {self.endpoint.base_url} failed: "
                 f"{type(exc).__name__}: {exc}",
-                _UNREACHABLE_HINT,
+                _unreachable_hint(self.endpoint.base_url),
             ) from exc
 
     def health(self) -> bool:
