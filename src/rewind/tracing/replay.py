@@ -429,4 +429,5 @@ def replay_in_place(
     # the same source are not built again (rewind.tracing.step_memo).
     with store.read() as conn:
         trace._source = source_rows(store, conn, run.run_id)
+    ctx.failed_at.update(trace._source.failed_positions)
     return trace

@@ -1,0 +1,97 @@
+"""A new user's trial (session 32): a ReAct-style traced agent whose tool raises once and is
+retried by the agent with the same arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import rewind
+from rewind.store import open_store
+from rewind.tracing import Tracer, step
+from rewind.tracing.replay import replay_trace
+from rewind.tracing.store import load_trace
+
+FLAKY = {"left": 0, "executed": 0}
+
+
+@rewind.tool("user32_weather")
+def user32_weather(city: str) -> dict[str, Any]:
+    """Fails the first time after :data:`FLAKY` is armed (a service that timed out once)."""
+    FLAKY["executed"] += 1
+    if FLAKY["left"] > 0:
+        FLAKY["left"] -= 1
+        raise ConnectionError("weather service timed out")
+    return {"city": city, "sky": "clear"}
+
+
+def flaky_agent(city: str) -> list[str]:
+    """Calls the tool, reports its error and calls it again with the same arguments."""
+    seen: list[str] = []
+    for turn in range(2):
+        try:
+            with step("weather", "tool_call", input={"city": city, "turn": turn}) as s:
+                out = user32_weather(city)
+                s.set_output(out)
+            seen.append(out["sky"])
+            break
+        except ConnectionError as exc:
+            seen.append(f"error: {exc}")
+    with step("report", "transform", input={"seen": seen}) as s:
+        s.set_output(" / ".join(seen))
+    return seen
+
+
+def _record(store_dir: Path) -> tuple[Tracer, str]:
+    tracer = Tracer(store_dir)
+    FLAKY["left"] = 1
+    with tracer.trace("flaky", input={"city": "Lyon"}) as t:
+        assert flaky_agent("Lyon") == ["error: weather service timed out", "clear"]
+    return tracer, t.trace_id
+
+
+def _outcomes(store: Any, run_id: str) -> list[tuple[str, str, str | None]]:
+    view = load_trace(store, run_id)
+    return [(s.name, s.status, s.output_hash) for s in view.steps]
+
+
+def test_a_step_whose_tool_raised_is_not_served_a_later_success_on_replay(
+    tmp_path: Path,
+) -> None:
+    """Was a bug: the failed call left no call row, so an unchanged replay served the step the
+    deterministic tool's entry of the retry's success (key-only lineage, then the cache): the
+    step that failed succeeded, the agent took another path, every later hash differed and a
+    model would have been asked live. A call in a step that failed in the source (and recorded
+    no call with that key there) is executed again: a failure that repeats replays equal."""
+    _, source = _record(tmp_path / "s")
+    store = open_store(tmp_path / "s")
+    try:
+        want = _outcomes(store, source)
+        assert [s[1] for s in want] == ["failed", "success", "success"]
+        FLAKY.update(left=1, executed=0)  # the service fails once again
+        record = replay_trace(store, source, chain=f"{__name__}:flaky_agent")
+        assert record.parent_run_id == source
+        assert _outcomes(store, record.run_id) == want
+        assert FLAKY["executed"] == 1  # only the failed step's call ran again
+    finally:
+        store.close()
+
+
+def test_in_place_replay_reproduces_the_failed_step(tmp_path: Path) -> None:
+    """The same rule for ``Tracer.replay`` (in place) and ``Tracer(read_cache=True)``."""
+    tracer, source = _record(tmp_path / "s")
+    FLAKY.update(left=1)
+    cached = Tracer(tmp_path / "s", read_cache=True)
+    with cached.trace("flaky", input={"city": "Lyon"}) as c:
+        assert flaky_agent("Lyon") == ["error: weather service timed out", "clear"]
+    FLAKY.update(left=1)
+    with tracer.replay(source, input={"city": "Lyon"}) as t:
+        assert flaky_agent("Lyon") == ["error: weather service timed out", "clear"]
+    store = open_store(tmp_path / "s")
+    try:
+        want = _outcomes(store, source)
+        for run_id in (t.trace_id, c.trace_id):
+            assert store.get_run(run_id).parent_run_id == source
+            assert _outcomes(store, run_id) == want
+    finally:
+        store.close()
