@@ -95,3 +95,33 @@ def test_in_place_replay_reproduces_the_failed_step(tmp_path: Path) -> None:
             assert _outcomes(store, run_id) == want
     finally:
         store.close()
+
+
+def test_a_chain_called_in_its_own_in_place_replay_is_the_replay_not_a_step(
+    tmp_path: Path,
+) -> None:
+    """Was a trap: ``with tracer.replay(tid): chain(...)`` made the chain a ``transform`` step
+    of the replay, so every step moved one position down, none was shared with the source
+    (stored in full, ``first divergence: node 1``) and lineage was served by key alone. Called
+    as the body of an in-place replay of its own name, it now runs as that trace: same steps,
+    output and input (taken from the call when ``replay`` was given none)."""
+    tracer = Tracer(tmp_path / "s")
+    agent = tracer.chain("flaky")(flaky_agent)
+    FLAKY.update(left=0, executed=0)
+    agent("Lyon")
+    store = open_store(tmp_path / "s")
+    try:
+        (source,) = [r.run_id for r in store.list_runs()]
+        for given in ({"city": "Lyon"}, None):
+            with tracer.replay(source, input=given) as t:
+                assert agent("Lyon") == ["clear"]
+            replay = store.get_run(t.trace_id)
+            assert replay.parent_run_id == source and replay.config["reference"]["all"]
+            assert _outcomes(store, t.trace_id) == _outcomes(store, source)
+            assert load_trace(store, t.trace_id).output == load_trace(store, source).output
+        assert FLAKY["executed"] == 1  # the recording's call only
+        with tracer.replay(source, input={"city": "Lyon"}) as t, step("first"):
+            agent("Lyon")  # inside a step: a step, as before
+        assert [s.name for s in load_trace(store, t.trace_id).steps][:2] == ["first", "flaky"]
+    finally:
+        store.close()

@@ -38,13 +38,11 @@ from rewind.tracing.switches import (
     replay_trace_of,
     run_replay,
 )
-from rewind.tracing.tracer import Trace, Tracer, new_trace_id
+from rewind.tracing.tracer import IN_PLACE_MODE, Trace, Tracer, new_trace_id
 from rewind.tracing.tracer_source import source_rows
 
 CHAIN_MODE = "chain"
 """The ``replay_mode`` of a replay that ran the chain's code."""
-IN_PLACE_MODE = "in-place"
-"""The ``replay_mode`` of a replay whose code ran in the caller's own ``with`` block."""
 
 __all__ = [
     "ReplaySwitches",

@@ -144,6 +144,10 @@ def new_span_id() -> str:
     return "%016x" % (_SPAN_IDS.getrandbits(64) or 1)
 
 
+IN_PLACE_MODE = "in-place"
+"""The ``replay_mode`` of a replay whose code ran in the caller's own ``with`` block."""
+
+
 def current_trace() -> Trace | None:
     """The trace active in this context (thread or task), or None."""
     return _TRACE.get()
@@ -1158,8 +1162,11 @@ class Tracer:
     def chain(self, name: str | None = None, **attributes: Any) -> Callable[[F], F]:
         """Decorate a chain function (sync or async): each call is one trace whose input is the
         call's bound arguments and output its return value. Called inside another trace, it is a
-        ``transform`` step of that trace instead. A chain defined at module level can be
-        replayed (``rewind replay-trace``)."""
+        ``transform`` step of that trace instead, except as the body of an in-place replay of
+        this chain (``with tracer.replay(trace_id): chain(...)``, called before any step): it
+        then runs as that trace, its return value the trace's output and its bound arguments
+        the trace's input when :meth:`replay` was given none. A chain defined at module level
+        can be replayed (``rewind replay-trace``)."""
 
         def decorate(fn: F) -> F:
             chain_name = name or fn.__name__
@@ -1169,6 +1176,11 @@ class Tracer:
                 @functools.wraps(fn)
                 async def arun(*args: Any, **kwargs: Any) -> Any:
                     bound = bound_input(fn, args, kwargs)
+                    body = _replay_body(chain_name, bound)
+                    if body is not None:
+                        out = await fn(*args, **kwargs)
+                        body.set_output(out)
+                        return out
                     if _TRACE.get() is not None:
                         with step(chain_name, StepType.TRANSFORM, input=bound) as s:
                             out = await fn(*args, **kwargs)
@@ -1186,6 +1198,11 @@ class Tracer:
             @functools.wraps(fn)
             def run(*args: Any, **kwargs: Any) -> Any:
                 bound = bound_input(fn, args, kwargs)
+                body = _replay_body(chain_name, bound)
+                if body is not None:
+                    out = fn(*args, **kwargs)
+                    body.set_output(out)
+                    return out
                 if _TRACE.get() is not None:
                     with step(chain_name, StepType.TRANSFORM, input=bound) as s:
                         out = fn(*args, **kwargs)
@@ -1203,6 +1220,21 @@ class Tracer:
         return decorate
 
     step = staticmethod(step)
+
+
+def _replay_body(chain_name: str, bound: dict[str, Any]) -> Trace | None:
+    """The in-place replay (:meth:`Tracer.replay`) a call of the chain ``chain_name`` is the
+    body of: the current trace is an in-place replay of that name, no step is open and none was
+    made. Its input becomes ``bound`` when it has none. None otherwise (the chain call is a
+    step, or a trace of its own)."""
+    trace = _TRACE.get()
+    if trace is None or trace.name != chain_name or _STEP.get() is not None:
+        return None
+    if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps:
+        return None
+    if not trace.input:
+        trace.input = as_fields(bound)
+    return trace
 
 
 def chain_ref_of(fn: Callable[..., Any]) -> str | None:
