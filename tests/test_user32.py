@@ -3,6 +3,7 @@ retried by the agent with the same arguments."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,31 @@ def test_a_chain_called_in_its_own_in_place_replay_is_the_replay_not_a_step(
         assert [s.name for s in load_trace(store, t.trace_id).steps][:2] == ["first", "flaky"]
     finally:
         store.close()
+
+
+def test_replay_trace_says_re_run_tools_caused_the_divergence(tmp_path: Path) -> None:
+    """Was misleading: an unchanged ``replay-trace --no-cached-tools`` whose tool now returns
+    another result (its code changed) warned that something is "not routed through
+    rewind.calls.chat ... or the model differs". The switch that re-ran the calls is named."""
+    from rich.console import Console
+
+    from rewind.cli import trace_views as tc
+    from rewind.replay import Rewind
+    from rewind.tracing.switches import ReplaySwitches
+
+    tracer = Tracer(tmp_path / "s")
+    agent = tracer.chain("flaky")(flaky_agent)
+    FLAKY.update(left=1)
+    agent("Lyon")
+    rw = Rewind(tmp_path / "s")
+    try:
+        (source,) = [r.run_id for r in rw.store.list_runs()]
+        FLAKY.update(left=0)  # the service is up now: the re-run tool succeeds at once
+        con = Console(file=io.StringIO(), width=400)
+        off = ReplaySwitches(cached_tools=False)
+        assert tc.replay_trace_command(rw, source, console=con, switches=off) == 0
+        text = con.file.getvalue()
+        assert "--no-cached-tools ran the calls again" in text
+        assert "not routed through" not in text
+    finally:
+        rw.store.close()
