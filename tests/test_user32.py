@@ -154,3 +154,28 @@ def test_replay_trace_says_re_run_tools_caused_the_divergence(tmp_path: Path) ->
         assert "not routed through" not in text
     finally:
         rw.store.close()
+
+
+def test_an_output_override_fork_of_an_app_with_a_burr_tracker_runs(
+    rw_llm: Any, tmp_path: Path
+) -> None:
+    """Was a bug: Burr's ``tool-calling`` example (``.with_tracker(project=...)``), forked with
+    ``--set-output select_tool.tool_parameters=...``, failed to start: ``ValidationError: 1
+    validation error for PointerModel``. The fork resumed its own app id, for which Burr 0.43
+    hands trackers a fork pointer with ``app_id=None``, and its ``LocalTrackingClient`` refuses
+    it. The fork now names the fork node's source row as its Burr fork source."""
+    from rewind import OutputOverride
+    from tests import burr_apps
+
+    app = burr_apps.application(tracker_dir=str(tmp_path / "burr"))
+    parent = rw_llm.record(app, inputs={"question": "why?"}, halt_after=["summarise"])
+    assert parent.status == "completed", parent.error
+    child = rw_llm.fork(
+        parent.run_id, at="answer", override=OutputOverride("answer", "answer", "X")
+    )
+    assert child.status == "completed", child.error
+    nodes = rw_llm.store.nodes_of(child.run_id)
+    assert [n.name for n in nodes] == ["ask", "answer", "summarise"]
+    assert rw_llm.node_state(nodes[2])["summary"] == "X"
+    # the tracker logged the fork too, with its source
+    assert list((tmp_path / "burr" / "rewind-test").glob(f"{child.run_id}*"))
