@@ -4,6 +4,7 @@ retried by the agent with the same arguments."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,110 @@ def test_an_output_override_fork_of_an_app_with_a_burr_tracker_runs(
     assert rw_llm.node_state(nodes[2])["summary"] == "X"
     # the tracker logged the fork too, with its source
     assert list((tmp_path / "burr" / "rewind-test").glob(f"{child.run_id}*"))
+
+
+def _attr(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, float):
+        return {"key": key, "value": {"doubleValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def _openllmetry_tool_calling_trace(path: Path) -> Path:
+    """An OTLP/JSON file as OpenLLMetry 0.40 writes an agent's two chat calls (the first
+    answered with a tool call, no text) and a GenAI ``execute_tool`` span between them."""
+    tid, root = "5b8aa5a2d2c872e8321cf37308d69df2", "a1b2c3d4e5f60718"
+    sys_user = [
+        ("gen_ai.prompt.0.role", "system"),
+        ("gen_ai.prompt.0.content", "Use tools."),
+        ("gen_ai.prompt.1.role", "user"),
+        ("gen_ai.prompt.1.content", "Is it freezing in Oslo?"),
+    ]
+    common = [
+        ("gen_ai.system", "openai"),
+        ("gen_ai.request.model", "gpt-4o-mini"),
+        ("gen_ai.request.temperature", 0.0),
+    ]
+    call = [
+        ("gen_ai.completion.0.role", "assistant"),
+        ("gen_ai.completion.0.finish_reason", "tool_calls"),
+        ("gen_ai.completion.0.tool_calls.0.id", "call_abc"),
+        ("gen_ai.completion.0.tool_calls.0.name", "weather"),
+        ("gen_ai.completion.0.tool_calls.0.arguments", '{"city": "Oslo"}'),
+    ]
+    then = [
+        ("gen_ai.prompt.2.role", "assistant"),
+        ("gen_ai.prompt.2.tool_calls.0.id", "call_abc"),
+        ("gen_ai.prompt.2.tool_calls.0.name", "weather"),
+        ("gen_ai.prompt.2.tool_calls.0.arguments", '{"city": "Oslo"}'),
+        ("gen_ai.prompt.3.role", "tool"),
+        ("gen_ai.prompt.3.content", '{"temp_c": -3}'),
+        ("gen_ai.prompt.3.tool_call_id", "call_abc"),
+        ("gen_ai.completion.0.role", "assistant"),
+        ("gen_ai.completion.0.finish_reason", "stop"),
+        ("gen_ai.completion.0.content", "Yes: -3 C in Oslo."),
+    ]
+    tool = [
+        ("gen_ai.operation.name", "execute_tool"),
+        ("gen_ai.tool.name", "weather"),
+        ("gen_ai.tool.call.arguments", '{"city": "Oslo"}'),
+        ("gen_ai.tool.call.result", '{"temp_c": -3}'),
+    ]
+
+    def span(sid: str, name: str, start: int, attrs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = {
+            "traceId": tid,
+            "spanId": sid,
+            "name": name,
+            "startTimeUnixNano": str(1764700000_000000000 + start * 1000),
+            "endTimeUnixNano": str(1764700000_000000000 + start * 1000 + 500),
+            "attributes": [_attr(k, v) for k, v in attrs],
+        }
+        if sid != root:
+            out["parentSpanId"] = root
+        return out
+
+    spans = [
+        span(root, "agent.workflow", 0, [("traceloop.span.kind", "workflow")]),
+        span("1111111111111111", "openai.chat", 1, common + sys_user + call),
+        span("2222222222222222", "execute_tool weather", 2, tool),
+        span("3333333333333333", "openai.chat", 3, common + sys_user + then),
+    ]
+    doc = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": spans}]}]}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_an_imported_tool_call_answer_replays_equal(tmp_path: Path) -> None:
+    """Was a bug: in a recorded-calls replay, a model call answered with a tool call (no text)
+    set its step's output to the answer's empty content, where the import had kept the
+    completion message: an unchanged replay of an imported OpenLLMetry agent trace diverged at
+    its first step (list → ""), and a change to the second call showed the first changed too.
+    A model call sent unchanged keeps the recorded output."""
+    from rewind.llm import ChatClient, Endpoint, RetryPolicy
+    from rewind.tracing.otel import import_otlp, read_otlp_file
+    from tests.model_stub import ModelStub
+
+    store = open_store(tmp_path / "s")
+    try:
+        doc = read_otlp_file(_openllmetry_tool_calling_trace(tmp_path / "t.json"))
+        (tid,) = import_otlp(store, doc).imported
+        want = _outcomes(store, tid)
+        same = replay_trace(store, tid)
+        assert same.config["replay_mode"] == "recorded-calls"
+        assert _outcomes(store, same.run_id) == want
+        with (
+            ModelStub() as stub,
+            ChatClient(
+                Endpoint(base_url=stub.base_url, model="gpt-4o-mini"), retry=RetryPolicy(attempts=1)
+            ) as client,
+        ):
+            changed = replay_trace(
+                store, tid, change="openai.chat#2.temperature=0.7", chat_client=client
+            )
+            assert len(stub.requests) == 1
+        got = _outcomes(store, changed.run_id)
+        assert got[:2] == want[:2] and got[2] != want[2]
+    finally:
+        store.close()
