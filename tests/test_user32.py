@@ -287,3 +287,30 @@ def test_an_imported_tool_call_answer_replays_equal(tmp_path: Path) -> None:
         assert got[:2] == want[:2] and got[2] != want[2]
     finally:
         store.close()
+
+
+def test_changing_a_not_replayable_imported_step_says_why(tmp_path: Path) -> None:
+    """Was misleading: ``--set 'openai.chat#2.temperature=0.7'`` (the README's example) on an
+    imported chat span recorded with its tool definitions (``llm.request.functions.*``, not
+    replayed) answered "has no param 'temperature' — its params: none (read params with
+    rewind.param)". It now says the step's model call is not replayable, and why."""
+    import pytest
+
+    from rewind.errors import InvalidOverride
+    from rewind.tracing.otel import import_otlp, read_otlp_file
+
+    path = _openllmetry_tool_calling_trace(tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    for span in doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1:]:
+        span["attributes"].append(_attr("llm.request.functions.0.name", "weather"))
+    path.write_text(json.dumps(doc))
+    store = open_store(tmp_path / "s")
+    try:
+        (tid,) = import_otlp(store, read_otlp_file(path)).imported
+        with pytest.raises(InvalidOverride) as err:
+            replay_trace(store, tid, change="openai.chat#2.temperature=0.7")
+        assert "cannot be changed" in str(err.value)
+        assert "llm.request.functions" in str(err.value)
+        assert "rewind.param" not in str(err.value) + str(err.value.hint)
+    finally:
+        store.close()

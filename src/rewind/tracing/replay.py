@@ -22,13 +22,13 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from rewind.canonical import canonical_bytes
 from rewind.context import RunContext
 from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
-from rewind.tracing.model import INPUT_KEY, TraceView
+from rewind.tracing.model import INPUT_KEY, StepView, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
 from rewind.tracing.store import is_trace, lineage_blobs, lineage_index, load_trace
 from rewind.tracing.switches import (
@@ -162,10 +162,26 @@ def _check_step_param(
         )
     params = sorted({p for s in steps for p in s.params} | set((extra_params or {}).get(name, ())))
     if len(path) != 1 or path[0] not in params:
+        _refuse_param(target, path, params, steps)
+
+
+def _refuse_param(
+    target: str, path: tuple[str, ...], params: Sequence[str], steps: Sequence[StepView]
+) -> NoReturn:
+    """Raise the :class:`InvalidOverride` of a param the step ``target`` does not have: an
+    imported step whose model call is not replayable says why."""
+    unreplayable = [s for s in steps if s.attributes.get("replayable") is False]
+    if unreplayable and not params:
         raise InvalidOverride(
-            f"step {target!r} has no param {'.'.join(path)!r}",
-            f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
+            f"step {target!r} cannot be changed: its model call was imported without a "
+            f"replayable request ({unreplayable[0].attributes.get('not_replayable')})",
+            "change the input or another step, or record the production trace with its "
+            "requests captured whole",
         )
+    raise InvalidOverride(
+        f"step {target!r} has no param {'.'.join(path)!r}",
+        f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
+    )
 
 
 def _split_target(left: str, view: TraceView) -> tuple[str, str, str]:
