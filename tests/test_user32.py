@@ -314,3 +314,27 @@ def test_changing_a_not_replayable_imported_step_says_why(tmp_path: Path) -> Non
         assert "rewind.param" not in str(err.value) + str(err.value.hint)
     finally:
         store.close()
+
+
+def test_inspect_notes_an_imported_step_that_is_not_replayable(tmp_path: Path) -> None:
+    """Was silent: ``rewind inspect`` said ``ok`` for imported chat steps a replay cannot send
+    again (and ``replay-trace`` showed them ``none:no-calls``); it now notes each, with the
+    reason the import recorded."""
+    from rewind.tracing.inspect import inspect_trace
+    from rewind.tracing.otel import import_otlp, read_otlp_file
+
+    path = _openllmetry_tool_calling_trace(tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]["attributes"].append(
+        _attr("llm.request.functions.0.name", "weather")
+    )
+    path.write_text(json.dumps(doc))
+    store = open_store(tmp_path / "s")
+    try:
+        (tid,) = import_otlp(store, read_otlp_file(path)).imported
+        result = inspect_trace(load_trace(store, tid))
+        codes = [[f.code for f in s.findings] for s in result.steps]
+        assert codes == [["not_replayable"], [], []]
+        assert "llm.request.functions" in result.steps[0].findings[0].message
+    finally:
+        store.close()
