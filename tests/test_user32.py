@@ -27,7 +27,7 @@ def user32_weather(city: str) -> dict[str, Any]:
     return {"city": city, "sky": "clear"}
 
 
-def flaky_agent(city: str) -> list[str]:
+def flaky_agent(city: str, sep: str = " / ") -> list[str]:
     """Calls the tool, reports its error and calls it again with the same arguments."""
     seen: list[str] = []
     for turn in range(2):
@@ -40,8 +40,13 @@ def flaky_agent(city: str) -> list[str]:
         except ConnectionError as exc:
             seen.append(f"error: {exc}")
     with step("report", "transform", input={"seen": seen}) as s:
-        s.set_output(" / ".join(seen))
+        s.set_output(sep.join(seen))
     return seen
+
+
+def flaky_agent_edited(city: str) -> list[str]:
+    """:func:`flaky_agent` with its report's format edited since the recording."""
+    return flaky_agent(city, sep=" | ")
 
 
 def _record(store_dir: Path) -> tuple[Tracer, str]:
@@ -114,7 +119,7 @@ def test_a_chain_called_in_its_own_in_place_replay_is_the_replay_not_a_step(
     store = open_store(tmp_path / "s")
     try:
         (source,) = [r.run_id for r in store.list_runs()]
-        for given in ({"city": "Lyon"}, None):
+        for given in ({"city": "Lyon", "sep": " / "}, None):
             with tracer.replay(source, input=given) as t:
                 assert agent("Lyon") == ["clear"]
             replay = store.get_run(t.trace_id)
@@ -153,6 +158,12 @@ def test_replay_trace_says_re_run_tools_caused_the_divergence(tmp_path: Path) ->
         text = con.file.getvalue()
         assert "--no-cached-tools ran the calls again" in text
         assert "not routed through" not in text
+        # the chain's code edited since (its report's format): the warning names that cause
+        FLAKY.update(left=1)
+        con = Console(file=io.StringIO(), width=400)
+        ref = f"{__name__}:flaky_agent_edited"
+        assert tc.replay_trace_command(rw, source, console=con, chain=ref) == 0
+        assert "the chain's code changed since the recording" in con.file.getvalue()
     finally:
         rw.store.close()
 

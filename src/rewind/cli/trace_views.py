@@ -217,9 +217,10 @@ def _divergence_cause(switches: ReplaySwitches | None) -> str:
             "changed since the recording)"
         )
     return (
-        "this unchanged replay diverged: something the chain does is not routed through "
-        "rewind.calls.chat or a @rewind.tool (time, randomness, a live service), or the model "
-        "differs from the recorded one"
+        "this unchanged replay diverged: the chain's code changed since the recording (a "
+        "prompt, a tool's arguments), something it does is not routed through rewind.calls.chat "
+        "or a @rewind.tool (time, randomness, a live service), or the model differs from the "
+        "recorded one"
     )
 
 
