@@ -80,6 +80,11 @@ def test_a_step_whose_tool_raised_is_not_served_a_later_success_on_replay(
         assert record.parent_run_id == source
         assert _outcomes(store, record.run_id) == want
         assert FLAKY["executed"] == 1  # only the failed step's call ran again
+        # equal to its source, failed step included: stored wholly by reference (0 step rows);
+        # before, its rows were written from the failed step on
+        assert record.config["reference"] == {"all": True, "run": source, "steps": 3}
+        failed = store.nodes_of(record.run_id)[0]
+        assert (failed.src_app_id, failed.src_sequence_id) == (source, 0)
     finally:
         store.close()
 
