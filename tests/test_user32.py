@@ -354,3 +354,20 @@ def test_inspect_notes_an_imported_step_that_is_not_replayable(tmp_path: Path) -
         assert "llm.request.functions" in result.steps[0].findings[0].message
     finally:
         store.close()
+
+
+def test_an_imported_execute_tool_span_shows_its_arguments_and_result(tmp_path: Path) -> None:
+    """Was a gap: a GenAI ``execute_tool`` span's arguments and result seeded the tool cache,
+    but its step showed no input and ``None`` as output (``show``, ``diff`` and ``inspect`` read
+    the step). They are now the step's input and output."""
+    from rewind.tracing.otel import import_otlp, read_otlp_file
+
+    store = open_store(tmp_path / "s")
+    try:
+        doc = read_otlp_file(_openllmetry_tool_calling_trace(tmp_path / "t.json"))
+        (tid,) = import_otlp(store, doc).imported
+        tool = load_trace(store, tid).steps[1]
+        assert (tool.name, tool.input, tool.output) == ("weather", {"city": "Oslo"}, {"temp_c": -3})
+        assert _outcomes(store, replay_trace(store, tid).run_id) == _outcomes(store, tid)
+    finally:
+        store.close()
