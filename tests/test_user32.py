@@ -371,3 +371,34 @@ def test_an_imported_execute_tool_span_shows_its_arguments_and_result(tmp_path: 
         assert _outcomes(store, replay_trace(store, tid).run_id) == _outcomes(store, tid)
     finally:
         store.close()
+
+
+def test_a_cached_trace_replays_the_trace_of_its_own_input(tmp_path: Path) -> None:
+    """Was a bug: ``Tracer(read_cache=True)`` took as its source the newest trace of the name
+    that made its first call, here a replay with another input (``input.turns=1``, which sends
+    the same first request but stops earlier). Past that replay's steps the cached trace had no
+    lineage: the ReAct agent sent 3 requests (246 tokens), and a step that failed in the
+    recording was served the deterministic tool's cached success. A candidate whose input is
+    the trace's own is now preferred."""
+    tracer = Tracer(tmp_path / "s")
+
+    def agent(city: str, turns: int = 2) -> list[str]:
+        return flaky_agent(city) if turns > 1 else [user32_weather(city)["sky"]]
+
+    chain = tracer.chain("flaky")(agent)
+    FLAKY.update(left=1)
+    chain("Lyon")
+    store = open_store(tmp_path / "s")
+    try:
+        (source,) = [r.run_id for r in store.list_runs()]
+        with tracer.replay(source, input={"city": "Lyon", "turns": 1}):
+            agent("Lyon", turns=1)  # another input, the same first call
+        FLAKY.update(left=1, executed=0)
+        cached = Tracer(tmp_path / "s", read_cache=True)
+        with cached.trace("flaky", input={"city": "Lyon", "turns": 2}) as c:
+            assert agent("Lyon") == ["error: weather service timed out", "clear"]
+        run = store.get_run(c.trace_id)
+        assert run.parent_run_id == source
+        assert _outcomes(store, c.trace_id) == _outcomes(store, source)
+    finally:
+        store.close()

@@ -755,6 +755,7 @@ class Trace:
         """At the first cache lookup of a cached trace: link the trace to the recorded trace
         that made this call and read that trace's cache entries and results ahead (see
         :mod:`rewind.tracing.tracer_source`). Returns the entries read (None: no source)."""
+        from rewind.tracing.store import initial_state_hash
         from rewind.tracing.tracer_source import find_source, lineage_at
 
         ctx = self.run_context  # steps run in copies of it: they see what is set here
@@ -763,7 +764,7 @@ class Trace:
                 return ctx.prefetched
             ctx.find_source = None
             try:
-                found = find_source(ctx.store, self.name, kind, key)
+                found = find_source(ctx.store, self.name, kind, key, initial_state_hash(self.input))
             except Exception:  # reading ahead is an optimisation: lookups use the store
                 logger.exception("finding the source of trace %s failed", self.trace_id)
                 return None
