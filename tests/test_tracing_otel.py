@@ -367,7 +367,7 @@ def test_openinference_trace_imports_and_analyses(other: Store) -> None:
     report = inspect_trace(view)
     found = {s.step.name: [f.code for f in s.findings] for s in report.steps}
     assert "low_scores" in found["retriever"] and "few_results" in found["retriever"]
-    assert found["ChatOpenAI"] == ["empty_response"]
+    assert found["ChatOpenAI"] == ["empty_response", "not_replayable"]  # no invocation params
     rc = root_cause(view)
     assert rc.pattern == "empty_response" and rc.failing_step["name"] == "parse_json"
     failures = analyze_failures([view, load_trace(other, t2)])

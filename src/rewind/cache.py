@@ -4,7 +4,8 @@ A call is identified by its cache key (DESIGN rule 5). Replay looks the key up i
 trajectory's lineage first, then in the cache table; a hit returns the stored result bytes
 unchanged and spends 0 tokens. Every call records its outcome and the rule that decided it
 (rule 6): ``hit``, ``miss:new-input``, ``miss:override``, ``miss:no-entry``, ``miss:ttl-expired``,
-``miss:bypass`` (recording), ``bypass:stability``, ``served:side-effect-recorded``,
+``miss:bypass`` (recording), ``miss:source-failed`` (the replayed trace's step raised
+there), ``bypass:stability``, ``served:side-effect-recorded``,
 ``dry-run:side-effect-dry-run``, ``miss:side-effect-live``, ``hit:in-flight`` (shared with a
 concurrent replay executing the same call).
 
@@ -362,6 +363,8 @@ def _lookup(
     ctx: RunContext, scope: NodeScope | None, kind: str, key: str, policy: CallPolicy
 ) -> tuple[tuple[str, float | None] | None, str]:
     """((result hash, produced_at) or None, reason for a miss)."""
+    if _source_raised(ctx, scope, kind, key):
+        return None, "source-failed"
     pending = (scope.pending.get(key) if scope is not None else None) or (
         ctx.recent.get(key) if ctx.read_cache else None
     )
@@ -371,8 +374,6 @@ def _lookup(
         return None, ctx.bypass_reason
     if kind not in ctx.cached_kinds:
         return None, "bypass"
-    if ctx.find_source is not None:
-        _read_source(ctx, kind, key)
     entry: LineageEntry | None = None
     if scope is not None and ctx.lineage_at:
         entry = ctx.lineage_at.get((scope.position, key))
@@ -393,6 +394,18 @@ def _lookup(
         if produced is None or ctx.clock() - produced > policy.ttl_s:
             return None, "ttl-expired"
     return found, ""
+
+
+def _source_raised(ctx: RunContext, scope: NodeScope | None, kind: str, key: str) -> bool:
+    """True when the replayed trace's step at this node's position failed and recorded no call
+    with ``key`` there: the call raised in the source, so serving this key's result from another
+    step (or the cache) would hide the failure. At a cached trace's first lookup, finds its
+    source first (which fills :attr:`RunContext.failed_at`)."""
+    if ctx.find_source is not None and kind in ctx.cached_kinds:
+        _read_source(ctx, kind, key)
+    if not ctx.failed_at or scope is None:
+        return False
+    return scope.position in ctx.failed_at and (scope.position, key) not in ctx.lineage_at
 
 
 def _cache_entry(ctx: RunContext, kind: str, key: str) -> Any:

@@ -648,12 +648,19 @@ class ForkStartLoader(BaseStateLoader):
 
     Args:
         persister: the store's persister.
-        app_id: the app whose rows the fork starts from.
+        app_id: the app whose rows the fork starts from (the one Burr asks for).
+        loads: the app whose newest row is loaded instead when Burr asks for ``app_id`` (an
+            output override's fork: Burr is told it forks from the fork node's source row, and
+            gets the fork's own row, which holds the replaced output). Default: ``app_id``'s
+            row Burr asks for.
     """
 
-    def __init__(self, persister: RewindPersister, app_id: str) -> None:
+    def __init__(
+        self, persister: RewindPersister, app_id: str, *, loads: str | None = None
+    ) -> None:
         self.persister = persister
         self.app_id = app_id
+        self.loads = loads
 
     def list_app_ids(self, partition_key: str, **kwargs: Any) -> list[str]:
         """Burr's loader interface: the one app this loader loads."""
@@ -670,6 +677,8 @@ class ForkStartLoader(BaseStateLoader):
         source; None (start fresh) for any other app."""
         if app_id != self.app_id:
             return None
+        if self.loads is not None:
+            return self.persister.load(partition_key, self.loads, None, **kwargs)
         return self.persister.load(partition_key, app_id, sequence_id, **kwargs)
 
 

@@ -378,11 +378,17 @@ class Rewind:
         progress.run_created(self.store, child_id)
         if isinstance(override, OutputOverride):
             assert isinstance(builder, ApplicationBuilder)
+            # Burr 0.43 hands trackers a fork pointer without an app id when an app resumes its
+            # own rows, which its LocalTrackingClient refuses (the fork would fail to start):
+            # Burr is told the fork node's source row, and loads the fork's own row instead.
+            source = plan.fork_node
             builder = builder.initialize_from(
-                ForkStartLoader(self.persister, child_id),
+                ForkStartLoader(self.persister, source.src_app_id, loads=child_id),
                 resume_at_next_action=True,
                 default_state={},
                 default_entrypoint=pipeline.entrypoint,
+                fork_from_app_id=source.src_app_id,
+                fork_from_sequence_id=source.src_sequence_id,
             )
         return self._execute(start, ctx, recorder, launch, input_overrides)
 

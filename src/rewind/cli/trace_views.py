@@ -195,12 +195,33 @@ def replay_trace_command(
         out.print(_summary_line(b))
         _print_comparison(out, comparison)
         if not changes and comparison["first_divergence"] is not None:
-            out.print(
-                "[yellow]warning:[/] this unchanged replay diverged: something the chain does is "
-                "not routed through rewind.calls.chat (time, randomness, a live service), or the "
-                "model differs from the recorded one"
-            )
+            out.print(f"[yellow]warning:[/] {_divergence_cause(switches)}")
     return 0 if record.status == "completed" or stopped else 1
+
+
+def _divergence_cause(switches: ReplaySwitches | None) -> str:
+    """Why an unchanged replay may have diverged: calls the switches made it run again, or
+    something not routed through Rewind."""
+    rerun = [
+        flag
+        for flag, cached in (
+            ("--no-cached-llm", switches is None or switches.cached_llm),
+            ("--no-cached-tools", switches is None or switches.cached_tools),
+        )
+        if not cached
+    ]
+    if rerun:
+        return (
+            f"this replay diverged: {' and '.join(rerun)} ran the calls again and they returned "
+            "other results than recorded (a tool's code or data, or the model's sampling, "
+            "changed since the recording)"
+        )
+    return (
+        "this unchanged replay diverged: the chain's code changed since the recording (a "
+        "prompt, a tool's arguments), something it does is not routed through rewind.calls.chat "
+        "or a @rewind.tool (time, randomness, a live service), or the model differs from the "
+        "recorded one"
+    )
 
 
 def _print_correlation(out: Console, c: Correlation, examples: int) -> None:

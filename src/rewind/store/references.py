@@ -94,6 +94,11 @@ class SourceRows:
     that holds all its rows."""
 
     @property
+    def failed_positions(self) -> frozenset[int]:
+        """The positions of the nodes that failed (their ``cache_outcome`` is ``failed``)."""
+        return frozenset(n["position"] for n in self.nodes if n["cache_outcome"] == "failed")
+
+    @property
     def is_trace(self) -> bool:
         """True when the run has a root span (a traced chain)."""
         return -1 in self.spans

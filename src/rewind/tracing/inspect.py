@@ -624,6 +624,17 @@ def _failed(step: StepView) -> Finding:
     return Finding("step_failed", ERROR, f"the step failed: {step.error}", fix)
 
 
+def _not_replayable(step: StepView) -> Finding:
+    return Finding(
+        "not_replayable",
+        INFO,
+        f"its call was imported without a replayable request: "
+        f"{step.attributes.get('not_replayable') or 'not recorded whole'}",
+        "a replay keeps this step's recorded output and refuses a change that reaches it; record "
+        "the production trace with message content and parameters captured",
+    )
+
+
 def _check_slow(step: StepView, s: InspectionSettings, out: list[Finding]) -> None:
     if step.duration_ms > s.slow_step_ms:
         out.append(
@@ -659,6 +670,8 @@ def inspect_step(
     summary = _CHECKS.get(step.step_type, _check_default)(step, s, findings)
     if step.status == StepStatus.FAILED and not any(f.severity == ERROR for f in findings):
         findings.append(_failed(step))
+    if step.attributes.get("replayable") is False:
+        findings.append(_not_replayable(step))
     if step.status == StepStatus.SKIPPED:
         reason = step.attributes.get("skip_reason")
         findings.append(

@@ -228,6 +228,7 @@ def _run_calls(
     changed = bool(changes) or _substituted(s.output, subs) != s.output
     changed = changed or _substituted(_inputs(s), subs) != _inputs(s)
     answer: str | None = None
+    resent = False
     for c in s.calls:
         raw = requests.get(c.request_hash)
         if raw is None:
@@ -239,19 +240,33 @@ def _run_calls(
             _serve_captured(s.name, captured, changed)
             continue
         if c.kind == "llm":
+            resent = resent or bool(changes) or _substituted(request, subs) != request
             answer = _send_changed(request, step, subs, changes)
         else:
             _serve_tool(c.name, c.key, raw, _substituted(request, subs) != request)
-    if answer is None:
+    answered = _set_answer(s, step, subs, answer, resent=resent)
+    return changed or answered
+
+
+def _set_answer(
+    s: StepView, step: Step, subs: list[tuple[str, str]], answer: str | None, *, resent: bool
+) -> bool:
+    """Set the replayed step's output from its model ``answer`` (None: no model call; ``resent``:
+    a model request of the step was changed). Returns whether the answer is another than the
+    recorded one, whose old → new text then joins ``subs``."""
+    old = _recorded_answer(s)
+    if answer is None or (old is None and not resent):
+        # No model call, or one sent unchanged whose recorded answer has no text (a tool call:
+        # the import kept the message as the output): the recorded output is the answer.
         if s.output_hash is not None or s.status == "success":
             step.set_output(_substituted(s.output, subs))
-        return changed
-    old = _recorded_answer(s)
+        return False
     if old and answer != old:
         subs.append((old, answer))
-        changed = True
+        step.set_output(_substituted(s.output, subs))
+        return True
     step.set_output(_substituted(s.output, subs) if old else answer)
-    return changed
+    return False
 
 
 def _check_untouched(s: StepView, subs: list[tuple[str, str]], changes: Mapping[str, Any]) -> None:

@@ -22,13 +22,13 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from rewind.canonical import canonical_bytes
 from rewind.context import RunContext
 from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
-from rewind.tracing.model import INPUT_KEY, SOURCE_INPUT, TraceView
+from rewind.tracing.model import INPUT_KEY, SOURCE_INPUT, StepView, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
 from rewind.tracing.store import is_trace, lineage_blobs, lineage_index, load_trace
 from rewind.tracing.switches import (
@@ -38,13 +38,11 @@ from rewind.tracing.switches import (
     replay_trace_of,
     run_replay,
 )
-from rewind.tracing.tracer import Trace, Tracer, new_trace_id
+from rewind.tracing.tracer import IN_PLACE_MODE, Trace, Tracer, new_trace_id
 from rewind.tracing.tracer_source import source_rows
 
 CHAIN_MODE = "chain"
 """The ``replay_mode`` of a replay that ran the chain's code."""
-IN_PLACE_MODE = "in-place"
-"""The ``replay_mode`` of a replay whose code ran in the caller's own ``with`` block."""
 
 __all__ = [
     "ReplaySwitches",
@@ -164,10 +162,26 @@ def _check_step_param(
         )
     params = sorted({p for s in steps for p in s.params} | set((extra_params or {}).get(name, ())))
     if len(path) != 1 or path[0] not in params:
+        _refuse_param(target, path, params, steps)
+
+
+def _refuse_param(
+    target: str, path: tuple[str, ...], params: Sequence[str], steps: Sequence[StepView]
+) -> NoReturn:
+    """Raise the :class:`InvalidOverride` of a param the step ``target`` does not have: an
+    imported step whose model call is not replayable says why."""
+    unreplayable = [s for s in steps if s.attributes.get("replayable") is False]
+    if unreplayable and not params:
         raise InvalidOverride(
-            f"step {target!r} has no param {'.'.join(path)!r}",
-            f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
+            f"step {target!r} cannot be changed: its model call was imported without a "
+            f"replayable request ({unreplayable[0].attributes.get('not_replayable')})",
+            "change the input or another step, or record the production trace with its "
+            "requests captured whole",
         )
+    raise InvalidOverride(
+        f"step {target!r} has no param {'.'.join(path)!r}",
+        f"its params: {', '.join(params) or 'none (read params with rewind.param)'}",
+    )
 
 
 def _split_target(left: str, view: TraceView) -> tuple[str, str, str]:
@@ -445,4 +459,6 @@ def replay_in_place(
     # the same source are not built again (rewind.tracing.step_memo).
     with store.read() as conn:
         trace._source = source_rows(store, conn, run.run_id)
+    ctx.failed_at.update(trace._source.failed_positions)
+    trace._input_from_source = input is SOURCE_INPUT
     return trace

@@ -439,6 +439,9 @@ def _step_rows(
     src_app_id, src_sequence_id = data.trace_id, s.position
     if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
         src_app_id, src_sequence_id = same[3], same[4]
+    elif failed and same is not None and same[:3] == (s.name, map_hash(state)[1], status):
+        # failed as the source's step did, from the same state: its row is the source's
+        src_app_id, src_sequence_id = same[3], same[4]
     elif failed:
         # A completed step's state row is its state document (``state_hash``), which
         # Store.load_state_row reads instead (migration 0012); a failed step has none, so its
@@ -580,21 +583,34 @@ def _source_states(
         if held is not None and held[0] is source:
             _STATES.move_to_end(id(source))
             return held[1]
-    states = {
-        n["position"]: (
-            n["name"],
-            n["state_hash"],
-            "completed",
-            n["src_app_id"],
-            n["src_sequence_id"],
-        )
-        for n in source.nodes
-        if n["state_hash"] and n["error"] is None
-    }
+    states = _trace_states(source)
     with _STATES_LOCK:
         _STATES[id(source)] = (source, states)
         while len(_STATES) > _STATES_KEPT:
             _STATES.popitem(last=False)
+    return states
+
+
+def _trace_states(source: SourceRows) -> dict[int, tuple[str, str, str, str, int]]:
+    """:func:`_source_states` of a trace's rows: a completed step's state row is its state
+    document; a failed step's row holds the state before it (the state after the last step
+    that completed before it, or the initial state), named here by that state's hash."""
+    states: dict[int, tuple[str, str, str, str, int]] = {}
+    before = source.initial_state_hash
+    for n in source.nodes:
+        done = n["state_hash"] and n["error"] is None
+        if done or (n["cache_outcome"] == "failed" and before):
+            status = "completed" if done else "failed"
+            state = n["state_hash"] if done else before
+            states[n["position"]] = (
+                n["name"],
+                state,
+                status,
+                n["src_app_id"],
+                n["src_sequence_id"],
+            )
+        if done:
+            before = n["state_hash"]
     return states
 
 

@@ -147,6 +147,10 @@ def new_span_id() -> str:
     return "%016x" % (_SPAN_IDS.getrandbits(64) or 1)
 
 
+IN_PLACE_MODE = "in-place"
+"""The ``replay_mode`` of a replay whose code ran in the caller's own ``with`` block."""
+
+
 def current_trace() -> Trace | None:
     """The trace active in this context (thread or task), or None."""
     return _TRACE.get()
@@ -705,6 +709,7 @@ class Trace:
         self.trace_id = new_trace_id() if trace_id is None else trace_id
         self.span_id = new_span_id()
         self.input = as_fields(input) if input is not None else {}
+        self._input_from_source = False  # set by Tracer.replay when it defaulted the input
         self.attributes = dict(attributes or {})
         self.chain_ref = chain_ref
         self.parent_run_id = parent_run_id
@@ -754,6 +759,7 @@ class Trace:
         """At the first cache lookup of a cached trace: link the trace to the recorded trace
         that made this call and read that trace's cache entries and results ahead (see
         :mod:`rewind.tracing.tracer_source`). Returns the entries read (None: no source)."""
+        from rewind.tracing.store import initial_state_hash
         from rewind.tracing.tracer_source import find_source, lineage_at
 
         ctx = self.run_context  # steps run in copies of it: they see what is set here
@@ -762,7 +768,7 @@ class Trace:
                 return ctx.prefetched
             ctx.find_source = None
             try:
-                found = find_source(ctx.store, self.name, kind, key)
+                found = find_source(ctx.store, self.name, kind, key, initial_state_hash(self.input))
             except Exception:  # reading ahead is an optimisation: lookups use the store
                 logger.exception("finding the source of trace %s failed", self.trace_id)
                 return None
@@ -775,6 +781,7 @@ class Trace:
             # served as the source recorded it, so a deterministic tool it ran twice keeps
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
+            ctx.failed_at.update(found.rows.failed_positions)  # in place: steps hold copies
             ctx.prefetched = found.entries
             return found.entries
 
@@ -1160,8 +1167,11 @@ class Tracer:
     def chain(self, name: str | None = None, **attributes: Any) -> Callable[[F], F]:
         """Decorate a chain function (sync or async): each call is one trace whose input is the
         call's bound arguments and output its return value. Called inside another trace, it is a
-        ``transform`` step of that trace instead. A chain defined at module level can be
-        replayed (``rewind replay-trace``)."""
+        ``transform`` step of that trace instead, except as the body of an in-place replay of
+        this chain (``with tracer.replay(trace_id): chain(...)``, called before any step): it
+        then runs as that trace, its return value the trace's output and its bound arguments
+        the trace's input unless :meth:`replay` was given one. A chain defined at module level
+        can be replayed (``rewind replay-trace``)."""
 
         def decorate(fn: F) -> F:
             chain_name = name or fn.__name__
@@ -1171,6 +1181,11 @@ class Tracer:
                 @functools.wraps(fn)
                 async def arun(*args: Any, **kwargs: Any) -> Any:
                     bound = bound_input(fn, args, kwargs)
+                    body = _replay_body(chain_name, bound)
+                    if body is not None:
+                        out = await fn(*args, **kwargs)
+                        body.set_output(out)
+                        return out
                     if _TRACE.get() is not None:
                         with step(chain_name, StepType.TRANSFORM, input=bound) as s:
                             out = await fn(*args, **kwargs)
@@ -1188,6 +1203,11 @@ class Tracer:
             @functools.wraps(fn)
             def run(*args: Any, **kwargs: Any) -> Any:
                 bound = bound_input(fn, args, kwargs)
+                body = _replay_body(chain_name, bound)
+                if body is not None:
+                    out = fn(*args, **kwargs)
+                    body.set_output(out)
+                    return out
                 if _TRACE.get() is not None:
                     with step(chain_name, StepType.TRANSFORM, input=bound) as s:
                         out = fn(*args, **kwargs)
@@ -1205,6 +1225,23 @@ class Tracer:
         return decorate
 
     step = staticmethod(step)
+
+
+def _replay_body(chain_name: str, bound: dict[str, Any]) -> Trace | None:
+    """The in-place replay (:meth:`Tracer.replay`) a call of the chain ``chain_name`` is the
+    body of: the current trace is an in-place replay of that name, no step is open and none was
+    made. Its input becomes ``bound`` unless :meth:`Tracer.replay` was given one (the source's
+    recorded input, its default, is replaced: the chain's arguments are what ran). None
+    otherwise (the chain call is a step, or a trace of its own)."""
+    trace = _TRACE.get()
+    if trace is None or trace.name != chain_name or _STEP.get() is not None:
+        return None
+    if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps:
+        return None
+    if not trace.input or trace._input_from_source:
+        trace.input = as_fields(bound)
+        trace._input_from_source = False
+    return trace
 
 
 def chain_ref_of(fn: Callable[..., Any]) -> str | None:

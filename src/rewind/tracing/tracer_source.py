@@ -3,7 +3,8 @@
 A trace made with ``Tracer(read_cache=True)`` runs the caller's code again and looks each call
 up by its content key. Looking every call up in the store costs a read transaction and a blob
 read per call; instead, at the first lookup the trace finds the recorded trace that made that
-call (the newest completed trace of the same name whose calls include the key) and reads, in
+call (the newest completed trace of the same name whose calls include the key, one with the
+same input first) and reads, in
 one transaction, that trace's rows and the cache entries and result bytes of all its calls.
 Later lookups are dictionary reads: a call the source made at the same position with the same
 key is served as the source recorded it (lineage first, DESIGN rule 5: a deterministic tool the
@@ -55,12 +56,17 @@ class FoundSource:
     blobs: dict[str, bytes] = field(default_factory=dict)
 
 
-def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | None:
+def find_source(
+    store: Store, name: str, kind: str, key: str, initial_hash: str | None = None
+) -> FoundSource | None:
     """The recorded trace named ``name`` that made the call ``(kind, key)``, with its calls'
     cache entries and result bytes (one read transaction), or None.
 
     A replay stored wholly by reference stands for its source: the source is used instead,
-    so replays of replays all point at the trace that holds the rows.
+    so replays of replays all point at the trace that holds the rows. Among the candidates
+    that made the call, the newest whose initial state (its input) hashes to ``initial_hash``
+    is taken, else the newest: a trace of another input may send the same first request and
+    then take another path (or stop), and would leave the rest of this trace without lineage.
     """
     with store.read() as conn:
         driver = _sqlite_driver(conn)
@@ -69,6 +75,7 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
         else:
             candidates = conn.execute(_CANDIDATES, {"name": name}).all()
         tried: set[str] = set()
+        first: tuple[SourceRows, frozenset[tuple[str, str]]] | None = None
         for run_id, config_json in candidates:
             config = json.loads(config_json or "{}")
             ref = reference_of(config)
@@ -83,8 +90,10 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
             calls = _call_keys(rows)
             if (kind, key) not in calls:
                 continue
-            return _prefetch(store, conn, rows, calls)
-    return None
+            if initial_hash is None or rows.initial_state_hash == initial_hash:
+                return _prefetch(store, conn, rows, calls)
+            first = first or (rows, calls)
+        return _prefetch(store, conn, *first) if first is not None else None
 
 
 # Built once (a cached trace runs both at its first lookup; building a select costs about as

@@ -461,6 +461,8 @@ def _flattened(a: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
 def _foreign_io(a: Mapping[str, Any], step_type: str) -> tuple[Any, Any]:
     inp = _json_value(a.get("input.value"), a.get("input.mime_type"))
     out = _json_value(a.get("output.value"), a.get("output.mime_type"))
+    if step_type == "tool_call":
+        return _tool_io(a, inp, out)
     if inp is None:
         for key in ("gen_ai.input.messages", "gen_ai.prompt"):
             if isinstance(a.get(key), str):
@@ -483,6 +485,16 @@ def _foreign_io(a: Mapping[str, Any], step_type: str) -> tuple[Any, Any]:
                 docs = _flattened(a, "retrieval.documents")
                 if docs:
                     out = docs
+    return inp, out
+
+
+def _tool_io(a: Mapping[str, Any], inp: Any, out: Any) -> tuple[Any, Any]:
+    """A tool span's input and output: OpenInference's ``input.value``/``output.value`` when
+    recorded (``inp``, ``out``), else GenAI's ``gen_ai.tool.call.arguments``/``.result``."""
+    if inp is None:
+        inp = _json_value(a.get("gen_ai.tool.call.arguments"), None)
+    if out is None:
+        out = _json_value(a.get("gen_ai.tool.call.result"), None)
     return inp, out
 
 
