@@ -17,6 +17,21 @@ RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 _new = object.__new__
 
 
+def storable_text(text: str) -> str:
+    """``text`` (an error message, an exception's type name) as every store backend keeps it:
+    each NUL written ``\\u0000`` (PostgreSQL text holds no NUL) and each lone surrogate as its
+    ``\\udXXX`` escape (it has no UTF-8 form). Other text is returned unchanged.
+
+    Error text comes from the user's exceptions (a file name decoded with ``surrogateescape``,
+    bytes read as text): it is written down, never refused, since refusing it would lose the run.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\\u0000")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _params(text: str | None) -> dict[str, Any]:
     """A node's params from ``params_json`` (most nodes have none: ``{}``, not parsed)."""
     return json.loads(text) if text and text != "{}" else {}

@@ -29,7 +29,7 @@ from typing import Any
 
 from rewind.canonical import CanonicalError, canonical_bytes
 from rewind.context import PendingWrite
-from rewind.store.records import CallRecord, EffectRecord
+from rewind.store.records import CallRecord, EffectRecord, storable_text
 
 __all__ = [
     "CHAIN_TYPE",
@@ -261,9 +261,10 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.S)
 
 
 def error_line(error_type: str | None, message: str | None) -> str:
-    """``Type: first line of message`` (at most 500 characters), as node rows show errors."""
+    """``Type: first line of message`` (at most 500 characters), as node rows show errors, in
+    text every store backend keeps (:func:`rewind.store.records.storable_text`)."""
     lines = (message or "").strip().splitlines()
-    return f"{error_type or 'Error'}: {lines[0] if lines else ''}"[:500]
+    return storable_text(f"{error_type or 'Error'}: {lines[0] if lines else ''}"[:500])
 
 
 def split_error(text: str | None) -> tuple[str | None, str | None]:

@@ -67,6 +67,7 @@ from rewind.errors import ParentMissing, RewindError
 from rewind.interrupts import held_interrupts
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
+from rewind.store.records import storable_text
 from rewind.store.references import SourceRows
 from rewind.tools import Tool
 from rewind.tracing.model import (
@@ -274,8 +275,8 @@ class Step:
         self.ended_at = self.started_at + self.duration_ms / 1000.0
         if exc is not None:
             self.status = StepStatus.FAILED
-            self.error_type = type(exc).__name__
-            self.error_message = str(exc)[:MAX_ERROR_CHARS]
+            self.error_type = storable_text(type(exc).__name__)
+            self.error_message = storable_text(str(exc)[:MAX_ERROR_CHARS])
         elif self.status == StepStatus.RUNNING:
             self.status = StepStatus.SUCCESS
         try:
@@ -381,8 +382,8 @@ class Step:
     def fail(self, message: str, error_type: str = "StepFailed") -> None:
         """Mark the step failed without raising (e.g. a validation that rejects its input)."""
         self.status = StepStatus.FAILED
-        self.error_type = error_type
-        self.error_message = message[:MAX_ERROR_CHARS]
+        self.error_type = storable_text(error_type)
+        self.error_message = storable_text(message[:MAX_ERROR_CHARS])
 
     def skip(self, reason: str | None = None) -> None:
         """Mark the step skipped (before or while it runs)."""
@@ -816,8 +817,8 @@ class Trace:
         self.ended_at = self.started_at + self.duration_ms / 1000.0
         if exc is not None:
             self.status = StepStatus.FAILED
-            self.error_type = type(exc).__name__
-            self.error_message = str(exc)[:MAX_ERROR_CHARS]
+            self.error_type = storable_text(type(exc).__name__)
+            self.error_message = storable_text(str(exc)[:MAX_ERROR_CHARS])
         elif self.status == StepStatus.RUNNING:
             self.status = StepStatus.SUCCESS
         if self._stack is not None:
@@ -1013,8 +1014,8 @@ class Trace:
     def fail(self, message: str, error_type: str = "ChainFailed") -> None:
         """Mark the trace failed without raising."""
         self.status = StepStatus.FAILED
-        self.error_type = error_type
-        self.error_message = message[:MAX_ERROR_CHARS]
+        self.error_type = storable_text(error_type)
+        self.error_message = storable_text(message[:MAX_ERROR_CHARS])
 
 
 # -- the tracer --------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""Attacks on Rewind's replay and store as a hostile user (session 32, issue #13): hostile text
+in errors and names, on every store backend (SQLite, and PostgreSQL through the throwaway server
+of ``tests/services.py``).
+
+Each test names what it found (a regression test that failed before its fix) or what held.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from burr.core import State, action, default
+from burr.core.graph import GraphBuilder
+
+from rewind.replay import Pipeline, Rewind
+from rewind.tracing import Tracer, step
+from rewind.tracing.store import load_trace
+from tests.conftest import StoreTarget
+
+UNDECODABLE = os.fsdecode(b"report-\xff.csv")
+"""A file name read from a directory listing that is not UTF-8: Python decodes it with
+``surrogateescape``, so it holds a lone surrogate (``\\udcff``) and so does any error naming it."""
+
+HOSTILE_ERRORS = {
+    "nul": ("bad byte \x00 here", "bad byte \\u0000 here"),
+    "surrogate": (f"cannot open {UNDECODABLE}", "cannot open report-\\udcff.csv"),
+}
+"""Exception messages (as raised, as stored): PostgreSQL text holds no NUL, and no backend can
+encode a lone surrogate."""
+
+
+# --- an exception's text is written down, never the reason a run is lost ----------------------
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ERRORS))
+def test_a_step_failing_with_an_error_no_backend_keeps_raw_is_stored_failed(
+    store_target: StoreTarget, kind: str
+) -> None:
+    """A traced step whose exception message held a lone surrogate (an error naming a file whose
+    name is not UTF-8) made the trace's write fail with UnicodeEncodeError on every backend, and
+    one holding NUL failed PostgreSQL's write ('text fields cannot contain NUL'): the trace, with
+    every model call it paid for, was lost (record None). The text is now stored with those
+    characters escaped, and the trace is kept, failed, with its steps."""
+    raised, stored = HOSTILE_ERRORS[kind]
+    st = store_target.open()
+    try:
+        tracer = Tracer(st, raise_on_write_error=True)
+        with pytest.raises(ValueError), tracer.trace("hostile-error") as t:
+            with step("fine", "transform", input={"i": 1}) as s:
+                s.set_output(1)
+            with step("read", "tool_call", input={"i": 2}):
+                raise ValueError(raised)
+        assert t.write_error is None and t.record is not None
+        assert t.record.status == "failed"
+        view = load_trace(st, t.trace_id)
+        assert [s.status for s in view.steps] == ["success", "failed"]
+        assert view.steps[1].error_message == stored
+        assert st.get_run(t.trace_id).error == f"ValueError: {stored}"
+    finally:
+        st.close()
+
+
+_MESSAGE = [""]
+
+
+@action(reads=["x"], writes=["note"])
+def _first(state: State) -> State:
+    return state.update(note=state["x"] + 1)
+
+
+@action(reads=["note"], writes=["never"])
+def _raise(state: State) -> State:
+    raise RuntimeError(_MESSAGE[0])
+
+
+raising_pipeline = Pipeline(
+    name="raising",
+    graph=GraphBuilder()
+    .with_actions(first=_first, boom=_raise)
+    .with_transitions(("first", "boom", default))
+    .build(),
+    entrypoint="first",
+    ref="tests.test_attack32:raising_pipeline",
+)
+"""Two Burr nodes; the second raises ``RuntimeError(_MESSAGE[0])``."""
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ERRORS))
+def test_a_burr_node_failing_with_an_error_no_backend_keeps_raw_is_stored_failed(
+    store_target: StoreTarget, kind: str
+) -> None:
+    """The same on the Burr path: ``Rewind.record`` of a pipeline whose node raised such an
+    error raised UnicodeEncodeError or PostgreSQL's DataError instead of recording the failure,
+    and left the run ``running`` for good. The run is now stored failed, with the node's error
+    escaped."""
+    raised, stored = HOSTILE_ERRORS[kind]
+    _MESSAGE[0] = raised
+    st = store_target.open()
+    try:
+        run = Rewind(st).record(raising_pipeline, {"x": 1})
+        assert run.status == "failed"
+        assert run.error == f"RuntimeError: {stored}"
+        assert [(n.name, n.error) for n in st.nodes_of(run.run_id)] == [
+            ("first", None),
+            ("boom", f"RuntimeError: {stored}"),
+        ]
+    finally:
+        st.close()
+
+
+def test_storable_text_escapes_only_what_no_backend_keeps() -> None:
+    """Printable text, non-ASCII letters and emoji are unchanged; NUL and lone surrogates are
+    written as escapes."""
+    from rewind.store.records import storable_text
+
+    for text in ("", "plain", "héllo wörld ✓ 🦀", "tab\tand\nnewline", "\\u0000 already"):
+        assert storable_text(text) == text
+    assert storable_text("a\x00b\x00") == "a\\u0000b\\u0000"
+    assert storable_text("\ud800é\udfff") == "\\ud800é\\udfff"
