@@ -8,6 +8,7 @@ Each test names what it found (a regression test that failed before its fix) or 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from burr.core import State, action, default
@@ -116,3 +117,75 @@ def test_storable_text_escapes_only_what_no_backend_keeps() -> None:
         assert storable_text(text) == text
     assert storable_text("a\x00b\x00") == "a\\u0000b\\u0000"
     assert storable_text("\ud800é\udfff") == "\\ud800é\\udfff"
+
+
+# --- a name no backend keeps is refused where it is given --------------------------------------
+BAD_NAMES = {"nul": "a\x00b", "long": "n" * 201, "surrogate": f"file {UNDECODABLE}"}
+"""Names SQLite kept and PostgreSQL refused at the write (NUL, over varchar(200)), and one no
+backend can encode (a lone surrogate)."""
+
+
+NAME_REFUSED = "needs a name of 1 to 200 characters without NUL|holds a lone surrogate"
+"""What the refusal says (a model name's lone surrogate was already refused by the request's
+canonical bytes, before the call, as a CanonicalError)."""
+
+
+def _named_chain(where: str, bad: str) -> None:
+    """A paid model call, then a step, tool call or model call named ``bad`` (``where``)."""
+    from rewind import tool
+    from rewind.tracing import chat_step
+
+    chat_step("llm", [{"role": "user", "content": "first"}], temperature=0)
+    if where == "step":
+        with step(bad, "transform", input={"i": 1}) as s:
+            s.set_output(1)
+    elif where == "tool":
+        tool(bad)(len)("abc")
+    else:
+        chat_step("llm", [{"role": "user", "content": "second"}], model=bad, temperature=0)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_NAMES))
+@pytest.mark.parametrize("where", ["step", "tool", "model"])
+def test_a_name_no_backend_keeps_is_refused_before_it_costs_the_trace(
+    store_target: StoreTarget, where: str, kind: str
+) -> None:
+    """A step, tool or model name holding NUL or over 200 characters was stored by SQLite and
+    refused by PostgreSQL when the trace was written ('text fields cannot contain NUL',
+    'value too long for type character varying(200)'); one holding a lone surrogate failed
+    every backend's write: the trace, and the model calls it had made, were lost. Such a name
+    is now refused where it is given (ValueError saying what a name may be), before its step
+    or call runs; the trace is stored failed with the steps before it, on every backend."""
+    from tests.model_stub import stub_and_client
+
+    bad = BAD_NAMES[kind]
+    st = store_target.open()
+    try:
+        with stub_and_client() as (stub, client):
+            tracer = Tracer(st, chat_client=client, raise_on_write_error=True)
+            with (
+                pytest.raises(ValueError, match=NAME_REFUSED),
+                tracer.trace("named") as t,
+            ):
+                _named_chain(where, bad)
+            assert stub.count == 1
+        assert t.write_error is None and t.record is not None
+        assert t.record.status == "failed"
+        steps = [(s.name, s.status) for s in load_trace(st, t.trace_id).steps]
+        assert steps == [("llm", "success")] + ([("llm", "failed")] if where == "model" else [])
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_NAMES))
+def test_a_trace_name_no_backend_keeps_is_refused_before_the_chain_runs(
+    tmp_path: Path, kind: str
+) -> None:
+    """The same for a trace's name (the run's ``pipeline`` column): refused when the trace is
+    made, as e1bae04 refuses such trace ids."""
+    tracer = Tracer(tmp_path / "store")
+    try:
+        with pytest.raises(ValueError, match="a trace needs a name of 1 to 200 characters"):
+            tracer.trace(BAD_NAMES[kind])
+    finally:
+        tracer.close()

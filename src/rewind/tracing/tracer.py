@@ -67,7 +67,7 @@ from rewind.errors import ParentMissing, RewindError
 from rewind.interrupts import held_interrupts
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
-from rewind.store.records import storable_text
+from rewind.store.records import NAME_RULE, storable_name, storable_text
 from rewind.store.references import SourceRows
 from rewind.tools import Tool
 from rewind.tracing.model import (
@@ -662,8 +662,9 @@ class Trace:
         write_error: why writing failed, if it did.
 
     Raises:
-        ValueError: a name that is not 1 to 200 characters, or a ``trace_id`` given that is not
-            a string of at most :data:`MAX_TRACE_ID_CHARS` characters without NUL, in UTF-8.
+        ValueError: a name that is not 1 to 200 characters without NUL (UTF-8), or a
+            ``trace_id`` given that is not a string of at most :data:`MAX_TRACE_ID_CHARS`
+            characters without NUL, in UTF-8.
     """
 
     def __init__(
@@ -685,8 +686,10 @@ class Trace:
         config: dict[str, Any] | None = None,
         callbacks: TraceCallbacks | None = None,
     ) -> None:
-        if not name or len(name) > 200:
-            raise ValueError("a trace needs a name of 1 to 200 characters")
+        if not storable_name(name):
+            # PostgreSQL refuses NUL and longer names at the write, no backend a lone surrogate:
+            # refused before the chain runs, not after it paid for its calls.
+            raise ValueError(f"a trace needs a name {NAME_RULE}, not {name!r:.80}")
         if trace_id is not None and not _storable_id(trace_id):
             # SQLite would store it and PostgreSQL refuse it (varchar(64), no NUL): the same
             # trace must not be kept on one backend and lost on the other. One that is not
@@ -967,9 +970,13 @@ class Trace:
         **attributes: Any,
     ) -> Step:
         """Create a step of this trace (``pending``; enter it with ``with``). Its parent is the
-        step current in this context, if that step belongs to this trace."""
-        if not name or len(name) > 200:
-            raise ValueError("a step needs a name of 1 to 200 characters")
+        step current in this context, if that step belongs to this trace.
+
+        Raises:
+            ValueError: a name that is not 1 to 200 characters without NUL (UTF-8).
+        """
+        if not storable_name(name):
+            raise ValueError(f"a step needs a name {NAME_RULE}, not {name!r:.80}")
         if inputs is None:
             inputs = as_fields(input) if input is not _NO_INPUT else {}
         parent = _STEP.get()
