@@ -7,10 +7,14 @@ Each test names what it found (a regression test that failed before its fix) or 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from burr.core import State, action, default
 from burr.core.graph import GraphBuilder
@@ -192,3 +196,61 @@ def test_a_trace_name_no_backend_keeps_is_refused_before_the_chain_runs(
             tracer.trace(BAD_NAMES[kind])
     finally:
         tracer.close()
+
+
+# --- a value JSON cannot show is hashed by its content, not its type ---------------------------
+CHANGED_OUTPUTS = {
+    "bytes": (b"\x89PNG image v1", b"\x89PNG image v2"),
+    "decimal": (Decimal("10.00"), Decimal("99.99")),
+    "tuple keys": (
+        {("rain", 2012): 1.5, ("sun", 2012): 0.0},
+        {("rain", 2012): 1.5, ("sun", 2013): 0.0},
+    ),
+    "int and str keys": ({"1": "b"}, {1: "a", "1": "b"}),
+    "numpy": (np.array([1.0, 2.0]), np.array([1.0, 2.5])),
+}
+"""(recorded, replayed) step outputs that differ only where the trace's JSON view could not show
+the value: bytes (an image a step made), a Decimal amount, a dict keyed by tuples (a pandas
+group-by's ``to_dict()``), a dict whose keys 1 and "1" both become "1", a numpy array."""
+
+
+def _output_step(value: object) -> None:
+    with step("make", "transform", input={"p": 1}) as s:
+        s.set_output(value)
+
+
+def _replayed_hashes(folder: Path, recorded: object, replayed: object) -> tuple[str, str, Any]:
+    """(the recording's output hash, an in-place replay's, the replay's stored output)."""
+    from rewind.store import open_store
+
+    st = open_store(folder)
+    try:
+        with Tracer(st).trace("outputs") as t:
+            _output_step(recorded)
+        with Tracer(st).replay(t.trace_id) as r:
+            _output_step(replayed)
+        source, replay = load_trace(st, t.trace_id), load_trace(st, r.trace_id, payloads=True)
+        assert replay.parent_run_id == t.trace_id
+        return source.steps[0].output_hash, replay.steps[0].output_hash, replay.steps[0].output
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("kind", sorted(CHANGED_OUTPUTS))
+def test_a_replay_whose_step_output_changed_inside_a_value_json_cannot_show_is_not_unchanged(
+    tmp_path: Path, kind: str
+) -> None:
+    """A trace stores a step's values as JSON (``tracing.model.jsonable``); a value JSON cannot
+    hold became ``{"$unhashable": "<type>"}`` and a non-string key ``$key:<type>``, with 1 and
+    "1" merged into one key. So a replay whose step made other image bytes, another amount or
+    another group was stored with the recorded step's output hash: 'unchanged', 0 differences,
+    a change the debugger exists to show hidden (and one of two keys silently dropped). Such a
+    value now carries the sha256 of its exact document (rewind.serde, as Burr runs store it),
+    and keys are kept apart by their content; equal values still hash equal."""
+    recorded, replayed = CHANGED_OUTPUTS[kind]
+    source_hash, replay_hash, stored = _replayed_hashes(tmp_path / "changed", recorded, replayed)
+    assert replay_hash != source_hash
+    if isinstance(replayed, dict):
+        assert len(stored) == len(replayed)
+    same = _replayed_hashes(tmp_path / "same", recorded, copy.deepcopy(recorded))
+    assert same[0] == same[1]
