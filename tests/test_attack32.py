@@ -494,3 +494,67 @@ def test_lane_replays_beside_recorders_deletes_and_gc_on_postgresql(
                 assert [s.output for s in steps] == expected
     finally:
         st.close()
+
+
+# --- an imported trace's foreign names and errors are written down, not the end of the import --
+def _otlp_span(
+    trace_id: str, span_id: str, parent: str | None, name: str, code: int = 2, **attrs: str
+) -> Any:
+    """One OTLP/JSON span (failed with a message holding NUL when ``code`` is 2)."""
+    start = 1_700_000_000_000_000_000 + (100_000_000 if parent else 0)
+    span: dict[str, Any] = {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(start + 50_000_000),
+        "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
+        "status": {"code": code, "message": f"failed \x00 {name}" if code == 2 else ""},
+    }
+    if parent:
+        span["parentSpanId"] = parent
+    return span
+
+
+def _part(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+
+def test_an_imported_trace_with_nul_in_names_and_errors_is_stored_on_every_backend(
+    store_target: StoreTarget,
+) -> None:
+    """OTLP text is the exporter's: a span name, a model name or a status message holding NUL
+    was stored by SQLite, and on PostgreSQL the import raised DataError ('text fields cannot
+    contain NUL') out of ``import_otlp``, so no trace of the request was imported, where the
+    importer promises to reject a trace that cannot be stored, whole, with its reason. Imported
+    names and errors are now written with NUL escaped (names cut at 200 characters, as before),
+    on every backend."""
+    from rewind.tracing.otel.importer import import_otlp
+
+    first, second = "5b8aa5a2d2c872e8321cf37308d69df2", "6b8aa5a2d2c872e8321cf37308d69df3"
+    model = "m\x00" + "x" * 300
+    chat = {
+        "gen_ai.request.model": model,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([_part("user", "hi")]),
+        "gen_ai.output.messages": json.dumps([_part("assistant", "yo")]),
+    }
+    spans = [
+        _otlp_span(first, "051581bf3cb55c13", None, "root\x00chain"),
+        _otlp_span(first, "151581bf3cb55c14", "051581bf3cb55c13", "chat\x00step"),
+        _otlp_span(second, "251581bf3cb55c15", None, "chat", 1, **chat),
+    ]
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+    st = store_target.open()
+    try:
+        result = import_otlp(st, [doc])
+        assert sorted(result.imported) == [first, second], result.errors
+        view = load_trace(st, first)
+        assert view.name == "root\\u0000chain"
+        assert [s.name for s in view.steps] == ["chat\\u0000step"]
+        assert view.steps[0].error_message == "failed \\u0000 chat\\u0000step"
+        (call,) = st.nodes_of(second)[0].calls
+        assert call.name == model.replace("\x00", "\\u0000")[:200]
+    finally:
+        st.close()

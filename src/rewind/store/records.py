@@ -55,6 +55,12 @@ def storable_text(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def stored_name(text: str) -> str:
+    """``text`` (a name from a foreign system: an imported span's, model's or tool's) as a name
+    column keeps it on every backend: :func:`storable_text`, cut to :data:`MAX_NAME_CHARS`."""
+    return storable_text(text)[:MAX_NAME_CHARS]
+
+
 def _params(text: str | None) -> dict[str, Any]:
     """A node's params from ``params_json`` (most nodes have none: ``{}``, not parsed)."""
     return json.loads(text) if text and text != "{}" else {}
