@@ -558,3 +558,31 @@ def test_an_imported_trace_with_nul_in_names_and_errors_is_stored_on_every_backe
         assert call.name == model.replace("\x00", "\\u0000")[:200]
     finally:
         st.close()
+
+
+# --- text no store can write (a lone surrogate) inside a step's values -------------------------
+OTHER_UNDECODABLE = os.fsdecode(b"report-\xfe.csv")
+
+
+@pytest.mark.parametrize(
+    ("recorded", "replayed"),
+    [
+        ({UNDECODABLE: 1, "total": 2}, {OTHER_UNDECODABLE: 1, "total": 2}),
+        ([UNDECODABLE, "total"], [OTHER_UNDECODABLE, "total"]),
+    ],
+    ids=["as a key", "as a value"],
+)
+def test_file_names_that_are_not_utf8_in_a_steps_output_are_stored_and_told_apart(
+    tmp_path: Path, recorded: Any, replayed: Any
+) -> None:
+    """A step listing a folder returns file names decoded with ``surrogateescape``. As a dict
+    key such a name reached the state write as it was, which refused it (UnstorableValue: 'string
+    holds a lone surrogate'): the trace, with every call it made, was lost. As a value it became
+    ``{"$unhashable": "str"}``, so a replay that listed other files was stored unchanged. Both
+    are now written escaped (``report-\\udcff.csv``)."""
+    source_hash, replay_hash, stored = _replayed_hashes(tmp_path / "names", recorded, replayed)
+    assert replay_hash != source_hash
+    texts = [*stored, *stored.values()] if isinstance(stored, dict) else [*stored[0].values()]
+    assert any(isinstance(t, str) and t.endswith("report-\\udcfe.csv") for t in texts)
+    same = _replayed_hashes(tmp_path / "same", recorded, copy.deepcopy(recorded))
+    assert same[0] == same[1]

@@ -170,6 +170,8 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
         return sorted(items, key=canonical_bytes)
     if isinstance(value, float) and not math.isfinite(value):
         return {"$unhashable": "float", "value": repr(value)}
+    if isinstance(value, str):  # a lone surrogate (a file name decoded with surrogateescape)
+        return {"$unhashable": "str", "value": storable_text(value)}
     digest = _content_digest(value)
     if digest is None:
         return {"$unhashable": type(value).__name__}
@@ -253,12 +255,20 @@ def _plain_child(v: Any, depth: int) -> Any:
     return _plain_copy(v, depth + 1)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _key(key: Any, *, typed: bool = False) -> str:
-    """A mapping key as a JSON key: a string as it is, a number (unless ``typed``) as ``str``,
-    anything else as ``$key:<type>:<canonical JSON of its jsonable>``, so that two keys of one
-    type (the tuples of a pandas group-by) stay two entries."""
+    """A mapping key as a JSON key: a string as it is (one holding a lone surrogate, which no
+    store can write, escaped), a number (unless ``typed``) as ``str``, anything else as
+    ``$key:<type>:<canonical JSON of its jsonable>``, so that two keys of one type (the tuples
+    of a pandas group-by) stay two entries."""
     if isinstance(key, str):
-        return key
+        return (
+            key
+            if key.isascii() or _SURROGATE.search(key) is None
+            else f"$key:str:{storable_text(key)}"
+        )
     if not typed and isinstance(key, int | float | bool):
         return str(key)
     return f"$key:{type(key).__name__}:{canonical_bytes(jsonable(key)).decode()}"
