@@ -586,3 +586,33 @@ def test_file_names_that_are_not_utf8_in_a_steps_output_are_stored_and_told_apar
     assert any(isinstance(t, str) and t.endswith("report-\\udcfe.csv") for t in texts)
     same = _replayed_hashes(tmp_path / "same", recorded, copy.deepcopy(recorded))
     assert same[0] == same[1]
+
+
+# --- a Burr pipeline or node name no backend keeps -----------------------------------------------
+@pytest.mark.parametrize("kind", sorted(BAD_NAMES))
+@pytest.mark.parametrize("where", ["pipeline", "node"])
+def test_a_pipeline_or_node_name_no_backend_keeps_is_refused_before_the_run(
+    store_target: StoreTarget, where: str, kind: str
+) -> None:
+    """On PostgreSQL a node name holding NUL or over 200 characters let the run execute every
+    node (spending its calls), then failed the node rows' write: the run was stored failed,
+    'writing recorded nodes failed: DataError', with none of its nodes; a pipeline name so
+    made raised PostgreSQL's DataError (one with a lone surrogate, UnicodeEncodeError, on every
+    backend) out of ``Rewind.record``. Such a name is now refused when the Pipeline is made
+    (InvalidRequest, with the fix), so SQLite, which kept them, refuses them too."""
+    from rewind.errors import InvalidRequest
+
+    bad = BAD_NAMES[kind]
+    st = store_target.open()
+    try:
+        with pytest.raises(InvalidRequest, match=f"a {where} needs a name of 1 to 200 characters"):
+            Pipeline(
+                name=bad if where == "pipeline" else "named",
+                graph=GraphBuilder()
+                .with_actions(**{bad if where == "node" else "first": _first})
+                .build(),
+                entrypoint=bad if where == "node" else "first",
+            )
+        assert st.list_runs() == []
+    finally:
+        st.close()
