@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -614,5 +615,44 @@ def test_a_pipeline_or_node_name_no_backend_keeps_is_refused_before_the_run(
                 entrypoint=bad if where == "node" else "first",
             )
         assert st.list_runs() == []
+    finally:
+        st.close()
+
+
+# --- two gc processes at once -------------------------------------------------------------------
+def test_a_gc_whose_runs_another_gc_archived_meanwhile_leaves_their_archives_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``rewind gc`` at once (two cron jobs, two servers): the second planned its runs,
+    then the first archived them. The second read each such run's rows (none left), wrote an
+    archive of nothing over the first's archive at the same key, and failed (IndexError): the
+    run was gone from the store and its archive no longer matched its recorded hash ('does not
+    match its hash'): lost (seen with two real processes, 3 of 3 tries). A run whose rows are
+    gone when its turn comes is now skipped, before anything is written."""
+    from rewind.store import open_store, retention
+    from rewind.store.retention import collect_garbage
+    from tests.test_attack31 import restore_whole, trace_under_ids
+
+    location = tmp_path / "store"
+    outputs = trace_under_ids(location, [f"gc-{i}" for i in range(3)])
+    plan = retention._runs_to_archive
+    later = time.time() + 10**6
+
+    def planned_then_archived_elsewhere(conn: Any, cutoff: float) -> Any:
+        planned = plan(conn, cutoff)
+        monkeypatch.setattr(retention, "_runs_to_archive", plan)
+        other = open_store(location)  # the other gc, in full, after this one planned
+        try:
+            assert len(collect_garbage(other, 0.0, now=later).archived) == 3
+        finally:
+            other.close()
+        return planned
+
+    monkeypatch.setattr(retention, "_runs_to_archive", planned_then_archived_elsewhere)
+    st = open_store(location)
+    try:
+        report = collect_garbage(st, 0.0, now=later)
+        assert report.archived == [] and len(report.skipped) == 3
+        restore_whole(st, outputs)
     finally:
         st.close()

@@ -275,6 +275,11 @@ def collect_garbage(
     archived: set[str] = set()
     for run_id in doomed:
         doc, blob_count, artifact_bytes = _archive_document(store, run_id)
+        if not doc["tables"]["runs"]:
+            # Archived (or deleted) by another process since the plan: its archive, if any, is
+            # that process's, and an archive of no rows written at its key would replace it.
+            report.skipped.append({"run_id": run_id, "reason": _GONE})
+            continue
         data = _archive_bytes(doc)
         ref = ""
         if not dry_run:
@@ -457,6 +462,9 @@ def _row_value(value: Any) -> Any:
     if isinstance(value, dict) and set(value) == {"$bytes"}:
         return base64.b64decode(value["$bytes"])
     return value
+
+
+_GONE = "archived or deleted by another process during the gc"
 
 
 def _archive_document(store: Store, run_id: str) -> tuple[dict[str, Any], int, int]:
