@@ -656,3 +656,42 @@ def test_a_gc_whose_runs_another_gc_archived_meanwhile_leaves_their_archives_who
         restore_whole(st, outputs)
     finally:
         st.close()
+
+
+def test_a_restore_another_process_finished_first_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``rewind archive restore`` of one run at once: the later one failed with the
+    database's 'UNIQUE constraint failed: runs.run_id' (IntegrityError, a traceback at the
+    CLI), or 'cannot be read ... No such file' once the first had deleted the archive: errors
+    that read like damage where the run is whole in the store (seen with two real processes
+    restoring 40 runs: 16 to 24 such errors each). It now says the run was restored by another
+    process and where it is (UnknownRun); nothing is written twice."""
+    from rewind.errors import UnknownRun
+    from rewind.store import open_store, retention
+    from rewind.store.retention import collect_garbage, restore_run
+    from tests.test_attack31 import trace_under_ids
+
+    location = tmp_path / "store"
+    outputs = trace_under_ids(location, ["restored-twice"])
+    st = open_store(location)
+    try:
+        assert len(collect_garbage(st, 0.0, now=time.time() + 10**6).archived) == 1
+        restore_one = retention._restore_one
+
+        def restored_elsewhere_first(*args: Any) -> Any:
+            monkeypatch.setattr(retention, "_restore_one", restore_one)
+            other = open_store(location)
+            try:
+                restore_run(other, "restored-twice")
+            finally:
+                other.close()
+            return restore_one(*args)
+
+        monkeypatch.setattr(retention, "_restore_one", restored_elsewhere_first)
+        with pytest.raises(UnknownRun, match="was restored by another process meanwhile"):
+            restore_run(st, "restored-twice")
+        view = load_trace(st, "restored-twice", payloads=True)
+        assert view.output == outputs["restored-twice"] and len(view.steps) == 4
+    finally:
+        st.close()
