@@ -39,7 +39,7 @@ from rewind.call import (
 from rewind.canonical import key_of
 from rewind.context import LineageEntry, NodeScope, RunContext, current, current_lane
 from rewind.effects import side_effect_call
-from rewind.store.records import CallRecord
+from rewind.store.records import NAME_RULE, CallRecord, storable_name
 
 _INFLIGHT: dict[tuple[int, str], Future[tuple[bytes, str | None, float | None]]] = {}
 _INFLIGHT_LOCK = threading.Lock()
@@ -97,7 +97,11 @@ def through_cache(
         (result bytes, the call record). On a hit the bytes are exactly the stored ones.
     Raises:
         SideEffectBlocked, EffectPreconditionFailed: see :mod:`rewind.effects`.
+        ValueError: a ``name`` no store backend keeps in its call rows, before the call is sent
+            (:func:`rewind.store.records.storable_name`).
     """
+    if not storable_name(name):
+        raise _unstorable_name(kind, name)
     scope = ctx.node
     if scope is None and ctx.outside_node is not None:
         # A call in a traced chain's own body: recorded as a step of its own, not lost.
@@ -137,10 +141,13 @@ async def athrough_cache(
     supported here (``@rewind.tool`` is synchronous).
 
     Raises:
-        ValueError: ``policy`` is ``side-effect``.
+        ValueError: ``policy`` is ``side-effect``, or ``name`` is not storable (as
+            :func:`through_cache`).
     """
     if policy.determinism == "side-effect":
         raise ValueError("side-effecting calls go through the synchronous through_cache")
+    if not storable_name(name):
+        raise _unstorable_name(kind, name)
     scope = ctx.node
     if scope is None and ctx.outside_node is not None:
         with _own_step(ctx, kind, name, request) as (inner, done):
@@ -160,6 +167,14 @@ async def athrough_cache(
     if scope is not None:
         scope.add_call(record)
     return data, record
+
+
+def _unstorable_name(kind: str, name: str) -> ValueError:
+    """The error for a call whose model or tool name no backend keeps: PostgreSQL refused its
+    row at the run's write (NUL, over 200 characters), no backend a lone surrogate, and the run
+    was lost after its calls were paid for."""
+    what = "model" if kind == "llm" else kind
+    return ValueError(f"a {what} needs a name {NAME_RULE}, not {name!r:.80}")
 
 
 @contextmanager

@@ -68,7 +68,7 @@ from rewind.persister import (
     state_values,
 )
 from rewind.serde import encode
-from rewind.store.records import CallRecord
+from rewind.store.records import CallRecord, storable_text
 from rewind.store.store import Store, WriteBatch, call_rows, pack_groups, state_row
 
 logger = logging.getLogger(__name__)
@@ -881,4 +881,4 @@ def node_determinism(scope: NodeScope) -> str:
 
 def _error_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+    return storable_text(f"{type(exc).__name__}: {text[0] if text else ''}"[:500])

@@ -69,6 +69,7 @@ from rewind.persister import (
 )
 from rewind.recorder import Recorder, SubRunPath, SubRunSetup, SubRunSource, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
+from rewind.store.records import storable_text
 from rewind.store.store import state_row
 from rewind.store.users import local_user
 
@@ -1051,7 +1052,7 @@ def _final_status(
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    return storable_text(f"{type(exc).__name__}: {text[0] if text else ''}")
 
 
 def new_run_id() -> str:

@@ -18,6 +18,7 @@ from rewind.cache import CallPolicy, Executed, through_cache
 from rewind.canonical import KeyPrefix, canonical_bytes, loads
 from rewind.context import active_runs, current
 from rewind.errors import ContextLost, RewindError
+from rewind.store.records import NAME_RULE, storable_name
 
 TOOL_FLAGS = ("deterministic", "time-bound", "side-effect")
 
@@ -45,8 +46,9 @@ class Tool:
         on_served: called with (request bytes, recorded result bytes) when a side-effecting call
             is served from record on replay.
     Raises:
-        ValueError: an unknown flag, a time-bound tool without ``ttl_s``, resources on a tool that
-            is not side-effecting, or an ``idempotency_arg`` the function does not take.
+        ValueError: a name that is not 1 to 200 characters without NUL (UTF-8), an unknown
+            flag, a time-bound tool without ``ttl_s``, resources on a tool that is not
+            side-effecting, or an ``idempotency_arg`` the function does not take.
     """
 
     def __init__(
@@ -60,6 +62,9 @@ class Tool:
         idempotency_arg: str | None = None,
         on_served: Callable[[bytes, bytes], None] | None = None,
     ) -> None:
+        if not storable_name(name):
+            # Every call row carries it: PostgreSQL would refuse the run's write, not this.
+            raise ValueError(f"a tool needs a name {NAME_RULE}, not {name!r:.80}")
         if determinism not in TOOL_FLAGS:
             raise ValueError(f"determinism must be one of {TOOL_FLAGS}, not {determinism!r}")
         CallPolicy(determinism, ttl_s)  # validates the TTL rule
@@ -241,7 +246,8 @@ def tool(
     """Register a function as a tool (see :class:`Tool` for the arguments).
 
     Raises:
-        ValueError: the name is taken by another function, or the flags are inconsistent.
+        ValueError: the name is taken by another function or is not 1 to 200 characters
+            without NUL (UTF-8), or the flags are inconsistent.
     """
 
     def decorate(fn: Callable[..., Any]) -> Tool:

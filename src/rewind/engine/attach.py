@@ -26,7 +26,8 @@ from burr.core.persistence import PersisterHook
 
 from rewind.canonical import sha256_hex
 from rewind.drift import graph_document
-from rewind.errors import RewindError
+from rewind.errors import InvalidRequest, RewindError
+from rewind.store.records import NAME_RULE, storable_name
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class Pipeline:
         tracker: the app's Burr tracker; each run gets its own ``copy()`` of it.
         typing_system: the app's ``with_typing(...)`` system, or None.
         executor_factory: the app's ``with_parallel_executor(...)`` factory, or None.
+
+    Raises:
+        InvalidRequest: the name or a node's name is not 1 to 200 characters without NUL
+            (UTF-8): a store would refuse the run's rows after its nodes ran and spent their
+            calls.
     """
 
     name: str
@@ -69,6 +75,14 @@ class Pipeline:
     typing_system: Any = None
     executor_factory: Callable[[], Any] | None = None
     param_hints: Callable[[str, str, dict[str, Any]], dict[str, Any] | None] | None = None
+
+    def __post_init__(self) -> None:
+        for what, name in [("pipeline", self.name)] + [("node", n) for n in self.node_names()]:
+            if not storable_name(name):
+                raise InvalidRequest(
+                    f"a {what} needs a name {NAME_RULE}, not {name!r:.80}",
+                    f"rename the {what}: every store keeps its name in a 200-character column",
+                )
 
     def node_names(self) -> list[str]:
         """Names of the graph's nodes."""

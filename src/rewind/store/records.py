@@ -6,6 +6,7 @@ Built once from a row, never mutated (STYLE: an immutable value with a few verbs
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -15,6 +16,49 @@ RunStatus = Literal["running", "completed", "failed", "interrupted"]
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 
 _new = object.__new__
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+MAX_NAME_CHARS = 200
+"""The longest name (trace or pipeline, step or node, model or tool) a store keeps: its name
+columns are ``varchar(200)`` on PostgreSQL."""
+NAME_RULE = f"of 1 to {MAX_NAME_CHARS} characters without NUL (UTF-8)"
+"""What :func:`storable_name` accepts, as refusals say it."""
+
+
+def storable_name(name: object) -> bool:
+    """Whether every store backend keeps ``name`` in a name column: a ``str`` of 1 to
+    :data:`MAX_NAME_CHARS` characters, without NUL, encodable as UTF-8.
+
+    SQLite keeps any string; PostgreSQL refuses a NUL or a longer name when the row is written,
+    and no backend can encode a lone surrogate. Such a name is refused where it is given, before
+    any work is spent, so a run is never kept on one backend and lost on the other.
+    """
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or "\x00" in name:
+        return False
+    return name.isascii() or _SURROGATE.search(name) is None
+
+
+def storable_text(text: str) -> str:
+    """``text`` (an error message, an exception's type name) as every store backend keeps it:
+    each NUL written ``\\u0000`` (PostgreSQL text holds no NUL) and each lone surrogate as its
+    ``\\udXXX`` escape (it has no UTF-8 form). Other text is returned unchanged.
+
+    Error text comes from the user's exceptions (a file name decoded with ``surrogateescape``,
+    bytes read as text): it is written down, never refused, since refusing it would lose the run.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\\u0000")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def stored_name(text: str) -> str:
+    """``text`` (a name from a foreign system: an imported span's, model's or tool's) as a name
+    column keeps it on every backend: :func:`storable_text`, cut to :data:`MAX_NAME_CHARS`."""
+    return storable_text(text)[:MAX_NAME_CHARS]
 
 
 def _params(text: str | None) -> dict[str, Any]:

@@ -275,6 +275,11 @@ def collect_garbage(
     archived: set[str] = set()
     for run_id in doomed:
         doc, blob_count, artifact_bytes = _archive_document(store, run_id)
+        if not doc["tables"]["runs"]:
+            # Archived (or deleted) by another process since the plan: its archive, if any, is
+            # that process's, and an archive of no rows written at its key would replace it.
+            report.skipped.append({"run_id": run_id, "reason": _GONE})
+            continue
         data = _archive_bytes(doc)
         ref = ""
         if not dry_run:
@@ -457,6 +462,9 @@ def _row_value(value: Any) -> Any:
     if isinstance(value, dict) and set(value) == {"$bytes"}:
         return base64.b64decode(value["$bytes"])
     return value
+
+
+_GONE = "archived or deleted by another process during the gc"
 
 
 def _archive_document(store: Store, run_id: str) -> tuple[dict[str, Any], int, int]:
@@ -796,7 +804,8 @@ def restore_run(store: Store, run_id: str, *, archive: ObjectStore | None = None
         archive: the object store the archives were written to (default: read each from the URL
             recorded at archive time).
     Raises:
-        UnknownRun: no archived run matches (or several do).
+        UnknownRun: no archived run matches (or several do), or another process restored it
+            meanwhile (it is in the store).
         StoreError: the archive is missing or altered (nothing is written), or its parent run is
             neither in the store nor archived.
     """
@@ -813,7 +822,19 @@ def restore_run(store: Store, run_id: str, *, archive: ObjectStore | None = None
         chain.append(_archived_row(store, up, exact=True))
     restored: list[RestoredRun] = []
     for item in reversed(chain):  # the oldest ancestor first
-        restored.append(_restore_one(store, item, archive))
+        try:
+            restored.append(_restore_one(store, item, archive))
+        except (IntegrityError, StoreError) as exc:
+            # Another process restored it between our read of its row and our write (its
+            # rows are in, its archive object deleted): not damage, and nothing was written.
+            if not _restored_elsewhere(store, item["run_id"]):
+                raise
+            if item is not row:  # an ancestor: present now, as this restore needs it
+                continue
+            raise UnknownRun(
+                f"run {row['run_id']} was restored by another process meanwhile",
+                f"it is in the store: rewind show {row['run_id']}",
+            ) from exc
     last = restored[-1]
     subs = _restore_sub_runs(store, last.run_id, archive)
     return RestoredRun(
@@ -822,6 +843,18 @@ def restore_run(store: Store, run_id: str, *, archive: ObjectStore | None = None
         last.blobs + sum(r.blobs for r in subs),
         tuple(r.run_id for r in restored[:-1]),
     )
+
+
+def _restored_elsewhere(store: Store, run_id: str) -> bool:
+    """Whether ``run_id`` is in the store and no longer archived (a restore finished)."""
+    with store.read() as conn:
+        in_store = conn.execute(
+            select(schema.runs.c.run_id).where(schema.runs.c.run_id == run_id)
+        ).first()
+        archived = conn.execute(
+            select(schema.archived_runs.c.run_id).where(schema.archived_runs.c.run_id == run_id)
+        ).first()
+    return in_store is not None and archived is None
 
 
 def _restore_sub_runs(store: Store, run_id: str, archive: ObjectStore | None) -> list[RestoredRun]:

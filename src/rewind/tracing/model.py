@@ -27,9 +27,9 @@ from datetime import time as dtime
 from enum import StrEnum
 from typing import Any
 
-from rewind.canonical import CanonicalError, canonical_bytes
+from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
 from rewind.context import PendingWrite
-from rewind.store.records import CallRecord, EffectRecord
+from rewind.store.records import CallRecord, EffectRecord, storable_text
 
 __all__ = [
     "CHAIN_TYPE",
@@ -164,13 +164,17 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
 def _unhashable_parts(value: Any, _depth: int) -> Any:
     """:func:`jsonable` of a value the canonical hasher refused: dates as ISO strings,
     containers element by element (so one odd element does not hide the rest), anything else
-    ``{"$unhashable": "<type>"}``."""
+    ``{"$unhashable": "<type>"}``, with the ``sha256`` of its exact document
+    (:func:`rewind.serde.encode`) when it has one (bytes, Decimal, numpy arrays...)."""
     if _depth > 64:
         return {"$unhashable": type(value).__name__}
     if isinstance(value, datetime | date | dtime):
         return value.isoformat()
     if isinstance(value, Mapping):
-        return {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
+        out = {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
+        if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
+            out = {_key(k, typed=True): jsonable(v, _depth + 1) for k, v in value.items()}
+        return out
     if isinstance(value, list | tuple):
         return [jsonable(v, _depth + 1) for v in value]
     if isinstance(value, set | frozenset):
@@ -178,7 +182,25 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
         return sorted(items, key=canonical_bytes)
     if isinstance(value, float) and not math.isfinite(value):
         return {"$unhashable": "float", "value": repr(value)}
-    return {"$unhashable": type(value).__name__}
+    if isinstance(value, str):  # a lone surrogate (a file name decoded with surrogateescape)
+        return {"$unhashable": "str", "value": storable_text(value)}
+    digest = _content_digest(value)
+    if digest is None:
+        return {"$unhashable": type(value).__name__}
+    return {"$unhashable": type(value).__name__, "sha256": digest}
+
+
+def _content_digest(value: Any) -> str | None:
+    """sha256 of ``value``'s exact tagged document, or None when it has none (a client object).
+    Without it two values of one type (two images' bytes, two amounts) had one JSON form and
+    one hash: a replay whose step returned other bytes claimed the recorded step's hash."""
+    from rewind.errors import UnstorableValue
+    from rewind.serde import encode
+
+    try:
+        return sha256_hex(canonical_bytes(encode(value)))
+    except (UnstorableValue, CanonicalError, RecursionError):
+        return None
 
 
 _NOT_PLAIN = object()
@@ -245,12 +267,23 @@ def _plain_child(v: Any, depth: int) -> Any:
     return _plain_copy(v, depth + 1)
 
 
-def _key(key: Any) -> str:
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _key(key: Any, *, typed: bool = False) -> str:
+    """A mapping key as a JSON key: a string as it is (one holding a lone surrogate, which no
+    store can write, escaped), a number (unless ``typed``) as ``str``, anything else as
+    ``$key:<type>:<canonical JSON of its jsonable>``, so that two keys of one type (the tuples
+    of a pandas group-by) stay two entries."""
     if isinstance(key, str):
-        return key
-    if isinstance(key, int | float | bool):
+        return (
+            key
+            if key.isascii() or _SURROGATE.search(key) is None
+            else f"$key:str:{storable_text(key)}"
+        )
+    if not typed and isinstance(key, int | float | bool):
         return str(key)
-    return f"$key:{type(key).__name__}"
+    return f"$key:{type(key).__name__}:{canonical_bytes(jsonable(key)).decode()}"
 
 
 def as_fields(value: Any) -> dict[str, Any]:
@@ -273,9 +306,10 @@ _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$", re.S)
 
 
 def error_line(error_type: str | None, message: str | None) -> str:
-    """``Type: first line of message`` (at most 500 characters), as node rows show errors."""
+    """``Type: first line of message`` (at most 500 characters), as node rows show errors, in
+    text every store backend keeps (:func:`rewind.store.records.storable_text`)."""
     lines = (message or "").strip().splitlines()
-    return f"{error_type or 'Error'}: {lines[0] if lines else ''}"[:500]
+    return storable_text(f"{error_type or 'Error'}: {lines[0] if lines else ''}"[:500])
 
 
 def split_error(text: str | None) -> tuple[str | None, str | None]:

@@ -51,7 +51,7 @@ from typing import Any
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.context import PendingWrite
 from rewind.llm import llm_cache_key
-from rewind.store.records import CallRecord
+from rewind.store.records import CallRecord, stored_name
 
 __all__ = [
     "RecordedCall",
@@ -197,7 +197,7 @@ def entries_of(
             CallRecord(
                 len(records),
                 c.kind,
-                c.name,
+                stored_name(c.name),
                 key,
                 sha256_hex(request),
                 result_hash,
@@ -213,7 +213,7 @@ def entries_of(
             PendingWrite(
                 c.kind,
                 key,
-                c.name,
+                stored_name(c.name),
                 sha256_hex(request),
                 request,
                 result_hash,
@@ -285,7 +285,7 @@ def exported_calls(value: Any) -> tuple[list[CallRecord], list[PendingWrite]]:
             CallRecord(
                 item["index"] if isinstance(item.get("index"), int) else len(records),
                 item["kind"],
-                name,
+                stored_name(name),
                 key,
                 sha256_hex(request),
                 result_hash,
@@ -303,7 +303,7 @@ def exported_calls(value: Any) -> tuple[list[CallRecord], list[PendingWrite]]:
                 PendingWrite(
                     item["kind"],
                     key,
-                    name,
+                    stored_name(name),
                     sha256_hex(request),
                     request,
                     result_hash,

@@ -35,7 +35,7 @@ from rewind.persister import encode_value, map_hash
 from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sorted_calls
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
 from rewind.store.codec import unpack as unpack_blob
-from rewind.store.records import EffectRecord
+from rewind.store.records import EffectRecord, storable_text
 from rewind.store.references import (
     MAX_DEPTH,
     REFERENCE_KEY,
@@ -491,8 +491,8 @@ def _step_rows(
         "parent_position": s.parent_position,
         "step_type": s.step_type,
         "status": s.status,
-        "error_type": s.error_type,
-        "error_message": s.error_message,
+        "error_type": _storable(s.error_type),
+        "error_message": _storable(s.error_message),
         "attributes_json": json.dumps(s.attributes, sort_keys=True, default=str),
         "started_at": s.started_at,
         "ended_at": s.ended_at,
@@ -500,6 +500,12 @@ def _step_rows(
         "output_hash": None,
     }
     return (node, calls, span, part), state
+
+
+def _storable(text: str | None) -> str | None:
+    """An error's type or message as every backend keeps it (imported spans carry any text;
+    the tracer's are made storable when they are set)."""
+    return None if text is None else storable_text(text)
 
 
 def _root_span(data: TraceData, output_hash: str) -> dict[str, Any]:
@@ -511,8 +517,8 @@ def _root_span(data: TraceData, output_hash: str) -> dict[str, Any]:
         "parent_position": None,
         "step_type": CHAIN_TYPE,
         "status": data.status,
-        "error_type": data.error_type,
-        "error_message": data.error_message,
+        "error_type": _storable(data.error_type),
+        "error_message": _storable(data.error_message),
         "attributes_json": json.dumps(data.attributes, sort_keys=True, default=str),
         "started_at": data.started_at,
         "ended_at": data.ended_at,

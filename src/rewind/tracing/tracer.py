@@ -67,6 +67,7 @@ from rewind.errors import ParentMissing, RewindError
 from rewind.interrupts import held_interrupts
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
+from rewind.store.records import NAME_RULE, storable_name, storable_text
 from rewind.store.references import SourceRows
 from rewind.tools import Tool
 from rewind.tracing.model import (
@@ -281,8 +282,8 @@ class Step:
         self.ended_at = self.started_at + self.duration_ms / 1000.0
         if exc is not None:
             self.status = StepStatus.FAILED
-            self.error_type = type(exc).__name__
-            self.error_message = str(exc)[:MAX_ERROR_CHARS]
+            self.error_type = storable_text(type(exc).__name__)
+            self.error_message = storable_text(str(exc)[:MAX_ERROR_CHARS])
         elif self.status == StepStatus.RUNNING:
             self.status = StepStatus.SUCCESS
         try:
@@ -388,8 +389,8 @@ class Step:
     def fail(self, message: str, error_type: str = "StepFailed") -> None:
         """Mark the step failed without raising (e.g. a validation that rejects its input)."""
         self.status = StepStatus.FAILED
-        self.error_type = error_type
-        self.error_message = message[:MAX_ERROR_CHARS]
+        self.error_type = storable_text(error_type)
+        self.error_message = storable_text(message[:MAX_ERROR_CHARS])
 
     def skip(self, reason: str | None = None) -> None:
         """Mark the step skipped (before or while it runs)."""
@@ -668,8 +669,9 @@ class Trace:
         write_error: why writing failed, if it did.
 
     Raises:
-        ValueError: a name that is not 1 to 200 characters, or a ``trace_id`` given that is not
-            a string of at most :data:`MAX_TRACE_ID_CHARS` characters without NUL, in UTF-8.
+        ValueError: a name that is not 1 to 200 characters without NUL (UTF-8), or a
+            ``trace_id`` given that is not a string of at most :data:`MAX_TRACE_ID_CHARS`
+            characters without NUL, in UTF-8.
     """
 
     def __init__(
@@ -691,8 +693,10 @@ class Trace:
         config: dict[str, Any] | None = None,
         callbacks: TraceCallbacks | None = None,
     ) -> None:
-        if not name or len(name) > 200:
-            raise ValueError("a trace needs a name of 1 to 200 characters")
+        if not storable_name(name):
+            # PostgreSQL refuses NUL and longer names at the write, no backend a lone surrogate:
+            # refused before the chain runs, not after it paid for its calls.
+            raise ValueError(f"a trace needs a name {NAME_RULE}, not {name!r:.80}")
         if trace_id is not None and not _storable_id(trace_id):
             # SQLite would store it and PostgreSQL refuse it (varchar(64), no NUL): the same
             # trace must not be kept on one backend and lost on the other. One that is not
@@ -826,8 +830,8 @@ class Trace:
         self.ended_at = self.started_at + self.duration_ms / 1000.0
         if exc is not None:
             self.status = StepStatus.FAILED
-            self.error_type = type(exc).__name__
-            self.error_message = str(exc)[:MAX_ERROR_CHARS]
+            self.error_type = storable_text(type(exc).__name__)
+            self.error_message = storable_text(str(exc)[:MAX_ERROR_CHARS])
         elif self.status == StepStatus.RUNNING:
             self.status = StepStatus.SUCCESS
         if self._stack is not None:
@@ -976,9 +980,13 @@ class Trace:
         **attributes: Any,
     ) -> Step:
         """Create a step of this trace (``pending``; enter it with ``with``). Its parent is the
-        step current in this context, if that step belongs to this trace."""
-        if not name or len(name) > 200:
-            raise ValueError("a step needs a name of 1 to 200 characters")
+        step current in this context, if that step belongs to this trace.
+
+        Raises:
+            ValueError: a name that is not 1 to 200 characters without NUL (UTF-8).
+        """
+        if not storable_name(name):
+            raise ValueError(f"a step needs a name {NAME_RULE}, not {name!r:.80}")
         if inputs is None:
             inputs = as_fields(input) if input is not _NO_INPUT else {}
         parent = _STEP.get()
@@ -1023,8 +1031,8 @@ class Trace:
     def fail(self, message: str, error_type: str = "ChainFailed") -> None:
         """Mark the trace failed without raising."""
         self.status = StepStatus.FAILED
-        self.error_type = error_type
-        self.error_message = message[:MAX_ERROR_CHARS]
+        self.error_type = storable_text(error_type)
+        self.error_message = storable_text(message[:MAX_ERROR_CHARS])
 
 
 # -- the tracer --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 from rewind.canonical import CanonicalError
 from rewind.errors import RewindError
 from rewind.store import Store
+from rewind.store.records import stored_name
 from rewind.tracing.model import (
     ROOT_POSITION,
     STEP_STATUSES,
@@ -317,7 +318,7 @@ def trace_from_spans(store: Store | None, trace_id: str, spans: list[_Span]) -> 
     chain_input = _json_value(ra.get("input.value"), ra.get("input.mime_type"))
     return TraceData(
         trace_id=trace_id,
-        name=str(ra.get("rewind.name") or head.name)[:200],
+        name=stored_name(str(ra.get("rewind.name") or head.name)),
         status=status,
         input=as_fields(chain_input) if chain_input is not None else {},
         output=jsonable(_json_value(ra.get("output.value"), ra.get("output.mime_type"))),
@@ -571,7 +572,7 @@ def _rewind_step(position: int, s: _Span, parent_position: int) -> StepData:
     calls, pending = exported_calls(a.get("rewind.calls"))
     return StepData(
         position=position,
-        name=str(a["rewind.node"])[:200],
+        name=stored_name(str(a["rewind.node"])),
         step_type=step_type,
         status=status if status in STEP_STATUSES else "success",
         inputs=inputs,
@@ -639,11 +640,11 @@ def _foreign_step(position: int, s: _Span, parent_position: int) -> StepData:
     calls, pending = entries_of(recorded, start)
     return StepData(
         position=position,
-        name=name[:200],
+        name=stored_name(name),
         step_type=step_type,
         status="failed" if failed else "success",
         inputs=as_fields(inp) if inp is not None else {},
-        fields=None if failed else {name[:200]: jsonable(out)},
+        fields=None if failed else {stored_name(name): jsonable(out)},
         error_type=err[0],
         error_message=err[1],
         parent_position=parent_position,
