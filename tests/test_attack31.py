@@ -496,22 +496,63 @@ def test_lane_replays_beside_a_recorder_process_and_deletes_store_what_they_retu
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer_source.find_source tries only the CANDIDATES (4) newest completed traces of "
-    "the name for the first call's key: once four traces of the same name with other first "
-    "requests were recorded after it (other inputs of a busy chain), an unchanged cached "
-    "replay of a trace finds no source: it is stored unlinked (no parent), in full, and the "
-    "lane never serves it",
-)
 def test_a_cached_replay_finds_its_source_behind_newer_traces_of_the_same_name(
-    tmp_path: Path,
+    store_target: Any,
 ) -> None:
+    """Was a strict xfail: find_source tried only the 4 newest completed traces of the name
+    (tracer_source.CANDIDATES), so behind four newer traces with other first requests (other
+    inputs of a busy chain) an unchanged cached replay found no source and was stored unlinked
+    and in full. The first call's cache entry now leads to the recording (tracer_source
+    ._recorders): linked, stored wholly by reference, 0 requests (SQLite, PostgreSQL)."""
+    location = store_target.location
     with stub_and_client(reply) as (stub, client):
-        recording, recorded = run(tmp_path, client, lambda: agent(3), read_cache=False)
+        recording, recorded = run(location, client, lambda: agent(3), read_cache=False)
         for i in range(4):  # the same chain asked other first questions
-            run(tmp_path, client, lambda i=i: agent(3, change_at=0) + str(i), read_cache=False)
+            run(location, client, lambda i=i: agent(3, change_at=0) + str(i), read_cache=False)
         requests = stub.count
-        replay, digest = run(tmp_path, client, lambda: agent(3))
+        replay, digest = run(location, client, lambda: agent(3))
     assert digest == recorded and stub.count == requests
     assert replay.parent_run_id == recording.trace_id
+    st = open_store(location)
+    try:
+        config = st.get_run(replay.trace_id).config
+    finally:
+        st.close()
+    assert config["reference"] == {"run": recording.trace_id, "steps": 6, "all": True}
+
+
+def test_a_trace_of_an_imported_name_finds_the_import_behind_newer_traces(
+    tmp_path: Path,
+) -> None:
+    """An imported trace's answers carry it as their ``origin``: behind four newer traces of
+    its name, find_source reaches it through the entry of its call (as it does when it is
+    among the newest); no other run's rows are read for it."""
+    from rewind.tracing import Tracer, chat_step, tracer_source
+    from rewind.tracing.otel.importer import import_otlp
+
+    trace_id = "c" * 32
+    location = tmp_path / "store"
+    with stub_and_client(reply) as (_stub, client):
+        docs = _otlp_of(tmp_path / "one", client, ["first", "second"], trace_id)
+        st = open_store(location)
+        try:
+            assert import_otlp(st, docs).imported == [trace_id]
+        finally:
+            st.close()
+        tracer = Tracer(location, chat_client=client, raise_on_write_error=True)
+        try:
+            for i in range(4):
+                with tracer.trace("imported", {"q": i}):
+                    chat_step("llm", [{"role": "user", "content": f"other {i}"}], temperature=0)
+        finally:
+            tracer.close()
+    st = open_store(location)
+    try:
+        with st.read() as conn:
+            key = conn.exec_driver_sql(
+                "SELECT lower(hex(key)) FROM calls WHERE run_id = ? AND position = 0", (trace_id,)
+            ).scalar_one()
+        found = tracer_source.find_source(st, "imported", "llm", key)
+    finally:
+        st.close()
+    assert found is not None and found.rows.run_id == trace_id

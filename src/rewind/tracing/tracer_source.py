@@ -34,10 +34,13 @@ from rewind.store import Store, schema
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
 from rewind.store.store import CacheEntry
 
-__all__ = ["CANDIDATES", "FoundSource", "find_source", "lineage_at"]
+__all__ = ["CANDIDATES", "RECORDER_CANDIDATES", "FoundSource", "find_source", "lineage_at"]
 
 CANDIDATES = 4
 """How many of the newest traces of the same name are tried."""
+RECORDER_CANDIDATES = 16
+"""How many traces of the name started by the time a call's cached answer was produced are
+looked at for the one that recorded it (:func:`_recorders`): traces that ran at once."""
 ROWS_KEPT = 8
 """How many sources' rows this process keeps between traces (see :func:`source_rows`)."""
 
@@ -59,6 +62,11 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
     """The recorded trace named ``name`` that made the call ``(kind, key)``, with its calls'
     cache entries and result bytes (one read transaction), or None.
 
+    The :data:`CANDIDATES` newest completed traces of the name are tried first (a replay
+    usually follows its recording). When none made the call and the name has more traces, the
+    call's cache entry says where to look (:func:`_recorders`): a bounded, indexed lookup, and
+    none at all for a call never cached (a trace that is genuinely new).
+
     A replay stored wholly by reference stands for its source: the source is used instead,
     so replays of replays all point at the trace that holds the rows.
     """
@@ -69,22 +77,70 @@ def find_source(store: Store, name: str, kind: str, key: str) -> FoundSource | N
         else:
             candidates = conn.execute(_CANDIDATES, {"name": name}).all()
         tried: set[str] = set()
-        for run_id, config_json in candidates:
-            config = json.loads(config_json or "{}")
-            ref = reference_of(config)
-            if ref is not None and config[REFERENCE_KEY].get("all"):
-                run_id = ref[0]
-            if run_id in tried:
-                continue
-            tried.add(run_id)
-            rows = source_rows(store, conn, run_id)
-            if not rows.is_trace:
-                continue
-            calls = _call_keys(rows)
-            if (kind, key) not in calls:
-                continue
-            return _prefetch(store, conn, rows, calls)
+        found = _first_holding(store, conn, candidates, tried, kind, key)
+        if found is None and len(candidates) == CANDIDATES:
+            found = _first_holding(
+                store, conn, _recorders(conn, driver, name, kind, key), tried, kind, key
+            )
+        return found
+
+
+def _first_holding(
+    store: Store,
+    conn: Connection,
+    candidates: Any,
+    tried: set[str],
+    kind: str,
+    key: str,
+) -> FoundSource | None:
+    """The first of ``candidates`` (run id, config JSON) not in ``tried`` whose calls include
+    ``(kind, key)``, read ahead (:func:`_prefetch`); the runs looked at are added to ``tried``."""
+    for run_id, config_json in candidates:
+        config = json.loads(config_json or "{}")
+        ref = reference_of(config)
+        if ref is not None and config[REFERENCE_KEY].get("all"):
+            run_id = ref[0]
+        if run_id in tried:
+            continue
+        tried.add(run_id)
+        rows = source_rows(store, conn, run_id)
+        if not rows.is_trace:
+            continue
+        calls = _call_keys(rows)
+        if (kind, key) not in calls:
+            continue
+        return _prefetch(store, conn, rows, calls)
     return None
+
+
+def _recorders(
+    conn: Connection, driver: Any, name: str, kind: str, key: str
+) -> list[tuple[str, str]]:
+    """(run id, config JSON) of the completed traces named ``name`` that may have recorded the
+    call ``(kind, key)``, from its cache entry (keyed by the call key, so one index lookup):
+    the trace an import seeded it for (``origin``), or the traces of the name started by the
+    time the entry's answer was produced (``created_at``, the recording call's ``produced_at``)
+    whose own call rows hold the key, newest first, among the :data:`RECORDER_CANDIDATES`
+    newest started by then (both by index: ``ix_runs_pipeline_created``, then each run's call
+    rows by key prefix). Empty when the call was never cached."""
+    table = "llm_cache" if kind == "llm" else "tool_cache"
+    if driver is not None:
+        entry = driver.execute(_ENTRY_SQL[table], (schema.digest_bytes(key),)).fetchone()
+    else:
+        entry = conn.execute(_ENTRY[table], {"key": key}).first()
+    if entry is None:
+        return []
+    produced, origin = entry
+    if origin is not None:
+        args: tuple[Any, ...] = (origin, name)
+        sql, core = _ORIGIN_SQL, _ORIGIN
+    else:
+        sql, core = _RECORDERS_SQL, _RECORDERS
+        args = (name, float(produced), RECORDER_CANDIDATES)
+    if driver is not None:
+        return driver.execute(sql, (*args, schema.digest_bytes(key))).fetchall()
+    params = {chr(ord("a") + i): value for i, value in enumerate(args)}  # as _named names them
+    return [tuple(r) for r in conn.execute(core, params | {"key": key})]
 
 
 # Built once (a cached trace runs both at its first lookup; building a select costs about as
@@ -107,6 +163,42 @@ _CANDIDATES_SQL = (
     " ORDER BY created_at DESC LIMIT ?"
 )
 _RUN_TIMES_SQL = "SELECT status, created_at, finished_at FROM runs WHERE run_id = ?"
+
+# The fallback of find_source (_recorders): the call's cache entry, then the traces of the name
+# started by the time its answer was produced (ix_runs_pipeline_created, newest first, at most
+# RECORDER_CANDIDATES) whose own call rows hold its key (each run's calls by key prefix).
+_ENTRY_SQL = {
+    table: f"SELECT created_at, origin FROM {table} WHERE key = ?"
+    for table in ("llm_cache", "tool_cache")
+}
+_HOLDS_KEY = "EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.run_id AND c.key = ?)"
+_RECORDERS_SQL = (
+    "SELECT run_id, config_json FROM (SELECT run_id, config_json, created_at FROM runs"
+    " WHERE pipeline = ? AND status = 'completed' AND created_at <= ?"
+    " ORDER BY created_at DESC LIMIT ?) r"
+    f" WHERE {_HOLDS_KEY} ORDER BY created_at DESC"
+)
+_ORIGIN_SQL = (
+    "SELECT run_id, config_json FROM runs r"
+    f" WHERE run_id = ? AND pipeline = ? AND status = 'completed' AND {_HOLDS_KEY}"
+)
+
+
+def _named(sql: str) -> Any:
+    """``sql`` (positional ``?``) as a Core text statement: ``:a``, ``:b``, ... in order, the
+    call key (the last) as ``:key``, bound as a :class:`~rewind.store.schema.Digest`."""
+    parts = sql.split("?")
+    names = [f":{chr(ord('a') + i)}" for i in range(len(parts) - 2)] + [":key"]
+    joined = parts[0] + "".join(n + p for n, p in zip(names, parts[1:], strict=True))
+    return text(joined).bindparams(bindparam("key", type_=schema.Digest()))
+
+
+_ENTRY = {
+    table: text(sql.replace("?", ":key")).bindparams(bindparam("key", type_=schema.Digest()))
+    for table, sql in _ENTRY_SQL.items()
+}
+_RECORDERS = _named(_RECORDERS_SQL)
+_ORIGIN = _named(_ORIGIN_SQL)
 
 
 def _sqlite_driver(conn: Connection) -> Any:
