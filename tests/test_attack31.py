@@ -204,18 +204,12 @@ def _spans(docs: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer_source.source_rows keys the rows it keeps by (store, run id, created_at, "
-    "finished_at): a trace deleted and imported again under the same id with the same root "
-    "times but other steps is read through the rows kept for the first one, and a cached "
-    "trace replaying it in the same process fails with 'blob ... is missing from the store, "
-    "the store is damaged' (a fresh process replays it)",
-)
-def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_kept_rows(
-    tmp_path: Path,
-) -> None:
-    from rewind.store.retention import delete_run
+def _replayed_after_a_reimport(
+    tmp_path: Path, reimport: Callable[[Path, str, str, list[Any]], None]
+) -> Any:
+    """The second of two cached replays of a trace imported with the steps first, alpha-1,
+    alpha-2: before it, ``reimport(location, replay id, trace id, docs)`` deletes both and
+    imports ``docs`` (steps first, beta-1, beta-2; the same id and root start and end)."""
     from rewind.tracing import Tracer, chat_step
     from rewind.tracing.otel.importer import import_otlp
 
@@ -250,15 +244,72 @@ def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_ke
             st.close()
         replayed = replay()
         assert replayed.parent_run_id == trace_id
-        st = open_store(location)
-        try:
-            delete_run(st, replayed.trace_id)
-            delete_run(st, trace_id)
-            assert import_otlp(st, two).imported == [trace_id]
-        finally:
-            st.close()
+        reimport(location, replayed.trace_id, trace_id, two)
         again = replay()
     assert again.parent_run_id == trace_id and again.write_error is None
+    st = open_store(location)
+    try:
+        config = st.get_run(again.trace_id).config
+    finally:
+        st.close()
+    assert config["reference"] == {"run": trace_id, "steps": 1, "all": False}  # "first" only
+    return again
+
+
+def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_kept_rows(
+    tmp_path: Path,
+) -> None:
+    """Was a strict xfail: tracer_source.source_rows kept a source's rows under (store, run id,
+    created_at, finished_at), so a trace deleted and imported again under the same id with the
+    same root times but other steps was read, in the same process, through the rows kept for
+    the first import ('blob ... is missing from the store'). Every deletion of a run's rows
+    now bumps ``meta.runs_epoch``, read with the run's times and part of the key."""
+    from rewind.store.retention import delete_run
+    from rewind.tracing.otel.importer import import_otlp
+
+    def reimport(location: Path, replay_id: str, trace_id: str, docs: list[Any]) -> None:
+        st = open_store(location)
+        try:
+            delete_run(st, replay_id)
+            delete_run(st, trace_id)
+            assert import_otlp(st, docs).imported == [trace_id]
+        finally:
+            st.close()
+
+    _replayed_after_a_reimport(tmp_path, reimport)
+
+
+def test_a_trace_another_process_deleted_and_imported_again_is_not_read_from_kept_rows(
+    tmp_path: Path,
+) -> None:
+    """The same, the deletions and the import made by another process: the epoch is the
+    store's, read with the run's times."""
+    import os
+    import subprocess
+    import sys
+
+    def reimport(location: Path, replay_id: str, trace_id: str, docs: list[Any]) -> None:
+        (tmp_path / "two.json").write_text(json.dumps(docs))
+        code = (
+            "import json, sys; from rewind.store import open_store;"
+            " from rewind.store.retention import delete_run;"
+            " from rewind.tracing.otel.importer import import_otlp;"
+            " st = open_store(sys.argv[1]); delete_run(st, sys.argv[2]);"
+            " delete_run(st, sys.argv[3]);"
+            " print(import_otlp(st, json.load(open(sys.argv[4]))).imported); st.close()"
+        )
+        args = [str(location), replay_id, trace_id, str(tmp_path / "two.json")]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == repr([trace_id])
+
+    _replayed_after_a_reimport(tmp_path, reimport)
 
 
 def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_recorded(

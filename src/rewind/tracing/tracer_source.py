@@ -32,7 +32,7 @@ from rewind.context import LineageEntry
 from rewind.errors import StoreError
 from rewind.store import Store, schema
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
-from rewind.store.store import CacheEntry
+from rewind.store.store import RUNS_EPOCH_KEY, CacheEntry
 
 __all__ = ["CANDIDATES", "RECORDER_CANDIDATES", "FoundSource", "find_source", "lineage_at"]
 
@@ -44,7 +44,7 @@ looked at for the one that recorded it (:func:`_recorders`): traces that ran at 
 ROWS_KEPT = 8
 """How many sources' rows this process keeps between traces (see :func:`source_rows`)."""
 
-_ROWS: OrderedDict[tuple[str, str, float, float | None], SourceRows] = OrderedDict()
+_ROWS: OrderedDict[tuple[str, str, float, float | None, str | None], SourceRows] = OrderedDict()
 _ROWS_LOCK = threading.Lock()
 
 
@@ -152,9 +152,12 @@ _CANDIDATES = (
     .order_by(_runs.c.created_at.desc())
     .limit(CANDIDATES)
 )
-_RUN_TIMES = select(_runs.c.status, _runs.c.created_at, _runs.c.finished_at).where(
-    _runs.c.run_id == bindparam("run_id")
-)
+_RUN_TIMES = select(
+    _runs.c.status,
+    _runs.c.created_at,
+    _runs.c.finished_at,
+    select(schema.meta.c.value).where(schema.meta.c.key == RUNS_EPOCH_KEY).scalar_subquery(),
+).where(_runs.c.run_id == bindparam("run_id"))
 # The same two on SQLite, run through the driver in the read transaction (as _CACHED_SQL):
 # rows come back as the driver's tuples (text and floats, as SQLAlchemy returns them there),
 # without a compiled statement's execution and result objects (~0.05 ms each, per trace).
@@ -162,7 +165,10 @@ _CANDIDATES_SQL = (
     "SELECT run_id, config_json FROM runs WHERE pipeline = ? AND status = 'completed'"
     " ORDER BY created_at DESC LIMIT ?"
 )
-_RUN_TIMES_SQL = "SELECT status, created_at, finished_at FROM runs WHERE run_id = ?"
+_RUN_TIMES_SQL = (
+    "SELECT status, created_at, finished_at,"
+    f" (SELECT value FROM meta WHERE key = '{RUNS_EPOCH_KEY}') FROM runs WHERE run_id = ?"
+)
 
 # The fallback of find_source (_recorders): the call's cache entry, then the traces of the name
 # started by the time its answer was produced (ix_runs_pipeline_created, newest first, at most
@@ -215,8 +221,11 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
 
     A completed run's node, call and span rows are never updated, only deleted with the run, so
     rows read before are still its rows while a run row with the same id, status, start and end
-    exists: that row is read first, in ``conn``'s transaction, and it is the key (a run deleted
-    and stored again under the same id has another start time). The rows are shared between
+    exists and no run was deleted since: that row and ``meta.runs_epoch`` (bumped by every
+    deletion of a run's rows, :data:`rewind.store.store.RUNS_EPOCH_KEY`) are read first, in
+    ``conn``'s transaction (one statement), and they are the key. A run deleted and stored again
+    under the same id, by any process, is therefore read again even with the same start and end
+    (an OpenTelemetry import takes them from the file). The rows are shared between
     the traces that use them: callers treat them as read-only. The cache entries and result
     bytes of the calls are not kept: a recording may have replaced them since
     (:func:`_prefetch` reads them for each trace).
@@ -229,7 +238,7 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
         row = conn.execute(_RUN_TIMES, {"run_id": run_id}).first()
     if row is None or row[0] != "completed":
         return load_rows(conn, run_id)
-    key = (str(store.engine.url), run_id, float(row[1]), row[2])
+    key = (str(store.engine.url), run_id, float(row[1]), row[2], row[3])
     with _ROWS_LOCK:
         rows = _ROWS.get(key)
         if rows is not None:
