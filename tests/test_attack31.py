@@ -319,8 +319,9 @@ def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_re
     skipped, or that failed and was caught by the chain, was replayed as a success, so the
     unchanged replay's statuses, and the state hashes of every step after, were not the
     recording's (and it was stored in full from the skipped step on). They now keep their
-    recorded status and error when the replay does not change them (a failed step stores its
-    state row, so the reference stops there, as for any replay)."""
+    recorded status and error when the replay does not change them, and the replay is stored
+    wholly by reference (a failed step refers to its source's state row, see
+    test_replay_failed)."""
     from rewind.tracing import Tracer, chat_step, step
     from rewind.tracing.replay import replay_trace
     from rewind.tracing.store import load_trace
@@ -364,7 +365,7 @@ def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_re
     assert [shown(s) for s in steps] == [shown(s) for s in source]
     statuses = ["success", "skipped", "failed", "failed", "success", "success"]
     assert [s.status for s in source] == statuses
-    assert replay.config["reference"] == {"run": t.trace_id, "steps": 2, "all": False}
+    assert replay.config["reference"] == {"run": t.trace_id, "steps": 6, "all": True}
 
 
 def test_gc_archives_a_run_whose_id_holds_path_separators_inside_its_archive_folder(

@@ -439,6 +439,10 @@ def _step_rows(
     src_app_id, src_sequence_id = data.trace_id, s.position
     if same is not None and same[:3] == (s.name, state_hash, status) and state_hash:
         src_app_id, src_sequence_id = same[3], same[4]
+    elif failed and same is not None and same[:3] == (s.name, map_hash(state)[1], status):
+        # The source failed here too, from the same state: its row is this step's
+        # (_source_states keys a failed step by the hash of the state before it).
+        src_app_id, src_sequence_id = same[3], same[4]
     elif failed:
         # A completed step's state row is its state document (``state_hash``), which
         # Store.load_state_row reads instead (migration 0012); a failed step has none, so its
@@ -569,8 +573,11 @@ def _source_states(
     store: Store, run_id: str | None, source: SourceRows | None
 ) -> dict[int, tuple[str, str, str, str, int]]:
     """Position → (node name, state hash, state row status, app id, sequence id) of the
-    source's nodes with a state row: from its rows when it is a trace (every step of a trace
-    has a state row unless it failed), else read from the store."""
+    source's nodes with a state row: from its rows when it is a trace, else read from the
+    store. A trace's completed step's row is its state document (the state hash after it); a
+    failed step's is the state before it, stored as a row, whose hash is given (the state
+    after the last step before it that did not fail, or the trace's initial state): a replay
+    step that fails there from the same state refers to that row instead of copying it."""
     if run_id is None:
         return {}
     if source is None or not source.is_trace:
@@ -580,17 +587,25 @@ def _source_states(
         if held is not None and held[0] is source:
             _STATES.move_to_end(id(source))
             return held[1]
-    states = {
-        n["position"]: (
-            n["name"],
-            n["state_hash"],
-            "completed",
-            n["src_app_id"],
-            n["src_sequence_id"],
-        )
-        for n in source.nodes
-        if n["state_hash"] and n["error"] is None
-    }
+    states: dict[int, tuple[str, str, str, str, int]] = {}
+    before = source.initial_state_hash  # the state hash before each step (None: not known)
+    for n in source.nodes:
+        if n["error"] is None:
+            before = n["state_hash"]
+            status = "completed"
+        elif n["state_hash"] is None:
+            status = "failed"  # a failed step leaves the state as it was
+        else:
+            before = None
+            continue
+        if before:
+            states[n["position"]] = (
+                n["name"],
+                before,
+                status,
+                n["src_app_id"],
+                n["src_sequence_id"],
+            )
     with _STATES_LOCK:
         _STATES[id(source)] = (source, states)
         while len(_STATES) > _STATES_KEPT:
