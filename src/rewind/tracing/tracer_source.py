@@ -121,8 +121,8 @@ def _recorders(
     the trace an import seeded it for (``origin``), or the traces of the name started by the
     time the entry's answer was produced (``created_at``, the recording call's ``produced_at``)
     whose own call rows hold the key, newest first, among the :data:`RECORDER_CANDIDATES`
-    newest started by then (both by index: ``ix_runs_pipeline_created``, then each run's call
-    rows by key prefix). Empty when the call was never cached."""
+    newest started by then (by index: ``ix_runs_pipeline_created``, then each one's call rows
+    by its run id). Empty when the call was never cached."""
     table = "llm_cache" if kind == "llm" else "tool_cache"
     if driver is not None:
         entry = driver.execute(_ENTRY_SQL[table], (schema.digest_bytes(key),)).fetchone()
@@ -172,7 +172,7 @@ _RUN_TIMES_SQL = (
 
 # The fallback of find_source (_recorders): the call's cache entry, then the traces of the name
 # started by the time its answer was produced (ix_runs_pipeline_created, newest first, at most
-# RECORDER_CANDIDATES) whose own call rows hold its key (each run's calls by key prefix).
+# RECORDER_CANDIDATES) whose own call rows hold its key (each run's calls by its run id).
 _ENTRY_SQL = {
     table: f"SELECT created_at, origin FROM {table} WHERE key = ?"
     for table in ("llm_cache", "tool_cache")
