@@ -204,18 +204,12 @@ def _spans(docs: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer_source.source_rows keys the rows it keeps by (store, run id, created_at, "
-    "finished_at): a trace deleted and imported again under the same id with the same root "
-    "times but other steps is read through the rows kept for the first one, and a cached "
-    "trace replaying it in the same process fails with 'blob ... is missing from the store, "
-    "the store is damaged' (a fresh process replays it)",
-)
-def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_kept_rows(
-    tmp_path: Path,
-) -> None:
-    from rewind.store.retention import delete_run
+def _replayed_after_a_reimport(
+    tmp_path: Path, reimport: Callable[[Path, str, str, list[Any]], None]
+) -> Any:
+    """The second of two cached replays of a trace imported with the steps first, alpha-1,
+    alpha-2: before it, ``reimport(location, replay id, trace id, docs)`` deletes both and
+    imports ``docs`` (steps first, beta-1, beta-2; the same id and root start and end)."""
     from rewind.tracing import Tracer, chat_step
     from rewind.tracing.otel.importer import import_otlp
 
@@ -250,15 +244,72 @@ def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_ke
             st.close()
         replayed = replay()
         assert replayed.parent_run_id == trace_id
-        st = open_store(location)
-        try:
-            delete_run(st, replayed.trace_id)
-            delete_run(st, trace_id)
-            assert import_otlp(st, two).imported == [trace_id]
-        finally:
-            st.close()
+        reimport(location, replayed.trace_id, trace_id, two)
         again = replay()
     assert again.parent_run_id == trace_id and again.write_error is None
+    st = open_store(location)
+    try:
+        config = st.get_run(again.trace_id).config
+    finally:
+        st.close()
+    assert config["reference"] == {"run": trace_id, "steps": 1, "all": False}  # "first" only
+    return again
+
+
+def test_a_trace_deleted_and_imported_again_with_other_steps_is_not_read_from_kept_rows(
+    tmp_path: Path,
+) -> None:
+    """Was a strict xfail: tracer_source.source_rows kept a source's rows under (store, run id,
+    created_at, finished_at), so a trace deleted and imported again under the same id with the
+    same root times but other steps was read, in the same process, through the rows kept for
+    the first import ('blob ... is missing from the store'). Every deletion of a run's rows
+    now bumps ``meta.runs_epoch``, read with the run's times and part of the key."""
+    from rewind.store.retention import delete_run
+    from rewind.tracing.otel.importer import import_otlp
+
+    def reimport(location: Path, replay_id: str, trace_id: str, docs: list[Any]) -> None:
+        st = open_store(location)
+        try:
+            delete_run(st, replay_id)
+            delete_run(st, trace_id)
+            assert import_otlp(st, docs).imported == [trace_id]
+        finally:
+            st.close()
+
+    _replayed_after_a_reimport(tmp_path, reimport)
+
+
+def test_a_trace_another_process_deleted_and_imported_again_is_not_read_from_kept_rows(
+    tmp_path: Path,
+) -> None:
+    """The same, the deletions and the import made by another process: the epoch is the
+    store's, read with the run's times."""
+    import os
+    import subprocess
+    import sys
+
+    def reimport(location: Path, replay_id: str, trace_id: str, docs: list[Any]) -> None:
+        (tmp_path / "two.json").write_text(json.dumps(docs))
+        code = (
+            "import json, sys; from rewind.store import open_store;"
+            " from rewind.store.retention import delete_run;"
+            " from rewind.tracing.otel.importer import import_otlp;"
+            " st = open_store(sys.argv[1]); delete_run(st, sys.argv[2]);"
+            " delete_run(st, sys.argv[3]);"
+            " print(import_otlp(st, json.load(open(sys.argv[4]))).imported); st.close()"
+        )
+        args = [str(location), replay_id, trace_id, str(tmp_path / "two.json")]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == repr([trace_id])
+
+    _replayed_after_a_reimport(tmp_path, reimport)
 
 
 def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_recorded(
@@ -268,9 +319,9 @@ def test_an_unchanged_recorded_calls_replay_keeps_skipped_and_failed_steps_as_re
     skipped, or that failed and was caught by the chain, was replayed as a success, so the
     unchanged replay's statuses, and the state hashes of every step after, were not the
     recording's (and it was stored in full from the skipped step on). They now keep their
-    recorded status and error when the replay does not change them (a failed step refers to
-    its source's state row when it failed the same way from the same state, so the replay is
-    stored wholly by reference; before user32 the reference stopped at the first failed step)."""
+    recorded status and error when the replay does not change them, and the replay is stored
+    wholly by reference (a failed step refers to its source's state row, see
+    test_replay_failed)."""
     from rewind.tracing import Tracer, chat_step, step
     from rewind.tracing.replay import replay_trace
     from rewind.tracing.store import load_trace
@@ -497,22 +548,63 @@ def test_lane_replays_beside_a_recorder_process_and_deletes_store_what_they_retu
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer_source.find_source tries only the CANDIDATES (4) newest completed traces of "
-    "the name for the first call's key: once four traces of the same name with other first "
-    "requests were recorded after it (other inputs of a busy chain), an unchanged cached "
-    "replay of a trace finds no source: it is stored unlinked (no parent), in full, and the "
-    "lane never serves it",
-)
 def test_a_cached_replay_finds_its_source_behind_newer_traces_of_the_same_name(
-    tmp_path: Path,
+    store_target: Any,
 ) -> None:
+    """Was a strict xfail: find_source tried only the 4 newest completed traces of the name
+    (tracer_source.CANDIDATES), so behind four newer traces with other first requests (other
+    inputs of a busy chain) an unchanged cached replay found no source and was stored unlinked
+    and in full. The first call's cache entry now leads to the recording (tracer_source
+    ._recorders): linked, stored wholly by reference, 0 requests (SQLite, PostgreSQL)."""
+    location = store_target.location
     with stub_and_client(reply) as (stub, client):
-        recording, recorded = run(tmp_path, client, lambda: agent(3), read_cache=False)
+        recording, recorded = run(location, client, lambda: agent(3), read_cache=False)
         for i in range(4):  # the same chain asked other first questions
-            run(tmp_path, client, lambda i=i: agent(3, change_at=0) + str(i), read_cache=False)
+            run(location, client, lambda i=i: agent(3, change_at=0) + str(i), read_cache=False)
         requests = stub.count
-        replay, digest = run(tmp_path, client, lambda: agent(3))
+        replay, digest = run(location, client, lambda: agent(3))
     assert digest == recorded and stub.count == requests
     assert replay.parent_run_id == recording.trace_id
+    st = open_store(location)
+    try:
+        config = st.get_run(replay.trace_id).config
+    finally:
+        st.close()
+    assert config["reference"] == {"run": recording.trace_id, "steps": 6, "all": True}
+
+
+def test_a_trace_of_an_imported_name_finds_the_import_behind_newer_traces(
+    tmp_path: Path,
+) -> None:
+    """An imported trace's answers carry it as their ``origin``: behind four newer traces of
+    its name, find_source reaches it through the entry of its call (as it does when it is
+    among the newest); no other run's rows are read for it."""
+    from rewind.tracing import Tracer, chat_step, tracer_source
+    from rewind.tracing.otel.importer import import_otlp
+
+    trace_id = "c" * 32
+    location = tmp_path / "store"
+    with stub_and_client(reply) as (_stub, client):
+        docs = _otlp_of(tmp_path / "one", client, ["first", "second"], trace_id)
+        st = open_store(location)
+        try:
+            assert import_otlp(st, docs).imported == [trace_id]
+        finally:
+            st.close()
+        tracer = Tracer(location, chat_client=client, raise_on_write_error=True)
+        try:
+            for i in range(4):
+                with tracer.trace("imported", {"q": i}):
+                    chat_step("llm", [{"role": "user", "content": f"other {i}"}], temperature=0)
+        finally:
+            tracer.close()
+    st = open_store(location)
+    try:
+        with st.read() as conn:
+            key = conn.exec_driver_sql(
+                "SELECT lower(hex(key)) FROM calls WHERE run_id = ? AND position = 0", (trace_id,)
+            ).scalar_one()
+        found = tracer_source.find_source(st, "imported", "llm", key)
+    finally:
+        st.close()
+    assert found is not None and found.rows.run_id == trace_id

@@ -498,6 +498,36 @@ def test_node_rows_stay_immutable_outside_the_gc_permit(target: GcTarget) -> Non
         assert conn.execute(select(schema.archive_permits)).all() == []
 
 
+def test_every_deletion_of_a_run_bumps_the_runs_epoch(target: GcTarget) -> None:
+    """``meta.runs_epoch`` (no row before the first deletion) goes up by one with each run
+    ``rewind delete`` or gc's archiving deletes, in the deleting transaction; a restore leaves
+    it: rows a process keeps for a run id (tracer_source.source_rows) are keyed by it, so they
+    are never read for a run stored again under that id."""
+    from rewind.store.retention import delete_run
+    from rewind.store.store import RUNS_EPOCH_KEY
+
+    store = target.store
+
+    def epoch() -> Any:
+        with store.read() as conn:
+            m = schema.meta
+            return conn.execute(select(m.c.value).where(m.c.key == RUNS_EPOCH_KEY)).scalar()
+
+    rw = target.rewind()
+    a = rw.record(pipelines.pipeline, {"x": 5})
+    b = rw.record(pipelines.pipeline, {"x": 6})
+    assert epoch() is None
+    delete_run(store, a.run_id)
+    assert epoch() == "1"
+    age(store, b.run_id, 40)
+    assert [r.run_id for r in collect_garbage(store, MONTH, archive=target.objects).archived] == [
+        b.run_id
+    ]
+    assert epoch() == "2"
+    restore_run(store, b.run_id, archive=target.objects)
+    assert epoch() == "2" and run_ids(store) == {b.run_id}
+
+
 def test_an_altered_archive_is_refused_and_nothing_is_restored(target: GcTarget) -> None:
     store, objects = target.store, target.objects
     run = target.rewind().record(pipelines.pipeline, {"x": 5})

@@ -74,12 +74,19 @@ def opened(folder: Path) -> Iterator[Store]:
 
 
 def trace_once(
-    folder: Path, client: ChatClient, read_cache: bool, steps: int = 6, **kw: Any
+    folder: Path,
+    client: ChatClient,
+    read_cache: bool,
+    steps: int = 6,
+    *,
+    name: str = "agent",
+    **kw: Any,
 ) -> tuple[str, list[Any]]:
-    """One trace through a new Tracer (and Store) as a separate process would make it."""
+    """One trace named ``name`` through a new Tracer (and Store) as a separate process would
+    make it."""
     tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
     try:
-        with tracer.trace("agent") as t:
+        with tracer.trace(name) as t:
             out = agent(steps, **kw)
     finally:
         tracer.close()
@@ -282,14 +289,8 @@ def test_a_replay_is_stored_by_reference_on_each_backend(
         st.close()
 
 
-def test_a_source_read_once_is_reused_and_never_outlives_its_run(
-    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Replays of the same source in one process read its node, call and span rows and its
-    results once; a run
-    deleted and stored again under the same id is read again (its start time is part of the
-    key), so a replay never compares itself with rows that are gone."""
-    from rewind.store.retention import delete_run
+def _counted_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The run ids tracer_source reads rows of from now on (kept rows forgotten first)."""
     from rewind.tracing import tracer_source
 
     reads: list[str] = []
@@ -300,6 +301,20 @@ def test_a_source_read_once_is_reused_and_never_outlives_its_run(
         return real(conn, run_id, **kw)
 
     monkeypatch.setattr(tracer_source, "load_rows", counting)
+    tracer_source._ROWS.clear()
+    return reads
+
+
+def test_a_source_read_once_is_reused_and_never_outlives_its_run(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replays of the same source in one process read its node, call and span rows and its
+    results once; a run
+    deleted and stored again under the same id is read again (its start time is part of the
+    key), so a replay never compares itself with rows that are gone."""
+    from rewind.store.retention import delete_run
+
+    reads = _counted_loads(monkeypatch)
 
     def trace_as(trace_id: str | None, read_cache: bool, steps: int) -> str:
         tracer = Tracer(folder, chat_client=chat_client, read_cache=read_cache)
@@ -445,6 +460,102 @@ def test_results_and_lineage_of_the_same_entries_are_reused_until_a_result_is_dr
         fourth = tracer_source.find_source(st, "agent", kind, key)
         assert fourth is not None and fourth.blobs == first.blobs
         assert blob_reads[reads + 1 :] == [set(first.blobs)]
+
+
+def _first_call(st: Store, run_id: str) -> tuple[str, str]:
+    """``(kind, cache key)`` of the run's first call."""
+    with st.read() as conn:
+        found = conn.execute(
+            text(
+                "SELECT kind, lower(hex(key)) FROM calls WHERE run_id = :r"
+                " ORDER BY position, call_index LIMIT 1"
+            ),
+            {"r": run_id},
+        ).one()
+    return found[0], found[1]
+
+
+def test_a_source_behind_newer_traces_of_its_name_is_found_through_its_calls_cache_entry(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest completed traces of the name are tried first (tracer_source.CANDIDATES);
+    behind more traces with other first requests the recording was not found (its replay was
+    stored unlinked and in full). The call's cache entry says when its answer was produced:
+    of the traces of the name started by then, the newest whose own calls hold the key is the
+    source, found alike through the driver and the Core statements; only its rows are read
+    beyond the candidates'."""
+    from rewind.tracing import tracer_source
+
+    source, out = trace_once(folder, chat_client, read_cache=False, steps=3)
+    newer = [
+        trace_once(folder, chat_client, read_cache=False, steps=3, change_at=0)[0]
+        for _ in range(tracer_source.CANDIDATES + 2)
+    ]
+    with opened(folder) as st:
+        kind, key = _first_call(st, source)
+        reads = _counted_loads(monkeypatch)
+        by_driver = tracer_source.find_source(st, "agent", kind, key)
+        assert reads == [*newer[::-1][: tracer_source.CANDIDATES], source]
+        monkeypatch.setattr(tracer_source, "_sqlite_driver", lambda conn: None)
+        tracer_source._ROWS.clear()
+        by_core = tracer_source.find_source(st, "agent", kind, key)
+    assert by_driver is not None and by_core is not None
+    assert by_driver.rows.run_id == by_core.rows.run_id == source
+    assert by_driver.entries == by_core.entries and len(by_driver.entries) == 6
+    monkeypatch.undo()
+    replay, again = trace_once(folder, chat_client, read_cache=True, steps=3)
+    assert again == out
+    with opened(folder) as st:
+        run = st.get_run(replay)
+    assert run.parent_run_id == source
+    assert run.config["reference"] == {"run": source, "steps": 6, "all": True}
+
+
+def test_a_new_trace_behind_many_of_its_name_reads_no_more_rows_than_before(
+    folder: Path, chat_client: ChatClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first call never cached (a trace that is genuinely new) costs one cache lookup more
+    and reads the rows of the candidates only, however many traces the name has; a call
+    cached by a trace of another name reads none more either (the traces of the name that may
+    have recorded it are told by their call rows, not read)."""
+    from rewind.tracing import tracer_source
+
+    for _ in range(tracer_source.CANDIDATES + 3):
+        trace_once(folder, chat_client, read_cache=False, steps=2, change_at=0)
+    other, _ = trace_once(folder, chat_client, read_cache=False, steps=2, name="other")
+    with opened(folder) as st:
+        kind, key = _first_call(st, other)
+        reads = _counted_loads(monkeypatch)
+        assert tracer_source.find_source(st, "agent", kind, "0" * 64) is None
+        assert len(reads) == tracer_source.CANDIDATES
+        reads.clear()
+        tracer_source._ROWS.clear()
+        assert tracer_source.find_source(st, "agent", kind, key) is None
+        assert len(reads) == tracer_source.CANDIDATES
+
+
+def test_the_recorder_lookup_searches_indexes_not_every_run_or_call(folder: Path) -> None:
+    """find_source's fallback (tracer_source._recorders) reads the cache entry by key, the
+    runs of the name through ix_runs_pipeline_created and each run's calls by run id: no
+    statement scans a table."""
+    from rewind.tracing import tracer_source as ts
+
+    queries = [
+        (ts._ENTRY_SQL["llm_cache"], (b"k" * 32,)),
+        (ts._ENTRY_SQL["tool_cache"], (b"k" * 32,)),
+        (ts._RECORDERS_SQL, ("agent", 1.0, ts.RECORDER_CANDIDATES, b"k" * 32)),
+        (ts._ORIGIN_SQL, ("r", "agent", b"k" * 32)),
+    ]
+    with opened(folder) as st, st.read() as conn:
+        plans = [
+            " | ".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + q, p))
+            for q, p in queries
+        ]
+    for plan in plans:
+        assert "SCAN runs" not in plan and "SCAN c" not in plan and "SCAN llm" not in plan, plan
+        assert "SCAN tool" not in plan, plan
+    assert "USING INDEX ix_runs_pipeline_created" in plans[2], plans[2]
+    assert all("PRIMARY KEY" in plan for plan in plans), plans
 
 
 def test_an_unchanged_replay_returns_the_run_row_as_stored_and_its_edges_stay_the_sources(

@@ -37,6 +37,7 @@ from rewind.tracing.inspect import (
     inspect_trace,
 )
 from rewind.tracing.model import StepView, TraceView
+from rewind.tracing.recorded import ended_as_recorded
 from rewind.tracing.replay import ReplaySwitches, replay_trace
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import load_trace, load_traces, parse_time, search_runs, state_at
@@ -156,7 +157,8 @@ def replay_trace_command(
     [--chain module:function]``: re-run a traced chain (its code, or its recorded calls when no
     code is known) with its recorded LLM answers and at most one change, then diff it against the
     original. ``switches``: :class:`ReplaySwitches`. Exit 0 when the replay completed or stopped
-    at the first divergence as asked, 1 when it failed."""
+    at the first divergence as asked, 1 when it failed (a recorded-calls replay of a trace whose
+    chain raised fails with the recorded error, and says so: ``ended_as_recorded``)."""
     out = _console(console)
     if changes and len(changes) > 1:
         raise InvalidOverride(
@@ -177,12 +179,14 @@ def replay_trace_command(
     assert parent is not None
     a, b = load_trace(rw.store, parent), load_trace(rw.store, record.run_id)
     comparison = compare_traces(a, b)
+    as_recorded = ended_as_recorded(a, b)
     if as_json:
         emit_json(
             {
                 "mode": mode,
                 "switches": record.config.get("switches"),
                 "stopped": stopped,
+                "ended_as_recorded": as_recorded,
                 "trace": b.to_json(),
                 "diff": comparison,
             }
@@ -191,6 +195,12 @@ def replay_trace_command(
         out.print(f"mode: {_MODES.get(mode, mode)}")
         if stopped:
             out.print(f"[yellow]{inert(b.error_message or '')}[/]")
+        if as_recorded:
+            out.print(
+                f"[yellow]failed: the recorded chain raised {inert(a.error or '')}; without its "
+                "code the replay ends as the recording did (pass --chain module:function to run "
+                "the code again)[/]"
+            )
         out.print(trace_table(b, f"replay {b.trace_id}"))
         out.print(_summary_line(b))
         _print_comparison(out, comparison)

@@ -69,7 +69,13 @@ from rewind.store import schema
 from rewind.store.codec import PACK_PREFIX, read_pack_ref, slice_key
 from rewind.store.objects import ObjectStore
 from rewind.store.references import REFERENCE_KEY, load_rows, reference_of
-from rewind.store.store import BLOB_EPOCH_KEY, GC_LOCK_KEY, Store, slice_row_ref
+from rewind.store.store import (
+    BLOB_EPOCH_KEY,
+    GC_LOCK_KEY,
+    RUNS_EPOCH_KEY,
+    Store,
+    slice_row_ref,
+)
 
 PACK_SWEEP_KEY = "pack_sweep"
 """The ``meta`` row held while gc deletes blob packs (migration 0016's ``SWEEP_KEY``)."""
@@ -602,12 +608,15 @@ def _archive_and_delete(
 
 def _delete_run_rows(conn: Connection, run_id: str) -> None:
     """Delete a run's rows from every run-scoped table inside ``conn``'s transaction, under a
-    permit row (node rows are immutable otherwise, rule 7)."""
+    permit row (node rows are immutable otherwise, rule 7), and bump ``meta.runs_epoch``
+    (:data:`rewind.store.store.RUNS_EPOCH_KEY`: rows a process keeps for this run id are not
+    the rows of a run stored under it later)."""
     conn.execute(insert(schema.archive_permits).values(run_id=run_id))
     for table, column in RUN_TABLES:
         conn.execute(delete(table).where(table.c[column] == run_id))
     permits = schema.archive_permits
     conn.execute(delete(permits).where(permits.c.run_id == run_id))
+    _bump(conn, RUNS_EPOCH_KEY)
 
 
 def _remove_artifact_files(store: Store, rows: Iterable[dict[str, Any]]) -> None:
@@ -1079,12 +1088,17 @@ def _exclusive(store: Store) -> Iterator[Connection]:
 def bump_blob_epoch(conn: Connection) -> None:
     """Bump ``meta.blob_epoch`` inside ``conn``'s write transaction: every writer then stops
     trusting the blobs it remembers as stored (see the module doc)."""
+    _bump(conn, BLOB_EPOCH_KEY)
+
+
+def _bump(conn: Connection, key: str) -> None:
+    """Add one to the counter ``meta.<key>`` (made at 1) inside ``conn``'s write transaction."""
     m = schema.meta
-    current = conn.execute(select(m.c.value).where(m.c.key == BLOB_EPOCH_KEY)).scalar()
+    current = conn.execute(select(m.c.value).where(m.c.key == key)).scalar()
     if current is None:
-        conn.execute(insert(m).values(key=BLOB_EPOCH_KEY, value="1"))
+        conn.execute(insert(m).values(key=key, value="1"))
     else:
-        conn.execute(update(m).where(m.c.key == BLOB_EPOCH_KEY).values(value=str(int(current) + 1)))
+        conn.execute(update(m).where(m.c.key == key).values(value=str(int(current) + 1)))
 
 
 def _chunks(items: list[Any]) -> Iterator[list[Any]]:

@@ -108,6 +108,11 @@ transaction holds it shared, the sweep exclusively (on SQLite the database write
 same). See :mod:`rewind.store.retention`."""
 BLOB_EPOCH_KEY = "blob_epoch"
 """``meta`` key bumped by every ``rewind gc`` that deletes blobs."""
+RUNS_EPOCH_KEY = "runs_epoch"
+"""``meta`` key bumped by every deletion of a run's rows (``rewind delete``, ``rewind gc``'s
+archiving), in the deleting transaction; no row until the first deletion. A run's rows change
+only by a deletion and a new write under the same id, so rows a process keeps for a run id
+(:func:`rewind.tracing.tracer_source.source_rows`) are still the run's while it is unchanged."""
 _ORPHAN_ERROR = "interrupted: its process ended before the run finished"
 
 

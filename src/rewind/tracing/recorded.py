@@ -11,6 +11,11 @@ still be replayed: each step is taken in recorded order (nested as recorded) and
 * any other step (a chain or agent span, a retrieval without a tool call) keeps its recorded
   output.
 
+A step the recording skipped, or that failed and was caught by the chain, keeps its recorded
+status while the replay does not change it; and when the recorded chain itself raised, the
+replay ends as it did: failed, with the recorded error (without the code nothing can show that
+the chain would not raise again; :func:`ended_as_recorded` tells such a replay).
+
 **How a change travels.** Without the code, the only data flow Rewind can see is text: a
 changed input field (a string) and every changed answer are carried as verbatim substitutions
 (old text → new text) into the inputs, requests and outputs of the steps after it. A step whose
@@ -40,7 +45,7 @@ from rewind.tracing.model import INPUT_KEY, StepView, TraceView
 from rewind.tracing.switches import ReplaySwitches, replay_context, replay_trace_of, run_replay
 from rewind.tracing.tracer import Step, StoppedAtDivergence, Trace
 
-__all__ = ["RECORDED_MODE", "recorded_params", "replay_recorded"]
+__all__ = ["RECORDED_MODE", "ended_as_recorded", "recorded_params", "replay_recorded"]
 
 RECORDED_MODE = "recorded-calls"
 """The ``replay_mode`` of a replay without chain code (``chain`` when the code ran)."""
@@ -185,7 +190,21 @@ def _replay_steps(
     if failed is not None:
         raise failed
     trace.set_output(_substituted(view.output, subs))
+    if view.failed:  # the recorded chain raised after these steps: it ends as it did
+        trace.fail(view.error_message or "", view.error_type or "ChainFailed")
     return None
+
+
+def ended_as_recorded(source: TraceView, replay: TraceView) -> bool:
+    """Whether ``replay``, a recorded-calls replay of ``source``, failed because the recorded
+    chain raised (it ends with the recorded error, see the module doc), not because a step of
+    the replay failed."""
+    return (
+        replay.config.get("replay_mode") == RECORDED_MODE
+        and source.failed
+        and replay.failed
+        and (replay.error_type, replay.error_message) == (source.error_type, source.error_message)
+    )
 
 
 def _inputs(s: StepView) -> dict[str, Any]:

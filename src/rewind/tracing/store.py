@@ -578,8 +578,11 @@ def _source_states(
     store: Store, run_id: str | None, source: SourceRows | None
 ) -> dict[int, tuple[str, str, str, str, int]]:
     """Position → (node name, state hash, state row status, app id, sequence id) of the
-    source's nodes with a state row: from its rows when it is a trace (every step of a trace
-    has a state row unless it failed), else read from the store."""
+    source's nodes with a state row: from its rows when it is a trace, else read from the
+    store. A trace's completed step's row is its state document (the state hash after it); a
+    failed step's is the state before it, stored as a row, whose hash is given (the state
+    after the last step before it that did not fail, or the trace's initial state): a replay
+    step that fails there from the same state refers to that row instead of copying it."""
     if run_id is None:
         return {}
     if source is None or not source.is_trace:

@@ -33,16 +33,19 @@ from rewind.context import LineageEntry
 from rewind.errors import StoreError
 from rewind.store import Store, schema
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
-from rewind.store.store import CacheEntry
+from rewind.store.store import RUNS_EPOCH_KEY, CacheEntry
 
-__all__ = ["CANDIDATES", "FoundSource", "find_source", "lineage_at"]
+__all__ = ["CANDIDATES", "RECORDER_CANDIDATES", "FoundSource", "find_source", "lineage_at"]
 
 CANDIDATES = 4
 """How many of the newest traces of the same name are tried."""
+RECORDER_CANDIDATES = 16
+"""How many traces of the name started by the time a call's cached answer was produced are
+looked at for the one that recorded it (:func:`_recorders`): traces that ran at once."""
 ROWS_KEPT = 8
 """How many sources' rows this process keeps between traces (see :func:`source_rows`)."""
 
-_ROWS: OrderedDict[tuple[str, str, float, float | None], SourceRows] = OrderedDict()
+_ROWS: OrderedDict[tuple[str, str, float, float | None, str | None], SourceRows] = OrderedDict()
 _ROWS_LOCK = threading.Lock()
 
 
@@ -62,6 +65,11 @@ def find_source(
     """The recorded trace named ``name`` that made the call ``(kind, key)``, with its calls'
     cache entries and result bytes (one read transaction), or None.
 
+    The :data:`CANDIDATES` newest completed traces of the name are tried first (a replay
+    usually follows its recording). When none made the call and the name has more traces, the
+    call's cache entry says where to look (:func:`_recorders`): a bounded, indexed lookup, and
+    none at all for a call never cached (a trace that is genuinely new).
+
     A replay stored wholly by reference stands for its source: the source is used instead,
     so replays of replays all point at the trace that holds the rows. Among the candidates
     that made the call, the newest whose initial state (its input) hashes to ``initial_hash``
@@ -75,25 +83,75 @@ def find_source(
         else:
             candidates = conn.execute(_CANDIDATES, {"name": name}).all()
         tried: set[str] = set()
-        first: tuple[SourceRows, frozenset[tuple[str, str]]] | None = None
-        for run_id, config_json in candidates:
-            config = json.loads(config_json or "{}")
-            ref = reference_of(config)
-            if ref is not None and config[REFERENCE_KEY].get("all"):
-                run_id = ref[0]
-            if run_id in tried:
-                continue
-            tried.add(run_id)
-            rows = source_rows(store, conn, run_id)
-            if not rows.is_trace:
-                continue
-            calls = _call_keys(rows)
-            if (kind, key) not in calls:
-                continue
-            if initial_hash is None or rows.initial_state_hash == initial_hash:
-                return _prefetch(store, conn, rows, calls)
-            first = first or (rows, calls)
-        return _prefetch(store, conn, *first) if first is not None else None
+        found = _holding(store, conn, candidates, tried, kind, key, initial_hash)
+        if found is None and len(candidates) == CANDIDATES:
+            recorders = _recorders(conn, driver, name, kind, key)
+            found = _holding(store, conn, recorders, tried, kind, key, initial_hash)
+        return _prefetch(store, conn, *found) if found is not None else None
+
+
+def _holding(
+    store: Store,
+    conn: Connection,
+    candidates: Any,
+    tried: set[str],
+    kind: str,
+    key: str,
+    initial_hash: str | None,
+) -> tuple[SourceRows, frozenset[tuple[str, str]]] | None:
+    """The rows and call keys of the first of ``candidates`` (run id, config JSON; newest
+    first) not in ``tried`` whose calls include ``(kind, key)`` and whose initial state hashes
+    to ``initial_hash`` (any, when None), else of the first whose calls include it; None when
+    none does. The runs looked at are added to ``tried``."""
+    first: tuple[SourceRows, frozenset[tuple[str, str]]] | None = None
+    for run_id, config_json in candidates:
+        config = json.loads(config_json or "{}")
+        ref = reference_of(config)
+        if ref is not None and config[REFERENCE_KEY].get("all"):
+            run_id = ref[0]
+        if run_id in tried:
+            continue
+        tried.add(run_id)
+        rows = source_rows(store, conn, run_id)
+        if not rows.is_trace:
+            continue
+        calls = _call_keys(rows)
+        if (kind, key) not in calls:
+            continue
+        if initial_hash is None or rows.initial_state_hash == initial_hash:
+            return rows, calls
+        first = first or (rows, calls)
+    return first
+
+
+def _recorders(
+    conn: Connection, driver: Any, name: str, kind: str, key: str
+) -> list[tuple[str, str]]:
+    """(run id, config JSON) of the completed traces named ``name`` that may have recorded the
+    call ``(kind, key)``, from its cache entry (keyed by the call key, so one index lookup):
+    the trace an import seeded it for (``origin``), or the traces of the name started by the
+    time the entry's answer was produced (``created_at``, the recording call's ``produced_at``)
+    whose own call rows hold the key, newest first, among the :data:`RECORDER_CANDIDATES`
+    newest started by then (by index: ``ix_runs_pipeline_created``, then each one's call rows
+    by its run id). Empty when the call was never cached."""
+    table = "llm_cache" if kind == "llm" else "tool_cache"
+    if driver is not None:
+        entry = driver.execute(_ENTRY_SQL[table], (schema.digest_bytes(key),)).fetchone()
+    else:
+        entry = conn.execute(_ENTRY[table], {"key": key}).first()
+    if entry is None:
+        return []
+    produced, origin = entry
+    if origin is not None:
+        args: tuple[Any, ...] = (origin, name)
+        sql, core = _ORIGIN_SQL, _ORIGIN
+    else:
+        sql, core = _RECORDERS_SQL, _RECORDERS
+        args = (name, float(produced), RECORDER_CANDIDATES)
+    if driver is not None:
+        return driver.execute(sql, (*args, schema.digest_bytes(key))).fetchall()
+    params = {chr(ord("a") + i): value for i, value in enumerate(args)}  # as _named names them
+    return [tuple(r) for r in conn.execute(core, params | {"key": key})]
 
 
 # Built once (a cached trace runs both at its first lookup; building a select costs about as
@@ -105,9 +163,12 @@ _CANDIDATES = (
     .order_by(_runs.c.created_at.desc())
     .limit(CANDIDATES)
 )
-_RUN_TIMES = select(_runs.c.status, _runs.c.created_at, _runs.c.finished_at).where(
-    _runs.c.run_id == bindparam("run_id")
-)
+_RUN_TIMES = select(
+    _runs.c.status,
+    _runs.c.created_at,
+    _runs.c.finished_at,
+    select(schema.meta.c.value).where(schema.meta.c.key == RUNS_EPOCH_KEY).scalar_subquery(),
+).where(_runs.c.run_id == bindparam("run_id"))
 # The same two on SQLite, run through the driver in the read transaction (as _CACHED_SQL):
 # rows come back as the driver's tuples (text and floats, as SQLAlchemy returns them there),
 # without a compiled statement's execution and result objects (~0.05 ms each, per trace).
@@ -115,7 +176,46 @@ _CANDIDATES_SQL = (
     "SELECT run_id, config_json FROM runs WHERE pipeline = ? AND status = 'completed'"
     " ORDER BY created_at DESC LIMIT ?"
 )
-_RUN_TIMES_SQL = "SELECT status, created_at, finished_at FROM runs WHERE run_id = ?"
+_RUN_TIMES_SQL = (
+    "SELECT status, created_at, finished_at,"
+    f" (SELECT value FROM meta WHERE key = '{RUNS_EPOCH_KEY}') FROM runs WHERE run_id = ?"
+)
+
+# The fallback of find_source (_recorders): the call's cache entry, then the traces of the name
+# started by the time its answer was produced (ix_runs_pipeline_created, newest first, at most
+# RECORDER_CANDIDATES) whose own call rows hold its key (each run's calls by its run id).
+_ENTRY_SQL = {
+    table: f"SELECT created_at, origin FROM {table} WHERE key = ?"
+    for table in ("llm_cache", "tool_cache")
+}
+_HOLDS_KEY = "EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.run_id AND c.key = ?)"
+_RECORDERS_SQL = (
+    "SELECT run_id, config_json FROM (SELECT run_id, config_json, created_at FROM runs"
+    " WHERE pipeline = ? AND status = 'completed' AND created_at <= ?"
+    " ORDER BY created_at DESC LIMIT ?) r"
+    f" WHERE {_HOLDS_KEY} ORDER BY created_at DESC"
+)
+_ORIGIN_SQL = (
+    "SELECT run_id, config_json FROM runs r"
+    f" WHERE run_id = ? AND pipeline = ? AND status = 'completed' AND {_HOLDS_KEY}"
+)
+
+
+def _named(sql: str) -> Any:
+    """``sql`` (positional ``?``) as a Core text statement: ``:a``, ``:b``, ... in order, the
+    call key (the last) as ``:key``, bound as a :class:`~rewind.store.schema.Digest`."""
+    parts = sql.split("?")
+    names = [f":{chr(ord('a') + i)}" for i in range(len(parts) - 2)] + [":key"]
+    joined = parts[0] + "".join(n + p for n, p in zip(names, parts[1:], strict=True))
+    return text(joined).bindparams(bindparam("key", type_=schema.Digest()))
+
+
+_ENTRY = {
+    table: text(sql.replace("?", ":key")).bindparams(bindparam("key", type_=schema.Digest()))
+    for table, sql in _ENTRY_SQL.items()
+}
+_RECORDERS = _named(_RECORDERS_SQL)
+_ORIGIN = _named(_ORIGIN_SQL)
 
 
 def _sqlite_driver(conn: Connection) -> Any:
@@ -132,8 +232,11 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
 
     A completed run's node, call and span rows are never updated, only deleted with the run, so
     rows read before are still its rows while a run row with the same id, status, start and end
-    exists: that row is read first, in ``conn``'s transaction, and it is the key (a run deleted
-    and stored again under the same id has another start time). The rows are shared between
+    exists and no run was deleted since: that row and ``meta.runs_epoch`` (bumped by every
+    deletion of a run's rows, :data:`rewind.store.store.RUNS_EPOCH_KEY`) are read first, in
+    ``conn``'s transaction (one statement), and they are the key. A run deleted and stored again
+    under the same id, by any process, is therefore read again even with the same start and end
+    (an OpenTelemetry import takes them from the file). The rows are shared between
     the traces that use them: callers treat them as read-only. The cache entries and result
     bytes of the calls are not kept: a recording may have replaced them since
     (:func:`_prefetch` reads them for each trace).
@@ -146,7 +249,7 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
         row = conn.execute(_RUN_TIMES, {"run_id": run_id}).first()
     if row is None or row[0] != "completed":
         return load_rows(conn, run_id)
-    key = (str(store.engine.url), run_id, float(row[1]), row[2])
+    key = (str(store.engine.url), run_id, float(row[1]), row[2], row[3])
     with _ROWS_LOCK:
         rows = _ROWS.get(key)
         if rows is not None:
