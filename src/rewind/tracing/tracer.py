@@ -670,7 +670,7 @@ class Trace:
 
     Raises:
         ValueError: a name that is not 1 to 200 characters without NUL (UTF-8), or a
-            ``trace_id`` given that is not a string of at most :data:`MAX_TRACE_ID_CHARS`
+            ``trace_id`` given that is not a string of 1 to :data:`MAX_TRACE_ID_CHARS`
             characters without NUL, in UTF-8.
     """
 
