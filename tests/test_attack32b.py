@@ -1,0 +1,67 @@
+"""Attack 32b on the replay semantics merged in session 32 (issue #13): the source's recorded
+input as the default of ``Tracer.replay``, a chain as the body of its own in-place replay,
+failed source steps executed again, failed steps stored by reference, the cached replay's
+source chosen by input, and recorded-calls replays of raising chains.
+
+Each test is a finding (fixed, or xfail strict naming the bug) or a regression test of what
+held. Real stores (SQLite, a throwaway PostgreSQL server) and a fake or loopback model server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rewind.llm import ChatClient
+from rewind.store import Store
+from rewind.tracing import Tracer
+from rewind.tracing.store import initial_state_hash
+from tests.conftest import FakeModel, StoreTarget
+from tests.test_tracing_reference import _counted_loads, agent, own_rows
+
+
+def _traced(st: Store, client: ChatClient, steps: int, *, read_cache: bool) -> tuple[str, Any]:
+    """One trace named ``agent`` of ``steps`` steps, its input ``{"steps": steps}``."""
+    tracer = Tracer(st, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    with tracer.trace("agent", {"steps": steps}) as t:
+        out = agent(steps)
+    assert t.write_error is None
+    return t.trace_id, out
+
+
+def test_a_cached_replay_behind_traces_of_another_input_sharing_its_first_call_finds_its_own(
+    store_target: StoreTarget,
+    chat_client: ChatClient,
+    fake_model: FakeModel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The four newest traces of the name (tracer_source.CANDIDATES) have another input whose
+    first request is the same and which stop earlier. The cached replay of the older recording,
+    with its input, took the newest of them as its source (the same-input preference looked at
+    the candidates only, the cache entry's recorders only when no candidate held the call): it
+    was linked to a trace of another input and stored in full (6 node and call rows). A
+    recorder of the same input found through the call's cache entry is now taken first; a
+    trace of a new input still reads the candidates' rows only."""
+    from rewind.tracing import tracer_source
+
+    st = store_target.open()
+    try:
+        source, out = _traced(st, chat_client, 3, read_cache=False)
+        for _ in range(tracer_source.CANDIDATES):
+            _traced(st, chat_client, 2, read_cache=False)
+        sent = fake_model.count
+        replay, again = _traced(st, chat_client, 3, read_cache=True)
+        assert again == out and fake_model.count == sent
+        run = st.get_run(replay)
+        assert run.parent_run_id == source
+        assert run.config["reference"] == {"run": source, "steps": 6, "all": True}
+        assert own_rows(st, replay)["nodes"] == 0
+        first = st.nodes_of(source)[0].calls[0]
+        reads = _counted_loads(monkeypatch)
+        new = tracer_source.find_source(
+            st, "agent", first.kind, first.key, initial_state_hash({"steps": 9})
+        )
+        assert new is not None and len(reads) == tracer_source.CANDIDATES
+    finally:
+        st.close()
