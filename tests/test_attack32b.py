@@ -9,15 +9,18 @@ held. Real stores (SQLite, a throwaway PostgreSQL server) and a fake or loopback
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rewind.llm import ChatClient
-from rewind.store import Store
-from rewind.tracing import Tracer
-from rewind.tracing.store import initial_state_hash
+from rewind.store import Store, open_store
+from rewind.tracing import Tracer, chat_step
+from rewind.tracing.store import initial_state_hash, load_trace
 from tests.conftest import FakeModel, StoreTarget
+from tests.model_stub import stub_and_client
+from tests.test_tracing_lane import reply
 from tests.test_tracing_reference import _counted_loads, agent, own_rows
 
 
@@ -65,3 +68,45 @@ def test_a_cached_replay_behind_traces_of_another_input_sharing_its_first_call_f
         assert new is not None and len(reads) == tracer_source.CANDIDATES
     finally:
         st.close()
+
+
+def _ask(question: str) -> str:
+    return chat_step("llm", [{"role": "user", "content": question}], temperature=0).content
+
+
+def test_an_in_place_replay_of_a_chain_calling_itself_before_its_first_step_keeps_its_steps(
+    tmp_path: Path,
+) -> None:
+    """``fact(n)`` calls ``fact(n - 1)`` before its own model call: recorded, the inner calls
+    are steps of the trace. In ``with tracer.replay(id): fact(3)`` every inner call was taken
+    as the body of the replay too (no step was open and none made yet): the unchanged replay
+    lost both ``fact`` steps and nested its model steps at the top, and was stored in full
+    (3 node and call rows), not by reference. Only the first call is the body now."""
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+
+        @tracer.chain("fact")
+        def fact(n: int) -> str:
+            if n <= 1:
+                return _ask("base")
+            return fact(n - 1) + _ask(f"n={n}")
+
+        try:
+            recorded = fact(3)
+            (source,) = [r.run_id for r in tracer.store.list_runs()]
+            sent = stub.count
+            with tracer.replay(source) as replay:
+                out = fact(3)
+        finally:
+            tracer.close()
+    assert stub.count == sent and out == recorded
+    st = open_store(tmp_path)
+    try:
+        a, b = load_trace(st, source), load_trace(st, replay.trace_id)
+        run = st.get_run(replay.trace_id)
+    finally:
+        st.close()
+    shape = [(s.name, s.position, s.parent_position, s.output_hash) for s in a.steps]
+    assert [(s.name, s.position, s.parent_position, s.output_hash) for s in b.steps] == shape
+    assert [s.name for s in a.steps] == ["fact", "fact", "llm", "llm", "llm"]
+    assert run.config["reference"] == {"run": source, "steps": 5, "all": True}

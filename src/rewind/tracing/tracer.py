@@ -714,6 +714,7 @@ class Trace:
         self.span_id = new_span_id()
         self.input = as_fields(input) if input is not None else {}
         self._input_from_source = False  # set by Tracer.replay when it defaulted the input
+        self._body_started = False  # a chain call began as this in-place replay's body
         self.attributes = dict(attributes or {})
         self.chain_ref = chain_ref
         self.parent_run_id = parent_run_id
@@ -1176,10 +1177,10 @@ class Tracer:
         """Decorate a chain function (sync or async): each call is one trace whose input is the
         call's bound arguments and output its return value. Called inside another trace, it is a
         ``transform`` step of that trace instead, except as the body of an in-place replay of
-        this chain (``with tracer.replay(trace_id): chain(...)``, called before any step): it
-        then runs as that trace, its return value the trace's output and its bound arguments
-        the trace's input unless :meth:`replay` was given one. A chain defined at module level
-        can be replayed (``rewind replay-trace``)."""
+        this chain (``with tracer.replay(trace_id): chain(...)``, its first call, made before
+        any step): it then runs as that trace, its return value the trace's output and its
+        bound arguments the trace's input unless :meth:`replay` was given one. A chain defined
+        at module level can be replayed (``rewind replay-trace``)."""
 
         def decorate(fn: F) -> F:
             chain_name = name or fn.__name__
@@ -1237,15 +1238,18 @@ class Tracer:
 
 def _replay_body(chain_name: str, bound: dict[str, Any]) -> Trace | None:
     """The in-place replay (:meth:`Tracer.replay`) a call of the chain ``chain_name`` is the
-    body of: the current trace is an in-place replay of that name, no step is open and none was
-    made. Its input becomes ``bound`` unless :meth:`Tracer.replay` was given one (the source's
-    recorded input, its default, is replaced: the chain's arguments are what ran). None
-    otherwise (the chain call is a step, or a trace of its own)."""
+    body of: the current trace is an in-place replay of that name, no step is open, none was
+    made and no call of the chain began as its body before (a chain calling itself before its
+    first step was recorded as a step of its trace, and is replayed as one). Its input becomes
+    ``bound`` unless :meth:`Tracer.replay` was given one (the source's recorded input, its
+    default, is replaced: the chain's arguments are what ran). None otherwise (the chain call
+    is a step, or a trace of its own)."""
     trace = _TRACE.get()
     if trace is None or trace.name != chain_name or _STEP.get() is not None:
         return None
-    if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps:
+    if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps or trace._body_started:
         return None
+    trace._body_started = True
     if not trace.input or trace._input_from_source:
         trace.input = as_fields(bound)
         trace._input_from_source = False
