@@ -71,6 +71,20 @@ def test_a_cached_replay_behind_traces_of_another_input_sharing_its_first_call_f
         st.close()
 
 
+def _stored(folder: Path, source: str, replay: str) -> tuple[Any, Any, Any]:
+    """(the source's stored view, the replay's, the replay's run row)."""
+    st = open_store(folder)
+    try:
+        return load_trace(st, source), load_trace(st, replay), st.get_run(replay)
+    finally:
+        st.close()
+
+
+def _shape(view: Any) -> list[tuple[Any, ...]]:
+    """Each step's name, position, parent and output hash."""
+    return [(s.name, s.position, s.parent_position, s.output_hash) for s in view.steps]
+
+
 def _ask(question: str) -> str:
     return chat_step("llm", [{"role": "user", "content": question}], temperature=0).content
 
@@ -101,14 +115,8 @@ def test_an_in_place_replay_of_a_chain_calling_itself_before_its_first_step_keep
         finally:
             tracer.close()
     assert stub.count == sent and out == recorded
-    st = open_store(tmp_path)
-    try:
-        a, b = load_trace(st, source), load_trace(st, replay.trace_id)
-        run = st.get_run(replay.trace_id)
-    finally:
-        st.close()
-    shape = [(s.name, s.position, s.parent_position, s.output_hash) for s in a.steps]
-    assert [(s.name, s.position, s.parent_position, s.output_hash) for s in b.steps] == shape
+    a, b, run = _stored(tmp_path, source, replay.trace_id)
+    assert _shape(b) == _shape(a)
     assert [s.name for s in a.steps] == ["fact", "fact", "llm", "llm", "llm"]
     assert run.config["reference"] == {"run": source, "steps": 5, "all": True}
 
@@ -168,3 +176,33 @@ def test_an_unchanged_replay_of_a_model_call_that_failed_in_the_source_sends_no_
     assert [(s.name, s.status, s.error_message) for s in replay.steps] == [
         (s.name, s.status, s.error_message) for s in source.steps
     ]
+
+
+def test_an_in_place_replay_given_another_name_still_runs_the_chain_as_its_body(
+    tmp_path: Path,
+) -> None:
+    """``with tracer.replay(id, name="pipe-try"): pipe("hello")``, unchanged: the chain was
+    the body only when the replay kept the source's name, so here it became a ``pipe`` step
+    holding both model steps one level down: nothing matched the source, which was stored
+    again in full (3 node rows, 2 call rows). A call of the source's chain is the body
+    whatever the replay is named."""
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+
+        @tracer.chain("pipe")
+        def pipe(question: str) -> str:
+            return _ask(_ask(question))
+
+        try:
+            recorded = pipe("hello")
+            (source,) = [r.run_id for r in tracer.store.list_runs()]
+            sent = stub.count
+            with tracer.replay(source, name="pipe-try") as replay:
+                out = pipe("hello")
+        finally:
+            tracer.close()
+    assert stub.count == sent and out == recorded and replay.output == recorded
+    a, b, run = _stored(tmp_path, source, replay.trace_id)
+    assert (run.pipeline, b.input) == ("pipe-try", {"question": "hello"})
+    assert _shape(b) == _shape(a)
+    assert run.config["reference"] == {"run": source, "steps": 2, "all": True}

@@ -461,4 +461,5 @@ def replay_in_place(
         trace._source = source_rows(store, conn, run.run_id)
     ctx.failed_at.update(trace._source.failed_positions)
     trace._input_from_source = input is SOURCE_INPUT
+    trace._replays_chain = run.pipeline  # a call of this chain is the body, whatever ``name``
     return trace

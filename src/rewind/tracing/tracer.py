@@ -715,6 +715,7 @@ class Trace:
         self.input = as_fields(input) if input is not None else {}
         self._input_from_source = False  # set by Tracer.replay when it defaulted the input
         self._body_started = False  # a chain call began as this in-place replay's body
+        self._replays_chain: str | None = None  # set by Tracer.replay: the source's name
         self.attributes = dict(attributes or {})
         self.chain_ref = chain_ref
         self.parent_run_id = parent_run_id
@@ -1238,14 +1239,15 @@ class Tracer:
 
 def _replay_body(chain_name: str, bound: dict[str, Any]) -> Trace | None:
     """The in-place replay (:meth:`Tracer.replay`) a call of the chain ``chain_name`` is the
-    body of: the current trace is an in-place replay of that name, no step is open, none was
-    made and no call of the chain began as its body before (a chain calling itself before its
-    first step was recorded as a step of its trace, and is replayed as one). Its input becomes
+    body of: the current trace is an in-place replay of a trace of that name (under its own
+    name or another, ``Tracer.replay(..., name=)``), no step is open, none was made and no
+    call of the chain began as its body before (a chain calling itself before its first step
+    was recorded as a step of its trace, and is replayed as one). Its input becomes
     ``bound`` unless :meth:`Tracer.replay` was given one (the source's recorded input, its
     default, is replaced: the chain's arguments are what ran). None otherwise (the chain call
     is a step, or a trace of its own)."""
     trace = _TRACE.get()
-    if trace is None or trace.name != chain_name or _STEP.get() is not None:
+    if trace is None or trace._replays_chain != chain_name or _STEP.get() is not None:
         return None
     if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps or trace._body_started:
         return None
