@@ -9,19 +9,22 @@ held. Real stores (SQLite, a throwaway PostgreSQL server) and a fake or loopback
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import rewind
 from rewind.errors import EndpointUnavailable
 from rewind.llm import ChatClient
 from rewind.store import Store, open_store
-from rewind.tracing import Tracer, chat_step
+from rewind.tracing import Tracer, chat_step, step
 from rewind.tracing.store import initial_state_hash, load_trace
-from tests.conftest import FakeModel, StoreTarget
+from tests.conftest import STORE_BACKENDS, FakeModel, StoreTarget
 from tests.model_stub import stub_and_client
-from tests.test_tracing_lane import reply
+from tests.test_attack31 import _third
+from tests.test_tracing_lane import EXECUTED, _diff, reply
 from tests.test_tracing_reference import _counted_loads, agent, own_rows
 
 
@@ -206,3 +209,78 @@ def test_an_in_place_replay_given_another_name_still_runs_the_chain_as_its_body(
     assert (run.pipeline, b.input) == ("pipe-try", {"question": "hello"})
     assert _shape(b) == _shape(a)
     assert run.config["reference"] == {"run": source, "steps": 2, "all": True}
+
+
+def _bad(i: int) -> None:
+    """A step that fails and that the chain catches."""
+    with contextlib.suppress(ValueError), step("parse", "parse", input=i):
+        raise ValueError("bad answer")
+
+
+def _boom(x: int) -> int:
+    EXECUTED.append([x])
+    raise ValueError(f"tool failed on {x}")
+
+
+_BOOM = step("boom", "tool_call")(rewind.tool("boom")(_boom))
+
+
+def _first_fails() -> str:
+    _bad(0)
+    return _ask("a") + _ask("b")
+
+
+def _last_fails() -> str:
+    out = _ask("a") + _ask("b")
+    _bad(1)
+    return out
+
+
+def _two_in_a_row() -> str:
+    out = _ask("a")
+    _bad(1)
+    _bad(2)
+    return out + _ask("b")
+
+
+def _nested_fails() -> str:
+    out = _ask("a")
+    with contextlib.suppress(ValueError), step("outer", "agent"):
+        _ask("inside")
+        with step("inner", "parse"):
+            raise ValueError("x")
+    return out + _ask("b")
+
+
+def _tool_fails_twice() -> str:
+    out = _ask("a")
+    for _ in range(2):
+        with contextlib.suppress(ValueError):
+            _BOOM(3)
+    return out + _ask("b")
+
+
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+@pytest.mark.parametrize(
+    "block", [_first_fails, _last_fails, _two_in_a_row, _nested_fails, _tool_fails_twice]
+)
+def test_the_lane_and_the_full_path_store_caught_failures_anywhere_alike(
+    backend: str, block: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Held: the third trace of a chain whose caught failure is its first step, its last, two
+    in a row, a step nested in a step that fails with it, or a tool that raises twice (run
+    again each time: miss:source-failed), with the lane and with the lane off: the same
+    answers, requests and stored view, stored wholly by reference to the recording, 0
+    requests (the failing tool runs as often as recorded)."""
+
+    def location(side: str) -> Any:
+        if backend == "sqlite":
+            return tmp_path / side
+        return request.getfixturevalue("postgres_server").new_store_database()
+
+    lane_side, full_side = [_third(location(str(full)), block, full=full) for full in (0, 1)]
+    assert _diff(lane_side[3], full_side[3]) == []
+    assert lane_side[:3] == full_side[:3] and lane_side[1] == 0
+    assert lane_side[2] == (2 if block is _tool_fails_twice else 0)
+    assert lane_side[0] == lane_side[6] and lane_side[5] and full_side[5]
+    assert lane_side[3]["config"]["reference"]["all"] is True
