@@ -284,3 +284,35 @@ def test_the_lane_and_the_full_path_store_caught_failures_anywhere_alike(
     assert lane_side[2] == (2 if block is _tool_fails_twice else 0)
     assert lane_side[0] == lane_side[6] and lane_side[5] and full_side[5]
     assert lane_side[3]["config"]["reference"]["all"] is True
+
+
+def _first_call_fails() -> str:
+    with contextlib.suppress(ValueError):
+        _BOOM(1)
+    return _ask("a") + _ask("b")
+
+
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def test_a_cached_replay_of_a_trace_whose_first_call_raised_is_linked_to_it(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The recording's first call (a tool) raised and the chain went on. A cached trace looks
+    for its source once, with its first call's key: the source never recorded that call (a
+    raising call leaves no call row), so no source was found and none was looked for again:
+    every unchanged replay was stored unlinked and in full (3 node, 2 call rows and a state
+    row). A step that raises after a lookup that found nothing now lets the next lookup look
+    again: linked, stored wholly by reference, 0 requests, the tool run again as recorded;
+    the lane and the full path alike."""
+
+    def location(side: str) -> Any:
+        if backend == "sqlite":
+            return tmp_path / side
+        return request.getfixturevalue("postgres_server").new_store_database()
+
+    lane_side, full_side = [
+        _third(location(str(full)), _first_call_fails, full=full) for full in (0, 1)
+    ]
+    assert _diff(lane_side[3], full_side[3]) == []
+    assert lane_side[:3] == full_side[:3] and lane_side[1:3] == (0, 1)
+    assert lane_side[5] and full_side[5]
+    assert lane_side[3]["config"]["reference"] == {"run": "PARENT", "steps": 3, "all": True}

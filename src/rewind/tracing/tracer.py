@@ -284,6 +284,8 @@ class Step:
             self.status = StepStatus.FAILED
             self.error_type = storable_text(type(exc).__name__)
             self.error_message = storable_text(str(exc)[:MAX_ERROR_CHARS])
+            if self.trace is not None:
+                self.trace._look_for_source_again()
         elif self.status == StepStatus.RUNNING:
             self.status = StepStatus.SUCCESS
         try:
@@ -742,6 +744,7 @@ class Trace:
         self._tokens: list[contextvars.Token[Any]] = []
         self._stack: ExitStack | None = None
         self._source: SourceRows | None = None
+        self._source_missed = False  # a cached trace's first lookup found no source
         # The lane (rewind.tracing.lane): set up at the first step, off for good from the
         # first step that takes the full path.
         self._lane: Any = None
@@ -779,6 +782,7 @@ class Trace:
                 logger.exception("finding the source of trace %s failed", self.trace_id)
                 return None
             if found is None or self.parent_run_id is not None:
+                self._source_missed = found is None and self.parent_run_id is None
                 return None
             self.parent_run_id = found.rows.run_id
             self._source = found.rows
@@ -790,6 +794,16 @@ class Trace:
             ctx.failed_at.update(found.rows.failed_positions)  # in place: steps hold copies
             ctx.prefetched = found.entries
             return found.entries
+
+    def _look_for_source_again(self) -> None:
+        """After a step raised: when the first lookup found no source, the next looks again.
+        The call it looked up may be the one that raised, which the source never recorded (a
+        raising call leaves no call row): a replay of a trace whose first call failed was
+        never linked to it, and stored in full."""
+        with self._lock:
+            if self._source_missed and self.parent_run_id is None and self._ctx is not None:
+                self._source_missed = False
+                self._ctx.find_source = self._find_source
 
     @property
     def steps(self) -> list[Step]:
