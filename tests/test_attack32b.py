@@ -316,3 +316,48 @@ def test_a_cached_replay_of_a_trace_whose_first_call_raised_is_linked_to_it(
     assert lane_side[:3] == full_side[:3] and lane_side[1:3] == (0, 1)
     assert lane_side[5] and full_side[5]
     assert lane_side[3]["config"]["reference"] == {"run": "PARENT", "steps": 3, "all": True}
+
+
+def _asks_then_fails() -> str:
+    out = _ask("a")
+    _bad(1)
+    return out + _ask("b")
+
+
+def _edited_fails_last() -> str:
+    """The chain edited: the second question moved before the failing step."""
+    out = _ask("a") + _ask("b")
+    _bad(2)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["in-place", "cached"])
+def test_a_cached_call_moved_to_where_the_source_failed_is_served_not_sent(
+    mode: str, tmp_path: Path
+) -> None:
+    """The recording's step 1 (``parse``) failed; the chain, edited, now asks its second
+    question (answered in the recording, at step 2) at step 1. Every call at the position of
+    a failed source step that the source did not record there was executed again
+    (``miss:source-failed``), whatever the step: the replay sent a request the cache holds.
+    Only a step of the failed step's name is now taken for the failed one."""
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        cached = Tracer(tmp_path, chat_client=client, read_cache=True, raise_on_write_error=True)
+        try:
+            with tracer.trace("edited", {"q": 1}) as source:
+                source.set_output(_asks_then_fails())
+            sent = stub.count
+            block = (
+                tracer.replay(source.trace_id)
+                if mode == "in-place"
+                else cached.trace("edited", {"q": 1})
+            )
+            with block as replay:
+                replay.set_output(_edited_fails_last())
+        finally:
+            tracer.close()
+            cached.close()
+    assert stub.count == sent and replay.output == source.output
+    assert replay.parent_run_id == source.trace_id
+    reasons = [(c.outcome, c.reason) for s in replay.steps for c in s.data().calls]
+    assert reasons == [("hit", "hit"), ("hit", "hit")]

@@ -791,7 +791,7 @@ class Trace:
             # served as the source recorded it, so a deterministic tool it ran twice keeps
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
-            ctx.failed_at.update(found.rows.failed_positions)  # in place: steps hold copies
+            ctx.failed_at.update(found.rows.failed_steps)  # in place: steps hold copies
             ctx.prefetched = found.entries
             return found.entries
 
