@@ -10,6 +10,7 @@ held. Real stores (SQLite, a throwaway PostgreSQL server) and a fake or loopback
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,13 @@ from tests.test_tracing_lane import EXECUTED, _diff, reply
 from tests.test_tracing_reference import _counted_loads, agent, own_rows
 
 
-def _traced(st: Store, client: ChatClient, steps: int, *, read_cache: bool) -> tuple[str, Any]:
+def _traced(
+    st: Store, client: ChatClient, steps: int, *, read_cache: bool, clock: Any = time.time
+) -> tuple[str, Any]:
     """One trace named ``agent`` of ``steps`` steps, its input ``{"steps": steps}``."""
-    tracer = Tracer(st, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    tracer = Tracer(
+        st, chat_client=client, read_cache=read_cache, raise_on_write_error=True, clock=clock
+    )
     with tracer.trace("agent", {"steps": steps}) as t:
         out = agent(steps)
     assert t.write_error is None
@@ -361,3 +366,35 @@ def test_a_cached_call_moved_to_where_the_source_failed_is_served_not_sent(
     assert replay.parent_run_id == source.trace_id
     reasons = [(c.outcome, c.reason) for s in replay.steps for c in s.data().calls]
     assert reasons == [("hit", "hit"), ("hit", "hit")]
+
+
+def _ahead() -> float:
+    """A clock a day ahead of this machine's (another machine's, a simulation's)."""
+    return time.time() + 86_400.0
+
+
+def test_a_cached_replay_with_its_own_clock_finds_its_source_behind_newer_traces(
+    store_target: StoreTarget, chat_client: ChatClient, fake_model: FakeModel
+) -> None:
+    """``Tracer(clock=...)`` dated its traces by that clock but their calls' answers (the
+    cache entries' times) by this machine's: behind the four newest traces of the name (of
+    another input, the same first request) the cache entry's time came before every trace's
+    start, so the recording was not found among the traces started by then; the replays were
+    linked to a trace of another input and stored in full. A trace's calls now take its clock
+    too."""
+    from rewind.tracing import tracer_source
+
+    st = store_target.open()
+    try:
+        source, out = _traced(st, chat_client, 3, read_cache=False, clock=_ahead)
+        for _ in range(tracer_source.CANDIDATES):
+            _traced(st, chat_client, 2, read_cache=False, clock=_ahead)
+        sent = fake_model.count
+        replays = [_traced(st, chat_client, 3, read_cache=True, clock=_ahead) for _ in range(2)]
+        assert fake_model.count == sent and all(again == out for _, again in replays)
+        for replay, _ in replays:
+            run = st.get_run(replay)
+            assert run.parent_run_id == source
+            assert run.config["reference"] == {"run": source, "steps": 6, "all": True}
+    finally:
+        st.close()

@@ -759,6 +759,9 @@ class Trace:
                 run_id=self.trace_id,
                 read_cache=self._read_cache,
                 chat_client=self._chat_client,
+                # The trace's clock, as its start time: a call's produced_at (its cache entry's
+                # time) is compared with traces' start times to find who recorded it.
+                clock=self.clock,
             )
             if self._read_cache and self.parent_run_id is None:
                 self._ctx.find_source = self._find_source
