@@ -398,3 +398,29 @@ def test_a_cached_replay_with_its_own_clock_finds_its_source_behind_newer_traces
             assert run.config["reference"] == {"run": source, "steps": 6, "all": True}
     finally:
         st.close()
+
+
+def _gives_up() -> str:
+    _ask("a")
+    _bad(1)
+    _ask("b")
+    raise RuntimeError("gave up")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tracer_source.find_source tries completed traces only: the unchanged cached replay "
+    "of a chain that raised is stored unlinked and in full (in place and recorded-calls "
+    "replays of it are stored by reference)",
+)
+def test_a_cached_replay_of_a_chain_that_raised_is_linked_to_its_recording(
+    tmp_path: Path,
+) -> None:
+    """The chain raised after its steps. Its in-place and recorded-calls replays are stored by
+    reference, failed with the recorded error; its cached replay (``Tracer(read_cache=True)``,
+    the same code) finds no source, since only completed traces are candidates: 0 requests
+    (answers served by key), but unlinked, every step stored again."""
+    digest, requests, executed, stored, _, linked, _ = _third(tmp_path, _gives_up, full=False)
+    assert (digest, requests, executed, stored["status"]) == (None, 0, 0, "failed")
+    assert linked, "the replay is linked to its recording"
+    assert stored["config"]["reference"]["all"] is True
