@@ -424,3 +424,51 @@ def test_a_cached_replay_of_a_chain_that_raised_is_linked_to_its_recording(
     assert (digest, requests, executed, stored["status"]) == (None, 0, 0, "failed")
     assert linked, "the replay is linked to its recording"
     assert stored["config"]["reference"]["all"] is True
+
+
+_MESSAGE = ["bad answer"]
+
+
+def _fails_with_message() -> str:
+    out = _ask("a")
+    with contextlib.suppress(ValueError), step("parse", "parse", input=1):
+        raise ValueError(_MESSAGE[0])
+    return out + _ask("b")
+
+
+def test_a_step_that_fails_otherwise_on_replay_is_a_divergence_in_diff_and_replay_trace(
+    tmp_path: Path,
+) -> None:
+    """A failed step has no output, and the trajectory diff compared outputs only: a replay
+    whose ``parse`` step failed with another error (from the same state) was reported equal
+    by ``rewind diff`` (Rewind.diff) and by replay-trace's comparison (compare_traces), while
+    it was stored as changed from that step (not by reference). A failed step's error is now
+    compared too; the same error is still equal."""
+    from rewind import Rewind
+    from rewind.tracing.inspect import compare_traces
+
+    _MESSAGE[0] = "bad answer"
+    with stub_and_client(reply) as (_stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.trace("fails", {"q": 1}) as source:
+                source.set_output(_fails_with_message())
+            with tracer.replay(source.trace_id) as same:
+                same.set_output(_fails_with_message())
+            _MESSAGE[0] = "another error"
+            with tracer.replay(source.trace_id) as other:
+                other.set_output(_fails_with_message())
+        finally:
+            tracer.close()
+    st = open_store(tmp_path)
+    try:
+        views = {t: load_trace(st, t.trace_id) for t in (source, same, other)}
+        rw = Rewind(st)
+        assert rw.diff(source.trace_id, same.trace_id).first_divergence is None
+        assert compare_traces(views[source], views[same])["first_divergence"] is None
+        divergence = rw.diff(source.trace_id, other.trace_id).first_divergence
+        assert divergence is not None and divergence.index == 1
+        assert compare_traces(views[source], views[other])["first_divergence"] == 1
+        assert st.get_run(other.trace_id).config["reference"]["all"] is False
+    finally:
+        st.close()
