@@ -948,10 +948,10 @@ def test_a_served_step_failed_and_finished_again_is_timed_from_its_start(
 def test_the_lane_reads_the_traces_clock_as_the_full_path_does(
     tmp_path: Path, no_lane: Callable[[], Any]
 ) -> None:
-    """An injected clock is read once per step, as on the full path: a step the lane looks at
-    but does not serve (a first recording through ``Tracer(read_cache=True)``: no source yet)
-    reads it no more often, and a served step reads it once. Every stored time is the one the
-    same traces get with the lane off."""
+    """An injected clock is read once per step (and once per call executed), as on the full
+    path: a step the lane looks at but does not serve (a first recording through
+    ``Tracer(read_cache=True)``: no source yet) reads it no more often, and a served step reads
+    it once. Every stored time is the one the same traces get with the lane off."""
 
     def times(folder: Path, client: ChatClient, full: bool) -> list[list[float]]:
         out = []
@@ -988,7 +988,9 @@ def test_the_lane_reads_the_traces_clock_as_the_full_path_does(
         with stub_and_client(reply) as (_, client):
             got[side] = times(tmp_path / side, client, side == "full")
     assert got["lane"] == got["full"]
-    assert got["lane"][0] == [1000.0 + i for i in range(2 * N + 1)]
+    # The recording also reads it once per call it executes (the call's produced_at: its
+    # cache entry's time, on the trace's clock as the trace's start is).
+    assert got["lane"][0] == [1000.0, *(1001.0 + 2 * i for i in range(2 * N))]
     assert got["lane"][-1] == [1001.0 + i for i in range(2 * N)]
 
 

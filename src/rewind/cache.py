@@ -412,15 +412,18 @@ def _lookup(
 
 
 def _source_raised(ctx: RunContext, scope: NodeScope | None, kind: str, key: str) -> bool:
-    """True when the replayed trace's step at this node's position failed and recorded no call
-    with ``key`` there: the call raised in the source, so serving this key's result from another
-    step (or the cache) would hide the failure. At a cached trace's first lookup, finds its
-    source first (which fills :attr:`RunContext.failed_at`)."""
+    """True when the replayed trace's step at this node's position, of this node's name, failed
+    and recorded no call with ``key`` there: the call raised in the source, so serving this
+    key's result from another step (or the cache) would hide the failure. A step of another
+    name at that position is another step (the chain was edited): its calls are looked up as
+    usual. At a cached trace's first lookup, finds its source first (which fills
+    :attr:`RunContext.failed_at`)."""
     if ctx.find_source is not None and kind in ctx.cached_kinds:
         _read_source(ctx, kind, key)
     if not ctx.failed_at or scope is None:
         return False
-    return scope.position in ctx.failed_at and (scope.position, key) not in ctx.lineage_at
+    failed = ctx.failed_at.get(scope.position)
+    return failed == scope.name and (scope.position, key) not in ctx.lineage_at
 
 
 def _cache_entry(ctx: RunContext, kind: str, key: str) -> Any:

@@ -214,10 +214,12 @@ class RunContext:
         clock: unix seconds now; injectable so TTL rules can be tested.
         chat_client: the model endpoint's client (None: LLM calls raise).
         fork_node: name of the fork node (its misses are reason ``override`` when it carries one).
-        failed_at: positions of the replayed trace's steps that failed. A call made at such a
-            position that the source did not record there (it raised) is executed again,
-            reason ``source-failed``, never served another step's result for the same key: an
-            agent that retried a failing tool must meet the failure again on replay.
+        failed_at: position → name of the replayed trace's steps that failed. A call made at
+            such a position, in a step of that name, that the source did not record there (it
+            raised) is executed again, reason ``source-failed``, never served another step's
+            result for the same key: an agent that retried a failing tool must meet the failure
+            again on replay. A step of another name there (the chain was edited) is looked up
+            as usual.
     """
 
     store: Store
@@ -232,7 +234,7 @@ class RunContext:
     on_event: Any = None  # callable(event: str, payload: dict) for progress displays
     lineage_blobs: dict[str, bytes] = field(default_factory=dict)
     lineage_at: dict[tuple[int, str], LineageEntry] = field(default_factory=dict)
-    failed_at: set[int] = field(default_factory=set)
+    failed_at: dict[int, str] = field(default_factory=dict)
     recent: dict[str, PendingWrite] = field(default_factory=dict)
     effects_mode: str = "recorded"
     lineage_slots: dict[tuple[int, int], LineageEntry] = field(default_factory=dict)

@@ -44,6 +44,11 @@ ONLY_A = "only_a"
 ONLY_B = "only_b"
 _STATUSES = (EQUAL, CHANGED, ONLY_A, ONLY_B)
 
+ERROR_FIELD = "$error"
+"""The field under which a failed node's error (``Type: message``) is compared: a failed node
+wrote no output, so without it two nodes failing with other errors (or one failing, one
+writing nothing) read as equal."""
+
 LONG_TEXT_CHARS = 120
 """Strings longer than this (or spanning several lines) get a unified `text_diff`."""
 

@@ -30,7 +30,7 @@ from sqlalchemy import Connection
 from rewind import progress
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, RunContext, activate
-from rewind.diff import NodeSide, TrajectoryDiff, diff_trajectories
+from rewind.diff import ERROR_FIELD, NodeSide, TrajectoryDiff, diff_trajectories
 from rewind.drift import GraphDrift, compare_graphs
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
@@ -731,15 +731,16 @@ class Rewind:
         )
 
     def node_sides(self, run_id: str) -> list[NodeSide]:
-        """A run's nodes as the diff sees them (outputs loaded from blobs; ``code`` is the
-        fingerprint recorded by the run that produced each row, "" when it recorded none)."""
+        """A run's nodes as the diff sees them (outputs loaded from blobs, a failed node's error
+        under :data:`rewind.diff.ERROR_FIELD`; ``code`` is the fingerprint recorded by the run
+        that produced each row, "" when it recorded none)."""
         nodes = self.store.nodes_of(run_id, with_calls=False)
         graphs = self.store.run_graphs({n.src_app_id for n in nodes})
         return [
             NodeSide(
                 position=n.position,
                 name=n.name,
-                output=self.node_output(n),
+                output=self.node_output(n) | ({ERROR_FIELD: n.error} if n.error else {}),
                 output_hash=n.output_hash or "",
                 tokens=n.tokens,
                 outcome=n.cache_outcome,

@@ -94,9 +94,9 @@ class SourceRows:
     that holds all its rows."""
 
     @property
-    def failed_positions(self) -> frozenset[int]:
-        """The positions of the nodes that failed (their ``cache_outcome`` is ``failed``)."""
-        return frozenset(n["position"] for n in self.nodes if n["cache_outcome"] == "failed")
+    def failed_steps(self) -> dict[int, str]:
+        """Position → name of the nodes that failed (their ``cache_outcome`` is ``failed``)."""
+        return {n["position"]: n["name"] for n in self.nodes if n["cache_outcome"] == "failed"}
 
     @property
     def is_trace(self) -> bool:

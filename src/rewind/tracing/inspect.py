@@ -16,7 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewind.diff import FieldChange, NodeSide, diff_trajectories, diff_values, similarity
+from rewind.diff import (
+    ERROR_FIELD,
+    FieldChange,
+    NodeSide,
+    diff_trajectories,
+    diff_values,
+    similarity,
+)
 from rewind.errors import InvalidOverride
 from rewind.tracing.model import StepStatus, StepView, TraceView
 
@@ -774,14 +781,24 @@ def compare_traces(a: TraceView, b: TraceView) -> dict[str, Any]:
 
 
 def _sides(view: TraceView) -> list[NodeSide]:
+    """The steps as the trajectory diff sees them. A failed step has no output to compare: its
+    error is compared (under :data:`rewind.diff.ERROR_FIELD`), so a replay whose step failed
+    otherwise, or did not fail, is not reported equal."""
     return [
         NodeSide(
             position=s.position,
             name=s.name,
-            output=s.output_fields,
+            output=_compared_output(s),
             output_hash=s.output_hash or "",
             tokens=s.tokens,
             outcome=s.cache_outcome,
         )
         for s in view.steps
     ]
+
+
+def _compared_output(step: StepView) -> dict[str, Any]:
+    """A step's output fields, with its error when it failed."""
+    if step.status != "failed":
+        return step.output_fields
+    return {**step.output_fields, ERROR_FIELD: f"{step.error_type}: {step.error_message}"}

@@ -459,6 +459,7 @@ def replay_in_place(
     # the same source are not built again (rewind.tracing.step_memo).
     with store.read() as conn:
         trace._source = source_rows(store, conn, run.run_id)
-    ctx.failed_at.update(trace._source.failed_positions)
+    ctx.failed_at.update(trace._source.failed_steps)
     trace._input_from_source = input is SOURCE_INPUT
+    trace._replays_chain = run.pipeline  # a call of this chain is the body, whatever ``name``
     return trace

@@ -114,7 +114,7 @@ def replay_context(
     ctx.cached_kinds = switches.cached_kinds
     ctx.lineage, ctx.lineage_at = lineage_index(store, run)
     ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
-    ctx.failed_at.update(s.position for s in view.steps if s.status == "failed")
+    ctx.failed_at.update((s.position, s.name) for s in view.steps if s.status == "failed")
     return ctx
 
 

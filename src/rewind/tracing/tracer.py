@@ -284,6 +284,8 @@ class Step:
             self.status = StepStatus.FAILED
             self.error_type = storable_text(type(exc).__name__)
             self.error_message = storable_text(str(exc)[:MAX_ERROR_CHARS])
+            if self.trace is not None:
+                self.trace._look_for_source_again()
         elif self.status == StepStatus.RUNNING:
             self.status = StepStatus.SUCCESS
         try:
@@ -714,6 +716,8 @@ class Trace:
         self.span_id = new_span_id()
         self.input = as_fields(input) if input is not None else {}
         self._input_from_source = False  # set by Tracer.replay when it defaulted the input
+        self._body_started = False  # a chain call began as this in-place replay's body
+        self._replays_chain: str | None = None  # set by Tracer.replay: the source's name
         self.attributes = dict(attributes or {})
         self.chain_ref = chain_ref
         self.parent_run_id = parent_run_id
@@ -740,6 +744,7 @@ class Trace:
         self._tokens: list[contextvars.Token[Any]] = []
         self._stack: ExitStack | None = None
         self._source: SourceRows | None = None
+        self._source_missed = False  # a cached trace's first lookup found no source
         # The lane (rewind.tracing.lane): set up at the first step, off for good from the
         # first step that takes the full path.
         self._lane: Any = None
@@ -754,6 +759,9 @@ class Trace:
                 run_id=self.trace_id,
                 read_cache=self._read_cache,
                 chat_client=self._chat_client,
+                # The trace's clock, as its start time: a call's produced_at (its cache entry's
+                # time) is compared with traces' start times to find who recorded it.
+                clock=self.clock,
             )
             if self._read_cache and self.parent_run_id is None:
                 self._ctx.find_source = self._find_source
@@ -777,6 +785,7 @@ class Trace:
                 logger.exception("finding the source of trace %s failed", self.trace_id)
                 return None
             if found is None or self.parent_run_id is not None:
+                self._source_missed = found is None and self.parent_run_id is None
                 return None
             self.parent_run_id = found.rows.run_id
             self._source = found.rows
@@ -785,9 +794,19 @@ class Trace:
             # served as the source recorded it, so a deterministic tool it ran twice keeps
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
-            ctx.failed_at.update(found.rows.failed_positions)  # in place: steps hold copies
+            ctx.failed_at.update(found.rows.failed_steps)  # in place: steps hold copies
             ctx.prefetched = found.entries
             return found.entries
+
+    def _look_for_source_again(self) -> None:
+        """After a step raised: when the first lookup found no source, the next looks again.
+        The call it looked up may be the one that raised, which the source never recorded (a
+        raising call leaves no call row): a replay of a trace whose first call failed was
+        never linked to it, and stored in full."""
+        with self._lock:
+            if self._source_missed and self.parent_run_id is None and self._ctx is not None:
+                self._source_missed = False
+                self._ctx.find_source = self._find_source
 
     @property
     def steps(self) -> list[Step]:
@@ -1176,10 +1195,10 @@ class Tracer:
         """Decorate a chain function (sync or async): each call is one trace whose input is the
         call's bound arguments and output its return value. Called inside another trace, it is a
         ``transform`` step of that trace instead, except as the body of an in-place replay of
-        this chain (``with tracer.replay(trace_id): chain(...)``, called before any step): it
-        then runs as that trace, its return value the trace's output and its bound arguments
-        the trace's input unless :meth:`replay` was given one. A chain defined at module level
-        can be replayed (``rewind replay-trace``)."""
+        this chain (``with tracer.replay(trace_id): chain(...)``, its first call, made before
+        any step): it then runs as that trace, its return value the trace's output and its
+        bound arguments the trace's input unless :meth:`replay` was given one. A chain defined
+        at module level can be replayed (``rewind replay-trace``)."""
 
         def decorate(fn: F) -> F:
             chain_name = name or fn.__name__
@@ -1237,15 +1256,19 @@ class Tracer:
 
 def _replay_body(chain_name: str, bound: dict[str, Any]) -> Trace | None:
     """The in-place replay (:meth:`Tracer.replay`) a call of the chain ``chain_name`` is the
-    body of: the current trace is an in-place replay of that name, no step is open and none was
-    made. Its input becomes ``bound`` unless :meth:`Tracer.replay` was given one (the source's
-    recorded input, its default, is replaced: the chain's arguments are what ran). None
-    otherwise (the chain call is a step, or a trace of its own)."""
+    body of: the current trace is an in-place replay of a trace of that name (under its own
+    name or another, ``Tracer.replay(..., name=)``), no step is open, none was made and no
+    call of the chain began as its body before (a chain calling itself before its first step
+    was recorded as a step of its trace, and is replayed as one). Its input becomes
+    ``bound`` unless :meth:`Tracer.replay` was given one (the source's recorded input, its
+    default, is replaced: the chain's arguments are what ran). None otherwise (the chain call
+    is a step, or a trace of its own)."""
     trace = _TRACE.get()
-    if trace is None or trace.name != chain_name or _STEP.get() is not None:
+    if trace is None or trace._replays_chain != chain_name or _STEP.get() is not None:
         return None
-    if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps:
+    if trace.config.get("replay_mode") != IN_PLACE_MODE or trace._steps or trace._body_started:
         return None
+    trace._body_started = True
     if not trace.input or trace._input_from_source:
         trace.input = as_fields(bound)
         trace._input_from_source = False

@@ -75,6 +75,8 @@ def find_source(
     that made the call, the newest whose initial state (its input) hashes to ``initial_hash``
     is taken, else the newest: a trace of another input may send the same first request and
     then take another path (or stop), and would leave the rest of this trace without lineage.
+    When the candidates hold the call only with other inputs and the name has more traces, a
+    recorder of this input found through the cache entry is taken before them.
     """
     with store.read() as conn:
         driver = _sqlite_driver(conn)
@@ -84,10 +86,25 @@ def find_source(
             candidates = conn.execute(_CANDIDATES, {"name": name}).all()
         tried: set[str] = set()
         found = _holding(store, conn, candidates, tried, kind, key, initial_hash)
-        if found is None and len(candidates) == CANDIDATES:
+        if len(candidates) == CANDIDATES and not _same_input(found, initial_hash):
             recorders = _recorders(conn, driver, name, kind, key)
-            found = _holding(store, conn, recorders, tried, kind, key, initial_hash)
+            if found is not None:
+                # Only a recorder of this input is a better source than the candidate of
+                # another input (which may take another path after the same first call): the
+                # others' rows are not read.
+                recorders = [r for r in recorders if r[2] == initial_hash]
+            found = _holding(store, conn, recorders, tried, kind, key, initial_hash) or found
         return _prefetch(store, conn, *found) if found is not None else None
+
+
+def _same_input(
+    found: tuple[SourceRows, frozenset[tuple[str, str]]] | None, initial_hash: str | None
+) -> bool:
+    """Whether ``found`` is a source whose initial state hashes to ``initial_hash`` (any,
+    when None); False when nothing was found."""
+    if found is None:
+        return False
+    return initial_hash is None or found[0].initial_state_hash == initial_hash
 
 
 def _holding(
@@ -99,12 +116,12 @@ def _holding(
     key: str,
     initial_hash: str | None,
 ) -> tuple[SourceRows, frozenset[tuple[str, str]]] | None:
-    """The rows and call keys of the first of ``candidates`` (run id, config JSON; newest
+    """The rows and call keys of the first of ``candidates`` (run id, config JSON, ...; newest
     first) not in ``tried`` whose calls include ``(kind, key)`` and whose initial state hashes
     to ``initial_hash`` (any, when None), else of the first whose calls include it; None when
     none does. The runs looked at are added to ``tried``."""
     first: tuple[SourceRows, frozenset[tuple[str, str]]] | None = None
-    for run_id, config_json in candidates:
+    for run_id, config_json, *_ in candidates:
         config = json.loads(config_json or "{}")
         ref = reference_of(config)
         if ref is not None and config[REFERENCE_KEY].get("all"):
@@ -126,9 +143,10 @@ def _holding(
 
 def _recorders(
     conn: Connection, driver: Any, name: str, kind: str, key: str
-) -> list[tuple[str, str]]:
-    """(run id, config JSON) of the completed traces named ``name`` that may have recorded the
-    call ``(kind, key)``, from its cache entry (keyed by the call key, so one index lookup):
+) -> list[tuple[str, str, str | None]]:
+    """(run id, config JSON, initial state hash) of the completed traces named ``name`` that
+    may have recorded the call ``(kind, key)``, from its cache entry (keyed by the call key, so
+    one index lookup):
     the trace an import seeded it for (``origin``), or the traces of the name started by the
     time the entry's answer was produced (``created_at``, the recording call's ``produced_at``)
     whose own call rows hold the key, newest first, among the :data:`RECORDER_CANDIDATES`
@@ -190,13 +208,14 @@ _ENTRY_SQL = {
 }
 _HOLDS_KEY = "EXISTS (SELECT 1 FROM calls c WHERE c.run_id = r.run_id AND c.key = ?)"
 _RECORDERS_SQL = (
-    "SELECT run_id, config_json FROM (SELECT run_id, config_json, created_at FROM runs"
+    "SELECT run_id, config_json, initial_state_hash FROM (SELECT run_id, config_json,"
+    " initial_state_hash, created_at FROM runs"
     " WHERE pipeline = ? AND status = 'completed' AND created_at <= ?"
     " ORDER BY created_at DESC LIMIT ?) r"
     f" WHERE {_HOLDS_KEY} ORDER BY created_at DESC"
 )
 _ORIGIN_SQL = (
-    "SELECT run_id, config_json FROM runs r"
+    "SELECT run_id, config_json, initial_state_hash FROM runs r"
     f" WHERE run_id = ? AND pipeline = ? AND status = 'completed' AND {_HOLDS_KEY}"
 )
 
