@@ -174,7 +174,9 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
         out = {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
         if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
             out = {_key(k, typed=True): jsonable(v, _depth + 1) for k, v in value.items()}
-        return out
+        # In canonical key order, as the round trip gives every other dict: in its own order
+        # the store writes it as a tagged dict document, which readers and replays took for it.
+        return dict(sorted(out.items(), key=_utf16_first))
     if isinstance(value, list | tuple):
         return [jsonable(v, _depth + 1) for v in value]
     if isinstance(value, set | frozenset):
@@ -268,6 +270,11 @@ def _plain_child(v: Any, depth: int) -> Any:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf16_first(item: tuple[str, Any]) -> bytes:
+    """Sort key of a JSON object's member: its key's UTF-16 code units (RFC 8785's order)."""
+    return item[0].encode("utf-16-be", "surrogatepass")
 
 
 def _key(key: Any, *, typed: bool = False) -> str:
