@@ -65,3 +65,53 @@ def test_a_step_output_with_an_odd_value_reads_back_as_it_was_written_and_replay
     assert [s.output_hash for s in steps] == [s.output_hash for s in source]
     assert [s.state_hash for s in steps] == [s.state_hash for s in source]
     assert replay.config["reference"]["all"] is True
+
+
+def _old_name_rule(name: object) -> bool:
+    """The name check of the code before session 32: 1 to 200 characters (NUL allowed)."""
+    return isinstance(name, str) and 0 < len(name) <= 200
+
+
+@pytest.mark.parametrize("how", ["replay-trace", "in-place"])
+def test_a_trace_an_older_rewind_stored_with_a_nul_in_its_names_can_be_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The code before session 32 stored a trace or step name holding NUL on SQLite (its
+    check was 1 to 200 characters). The new check (storable_name) refused the name the replay
+    took from that trace: ``rewind replay-trace`` of it ended in a traceback (ValueError: 'a
+    trace needs a name ... not 'n\\x00...''), and so did ``Tracer.replay(id)`` without
+    ``name=``, which the user never passed: the old trace could not be replayed at all. A
+    replay now takes the stored names as a store keeps them (rewind.store.records.stored_name:
+    NUL escaped), so it runs and is written."""
+    import rewind.tracing.tracer as tracer_module
+
+    monkeypatch.setattr(tracer_module, "storable_name", _old_name_rule)
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with (
+            tracer.trace("old\x00name", {"q": 1}) as t,
+            step("make\x00it", "transform", input={"q": 1}) as s,
+        ):
+            s.set_output({"n": 1})
+    finally:
+        tracer.close()
+    monkeypatch.undo()
+    st = open_store(tmp_path)
+    try:
+        assert load_trace(st, t.trace_id).name == "old\x00name"
+        if how == "replay-trace":
+            replay_id = replay_trace(st, t.trace_id).run_id
+        else:
+            replayer = Tracer(st, raise_on_write_error=True)
+            with (
+                replayer.replay(t.trace_id) as r,
+                step("make", "transform", input={"q": 1}) as s,
+            ):
+                s.set_output({"n": 1})
+            replay_id = r.trace_id
+        view = load_trace(st, replay_id)
+    finally:
+        st.close()
+    assert view.status == "success" and view.name == "old\\u0000name"
+    if how == "replay-trace":
+        assert [s.name for s in view.steps] == ["make\\u0000it"]
