@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +118,74 @@ def test_a_trace_an_older_rewind_stored_with_a_nul_in_its_names_can_be_replayed(
     assert view.status == "success" and view.name == "old\\u0000name"
     if how == "replay-trace":
         assert [s.name for s in view.steps] == ["make\\u0000it"]
+
+
+# --- meta.runs_epoch under two deleting processes ----------------------------------------------
+@pytest.mark.postgres
+@pytest.mark.parametrize("first", ["fresh", "bumped"])
+def test_two_deletions_at_once_each_bump_the_runs_epoch(
+    postgres_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """Two processes deleting runs at once on PostgreSQL (``rewind delete`` beside a ``rewind
+    gc``, two servers): a deletion's write transaction holds the gc lock shared, so both bump
+    ``meta.runs_epoch`` side by side. The bump read the counter and wrote it plus one: on a
+    store whose counter did not exist yet both inserted it and the second failed on the key
+    (delete_run said 'got a fork while it was being deleted', RunInUse, where no fork exists);
+    once it existed both wrote the same next value, so the second deletion did not move the
+    epoch a process keys the rows it keeps by. Each deletion now adds one in the database."""
+    from rewind.store import retention
+    from rewind.store.retention import delete_run
+    from rewind.store.store import RUNS_EPOCH_KEY
+
+    url = postgres_server.new_store_database()
+    tracer = Tracer(open_store(url), raise_on_write_error=True)
+    ids = []
+    try:
+        for i in range(3):
+            with tracer.trace("doomed", {"i": i}) as t, step("s", "transform", input={"i": i}):
+                pass
+            ids.append(t.trace_id)
+    finally:
+        tracer.store.close()
+    stores = [open_store(url) for _ in range(3)]
+    try:
+        if first == "bumped":
+            delete_run(stores[2], ids[2])
+        before = _epoch(stores[2], RUNS_EPOCH_KEY)
+        both_inside = threading.Barrier(2)
+        bump = retention._bump
+
+        def side_by_side(conn: Any, key: str) -> None:
+            if key == RUNS_EPOCH_KEY:
+                both_inside.wait()  # both deletions have deleted their rows, neither committed
+            bump(conn, key)
+
+        monkeypatch.setattr(retention, "_bump", side_by_side)
+        errors: list[BaseException] = []
+
+        def delete(i: int) -> None:
+            try:
+                delete_run(stores[i], ids[i])
+            except BaseException as exc:
+                errors.append(exc)
+                both_inside.abort()
+
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(delete, range(2)))
+        assert errors == []
+        assert _epoch(stores[2], RUNS_EPOCH_KEY) == before + 2
+        assert {r.run_id for r in stores[2].list_runs()} & {ids[0], ids[1]} == set()
+    finally:
+        for st in stores:
+            st.close()
+
+
+def _epoch(st: Any, key: str) -> int:
+    """The counter ``meta.<key>`` (0 before it exists)."""
+    from sqlalchemy import select
+
+    from rewind.store import schema
+
+    with st.read() as conn:
+        value = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == key)).scalar()
+    return int(value or 0)
