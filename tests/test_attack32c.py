@@ -189,3 +189,57 @@ def _epoch(st: Any, key: str) -> int:
     with st.read() as conn:
         value = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == key)).scalar()
     return int(value or 0)
+
+
+class SearchTool:
+    """A tool class, as registries key their results by it."""
+
+
+class CalcTool:
+    """Another tool class."""
+
+
+def _search() -> None:
+    """A function used as a key."""
+
+
+def _calc() -> None:
+    """Another function used as a key."""
+
+
+KEYS_WITHOUT_JSON = {
+    "classes": (SearchTool, CalcTool),
+    "functions": (_search, _calc),
+    "tuples of classes": ((SearchTool,), (CalcTool,)),
+}
+"""Two keys of one dict that jsonable wrote as one JSON key even when typed: objects without a
+JSON form (classes, functions) are all ``{"$unhashable": "<type>"}``."""
+
+
+@pytest.mark.parametrize("kind", sorted(KEYS_WITHOUT_JSON))
+def test_a_dict_keyed_by_objects_without_json_keeps_every_entry(tmp_path: Path, kind: str) -> None:
+    """41ffab1 kept tuple keys and 1/"1" apart, but keys whose JSON form is one text even when
+    typed (two classes, two functions: ``$key:type:{"$unhashable":"type"}``) were still one
+    key: the step's output kept only the last entry, so a replay whose first entry changed
+    ({SearchTool: "ok", CalcTool: "ok"} then {SearchTool: "failed", ...}) was stored with the
+    recorded step's hash, unchanged. Keys that are still one are now numbered in the dict's
+    order, and every entry is kept."""
+    first, second = KEYS_WITHOUT_JSON[kind]
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with tracer.trace("keyed", {"q": 1}) as t, step("run", "transform", input={"q": 1}) as s:
+            s.set_output({first: "ok", second: "ok"})
+        with tracer.replay(t.trace_id) as r, step("run", "transform", input={"q": 1}) as s:
+            s.set_output({first: "failed", second: "ok"})
+        with tracer.replay(t.trace_id) as same, step("run", "transform", input={"q": 1}) as s:
+            s.set_output({first: "ok", second: "ok"})
+    finally:
+        tracer.close()
+    st = open_store(tmp_path)
+    try:
+        recorded, changed, unchanged = (load_trace(st, x.trace_id).steps[0] for x in (t, r, same))
+    finally:
+        st.close()
+    assert len(recorded.output) == 2
+    assert changed.output_hash != recorded.output_hash
+    assert unchanged.output_hash == recorded.output_hash

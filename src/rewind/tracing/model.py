@@ -173,7 +173,7 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     if isinstance(value, Mapping):
         out = {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
         if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
-            out = {_key(k, typed=True): jsonable(v, _depth + 1) for k, v in value.items()}
+            out = _typed_entries(value, _depth)
         # In canonical key order, as the round trip gives every other dict: in its own order
         # the store writes it as a tagged dict document, which readers and replays took for it.
         return dict(sorted(out.items(), key=_utf16_first))
@@ -190,6 +190,22 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     if digest is None:
         return {"$unhashable": type(value).__name__}
     return {"$unhashable": type(value).__name__, "sha256": digest}
+
+
+def _typed_entries(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+    """The entries of a mapping whose keys collided as JSON keys, every key typed
+    (:func:`_key`); keys still one text (objects without a JSON form: two classes, two
+    functions) are numbered in the mapping's order (``<key>#2``), so no entry is dropped and a
+    change to any of them changes the hash."""
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        key = base = _key(k, typed=True)
+        n = 1
+        while key in out:
+            n += 1
+            key = f"{base}#{n}"
+        out[key] = jsonable(v, depth + 1)
+    return out
 
 
 def _content_digest(value: Any) -> str | None:
