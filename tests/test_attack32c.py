@@ -243,3 +243,39 @@ def test_a_dict_keyed_by_objects_without_json_keeps_every_entry(tmp_path: Path, 
     assert len(recorded.output) == 2
     assert changed.output_hash != recorded.output_hash
     assert unchanged.output_hash == recorded.output_hash
+
+
+@pytest.mark.parametrize(
+    "output",
+    [{"$rw": "tuple", "v": [1]}, {"meta": {"$rw": "set", "items": []}, "n": 1}],
+    ids=["tag-like key", "nested"],
+)
+def test_a_step_output_holding_a_tag_key_reads_back_as_written_in_every_replay_generation(
+    tmp_path: Path, output: dict[str, Any]
+) -> None:
+    """A step output that is a dict holding a ``"$rw"`` key (JSON from another Rewind store, a
+    serialized object) is stored escaped as a tagged dict document, so user data never passes
+    for a tag; but the trace reader gave the escaped document back as the output (show, diff,
+    inspect, the API), and rewind replay-trace set it as the output of an unchanged replay,
+    which escaped it once more: every generation of replays was 'changed' and nested one
+    level deeper. (The same for an old trace's dict stored in its own key order.) The reader
+    now rebuilds the dict from its document (rewind.serde.decode, shown as serde.display), so
+    it reads back as written and an unchanged replay is unchanged."""
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with tracer.trace("tagged", {"q": 1}) as t, step("s", "transform", input={"q": 1}) as s:
+            s.set_output(output)
+    finally:
+        tracer.close()
+    st = open_store(tmp_path)
+    try:
+        source = load_trace(st, t.trace_id).steps[0]
+        assert source.output == output
+        run_id = t.trace_id
+        for _generation in range(3):
+            run_id = replay_trace(st, run_id).run_id
+            replayed = load_trace(st, run_id).steps[0]
+            assert replayed.output == output
+            assert replayed.output_hash == source.output_hash
+    finally:
+        st.close()
