@@ -7,9 +7,11 @@ Each test names what it found (a regression test that failed before its fix) or 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
@@ -279,3 +281,60 @@ def test_a_step_output_holding_a_tag_key_reads_back_as_written_in_every_replay_g
             assert replayed.output_hash == source.output_hash
     finally:
         st.close()
+
+
+# --- two gc processes at once: an archive written over another's ------------------------------
+def test_a_gc_that_read_a_run_while_another_gc_archived_it_leaves_that_archive_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b763abf skips a run whose rows are gone when this gc's turn comes. Its rows can still be
+    read while another gc archives it: this gc's read transaction began before the other's
+    commit (a SQLite snapshot; PostgreSQL reads each statement afresh), and the run's artifact
+    files are read after it, when the other gc has removed them. This gc's archive then
+    differed from the other's (no artifact data) and was written over it at the same key
+    before this gc saw the rows gone and skipped the run: the run was out of the store and its
+    archive no longer matched its recorded hash ('does not match its hash'), lost. A gc now
+    never writes over an archive at a key another archived run's row names."""
+    from rewind.store import retention
+    from rewind.store.retention import collect_garbage, restore_run
+
+    location = tmp_path / "store"
+    tracer = Tracer(location, raise_on_write_error=True)
+    try:
+        with tracer.trace("published", {"q": 1}) as t, step("s", "transform", input={"q": 1}):
+            pass
+    finally:
+        tracer.close()
+    st = open_store(location)
+    try:
+        st.put_artifact(t.trace_id, "report.md", b"# the report\n")
+    finally:
+        st.close()
+    later = time.time() + 10**6
+    run_rows = retention._run_rows
+
+    def read_then_archived_elsewhere(conn: Any, run_id: str) -> Any:
+        rows = run_rows(conn, run_id)
+        monkeypatch.setattr(retention, "_run_rows", run_rows)
+        assert _gc_in_another_store(location, later) == [t.trace_id]  # inside this one's read
+        return rows
+
+    monkeypatch.setattr(retention, "_run_rows", read_then_archived_elsewhere)
+    with contextlib.closing(open_store(location)) as st:
+        skipped = collect_garbage(st, 0.0, now=later).skipped
+        assert [s["run_id"] for s in skipped] == [t.trace_id]
+        restore_run(st, t.trace_id)  # the other gc's archive, whole
+        assert [a["name"] for a in st.artifacts_of(t.trace_id)] == ["report.md"]
+        assert load_trace(st, t.trace_id).status == "success"
+
+
+def _gc_in_another_store(location: Path, now: float) -> list[str]:
+    """A whole ``rewind gc`` (everything older than ``now``) through a store of its own, as
+    another process runs it; the ids it archived."""
+    from rewind.store.retention import collect_garbage
+
+    other = open_store(location)
+    try:
+        return [a.run_id for a in collect_garbage(other, 0.0, now=now).archived]
+    finally:
+        other.close()

@@ -590,6 +590,11 @@ def _archive_and_delete(
     """Write and verify a run's archive, then delete its rows (one transaction); returns the
     archive's URL. Artifact files are removed after the commit."""
     digest = sha256_hex(data)
+    if _archived_now(store, run_id):
+        # Another gc archived it after this one read its rows (a snapshot, or artifact files
+        # read once that gc had removed them): its archive is at this key, and this one, of
+        # other bytes, written over it would no longer match the hash its row recorded.
+        raise _Skip(_GONE)
     ref = target.put_object(_free_archive_key(store, target, run_id), data)
     _read_archive(target, ref, digest)  # read back and verified before anything is deleted
     run = doc["tables"]["runs"][0]
@@ -616,6 +621,15 @@ def _archive_and_delete(
         raise _Skip("a run recorded during the gc refers to it") from exc
     _remove_artifact_files(store, doc["tables"].get("artifacts", []))
     return ref
+
+
+def _archived_now(store: Store, run_id: str) -> bool:
+    """Whether an archived run row of ``run_id`` exists (committed by any process)."""
+    done = schema.archived_runs
+    with store.read() as conn:
+        return (
+            conn.execute(select(done.c.run_id).where(done.c.run_id == run_id)).first() is not None
+        )
 
 
 def _delete_run_rows(conn: Connection, run_id: str) -> None:
