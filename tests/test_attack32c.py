@@ -338,3 +338,40 @@ def _gc_in_another_store(location: Path, now: float) -> list[str]:
         return [a.run_id for a in collect_garbage(other, 0.0, now=now).archived]
     finally:
         other.close()
+
+
+def _tables(v: int) -> dict[str, Any]:
+    """Values serde has no exact document for, their content depending on ``v``."""
+    import numpy as np
+    import pandas as pd
+
+    return {
+        "dataframe": pd.DataFrame({"city": ["a", "b"], "mean": [1.5, 2.0 + v]}),
+        "series": pd.Series([1, 2 + v], index=["x", "y"]),
+        "object array": np.array(["x", None, v], dtype=object),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_tables(0)))
+def test_a_replay_whose_step_returned_another_table_is_not_unchanged(
+    tmp_path: Path, kind: str
+) -> None:
+    """41ffab1 gave values the canonical hasher refuses a digest of their serde document, but
+    serde has none for a pandas DataFrame or Series or a numpy array of objects: each stayed
+    ``{"$unhashable": "DataFrame"}``, one form and one hash for every table, so a replay whose
+    analysis step returned other numbers was stored with the recorded step's hash, unchanged.
+    Such a value now carries the digest of its JSON form (to_dict / tolist)."""
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with tracer.trace("tables", {"q": 1}) as t, step("s", "transform", input={"q": 1}) as s:
+            s.set_output(_tables(0)[kind])
+        with tracer.replay(t.trace_id) as r, step("s", "transform", input={"q": 1}) as s:
+            s.set_output(_tables(1)[kind])
+        with tracer.replay(t.trace_id) as same, step("s", "transform", input={"q": 1}) as s:
+            s.set_output(_tables(0)[kind])
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        recorded, changed, unchanged = (load_trace(st, x.trace_id).steps[0] for x in (t, r, same))
+    assert changed.output_hash != recorded.output_hash
+    assert unchanged.output_hash == recorded.output_hash

@@ -218,6 +218,21 @@ def _content_digest(value: Any) -> str | None:
     try:
         return sha256_hex(canonical_bytes(encode(value)))
     except (UnstorableValue, CanonicalError, RecursionError):
+        return _table_digest(value)
+
+
+def _table_digest(value: Any) -> str | None:
+    """sha256 of the JSON form of a table or array serde has no exact document for (a pandas
+    DataFrame or Series: ``to_dict()``; a numpy array of objects: ``tolist()``), or None. Without
+    it every DataFrame a step returned had one hash, so a replay whose table changed was stored
+    as unchanged. Only these conventional pure methods are called; one that raises gives None
+    (jsonable never raises)."""
+    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
+    if not callable(view) or isinstance(value, type):
+        return None
+    try:
+        return sha256_hex(canonical_bytes(jsonable(view())))
+    except Exception:  # a user's object: no digest rather than a failed trace
         return None
 
 
