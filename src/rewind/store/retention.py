@@ -60,7 +60,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Connection, Table, delete, func, insert, select, text, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Table,
+    Text,
+    cast,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.exc import IntegrityError
 
 from rewind.canonical import sha256_hex
@@ -74,6 +85,7 @@ from rewind.store.store import (
     GC_LOCK_KEY,
     RUNS_EPOCH_KEY,
     Store,
+    _dialect_insert,
     slice_row_ref,
 )
 
@@ -578,6 +590,11 @@ def _archive_and_delete(
     """Write and verify a run's archive, then delete its rows (one transaction); returns the
     archive's URL. Artifact files are removed after the commit."""
     digest = sha256_hex(data)
+    if _archived_now(store, run_id):
+        # Another gc archived it after this one read its rows (a snapshot, or artifact files
+        # read once that gc had removed them): its archive is at this key, and this one, of
+        # other bytes, written over it would no longer match the hash its row recorded.
+        raise _Skip(_GONE)
     ref = target.put_object(_free_archive_key(store, target, run_id), data)
     _read_archive(target, ref, digest)  # read back and verified before anything is deleted
     run = doc["tables"]["runs"][0]
@@ -604,6 +621,15 @@ def _archive_and_delete(
         raise _Skip("a run recorded during the gc refers to it") from exc
     _remove_artifact_files(store, doc["tables"].get("artifacts", []))
     return ref
+
+
+def _archived_now(store: Store, run_id: str) -> bool:
+    """Whether an archived run row of ``run_id`` exists (committed by any process)."""
+    done = schema.archived_runs
+    with store.read() as conn:
+        return (
+            conn.execute(select(done.c.run_id).where(done.c.run_id == run_id)).first() is not None
+        )
 
 
 def _delete_run_rows(conn: Connection, run_id: str) -> None:
@@ -1092,13 +1118,14 @@ def bump_blob_epoch(conn: Connection) -> None:
 
 
 def _bump(conn: Connection, key: str) -> None:
-    """Add one to the counter ``meta.<key>`` (made at 1) inside ``conn``'s write transaction."""
+    """Add one to the counter ``meta.<key>`` (made at 1) inside ``conn``'s write transaction, in
+    one statement: deletions run side by side under the shared gc lock on PostgreSQL, and a
+    read then a write let two of them insert the counter at once (the second failed) or write
+    the same next value (the second deletion did not move the epoch)."""
     m = schema.meta
-    current = conn.execute(select(m.c.value).where(m.c.key == key)).scalar()
-    if current is None:
-        conn.execute(insert(m).values(key=key, value="1"))
-    else:
-        conn.execute(update(m).where(m.c.key == key).values(value=str(int(current) + 1)))
+    stmt = _dialect_insert(conn.dialect.name, m).values(key=key, value="1")
+    added = cast(cast(m.c.value, BigInteger) + 1, Text)
+    conn.execute(stmt.on_conflict_do_update(index_elements=[m.c.key], set_={"value": added}))
 
 
 def _chunks(items: list[Any]) -> Iterator[list[Any]]:

@@ -173,8 +173,10 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     if isinstance(value, Mapping):
         out = {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
         if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
-            out = {_key(k, typed=True): jsonable(v, _depth + 1) for k, v in value.items()}
-        return out
+            out = _typed_entries(value, _depth)
+        # In canonical key order, as the round trip gives every other dict: in its own order
+        # the store writes it as a tagged dict document, which readers and replays took for it.
+        return dict(sorted(out.items(), key=_utf16_first))
     if isinstance(value, list | tuple):
         return [jsonable(v, _depth + 1) for v in value]
     if isinstance(value, set | frozenset):
@@ -190,6 +192,22 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     return {"$unhashable": type(value).__name__, "sha256": digest}
 
 
+def _typed_entries(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+    """The entries of a mapping whose keys collided as JSON keys, every key typed
+    (:func:`_key`); keys still one text (objects without a JSON form: two classes, two
+    functions) are numbered in the mapping's order (``<key>#2``), so no entry is dropped and a
+    change to any of them changes the hash."""
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        key = base = _key(k, typed=True)
+        n = 1
+        while key in out:
+            n += 1
+            key = f"{base}#{n}"
+        out[key] = jsonable(v, depth + 1)
+    return out
+
+
 def _content_digest(value: Any) -> str | None:
     """sha256 of ``value``'s exact tagged document, or None when it has none (a client object).
     Without it two values of one type (two images' bytes, two amounts) had one JSON form and
@@ -200,6 +218,21 @@ def _content_digest(value: Any) -> str | None:
     try:
         return sha256_hex(canonical_bytes(encode(value)))
     except (UnstorableValue, CanonicalError, RecursionError):
+        return _table_digest(value)
+
+
+def _table_digest(value: Any) -> str | None:
+    """sha256 of the JSON form of a table or array serde has no exact document for (a pandas
+    DataFrame or Series: ``to_dict()``; a numpy array of objects: ``tolist()``), or None. Without
+    it every DataFrame a step returned had one hash, so a replay whose table changed was stored
+    as unchanged. Only these conventional pure methods are called; one that raises gives None
+    (jsonable never raises)."""
+    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
+    if not callable(view) or isinstance(value, type):
+        return None
+    try:
+        return sha256_hex(canonical_bytes(jsonable(view())))
+    except Exception:  # a user's object: no digest rather than a failed trace
         return None
 
 
@@ -268,6 +301,11 @@ def _plain_child(v: Any, depth: int) -> Any:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf16_first(item: tuple[str, Any]) -> bytes:
+    """Sort key of a JSON object's member: its key's UTF-16 code units (RFC 8785's order)."""
+    return item[0].encode("utf-16-be", "surrogatepass")
 
 
 def _key(key: Any, *, typed: bool = False) -> str:

@@ -41,6 +41,7 @@ from rewind.capture.http import call_of
 from rewind.errors import EndpointUnavailable, InvalidOverride, RewindError
 from rewind.llm import PROVIDER_DEFAULTS
 from rewind.store import RunRecord, Store
+from rewind.store.records import stored_name
 from rewind.tracing.model import INPUT_KEY, StepView, TraceView
 from rewind.tracing.switches import ReplaySwitches, replay_context, replay_trace_of, run_replay
 from rewind.tracing.tracer import Step, StoppedAtDivergence, Trace
@@ -164,7 +165,9 @@ def _replay_steps(
         for s in view.steps:
             while stack and stack[-1][0].position != s.parent_position:
                 _close(*stack.pop(), subs)
-            step = trace.step(s.name, s.step_type, inputs=_substituted(_inputs(s), subs))
+            step = trace.step(
+                stored_name(s.name), s.step_type, inputs=_substituted(_inputs(s), subs)
+            )
             step.set(**s.attributes)
             step.start()
             stack.append((s, step))
@@ -262,7 +265,7 @@ def _run_calls(
             resent = resent or bool(changes) or _substituted(request, subs) != request
             answer = _send_changed(request, step, subs, changes)
         else:
-            _serve_tool(c.name, c.key, raw, _substituted(request, subs) != request)
+            _serve_tool(stored_name(c.name), c.key, raw, _substituted(request, subs) != request)
     answered = _set_answer(s, step, subs, answer, resent=resent)
     return changed or answered
 

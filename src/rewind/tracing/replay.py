@@ -28,6 +28,7 @@ from rewind.canonical import canonical_bytes
 from rewind.context import RunContext
 from rewind.errors import InvalidOverride, RewindError, RunBusy
 from rewind.store import RunRecord, Store
+from rewind.store.records import stored_name
 from rewind.tracing.model import INPUT_KEY, SOURCE_INPUT, StepView, TraceView
 from rewind.tracing.recorded import recorded_params, replay_recorded
 from rewind.tracing.store import is_trace, lineage_blobs, lineage_index, load_trace
@@ -441,7 +442,7 @@ def replay_in_place(
     ctx.lineage, ctx.lineage_at = lineage_index(store, run)
     ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     trace = Trace(
-        name or run.pipeline,
+        name or stored_name(run.pipeline),
         input=recorded_input(store, run) if input is SOURCE_INPUT else input,
         store=lambda: store,
         run_context=ctx,

@@ -33,6 +33,7 @@ from rewind.errors import RewindError, StoreError, UnknownRun
 from rewind.llm import ChatResponse
 from rewind.persister import encode_value, map_hash
 from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sorted_calls
+from rewind.serde import TAG, decode, display
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
 from rewind.store.codec import unpack as unpack_blob
 from rewind.store.records import EffectRecord, storable_text
@@ -748,7 +749,7 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
         decoded = {h: json.loads(b) for h, b in store.get_blobs(docs, conn).items()}
         # Round 2: the fields those documents reference.
         fields = _field_hashes(rows, decoded)
-        values = {h: json.loads(b) for h, b in store.get_blobs(fields, conn).items()}
+        values = {h: _field_value(b) for h, b in store.get_blobs(fields, conn).items()}
         payload = store.get_blobs(_payload_hashes(rows.calls), conn) if payloads else {}
     return {
         run.run_id: _view(
@@ -763,6 +764,26 @@ def _load_chunk(store: Store, ids: list[str], payloads: bool) -> dict[str, Trace
         )
         for run in rows.runs
     }
+
+
+_TAGGED = f'"{TAG}":'.encode()
+
+
+def _field_value(data: bytes) -> Any:
+    """A stored field value as readers see it: plain JSON as it is; a tagged document (a dict
+    the store writes as ``{"$rw": "dict", "keys", "values"}``: one holding a ``"$rw"`` key, or
+    an old trace's dict in its own key order) rebuilt and shown as :func:`rewind.serde.display`
+    shows it, so a dict reads back as the dict written. Its raw document was taken for the
+    value: a recorded-calls replay set it as the step's output, escaped once more by every
+    replay. A document that cannot be rebuilt here (a class that does not import) is shown as
+    it is stored."""
+    doc = json.loads(data)
+    if _TAGGED not in data:
+        return doc
+    try:
+        return display(decode(doc))
+    except RewindError:
+        return doc
 
 
 @dataclass

@@ -14,6 +14,7 @@ from rewind.canonical import canonical_bytes
 from rewind.context import RunContext
 from rewind.errors import EndpointUnavailable, RewindError
 from rewind.store import RunRecord, Store
+from rewind.store.records import stored_name
 from rewind.tracing.model import StepData, TraceView, jsonable
 from rewind.tracing.store import lineage_blobs, lineage_index
 from rewind.tracing.tracer import Trace
@@ -133,7 +134,7 @@ def replay_trace_of(
     """The new trace a replay of ``run`` writes: its parent is ``run``, its config says the
     replay ``mode`` and ``switches``, and it stops after the first divergent step when asked."""
     trace = Trace(
-        view.name,
+        stored_name(view.name),
         input=chain_input,
         store=lambda: store,
         run_context=ctx,
