@@ -186,7 +186,7 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
         return {"$unhashable": "float", "value": repr(value)}
     if isinstance(value, str):  # a lone surrogate (a file name decoded with surrogateescape)
         return {"$unhashable": "str", "value": storable_text(value)}
-    digest = _content_digest(value)
+    digest = _content_digest(value, _depth)
     if digest is None:
         return {"$unhashable": type(value).__name__}
     return {"$unhashable": type(value).__name__, "sha256": digest}
@@ -208,7 +208,7 @@ def _typed_entries(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
     return out
 
 
-def _content_digest(value: Any) -> str | None:
+def _content_digest(value: Any, depth: int = 0) -> str | None:
     """sha256 of ``value``'s exact tagged document, or None when it has none (a client object).
     Without it two values of one type (two images' bytes, two amounts) had one JSON form and
     one hash: a replay whose step returned other bytes claimed the recorded step's hash."""
@@ -218,20 +218,25 @@ def _content_digest(value: Any) -> str | None:
     try:
         return sha256_hex(canonical_bytes(encode(value)))
     except (UnstorableValue, CanonicalError, RecursionError):
-        return _table_digest(value)
+        return _table_digest(value, depth)
 
 
-def _table_digest(value: Any) -> str | None:
+def _table_digest(value: Any, depth: int = 0) -> str | None:
     """sha256 of the JSON form of a table or array serde has no exact document for (a pandas
     DataFrame or Series: ``to_dict()``; a numpy array of objects: ``tolist()``), or None. Without
     it every DataFrame a step returned had one hash, so a replay whose table changed was stored
     as unchanged. Only these conventional pure methods are called; one that raises gives None
-    (jsonable never raises)."""
+    (jsonable never raises). The JSON form is taken one level deeper than ``value``: an object
+    whose ``to_dict()`` returns itself (or holds itself) gives no digest, where the unbounded
+    recursion gave one that depended on the caller's stack depth."""
     view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
     if not callable(view) or isinstance(value, type):
         return None
     try:
-        return sha256_hex(canonical_bytes(jsonable(view())))
+        form = view()
+        if form is value:
+            return None
+        return sha256_hex(canonical_bytes(jsonable(form, depth + 1)))
     except Exception:  # a user's object: no digest rather than a failed trace
         return None
 

@@ -1,0 +1,73 @@
+"""Attack pass 32d on the fixes merged in session 32 (issue #13): jsonable's table digests,
+the diff's ``$error`` field, the tracer's clock and replay-body flags, gc concurrency.
+
+Each finding is a regression test that failed on the branch base (integ32 at f33a212), or a
+strict xfail naming the bug left."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rewind.store import open_store
+from rewind.tracing import Tracer, step
+from rewind.tracing.model import jsonable
+from rewind.tracing.store import load_trace
+
+
+class _SelfView:
+    """A user object whose ``to_dict()`` returns itself (a lazy proxy, a builder)."""
+
+    def to_dict(self) -> _SelfView:
+        return self
+
+
+class _Holder:
+    """A user object whose ``to_dict()`` holds the object itself (a tree with back links)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": "node", "me": self}
+
+
+def _deeper(levels: int, call: Callable[[], Any]) -> Any:
+    """``call()`` made ``levels`` frames further down the stack."""
+    return call() if levels == 0 else _deeper(levels - 1, call)
+
+
+@pytest.mark.parametrize("cls", [_SelfView, _Holder], ids=["returns itself", "holds itself"])
+def test_the_form_of_an_object_whose_to_dict_returns_itself_does_not_depend_on_the_stack(
+    cls: type,
+) -> None:
+    """4f7d99d digests a value's ``to_dict()`` form with ``jsonable(view())`` from depth 0:
+    an object whose to_dict returns (or holds) itself recursed until RecursionError, which the
+    innermost call caught, and every level above hashed the one below: the digest counted the
+    frames left on the stack, so one value had another hash when jsonable was called deeper."""
+    value = {"v": cls()}
+    assert jsonable(value) == _deeper(60, lambda: jsonable(value))
+
+
+def test_an_unchanged_replay_called_deeper_keeps_a_self_viewing_steps_hash(tmp_path: Path) -> None:
+    """The same, end to end: the in-place replay of a trace whose step returned such an object,
+    unchanged but run from a deeper call stack (inside a framework, a test runner), was stored
+    with another output hash: changed."""
+    obj = _SelfView()
+
+    def run(tracer: Tracer, source: str | None) -> str:
+        scope = tracer.trace("selfview", {"q": 1}) if source is None else tracer.replay(source)
+        with scope as t, step("s", "transform", input={"q": 1}) as s:
+            s.set_output({"result": obj})
+        return t.trace_id
+
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        recorded = run(tracer, None)
+        replayed = _deeper(60, lambda: run(tracer, recorded))
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        a, b = (load_trace(st, x).steps[0] for x in (recorded, replayed))
+    assert b.output_hash == a.output_hash
