@@ -17,6 +17,9 @@ from rewind.store import open_store
 from rewind.tracing import Tracer, step
 from rewind.tracing.model import jsonable
 from rewind.tracing.store import load_trace
+from tests.model_stub import stub_and_client
+from tests.test_attack32b import _ask, _shape, _stored
+from tests.test_tracing_lane import reply
 
 
 class _SelfView:
@@ -71,3 +74,33 @@ def test_an_unchanged_replay_called_deeper_keeps_a_self_viewing_steps_hash(tmp_p
     with contextlib.closing(open_store(tmp_path)) as st:
         a, b = (load_trace(st, x).steps[0] for x in (recorded, replayed))
     assert b.output_hash == a.output_hash
+
+
+def test_a_replay_of_a_replay_given_another_name_runs_the_chain_as_its_body(
+    tmp_path: Path,
+) -> None:
+    """3581e6b made a chain the body of an in-place replay named otherwise
+    (``tracer.replay(id, name="pipe-try")``) by comparing the chain with the source's name. A
+    replay of that replay compared it with "pipe-try": ``pipe("hello")`` became a ``pipe``
+    step holding the model steps one level down, the replay had no output and was stored in
+    full, unlinked by reference (3 node rows). The replayed chain's name is now kept with a
+    replay named otherwise, so every generation runs it as its body."""
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        pipe = tracer.chain("pipe")(lambda question: _ask(_ask(question)))
+        try:
+            recorded = pipe("hello")
+            (source,) = [r.run_id for r in tracer.store.list_runs()]
+            with tracer.replay(source, name="pipe-try") as first:
+                pipe("hello")
+            sent = stub.count
+            with tracer.replay(first.trace_id) as second:
+                out = pipe("hello")
+        finally:
+            tracer.close()
+    assert (stub.count, out, second.output) == (sent, recorded, recorded)
+    a, b, run = _stored(tmp_path, source, second.trace_id)
+    assert _shape(b) == _shape(a)
+    assert run.pipeline == "pipe-try"
+    assert run.parent_run_id == first.trace_id
+    assert run.config["reference"] == {"run": source, "steps": 2, "all": True}

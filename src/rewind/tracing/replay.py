@@ -431,6 +431,10 @@ def replay_in_place(
     if run.status == "running":
         raise RunBusy(f"trace {run.run_id} is still running", "wait until it has finished")
     switches = switches or ReplaySwitches()
+    # The chain whose call is the body: the source's, or the one the source replayed (a
+    # replay given another name is a trace of that name, its chain still the recorded one).
+    chain = run.config.get(REPLAYS_CHAIN_KEY) or run.pipeline
+    name = name or stored_name(run.pipeline)
     ctx = RunContext(
         store=store,
         run_id=new_trace_id() if trace_id is None else trace_id,
@@ -442,7 +446,7 @@ def replay_in_place(
     ctx.lineage, ctx.lineage_at = lineage_index(store, run)
     ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     trace = Trace(
-        name or stored_name(run.pipeline),
+        name,
         input=recorded_input(store, run) if input is SOURCE_INPUT else input,
         store=lambda: store,
         run_context=ctx,
@@ -450,7 +454,7 @@ def replay_in_place(
         trace_id=ctx.run_id,
         parent_run_id=run.run_id,
         raise_on_write_error=tracer.raise_on_write_error,
-        config={"replay_mode": IN_PLACE_MODE, "switches": switches.to_json()},
+        config=_in_place_config(switches, chain, name),
         callbacks=tracer.callbacks,
     )
     if switches.stop_at_divergence:
@@ -462,5 +466,19 @@ def replay_in_place(
         trace._source = source_rows(store, conn, run.run_id)
     ctx.failed_at.update(trace._source.failed_steps)
     trace._input_from_source = input is SOURCE_INPUT
-    trace._replays_chain = run.pipeline  # a call of this chain is the body, whatever ``name``
+    trace._replays_chain = chain  # a call of this chain is the body, whatever ``name``
     return trace
+
+
+REPLAYS_CHAIN_KEY = "replays_chain"
+"""The config key of an in-place replay named otherwise than the chain it replays: that chain's
+name, so a replay of this replay still runs the chain as its body."""
+
+
+def _in_place_config(switches: ReplaySwitches, chain: str, name: str) -> dict[str, Any]:
+    """An in-place replay's run config; the replayed chain's name only when the replay is
+    named otherwise (a replay keeping the name writes nothing more)."""
+    config: dict[str, Any] = {"replay_mode": IN_PLACE_MODE, "switches": switches.to_json()}
+    if stored_name(chain) != name:
+        config[REPLAYS_CHAIN_KEY] = stored_name(chain)  # as a store keeps names (no NUL)
+    return config
