@@ -104,3 +104,35 @@ def test_a_replay_of_a_replay_given_another_name_runs_the_chain_as_its_body(
     assert run.pipeline == "pipe-try"
     assert run.parent_run_id == first.trace_id
     assert run.config["reference"] == {"run": source, "steps": 2, "all": True}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cbdf393 compares a failed step's error as the output field $error (ERROR_FIELD): "
+    "a step that succeeded with an output field named $error holding the same text as another's "
+    "error ('ValueError: boom') diffs equal to it, first divergence none (rewind diff, the API's "
+    "comparison, Rewind.node_sides for a Burr state key $error); the error wants a place of its "
+    "own on NodeSide, not a field name user data can hold",
+)
+def test_a_step_that_failed_does_not_diff_equal_to_one_returning_the_error_text(
+    tmp_path: Path,
+) -> None:
+    """Attack on cbdf393: the ``$error`` field collides with a user field of that name."""
+    from rewind.tracing.inspect import compare_traces
+
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with tracer.trace("t", {"q": 1}) as ok, step("$error", "transform", input={"q": 1}) as s:
+            s.set_output("ValueError: boom")
+        with (
+            tracer.replay(ok.trace_id) as failed,
+            contextlib.suppress(ValueError),
+            step("$error", "transform", input={"q": 1}),
+        ):
+            raise ValueError("boom")
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        a, b = load_trace(st, ok.trace_id), load_trace(st, failed.trace_id)
+    assert (a.steps[0].status, b.steps[0].status) == ("success", "failed")
+    assert compare_traces(a, b)["nodes"][0]["status"] == "changed"
