@@ -136,3 +136,62 @@ def test_a_step_that_failed_does_not_diff_equal_to_one_returning_the_error_text(
         a, b = load_trace(st, ok.trace_id), load_trace(st, failed.trace_id)
     assert (a.steps[0].status, b.steps[0].status) == ("success", "failed")
     assert compare_traces(a, b)["nodes"][0]["status"] == "changed"
+
+
+class _Session:
+    """A user object whose ``to_dict()`` holds when it was made (an agent's session, memory)."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        _Session.made += 1
+        self.created = _Session.made
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"user": "ana", "created": self.created}
+
+
+def test_an_unchanged_replay_given_a_fresh_user_object_with_a_to_dict_is_unchanged(
+    tmp_path: Path,
+) -> None:
+    """4f7d99d digests any object with a ``to_dict()`` (meant for pandas): a user's session
+    object, made afresh for the replay, whose to_dict holds its creation time, gave the step
+    input another digest: the unchanged replay was stored as changed at that step, where the
+    object was ``{"$unhashable": "_Session"}`` before, one form whatever its to_dict says."""
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+
+    def run(source: str | None) -> str:
+        scope = tracer.trace("session", {"q": 1}) if source is None else tracer.replay(source)
+        with scope as t, step("s", "transform", input={"session": _Session()}) as s:
+            s.set_output("ok")
+        return t.trace_id
+
+    try:
+        recorded = run(None)
+        replayed = run(recorded)
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        a, b = (load_trace(st, x).steps[0] for x in (recorded, replayed))
+    assert (b.input_hash, b.output_hash) == (a.input_hash, a.output_hash)
+
+
+def test_jsonable_calls_no_method_of_a_mock() -> None:
+    """The same: a test's MagicMock handed to a traced step saw 128 calls it never made
+    (``to_dict.__bool__()``, ``to_dict()``, ``to_dict().to_dict()``...)."""
+    from unittest.mock import MagicMock
+
+    client = MagicMock()
+    jsonable({"client": client})
+    assert client.mock_calls == []
+
+
+def test_the_form_of_a_dataframe_holding_itself_does_not_depend_on_the_stack() -> None:
+    """The depth half of the fix for the tables 4f7d99d digests: a DataFrame with an object
+    cell holding the frame itself (to_dict holds it) ends at jsonable's depth limit, one form
+    at any stack depth."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"a": [None]}, dtype=object)
+    frame.iat[0, 0] = frame
+    assert jsonable({"v": frame}) == _deeper(60, lambda: jsonable({"v": frame}))

@@ -225,12 +225,19 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
     """sha256 of the JSON form of a table or array serde has no exact document for (a pandas
     DataFrame or Series: ``to_dict()``; a numpy array of objects: ``tolist()``), or None. Without
     it every DataFrame a step returned had one hash, so a replay whose table changed was stored
-    as unchanged. Only these conventional pure methods are called; one that raises gives None
-    (jsonable never raises). The JSON form is taken one level deeper than ``value``: an object
-    whose ``to_dict()`` returns itself (or holds itself) gives no digest, where the unbounded
-    recursion gave one that depended on the caller's stack depth."""
+    as unchanged. One that raises gives None (jsonable never raises). Only objects of pandas
+    and numpy classes (or their subclasses) are asked: a user's object whose ``to_dict`` holds
+    a time or an id, counts its calls, loads from a database or is a test's mock had another
+    digest at each call (an unchanged replay stored as changed) or saw calls it never made.
+    The JSON form is taken one level deeper than ``value``: one that holds the object itself
+    ends at jsonable's depth limit, where the unbounded recursion gave a digest that depended
+    on the caller's stack depth; one that is the object itself gives None."""
+    if isinstance(value, type) or not any(
+        c.__module__.partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
+    ):
+        return None
     view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
-    if not callable(view) or isinstance(value, type):
+    if not callable(view):
         return None
     try:
         form = view()
@@ -240,6 +247,9 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
     except Exception:  # a user's object: no digest rather than a failed trace
         return None
 
+
+_TABLE_PACKAGES = frozenset({"pandas", "numpy"})
+"""Top-level packages whose tables and arrays :func:`_table_digest` reads (to_dict, tolist)."""
 
 _NOT_PLAIN = object()
 _PLAIN_DEPTH = 16
