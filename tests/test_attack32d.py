@@ -106,18 +106,14 @@ def test_a_replay_of_a_replay_given_another_name_runs_the_chain_as_its_body(
     assert run.config["reference"] == {"run": source, "steps": 2, "all": True}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cbdf393 compares a failed step's error as the output field $error (ERROR_FIELD): "
-    "a step that succeeded with an output field named $error holding the same text as another's "
-    "error ('ValueError: boom') diffs equal to it, first divergence none (rewind diff, the API's "
-    "comparison, Rewind.node_sides for a Burr state key $error); the error wants a place of its "
-    "own on NodeSide, not a field name user data can hold",
-)
 def test_a_step_that_failed_does_not_diff_equal_to_one_returning_the_error_text(
     tmp_path: Path,
 ) -> None:
-    """Attack on cbdf393: the ``$error`` field collides with a user field of that name."""
+    """cbdf393 compares a failed step's error as the output field ``$error``
+    (``rewind.diff.ERROR_FIELD``): a step that succeeded with a field of that name holding the
+    same text as another's error (``ValueError: boom``) diffed equal to it, first divergence
+    none (rewind diff, the API's comparison; ``Rewind.node_sides`` for a Burr state key
+    ``$error``). A side says it failed (``NodeSide.failed``), and the diff compares that too."""
     from rewind.tracing.inspect import compare_traces
 
     tracer = Tracer(tmp_path, raise_on_write_error=True)
@@ -195,3 +191,15 @@ def test_the_form_of_a_dataframe_holding_itself_does_not_depend_on_the_stack() -
     frame = pd.DataFrame({"a": [None]}, dtype=object)
     frame.iat[0, 0] = frame
     assert jsonable({"v": frame}) == _deeper(60, lambda: jsonable({"v": frame}))
+
+
+def test_the_diff_tells_a_failed_node_from_a_field_named_error() -> None:
+    """The same on the diff's own sides (a Burr node writing a state key ``$error``)."""
+    from rewind.diff import ERROR_FIELD, NodeSide, diff_trajectories
+
+    wrote = NodeSide(0, "parse", {ERROR_FIELD: "ValueError: boom"}, "h", 0)
+    failed = NodeSide(0, "parse", {ERROR_FIELD: "ValueError: boom"}, "", 0, failed=True)
+    (row,) = diff_trajectories("a", [wrote], "b", [failed]).nodes
+    assert row.status == "changed" and [c.kind for c in row.changes] == ["added"]
+    (row,) = diff_trajectories("a", [failed], "b", [failed]).nodes
+    assert row.status == "equal"

@@ -85,6 +85,9 @@ class NodeSide:
     outcome: str = ""
     code: str = ""
     helpers: Mapping[str, str] | None = None
+    failed: bool = False
+    """The node failed: its error is under :data:`ERROR_FIELD` in ``output``. Compared as well,
+    so a node that failed never diffs equal to one that wrote a field of that name."""
 
 
 @dataclass(frozen=True)
@@ -725,7 +728,7 @@ def diff_trajectories(
         elif side_b is None:
             name, status = side_a.name, ONLY_A
         else:
-            changes = tuple(diff_values(side_a.output, side_b.output))
+            changes = _side_changes(side_a, side_b)
             name, status = side_a.name, CHANGED if changes else EQUAL
             hash_equal = side_a.output_hash == side_b.output_hash
             if side_a.helpers is not None and side_b.helpers is not None:
@@ -795,6 +798,18 @@ def _key_text(key: Any) -> str:
     if isinstance(key, int) and not -_JSON_INT_LIMIT < key < _JSON_INT_LIMIT:
         return f"<int of {key.bit_length()} bits>"
     return str(key)
+
+
+def _side_changes(a: NodeSide, b: NodeSide) -> tuple[FieldChange, ...]:
+    """The field changes between two paired nodes; when only one of them failed and the fields
+    read alike (a user field named :data:`ERROR_FIELD` holding the other's error text), the
+    error appearing or going."""
+    changes = tuple(diff_values(a.output, b.output))
+    if changes or a.failed == b.failed:
+        return changes
+    old = {ERROR_FIELD: a.output.get(ERROR_FIELD)} if a.failed else {}
+    new = {ERROR_FIELD: b.output.get(ERROR_FIELD)} if b.failed else {}
+    return tuple(diff_values(old, new))
 
 
 def _side_json(side: NodeSide | None) -> dict[str, Any] | None:

@@ -741,6 +741,7 @@ class Rewind:
                 position=n.position,
                 name=n.name,
                 output=self.node_output(n) | ({ERROR_FIELD: n.error} if n.error else {}),
+                failed=bool(n.error),
                 output_hash=n.output_hash or "",
                 tokens=n.tokens,
                 outcome=n.cache_outcome,

@@ -792,6 +792,7 @@ def _sides(view: TraceView) -> list[NodeSide]:
             output_hash=s.output_hash or "",
             tokens=s.tokens,
             outcome=s.cache_outcome,
+            failed=s.status == "failed",
         )
         for s in view.steps
     ]
