@@ -27,17 +27,23 @@ NAME_RULE = f"of 1 to {MAX_NAME_CHARS} characters without NUL (UTF-8)"
 """What :func:`storable_name` accepts, as refusals say it."""
 
 
-def storable_name(name: object) -> bool:
-    """Whether every store backend keeps ``name`` in a name column: a ``str`` of 1 to
-    :data:`MAX_NAME_CHARS` characters, without NUL, encodable as UTF-8.
+def storable_string(value: object, max_chars: int) -> bool:
+    """Whether every store backend keeps ``value`` in a ``varchar(max_chars)`` column: a
+    ``str`` of 1 to ``max_chars`` characters, without NUL, encodable as UTF-8.
 
-    SQLite keeps any string; PostgreSQL refuses a NUL or a longer name when the row is written,
-    and no backend can encode a lone surrogate. Such a name is refused where it is given, before
-    any work is spent, so a run is never kept on one backend and lost on the other.
+    SQLite keeps any string; PostgreSQL refuses a NUL or a longer value when the row is
+    written, and no backend can encode a lone surrogate. Such a value is refused where it is
+    given, before any work is spent, so a run is never kept on one backend and lost on the other.
     """
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or "\x00" in name:
+    if not isinstance(value, str) or not 0 < len(value) <= max_chars or "\x00" in value:
         return False
-    return name.isascii() or _SURROGATE.search(name) is None
+    return value.isascii() or _SURROGATE.search(value) is None
+
+
+def storable_name(name: object) -> bool:
+    """Whether every store backend keeps ``name`` in a name column (:func:`storable_string`
+    with :data:`MAX_NAME_CHARS`)."""
+    return storable_string(name, MAX_NAME_CHARS)
 
 
 def storable_text(text: str) -> str:

@@ -67,7 +67,7 @@ from rewind.errors import ParentMissing, RewindError
 from rewind.interrupts import held_interrupts
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
-from rewind.store.records import NAME_RULE, storable_name, storable_text
+from rewind.store.records import NAME_RULE, storable_name, storable_string, storable_text
 from rewind.store.references import SourceRows
 from rewind.tools import Tool
 from rewind.tracing.model import (
@@ -116,18 +116,9 @@ MAX_TRACE_ID_CHARS = 64
 
 def _storable_id(trace_id: object) -> bool:
     """Whether ``trace_id`` names a trace every store backend keeps: a string of 1 to
-    :data:`MAX_TRACE_ID_CHARS` characters, without NUL, encodable as UTF-8."""
-    if type(trace_id) is not str or not 0 < len(trace_id) <= MAX_TRACE_ID_CHARS:
-        return False
-    if "\x00" in trace_id:
-        return False
-    if trace_id.isascii():
-        return True
-    try:
-        trace_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    :data:`MAX_TRACE_ID_CHARS` characters, without NUL, encodable as UTF-8
+    (:func:`rewind.store.records.storable_string`)."""
+    return storable_string(trace_id, MAX_TRACE_ID_CHARS)
 
 
 def new_trace_id() -> str:
