@@ -153,7 +153,9 @@ def _float_text(f: float) -> str:
     return sign + body
 
 
-def _utf16_key(s: str) -> bytes:
+def utf16_key(s: str) -> bytes:
+    """Sort key of a JSON object key in RFC 8785 order: its UTF-16 code units (big-endian
+    bytes compare as the units do; a lone surrogate is kept, not refused)."""
     return s.encode("utf-16-be", "surrogatepass")
 
 
@@ -204,7 +206,7 @@ def _first(item: tuple[str, object]) -> str:
 
 
 def _utf16_first(item: tuple[str, object]) -> bytes:
-    return _utf16_key(item[0])
+    return utf16_key(item[0])
 
 
 def _encode(value: Any, out: list[str], depth: int) -> None:
@@ -245,7 +247,7 @@ def _encode_dict(value: dict[Any, Any], out: list[str], depth: int) -> None:
     if len(key_types) == 1 and str in key_types:
         keys = sorted(value)
         if not all(map(str.isascii, keys)):
-            keys.sort(key=_utf16_key)
+            keys.sort(key=utf16_key)
         items: list[tuple[str, Any]] = [(k, value[k]) for k in keys]
     else:
         items = _object_items(value)

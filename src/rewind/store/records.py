@@ -20,6 +20,13 @@ _new = object.__new__
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (no UTF-8 form: no store backend can write it);
+    ASCII text is answered without a scan."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
 MAX_NAME_CHARS = 200
 """The longest name (trace or pipeline, step or node, model or tool) a store keeps: its name
 columns are ``varchar(200)`` on PostgreSQL."""
@@ -37,7 +44,7 @@ def storable_string(value: object, max_chars: int) -> bool:
     """
     if not isinstance(value, str) or not 0 < len(value) <= max_chars or "\x00" in value:
         return False
-    return value.isascii() or _SURROGATE.search(value) is None
+    return not has_lone_surrogate(value)
 
 
 def storable_name(name: object) -> bool:

@@ -27,9 +27,9 @@ from datetime import time as dtime
 from enum import StrEnum
 from typing import Any
 
-from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex
+from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex, utf16_key
 from rewind.context import PendingWrite
-from rewind.store.records import CallRecord, EffectRecord, storable_text
+from rewind.store.records import CallRecord, EffectRecord, has_lone_surrogate, storable_text
 
 __all__ = [
     "CHAIN_TYPE",
@@ -315,12 +315,9 @@ def _plain_child(v: Any, depth: int) -> Any:
     return _plain_copy(v, depth + 1)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _utf16_first(item: tuple[str, Any]) -> bytes:
     """Sort key of a JSON object's member: its key's UTF-16 code units (RFC 8785's order)."""
-    return item[0].encode("utf-16-be", "surrogatepass")
+    return utf16_key(item[0])
 
 
 def _key(key: Any, *, typed: bool = False) -> str:
@@ -329,11 +326,7 @@ def _key(key: Any, *, typed: bool = False) -> str:
     ``$key:<type>:<canonical JSON of its jsonable>``, so that two keys of one type (the tuples
     of a pandas group-by) stay two entries."""
     if isinstance(key, str):
-        return (
-            key
-            if key.isascii() or _SURROGATE.search(key) is None
-            else f"$key:str:{storable_text(key)}"
-        )
+        return key if not has_lone_surrogate(key) else f"$key:str:{storable_text(key)}"
     if not typed and isinstance(key, int | float | bool):
         return str(key)
     return f"$key:{type(key).__name__}:{canonical_bytes(jsonable(key)).decode()}"
