@@ -85,7 +85,7 @@ from rewind.store.store import (
     GC_LOCK_KEY,
     RUNS_EPOCH_KEY,
     Store,
-    _dialect_insert,
+    dialect_insert,
     slice_row_ref,
 )
 
@@ -1123,7 +1123,7 @@ def _bump(conn: Connection, key: str) -> None:
     read then a write let two of them insert the counter at once (the second failed) or write
     the same next value (the second deletion did not move the epoch)."""
     m = schema.meta
-    stmt = _dialect_insert(conn.dialect.name, m).values(key=key, value="1")
+    stmt = dialect_insert(conn.dialect.name, m).values(key=key, value="1")
     added = cast(cast(m.c.value, BigInteger) + 1, Text)
     conn.execute(stmt.on_conflict_do_update(index_elements=[m.c.key], set_={"value": added}))
 

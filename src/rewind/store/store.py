@@ -2416,7 +2416,12 @@ def _resolve_delta(delta: list[Any], earlier: dict[int, str], where: str) -> dic
     return fields
 
 
-def _dialect_insert(dialect: str, table: Any) -> Any:
+def dialect_insert(dialect: str, table: Any) -> Any:
+    """An ``INSERT`` statement for ``table`` that can take ``ON CONFLICT`` clauses on
+    ``dialect`` (``"postgresql"``, else SQLite's): SQLAlchemy's core insert has none.
+
+    Returns the dialect's ``Insert`` construct; callers add ``.values(...)`` and
+    ``.on_conflict_do_nothing``/``.on_conflict_do_update``."""
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -2430,12 +2435,12 @@ def _dialect_insert(dialect: str, table: Any) -> Any:
 # table's columns, ~1 ms, on every store opened — a traced chain opens one per trace).
 @functools.cache
 def _insert_ignore_stmt(dialect: str, table: Any, keys: tuple[str, ...]) -> Any:
-    return _dialect_insert(dialect, table).on_conflict_do_nothing(index_elements=list(keys))
+    return dialect_insert(dialect, table).on_conflict_do_nothing(index_elements=list(keys))
 
 
 @functools.cache
 def _upsert_stmt(dialect: str, table: Any, keys: tuple[str, ...]) -> Any:
-    stmt = _dialect_insert(dialect, table)
+    stmt = dialect_insert(dialect, table)
     rest = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
     return stmt.on_conflict_do_update(index_elements=list(keys), set_=rest)
 
