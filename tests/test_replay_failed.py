@@ -11,8 +11,10 @@ their source did.
 * A cached replay of a chain that raised finds the failed recording as its source, and is
   stored by reference to it, failed (only completed traces were sources: it was stored unlinked
   and in full); a completed recording of the same input is still taken first.
+* The API's trace replay answers ``ended_as_recorded`` as ``replay-trace --json`` does.
 
-Real SQLite (and PostgreSQL) stores and a real loopback model server (tests.model_stub).
+Real SQLite (and PostgreSQL) stores, a real server for the API and a real loopback model server
+(tests.model_stub).
 """
 
 from __future__ import annotations
@@ -308,3 +310,41 @@ def test_a_cached_replay_links_to_the_recording_whose_calls_and_end_it_matches(
         assert own_rows(st, replay.trace_id)["nodes"] == 0
     finally:
         st.close()
+
+
+def test_the_apis_trace_replay_says_the_replay_ended_as_its_recorded_chain_did(
+    tmp_path: Path,
+) -> None:
+    """``POST /api/traces/{id}/replay`` (a real server) answers ``ended_as_recorded`` as
+    ``rewind replay-trace --json`` does: true for the recorded-calls replay of a trace whose
+    chain raised (failed with the recorded error, 0 requests), false for one that completed.
+    The field was missing from the API's answer."""
+    import httpx
+
+    from rewind.api import create_app
+    from tests.live_server import LiveServer
+
+    with stub_and_client(reply) as (stub, client):
+        source = _record_failing(tmp_path, client)
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.trace("answers", {"q": 1}) as done:
+                ask("one")
+        finally:
+            tracer.close()
+        requests = stub.count
+        st = open_store(tmp_path)
+        try:
+            with LiveServer(create_app(st, chat_client=client, pipelines={})) as server:
+                answers = [
+                    httpx.post(f"{server.url}/api/traces/{t}/replay", json={}, trust_env=False)
+                    for t in (source.trace_id, done.trace_id)
+                ]
+        finally:
+            st.close()
+    assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+    failed, completed = (r.json() for r in answers)
+    assert failed["mode"] == "recorded-calls" and failed["trace"]["status"] == "failed"
+    assert failed["ended_as_recorded"] is True
+    assert completed["ended_as_recorded"] is False and completed["trace"]["status"] == "success"
+    assert stub.count == requests
