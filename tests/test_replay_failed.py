@@ -274,6 +274,19 @@ def _traced(folder: Path, client: Any, q: int, *, flaky: bool, read_cache: bool)
     return t
 
 
+def _cached_replay(folder: Path, stub: Any, client: Any, *, flaky: bool) -> tuple[Any, int]:
+    """(the run row, its own node rows) of a cached trace of ``_flaky`` with input ``{"q": 1}``,
+    which must send no request."""
+    requests = stub.count
+    replay = _traced(folder, client, 1, flaky=flaky, read_cache=True)
+    assert stub.count == requests
+    st = open_store(folder)
+    try:
+        return st.get_run(replay.trace_id), own_rows(st, replay.trace_id)["nodes"]
+    finally:
+        st.close()
+
+
 @pytest.mark.parametrize(
     ("recordings", "flaky", "source", "status"),
     [
@@ -299,17 +312,9 @@ def test_a_cached_replay_links_to_the_recording_whose_calls_and_end_it_matches(
       linked to the other input's trace, and stored in full from the failure on)."""
     with stub_and_client(reply) as (stub, client):
         made = [_traced(tmp_path, client, q, flaky=f, read_cache=False) for q, f in recordings]
-        requests = stub.count
-        replay = _traced(tmp_path, client, 1, flaky=flaky, read_cache=True)
-        assert stub.count == requests
-    st = open_store(tmp_path)
-    try:
-        run = st.get_run(replay.trace_id)
-        assert (run.parent_run_id, run.status) == (made[source].trace_id, status)
-        assert run.config["reference"]["all"] is True
-        assert own_rows(st, replay.trace_id)["nodes"] == 0
-    finally:
-        st.close()
+        run, nodes = _cached_replay(tmp_path, stub, client, flaky=flaky)
+    assert (run.parent_run_id, run.status) == (made[source].trace_id, status)
+    assert run.config["reference"]["all"] is True and nodes == 0
 
 
 def test_the_apis_trace_replay_says_the_replay_ended_as_its_recorded_chain_did(
@@ -348,3 +353,21 @@ def test_the_apis_trace_replay_says_the_replay_ended_as_its_recorded_chain_did(
     assert failed["ended_as_recorded"] is True
     assert completed["ended_as_recorded"] is False and completed["trace"]["status"] == "success"
     assert stub.count == requests
+
+
+def test_a_cached_replay_of_a_chain_that_raised_finds_it_behind_many_replays_of_it(
+    tmp_path: Path,
+) -> None:
+    """More replays of the raising chain than the failed traces looked at
+    (tracer_source.RECORDER_CANDIDATES), each stored wholly by reference (no call rows of its
+    own): the next cached replay still links to the recording (a replay's parent holds the
+    calls), stored by reference, failed, 0 requests."""
+    from rewind.tracing import tracer_source
+
+    with stub_and_client(reply) as (stub, client):
+        source = _traced(tmp_path, client, 1, flaky=True, read_cache=False)
+        for _ in range(tracer_source.RECORDER_CANDIDATES + 1):
+            _traced(tmp_path, client, 1, flaky=True, read_cache=True)
+        run, nodes = _cached_replay(tmp_path, stub, client, flaky=True)
+    assert (run.parent_run_id, run.status) == (source.trace_id, "failed")
+    assert run.config["reference"]["all"] is True and nodes == 0

@@ -195,9 +195,10 @@ def _failed(
 ) -> list[tuple[str, str, str | None]]:
     """(run id, config JSON, initial state hash) of the failed traces named ``name`` among the
     :data:`RECORDER_CANDIDATES` newest of the name (any status; by index:
-    ``ix_runs_pipeline_created``) whose own call rows hold the call key ``key``, newest first.
-    A failed trace's replay stored wholly by reference holds no call rows: its source, which
-    does, stands for it."""
+    ``ix_runs_pipeline_created``) whose own call rows, or their parent's, hold the call key
+    ``key``, newest first. A failed trace's replay stored wholly by reference holds no call rows:
+    its source, which does, stands for it (:func:`_holding` takes it instead), so the source
+    is found however many of its replays came after it."""
     args = (name, RECORDER_CANDIDATES)
     if driver is not None:
         return driver.execute(_FAILED_SQL, (*args, schema.digest_bytes(key))).fetchall()
@@ -254,12 +255,14 @@ _ORIGIN_SQL = (
 
 # The failed traces that may be a cached trace's source (_failed): among the newest of the name
 # of any status (bounded by ix_runs_pipeline_created, as _RECORDERS_SQL), those whose own call
-# rows hold the key.
+# rows, or their parent's, hold the key (a replay stored by reference has none of its own: its
+# parent's stand for them, and _holding takes the parent of one stored wholly by reference).
 _FAILED_SQL = (
     "SELECT run_id, config_json, initial_state_hash FROM (SELECT run_id, config_json,"
-    " initial_state_hash, status, created_at FROM runs WHERE pipeline = ?"
+    " initial_state_hash, status, parent_run_id, created_at FROM runs WHERE pipeline = ?"
     " ORDER BY created_at DESC LIMIT ?) r"
-    f" WHERE status = 'failed' AND {_HOLDS_KEY} ORDER BY created_at DESC"
+    " WHERE status = 'failed' AND EXISTS (SELECT 1 FROM calls c"
+    " WHERE c.run_id IN (r.run_id, r.parent_run_id) AND c.key = ?) ORDER BY created_at DESC"
 )
 
 
