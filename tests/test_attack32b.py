@@ -407,19 +407,15 @@ def _gives_up() -> str:
     raise RuntimeError("gave up")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracer_source.find_source tries completed traces only: the unchanged cached replay "
-    "of a chain that raised is stored unlinked and in full (in place and recorded-calls "
-    "replays of it are stored by reference)",
-)
 def test_a_cached_replay_of_a_chain_that_raised_is_linked_to_its_recording(
     tmp_path: Path,
 ) -> None:
     """The chain raised after its steps. Its in-place and recorded-calls replays are stored by
     reference, failed with the recorded error; its cached replay (``Tracer(read_cache=True)``,
-    the same code) finds no source, since only completed traces are candidates: 0 requests
-    (answers served by key), but unlinked, every step stored again."""
+    the same code) is too: linked to the recording, stored wholly by reference, failed.
+
+    Was a strict xfail: find_source tried completed traces only, so the cached replay found no
+    source: 0 requests (answers served by key), but unlinked, every step stored again."""
     digest, requests, executed, stored, _, linked, _ = _third(tmp_path, _gives_up, full=False)
     assert (digest, requests, executed, stored["status"]) == (None, 0, 0, "failed")
     assert linked, "the replay is linked to its recording"

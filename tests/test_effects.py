@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+import rewind
 from rewind.cache import CallPolicy
 from rewind.canonical import canonical_bytes, key_of, sha256_hex
 from rewind.context import RunContext
@@ -31,7 +33,10 @@ from rewind.effects import (
 )
 from rewind.errors import RewindError
 from rewind.replay import ParamOverride, Rewind
+from rewind.store import open_store
 from rewind.tools import tool
+from rewind.tracing import Tracer, step
+from rewind.tracing.store import load_trace
 from tests import pipelines
 from tests.pipelines import LIMITS_EPOCH_SQL, LOOKUP_TTL_S, create_limits_db
 
@@ -151,6 +156,74 @@ def test_ttl_boundary_age_equal_to_ttl_is_not_older(
     assert node(rw, rw.replay(parent.run_id).run_id, "look").calls[0].outcome == "hit"
     clock.now += 0.001
     assert node(rw, rw.replay(parent.run_id).run_id, "look").calls[0].reason == "ttl-expired"
+
+
+def test_a_ttl_entry_dated_after_the_runs_clock_is_expired(
+    rw: Rewind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries written by a clock running 1 s ahead of the run's (another machine's, a test
+    clock): their age is unknown, so a time-bound one is a miss (``ttl-expired``) and executes
+    again, from the parent's lineage (replay) and from the cache table (a fork to another
+    input) alike. A negative age counted as fresh: such entries were served for as long as the
+    clock that wrote them was ahead, plus the TTL."""
+    clock = FakeClock()
+    use_clock(rw, monkeypatch, clock)
+    rw.record(pipelines.ttl_pipeline, {"query": "ab"})  # leaves a cache entry for "ab"
+    parent = rw.record(pipelines.ttl_pipeline, {"query": "a"})
+    clock.now -= 1
+    replayed = node(rw, rw.replay(parent.run_id).run_id, "look").calls[0]
+    assert (replayed.outcome, replayed.reason) == ("miss", "ttl-expired")
+    to_ab = ParamOverride("look", "suffix", "b")
+    forked = node(rw, rw.fork(parent.run_id, at="look", override=to_ab).run_id, "look")
+    assert (forked.calls[0].outcome, forked.calls[0].reason) == ("miss", "ttl-expired")
+    assert executed("fx_lookup") == ["ab", "a", "a", "ab"]
+
+
+_RAN: list[str] = []
+
+
+@rewind.tool("ahead_timed", determinism="time-bound", ttl_s=LOOKUP_TTL_S)
+def _ahead_timed(n: int) -> int:
+    _RAN.append("timed")
+    return n + 1
+
+
+@rewind.tool("ahead_fixed")
+def _ahead_fixed(n: int) -> int:
+    _RAN.append("fixed")
+    return n * 2
+
+
+def _ahead_chain(folder: Path, clock: Callable[[], float], *, read_cache: bool) -> Any:
+    """A trace of a deterministic then a time-bound tool step through ``Tracer(clock=clock)``."""
+    tracer = Tracer(folder, read_cache=read_cache, raise_on_write_error=True, clock=clock)
+    try:
+        with tracer.trace("ahead", {"n": 1}) as t:
+            with step("fixed", "tool_call"):
+                n = _ahead_fixed(1)
+            with step("timed", "tool_call"):
+                t.set_output(_ahead_timed(n))
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    return t
+
+
+def test_a_traced_ttl_entry_written_by_a_tracer_clock_ahead_is_expired(tmp_path: Path) -> None:
+    """``Tracer(clock=...)`` running an hour ahead records a deterministic and a time-bound
+    tool call; a real-clock cached replay of the chain serves the deterministic one (no TTL)
+    and runs the time-bound one again (``miss:ttl-expired``: dated after its clock, its age is
+    unknown). It served both: a negative age counted as fresh."""
+    _RAN.clear()
+    _ahead_chain(tmp_path, lambda: time.time() + 3600, read_cache=False)
+    replay = _ahead_chain(tmp_path, time.time, read_cache=True)
+    assert _RAN == ["fixed", "timed", "timed"]
+    st = open_store(tmp_path)
+    try:
+        calls = [c for s in load_trace(st, replay.trace_id).steps for c in s.calls]
+    finally:
+        st.close()
+    assert [(c.outcome, c.reason) for c in calls] == [("hit", "hit"), ("miss", "ttl-expired")]
 
 
 def test_ttl_applies_to_the_shared_cache_table_too(

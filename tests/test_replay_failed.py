@@ -8,8 +8,13 @@ their source did.
   a step that failed and was caught by the chain included, is stored by reference like any
   unchanged replay (it was stored in full from the failed step on: the failed step's state row
   was copied).
+* A cached replay of a chain that raised finds the failed recording as its source, and is
+  stored by reference to it, failed (only completed traces were sources: it was stored unlinked
+  and in full); a completed recording of the same input is still taken first.
+* The API's trace replay answers ``ended_as_recorded`` as ``replay-trace --json`` does.
 
-Real SQLite stores and a real loopback model server (tests.model_stub).
+Real SQLite (and PostgreSQL) stores, a real server for the API and a real loopback model server
+(tests.model_stub).
 """
 
 from __future__ import annotations
@@ -210,3 +215,159 @@ def test_the_lane_and_the_full_path_store_a_replay_with_a_caught_failure_alike(
     assert _diff(lane_side[3], full_side[3]) == []
     assert lane_side[:3] == full_side[:3] and lane_side[1:3] == (0, 0)
     assert lane_side[5] and lane_side[3]["config"]["reference"]["all"] is True
+
+
+def _raising() -> str:
+    """``gives_up`` as the lane tests' block (the third trace of it, see ``_third``)."""
+    gives_up()
+    return ""
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_cached_replay_of_a_chain_that_raised_is_stored_alike_by_the_lane_and_the_full_path(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The cached replay of a chain that raised finds the failed recording as its source (only
+    completed traces were looked at: it was stored unlinked and in full); with the lane and
+    with the lane off it is stored alike, by reference to the recording, failed, 0 requests,
+    on SQLite and PostgreSQL."""
+    from tests.test_attack31 import _third
+    from tests.test_tracing_lane import _diff
+
+    def location(side: str) -> Any:
+        if backend == "sqlite":
+            return tmp_path / side
+        return request.getfixturevalue("postgres_server").new_store_database()
+
+    lane_side, full_side = [_third(location(str(f)), _raising, full=f) for f in (False, True)]
+    assert _diff(lane_side[3], full_side[3]) == []
+    assert lane_side[:3] == full_side[:3] and lane_side[1:3] == (0, 0)
+    assert lane_side[5] and full_side[5]
+    assert lane_side[3]["status"] == "failed"
+    assert lane_side[3]["config"]["reference"] == {"run": "PARENT", "steps": 3, "all": True}
+
+
+_FLAKY = [False]
+
+
+def _flaky() -> str:
+    """Two answers; raises between them while ``_FLAKY[0]`` is set."""
+    out = ask("one")
+    if _FLAKY[0]:
+        raise RuntimeError("flaky")
+    return out + ask("two")
+
+
+def _traced(folder: Path, client: Any, q: int, *, flaky: bool, read_cache: bool) -> Trace:
+    """One trace of ``_flaky`` named ``flaky`` with input ``{"q": q}`` (raising or not)."""
+    _FLAKY[0] = flaky
+    tracer = Tracer(folder, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    try:
+        with contextlib.suppress(RuntimeError), tracer.trace("flaky", {"q": q}) as t:
+            _flaky()
+    finally:
+        tracer.close()
+        _FLAKY[0] = False
+    assert t.write_error is None
+    return t
+
+
+def _cached_replay(folder: Path, stub: Any, client: Any, *, flaky: bool) -> tuple[Any, int]:
+    """(the run row, its own node rows) of a cached trace of ``_flaky`` with input ``{"q": 1}``,
+    which must send no request."""
+    requests = stub.count
+    replay = _traced(folder, client, 1, flaky=flaky, read_cache=True)
+    assert stub.count == requests
+    st = open_store(folder)
+    try:
+        return st.get_run(replay.trace_id), own_rows(st, replay.trace_id)["nodes"]
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize(
+    ("recordings", "flaky", "source", "status"),
+    [
+        ([(1, True), (1, False)], False, 1, "completed"),
+        ([(1, False), (1, True)], False, 0, "completed"),
+        ([(1, True), (2, False)], True, 0, "failed"),
+    ],
+    ids=["failed-then-succeeded", "succeeded-then-failed", "failed-and-another-input-completed"],
+)
+def test_a_cached_replay_links_to_the_recording_whose_calls_and_end_it_matches(
+    tmp_path: Path, recordings: list[tuple[int, bool]], flaky: bool, source: int, status: str
+) -> None:
+    """Recordings of ``_flaky`` (input, whether it raised between its two calls), then its
+    unchanged cached replay with input 1 (0 requests), which links to the recording numbered
+    ``source``, stored wholly by reference, ended ``status``:
+
+    * the chain failed once and succeeded once with the same input, in either order: the
+      replay (which succeeds: every answer is cached) matches the success's calls, not the
+      failure's (which stopped after the first), and links to the success. A failed trace is
+      a source only when no completed trace of the input made the call;
+    * a completed trace of another input made the same first call, the input's own recording
+      failed after it: the replay, failing the same way, links to the failed recording (it was
+      linked to the other input's trace, and stored in full from the failure on)."""
+    with stub_and_client(reply) as (stub, client):
+        made = [_traced(tmp_path, client, q, flaky=f, read_cache=False) for q, f in recordings]
+        run, nodes = _cached_replay(tmp_path, stub, client, flaky=flaky)
+    assert (run.parent_run_id, run.status) == (made[source].trace_id, status)
+    assert run.config["reference"]["all"] is True and nodes == 0
+
+
+def test_the_apis_trace_replay_says_the_replay_ended_as_its_recorded_chain_did(
+    tmp_path: Path,
+) -> None:
+    """``POST /api/traces/{id}/replay`` (a real server) answers ``ended_as_recorded`` as
+    ``rewind replay-trace --json`` does: true for the recorded-calls replay of a trace whose
+    chain raised (failed with the recorded error, 0 requests), false for one that completed.
+    The field was missing from the API's answer."""
+    import httpx
+
+    from rewind.api import create_app
+    from tests.live_server import LiveServer
+
+    with stub_and_client(reply) as (stub, client):
+        source = _record_failing(tmp_path, client)
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with tracer.trace("answers", {"q": 1}) as done:
+                ask("one")
+        finally:
+            tracer.close()
+        requests = stub.count
+        st = open_store(tmp_path)
+        try:
+            with LiveServer(create_app(st, chat_client=client, pipelines={})) as server:
+                answers = [
+                    httpx.post(f"{server.url}/api/traces/{t}/replay", json={}, trust_env=False)
+                    for t in (source.trace_id, done.trace_id)
+                ]
+        finally:
+            st.close()
+    assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+    failed, completed = (r.json() for r in answers)
+    assert failed["mode"] == "recorded-calls" and failed["trace"]["status"] == "failed"
+    assert failed["ended_as_recorded"] is True
+    assert completed["ended_as_recorded"] is False and completed["trace"]["status"] == "success"
+    assert stub.count == requests
+
+
+def test_a_cached_replay_of_a_chain_that_raised_finds_it_behind_many_replays_of_it(
+    tmp_path: Path,
+) -> None:
+    """More replays of the raising chain than the failed traces looked at
+    (tracer_source.RECORDER_CANDIDATES), each stored wholly by reference (no call rows of its
+    own): the next cached replay still links to the recording (a replay's parent holds the
+    calls), stored by reference, failed, 0 requests."""
+    from rewind.tracing import tracer_source
+
+    with stub_and_client(reply) as (stub, client):
+        source = _traced(tmp_path, client, 1, flaky=True, read_cache=False)
+        for _ in range(tracer_source.RECORDER_CANDIDATES + 1):
+            _traced(tmp_path, client, 1, flaky=True, read_cache=True)
+        run, nodes = _cached_replay(tmp_path, stub, client, flaky=True)
+    assert (run.parent_run_id, run.status) == (source.trace_id, "failed")
+    assert run.config["reference"]["all"] is True and nodes == 0

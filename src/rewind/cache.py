@@ -10,7 +10,8 @@ there), ``bypass:stability``, ``served:side-effect-recorded``,
 concurrent replay executing the same call).
 
 Determinism flags decide the rules: ``deterministic`` entries never expire; ``time-bound`` entries
-older than their ``ttl_s`` are misses (the same rule for any input); ``side-effect`` calls are never
+older than their ``ttl_s`` are misses (the same rule for any input), and so are those dated after
+the run's clock (:func:`within_ttl`); ``side-effect`` calls are never
 served from the shared cache and never silently re-executed on replay (see
 :mod:`rewind.effects` for the modes).
 """
@@ -404,11 +405,28 @@ def _lookup(
             # plant answers for requests others will send).
             return None, _miss_reason(ctx, scope)
         found = (cached.result_hash, cached.created_at)
-    if policy.determinism == "time-bound" and policy.ttl_s is not None:
-        produced = found[1]
-        if produced is None or ctx.clock() - produced > policy.ttl_s:
-            return None, "ttl-expired"
+    ttl_s = policy.ttl_s if policy.determinism == "time-bound" else None
+    if ttl_s is not None and not within_ttl(found[1], ttl_s, ctx.clock()):
+        return None, "ttl-expired"
     return found, ""
+
+
+def within_ttl(produced_at: float | None, ttl_s: float, now: float) -> bool:
+    """Whether a time-bound result produced at ``produced_at`` (unix seconds; None: unknown)
+    may still be served at ``now`` (unix seconds, the run's clock) under a TTL of ``ttl_s``
+    seconds: its age ``now - produced_at`` is known and at most ``ttl_s`` (an age equal to the
+    TTL is not older).
+
+    A result dated after ``now`` was produced by a clock running ahead of this one (another
+    machine's, or a ``Tracer(clock=...)``/``Rewind`` test clock): its age is unknown, so it is
+    not served (a negative age used to count as fresh, so such an entry was served for as long
+    as the clock that wrote it was ahead, plus the TTL). Deterministic entries have no TTL and
+    never come here. This is the one place TTL freshness is decided (Burr nodes and traced
+    steps, from the lineage or the cache table alike)."""
+    if produced_at is None:
+        return False
+    age = now - produced_at
+    return 0.0 <= age <= ttl_s
 
 
 def _source_raised(ctx: RunContext, scope: NodeScope | None, kind: str, key: str) -> bool:
@@ -465,4 +483,5 @@ __all__ = [
     "execute_call",
     "occurrence_key",
     "through_cache",
+    "within_ttl",
 ]

@@ -831,7 +831,9 @@ export interface paths {
          * Replay
          * @description Replay a trace (its chain's code, or its recorded calls) with at most one change and
          *     the replay switches; answers the mode used, whether it stopped at the first divergence,
-         *     the replay trace and its step-by-step diff against the original.
+         *     whether it ended as the recorded chain did (``ended_as_recorded``: a recorded-calls
+         *     replay of a trace whose chain raised fails with the recorded error), the replay trace
+         *     and its step-by-step diff against the original.
          */
         post: operations["replay_api_traces__trace_id__replay_post"];
         delete?: never;
@@ -3275,10 +3277,16 @@ export interface components {
         };
         /**
          * TraceReplayResult
-         * @description A trace replay: the mode used, whether it stopped, the replay and its diff.
+         * @description A trace replay: the mode used, whether it stopped, whether it ended as its recorded
+         *     chain did, the replay and its diff.
          */
         TraceReplayResult: {
             diff: components["schemas"]["TraceCompare"];
+            /**
+             * Ended As Recorded
+             * @description a recorded-calls replay of a trace whose chain raised: it failed with the recorded error because the recorded chain raised after its steps (not because a step of the replay failed); as `rewind replay-trace --json` says
+             */
+            ended_as_recorded: boolean;
             /**
              * Mode
              * @description chain (its code ran) or recorded-calls

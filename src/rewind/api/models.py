@@ -761,11 +761,17 @@ class ReplaySwitches(ApiModel):
 
 
 class TraceReplayResult(ApiModel):
-    """A trace replay: the mode used, whether it stopped, the replay and its diff."""
+    """A trace replay: the mode used, whether it stopped, whether it ended as its recorded
+    chain did, the replay and its diff."""
 
     mode: str = Field(description="chain (its code ran) or recorded-calls")
     switches: ReplaySwitches
     stopped: bool
+    ended_as_recorded: bool = Field(
+        description="a recorded-calls replay of a trace whose chain raised: it failed with the "
+        "recorded error because the recorded chain raised after its steps (not because a step "
+        "of the replay failed); as `rewind replay-trace --json` says"
+    )
     trace: TraceDetail
     diff: TraceCompare
 

@@ -51,6 +51,7 @@ from rewind.tracing.model import (
     jsonable,
 )
 from rewind.tracing.otel import MAX_OTLP_BYTES, OtlpReceiver
+from rewind.tracing.recorded import ended_as_recorded
 from rewind.tracing.replay import ReplaySwitches, replay_trace
 from rewind.tracing.rootcause import root_cause
 from rewind.tracing.store import (
@@ -460,7 +461,9 @@ def trace_router(
     def replay(trace_id: str, req: TraceReplayRequest) -> dict[str, Any]:
         """Replay a trace (its chain's code, or its recorded calls) with at most one change and
         the replay switches; answers the mode used, whether it stopped at the first divergence,
-        the replay trace and its step-by-step diff against the original."""
+        whether it ended as the recorded chain did (``ended_as_recorded``: a recorded-calls
+        replay of a trace whose chain raised fails with the recorded error), the replay trace
+        and its step-by-step diff against the original."""
         switches = ReplaySwitches(req.cached_llm, req.cached_tools, req.stop_at_divergence)
         record = replay_trace(
             store,
@@ -475,6 +478,7 @@ def trace_router(
             "mode": record.config.get("replay_mode"),
             "switches": switches.to_json(),
             "stopped": b.error_type == StoppedAtDivergence.__name__,
+            "ended_as_recorded": ended_as_recorded(a, b),
             "trace": b.to_json(),
             "diff": compare_traces(a, b),
         }

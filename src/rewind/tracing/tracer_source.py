@@ -4,7 +4,8 @@ A trace made with ``Tracer(read_cache=True)`` runs the caller's code again and l
 up by its content key. Looking every call up in the store costs a read transaction and a blob
 read per call; instead, at the first lookup the trace finds the recorded trace that made that
 call (the newest completed trace of the same name whose calls include the key, one with the
-same input first) and reads, in
+same input first; a failed one, when no completed trace of the input made the call: a chain
+that raised) and reads, in
 one transaction, that trace's rows and the cache entries and result bytes of all its calls.
 Later lookups are dictionary reads: a call the source made at the same position with the same
 key is served as the source recorded it (lineage first, DESIGN rule 5: a deterministic tool the
@@ -77,6 +78,14 @@ def find_source(
     then take another path (or stop), and would leave the rest of this trace without lineage.
     When the candidates hold the call only with other inputs and the name has more traces, a
     recorder of this input found through the cache entry is taken before them.
+
+    When no completed trace of this input made the call, a failed trace may have (a chain that
+    raised after its steps; its cached replay, failing alike, is then stored by reference and
+    ends failed like it): the failed traces among the :data:`RECORDER_CANDIDATES` newest of the
+    name that made the call (:func:`_failed`, a bounded, indexed lookup) are tried, one of this
+    input taken before a completed trace of another input. A completed trace of this input is
+    always taken before a failed one, even an older one: a chain that failed once and then
+    succeeded (or the other way round) replays, every answer cached, as the success did.
     """
     with store.read() as conn:
         driver = _sqlite_driver(conn)
@@ -94,6 +103,15 @@ def find_source(
                 # others' rows are not read.
                 recorders = [r for r in recorders if r[2] == initial_hash]
             found = _holding(store, conn, recorders, tried, kind, key, initial_hash) or found
+        if not _same_input(found, initial_hash):
+            # No completed trace of this input made the call: a failed one may have (a chain
+            # that raised after its steps). Looked at only here, so a completed trace of the
+            # same input is always taken first; another input's completed trace is kept
+            # unless a failed trace of this input made the call.
+            failed = _failed(conn, driver, name, key)
+            if found is not None:
+                failed = [r for r in failed if r[2] == initial_hash]
+            found = _holding(store, conn, failed, tried, kind, key, initial_hash) or found
         return _prefetch(store, conn, *found) if found is not None else None
 
 
@@ -172,6 +190,22 @@ def _recorders(
     return [tuple(r) for r in conn.execute(core, params | {"key": key})]
 
 
+def _failed(
+    conn: Connection, driver: Any, name: str, key: str
+) -> list[tuple[str, str, str | None]]:
+    """(run id, config JSON, initial state hash) of the failed traces named ``name`` among the
+    :data:`RECORDER_CANDIDATES` newest of the name (any status; by index:
+    ``ix_runs_pipeline_created``) whose own call rows, or their parent's, hold the call key
+    ``key``, newest first. A failed trace's replay stored wholly by reference holds no call rows:
+    its source, which does, stands for it (:func:`_holding` takes it instead), so the source
+    is found however many of its replays came after it."""
+    args = (name, RECORDER_CANDIDATES)
+    if driver is not None:
+        return driver.execute(_FAILED_SQL, (*args, schema.digest_bytes(key))).fetchall()
+    params = {chr(ord("a") + i): value for i, value in enumerate(args)}  # as _named names them
+    return [tuple(r) for r in conn.execute(_FAILED, params | {"key": key})]
+
+
 # Built once (a cached trace runs both at its first lookup; building a select costs about as
 # much as running it).
 _runs = schema.runs
@@ -219,6 +253,18 @@ _ORIGIN_SQL = (
     f" WHERE run_id = ? AND pipeline = ? AND status = 'completed' AND {_HOLDS_KEY}"
 )
 
+# The failed traces that may be a cached trace's source (_failed): among the newest of the name
+# of any status (bounded by ix_runs_pipeline_created, as _RECORDERS_SQL), those whose own call
+# rows, or their parent's, hold the key (a replay stored by reference has none of its own: its
+# parent's stand for them, and _holding takes the parent of one stored wholly by reference).
+_FAILED_SQL = (
+    "SELECT run_id, config_json, initial_state_hash FROM (SELECT run_id, config_json,"
+    " initial_state_hash, status, parent_run_id, created_at FROM runs WHERE pipeline = ?"
+    " ORDER BY created_at DESC LIMIT ?) r"
+    " WHERE status = 'failed' AND EXISTS (SELECT 1 FROM calls c"
+    " WHERE c.run_id IN (r.run_id, r.parent_run_id) AND c.key = ?) ORDER BY created_at DESC"
+)
+
 
 def _named(sql: str) -> Any:
     """``sql`` (positional ``?``) as a Core text statement: ``:a``, ``:b``, ... in order, the
@@ -235,6 +281,7 @@ _ENTRY = {
 }
 _RECORDERS = _named(_RECORDERS_SQL)
 _ORIGIN = _named(_ORIGIN_SQL)
+_FAILED = _named(_FAILED_SQL)
 
 
 def _sqlite_driver(conn: Connection) -> Any:
@@ -249,7 +296,8 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
     """The rows of ``run_id`` (:func:`rewind.store.references.load_rows`), kept in this process
     for the next trace that replays the same source.
 
-    A completed run's node, call and span rows are never updated, only deleted with the run, so
+    A completed or failed run's node, call and span rows are never updated (only a running
+    run's status changes), only deleted with the run, so
     rows read before are still its rows while a run row with the same id, status, start and end
     exists and no run was deleted since: that row and ``meta.runs_epoch`` (bumped by every
     deletion of a run's rows, :data:`rewind.store.store.RUNS_EPOCH_KEY`) are read first, in
@@ -266,7 +314,7 @@ def source_rows(store: Store, conn: Connection, run_id: str) -> SourceRows:
         row = found[0] if found else None
     else:
         row = conn.execute(_RUN_TIMES, {"run_id": run_id}).first()
-    if row is None or row[0] != "completed":
+    if row is None or row[0] not in ("completed", "failed"):
         return load_rows(conn, run_id)
     key = (str(store.engine.url), run_id, float(row[1]), row[2], row[3])
     with _ROWS_LOCK:
