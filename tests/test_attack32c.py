@@ -372,16 +372,13 @@ def test_a_replay_whose_step_returned_another_table_is_not_unchanged(
     assert unchanged.output_hash == recorded.output_hash
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="diff pairs steps by name: a replay of an old trace whose step names hold NUL runs "
-    "with the names escaped (stored_name), so rewind diff shows each step only_a/only_b and "
-    "the unchanged replay warns that it diverged",
-)
 def test_an_unchanged_replay_of_an_old_trace_with_a_nul_step_name_diffs_equal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Left: the old trace can be replayed (see above), but its diff against the replay."""
+    """Was a strict xfail: the old trace could be replayed (see above), but the diff paired
+    steps by name, and the replay runs with the names escaped (stored_name): rewind diff
+    showed each step only_a/only_b and the unchanged replay warned that it diverged. The diff
+    now names a trace's steps (and the output field named after each) as a store keeps them."""
     import rewind.tracing.tracer as tracer_module
     from rewind.tracing.inspect import compare_traces
 
@@ -392,6 +389,33 @@ def test_an_unchanged_replay_of_an_old_trace_with_a_nul_step_name_diffs_equal(
         replay_id = replay_trace(st, t.trace_id).run_id
         diff = compare_traces(load_trace(st, t.trace_id), load_trace(st, replay_id))
     assert [n["status"] for n in diff["nodes"]] == ["equal"]
+
+
+@pytest.mark.parametrize(("output", "status"), [({"n": 1}, "equal"), ({"n": 2}, "changed")])
+def test_a_replay_of_an_old_nul_named_step_diffs_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: dict[str, int], status: str
+) -> None:
+    """The steps pair by their stored name and their outputs are still compared: an in-place
+    replay whose step (named as the store keeps the old name) returned another value shows
+    it changed, the same value equal."""
+    import rewind.tracing.tracer as tracer_module
+    from rewind.tracing.inspect import compare_traces
+
+    monkeypatch.setattr(tracer_module, "storable_name", _old_name_rule)
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with tracer.trace("old", {"q": 1}) as t, step("a\x00b", "transform") as s:
+            s.set_output({"n": 1})
+        monkeypatch.undo()
+        with tracer.replay(t.trace_id) as r, step("a\\u0000b", "transform") as s:
+            s.set_output(output)
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        diff = compare_traces(load_trace(st, t.trace_id), load_trace(st, r.trace_id))
+    assert [n["status"] for n in diff["nodes"]] == [status]
+    changes = [(c["kind"], c["old"], c["new"]) for c in diff["nodes"][0]["changes"]]
+    assert changes == ([] if status == "equal" else [("changed", 1, 2)])
 
 
 @pytest.mark.xfail(
