@@ -270,21 +270,54 @@ def _nested(depth: int, leaf: str) -> Any:
     return value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tracing.model.jsonable: a value nested deeper than canonical.MAX_DEPTH (400) is "
-    "refused by the hasher and cut at 64 levels to {'$unhashable': '<type>'} with no digest "
-    "(serde refuses it too): two step outputs that differ only below the cut are stored with "
-    "one hash, so a replay whose deeply nested output changed is stored as unchanged",
-)
 def test_a_replay_whose_deeply_nested_output_changed_below_the_cut_is_not_unchanged(
     tmp_path: Path,
 ) -> None:
-    """Hostile nesting (300 levels of ``{"k": [...]}``, 600 containers) in a step's output."""
+    """Hostile nesting (300 levels of ``{"k": [...]}``, 600 containers) in a step's output.
+    Was a strict xfail: tracing.model.jsonable cut a value nested deeper than the hasher's
+    MAX_DEPTH (400) at 64 levels to ``{"$unhashable": "<type>"}`` with no digest (serde refuses
+    it too), so two outputs that differ only below the cut were stored with one hash: a replay
+    whose deeply nested output changed was stored as unchanged. The cut now carries the digest
+    of what it hides; equal values still hash equal."""
     source_hash, replay_hash, _ = _replayed_hashes(
         tmp_path / "deep", _nested(300, "recorded"), _nested(300, "replayed")
     )
     assert replay_hash != source_hash
+    same = _replayed_hashes(tmp_path / "same", _nested(300, "recorded"), _nested(300, "recorded"))
+    assert same[0] == same[1]
+
+
+def test_a_step_output_100000_levels_deep_is_stored_with_a_digest_of_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """The digest of a cut value is taken without recursion: a hostile output 100,000 levels
+    deep is stored (no RecursionError out of the tracer, the trace kept) and a change at its
+    bottom still changes the step's hash."""
+    source_hash, replay_hash, stored = _replayed_hashes(
+        tmp_path / "deep", _nested(100_000, "recorded"), _nested(100_000, "replayed")
+    )
+    assert replay_hash != source_hash
+    assert "sha256" in json.dumps(stored)
+
+
+def test_the_digest_of_a_value_holding_itself_below_the_cut_does_not_depend_on_the_stack() -> None:
+    """A value holding itself (a tree with back links) is cut after 64 levels; its digest
+    names the back link by its distance up the path, so it is one at any caller's stack depth
+    and a change elsewhere in the value still changes it."""
+    from rewind.tracing.model import jsonable
+
+    def deeper(levels: int, value: Any) -> Any:
+        return jsonable(value) if levels == 0 else deeper(levels - 1, value)
+
+    def ring(changed: int) -> dict[str, Any]:
+        """100 nodes linked in a ring, node ``changed`` named otherwise."""
+        nodes = [{"name": "x" if i == changed else i} for i in range(100)]
+        for node, after in zip(nodes, nodes[1:] + nodes[:1], strict=True):
+            node["next"] = after
+        return nodes[0]
+
+    assert jsonable(ring(-1)) == deeper(200, ring(-1))
+    assert jsonable(ring(80)) != jsonable(ring(-1))
 
 
 # --- held: the lane stores what the full path stores for inputs equal as JSON ------------------

@@ -372,16 +372,13 @@ def test_a_replay_whose_step_returned_another_table_is_not_unchanged(
     assert unchanged.output_hash == recorded.output_hash
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="diff pairs steps by name: a replay of an old trace whose step names hold NUL runs "
-    "with the names escaped (stored_name), so rewind diff shows each step only_a/only_b and "
-    "the unchanged replay warns that it diverged",
-)
 def test_an_unchanged_replay_of_an_old_trace_with_a_nul_step_name_diffs_equal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Left: the old trace can be replayed (see above), but its diff against the replay."""
+    """Was a strict xfail: the old trace could be replayed (see above), but the diff paired
+    steps by name, and the replay runs with the names escaped (stored_name): rewind diff
+    showed each step only_a/only_b and the unchanged replay warned that it diverged. The diff
+    now names a trace's steps (and the output field named after each) as a store keeps them."""
     import rewind.tracing.tracer as tracer_module
     from rewind.tracing.inspect import compare_traces
 
@@ -394,17 +391,41 @@ def test_an_unchanged_replay_of_an_old_trace_with_a_nul_step_name_diffs_equal(
     assert [n["status"] for n in diff["nodes"]] == ["equal"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gc writes a run's archive before its deleting transaction: when that transaction "
-    "finds a run recorded meanwhile refers to it (skipped), the archive object stays in the "
-    "object store, named by no row (never read, never deleted; rewind delete of the run later "
-    "leaves it too)",
-)
+@pytest.mark.parametrize(("output", "status"), [({"n": 1}, "equal"), ({"n": 2}, "changed")])
+def test_a_replay_of_an_old_nul_named_step_diffs_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: dict[str, int], status: str
+) -> None:
+    """The steps pair by their stored name and their outputs are still compared: an in-place
+    replay whose step (named as the store keeps the old name) returned another value shows
+    it changed, the same value equal."""
+    import rewind.tracing.tracer as tracer_module
+    from rewind.tracing.inspect import compare_traces
+
+    monkeypatch.setattr(tracer_module, "storable_name", _old_name_rule)
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with tracer.trace("old", {"q": 1}) as t, step("a\x00b", "transform") as s:
+            s.set_output({"n": 1})
+        monkeypatch.undo()
+        with tracer.replay(t.trace_id) as r, step("a\\u0000b", "transform") as s:
+            s.set_output(output)
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        diff = compare_traces(load_trace(st, t.trace_id), load_trace(st, r.trace_id))
+    assert [n["status"] for n in diff["nodes"]] == [status]
+    changes = [(c["kind"], c["old"], c["new"]) for c in diff["nodes"][0]["changes"]]
+    assert changes == ([] if status == "equal" else [("changed", 1, 2)])
+
+
 def test_a_run_gc_skipped_because_a_replay_of_it_appeared_leaves_no_archive_object(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Left: an orphan archive per such skip."""
+    """Was a strict xfail: gc writes a run's archive before its deleting transaction; when that
+    transaction found a run recorded meanwhile refers to it (skipped), the archive object
+    stayed in the object store, named by no row (never read, never deleted). It is now deleted
+    when the run is skipped (tests/test_gc.py: every backend and object store, and rewind
+    delete of the run later)."""
     from rewind.store import retention
     from rewind.store.retention import collect_garbage
 
@@ -429,6 +450,67 @@ def test_a_run_gc_skipped_because_a_replay_of_it_appeared_leaves_no_archive_obje
         tracer.close()
     assert [s["run_id"] for s in report.skipped] == [t.trace_id]
     assert list((location / "archive").rglob("*.json.gz")) == []
+
+
+def test_a_gc_that_skips_a_run_another_gc_archived_at_the_same_key_keeps_that_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held: the archive object a skipped run's gc deletes is one no archived-run row names.
+    Here this gc looked for an archived-run row before the other gc committed (none), so it
+    wrote its archive at the key the other's row names, then found the rows gone and skipped
+    the run: the object is the other gc's archive now, and stays; the run restores whole."""
+    from rewind.store import retention
+    from rewind.store.retention import collect_garbage, restore_run
+
+    location = tmp_path / "store"
+    t = _one_step_trace(location, "published", "s")
+    later = time.time() + 10**6
+    run_rows = retention._run_rows
+
+    def read_then_archived_elsewhere(conn: Any, run_id: str) -> Any:
+        rows = run_rows(conn, run_id)
+        monkeypatch.setattr(retention, "_run_rows", run_rows)
+        assert _gc_in_another_store(location, later) == [t.trace_id]
+        monkeypatch.setattr(retention, "_archived_now", lambda store, run_id: False)
+        return rows
+
+    monkeypatch.setattr(retention, "_run_rows", read_then_archived_elsewhere)
+    with contextlib.closing(open_store(location)) as st:
+        skipped = collect_garbage(st, 0.0, now=later).skipped
+        assert [s["run_id"] for s in skipped] == [t.trace_id]
+        assert len(list((location / "archive").rglob("*.json.gz"))) == 1
+        restore_run(st, t.trace_id)
+        assert load_trace(st, t.trace_id).status == "success"
+
+
+def test_an_archive_a_gc_committed_while_a_skipping_gc_deleted_it_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held: a skipping gc looks for a row naming its object, deletes the object, and looks
+    again; when another gc committed an archive of the same bytes there in between, the
+    object is written back, so that archive restores whole."""
+    from rewind.store import retention
+    from rewind.store.retention import archive_store, collect_garbage, restore_run
+
+    location = tmp_path / "store"
+    t = _one_step_trace(location, "published", "s")
+    with contextlib.closing(open_store(location)) as st:
+        (done,) = collect_garbage(st, 0.0, now=time.time() + 10**6).archived
+        target = archive_store(st)
+        data = target.fs.cat_file(target._path(done.archive_ref))
+        naming_row = retention._naming_row
+        looks: list[str] = []
+
+        def committed_after_the_first_look(store: Any, ref: str) -> Any:
+            looks.append(ref)  # the first look comes before the other gc's commit
+            return None if len(looks) == 1 else naming_row(store, ref)
+
+        monkeypatch.setattr(retention, "_naming_row", committed_after_the_first_look)
+        retention._drop_unnamed(st, target, done.archive_ref, data)
+        monkeypatch.undo()
+        assert len(looks) == 2
+        restore_run(st, t.trace_id)
+        assert load_trace(st, t.trace_id).status == "success"
 
 
 def _one_step_trace(location: Path, name: str, step_name: str) -> Any:

@@ -720,3 +720,67 @@ def test_sub_runs_go_and_come_back_with_their_spawning_run(
             assert again.status == "completed" and again.tokens == 0
     finally:
         store.close()
+
+
+def _archive_objects(objects: ObjectStore) -> list[str]:
+    """The archive objects under ``archive/runs/`` of an object store (their paths)."""
+    return sorted(objects.fs.glob(objects._path(f"{objects.url}/archive/runs/*")))
+
+
+def test_a_run_gc_skips_because_a_replay_of_it_appeared_leaves_no_archive_object(
+    target: GcTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc writes a run's archive before its deleting transaction; when that transaction finds a
+    run recorded during the gc refers to it (an in-place replay, stored by reference), the run
+    is skipped, and its archive object stayed, named by no row: never read, never deleted
+    (``rewind delete`` of the run later left it too). It is now deleted when the run is
+    skipped, on every backend and object store."""
+    from rewind.store import retention
+    from rewind.store.retention import delete_run
+    from rewind.tracing import Tracer, step
+
+    store = target.store
+    tracer = Tracer(store, raise_on_write_error=True)
+    with tracer.trace("src", {"q": 1}) as t, step("s", "transform", input={"q": 1}):
+        pass
+    plan = retention._runs_to_archive
+    replays = []
+
+    def planned_then_replayed(conn: Any, cutoff: float) -> Any:
+        planned = plan(conn, cutoff)
+        monkeypatch.setattr(retention, "_runs_to_archive", plan)
+        with tracer.replay(t.trace_id) as r, step("s", "transform", input={"q": 1}):
+            pass
+        replays.append(r.trace_id)
+        return planned
+
+    monkeypatch.setattr(retention, "_runs_to_archive", planned_then_replayed)
+    report = collect_garbage(store, 0.0, archive=target.objects, now=time.time() + 10**6)
+    assert [s["run_id"] for s in report.skipped] == [t.trace_id]
+    assert _archive_objects(target.objects) == []
+    assert run_ids(store) == {t.trace_id, *replays}
+    delete_run(store, replays[0])
+    delete_run(store, t.trace_id)
+    assert _archive_objects(target.objects) == [] and run_ids(store) == set()
+
+
+def test_rewind_delete_removes_an_archive_object_an_older_gc_left_for_the_run(
+    target: GcTarget,
+) -> None:
+    """A gc before the fix above (or one that stopped between writing an archive and its
+    commit) left the run's archive object at its key, named by no row: ``rewind delete`` of the
+    run deletes it with the run. An object another archived run's row names is never deleted."""
+    from rewind.store.retention import _archive_key, delete_run
+
+    rw = target.rewind()
+    kept, gone = (rw.record(pipelines.pipeline, {"x": x}) for x in (5, 6))
+    age(target.store, kept.run_id, 40)
+    archived = collect_garbage(target.store, MONTH, archive=target.objects).archived
+    assert [a.run_id for a in archived] == [kept.run_id]
+    left = target.objects.put_object(_archive_key(gone.run_id), b"an archive no row names")
+    assert len(_archive_objects(target.objects)) == 2
+    delete_run(target.store, gone.run_id)
+    assert _archive_objects(target.objects) == [target.objects._path(archived[0].archive_ref)]
+    assert left != archived[0].archive_ref
+    restore_run(target.store, kept.run_id, archive=target.objects)
+    assert run_ids(target.store) == {kept.run_id}

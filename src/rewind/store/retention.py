@@ -43,6 +43,12 @@ timing:
   transaction, after their rows' deletion committed, and only when no blob row names them; a
   writer checks, under its lock, that the objects of the blob rows it inserts exist. A gc that
   dies halfway therefore leaks at most an object, never loses a referenced one.
+- An archive is written before the transaction that deletes its run. When that transaction
+  skips the run (a fork of it was recorded meanwhile, or the run was deleted), the archive is
+  deleted after it, unless an ``archived_runs`` row names it (another gc archived the run at
+  the same key); a run skipped because its rows changed keeps it (another gc may be about to
+  name it; the next gc of the run writes over it). ``rewind delete`` removes what is left at a
+  deleted run's archive keys that no row names.
 
 Processes of a Rewind older than this module do not read the epoch: stop them before a gc.
 """
@@ -601,7 +607,7 @@ def _archive_and_delete(
     try:
         with store.write() as conn:
             if _run_rows(conn, run_id) != doc["tables"]:
-                raise _Skip("its rows changed during the gc (an audit, an artifact)")
+                raise _Skip(_CHANGED)
             _delete_run_rows(conn, run_id)
             conn.execute(
                 insert(schema.archived_runs).values(
@@ -618,9 +624,52 @@ def _archive_and_delete(
                 )
             )
     except IntegrityError as exc:  # a fork of it was recorded after the plan
+        _drop_unnamed(store, target, ref, data)
         raise _Skip("a run recorded during the gc refers to it") from exc
+    except _Skip:
+        if not _run_exists(store, run_id):  # deleted meanwhile: no gc can archive it now
+            _drop_unnamed(store, target, ref, data)
+        # Its rows are there: another gc that read them afresh may be about to name this
+        # object (its own, written at the same key); the next gc of the run writes over it.
+        raise
     _remove_artifact_files(store, doc["tables"].get("artifacts", []))
     return ref
+
+
+_CHANGED = "its rows changed during the gc (an audit, an artifact)"
+
+
+def _drop_unnamed(store: Store, target: ObjectStore, ref: str, data: bytes) -> None:
+    """Delete the archive object this gc wrote at ``ref`` for a run it then skipped, unless an
+    archived-run row names it (another gc archived the run there: the object is that gc's).
+    Without it the object stayed, named by no row, read and deleted by nothing. A gc that
+    committed between the check and the delete finds its object put back, when the bytes are
+    the ones it recorded (the same rows make the same archive)."""
+    if _naming_row(store, ref) is not None:
+        return
+    with suppress(OSError):  # the object store is unreachable: it stays (a leak, no loss)
+        target.delete(ref)
+    row = _naming_row(store, ref)
+    if row is not None and row.archive_sha256 == sha256_hex(data):
+        target.put_object(ref[len(target.url) + 1 :], data)
+
+
+def _naming_row(store: Store, ref: str) -> Any:
+    """The archived-run row (run_id, archive_sha256) whose archive is at ``ref``, or None."""
+    done = schema.archived_runs
+    with store.read() as conn:
+        return conn.execute(
+            select(done.c.run_id, done.c.archive_sha256).where(done.c.archive_ref == ref)
+        ).first()
+
+
+def _run_exists(store: Store, run_id: str) -> bool:
+    """Whether the run's row is in the store (committed by any process)."""
+    runs = schema.runs
+    with store.read() as conn:
+        return (
+            conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None
+        )
 
 
 def _archived_now(store: Store, run_id: str) -> bool:
@@ -741,6 +790,7 @@ def delete_run(store: Store, run_id: str, *, dry_run: bool = False) -> DeletedRu
             "delete the fork first",
         ) from exc
     _remove_artifact_files(store, artifacts)
+    _drop_left_archives(store, doomed)
     report = GcReport(False, 0.0, time.time(), "")
     _sweep_blobs(store, report)
     return DeletedRun(
@@ -751,6 +801,21 @@ def delete_run(store: Store, run_id: str, *, dry_run: bool = False) -> DeletedRu
         report.blob_bytes,
         report.objects_deleted,
     )
+
+
+def _drop_left_archives(store: Store, run_ids: Iterable[str]) -> None:
+    """Delete the archive objects at the keys of these deleted runs in the store's archive
+    location (:func:`archive_store`) that no archived-run row names: left by a gc that wrote
+    one and then skipped the run (a fork of it appeared), before gcs deleted those, or that
+    stopped between its write and its commit. Their rows are gone, so no gc can name such an
+    object any more; one another run's row names (an old unquoted key) is kept."""
+    target = archive_store(store)
+    for run_id in run_ids:
+        for key in dict.fromkeys((_archive_key(run_id), _archive_key(run_id, hashed=True))):
+            ref = f"{target.url}/{key}"
+            if _naming_row(store, ref) is None:
+                with suppress(OSError):  # the run is deleted; a leftover object is no loss
+                    target.delete(ref)
 
 
 def _deletion_plan(conn: Connection, run_id: str) -> tuple[list[str], list[dict[str, Any]], int]:

@@ -25,6 +25,7 @@ from rewind.diff import (
     similarity,
 )
 from rewind.errors import InvalidOverride
+from rewind.store.records import stored_name
 from rewind.tracing.model import StepStatus, StepView, TraceView
 
 __all__ = [
@@ -783,11 +784,17 @@ def compare_traces(a: TraceView, b: TraceView) -> dict[str, Any]:
 def _sides(view: TraceView) -> list[NodeSide]:
     """The steps as the trajectory diff sees them. A failed step has no output to compare: its
     error is compared (under :data:`rewind.diff.ERROR_FIELD`), so a replay whose step failed
-    otherwise, or did not fail, is not reported equal."""
+    otherwise, or did not fail, is not reported equal.
+
+    Each step is named as every store keeps names (:func:`stored_name`; an ordinary name is
+    its own stored form), the one place names are normalised for pairing: a trace recorded
+    before names were checked holds a NUL in a step name (SQLite kept it), and its replay,
+    run with the name escaped, stores the step and its output field as ``a\\u0000b``; the
+    diff paired steps by name and showed every such step only in one trace."""
     return [
         NodeSide(
             position=s.position,
-            name=s.name,
+            name=stored_name(s.name),
             output=_compared_output(s),
             output_hash=s.output_hash or "",
             tokens=s.tokens,
@@ -799,7 +806,12 @@ def _sides(view: TraceView) -> list[NodeSide]:
 
 
 def _compared_output(step: StepView) -> dict[str, Any]:
-    """A step's output fields, with its error when it failed."""
+    """A step's output fields, with its error when it failed; the field named after the step
+    (a traced step's output) named as the step is (:func:`_sides`)."""
+    fields = step.output_fields
+    name = stored_name(step.name)
+    if name != step.name and step.name in fields and name not in fields:
+        fields = {name if k == step.name else k: v for k, v in fields.items()}
     if step.status != "failed":
-        return step.output_fields
-    return {**step.output_fields, ERROR_FIELD: f"{step.error_type}: {step.error_message}"}
+        return fields
+    return {**fields, ERROR_FIELD: f"{step.error_type}: {step.error_message}"}

@@ -17,6 +17,7 @@ so far — the same Merkle hashes, ``rewind show`` and ``rewind diff`` as a Burr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -165,9 +166,11 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     """:func:`jsonable` of a value the canonical hasher refused: dates as ISO strings,
     containers element by element (so one odd element does not hide the rest), anything else
     ``{"$unhashable": "<type>"}``, with the ``sha256`` of its exact document
-    (:func:`rewind.serde.encode`) when it has one (bytes, Decimal, numpy arrays...)."""
-    if _depth > 64:
-        return {"$unhashable": type(value).__name__}
+    (:func:`rewind.serde.encode`) when it has one (bytes, Decimal, numpy arrays...). Below
+    :data:`_CUT_DEPTH` levels the rest of the value is given by its digest alone
+    (:func:`_cut_digest`)."""
+    if _depth > _CUT_DEPTH:
+        return {"$unhashable": type(value).__name__, "sha256": _cut_digest(value)}
     if isinstance(value, datetime | date | dtime):
         return value.isoformat()
     if isinstance(value, Mapping):
@@ -192,6 +195,104 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     return {"$unhashable": type(value).__name__, "sha256": digest}
 
 
+_CUT_DEPTH = 64
+"""Levels of a refused value :func:`_unhashable_parts` copies element by element; deeper, the
+value is one ``{"$unhashable": "<type>", "sha256": ...}`` (a value nests past the hasher's
+``MAX_DEPTH`` of 400 only by accident or malice, and a copy must not exhaust the stack)."""
+
+
+def _cut_digest(value: Any) -> str:
+    """sha256 (hex) of a value nested too deep to copy: a Merkle digest of its tree (dicts by
+    their typed keys in sorted order, sets by their members' sorted digests, lists and tuples
+    in order, scalars by type and text, a pandas or numpy table by its form
+    (:func:`_table_form`), other objects by their serde document), so two values that differ
+    anywhere below the cut differ and equal ones are equal. Without it
+    every value cut had one form per type: a replay whose deeply nested output changed was
+    stored as unchanged. Walked with its own stack, never recursively: a hostile value
+    100,000 levels deep (or one holding itself: a back reference digests as its distance up
+    the path) neither raises RecursionError nor depends on the caller's stack depth."""
+    done: list[bytes] = []
+    path: dict[int, int] = {}  # id of each container being walked -> its depth
+    todo: list[tuple[Any, Any]] = [(value, _ENTER)]
+    while todo:
+        node, mark = todo.pop()
+        if mark is not _ENTER:  # every child is in ``done``: combine them
+            path.popitem()
+            _combine(node, mark, done)
+            continue
+        parts = _cut_parts(node)
+        if type(parts) is bytes:
+            done.append(parts)
+        elif id(node) in path:
+            up = len(path) - path[id(node)]
+            done.append(hashlib.sha256(b"cycle:%d" % up).digest())
+        else:
+            path[id(node)] = len(path)
+            tag, keys, children = parts
+            todo.append((len(children), (tag, keys)))
+            todo.extend((child, _ENTER) for child in reversed(children))
+    return done[0].hex()
+
+
+_ENTER = object()
+
+
+def _cut_parts(value: Any) -> bytes | tuple[bytes, list[bytes] | None, list[Any]]:
+    """(tag, key texts or None, children) of a container :func:`_cut_digest` walks into, or
+    the sha256 of a leaf by its kind and text."""
+    if isinstance(value, Mapping):
+        keys = [
+            b"s" + k.encode("utf-8", "surrogatepass")
+            if isinstance(k, str)
+            else b"o" + _key(k, typed=True).encode("utf-8", "surrogatepass")
+            for k in value
+        ]
+        return b"{", keys, list(value.values())
+    if isinstance(value, list | tuple):
+        return b"[", None, list(value)
+    if isinstance(value, set | frozenset):
+        return b"(", None, list(value)
+    return _leaf_digest(value)
+
+
+def _combine(count: int, parts: tuple[bytes, list[bytes] | None], done: list[bytes]) -> None:
+    """Replace the last ``count`` digests of ``done`` by their container's digest."""
+    tag, keys = parts
+    children = done[len(done) - count :]
+    del done[len(done) - count :]
+    if keys is not None:  # a mapping: entries in key order, as the canonical text has them
+        children = [k + b"\x00" + d for k, d in sorted(zip(keys, children, strict=True))]
+    elif tag == b"(":  # a set: no order of its own
+        children.sort()
+    h = hashlib.sha256(tag)
+    for child in children:
+        h.update(b"%d:" % len(child))
+        h.update(child)
+    done.append(h.digest())
+
+
+def _leaf_digest(value: Any) -> bytes | tuple[bytes, None, list[Any]]:
+    """sha256 of a value that is not a container, by its kind and text, or the parts of a
+    table serde has no document for (its form, walked as the one child of the table)."""
+    if isinstance(value, str):
+        text = b"s" + value.encode("utf-8", "surrogatepass")
+    elif value is None or isinstance(value, bool):
+        text = b"c" + repr(value).encode()
+    elif isinstance(value, int):
+        text = b"i" + hex(value).encode()
+    elif isinstance(value, float):
+        text = b"f" + float.hex(value).encode()
+    elif isinstance(value, datetime | date | dtime):
+        text = b"t" + value.isoformat().encode()
+    else:
+        digest = _serde_digest(value)
+        form = _table_form(value) if digest is None else _NO_FORM
+        if form is not _NO_FORM:
+            return b"T" + type(value).__name__.encode(), None, [form]
+        text = f"o{type(value).__name__}:{digest or ''}".encode()
+    return hashlib.sha256(text).digest()
+
+
 def _typed_entries(value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
     """The entries of a mapping whose keys collided as JSON keys, every key typed
     (:func:`_key`); keys still one text (objects without a JSON form: two classes, two
@@ -212,40 +313,59 @@ def _content_digest(value: Any, depth: int = 0) -> str | None:
     """sha256 of ``value``'s exact tagged document, or None when it has none (a client object).
     Without it two values of one type (two images' bytes, two amounts) had one JSON form and
     one hash: a replay whose step returned other bytes claimed the recorded step's hash."""
+    digest = _serde_digest(value)
+    return digest if digest is not None else _table_digest(value, depth)
+
+
+def _serde_digest(value: Any) -> str | None:
+    """sha256 of ``value``'s document as :func:`rewind.serde.encode` writes it, or None."""
     from rewind.errors import UnstorableValue
     from rewind.serde import encode
 
     try:
         return sha256_hex(canonical_bytes(encode(value)))
     except (UnstorableValue, CanonicalError, RecursionError):
-        return _table_digest(value, depth)
+        return None
 
 
 def _table_digest(value: Any, depth: int = 0) -> str | None:
-    """sha256 of the JSON form of a table or array serde has no exact document for (a pandas
-    DataFrame or Series: ``to_dict()``; a numpy array of objects: ``tolist()``), or None. Without
-    it every DataFrame a step returned had one hash, so a replay whose table changed was stored
-    as unchanged. One that raises gives None (jsonable never raises). Only objects of pandas
-    and numpy classes (or their subclasses) are asked: a user's object whose ``to_dict`` holds
-    a time or an id, counts its calls, loads from a database or is a test's mock had another
-    digest at each call (an unchanged replay stored as changed) or saw calls it never made.
-    The JSON form is taken one level deeper than ``value``: one that holds the object itself
-    ends at jsonable's depth limit, where the unbounded recursion gave a digest that depended
-    on the caller's stack depth; one that is the object itself gives None."""
-    if isinstance(value, type) or not any(
-        c.__module__.partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
-    ):
-        return None
-    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
-    if not callable(view):
+    """sha256 of the JSON form of a table or array serde has no exact document for
+    (:func:`_table_form`), or None. Without it every DataFrame a step returned had one hash, so
+    a replay whose table changed was stored as unchanged. The JSON form is taken one level
+    deeper than ``value``: one that holds the object itself ends at jsonable's depth limit
+    (where :func:`_cut_digest` names it by its place on the path), not in a RecursionError
+    whose digest depended on the caller's stack depth."""
+    form = _table_form(value)
+    if form is _NO_FORM:
         return None
     try:
-        form = view()
-        if form is value:
-            return None
         return sha256_hex(canonical_bytes(jsonable(form, depth + 1)))
     except Exception:  # a user's object: no digest rather than a failed trace
         return None
+
+
+def _table_form(value: Any) -> Any:
+    """The JSON form of a pandas or numpy object (a DataFrame or Series: ``to_dict()``; a numpy
+    array of objects: ``tolist()``), or ``_NO_FORM``: for anything else, when the method raises,
+    or when it returns the object itself. Only objects of pandas and numpy classes (or their
+    subclasses) are asked: a user's object whose ``to_dict`` holds a time or an id, counts its
+    calls, loads from a database or is a test's mock had another digest at each call (an
+    unchanged replay stored as changed) or saw calls it never made."""
+    if isinstance(value, type) or not any(
+        c.__module__.partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
+    ):
+        return _NO_FORM
+    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
+    if not callable(view):
+        return _NO_FORM
+    try:
+        form = view()
+    except Exception:  # a user's object: no digest rather than a failed trace
+        return _NO_FORM
+    return _NO_FORM if form is value else form
+
+
+_NO_FORM = object()
 
 
 _TABLE_PACKAGES = frozenset({"pandas", "numpy"})
