@@ -236,16 +236,38 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
         c.__module__.partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
     ):
         return None
-    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
-    if not callable(view):
-        return None
     try:
-        form = view()
-        if form is value:
+        form = _table_form(value)
+        if form is None or form is value:
             return None
         return sha256_hex(canonical_bytes(jsonable(form, depth + 1)))
     except Exception:  # a user's object: no digest rather than a failed trace
         return None
+
+
+def _table_form(value: Any) -> Any:
+    """The JSON form :func:`_table_digest` hashes: ``to_dict()`` or ``tolist()``; a table whose
+    row or column labels repeat as its labels and columns in lists (``to_dict`` keeps one entry
+    per label, so a change to another was not seen, and pandas warned in the user's process);
+    a pandas scalar with no such method (``Timedelta``, ``Period``, ``Interval``, an offset)
+    as its ``repr``, which states its value; None for anything else."""
+    index, columns = getattr(value, "index", None), getattr(value, "columns", None)
+    if getattr(index, "is_unique", True) is False or getattr(columns, "is_unique", True) is False:
+        if columns is None:
+            return {"index": index.tolist(), "data": value.tolist()}
+        data = [value.iloc[:, i].tolist() for i in range(len(columns))]
+        return {"columns": columns.tolist(), "index": index.tolist(), "data": data}
+    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
+    if callable(view):
+        return view()
+    if any(c.__name__ in _SCALARS for c in type(value).__mro__):  # a pandas class (the caller)
+        return repr(value)
+    return None
+
+
+_SCALARS = frozenset({"Timedelta", "Period", "Interval", "BaseOffset"})
+"""pandas scalar classes (and their subclasses: every date offset) without ``to_dict`` or
+``tolist`` whose ``repr`` states their value."""
 
 
 _TABLE_PACKAGES = frozenset({"pandas", "numpy"})

@@ -1,0 +1,81 @@
+"""Attacks on the last fixes of session 32 (issue #13) and a new user's walk through a Burr
+app written by others: table digests (pandas and numpy values with odd labels and dtypes),
+names, the replay chain, the diff of failed nodes.
+
+Each test names what it found (a regression test that failed before its fix) or what held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rewind.store import open_store
+from rewind.tracing import Tracer, step
+from rewind.tracing.model import jsonable
+from rewind.tracing.store import load_trace
+
+
+def _hostile_tables() -> dict[str, Callable[[int], Any]]:
+    """Values of pandas whose ``to_dict()`` form (4f7d99d) dropped what a replay changed, each
+    built with its content depending on ``v``."""
+    import pandas as pd
+
+    return {
+        "repeated columns": lambda v: pd.DataFrame([[1, 2 + v]], columns=["a", "a"]),
+        "repeated row labels": lambda v: pd.DataFrame({"x": [1 + v, 2]}, index=[0, 0]),
+        "series, repeated labels": lambda v: pd.Series([1 + v, 2], index=["a", "a"]),
+        "Timedelta": lambda v: pd.Timedelta(seconds=1 + v),
+        "Period": lambda v: pd.Period(f"2020-0{1 + v}", freq="M"),
+        "Interval": lambda v: pd.Interval(0, 1 + v),
+        "date offset": lambda v: pd.offsets.MonthEnd(1 + v),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_hostile_tables()))
+def test_a_replay_whose_step_returned_another_odd_table_is_not_unchanged(
+    tmp_path: Path, kind: str
+) -> None:
+    """4f7d99d digests a pandas table by its ``to_dict()``, which keeps one entry per label: a
+    DataFrame whose columns or rows repeat a label (a merge's suffix-less result, a concat) or
+    a Series with repeated labels had the same digest whatever the other entries held, so a
+    replay whose step returned other numbers there was stored with the recorded step's hash,
+    unchanged; and pandas warned "columns are not unique" in the user's process at each trace.
+    pandas scalars with no ``to_dict`` (``Timedelta``, ``Period``, ``Interval``, offsets) had
+    no digest at all: one hash for every duration. Both now carry the digest of a form that
+    holds every entry (labels and columns in lists; the scalar's ``repr``)."""
+    make = _hostile_tables()[kind]
+    tracer = Tracer(tmp_path, raise_on_write_error=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with tracer.trace("tables", {"q": 1}) as t, step("s", "transform", input={}) as s:
+                s.set_output(make(0))
+            with tracer.replay(t.trace_id) as r, step("s", "transform", input={}) as s:
+                s.set_output(make(1))
+            with tracer.replay(t.trace_id) as same, step("s", "transform", input={}) as s:
+                s.set_output(make(0))
+    finally:
+        tracer.close()
+    with contextlib.closing(open_store(tmp_path)) as st:
+        hashes = [load_trace(st, x.trace_id).steps[0].output_hash for x in (t, r, same)]
+    assert hashes[1] != hashes[0] == hashes[2]  # changed differs, unchanged equal
+
+
+def test_a_table_with_unique_labels_keeps_the_digest_it_had() -> None:
+    """The form of a table whose labels are unique is still its ``to_dict()``: traces recorded
+    before keep their hashes (what held)."""
+    import hashlib
+
+    import pandas as pd
+
+    from rewind.canonical import canonical_bytes
+
+    frame = pd.DataFrame({"city": ["a", "b"], "mean": [1.5, 2.0]})
+    expected = hashlib.sha256(canonical_bytes(jsonable(frame.to_dict(), 1))).hexdigest()
+    assert jsonable(frame) == {"$unhashable": "DataFrame", "sha256": expected}
