@@ -79,3 +79,20 @@ def test_a_table_with_unique_labels_keeps_the_digest_it_had() -> None:
     frame = pd.DataFrame({"city": ["a", "b"], "mean": [1.5, 2.0]})
     expected = hashlib.sha256(canonical_bytes(jsonable(frame.to_dict(), 1))).hexdigest()
     assert jsonable(frame) == {"$unhashable": "DataFrame", "sha256": expected}
+
+
+def test_the_progress_lines_of_long_node_names_stay_aligned(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Found recording Burr's email-assistant example (``rewind run --app``): the progress
+    line padded node names to 10 characters, so under ``determine_clarifications`` the
+    outcome, token and time columns of each line started somewhere else. Names are padded
+    to the longest printed so far (by their width on screen, after escaping)."""
+    from rewind.cli.app import Progress
+
+    progress = Progress()
+    for position, name in enumerate(["process_input", "determine_clarifications", "final", "[x]"]):
+        payload = {"position": position, "name": name, "outcome": "hit", "reason": None}
+        progress.on_event("node_finished", payload | {"tokens": 1, "latency_ms": 1.0})
+    lines = capsys.readouterr().err.splitlines()
+    assert len({line.index(" tok") for line in lines[1:]}) == 1, lines
