@@ -8,6 +8,7 @@ Each test names what it found (a regression test that failed before its fix) or 
 from __future__ import annotations
 
 import contextlib
+import io
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -96,3 +97,34 @@ def test_the_progress_lines_of_long_node_names_stay_aligned(
         progress.on_event("node_finished", payload | {"tokens": 1, "latency_ms": 1.0})
     lines = capsys.readouterr().err.splitlines()
     assert len({line.index(" tok") for line in lines[1:]}) == 1, lines
+
+
+def test_the_nodes_table_keeps_numbers_and_tokens_on_an_80_column_terminal() -> None:
+    """Found recording Burr's email-assistant example: on an 80-column terminal (or output to
+    a pipe, which Rich takes as 80 columns) the table of ``rewind run``/``fork``/``show``
+    shortened its number, tokens, ms and flag columns to nothing (empty headers, ``…``) to
+    keep the names ``determine_clarifications`` and ``clarify_instructions`` whole: no node
+    number to fork at and no tokens (the 0 of an unchanged replay). The numbers keep their
+    width; names, outcomes and hashes are cut with an ellipsis."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from rewind.cli.render import nodes_table
+
+    names = ["process_input", "determine_clarifications", "clarify_instructions", "final_result"]
+    nodes = [
+        SimpleNamespace(
+            position=i, name=name, cache_outcome="miss:bypass", cache_reason="a new run",
+            tokens=1234 * i, latency_ms=352.1, output_hash="6fb2ea476e636513" * 4,
+            determinism="non-deterministic", error=None,
+        )
+        for i, name in enumerate(names)
+    ]  # fmt: skip
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(nodes_table(nodes, "run x"))  # type: ignore[arg-type]
+    text = console.export_text()
+    for header in ("#", "tokens", "ms"):
+        assert f" {header} ┃" in text, text
+    for i in range(len(names)):
+        assert f"│ {i + 1} │" in text and f" {1234 * i} │ 352.1 │" in text, text
