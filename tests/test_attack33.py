@@ -128,3 +128,23 @@ def test_the_nodes_table_keeps_numbers_and_tokens_on_an_80_column_terminal() -> 
         assert f" {header} ┃" in text, text
     for i in range(len(names)):
         assert f"│ {i + 1} │" in text and f" {1234 * i} │ 352.1 │" in text, text
+
+
+def test_the_run_line_says_when_it_cut_the_inputs() -> None:
+    """Found recording Burr's email-assistant example: the line under the table showed the
+    run's inputs cut at 80 characters with nothing to say so (``"email_to_respond": "Can we
+    meet Tuesday?", "fe``), which reads as a malformed input. A cut now ends with ``…``; short
+    inputs are shown whole."""
+    from rewind.cli.render import run_summary
+    from rewind.store.records import RunRecord
+
+    def line(inputs: dict[str, Any]) -> str:
+        run = RunRecord(
+            "r1", "app:application", "app:application", "completed", None, None, None, None,
+            None, None, None, {}, 0.0, 1.0, 0, 0, 1.0, None, launch={"inputs": inputs},
+        )  # fmt: skip
+        return run_summary(run)
+
+    long = {"email_to_respond": "Can we meet Tuesday?", "response_instructions": "x" * 80}
+    assert "…" in line(long).rsplit("inputs ", 1)[1]
+    assert 'inputs {"q": "short"}' in line({"q": "short"})

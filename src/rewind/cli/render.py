@@ -126,7 +126,8 @@ def run_summary(run: RunRecord) -> str:
         change = override_text(sub["override"]) if sub.get("override") else "unchanged"
         parts.append(f"re-runs sub-run {inert(sub['run_id'][:12])} at {inert(sub['at'])}: {change}")
     if run.launch.get("inputs"):
-        parts.append(f"inputs {inert(json.dumps(run.launch['inputs'])[:80])}")
+        inputs = json.dumps(run.launch["inputs"])  # cut, but saying so: `rewind show --json`
+        parts.append(f"inputs {inert(inputs if len(inputs) <= 80 else inputs[:79] + '…')}")
     if run.parent_run_id:
         parts.append(f"effects {run.effects_mode}")
     if run.admissible is not None:
