@@ -148,3 +148,27 @@ def test_the_run_line_says_when_it_cut_the_inputs() -> None:
     long = {"email_to_respond": "Can we meet Tuesday?", "response_instructions": "x" * 80}
     assert "…" in line(long).rsplit("inputs ", 1)[1]
     assert 'inputs {"q": "short"}' in line({"q": "short"})
+
+
+@pytest.mark.parametrize("name", ["😀" * 200, "é" * 200, "a" * 199 + "😀"])
+def test_a_name_of_200_characters_of_several_bytes_each_is_kept_on_every_backend(
+    store_target: Any, name: str
+) -> None:
+    """What held: a trace and a step named with exactly 200 characters of 2 or 4 UTF-8 bytes
+    (800 bytes; PostgreSQL's varchar(200) counts characters) are kept, read back and replayed
+    unchanged with equal hashes on SQLite and PostgreSQL, the step's keys holding astral
+    characters (UTF-16 order differs from code point order) in any order; one character more
+    is refused before anything is written."""
+    tracer = Tracer(store_target.open(), raise_on_write_error=True)
+    try:
+        with tracer.trace(name, {"q": "😀"}) as t, step(name, "transform", input={}) as s:
+            s.set_output({"\uffff": b"y", "😀": 2, "a": 1})
+        with tracer.replay(t.trace_id) as r, step(name, "transform", input={}) as s:
+            s.set_output({"a": 1, "😀": 2, "\uffff": b"y"})
+        a, b = (load_trace(tracer.store, x.trace_id) for x in (t, r))
+        with pytest.raises(ValueError, match="1 to 200 characters"), tracer.trace(name + "x", {}):
+            pass
+    finally:
+        tracer.close()
+    assert (a.name, a.steps[0].name, b.steps[0].name) == (name, name, name)
+    assert b.steps[0].output_hash == a.steps[0].output_hash
