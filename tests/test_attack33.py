@@ -172,3 +172,34 @@ def test_a_name_of_200_characters_of_several_bytes_each_is_kept_on_every_backend
         tracer.close()
     assert (a.name, a.steps[0].name, b.steps[0].name) == (name, name, name)
     assert b.steps[0].output_hash == a.steps[0].output_hash
+
+
+def test_a_step_output_holding_an_object_of_a_type_without_a_module_is_kept() -> None:
+    """A type whose ``__module__`` is None (``numpy.ctypeslib.as_ctypes`` makes them; so can
+    ``type(...)``) made ``jsonable``, which never raises, raise AttributeError: the canonical
+    hasher's refusal text called ``module.startswith`` and dae05ac's pandas/numpy test
+    ``module.partition``. The step holding it was stored with no output at all (the tracer
+    logged "collecting step failed"), its other fields lost. Such a value is
+    ``{"$unhashable": "<type>"}`` like any other object without a JSON form."""
+    import numpy as np
+
+    nameless = type("Nameless", (), {"__module__": None})
+    value = {"a": nameless(), "b": 1, "c": np.ctypeslib.as_ctypes(np.zeros(3))}
+    assert jsonable(value) == {
+        "a": {"$unhashable": "Nameless"},
+        "b": 1,
+        "c": {"$unhashable": "c_double_Array_3"},
+    }
+
+
+def test_a_trace_whose_step_holds_such_an_object_keeps_the_step(tmp_path: Path) -> None:
+    """The trace half of the test above: the step is stored with its output (was: None)."""
+    nameless = type("Nameless", (), {"__module__": None})
+    tracer = Tracer(tmp_path)
+    try:
+        with tracer.trace("c", {"q": 1}) as t, step("s", "transform", input={}) as s:
+            s.set_output({"a": nameless(), "b": 1})
+        view = load_trace(tracer.store, t.trace_id)
+    finally:
+        tracer.close()
+    assert [s.output for s in view.steps] == [{"a": {"$unhashable": "Nameless"}, "b": 1}]

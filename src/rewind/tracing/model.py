@@ -233,7 +233,7 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
     ends at jsonable's depth limit, where the unbounded recursion gave a digest that depended
     on the caller's stack depth; one that is the object itself gives None."""
     if isinstance(value, type) or not any(
-        c.__module__.partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
+        str(c.__module__).partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
     ):
         return None
     try:
