@@ -8,9 +8,10 @@ Each test names what it found (a regression test that failed before its fix) or 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,43 @@ def test_a_trace_whose_step_holds_such_an_object_keeps_the_step(tmp_path: Path) 
     finally:
         tracer.close()
     assert [s.output for s in view.steps] == [{"a": {"$unhashable": "Nameless"}, "b": 1}]
+
+
+class _MapOfAClosedCursor(Mapping[str, int]):
+    """A lazy mapping whose rows are gone (a cursor closed after the step)."""
+
+    def __getitem__(self, key: str) -> int:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        raise RuntimeError("cursor closed")
+
+    def __len__(self) -> int:
+        return 1
+
+
+class _DateOfABrokenZone(datetime.datetime):
+    def isoformat(self, *args: Any) -> str:
+        raise RuntimeError("no zone data")
+
+
+@pytest.mark.parametrize(
+    "broken", [_MapOfAClosedCursor(), _DateOfABrokenZone(2026, 1, 2)], ids=["mapping", "date"]
+)
+def test_a_user_object_raising_from_its_own_methods_costs_only_its_own_field(
+    tmp_path: Path, broken: Any
+) -> None:
+    """``jsonable`` never raises, says its docstring, but a value whose own methods raise (a
+    mapping whose iteration fails, a date whose ``isoformat`` raises) raised out of it: the
+    step holding it was stored with no output at all, its other fields lost. Such a value
+    now has no form (``{"$unhashable": "<type>"}``) and the rest of the output is kept."""
+    name = type(broken).__name__
+    assert jsonable({"bad": broken, "b": 1}) == {"b": 1, "bad": {"$unhashable": name}}
+    tracer = Tracer(tmp_path)
+    try:
+        with tracer.trace("c", {"q": 1}) as t, step("s", "transform", input={}) as s:
+            s.set_output({"bad": broken, "b": 1})
+        view = load_trace(tracer.store, t.trace_id)
+    finally:
+        tracer.close()
+    assert [s.output for s in view.steps] == [{"b": 1, "bad": {"$unhashable": name}}]

@@ -158,7 +158,15 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     try:
         return json.loads(canonical_bytes(value))
     except (CanonicalError, ValueError, TypeError, RecursionError):
+        pass
+    except Exception:  # a user's object raising from its own methods (see below)
+        return {"$unhashable": type(value).__name__}
+    try:
         return _unhashable_parts(value, _depth)
+    except Exception:  # a mapping whose iteration fails, a date whose isoformat raises...:
+        # that value has no form, the rest of the step's value keeps its own (the step was
+        # stored with no output at all)
+        return {"$unhashable": type(value).__name__}
 
 
 def _unhashable_parts(value: Any, _depth: int) -> Any:
