@@ -244,3 +244,51 @@ def test_a_user_object_raising_from_its_own_methods_costs_only_its_own_field(
     finally:
         tracer.close()
     assert [s.output for s in view.steps] == [{"b": 1, "bad": {"$unhashable": name}}]
+
+
+def test_an_app_built_with_initialize_from_starts_from_its_default_state(tmp_path: Path) -> None:
+    """What held, recording Burr's email-assistant example: an app built with
+    ``initialize_from(persister, default_state=..., default_entrypoint=...)`` is recorded from
+    that state at that entrypoint (nothing is loaded through the persister, which holds an
+    older state of the same app id), and its unchanged fork is equal. The README said only
+    that ``initialize_from`` is not used."""
+    from burr.core import ApplicationBuilder, State, action
+    from burr.core.persistence import InMemoryPersister
+
+    from rewind import Rewind
+
+    @action(reads=[], writes=["incoming"])
+    def take(state: State, email: str) -> State:
+        return state.update(incoming=email)
+
+    @action(reads=["incoming", "draft_history"], writes=["draft_history"])
+    def draft(state: State) -> State:
+        return state.append(draft_history=f"re: {state['incoming']}")
+
+    persister = InMemoryPersister()
+    old = State({"draft_history": ["stale"], "incoming": "old"})
+    persister.save(None, "app-1", 9, "draft", old, "completed")
+    builder = (
+        ApplicationBuilder()
+        .with_actions(take, draft)
+        .with_transitions(("take", "draft"))
+        .with_identifiers(app_id="app-1")
+        .initialize_from(
+            persister,
+            resume_at_next_action=True,
+            default_state={"draft_history": []},
+            default_entrypoint="take",
+        )
+    )
+    rw = Rewind(tmp_path)
+    try:
+        run = rw.record(builder, inputs={"email": "Tuesday?"}, halt_after=["draft"])
+        fork = rw.fork(run.run_id, at="take")
+        nodes = rw.store.nodes_of(run.run_id)
+        state = rw.node_output(nodes[-1])
+        first = rw.diff(run.run_id, fork.run_id).first_divergence
+    finally:
+        rw.store.close()
+    assert [n.name for n in nodes] == ["take", "draft"]
+    assert state["draft_history"] == ["re: Tuesday?"]
+    assert first is None
