@@ -32,6 +32,12 @@ def _hostile_tables() -> dict[str, Callable[[int], Any]]:
         "repeated columns": lambda v: pd.DataFrame([[1, 2 + v]], columns=["a", "a"]),
         "repeated row labels": lambda v: pd.DataFrame({"x": [1 + v, 2]}, index=[0, 0]),
         "series, repeated labels": lambda v: pd.Series([1 + v, 2], index=["a", "a"]),
+        "columns labelled by dicts": lambda v: pd.DataFrame(
+            [[1, 2 + v]], columns=pd.Index([{"a": 1}, {"b": 2}], dtype=object)
+        ),
+        "series labelled by lists": lambda v: pd.Series(
+            [1, 2 + v], index=pd.Index([[1], [2]], dtype=object)
+        ),
         "Timedelta": lambda v: pd.Timedelta(seconds=1 + v),
         "Period": lambda v: pd.Period(f"2020-0{1 + v}", freq="M"),
         "Interval": lambda v: pd.Interval(0, 1 + v),

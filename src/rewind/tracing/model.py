@@ -255,22 +255,36 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
 
 def _table_form(value: Any) -> Any:
     """The JSON form :func:`_table_digest` hashes: ``to_dict()`` or ``tolist()``; a table whose
-    row or column labels repeat as its labels and columns in lists (``to_dict`` keeps one entry
-    per label, so a change to another was not seen, and pandas warned in the user's process);
-    a pandas scalar with no such method (``Timedelta``, ``Period``, ``Interval``, an offset)
-    as its ``repr``, which states its value; None for anything else."""
+    row or column labels repeat or cannot key a dict (lists, dicts) as its labels and columns in
+    lists (``to_dict`` kept one entry per label, so a change to another was not seen, and
+    pandas warned in the user's process; or it raised: no digest); a pandas scalar with no
+    such method (``Timedelta``, ``Period``, ``Interval``, an offset) as its ``repr``, which
+    states its value; None for anything else."""
     index, columns = getattr(value, "index", None), getattr(value, "columns", None)
-    if getattr(index, "is_unique", True) is False or getattr(columns, "is_unique", True) is False:
-        if columns is None:
-            return {"index": index.tolist(), "data": value.tolist()}
-        data = [value.iloc[:, i].tolist() for i in range(len(columns))]
-        return {"columns": columns.tolist(), "index": index.tolist(), "data": data}
     view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
-    if callable(view):
-        return view()
-    if any(c.__name__ in _SCALARS for c in type(value).__mro__):  # a pandas class (the caller)
-        return repr(value)
-    return None
+    if callable(view) and (index is None or (_unique(index) and _unique(columns))):
+        try:
+            return view()
+        except TypeError:  # labels that cannot key a dict (a list is unique to pandas)
+            if index is None:
+                raise
+    if index is None:
+        if any(c.__name__ in _SCALARS for c in type(value).__mro__):  # a pandas class
+            return repr(value)
+        return None
+    if columns is None:
+        return {"index": index.tolist(), "data": value.tolist()}
+    data = [value.iloc[:, i].tolist() for i in range(len(columns))]
+    return {"columns": columns.tolist(), "index": index.tolist(), "data": data}
+
+
+def _unique(labels: Any) -> bool:
+    """Whether a table's labels (a pandas ``Index``, or None) are unique; False when
+    ``is_unique`` raises (an index of dicts)."""
+    try:
+        return getattr(labels, "is_unique", True) is not False
+    except TypeError:
+        return False
 
 
 _SCALARS = frozenset({"Timedelta", "Period", "Interval", "BaseOffset"})
