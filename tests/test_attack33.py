@@ -38,6 +38,7 @@ def _hostile_tables() -> dict[str, Callable[[int], Any]]:
         "series labelled by lists": lambda v: pd.Series(
             [1, 2 + v], index=pd.Index([[1], [2]], dtype=object)
         ),
+        "series renamed": lambda v: pd.Series([1.5, 2.0], name=("cost", "revenue")[v]),
         "Timedelta": lambda v: pd.Timedelta(seconds=1 + v),
         "Period": lambda v: pd.Period(f"2020-0{1 + v}", freq="M"),
         "Interval": lambda v: pd.Interval(0, 1 + v),
@@ -56,7 +57,8 @@ def test_a_replay_whose_step_returned_another_odd_table_is_not_unchanged(
     unchanged; and pandas warned "columns are not unique" in the user's process at each trace.
     pandas scalars with no ``to_dict`` (``Timedelta``, ``Period``, ``Interval``, offsets) had
     no digest at all: one hash for every duration. Both now carry the digest of a form that
-    holds every entry (labels and columns in lists; the scalar's ``repr``)."""
+    holds every entry (labels and columns in lists; the scalar's ``repr``). Later: labels
+    that cannot key a dict (to_dict raised: no digest) and a Series' name (not in to_dict)."""
     make = _hostile_tables()[kind]
     tracer = Tracer(tmp_path, raise_on_write_error=True)
     try:
@@ -76,17 +78,17 @@ def test_a_replay_whose_step_returned_another_odd_table_is_not_unchanged(
 
 
 def test_a_table_with_unique_labels_keeps_the_digest_it_had() -> None:
-    """The form of a table whose labels are unique is still its ``to_dict()``: traces recorded
-    before keep their hashes (what held)."""
+    """The form of a table whose labels are unique (a Series without a name) is still its
+    ``to_dict()``: traces recorded before keep their hashes."""
     import hashlib
 
     import pandas as pd
 
     from rewind.canonical import canonical_bytes
 
-    frame = pd.DataFrame({"city": ["a", "b"], "mean": [1.5, 2.0]})
-    expected = hashlib.sha256(canonical_bytes(jsonable(frame.to_dict(), 1))).hexdigest()
-    assert jsonable(frame) == {"$unhashable": "DataFrame", "sha256": expected}
+    for table in (pd.DataFrame({"city": ["a", "b"], "mean": [1.5, 2.0]}), pd.Series([1, 2])):
+        expected = hashlib.sha256(canonical_bytes(jsonable(table.to_dict(), 1))).hexdigest()
+        assert jsonable(table) == {"$unhashable": type(table).__name__, "sha256": expected}
 
 
 def test_the_progress_lines_of_long_node_names_stay_aligned(

@@ -254,7 +254,19 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
 
 
 def _table_form(value: Any) -> Any:
-    """The JSON form :func:`_table_digest` hashes: ``to_dict()`` or ``tolist()``; a table whose
+    """The JSON form :func:`_table_digest` hashes (:func:`_labelled_form`); a named Series as
+    ``[name, form]`` (``to_dict`` leaves the name out: a replay whose step returned the same
+    numbers under another name, ``revenue`` for ``cost``, was stored as unchanged). A Series
+    without a name, and every other value, keeps the form it had."""
+    form = _labelled_form(value)
+    if form is None or getattr(value, "columns", None) is not None:
+        return form
+    name = getattr(value, "name", None) if getattr(value, "index", None) is not None else None
+    return form if name is None else [name, form]
+
+
+def _labelled_form(value: Any) -> Any:
+    """``to_dict()`` or ``tolist()``; a table whose
     row or column labels repeat or cannot key a dict (lists, dicts) as its labels and columns in
     lists (``to_dict`` kept one entry per label, so a change to another was not seen, and
     pandas warned in the user's process; or it raised: no digest); a pandas scalar with no
