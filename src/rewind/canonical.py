@@ -384,6 +384,8 @@ def _is_pydantic_model(value: object) -> bool:
 def _refusal(value: object) -> str:
     name = type(value).__qualname__
     module = type(value).__module__
+    if not isinstance(module, str):  # None for the types numpy.ctypeslib.as_ctypes makes
+        module = "builtins"
     if module not in ("builtins", "__main__"):
         name = f"{module}.{name}"
     if isinstance(value, (bytes, bytearray, memoryview)):

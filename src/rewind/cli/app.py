@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from rich.cells import cell_len
 
 from rewind.canonical import canonical_bytes
 from rewind.cli.render import err_console, error_line, outcome_text
 from rewind.errors import InvalidOverride, RewindError, StoreError
-from rewind.terminal import InertLogFormatter, inert
+from rewind.terminal import InertLogFormatter, inert, visible
 
 if TYPE_CHECKING:
     # Imported where used: Burr (and pandas through it), SQLAlchemy and httpx cost ~0.8 s at
@@ -229,6 +230,10 @@ class Progress:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.status: Any = None
+        self.name_width = 10
+        """Width of the node name column: the longest name printed so far (at least 10), so
+        the outcome, token and time columns stay aligned under names like
+        ``determine_clarifications``."""
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         if event == "warning":
@@ -244,8 +249,11 @@ class Progress:
             )
         elif event == "node_finished":
             self._status(None)
+            name = visible(payload["name"])
+            width = cell_len(name)
+            self.name_width = max(self.name_width, width)
             err_console.print(
-                f"  {payload['position'] + 1:>2} {inert(payload['name']):<10} "
+                f"  {payload['position'] + 1:>2} {inert(name)}{' ' * (self.name_width - width)} "
                 f"{outcome_text(payload['outcome'], payload['reason'])}  "
                 f"{payload['tokens']:>5} tok  {payload['latency_ms']:>8.1f} ms"
             )

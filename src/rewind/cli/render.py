@@ -68,12 +68,19 @@ def node_json(n: NodeRecord) -> dict[str, Any]:
 def nodes_table(nodes: list[NodeRecord], title: str) -> Table:
     """A run's nodes: number, name, outcome, tokens, ms, output hash, flag (and error)."""
     t = Table(title=inert(title), title_justify="left")
-    t.add_column("#", justify="right")
-    t.add_column("node", no_wrap=True, min_width=8)
-    t.add_column("outcome", no_wrap=True)
-    t.add_column("tokens", justify="right")
-    t.add_column("ms", justify="right")
-    t.add_column("output sha256", no_wrap=True)
+
+    # The numbers keep their width: on a narrow terminal (80 columns, or output to a pipe)
+    # Rich shortened them to nothing, so the table showed no node number to fork at and no
+    # tokens; the text columns give way instead (names and hashes cut with an ellipsis).
+    def number(header: str, texts: list[str]) -> None:
+        t.add_column(header, justify="right", width=max(map(len, [header, *texts])))
+
+    number("#", [str(len(nodes))])
+    t.add_column("node", overflow="ellipsis", min_width=8)
+    t.add_column("outcome")
+    number("tokens", [str(n.tokens) for n in nodes])
+    number("ms", [f"{n.latency_ms:.1f}" for n in nodes])
+    t.add_column("output sha256", overflow="ellipsis")
     t.add_column("flag")
     errors = any(n.error for n in nodes)
     if errors:
@@ -119,7 +126,8 @@ def run_summary(run: RunRecord) -> str:
         change = override_text(sub["override"]) if sub.get("override") else "unchanged"
         parts.append(f"re-runs sub-run {inert(sub['run_id'][:12])} at {inert(sub['at'])}: {change}")
     if run.launch.get("inputs"):
-        parts.append(f"inputs {inert(json.dumps(run.launch['inputs'])[:80])}")
+        inputs = json.dumps(run.launch["inputs"])  # cut, but saying so: `rewind show --json`
+        parts.append(f"inputs {inert(inputs if len(inputs) <= 80 else inputs[:79] + '…')}")
     if run.parent_run_id:
         parts.append(f"effects {run.effects_mode}")
     if run.admissible is not None:

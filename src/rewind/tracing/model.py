@@ -159,7 +159,15 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     try:
         return json.loads(canonical_bytes(value))
     except (CanonicalError, ValueError, TypeError, RecursionError):
+        pass
+    except Exception:  # a user's object raising from its own methods (see below)
+        return {"$unhashable": type(value).__name__}
+    try:
         return _unhashable_parts(value, _depth)
+    except Exception:  # a mapping whose iteration fails, a date whose isoformat raises...:
+        # that value has no form, the rest of the step's value keeps its own (the step was
+        # stored with no output at all)
+        return {"$unhashable": type(value).__name__}
 
 
 def _unhashable_parts(value: Any, _depth: int) -> Any:
@@ -345,27 +353,72 @@ def _table_digest(value: Any, depth: int = 0) -> str | None:
 
 
 def _table_form(value: Any) -> Any:
-    """The JSON form of a pandas or numpy object (a DataFrame or Series: ``to_dict()``; a numpy
-    array of objects: ``tolist()``), or ``_NO_FORM``: for anything else, when the method raises,
-    or when it returns the object itself. Only objects of pandas and numpy classes (or their
-    subclasses) are asked: a user's object whose ``to_dict`` holds a time or an id, counts its
-    calls, loads from a database or is a test's mock had another digest at each call (an
-    unchanged replay stored as changed) or saw calls it never made."""
+    """The JSON form of a pandas or numpy object, or ``_NO_FORM``: for anything else, when
+    reading it raises, or when it is the object itself. Only objects of pandas and numpy classes
+    (or their subclasses) are asked: a user's object whose ``to_dict`` holds a time or an id,
+    counts its calls, loads from a database or is a test's mock had another digest at each call
+    (an unchanged replay stored as changed) or saw calls it never made. The form is
+    :func:`_labelled_form`'s; a named Series as ``[name, form]`` (``to_dict`` leaves the name
+    out: a replay whose step returned the same numbers under another name, ``revenue`` for
+    ``cost``, was stored as unchanged). A class whose ``__module__`` is None (numpy.ctypeslib's)
+    is no pandas or numpy class."""
     if isinstance(value, type) or not any(
-        c.__module__.partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
+        str(c.__module__).partition(".")[0] in _TABLE_PACKAGES for c in type(value).__mro__
     ):
         return _NO_FORM
-    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
-    if not callable(view):
-        return _NO_FORM
     try:
-        form = view()
+        form = _labelled_form(value)
+        if form is None or form is value:
+            return _NO_FORM
+        if getattr(value, "columns", None) is not None:
+            return form
+        index = getattr(value, "index", None)
+        name = getattr(value, "name", None) if index is not None else None
     except Exception:  # a user's object: no digest rather than a failed trace
         return _NO_FORM
-    return _NO_FORM if form is value else form
+    return form if name is None else [name, form]
 
 
 _NO_FORM = object()
+
+
+def _labelled_form(value: Any) -> Any:
+    """``to_dict()`` or ``tolist()``; a table whose
+    row or column labels repeat or cannot key a dict (lists, dicts) as its labels and columns in
+    lists (``to_dict`` kept one entry per label, so a change to another was not seen, and
+    pandas warned in the user's process; or it raised: no digest); a pandas scalar with no
+    such method (``Timedelta``, ``Period``, ``Interval``, an offset) as its ``repr``, which
+    states its value; None for anything else."""
+    index, columns = getattr(value, "index", None), getattr(value, "columns", None)
+    view = getattr(value, "to_dict", None) or getattr(value, "tolist", None)
+    if callable(view) and (index is None or (_unique(index) and _unique(columns))):
+        try:
+            return view()
+        except TypeError:  # labels that cannot key a dict (a list is unique to pandas)
+            if index is None:
+                raise
+    if index is None:
+        if any(c.__name__ in _SCALARS for c in type(value).__mro__):  # a pandas class
+            return repr(value)
+        return None
+    if columns is None:
+        return {"index": index.tolist(), "data": value.tolist()}
+    data = [value.iloc[:, i].tolist() for i in range(len(columns))]
+    return {"columns": columns.tolist(), "index": index.tolist(), "data": data}
+
+
+def _unique(labels: Any) -> bool:
+    """Whether a table's labels (a pandas ``Index``, or None) are unique; False when
+    ``is_unique`` raises (an index of dicts)."""
+    try:
+        return getattr(labels, "is_unique", True) is not False
+    except TypeError:
+        return False
+
+
+_SCALARS = frozenset({"Timedelta", "Period", "Interval", "BaseOffset"})
+"""pandas scalar classes (and their subclasses: every date offset) without ``to_dict`` or
+``tolist`` whose ``repr`` states their value."""
 
 
 _TABLE_PACKAGES = frozenset({"pandas", "numpy"})
