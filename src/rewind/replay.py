@@ -69,7 +69,7 @@ from rewind.persister import (
 )
 from rewind.recorder import Recorder, SubRunPath, SubRunSetup, SubRunSource, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
-from rewind.store.records import storable_text
+from rewind.store.records import NOT_ANSWERS, storable_text
 from rewind.store.store import state_row
 from rewind.store.users import local_user
 
@@ -881,7 +881,7 @@ class Rewind:
             of_run = nodes if nodes is not None and rid == run.run_id else None
             for node in of_run if of_run is not None else self.store.nodes_of(rid):
                 for call in node.calls:
-                    if not call.result_hash or call.outcome in ("served", "dry-run"):
+                    if not call.result_hash or call.outcome in NOT_ANSWERS:
                         continue
                     entry = LineageEntry(
                         call.result_hash, call.produced_at, rid, node.position, call.call_index

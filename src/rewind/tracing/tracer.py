@@ -337,7 +337,7 @@ class Step:
         usage = [0, 0]
         last_finish: str | None = None
         for call in scope.calls:
-            if call.kind != "llm" or not call.result_hash:
+            if call.kind != "llm" or not call.result_hash or call.outcome == "failed":
                 continue
             self.attributes.setdefault("model", call.name)
             raw = _result_bytes(ctx, scope, call.key, call.result_hash)
@@ -786,6 +786,7 @@ class Trace:
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
             ctx.failed_at.update(found.rows.failed_steps)  # in place: steps hold copies
+            ctx.failed_calls.update(found.rows.failed_calls)
             ctx.prefetched = found.entries
             return found.entries
 

@@ -1,0 +1,269 @@
+"""A model call that raised (the endpoint dropped the connection, or refused the request) is
+recorded as a ``failed`` call row naming its error's document, and a replay that reads the
+cache raises that failure again, at the same step and key, sending nothing (issue #13): an
+unchanged replay of a chain that caught the failure and asked again follows the recording
+step for step, 0 requests, stored by reference to it. SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rewind import Rewind
+from rewind.calls import chat
+from rewind.errors import EndpointUnavailable, ModelCallError
+from rewind.llm import ChatClient
+from rewind.store import Store, open_store
+from rewind.tracing import Tracer, chat_step, step
+from rewind.tracing.inspect import compare_traces
+from rewind.tracing.replay import replay_trace
+from rewind.tracing.store import load_trace
+from tests.conftest import STORE_BACKENDS
+from tests.model_stub import stub_and_client
+from tests.test_tracing_lane import reply
+
+_DROPS = [0]
+
+
+def _reply(question: str, n: int) -> str:
+    """The stub's answers; while :data:`_DROPS` is positive, a ``flaky`` request gets no
+    answer (the server drops the connection: the client raises EndpointUnavailable)."""
+    if question == "flaky" and _DROPS[0] > 0:
+        _DROPS[0] -= 1
+        raise RuntimeError("server hiccup")
+    return reply(question, n)
+
+
+def _ask(question: str) -> str:
+    return chat_step("llm", [{"role": "user", "content": question}], temperature=0).content
+
+
+def flaky(question: str) -> str:
+    """Asks until a model call answers, each try a step of its own; then asks a follow-up."""
+    for _ in range(3):
+        try:
+            answer = _ask(question)
+        except (EndpointUnavailable, ModelCallError) as exc:
+            answer = f"error: {type(exc).__name__}"
+            continue
+        return answer + " / " + _ask("and then?")
+    return answer
+
+
+def flaky_in_one_step(question: str) -> str:
+    """Asks again inside one step when the first try raised: the step itself succeeds."""
+    messages = [{"role": "user", "content": question}]
+    with step("ask", "llm_call", input={"question": question}) as s:
+        try:
+            answer = chat(messages, temperature=0).content
+        except EndpointUnavailable:
+            answer = chat(messages, temperature=0).content
+        s.set_output(answer)
+    return answer
+
+
+def _location(backend: str, tmp_path: Path, request: pytest.FixtureRequest, side: str) -> Any:
+    if backend == "sqlite":
+        return tmp_path / side
+    return request.getfixturevalue("postgres_server").new_store_database()
+
+
+def _record(location: Any, client: ChatClient, question: str = "flaky", chain: Any = flaky) -> str:
+    tracer = Tracer(location, chat_client=client, raise_on_write_error=True)
+    try:
+        with tracer.trace("flaky", {"question": question}) as t:
+            t.set_output(chain(question))
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    return t.trace_id
+
+
+def _steps(st: Store, run_id: str) -> list[tuple[Any, ...]]:
+    view = load_trace(st, run_id)
+    return [
+        (s.name, s.status, s.error_type, s.error_message, s.output_hash, s.state_hash)
+        for s in view.steps
+    ]
+
+
+def _labels(st: Store, run_id: str) -> list[list[str]]:
+    return [[c.label for c in s.calls] for s in load_trace(st, run_id).steps]
+
+
+def _replay(
+    mode: str, location: Any, client: ChatClient, source: str, question: str = "flaky"
+) -> str:
+    """An unchanged replay of ``source`` (in place, through replay-trace, or a cached trace)."""
+    if mode == "replay-trace":
+        st = open_store(location)
+        try:
+            return replay_trace(st, source, chain=f"{__name__}:flaky", chat_client=client).run_id
+        finally:
+            st.close()
+    tracer = Tracer(
+        location, chat_client=client, read_cache=mode == "cached", raise_on_write_error=True
+    )
+    try:
+        if mode == "in-place":
+            with tracer.replay(source) as t:
+                t.set_output(flaky(question))
+        else:
+            with tracer.trace("flaky", {"question": question}) as t:
+                t.set_output(flaky(question))
+    finally:
+        tracer.close()
+    return t.trace_id
+
+
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def test_a_model_call_that_raised_is_recorded_with_its_error(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The raising call was not recorded at all (only its step's error): it is a call row now,
+    ``failed:raised``, 0 tokens, whose result is its error's document (type, message, hint),
+    kept with the run; the step it raised in failed, the chain went on."""
+    location = _location(backend, tmp_path, request, "s")
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(location, client)
+        assert stub.count == 3
+    st = open_store(location)
+    try:
+        view = load_trace(st, source, payloads=True)
+        assert [s.status for s in view.steps] == ["failed", "success", "success"]
+        assert _labels(st, source) == [["failed:raised"], ["miss:bypass"], ["miss:bypass"]]
+        (call,) = view.steps[0].calls
+        assert (call.kind, call.prompt_tokens, call.completion_tokens) == ("llm", 0, 0)
+        doc = json.loads(st.get_blob(call.result_hash))
+        assert doc["error"] == "EndpointUnavailable" == view.steps[0].error_type
+        assert doc["message"] in view.steps[0].error_message
+        assert view.steps[0].tokens == 0 and view.steps[0].llm_calls[0].content is None
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("mode", ["in-place", "replay-trace", "cached"])
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def test_an_unchanged_replay_raises_the_recorded_failure_and_sends_nothing(
+    backend: str, mode: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The endpoint answers now; the source's first call got no answer. Every replay that
+    reads the cache (in place, replay-trace, ``Tracer(read_cache=True)``) raises the recorded
+    failure at that step again (``failed:replayed``): the chain retries as it did, the same
+    steps and hashes, 0 requests, stored wholly by reference, linked to its source. Before,
+    the call was sent again (miss:source-failed), answered, and the replay diverged."""
+    location = _location(backend, tmp_path, request, "s")
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(location, client)
+        sent = stub.count
+        replay = _replay(mode, location, client, source)
+        assert stub.count == sent
+    st = open_store(location)
+    try:
+        assert _steps(st, replay) == _steps(st, source)
+        assert _labels(st, replay) == [["failed:replayed"], ["hit"], ["hit"]]
+        run = st.get_run(replay)
+        assert run.parent_run_id == source
+        assert run.config["reference"] == {"run": source, "steps": 3, "all": True}
+        assert Rewind(st).diff(source, replay).first_divergence is None
+        views = load_trace(st, source), load_trace(st, replay)
+        assert compare_traces(*views)["first_divergence"] is None
+    finally:
+        st.close()
+
+
+def test_a_refused_request_is_raised_again_with_its_type_and_message(tmp_path: Path) -> None:
+    """HTTP 400 (``ModelCallError``, the message naming the request's number): the replay
+    raises the recorded error, the same type and message, not a new refusal ("refused #3")."""
+    with stub_and_client(reply) as (stub, client):
+        source = _record(tmp_path, client, "refuse")
+        sent = stub.count
+        replay = _replay("in-place", tmp_path, client, source, "refuse")
+        assert stub.count == sent == 3
+    st = open_store(tmp_path)
+    try:
+        steps = _steps(st, source)
+        assert [s[2] for s in steps] == ["ModelCallError"] * 3
+        assert "refused #1" in steps[0][3]
+        assert _steps(st, replay) == steps
+        assert st.get_run(replay).config["reference"]["all"] is True
+    finally:
+        st.close()
+
+
+def test_a_failure_caught_inside_its_step_is_replayed_and_the_step_is_not_failed(
+    tmp_path: Path,
+) -> None:
+    """The step caught the dropped call and asked again itself: the step succeeded, with two
+    calls (the first ``failed:raised``), and is not taken for a failed step (its outcome is
+    the miss, not ``failed``). The cached replay raises the first call's failure again and
+    serves the second: 0 requests, stored by reference."""
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(tmp_path, client, chain=flaky_in_one_step)
+        sent = stub.count
+        tracer = Tracer(tmp_path, chat_client=client, read_cache=True, raise_on_write_error=True)
+        try:
+            with tracer.trace("flaky", {"question": "flaky"}) as t:
+                t.set_output(flaky_in_one_step("flaky"))
+        finally:
+            tracer.close()
+        assert stub.count == sent == 2
+    st = open_store(tmp_path)
+    try:
+        (ask,) = [n for n in st.nodes_of(source) if n.name == "ask"]
+        assert (ask.cache_outcome, ask.cache_reason) == ("miss", "raised")
+        assert _steps(st, t.trace_id) == _steps(st, source)
+        assert _labels(st, source) == [["failed:raised", "miss:bypass"]]
+        assert _labels(st, t.trace_id) == [["failed:replayed", "hit"]]
+        assert st.get_run(t.trace_id).config["reference"]["all"] is True
+    finally:
+        st.close()
+
+
+def test_a_recording_without_failures_has_no_failed_call_rows(tmp_path: Path) -> None:
+    """Nothing is added where nothing raised: the same call rows as before."""
+    with stub_and_client(reply) as (_stub, client):
+        source = _record(tmp_path, client)
+    st = open_store(tmp_path)
+    try:
+        assert _labels(st, source) == [["miss:bypass"], ["miss:bypass"]]
+    finally:
+        st.close()
+
+
+def _flaky_block() -> str:
+    return flaky("flaky")
+
+
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def test_the_lane_and_the_full_path_store_a_replayed_failure_alike(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third cached trace of a chain whose first model call was dropped when recorded,
+    with the lane and with the lane off: the same answers, 0 requests, the same stored view,
+    stored wholly by reference to the recording (the lane leaves the failed step to the full
+    path, which raises the recorded failure)."""
+    import tests.test_attack31 as attack31
+    from tests.test_tracing_lane import _diff
+
+    monkeypatch.setattr(attack31, "reply", _reply)
+    sides = []
+    for full in (False, True):
+        _DROPS[0] = 1
+        location = _location(backend, tmp_path, request, str(full))
+        sides.append(attack31._third(location, _flaky_block, full=full))
+    lane_side, full_side = sides
+    # each side had its own stub: the error names its port (the failure's document too)
+    differ = [d.split(":")[0] for d in _diff(lane_side[3], full_side[3])]
+    assert differ == [".steps[0].calls[0].result_hash", ".steps[0].error_message"]
+    assert lane_side[1:3] == full_side[1:3] and lane_side[1] == 0
+    assert lane_side[0] == lane_side[6] and full_side[0] == full_side[6]
+    assert lane_side[5] and full_side[5]
+    assert lane_side[3]["config"]["reference"]["all"] is True
