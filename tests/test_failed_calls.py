@@ -267,3 +267,29 @@ def test_the_lane_and_the_full_path_store_a_replayed_failure_alike(
     assert lane_side[0] == lane_side[6] and full_side[0] == full_side[6]
     assert lane_side[5] and full_side[5]
     assert lane_side[3]["config"]["reference"]["all"] is True
+
+
+def test_an_exported_failed_call_imports_as_a_failure_never_as_an_answer(tmp_path: Path) -> None:
+    """Exported (``rewind.calls``) and imported into an empty store, a refused call keeps its
+    row (``failed:raised``, its error's document) and seeds no cache entry: its error's
+    document was seeded as the model's answer to that request. The import's replay raises
+    the failure again (the same message), sending nothing."""
+    from rewind.tracing.otel import export_to_file, import_otlp, read_otlp_file
+
+    with stub_and_client(reply) as (stub, client):
+        source = _record(tmp_path / "a", client, "refuse")
+        a = open_store(tmp_path / "a")
+        b = open_store(tmp_path / "b")
+        try:
+            export_to_file(a, [source], tmp_path / "t.json")
+            assert import_otlp(b, read_otlp_file(tmp_path / "t.json")).imported == [source]
+            assert _labels(b, source) == _labels(a, source) == [["failed:raised"]] * 3
+            (failed,) = load_trace(b, source).steps[0].calls
+            assert b.llm_cache_get(failed.key) is None
+            sent = stub.count
+            replay = replay_trace(b, source, chain=f"{__name__}:flaky", chat_client=client)
+            assert stub.count == sent
+            assert _steps(b, replay.run_id) == _steps(b, source)
+        finally:
+            a.close()
+            b.close()
