@@ -293,3 +293,50 @@ def test_an_exported_failed_call_imports_as_a_failure_never_as_an_answer(tmp_pat
         finally:
             a.close()
             b.close()
+
+
+def test_a_replayed_failure_naming_a_blob_a_gc_deleted_is_refused(tmp_path: Path) -> None:
+    """A ``failed:replayed`` call row names the source's failure document, which its batch
+    does not carry (as a hit's answer): when a gc deleted that blob meanwhile, the write is
+    refused whole, not left naming a missing blob (only hits were checked)."""
+    from rewind.errors import StoreError
+    from rewind.store.retention import bump_blob_epoch, collect_garbage
+    from rewind.store.store import WriteBatch
+
+    st = open_store(tmp_path)
+    try:
+        collect_garbage(st, 0.0)  # the store's blob epoch is kept from the first gc on
+        with st.write():
+            pass  # the store has seen the current blob epoch
+        with st.write() as conn:
+            bump_blob_epoch(conn)
+        row = {
+            "run_id": "r", "position": 0, "call_index": 0, "kind": "llm", "name": "m",
+            "key": "a" * 64, "request_hash": "b" * 64, "result_hash": "c" * 64,
+            "outcome": "failed", "reason": "replayed", "prompt_tokens": 0,
+            "completion_tokens": 0, "latency_ms": 0.0, "determinism": "deterministic",
+            "produced_at": 1.0,
+        }  # fmt: skip
+        with pytest.raises(StoreError, match="deleted by a concurrent rewind gc"):
+            st.write_batch(WriteBatch(calls=[row]), before=lambda conn: None)
+    finally:
+        st.close()
+
+
+def test_the_api_shows_a_failed_call_as_its_error(tmp_path: Path) -> None:
+    """The node's call list lays a failed call's document out as its error (type and
+    message), not as the error's type name alone."""
+    from rewind.api.calls_view import calls_detail
+
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (_stub, client):
+        source = _record(tmp_path, client)
+    st = open_store(tmp_path)
+    try:
+        step0 = load_trace(st, source).steps[0]
+        (detail,) = calls_detail(st, source, 1, list(step0.calls))
+        assert detail["label"] == "failed:raised" and detail["tokens"] == 0
+        content = detail["response"]["content"]
+        assert content.startswith("EndpointUnavailable: the connection to the model endpoint")
+    finally:
+        st.close()

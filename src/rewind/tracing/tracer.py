@@ -1059,6 +1059,10 @@ class Tracer:
         chat_client: the model client :func:`rewind.calls.chat` uses inside traced steps.
         read_cache: serve LLM calls from the cache while tracing (default False: calls run live
             and their answers are recorded, reason ``bypass``, as when recording a Burr run).
+            A model call that raised in the replayed trace (the endpoint dropped, timed out or
+            refused it: a ``failed`` call row) raises that recorded error again, sending
+            nothing, even when the endpoint would answer now: the failure is the recorded
+            behaviour. To try it live, trace without ``read_cache`` or fork/override the step.
         clock: unix seconds now (injectable for tests).
         raise_on_write_error: raise when a trace cannot be written (default: log it).
         on_step_end, on_chain_end: callbacks (see :meth:`on_step_end`, :meth:`on_chain_end`).
