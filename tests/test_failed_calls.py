@@ -340,3 +340,60 @@ def test_the_api_shows_a_failed_call_as_its_error(tmp_path: Path) -> None:
         assert content.startswith("EndpointUnavailable: the connection to the model endpoint")
     finally:
         st.close()
+
+
+def test_a_failed_call_survives_archive_and_restore(tmp_path: Path) -> None:
+    """gc archives the recording (its failure document with its rows) and deletes what no
+    row names; restored, the recording's failed call is whole and an unchanged replay of it
+    raises the failure again, 0 requests."""
+    from rewind.store.objects import ObjectStore
+    from rewind.store.retention import collect_garbage, restore_run
+
+    objects = ObjectStore((tmp_path / "objects").resolve().as_uri())
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(tmp_path / "s", client)
+        st = open_store(tmp_path / "s")
+        try:
+            want = _steps(st, source)
+            report = collect_garbage(st, 0.0, archive=objects)
+            assert [a.run_id for a in report.archived] == [source] and st.list_runs() == []
+            restore_run(st, source, archive=objects)
+            assert _steps(st, source) == want
+            (failed,) = load_trace(st, source).steps[0].calls
+            assert json.loads(st.get_blob(failed.result_hash))["error"] == "EndpointUnavailable"
+        finally:
+            st.close()
+        sent = stub.count
+        replay = _replay("in-place", tmp_path / "s", client, source)
+        assert stub.count == sent
+    st = open_store(tmp_path / "s")
+    try:
+        assert _steps(st, replay) == want
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("chain", [flaky, flaky_in_one_step])
+def test_a_recorded_calls_replay_replays_the_failed_call_as_recorded(
+    chain: Any, tmp_path: Path
+) -> None:
+    """Without the chain's code (a replay of its recorded calls), the failed call is sent
+    again unchanged: the cache raises its recorded failure, and the step ends as recorded
+    (failed, or going on to its retry's answer). That failure was taken for the endpoint being
+    down: the replay ended failed and replay_trace raised EndpointUnavailable, where before
+    the failed call was recorded it replayed whole (0 requests, stored by reference)."""
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(tmp_path, client, chain=chain)
+        sent = stub.count
+        st = open_store(tmp_path)
+        try:
+            replay = replay_trace(st, source, chat_client=client)
+            assert stub.count == sent
+            assert replay.config["replay_mode"] == "recorded-calls"
+            assert replay.status == "completed"
+            assert _steps(st, replay.run_id) == _steps(st, source)
+            assert replay.config["reference"]["all"] is True
+        finally:
+            st.close()
