@@ -397,3 +397,56 @@ def test_a_recorded_calls_replay_replays_the_failed_call_as_recorded(
             assert replay.config["reference"]["all"] is True
         finally:
             st.close()
+
+
+def test_a_burr_replay_raises_a_failure_its_node_caught_and_sends_nothing(tmp_path: Path) -> None:
+    """A Burr node caught the dropped request and asked again: recorded, its calls are
+    ``failed:raised`` and the answer; an unchanged replay (a fork at the node) raises the
+    recorded failure, then serves the answer: 0 requests, identical hashes. Before, the first
+    call left no row: the replay sent it again and got an answer (one call, another output)."""
+    from tests import pipelines
+
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        # the node's question is "flaky": the stub drops it while _DROPS is positive
+        rw = Rewind(tmp_path / "store", chat_client=client)
+        try:
+            run = rw.record(pipelines.retrying_llm_pipeline, {"question": "flaky"})
+            sent = stub.count
+            replay = rw.replay(run.run_id, at="ask_again")
+            assert stub.count == sent == 2
+            a, b = rw.store.nodes_of(run.run_id), rw.store.nodes_of(replay.run_id)
+            assert [c.label for c in a[0].calls] == ["failed:raised", "miss:bypass"]
+            assert [c.label for c in b[0].calls] == ["failed:replayed", "hit"]
+            assert (a[0].cache_outcome, a[0].cache_reason) == ("miss", "raised")
+            assert (b[0].cache_outcome, b[0].cache_reason) == ("hit", "hit")
+            assert [n.output_hash for n in b] == [n.output_hash for n in a]
+            assert rw.diff(run.run_id, replay.run_id).first_divergence is None
+        finally:
+            rw.store.close()
+
+
+def test_a_burr_fork_serves_its_parents_answer_over_an_ancestors_failure(tmp_path: Path) -> None:
+    """The recording's first request was dropped; a live re-run of it (a stability fork) got
+    an answer at once. A replay of that fork serves the fork's answer (the nearest run's row
+    at that node and request wins), not the recording's failure."""
+    from tests import pipelines
+
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        rw = Rewind(tmp_path / "store", chat_client=client)
+        try:
+            run = rw.record(pipelines.retrying_llm_pipeline, {"question": "flaky"})
+            live = rw.fork(run.run_id, at="ask_again", cache_mode="stability")
+            sent = stub.count
+            assert sent == 3
+            assert [c.label for c in rw.store.nodes_of(live.run_id)[0].calls] == [
+                "bypass:stability"
+            ]
+            replay = rw.replay(live.run_id, at="ask_again")
+            assert stub.count == sent
+            a, b = rw.store.nodes_of(live.run_id), rw.store.nodes_of(replay.run_id)
+            assert [c.label for c in b[0].calls] == ["hit"]
+            assert [n.output_hash for n in b] == [n.output_hash for n in a]
+        finally:
+            rw.store.close()
