@@ -450,3 +450,46 @@ def test_a_burr_fork_serves_its_parents_answer_over_an_ancestors_failure(tmp_pat
             assert [n.output_hash for n in b] == [n.output_hash for n in a]
         finally:
             rw.store.close()
+
+
+def flaky_outside_steps(question: str) -> str:
+    """:func:`flaky` with ``rewind.chat`` called in the trace's body, outside any step (each
+    call a step of its own)."""
+    messages = [{"role": "user", "content": question}]
+    try:
+        return chat(messages, temperature=0).content
+    except EndpointUnavailable:
+        return chat(messages, temperature=0).content
+
+
+@pytest.mark.parametrize("mode", ["in-place", "cached"])
+def test_a_call_outside_any_step_that_raised_replays_as_its_own_failed_step(
+    mode: str, tmp_path: Path
+) -> None:
+    """A model call in the chain's body is a step of its own: when it raised, that step failed
+    with its failed call; a replay raises it again there, 0 requests, stored by reference."""
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(tmp_path, client, chain=flaky_outside_steps)
+        sent = stub.count
+        tracer = Tracer(
+            tmp_path, chat_client=client, read_cache=mode == "cached", raise_on_write_error=True
+        )
+        try:
+            if mode == "in-place":
+                with tracer.replay(source) as t:
+                    t.set_output(flaky_outside_steps("flaky"))
+            else:
+                with tracer.trace("flaky", {"question": "flaky"}) as t:
+                    t.set_output(flaky_outside_steps("flaky"))
+        finally:
+            tracer.close()
+        assert stub.count == sent == 2
+    st = open_store(tmp_path)
+    try:
+        assert [s[1] for s in _steps(st, source)] == ["failed", "success"]
+        assert _steps(st, t.trace_id) == _steps(st, source)
+        assert _labels(st, t.trace_id) == [["failed:replayed"], ["hit"]]
+        assert st.get_run(t.trace_id).config["reference"]["all"] is True
+    finally:
+        st.close()
