@@ -96,13 +96,20 @@ def _labels(st: Store, run_id: str) -> list[list[str]]:
 
 
 def _replay(
-    mode: str, location: Any, client: ChatClient, source: str, question: str = "flaky"
+    mode: str,
+    location: Any,
+    client: ChatClient,
+    source: str,
+    question: str = "flaky",
+    chain: Any = flaky,
 ) -> str:
-    """An unchanged replay of ``source`` (in place, through replay-trace, or a cached trace)."""
+    """An unchanged replay of ``source`` (in place, through replay-trace, or a cached trace)
+    running ``chain(question)``."""
     if mode == "replay-trace":
         st = open_store(location)
+        ref = f"{__name__}:{chain.__name__}"
         try:
-            return replay_trace(st, source, chain=f"{__name__}:flaky", chat_client=client).run_id
+            return replay_trace(st, source, chain=ref, chat_client=client).run_id
         finally:
             st.close()
     tracer = Tracer(
@@ -111,10 +118,10 @@ def _replay(
     try:
         if mode == "in-place":
             with tracer.replay(source) as t:
-                t.set_output(flaky(question))
+                t.set_output(chain(question))
         else:
             with tracer.trace("flaky", {"question": question}) as t:
-                t.set_output(flaky(question))
+                t.set_output(chain(question))
     finally:
         tracer.close()
     return t.trace_id
@@ -208,21 +215,16 @@ def test_a_failure_caught_inside_its_step_is_replayed_and_the_step_is_not_failed
     with stub_and_client(_reply) as (stub, client):
         source = _record(tmp_path, client, chain=flaky_in_one_step)
         sent = stub.count
-        tracer = Tracer(tmp_path, chat_client=client, read_cache=True, raise_on_write_error=True)
-        try:
-            with tracer.trace("flaky", {"question": "flaky"}) as t:
-                t.set_output(flaky_in_one_step("flaky"))
-        finally:
-            tracer.close()
+        replay = _replay("cached", tmp_path, client, source, chain=flaky_in_one_step)
         assert stub.count == sent == 2
     st = open_store(tmp_path)
     try:
         (ask,) = [n for n in st.nodes_of(source) if n.name == "ask"]
         assert (ask.cache_outcome, ask.cache_reason) == ("miss", "raised")
-        assert _steps(st, t.trace_id) == _steps(st, source)
+        assert _steps(st, replay) == _steps(st, source)
         assert _labels(st, source) == [["failed:raised", "miss:bypass"]]
-        assert _labels(st, t.trace_id) == [["failed:replayed", "hit"]]
-        assert st.get_run(t.trace_id).config["reference"]["all"] is True
+        assert _labels(st, replay) == [["failed:replayed", "hit"]]
+        assert st.get_run(replay).config["reference"]["all"] is True
     finally:
         st.close()
 
@@ -472,24 +474,13 @@ def test_a_call_outside_any_step_that_raised_replays_as_its_own_failed_step(
     with stub_and_client(_reply) as (stub, client):
         source = _record(tmp_path, client, chain=flaky_outside_steps)
         sent = stub.count
-        tracer = Tracer(
-            tmp_path, chat_client=client, read_cache=mode == "cached", raise_on_write_error=True
-        )
-        try:
-            if mode == "in-place":
-                with tracer.replay(source) as t:
-                    t.set_output(flaky_outside_steps("flaky"))
-            else:
-                with tracer.trace("flaky", {"question": "flaky"}) as t:
-                    t.set_output(flaky_outside_steps("flaky"))
-        finally:
-            tracer.close()
+        replay = _replay(mode, tmp_path, client, source, chain=flaky_outside_steps)
         assert stub.count == sent == 2
     st = open_store(tmp_path)
     try:
         assert [s[1] for s in _steps(st, source)] == ["failed", "success"]
-        assert _steps(st, t.trace_id) == _steps(st, source)
-        assert _labels(st, t.trace_id) == [["failed:replayed"], ["hit"]]
-        assert st.get_run(t.trace_id).config["reference"]["all"] is True
+        assert _steps(st, replay) == _steps(st, source)
+        assert _labels(st, replay) == [["failed:replayed"], ["hit"]]
+        assert st.get_run(replay).config["reference"]["all"] is True
     finally:
         st.close()
