@@ -7,7 +7,9 @@ unchanged and spends 0 tokens. Every call records its outcome and the rule that 
 ``miss:bypass`` (recording), ``miss:source-failed`` (the replayed trace's step raised
 there), ``bypass:stability``, ``served:side-effect-recorded``,
 ``dry-run:side-effect-dry-run``, ``miss:side-effect-live``, ``hit:in-flight`` (shared with a
-concurrent replay executing the same call).
+concurrent replay executing the same call), ``failed:raised`` (a model call the endpoint dropped
+or refused: its error is kept as the call's result, :mod:`rewind.call`) and ``failed:replayed``
+(a replay raised that recorded error again at the same node position and key: nothing sent).
 
 Determinism flags decide the rules: ``deterministic`` entries never expire; ``time-bound`` entries
 older than their ``ttl_s`` are misses (the same rule for any input); ``side-effect`` calls are never
