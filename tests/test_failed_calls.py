@@ -484,3 +484,25 @@ def test_a_call_outside_any_step_that_raised_replays_as_its_own_failed_step(
         assert st.get_run(replay).config["reference"]["all"] is True
     finally:
         st.close()
+
+
+def test_a_call_that_misses_with_no_endpoint_configured_is_not_recorded_as_failed(
+    tmp_path: Path,
+) -> None:
+    """A replay with no model endpoint configured (replay-trace of the recorded calls, the
+    question changed) raises EndpointUnavailable at the call that misses, before anything is
+    sent: that is the replay's set-up, not the endpoint's behaviour. It was kept as the call's
+    recorded failure (failed:raised), which a later replay of that replay would raise again
+    with an endpoint configured; the step fails with no call row, as before."""
+    with stub_and_client(reply) as (_stub, client):
+        source = _record(tmp_path, client, "why?")
+    st = open_store(tmp_path)
+    try:
+        with pytest.raises(EndpointUnavailable, match="no model endpoint is configured"):
+            replay_trace(st, source, change="input.question=how?")
+        (replay,) = [r.run_id for r in st.list_runs() if r.run_id != source]
+        steps = load_trace(st, replay).steps
+        assert [s.error_type for s in steps] == ["EndpointUnavailable", None]
+        assert _labels(st, replay) == [[], ["hit"]]
+    finally:
+        st.close()

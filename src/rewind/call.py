@@ -279,8 +279,9 @@ def _raised(
 ) -> None:
     """Record a model call that raised one of :data:`CALL_FAILURES` on its node: a
     ``failed:raised`` call row whose result is the failure's document, kept with the node's
-    rows (never a cache entry, never served as an answer)."""
-    if scope is None or call.kind != "llm":
+    rows (never a cache entry, never served as an answer). Not when the run has no model
+    endpoint (``ctx.chat_client`` None): nothing was sent, the error is the run's set-up."""
+    if scope is None or call.kind != "llm" or ctx.chat_client is None:
         return
     data = failure_bytes(exc)
     digest = sha256_hex(data)
