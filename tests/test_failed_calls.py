@@ -506,3 +506,24 @@ def test_a_call_that_misses_with_no_endpoint_configured_is_not_recorded_as_faile
         assert _labels(st, replay) == [[], ["hit"]]
     finally:
         st.close()
+
+
+def test_a_grid_counts_a_request_that_raised_as_sent() -> None:
+    """A variant's LLM requests (without a shared client) are its calls sent: a call that
+    raised (failed:raised) was sent too; a replayed failure (failed:replayed) was not."""
+    from rewind.grid import _llm_requests
+    from rewind.store.records import CallRecord, NodeRecord
+
+    def call(i: int, outcome: str, reason: str) -> CallRecord:
+        return CallRecord(i, "llm", "m", "k" * 64, "r" * 64, "h" * 64, outcome, reason)
+
+    def node(*calls: CallRecord) -> NodeRecord:
+        return NodeRecord(
+            "run", 0, "ask", 0, "run", 0, False, "i" * 64, None, None, {}, 0.0, 0, 0,
+            "miss", "raised", None, 0.0, calls=calls,
+        )  # fmt: skip
+
+    sent = node(call(0, "failed", "raised"), call(1, "miss", "no-entry"))
+    assert _llm_requests(None, "run", [sent]) == (2, 0)
+    replayed = node(call(0, "failed", "replayed"), call(1, "hit", "hit"))
+    assert _llm_requests(None, "run", [replayed]) == (0, 0)
