@@ -527,3 +527,30 @@ def test_a_grid_counts_a_request_that_raised_as_sent() -> None:
     assert _llm_requests(None, "run", [sent]) == (2, 0)
     replayed = node(call(0, "failed", "replayed"), call(1, "hit", "hit"))
     assert _llm_requests(None, "run", [replayed]) == (0, 0)
+
+
+def test_a_replay_without_cached_model_answers_sends_the_failed_call_again(
+    tmp_path: Path,
+) -> None:
+    """The way to try a recorded failure live: replay-trace with cached LLM answers off sends
+    every model call, the one that raised included; the endpoint answers now, so the chain
+    does not retry (one ``llm`` step fewer before the follow-up)."""
+    from rewind.tracing.switches import ReplaySwitches
+
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        source = _record(tmp_path, client)
+        sent = stub.count
+        st = open_store(tmp_path)
+        try:
+            replay = replay_trace(
+                st,
+                source,
+                chain=f"{__name__}:flaky",
+                chat_client=client,
+                switches=ReplaySwitches(cached_llm=False),
+            )
+            assert stub.count == sent + 2
+            assert [s[1] for s in _steps(st, replay.run_id)] == ["success", "success"]
+        finally:
+            st.close()
