@@ -21,6 +21,7 @@ from burr.core.graph import GraphBuilder
 import rewind
 from rewind.calls import chat
 from rewind.effects import FileTree, SQLiteTable, idempotency_key
+from rewind.errors import EndpointUnavailable
 from rewind.replay import Pipeline
 from rewind.tools import tool
 
@@ -208,6 +209,23 @@ def shout(state: State) -> State:
 
 
 llm_pipeline = _linear("llm", "tests.pipelines:llm_pipeline", ask=ask, shout=shout)
+
+
+@action(reads=["question"], writes=["answer", "finish_reason"])
+def ask_again(state: State) -> State:
+    """``ask``, asking once more when the endpoint dropped the first request (the node
+    catches the failure: it succeeds)."""
+    messages = [{"role": "user", "content": state["question"]}]
+    try:
+        response = chat(messages, temperature=0.0)
+    except EndpointUnavailable:
+        response = chat(messages, temperature=0.0)
+    return state.update(answer=response.content, finish_reason=response.finish_reason)
+
+
+retrying_llm_pipeline = _linear(
+    "retrying-llm", "tests.pipelines:retrying_llm_pipeline", ask_again=ask_again, shout=shout
+)
 
 
 # -- side effects, determinism flags and the effect audit (tests/test_effects.py, test_audit.py) --

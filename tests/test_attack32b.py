@@ -151,20 +151,16 @@ def _retrying() -> str:
     return "gave up"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a model call that raised in the source (endpoint down, the chain retried in a new "
-    "step) is sent again on replay (miss:source-failed): the unchanged replay spends a request "
-    "and, the endpoint now up, diverges (1 step, not 2)",
-)
 def test_an_unchanged_replay_of_a_model_call_that_failed_in_the_source_sends_no_request(
     tmp_path: Path,
 ) -> None:
     """The recording's first model call got no answer (the chain caught it and asked again in
-    a new step). miss:source-failed executes such a call again so that a failing tool fails
-    again; for a model call that means sending it: the cached replay sends one request, is
-    answered, and ends after one step (the source had two), stored unlinked from step 0.
-    Serving the recorded failure (its error type and message) would repeat it for 0 tokens."""
+    a new step). miss:source-failed executed such a call again so that a failing tool fails
+    again; for a model call that meant sending it: the cached replay sent one request, was
+    answered, and ended after one step (the source had two), stored unlinked from step 0.
+    The raising call is now recorded (``failed:raised``, its error's document) and the replay
+    raises that failure again: 0 requests, the source's two steps, stored by reference.
+    Was a strict xfail: a model call that raised in the source is sent again on replay."""
     _HICCUPS[0] = 1
     with stub_and_client(_hiccup_reply) as (stub, client):
         made = []
@@ -184,6 +180,11 @@ def test_an_unchanged_replay_of_a_model_call_that_failed_in_the_source_sends_no_
     assert [(s.name, s.status, s.error_message) for s in replay.steps] == [
         (s.name, s.status, s.error_message) for s in source.steps
     ]
+    a, b, run = _stored(tmp_path, source.trace_id, replay.trace_id)
+    assert [c.label for c in a.steps[0].calls] == ["failed:raised"]
+    assert [c.label for c in b.steps[0].calls] == ["failed:replayed"]
+    assert run.parent_run_id == source.trace_id
+    assert run.config["reference"] == {"run": source.trace_id, "steps": 2, "all": True}
 
 
 def test_an_in_place_replay_given_another_name_still_runs_the_chain_as_its_body(

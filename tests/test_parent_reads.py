@@ -88,14 +88,14 @@ def test_lineage_is_rebuilt_after_a_gc_and_handed_out_as_copies(tmp_path: Path) 
         built.append(len(ancestors))
         return rw._lineages(parent, reads.nodes(parent), ancestors)
 
-    (lineage, at, _slots), blobs = reads.lineage(parent, build)
+    (lineage, at, _slots, _failed), blobs = reads.lineage(parent, build)
     assert lineage and set(blobs) == {e.result_hash for e in lineage.values()}
     lineage.clear()  # a replay changes its own copies only
     blobs.clear()
-    (again, _, _), blobs_again = reads.lineage(parent, build)
+    (again, _, _, _), blobs_again = reads.lineage(parent, build)
     assert built == [0] and again and blobs_again
     rw.store._blob_epoch = "bumped by a gc"  # what a write sees after `rewind gc` deleted blobs
-    (after_gc, at_after, _), _ = reads.lineage(parent, build)
+    (after_gc, at_after, _, _), _ = reads.lineage(parent, build)
     assert built == [0, 0]
     assert after_gc == again and at_after == at
 

@@ -7,7 +7,9 @@ unchanged and spends 0 tokens. Every call records its outcome and the rule that 
 ``miss:bypass`` (recording), ``miss:source-failed`` (the replayed trace's step raised
 there), ``bypass:stability``, ``served:side-effect-recorded``,
 ``dry-run:side-effect-dry-run``, ``miss:side-effect-live``, ``hit:in-flight`` (shared with a
-concurrent replay executing the same call).
+concurrent replay executing the same call), ``failed:raised`` (a model call the endpoint dropped
+or refused: its error is kept as the call's result, :mod:`rewind.call`) and ``failed:replayed``
+(a replay raised that recorded error again at the same node position and key: nothing sent).
 
 Determinism flags decide the rules: ``deterministic`` entries never expire; ``time-bound`` entries
 older than their ``ttl_s`` are misses (the same rule for any input), and so are those dated after
@@ -36,6 +38,7 @@ from rewind.call import (
     Executed,
     aexecute_call,
     execute_call,
+    failure_of,
 )
 from rewind.canonical import key_of
 from rewind.context import LineageEntry, NodeScope, RunContext, current, current_lane
@@ -115,7 +118,7 @@ def through_cache(
         return data, record
     found, reason = _lookup(ctx, scope, kind, call.key, policy)
     if found is not None:
-        data, record = _hit(ctx, scope, call, found)
+        data, record = _hit(ctx, scope, call, found, reason)
     elif ctx.read_cache and ctx.write_cache:
         data, record = _single_flight(ctx, scope, call, reason)
     else:
@@ -157,7 +160,7 @@ async def athrough_cache(
     call = _new_call(scope, kind, name, key, request, _no_sync_execute, policy)
     found, reason = _lookup(ctx, scope, kind, call.key, policy)
     if found is not None:
-        data, record = _hit(ctx, scope, call, found)
+        data, record = _hit(ctx, scope, call, found, reason)
     elif ctx.read_cache and ctx.write_cache:
         data, record = await _asingle_flight(ctx, scope, call, reason, aexecute)
     else:
@@ -247,10 +250,20 @@ def _no_sync_execute() -> Executed:
 
 
 def _hit(
-    ctx: RunContext, scope: NodeScope | None, call: Call, found: tuple[str, float | None]
+    ctx: RunContext,
+    scope: NodeScope | None,
+    call: Call,
+    found: tuple[str, float | None],
+    reason: str = "",
 ) -> tuple[bytes, CallRecord]:
+    """Serve ``found`` (result hash, produced_at). ``reason`` ``failed``: it is the source's
+    recorded failure of this call, raised again (recorded ``failed:replayed``, nothing sent)."""
     result_hash, produced_at = found
     data = _result_bytes(ctx, scope, call.key, result_hash)
+    if reason:
+        if scope is not None:
+            scope.add_call(call.record(result_hash, "failed", "replayed", produced_at=produced_at))
+        raise failure_of(data)
     if ctx.served is not None:  # a traced chain: kept in case its source leaves the store
         ctx.served[call.key] = (call.request, data)
     return data, call.record(result_hash, "hit", "hit", produced_at=produced_at)
@@ -378,9 +391,11 @@ def _result_bytes(ctx: RunContext, scope: NodeScope | None, key: str, result_has
 def _lookup(
     ctx: RunContext, scope: NodeScope | None, kind: str, key: str, policy: CallPolicy
 ) -> tuple[tuple[str, float | None] | None, str]:
-    """((result hash, produced_at) or None, reason for a miss)."""
-    if _source_raised(ctx, scope, kind, key):
-        return None, "source-failed"
+    """((result hash, produced_at) or None, reason for a miss). A found result with the reason
+    ``failed`` is the source's recorded failure of this call (:func:`_source_raised`)."""
+    raised = _source_raised(ctx, scope, kind, key)
+    if raised is not None:
+        return raised
     pending = (scope.pending.get(key) if scope is not None else None) or (
         ctx.recent.get(key) if ctx.read_cache else None
     )
@@ -429,19 +444,33 @@ def within_ttl(produced_at: float | None, ttl_s: float, now: float) -> bool:
     return 0.0 <= age <= ttl_s
 
 
-def _source_raised(ctx: RunContext, scope: NodeScope | None, kind: str, key: str) -> bool:
-    """True when the replayed trace's step at this node's position, of this node's name, failed
-    and recorded no call with ``key`` there: the call raised in the source, so serving this
-    key's result from another step (or the cache) would hide the failure. A step of another
-    name at that position is another step (the chain was edited): its calls are looked up as
-    usual. At a cached trace's first lookup, finds its source first (which fills
-    :attr:`RunContext.failed_at`)."""
+def _source_raised(
+    ctx: RunContext, scope: NodeScope | None, kind: str, key: str
+) -> tuple[tuple[str, float | None] | None, str] | None:
+    """What :func:`_lookup` answers for a call that raised in the replayed trace, else None.
+
+    The source recorded the call at this node's position as ``failed`` (a model call the
+    endpoint dropped or refused, :data:`rewind.call.CALL_FAILURES`): its failure document and
+    the reason ``failed``, so the replay raises that failure again and sends nothing, even when
+    the endpoint would answer now (the failure is what was recorded; fork or override the step
+    to try again live). Otherwise, when the source's step at this position, of this node's
+    name, failed and recorded no call with ``key`` there (a tool that raised, or a recording
+    made before failed calls were kept): None and ``source-failed``, so the call is executed
+    again rather than served another step's result for the same key. A step of another name at
+    that position is another step (the chain was edited): its calls are looked up as usual. At
+    a cached trace's first lookup, finds its source first (which fills
+    :attr:`RunContext.failed_at` and :attr:`RunContext.failed_calls`)."""
     if ctx.find_source is not None and kind in ctx.cached_kinds:
         _read_source(ctx, kind, key)
-    if not ctx.failed_at or scope is None:
-        return False
-    failed = ctx.failed_at.get(scope.position)
-    return failed == scope.name and (scope.position, key) not in ctx.lineage_at
+    if scope is None or not (ctx.failed_at or ctx.failed_calls):
+        return None
+    where = (scope.position, key)
+    recorded = ctx.failed_calls.get(where)
+    if recorded is not None and ctx.read_cache and kind in ctx.cached_kinds:
+        return (recorded.result_hash, recorded.produced_at), "failed"
+    if ctx.failed_at.get(scope.position) == scope.name and where not in ctx.lineage_at:
+        return None, "source-failed"
+    return None
 
 
 def _cache_entry(ctx: RunContext, kind: str, key: str) -> Any:

@@ -13,15 +13,26 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from rewind.canonical import sha256_hex
+from rewind.canonical import canonical_bytes, loads, sha256_hex
 from rewind.context import NodeScope, PendingWrite, RunContext, executing_call
+from rewind.errors import EndpointUnavailable, ModelCallError
 from rewind.store.records import CallRecord
 
 Determinism = Literal["deterministic", "time-bound", "side-effect", "non-deterministic"]
 """How a call's result may be reused (see :mod:`rewind.cache`); stored as this string."""
 
-CallOutcome = Literal["hit", "miss", "bypass", "served", "dry-run"]
-"""A call record's cache outcome (its reason says which rule decided it); stored as this string."""
+CallOutcome = Literal["hit", "miss", "bypass", "served", "dry-run", "failed"]
+"""A call record's cache outcome (its reason says which rule decided it); stored as this string.
+``failed`` is a model call that raised (:data:`CALL_FAILURES`): reason ``raised`` when it was
+sent, ``replayed`` when a replay raised the source's recorded failure again (nothing sent); its
+``result_hash`` names the failure's document (:func:`failure_bytes`), never an answer."""
+
+CALL_FAILURES: tuple[type[Exception], ...] = (EndpointUnavailable, ModelCallError)
+"""The errors of a model call that are recorded as a ``failed`` call row (the endpoint dropped,
+timed out or refused the request): a replay raises them again instead of sending the request.
+Other errors (a body that is not JSON...) raise before anything is sent and are not recorded."""
+
+_FAILURE_TYPES: dict[str, type[Exception]] = {t.__name__: t for t in CALL_FAILURES}
 
 _new = object.__new__
 
@@ -198,10 +209,19 @@ def execute_call(
 ) -> tuple[bytes, CallRecord]:
     """Execute a call live and queue its result (and, if ``cacheable`` and the result says it
     may be cached, its cache entry) on the node's scope under ``pending_key`` (default: the
-    cache key). HTTP requests the call makes itself are not captured again."""
+    cache key). HTTP requests the call makes itself are not captured again.
+
+    Raises:
+        whatever ``call.execute`` raises. A model call's :data:`CALL_FAILURES` are first
+        recorded on the node as a ``failed:raised`` call (its failure document kept, no cache
+        entry), so that a replay raises the same failure there without sending anything."""
     started = time.perf_counter()
-    with executing_call():
-        done = call.execute()
+    try:
+        with executing_call():
+            done = call.execute()
+    except CALL_FAILURES as exc:
+        _raised(ctx, scope, call, exc, started)
+        raise
     return _executed(ctx, scope, call, done, started, outcome, reason, cacheable, pending_key)
 
 
@@ -217,8 +237,12 @@ async def aexecute_call(
 ) -> tuple[bytes, CallRecord]:
     """The async twin of :func:`execute_call`: awaits ``aexecute`` instead of ``call.execute``."""
     started = time.perf_counter()
-    with executing_call():
-        done = await aexecute()
+    try:
+        with executing_call():
+            done = await aexecute()
+    except CALL_FAILURES as exc:
+        _raised(ctx, scope, call, exc, started)
+        raise
     return _executed(ctx, scope, call, done, started, outcome, reason, cacheable, None)
 
 
@@ -250,7 +274,50 @@ def _executed(
     return done.result, record
 
 
+def _raised(
+    ctx: RunContext, scope: NodeScope | None, call: Call, exc: Exception, started: float
+) -> None:
+    """Record a model call that raised one of :data:`CALL_FAILURES` on its node: a
+    ``failed:raised`` call row whose result is the failure's document, kept with the node's
+    rows (never a cache entry, never served as an answer). Not when the run has no model
+    endpoint (``ctx.chat_client`` None): nothing was sent, the error is the run's set-up."""
+    if scope is None or call.kind != "llm" or ctx.chat_client is None:
+        return
+    data = failure_bytes(exc)
+    digest = sha256_hex(data)
+    produced_at = ctx.clock()
+    latency = (time.perf_counter() - started) * 1000
+    scope.pending[call.key] = call.pending(digest, data, cacheable=False, produced_at=produced_at)
+    scope.add_call(
+        call.record(digest, "failed", "raised", produced_at=produced_at, latency_ms=latency)
+    )
+
+
+def failure_bytes(exc: Exception) -> bytes:
+    """The document a ``failed`` call row's ``result_hash`` names: canonical JSON
+    ``{"error": type name, "message": ..., "hint": ...}`` of one of :data:`CALL_FAILURES`."""
+    message = getattr(exc, "message", str(exc))
+    hint = getattr(exc, "hint", "")
+    return canonical_bytes({"error": type(exc).__name__, "hint": hint, "message": message})
+
+
+def failure_of(data: bytes) -> Exception:
+    """The exception a ``failed`` call row recorded (:func:`failure_bytes`), made again: the
+    same type (one of :data:`CALL_FAILURES`), message and hint. A document that is not one
+    (a damaged or crafted store) gives a :class:`~rewind.errors.ModelCallError` saying so."""
+    try:
+        doc = loads(data)
+        cls = _FAILURE_TYPES[doc["error"]]
+        return cls(str(doc["message"]), str(doc.get("hint", "")))
+    except (ValueError, KeyError, TypeError):
+        return ModelCallError(
+            "the recorded failure of this model call cannot be read",
+            "replay without the cache, or fork at this step",
+        )
+
+
 __all__ = [
+    "CALL_FAILURES",
     "DEFAULT_POLICY",
     "DETERMINISM_FLAGS",
     "Call",
@@ -260,4 +327,6 @@ __all__ = [
     "Executed",
     "aexecute_call",
     "execute_call",
+    "failure_bytes",
+    "failure_of",
 ]

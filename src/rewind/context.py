@@ -220,6 +220,9 @@ class RunContext:
             result for the same key: an agent that retried a failing tool must meet the failure
             again on replay. A step of another name there (the chain was edited) is looked up
             as usual.
+        failed_calls: ``(position, cache key)`` → the replayed trace's model calls that raised
+            there (``failed`` call rows, their failure document as ``result_hash``): a replay
+            that reads the cache raises that failure again, sending nothing.
     """
 
     store: Store
@@ -235,6 +238,7 @@ class RunContext:
     lineage_blobs: dict[str, bytes] = field(default_factory=dict)
     lineage_at: dict[tuple[int, str], LineageEntry] = field(default_factory=dict)
     failed_at: dict[int, str] = field(default_factory=dict)
+    failed_calls: dict[tuple[int, str], LineageEntry] = field(default_factory=dict)
     recent: dict[str, PendingWrite] = field(default_factory=dict)
     effects_mode: str = "recorded"
     lineage_slots: dict[tuple[int, int], LineageEntry] = field(default_factory=dict)

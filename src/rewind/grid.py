@@ -671,7 +671,8 @@ def _llm_requests(
         for n in vnodes
         if not n.inherited
         for c in n.calls
-        if c.kind == "llm" and c.outcome in ("miss", "bypass")
+        # a failed:raised call was sent too (the endpoint dropped or refused it)
+        if c.kind == "llm" and (c.outcome in ("miss", "bypass") or c.reason == "raised")
     )
     return sent, 0
 

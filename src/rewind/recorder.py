@@ -851,7 +851,10 @@ def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, st
     cacheable call; ``hit``/``hit`` when every call hit (``hit``/``side-effect-recorded`` when
     some side-effecting call was served from record: nothing executed, nothing spent);
     ``dry-run`` when a side-effecting call was only logged; otherwise the first non-hit call's
-    outcome and reason (``miss:override``, ``miss:new-input``, ``bypass:stability``…).
+    outcome and reason (``miss:override``, ``miss:new-input``, ``bypass:stability``…). A model
+    call that raised and that the node caught counts as ``miss:raised`` when it was sent and
+    as a hit when its recorded failure was raised again (``failed:replayed``): ``failed`` is
+    the outcome of a node that raised, only.
     """
     if exception is not None:
         return "failed", type(exception).__name__
@@ -859,8 +862,10 @@ def node_outcome(scope: NodeScope, exception: Exception | None) -> tuple[str, st
     if not calls:
         return "none", "no-calls"
     for call in calls:
-        if call.outcome not in ("hit", "served", "dry-run"):
+        if call.outcome not in ("hit", "served", "dry-run", "failed"):
             return call.outcome, call.reason
+        if call.outcome == "failed" and call.reason != "replayed":
+            return "miss", call.reason
     for call in calls:
         if call.outcome == "dry-run":
             return "dry-run", call.reason

@@ -35,7 +35,7 @@ from rewind.drift import GraphDrift, compare_graphs
 from rewind.effects import EffectPreconditionFailed, SideEffectBlocked
 from rewind.engine.attach import Pipeline, attach, import_pipeline_module, load_pipeline
 from rewind.engine.drive import Launch, drive, plan_launch
-from rewind.engine.parent_reads import ParentReads
+from rewind.engine.parent_reads import Lineages, ParentReads
 from rewind.engine.plan import (
     ForkPlan,
     InputOverride,
@@ -69,7 +69,7 @@ from rewind.persister import (
 )
 from rewind.recorder import Recorder, SubRunPath, SubRunSetup, SubRunSource, semantic_state
 from rewind.store import NodeRecord, RunRecord, Store, open_store
-from rewind.store.records import storable_text
+from rewind.store.records import NOT_ANSWERS, storable_text
 from rewind.store.store import state_row
 from rewind.store.users import local_user
 
@@ -454,7 +454,7 @@ class Rewind:
             ctx.bypass_reason = "stability"
         ctx.param_overrides = param_overrides
         ctx.input_overrides = input_overrides
-        (ctx.lineage, ctx.lineage_at, ctx.lineage_slots), ctx.lineage_blobs = (
+        (ctx.lineage, ctx.lineage_at, ctx.lineage_slots, ctx.failed_calls), ctx.lineage_blobs = (
             self.parent_reads.lineage(
                 parent, lambda ancestors: self._lineages(parent, plan.nodes, ancestors)
             )
@@ -645,7 +645,7 @@ class Rewind:
         )
         if run is None:
             return None
-        lineage, at, slots = self._lineages(run)
+        lineage, at, slots, _failed = self._lineages(run)  # a sub-run's failures run again
         blobs = self.store.get_blobs({e.result_hash for e in lineage.values()})
         return SubRunSource(run.run_id, lineage, at, slots, blobs)
 
@@ -858,15 +858,13 @@ class Rewind:
         run: RunRecord,
         nodes: Sequence[NodeRecord] | None = None,
         ancestors: Sequence[RunRecord] | None = None,
-    ) -> tuple[
-        dict[str, LineageEntry],
-        dict[tuple[int, str], LineageEntry],
-        dict[tuple[int, int], LineageEntry],
-    ]:
+    ) -> Lineages:
         """:meth:`_lineage`, the same calls by (node position, cache key): a looped node that
-        sends one request in every execution gets each execution's own answer back; and the
+        sends one request in every execution gets each execution's own answer back; the
         executed side-effecting calls by slot (node position, call index), whose recorded
-        pre-state a ``live`` re-execution verifies whatever its arguments.
+        pre-state a ``live`` re-execution verifies whatever its arguments; and the model calls
+        that raised by (node position, cache key) (``failed`` rows: a replay raises their
+        recorded failure again), the nearest run's row at a place winning, answer or failure.
 
         ``nodes``: ``run``'s own node executions with their calls when the caller read them
         already (a fork's plan has them): not read again; ``ancestors``: likewise, ``run``'s
@@ -877,20 +875,27 @@ class Rewind:
         lineage: dict[str, LineageEntry] = {}
         at: dict[tuple[int, str], LineageEntry] = {}
         slots: dict[tuple[int, int], LineageEntry] = {}
+        failed: dict[tuple[int, str], LineageEntry] = {}
         for rid in reversed(chain):
             of_run = nodes if nodes is not None and rid == run.run_id else None
             for node in of_run if of_run is not None else self.store.nodes_of(rid):
                 for call in node.calls:
-                    if not call.result_hash or call.outcome in ("served", "dry-run"):
+                    if not call.result_hash:
                         continue
                     entry = LineageEntry(
                         call.result_hash, call.produced_at, rid, node.position, call.call_index
                     )
+                    if call.outcome == "failed":
+                        failed[(node.position, call.key)] = entry
+                        at.pop((node.position, call.key), None)
+                    if call.outcome in NOT_ANSWERS:
+                        continue
                     lineage[call.key] = entry
                     at[(node.position, call.key)] = entry
+                    failed.pop((node.position, call.key), None)
                     if call.determinism == "side-effect":
                         slots[(node.position, call.call_index)] = entry
-        return lineage, at, slots
+        return lineage, at, slots, failed
 
     def _write_output_override(
         self,

@@ -196,6 +196,9 @@ def _answer(doc: Mapping[str, Any]) -> dict[str, Any]:
         out["content"] = "".join(t for t in texts if isinstance(t, str))
         out["tool_calls"] = uses or None
         out["finish_reason"] = doc.get("stop_reason")
+    elif "error" in doc and isinstance(doc.get("message"), str):
+        # a model call that raised (rewind.call.failure_bytes): its error type and message
+        out["content"] = f"{doc['error']}: {doc['message']}"
     elif "error" in doc:
         out["content"] = doc["error"]
     else:

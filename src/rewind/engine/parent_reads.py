@@ -39,8 +39,10 @@ Lineages = tuple[
     dict[str, LineageEntry],
     dict[tuple[int, str], LineageEntry],
     dict[tuple[int, int], LineageEntry],
+    dict[tuple[int, str], LineageEntry],
 ]
-"""(by cache key, by (node position, cache key), side-effecting calls by (position, index))."""
+"""(by cache key, by (node position, cache key), side-effecting calls by (position, index),
+model calls that raised by (node position, cache key): :attr:`RunContext.failed_calls`)."""
 
 
 @dataclass
@@ -125,7 +127,12 @@ class ParentReads:
             if kept is not None:
                 small = sum(map(len, blobs.values())) <= KEPT_BLOB_BYTES
                 kept.lineage = (lineage_key, lineages, blobs if small else None)
-        return (dict(lineages[0]), dict(lineages[1]), dict(lineages[2])), dict(blobs)
+        return (
+            dict(lineages[0]),
+            dict(lineages[1]),
+            dict(lineages[2]),
+            dict(lineages[3]),
+        ), dict(blobs)
 
     def graph_hashes(self, run: RunRecord, producers: Sequence[str]) -> dict[str, str]:
         """:meth:`Store.run_graph_hashes` of ``producers`` (the parent and the runs that made

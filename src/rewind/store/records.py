@@ -177,6 +177,12 @@ class RunRecord:
         )
 
 
+NOT_ANSWERS = ("served", "dry-run", "failed")
+"""Call outcomes whose ``result_hash`` is no answer a replay may serve from lineage: a side
+effect served from record or only logged, and a model call that raised (``failed``, its
+``result_hash`` names the failure's document: :func:`rewind.call.failure_bytes`)."""
+
+
 @dataclass(frozen=True)
 class CallRecord:
     """One LLM or tool call a node made, with its cache outcome.

@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, text
 
+from rewind.context import LineageEntry
 from rewind.store import schema
 from rewind.store.spans import expand as expand_spans
 
@@ -51,6 +52,7 @@ MAX_DEPTH = 64
 
 _NODE_TIMING = ("latency_ms", "started_at")
 _HIT = {"outcome": "hit", "reason": "hit", "prompt_tokens": 0, "completion_tokens": 0}
+_REPLAYED = {**_HIT, "outcome": "failed", "reason": "replayed"}
 
 
 class MappingRow:
@@ -99,6 +101,19 @@ class SourceRows:
         return {n["position"]: n["name"] for n in self.nodes if n["cache_outcome"] == "failed"}
 
     @property
+    def failed_calls(self) -> dict[tuple[int, str], LineageEntry]:
+        """``(position, cache key)`` → the calls that raised (``failed`` call rows; their
+        ``result_hash`` names the failure's document, :func:`rewind.call.failure_bytes`)."""
+        return {
+            (p, c["key"]): LineageEntry(
+                c["result_hash"], c["produced_at"], c["run_id"], p, c["call_index"]
+            )
+            for p, calls in self.calls.items()
+            for c in calls
+            if c["outcome"] == "failed" and c["result_hash"]
+        }
+
+    @property
     def is_trace(self) -> bool:
         """True when the run has a root span (a traced chain)."""
         return -1 in self.spans
@@ -122,7 +137,10 @@ def reference_of(config: Mapping[str, Any] | None) -> tuple[str, int] | None:
 
 
 def virtual_call(row: Mapping[str, Any], run_id: str) -> dict[str, Any]:
-    """A source call row as the replay that served it from the cache records it."""
+    """A source call row as the replay that served it from the cache records it: a hit, or for
+    a call that raised (``failed``) its failure raised again (``failed:replayed``)."""
+    if row["outcome"] == "failed":
+        return {**row, "run_id": run_id, **_REPLAYED, "latency_ms": 0.0}
     return {**row, "run_id": run_id, **_HIT, "latency_ms": 0.0}
 
 

@@ -935,7 +935,8 @@ class Store:
         for node in batch.nodes:
             wanted.update(h for h in (node.get("input_hash"), node.get("output_hash")) if h)
         for call in batch.calls:
-            if call.get("outcome") == "hit" and call.get("result_hash"):
+            # a hit's answer, or the recorded failure a replay raised again (failed:replayed)
+            if call.get("outcome") in ("hit", "failed") and call.get("result_hash"):
                 wanted.add(call["result_hash"])
         wanted -= batch.blobs.keys()
         missing = wanted - self._stored_of(conn, sorted(wanted))

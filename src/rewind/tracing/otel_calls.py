@@ -265,7 +265,8 @@ def exported_calls(value: Any) -> tuple[list[CallRecord], list[PendingWrite]]:
     """Call rows and cache entries from a ``rewind.calls`` attribute (see
     :func:`exported_calls_attribute`). A call without its bytes keeps its row but seeds nothing;
     side-effecting calls never seed the shared cache (DESIGN: a side effect is never served from
-    it), only the run's lineage. Malformed entries are left out; a missing attribute gives
+    it), only the run's lineage; a ``failed`` call (its bytes are its error's document) keeps
+    its row and blob and seeds no entry. Malformed entries are left out; a missing attribute gives
     nothing."""
     items = _json(value) if isinstance(value, str) else None
     records: list[CallRecord] = []
@@ -310,7 +311,9 @@ def exported_calls(value: Any) -> tuple[list[CallRecord], list[PendingWrite]]:
                     response,
                     _count(item.get("prompt_tokens")),
                     _count(item.get("completion_tokens")),
-                    cacheable=determinism != "side-effect" and item.get("outcome") != "served",
+                    # a side effect served from record, or a failure's document: no answer
+                    cacheable=determinism != "side-effect"
+                    and item.get("outcome") not in ("served", "failed"),
                     produced_at=produced,
                 )
             )

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rewind.cache import CallPolicy, Executed, through_cache
+from rewind.call import CALL_FAILURES
 from rewind.calls import send
 from rewind.capture.exchange import ModelRequest, stored_request
 from rewind.capture.http import call_of
@@ -262,12 +263,32 @@ def _run_calls(
             _serve_captured(s.name, captured, changed)
             continue
         if c.kind == "llm":
-            resent = resent or bool(changes) or _substituted(request, subs) != request
-            answer = _send_changed(request, step, subs, changes)
+            same = not changes and _substituted(request, subs) == request
+            resent = resent or not same
+            answer = _send_recorded(c.outcome == "failed" and same, request, step, subs, changes)
         else:
             _serve_tool(stored_name(c.name), c.key, raw, _substituted(request, subs) != request)
     answered = _set_answer(s, step, subs, answer, resent=resent)
     return changed or answered
+
+
+def _send_recorded(
+    raised: bool,
+    request: dict[str, Any],
+    step: Step,
+    subs: list[tuple[str, str]],
+    changes: Mapping[str, Any],
+) -> str | None:
+    """:func:`_send_changed`; ``raised``: the recorded call raised (a ``failed`` call row) and
+    is sent unchanged, so the cache raises its recorded failure again (``failed:replayed``,
+    nothing sent): that failure is the recording's, not the endpoint being down now. It gives
+    no answer (None) and the step ends as recorded."""
+    if not raised:
+        return _send_changed(request, step, subs, changes)
+    try:
+        return _send_changed(request, step, subs, changes)
+    except CALL_FAILURES:
+        return None
 
 
 def _set_answer(

@@ -465,6 +465,7 @@ def replay_in_place(
     with store.read() as conn:
         trace._source = source_rows(store, conn, run.run_id)
     ctx.failed_at.update(trace._source.failed_steps)
+    ctx.failed_calls.update(trace._source.failed_calls)
     trace._input_from_source = input is SOURCE_INPUT
     trace._replays_chain = chain  # a call of this chain is the body, whatever ``name``
     return trace

@@ -36,7 +36,7 @@ from rewind.recorder import add_scope_rows, node_determinism, node_outcome, sort
 from rewind.serde import TAG, decode, display
 from rewind.store import CallRecord, NodeRecord, RunRecord, Store, schema
 from rewind.store.codec import unpack as unpack_blob
-from rewind.store.records import EffectRecord, storable_text
+from rewind.store.records import NOT_ANSWERS, EffectRecord, storable_text
 from rewind.store.references import (
     MAX_DEPTH,
     REFERENCE_KEY,
@@ -1245,7 +1245,7 @@ def lineage_index(
     lineage: dict[str, LineageEntry] = {}
     at: dict[tuple[int, str], LineageEntry] = {}
     for r in rows:
-        if not r.result_hash or r.outcome in ("served", "dry-run"):
+        if not r.result_hash or r.outcome in NOT_ANSWERS:
             continue
         entry = LineageEntry(r.result_hash, r.produced_at, r.run_id, r.position, r.call_index)
         lineage[r.key] = entry

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewind.canonical import canonical_bytes
-from rewind.context import RunContext
+from rewind.context import LineageEntry, RunContext
 from rewind.errors import EndpointUnavailable, RewindError
 from rewind.store import RunRecord, Store
 from rewind.store.records import stored_name
@@ -116,6 +116,15 @@ def replay_context(
     ctx.lineage, ctx.lineage_at = lineage_index(store, run)
     ctx.lineage_blobs = lineage_blobs(store, ctx.lineage)
     ctx.failed_at.update((s.position, s.name) for s in view.steps if s.status == "failed")
+    ctx.failed_calls.update(
+        (
+            (s.position, c.key),
+            LineageEntry(c.result_hash, c.produced_at, run.run_id, s.position, c.call_index),
+        )
+        for s in view.steps
+        for c in s.calls
+        if c.outcome == "failed" and c.result_hash
+    )
     return ctx
 
 

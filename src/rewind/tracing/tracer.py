@@ -337,7 +337,7 @@ class Step:
         usage = [0, 0]
         last_finish: str | None = None
         for call in scope.calls:
-            if call.kind != "llm" or not call.result_hash:
+            if call.kind != "llm" or not call.result_hash or call.outcome == "failed":
                 continue
             self.attributes.setdefault("model", call.name)
             raw = _result_bytes(ctx, scope, call.key, call.result_hash)
@@ -786,6 +786,7 @@ class Trace:
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
             ctx.failed_at.update(found.rows.failed_steps)  # in place: steps hold copies
+            ctx.failed_calls.update(found.rows.failed_calls)
             ctx.prefetched = found.entries
             return found.entries
 
@@ -1058,6 +1059,10 @@ class Tracer:
         chat_client: the model client :func:`rewind.calls.chat` uses inside traced steps.
         read_cache: serve LLM calls from the cache while tracing (default False: calls run live
             and their answers are recorded, reason ``bypass``, as when recording a Burr run).
+            A model call that raised in the replayed trace (the endpoint dropped, timed out or
+            refused it: a ``failed`` call row) raises that recorded error again, sending
+            nothing, even when the endpoint would answer now: the failure is the recorded
+            behaviour. To try it live, trace without ``read_cache`` or fork/override the step.
         clock: unix seconds now (injectable for tests).
         raise_on_write_error: raise when a trace cannot be written (default: log it).
         on_step_end, on_chain_end: callbacks (see :meth:`on_step_end`, :meth:`on_chain_end`).

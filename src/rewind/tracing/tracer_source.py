@@ -33,6 +33,7 @@ from sqlalchemy import Connection, bindparam, select, text
 from rewind.context import LineageEntry
 from rewind.errors import StoreError
 from rewind.store import Store, schema
+from rewind.store.records import NOT_ANSWERS
 from rewind.store.references import REFERENCE_KEY, SourceRows, load_rows, reference_of
 from rewind.store.store import RUNS_EPOCH_KEY, CacheEntry
 
@@ -469,7 +470,7 @@ def lineage_at(found: FoundSource) -> dict[tuple[int, str], LineageEntry]:
             )
             for position, calls in rows.calls.items()
             for c in calls
-            if c["result_hash"] and c["outcome"] not in ("served", "dry-run")
+            if c["result_hash"] and c["outcome"] not in NOT_ANSWERS
         }
         with _ROWS_LOCK:
             _LINEAGE_AT[id(rows)] = (rows, at)
