@@ -554,3 +554,74 @@ def test_a_replay_without_cached_model_answers_sends_the_failed_call_again(
             assert [s[1] for s in _steps(st, replay.run_id)] == ["success", "success"]
         finally:
             st.close()
+
+
+def _ask_once(question: str) -> str:
+    """A chain that does not catch: its trace fails when the model call raises."""
+    return _ask(question)
+
+
+def _cached(location: Path, client: ChatClient) -> tuple[str, str]:
+    """Run :func:`_ask_once` in a new trace of ``Tracer(read_cache=True)``: (trace id, output)."""
+    tracer = Tracer(location, chat_client=client, read_cache=True, raise_on_write_error=True)
+    try:
+        with tracer.trace("flaky", {"question": "flaky"}) as t:
+            t.set_output(_ask_once("flaky"))
+    finally:
+        tracer.close()
+    return t.trace_id, t.output
+
+
+def test_a_cached_chain_that_failed_because_its_endpoint_did_answers_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """The endpoint dropped the first request and the chain raised out of it (the trace
+    failed); the user's endpoint answers now and the same code runs again in a
+    ``Tracer(read_cache=True)`` trace. That trace is linked to the failed one (its source),
+    but the failure is not its recorded path: the call is sent and answered. Before, the
+    recorded EndpointUnavailable was raised again ("cannot reach the model endpoint ... start
+    it") at every run, sending nothing, while the endpoint answered."""
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        with pytest.raises(EndpointUnavailable):
+            _record(tmp_path, client, chain=_ask_once)
+        sent = stub.count
+        first, answer = _cached(tmp_path, client)
+        assert stub.count == sent + 1 and answer
+        second, again = _cached(tmp_path, client)
+        assert stub.count == sent + 1 and again == answer
+    st = open_store(tmp_path)
+    try:
+        (failed,) = [r.run_id for r in st.list_runs() if r.status == "failed"]
+        assert _labels(st, first) == [["miss:source-failed"]]
+        assert st.get_run(first).parent_run_id == failed
+        assert st.get_run(second).parent_run_id == first
+        assert _labels(st, second) == [["hit"]]
+    finally:
+        st.close()
+
+
+def test_an_explicit_replay_of_a_failed_trace_says_the_failure_is_replayed(
+    tmp_path: Path,
+) -> None:
+    """``with tracer.replay(trace)``, the trace having failed because its endpoint dropped the
+    request: the replay fails as recorded (the same error text, nothing sent), and the error
+    carries a note saying so and how to send the call again: its own message ("cannot reach
+    the model endpoint ... start it") is the recording's, wrong advice for an endpoint that
+    answers."""
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (stub, client):
+        with pytest.raises(EndpointUnavailable) as recorded:
+            _record(tmp_path, client, chain=_ask_once)
+        sent = stub.count
+        (source,) = [r.run_id for r in open_store(tmp_path).list_runs()]
+        tracer = Tracer(tmp_path, chat_client=client, raise_on_write_error=True)
+        try:
+            with pytest.raises(EndpointUnavailable) as replayed, tracer.replay(source):
+                _ask_once("flaky")
+        finally:
+            tracer.close()
+        assert stub.count == sent
+    assert str(replayed.value) == str(recorded.value)
+    (note,) = replayed.value.__notes__
+    assert "replayed from the record" in note and "--no-cached-llm" in note

@@ -263,10 +263,24 @@ def _hit(
     if reason:
         if scope is not None:
             scope.add_call(call.record(result_hash, "failed", "replayed", produced_at=produced_at))
-        raise failure_of(data)
+        raise _replayed(failure_of(data))
     if ctx.served is not None:  # a traced chain: kept in case its source leaves the store
         ctx.served[call.key] = (call.request, data)
     return data, call.record(result_hash, "hit", "hit", produced_at=produced_at)
+
+
+def _replayed(exc: Exception) -> Exception:
+    """``exc`` (a recorded :data:`rewind.call.CALL_FAILURES`) with a note saying that it was
+    replayed, not met now: its message and hint are the recording's ("cannot reach the model
+    endpoint ... start it"), kept as they were so that the replayed step fails with the same
+    error text as its source; the note (PEP 678, shown with the traceback) tells a user whose
+    endpoint answers now why the call still fails and how to send it."""
+    exc.add_note(
+        "rewind: replayed from the record: this model call failed so when the source trace was "
+        "recorded, and nothing was sent now. To send it again, replay without cached LLM "
+        "answers (Tracer(read_cache=False), replay-trace --no-cached-llm) or fork at this step."
+    )
+    return exc
 
 
 def _single_flight(

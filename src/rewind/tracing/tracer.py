@@ -456,6 +456,17 @@ class Step:
         return out
 
 
+def _source_completed(rows: SourceRows) -> bool:
+    """Whether the trace ``rows`` were read from ended well (its root span's status is
+    ``success``): only then does a cached replay (``read_cache=True``, its source found by its
+    first call) raise the model-call failures recorded in it again. A chain that caught such a
+    failure and went on has it as part of its recorded path; one that raised out of it failed
+    because its endpoint did, and replaying that would keep the cached chain failing after the
+    endpoint answers again (an explicit ``Tracer.replay``/``replay-trace`` still replays it)."""
+    root = rows.spans.get(-1)
+    return root is not None and root.get("status") == StepStatus.SUCCESS.value
+
+
 def _result_bytes(ctx: RunContext | None, scope: NodeScope, key: str, digest: str) -> bytes | None:
     pending = scope.pending.get(key)
     if pending is not None and pending.result_hash == digest:
@@ -786,7 +797,11 @@ class Trace:
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
             ctx.failed_at.update(found.rows.failed_steps)  # in place: steps hold copies
-            ctx.failed_calls.update(found.rows.failed_calls)
+            if _source_completed(found.rows):
+                # A trace that raised is linked, but the model calls that raised in it are
+                # sent again (miss:source-failed): replaying them would keep a chain whose
+                # endpoint was down at its recording failing after the endpoint came back.
+                ctx.failed_calls.update(found.rows.failed_calls)
             ctx.prefetched = found.entries
             return found.entries
 
