@@ -62,12 +62,18 @@ from typing import Any, TypeVar
 
 from rewind.cache import release_flights
 from rewind.canonical import sha256_hex
-from rewind.context import NodeScope, RunContext, activate, enter, leave
+from rewind.context import LineageEntry, NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
 from rewind.interrupts import held_interrupts
 from rewind.llm import ChatResponse
 from rewind.store import RunRecord, Store, open_store
-from rewind.store.records import NAME_RULE, storable_name, storable_string, storable_text
+from rewind.store.records import (
+    NAME_RULE,
+    NOT_ANSWERS,
+    storable_name,
+    storable_string,
+    storable_text,
+)
 from rewind.store.references import SourceRows
 from rewind.tools import Tool
 from rewind.tracing.model import (
@@ -467,6 +473,30 @@ def _source_completed(rows: SourceRows) -> bool:
     return root is not None and root.get("status") == StepStatus.SUCCESS.value
 
 
+def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]:
+    """The model-call failures of ``rows`` (``(position, cache key)`` → entry) that a cached
+    replay raises again: those the source got a model answer after (a later answered ``llm``
+    call, by position then call order), so the chain recovered and the failure is part of its
+    recorded path. A failure after the source's last answer is sent again: the endpoint did
+    not answer again in that trace (down, refusing, rate-limiting), and replaying it would keep
+    a chain that catches such errors (a fallback answer) returning its fallback at every cached
+    run after the endpoint came back."""
+    answered = [
+        (position, c["call_index"])
+        for position, calls in rows.calls.items()
+        for c in calls
+        if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
+    ]
+    if not answered:
+        return {}
+    last = max(answered)
+    return {
+        where: entry
+        for where, entry in rows.failed_calls.items()
+        if (entry.position, entry.call_index) < last
+    }
+
+
 def _result_bytes(ctx: RunContext | None, scope: NodeScope, key: str, digest: str) -> bytes | None:
     pending = scope.pending.get(key)
     if pending is not None and pending.result_hash == digest:
@@ -800,8 +830,9 @@ class Trace:
             if _source_completed(found.rows):
                 # A trace that raised is linked, but the model calls that raised in it are
                 # sent again (miss:source-failed): replaying them would keep a chain whose
-                # endpoint was down at its recording failing after the endpoint came back.
-                ctx.failed_calls.update(found.rows.failed_calls)
+                # endpoint was down at its recording failing after the endpoint came back;
+                # so are those after the source's last answer (its endpoint never recovered).
+                ctx.failed_calls.update(_recovered_failures(found.rows))
             ctx.prefetched = found.entries
             return found.entries
 
