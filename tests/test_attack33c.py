@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from rewind import Rewind
+from rewind.errors import EndpointUnavailable
+from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.store import open_store
 from tests import test_failed_calls as failed
-from tests.model_stub import stub_and_client
+from tests.model_stub import STUB_MODEL, stub_and_client
+from tests.test_tracing_lane import reply
 
 
 def test_a_cached_chain_whose_every_try_failed_sends_again_once_the_endpoint_answers(
@@ -43,3 +49,46 @@ def test_a_cached_chain_whose_every_try_failed_sends_again_once_the_endpoint_ans
         assert failed._steps(st, in_place) == failed._steps(st, source)
     finally:
         st.close()
+
+
+def _dead_client() -> ChatClient:
+    """A client for an endpoint that is down (nothing listens on port 9, discard)."""
+    return ChatClient(
+        Endpoint(base_url="http://127.0.0.1:9/v1", api_key="none", model=STUB_MODEL),
+        retry=RetryPolicy(attempts=1),
+    )
+
+
+@pytest.mark.parametrize("pipeline", ["llm_pipeline", "retrying_llm_pipeline"])
+@pytest.mark.parametrize("how", ["fork", "replay"])
+def test_a_burr_run_recorded_with_the_endpoint_down_forks_live_once_it_answers(
+    pipeline: str, how: str, tmp_path: Path
+) -> None:
+    """The user's first Burr run met the endpoint down: the node raised (after asking twice,
+    for ``retrying_llm_pipeline``), the run failed with its ``failed:raised`` calls. The
+    endpoint answers now; the user forks (or replays) at that node with no change. The fork
+    raised the recorded failure again, 0 requests, at every try, its note saying "fork at this
+    step" to a user who had just done so (5091798 replays every failed row of the parent).
+    Failures after the parent's last answer are sent again: the fork is answered and
+    completes."""
+    from tests import pipelines
+
+    rw = Rewind(tmp_path / "store", chat_client=_dead_client())
+    try:
+        with pytest.raises(EndpointUnavailable):
+            rw.record(getattr(pipelines, pipeline), {"question": "why?"})
+        (run,) = rw.store.list_runs()
+        (node,) = rw.store.nodes_of(run.run_id)
+        assert {c.label for c in node.calls} == {"failed:raised"}
+    finally:
+        rw.store.close()
+    with stub_and_client(reply) as (stub, client):
+        rw = Rewind(tmp_path / "store", chat_client=client)
+        try:
+            child = getattr(rw, how)(run.run_id, at=node.name)
+            assert stub.count == 1
+            assert child.status == "completed"
+            first = rw.store.nodes_of(child.run_id)[0]
+            assert [c.outcome for c in first.calls] == ["miss"]
+        finally:
+            rw.store.close()

@@ -864,7 +864,8 @@ class Rewind:
         executed side-effecting calls by slot (node position, call index), whose recorded
         pre-state a ``live`` re-execution verifies whatever its arguments; and the model calls
         that raised by (node position, cache key) (``failed`` rows: a replay raises their
-        recorded failure again), the nearest run's row at a place winning, answer or failure.
+        recorded failure again), the nearest run's row at a place winning, answer or failure;
+        only those the lineage got a model answer after (:func:`_recovered`).
 
         ``nodes``: ``run``'s own node executions with their calls when the caller read them
         already (a fork's plan has them): not read again; ``ancestors``: likewise, ``run``'s
@@ -876,6 +877,7 @@ class Rewind:
         at: dict[tuple[int, str], LineageEntry] = {}
         slots: dict[tuple[int, int], LineageEntry] = {}
         failed: dict[tuple[int, str], LineageEntry] = {}
+        answered: dict[str, tuple[int, int]] = {}  # run id -> its last model answer's place
         for rid in reversed(chain):
             of_run = nodes if nodes is not None and rid == run.run_id else None
             for node in of_run if of_run is not None else self.store.nodes_of(rid):
@@ -895,7 +897,10 @@ class Rewind:
                     failed.pop((node.position, call.key), None)
                     if call.determinism == "side-effect":
                         slots[(node.position, call.call_index)] = entry
-        return lineage, at, slots, failed
+                    if call.kind == "llm":
+                        place = (node.position, call.call_index)
+                        answered[rid] = max(answered.get(rid, place), place)
+        return lineage, at, slots, _recovered(failed, answered)
 
     def _write_output_override(
         self,
@@ -1152,3 +1157,19 @@ def _check_field_names(state: dict[Any, Any]) -> None:
             "name every field of the state with a string",
             field="state",
         )
+
+
+def _recovered(
+    failed: dict[tuple[int, str], LineageEntry], answered: dict[str, tuple[int, int]]
+) -> dict[tuple[int, str], LineageEntry]:
+    """The model calls of ``failed`` that a replay raises again: those the run that recorded
+    them got a model answer after (``answered``: run id → (node position, call index) of its
+    last answered model call), so it recovered (a node that caught the failure and asked
+    again). A failure after its run's last answer is sent again: the endpoint never answered
+    after it (down at the recording), and a fork at that node, the endpoint answering now,
+    would raise it again at every try."""
+    return {
+        where: entry
+        for where, entry in failed.items()
+        if (entry.position, entry.call_index) < answered.get(entry.run_id, (-1, -1))
+    }
