@@ -92,3 +92,76 @@ def test_a_burr_run_recorded_with_the_endpoint_down_forks_live_once_it_answers(
             assert [c.outcome for c in first.calls] == ["miss"]
         finally:
             rw.store.close()
+
+
+def _scripted_client(statuses: list[int]) -> tuple[ChatClient, list[int]]:
+    """A client whose endpoint answers the given HTTP statuses in turn (then 200s), with 3
+    tries and no waiting; returns it and the list of statuses it answered."""
+    import httpx
+
+    sent: list[int] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        status = statuses[len(sent)] if len(sent) < len(statuses) else 200
+        sent.append(status)
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": f"status {status}"}})
+        message = {"role": "assistant", "content": f"answer #{len(sent)}"}
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            },
+        )
+
+    retry = RetryPolicy(attempts=3, initial_backoff_s=0.0, max_backoff_s=0.0)
+    endpoint = Endpoint(base_url="http://127.0.0.1:9/v1", api_key="none", model=STUB_MODEL)
+    return ChatClient(endpoint, retry=retry, transport=httpx.MockTransport(handle)), sent
+
+
+@pytest.mark.parametrize("statuses", [[429], [500, 503], [429, 500]])
+def test_a_rate_limit_or_server_error_the_client_retried_past_is_no_failure(
+    statuses: list[int], tmp_path: Path
+) -> None:
+    """What held: a 429/500 that the client's retries got past is one answered call
+    (``miss:bypass``), no ``failed`` row; its replay serves the answer, 0 requests."""
+    client, sent = _scripted_client(statuses)
+    with client:
+        source = failed._record(tmp_path, client, "why?")
+        assert sent == [*statuses, 200, 200]
+        replay = failed._replay("in-place", tmp_path, client, source, "why?")
+        assert len(sent) == len(statuses) + 2
+    st = open_store(tmp_path)
+    try:
+        assert failed._labels(st, source) == [["miss:bypass"]] * 2
+        assert failed._labels(st, replay) == [["hit"]] * 2
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("status", [404, 429])
+def test_a_refusal_is_recorded_and_a_cached_trace_sends_again_once_it_answers(
+    status: int, tmp_path: Path
+) -> None:
+    """A wrong model name (HTTP 404) or a rate limit past every retry (429 three times),
+    caught by the chain at each of its 3 tries: 3 ``failed:raised`` rows with the
+    endpoint's message; the next ``read_cache`` run, the endpoint answering, sends again (the
+    source never got an answer after them, e843fd5) and completes answered."""
+    statuses = [status] * 9
+    client, sent = _scripted_client(statuses)
+    with client:
+        source = failed._record(tmp_path, client, "why?")
+        assert len(sent) == (9 if status == 429 else 3)  # 429 is retried, 404 is not
+        statuses[:] = sent[:] = []  # the endpoint answers now
+        cached = failed._replay("cached", tmp_path, client, "", "why?")
+    st = open_store(tmp_path)
+    try:
+        steps = failed._steps(st, source)
+        assert [s[2] for s in steps] == ["ModelCallError"] * 3
+        assert f"HTTP {status}" in steps[0][3]
+        assert failed._labels(st, source) == [["failed:raised"]] * 3
+        assert failed._labels(st, cached)[0] == ["miss:source-failed"]
+        assert [s[1] for s in failed._steps(st, cached)] == ["success", "success"]
+    finally:
+        st.close()
