@@ -165,3 +165,33 @@ def test_a_refusal_is_recorded_and_a_cached_trace_sends_again_once_it_answers(
         assert [s[1] for s in failed._steps(st, cached)] == ["success", "success"]
     finally:
         st.close()
+
+
+def test_a_replayed_failure_says_how_to_send_it_from_an_in_place_replay(tmp_path: Path) -> None:
+    """The chain raised out of the endpoint being down; the endpoint answers now, and the
+    user replays in place with a ``Tracer`` whose ``read_cache`` is already False. The
+    replayed error's note told them to use ``Tracer(read_cache=False)``, which does not touch
+    an in-place replay: it names the switch that does (``ReplaySwitches(cached_llm=False)``),
+    and following it sends the call and is answered."""
+    from rewind.tracing import Tracer
+    from rewind.tracing.switches import ReplaySwitches
+
+    tracer = Tracer(tmp_path, chat_client=_dead_client())
+    try:
+        with pytest.raises(EndpointUnavailable), tracer.trace("one", {"q": "why?"}) as t:
+            failed._ask("why?")
+    finally:
+        tracer.close()
+    with stub_and_client(reply) as (stub, client):
+        tracer = Tracer(tmp_path, chat_client=client, read_cache=False)
+        try:
+            with pytest.raises(EndpointUnavailable) as raised, tracer.replay(t.trace_id):
+                failed._ask("why?")
+            assert stub.count == 0
+            (note,) = raised.value.__notes__
+            assert "ReplaySwitches(cached_llm=False)" in note
+            with tracer.replay(t.trace_id, switches=ReplaySwitches(cached_llm=False)) as again:
+                again.set_output(failed._ask("why?"))
+            assert stub.count == 1
+        finally:
+            tracer.close()

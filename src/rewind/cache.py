@@ -278,7 +278,9 @@ def _replayed(exc: Exception) -> Exception:
     exc.add_note(
         "rewind: replayed from the record: this model call failed so when the source trace was "
         "recorded, and nothing was sent now. To send it again, replay without cached LLM "
-        "answers (Tracer(read_cache=False), replay-trace --no-cached-llm) or fork at this step."
+        "answers: Tracer.replay(..., switches=ReplaySwitches(cached_llm=False)), "
+        "replay-trace --no-cached-llm, a trace of Tracer(read_cache=False); a Burr run: "
+        "rewind stability (fork with cache_mode='stability')."
     )
     return exc
 
