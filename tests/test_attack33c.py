@@ -195,3 +195,34 @@ def test_a_replayed_failure_says_how_to_send_it_from_an_in_place_replay(tmp_path
             assert stub.count == 1
         finally:
             tracer.close()
+
+
+def test_an_embedded_model_that_did_not_start_is_no_recorded_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rewind run`` opens the embedded model at the first model call (``LazyChatClient``):
+    when it cannot start (llama-cpp-python not installed, no model file), that call raised
+    EndpointUnavailable before any request was sent, and it was recorded as the call's
+    failure (``failed:raised``, "the embedded model server is not installed"): an explicit
+    replay, the model installed, raised "install rewind-replay[local]" again. Like a run with
+    no endpoint (83371ab), it is the run's set-up: the node fails with no call row, and a
+    replay of the run sends the call."""
+    import rewind.session as session
+    from rewind.errors import EndpointUnavailable as Unavailable
+    from tests import pipelines
+
+    def not_installed() -> None:
+        raise Unavailable("the embedded model server is not installed", "install it")
+
+    monkeypatch.setattr(session, "model_endpoint", not_installed)
+    lazy = session.LazyChatClient()
+    rw = Rewind(tmp_path / "store", chat_client=lazy)
+    try:
+        with pytest.raises(EndpointUnavailable, match="not installed"):
+            rw.record(pipelines.llm_pipeline, {"question": "why?"})
+        (run,) = rw.store.list_runs()
+        (node,) = rw.store.nodes_of(run.run_id)
+        assert node.error and node.calls == ()
+    finally:
+        rw.store.close()
+        lazy.close()

@@ -34,6 +34,8 @@ Other errors (a body that is not JSON...) raise before anything is sent and are 
 
 _FAILURE_TYPES: dict[str, type[Exception]] = {t.__name__: t for t in CALL_FAILURES}
 
+_NOT_SENT = "_rewind_not_sent"
+
 _new = object.__new__
 
 DETERMINISM_FLAGS: tuple[Determinism, ...] = get_args(Determinism)
@@ -280,8 +282,11 @@ def _raised(
     """Record a model call that raised one of :data:`CALL_FAILURES` on its node: a
     ``failed:raised`` call row whose result is the failure's document, kept with the node's
     rows (never a cache entry, never served as an answer). Not when the run has no model
-    endpoint (``ctx.chat_client`` None): nothing was sent, the error is the run's set-up."""
+    endpoint (``ctx.chat_client`` None), nor when ``exc`` was marked :func:`not_sent` (the
+    client could not open its endpoint): nothing was sent, the error is the run's set-up."""
     if scope is None or call.kind != "llm" or ctx.chat_client is None:
+        return
+    if getattr(exc, _NOT_SENT, False):
         return
     data = failure_bytes(exc)
     digest = sha256_hex(data)
@@ -291,6 +296,16 @@ def _raised(
     scope.add_call(
         call.record(digest, "failed", "raised", produced_at=produced_at, latency_ms=latency)
     )
+
+
+def not_sent(exc: Exception) -> Exception:
+    """Mark ``exc`` (one of :data:`CALL_FAILURES`) as raised before the request was sent (a
+    client that opens its endpoint at the first call could not: the embedded model is not
+    installed or did not start) and return it: the call is not recorded as ``failed``, since
+    no endpoint met the request, and a replay would otherwise raise that set-up error again
+    after it was fixed (as for a run with no endpoint)."""
+    setattr(exc, _NOT_SENT, True)
+    return exc
 
 
 def failure_bytes(exc: Exception) -> bytes:
@@ -329,4 +344,5 @@ __all__ = [
     "execute_call",
     "failure_bytes",
     "failure_of",
+    "not_sent",
 ]

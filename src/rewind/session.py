@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rewind.errors import EndpointUnavailable
 from rewind.llm import ChatClient, ChatResponse, Endpoint, llm_cache_key
 from rewind.localmodel import DEFAULT_MODEL_ALIAS, model_endpoint
 
@@ -68,8 +69,21 @@ class LazyChatClient:
             return self._client
 
     def complete(self, body: Mapping[str, Any]) -> ChatResponse:
-        """Send a request, opening the endpoint first if needed."""
-        return self.open().complete(body)
+        """Send a request, opening the endpoint first if needed.
+
+        Raises:
+            EndpointUnavailable: the endpoint cannot be opened (marked
+                :func:`rewind.call.not_sent`: the call is not recorded as failed), or as
+                :meth:`ChatClient.complete`; ModelCallError: as :meth:`ChatClient.complete`.
+        """
+        from rewind.call import not_sent
+
+        try:
+            client = self.open()
+        except EndpointUnavailable as exc:
+            not_sent(exc)
+            raise
+        return client.complete(body)
 
     def close(self) -> None:
         """Close the client and stop the embedded server if this session started it."""
