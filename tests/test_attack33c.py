@@ -6,14 +6,18 @@ it answers.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from burr.core import State, action
 
 from rewind import Rewind
 from rewind.errors import EndpointUnavailable
 from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.store import open_store
+from tests import pipelines
 from tests import test_failed_calls as failed
 from tests.model_stub import STUB_MODEL, stub_and_client
 from tests.test_tracing_lane import reply
@@ -226,3 +230,82 @@ def test_an_embedded_model_that_did_not_start_is_no_recorded_failure(
     finally:
         rw.store.close()
         lazy.close()
+
+
+_RATE_LIMITED = [True]
+_SDK_SENT: list[int] = []
+
+
+def _rate_limited_provider(request: Any) -> Any:
+    """An OpenAI-style provider answering HTTP 429 while :data:`_RATE_LIMITED` holds."""
+    import httpx
+
+    _SDK_SENT.append(1)
+    if _RATE_LIMITED[0]:
+        return httpx.Response(429, json={"error": {"message": "rate limited", "type": "rate"}})
+    message = {"role": "assistant", "content": f"ok {len(_SDK_SENT)}"}
+    return httpx.Response(
+        200,
+        json={
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        },
+    )
+
+
+@action(reads=["question"], writes=["answer"])
+def sdk_ask(state: State) -> State:
+    """Asks through the OpenAI SDK (captured at its httpx transport), 1 retry."""
+    import httpx
+    import openai
+
+    from rewind.capture import Transport
+
+    transport = Transport(httpx.MockTransport(_rate_limited_provider))
+    with openai.OpenAI(
+        base_url="http://127.0.0.1:9/v1",
+        api_key="none",
+        max_retries=1,
+        http_client=openai.DefaultHttpxClient(transport=transport),
+    ) as client:
+        content = [{"role": "user", "content": state["question"]}]
+        r = client.chat.completions.create(model="m", messages=content, temperature=0)
+    return state.update(answer=r.choices[0].message.content)
+
+
+sdk_pipeline = pipelines._linear(
+    "sdk", "tests.test_attack33c:sdk_pipeline", sdk_ask=sdk_ask, shout=pipelines.shout
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: captured SDK responses that are HTTP errors (429, 500) are recorded as answered "
+    "call rows (miss, their envelope as result), so a fork of a run whose node raised out of "
+    "them serves the recorded 429s again (hit) and fails at every try once the provider answers",
+)
+def test_a_burr_run_rate_limited_through_an_sdk_forks_live_once_the_provider_answers(
+    tmp_path: Path,
+) -> None:
+    """The node calls the OpenAI SDK (captured at the transport); the provider answered 429
+    to the request and its retry, and the SDK raised RateLimitError: the run failed. The
+    provider answers now; a fork at that node with no change should send and complete, as a
+    ``rewind.chat`` call that raised does (13697dd). It serves the recorded 429s (labelled
+    ``hit``), the SDK raises again, 0 requests."""
+    _RATE_LIMITED[0] = True
+    rw = Rewind(tmp_path / "store")
+    try:
+        with contextlib.suppress(Exception):  # the SDK's RateLimitError, or a failed run
+            rw.record(sdk_pipeline, {"question": "why?"})
+        (run,) = rw.store.list_runs()
+        assert run.status == "failed" and len(_SDK_SENT) == 2
+        _RATE_LIMITED[0] = False
+        del _SDK_SENT[:]
+        child = rw.fork(run.run_id, at="sdk_ask")
+        assert child.status == "completed" and len(_SDK_SENT) == 1
+    finally:
+        rw.store.close()
