@@ -1106,9 +1106,11 @@ class Tracer:
         read_cache: serve LLM calls from the cache while tracing (default False: calls run live
             and their answers are recorded, reason ``bypass``, as when recording a Burr run).
             A model call that raised in the replayed trace (the endpoint dropped, timed out or
-            refused it: a ``failed`` call row) raises that recorded error again, sending
+            refused it: a ``failed`` call row) and that the trace got a model answer after
+            (the chain caught it and went on) raises that recorded error again, sending
             nothing, even when the endpoint would answer now: the failure is the recorded
-            behaviour. To try it live, trace without ``read_cache`` or fork/override the step.
+            behaviour. One after the source's last answer, or in a source that raised out of
+            it, is sent again. To try it live, trace without ``read_cache``.
         clock: unix seconds now (injectable for tests).
         raise_on_write_error: raise when a trace cannot be written (default: log it).
         on_step_end, on_chain_end: callbacks (see :meth:`on_step_end`, :meth:`on_chain_end`).
