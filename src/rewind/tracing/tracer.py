@@ -481,6 +481,9 @@ def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]
     not answer again in that trace (down, refusing, rate-limiting), and replaying it would keep
     a chain that catches such errors (a fallback answer) returning its fallback at every cached
     run after the endpoint came back."""
+    failed = rows.failed_calls
+    if not failed:  # the usual source: no second pass over its calls
+        return failed
     answered = [
         (position, c["call_index"])
         for position, calls in rows.calls.items()
@@ -491,9 +494,7 @@ def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]
         return {}
     last = max(answered)
     return {
-        where: entry
-        for where, entry in rows.failed_calls.items()
-        if (entry.position, entry.call_index) < last
+        where: entry for where, entry in failed.items() if (entry.position, entry.call_index) < last
     }
 
 
