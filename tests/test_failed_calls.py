@@ -625,3 +625,40 @@ def test_an_explicit_replay_of_a_failed_trace_says_the_failure_is_replayed(
     assert str(replayed.value) == str(recorded.value)
     (note,) = replayed.value.__notes__
     assert "replayed from the record" in note and "--no-cached-llm" in note
+
+
+@pytest.mark.parametrize("backend", STORE_BACKENDS)
+def test_a_store_with_failed_calls_is_at_a_revision_older_rewinds_refuse(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Migration 0017 marks stores that may hold failed call rows: a Rewind from before it
+    (newest revision 0016) refuses them ("unknown revision") instead of serving a failure's
+    document as the model's answer. Downgrading to 0016 deletes those rows, which leaves the
+    calls that raised unrecorded, as 0016 recorded them; opening upgrades to 0017 again."""
+    from alembic import command
+
+    from rewind.store import migrate
+    from rewind.store.schema import calls
+
+    location = _location(backend, tmp_path, request, "s")
+    _DROPS[0] = 1
+    with stub_and_client(_reply) as (_stub, client):
+        source = _record(location, client)
+    st = open_store(location)
+    try:
+        with st.read() as conn:
+            assert migrate.current_revision(conn) == migrate.HEAD == "0017"
+        assert _labels(st, source)[0] == ["failed:raised"]
+        with st.write() as conn:
+            command.downgrade(migrate._config(conn), "0016")  # type: ignore[arg-type]
+            outcomes = [r.outcome for r in conn.execute(calls.select())]
+        assert outcomes == ["miss", "miss"]
+    finally:
+        st.close()
+    st = open_store(location)
+    try:
+        with st.read() as conn:
+            assert migrate.current_revision(conn) == "0017"
+        assert _labels(st, source) == [[], ["miss:bypass"], ["miss:bypass"]]
+    finally:
+        st.close()

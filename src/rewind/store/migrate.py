@@ -16,7 +16,7 @@ from sqlalchemy import Connection, inspect, text
 
 from rewind.errors import StoreError
 
-HEAD = "0016"
+HEAD = "0017"
 """The newest revision in ``migrations/versions`` (a test checks they agree)."""
 BASELINE = "0001"
 """The revision equal to the schema of stores made before Alembic (``meta.schema_version`` 2)."""
