@@ -218,26 +218,46 @@ def _cut_digest(value: Any) -> str:
     every value cut had one form per type: a replay whose deeply nested output changed was
     stored as unchanged. Walked with its own stack, never recursively: a hostile value
     100,000 levels deep (or one holding itself: a back reference digests as its distance up
-    the path) neither raises RecursionError nor depends on the caller's stack depth."""
+    the path) neither raises RecursionError nor depends on the caller's stack depth.
+
+    A container met again (a value sharing a sub-object) is digested once: its digest is
+    remembered when nothing in it refers back above it, so a shared value costs its distinct
+    containers, not its paths (a few dozen lists each holding the level below twice had 2^k).
+    Every container walked is held until the walk ends, so the address of a form made for the
+    walk (a table's ``tolist()``) is never given to another and taken for a back reference."""
     done: list[bytes] = []
     path: dict[int, int] = {}  # id of each container being walked -> its depth
+    reach: list[int] = []  # per container on the path: the least depth it refers back to
+    known: dict[int, bytes] = {}  # id -> digest of a container referring to nothing above it
+    held: list[Any] = []  # every container walked (ids stay unique while the walk lasts)
     todo: list[tuple[Any, Any]] = [(value, _ENTER)]
     while todo:
         node, mark = todo.pop()
         if mark is not _ENTER:  # every child is in ``done``: combine them
-            path.popitem()
-            _combine(node, mark, done)
+            _, depth = path.popitem()
+            _combine(mark[0], mark[1:], done)
+            least = reach.pop()
+            if least >= depth:
+                known[id(node)] = done[-1]
+            elif reach:
+                reach[-1] = min(reach[-1], least)
+            continue
+        if id(node) in known:
+            done.append(known[id(node)])
             continue
         parts = _cut_parts(node)
         if type(parts) is bytes:
             done.append(parts)
         elif id(node) in path:
             up = len(path) - path[id(node)]
+            reach[-1] = min(reach[-1], path[id(node)])
             done.append(hashlib.sha256(b"cycle:%d" % up).digest())
         else:
+            held.append(node)
+            reach.append(len(path))
             path[id(node)] = len(path)
             tag, keys, children = parts
-            todo.append((len(children), (tag, keys)))
+            todo.append((node, (len(children), tag, keys)))
             todo.extend((child, _ENTER) for child in reversed(children))
     return done[0].hex()
 
