@@ -7,6 +7,7 @@ Each test names what it found (a regression test that failed before its fix) or 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,3 +83,66 @@ def test_a_numpy_array_of_objects_inside_another_below_the_cut_keeps_its_content
 
     assert _digest_of(outer(1)) != _digest_of(outer(2))
     assert _digest_of(outer(1)) == _digest_of(outer(1))
+
+
+def _ask(question: str) -> str:
+    from rewind.tracing import chat_step
+
+    return chat_step("llm", [{"role": "user", "content": question}], temperature=0).content
+
+
+def _busy_trace(location: Any, client: Any, q: int, *, fail: bool, read_cache: bool) -> Any:
+    """A trace named ``busy`` with input ``{"q": q}``: two answers of its own, then raising
+    when ``fail``."""
+    import contextlib
+
+    from rewind.tracing import Tracer
+
+    tracer = Tracer(location, chat_client=client, read_cache=read_cache, raise_on_write_error=True)
+    try:
+        with contextlib.suppress(RuntimeError), tracer.trace("busy", {"q": q}) as t:
+            _ask(f"one {q}")
+            _ask(f"two {q}")
+            if fail:
+                raise RuntimeError("gave up")
+    finally:
+        tracer.close()
+    assert t.write_error is None
+    return t
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_cached_replay_of_a_failed_chain_finds_it_behind_16_traces_of_other_inputs(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """64af813 looked for a failed source among the 16 newest traces of the name only: after
+    16 traces of other inputs (a pipeline serving many inputs), the unchanged cached replay of
+    the failed recording was stored unlinked and in full (3 spans, 2 nodes, 2 calls), although
+    every answer was served from the cache. A completed recording is found there through its
+    call's cache entry (the traces started by the time it was produced); a failed one now is
+    too."""
+    from rewind.store import open_store
+    from tests.model_stub import stub_and_client
+    from tests.test_tracing_lane import reply
+    from tests.test_tracing_reference import own_rows
+
+    location: Any = tmp_path / "store"
+    if backend == "postgres":
+        location = request.getfixturevalue("postgres_server").new_store_database()
+    with stub_and_client(reply) as (stub, client):
+        source = _busy_trace(location, client, 1, fail=True, read_cache=False)
+        for q in range(2, 18):
+            _busy_trace(location, client, q, fail=False, read_cache=False)
+        requests = stub.count
+        replay = _busy_trace(location, client, 1, fail=True, read_cache=True)
+        assert stub.count == requests
+    st = open_store(location)
+    try:
+        run = st.get_run(replay.trace_id)
+        assert (run.parent_run_id, run.status) == (source.trace_id, "failed")
+        assert run.config["reference"]["all"] is True
+        assert own_rows(st, replay.trace_id)["nodes"] == 0
+    finally:
+        st.close()
