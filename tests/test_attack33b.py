@@ -146,3 +146,46 @@ def test_a_cached_replay_of_a_failed_chain_finds_it_behind_16_traces_of_other_in
         assert own_rows(st, replay.trace_id)["nodes"] == 0
     finally:
         st.close()
+
+
+def test_a_gc_archiving_a_run_again_while_its_restore_ends_keeps_its_archive(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore deletes the run's archive object after its transaction put the rows back. A
+    gc in between (a scheduled ``rewind gc``: the restored run is old, so at once a candidate
+    again) archived the run again at the same key and committed its row; the restore then
+    deleted that object: the archived row named nothing, the run's rows were gone and a
+    second restore failed ('archive missing'): a recorded run lost. The restore now deletes
+    the object only when no archived row names it, looks again after, and writes back an
+    archive of the same bytes (the same rows make the same archive) a gc committed between."""
+    from rewind.store import retention
+    from tests import pipelines
+    from tests.test_gc import MONTH, _open, age, rows_of
+
+    gc = _open("sqlite", "file", request, tmp_path)
+    try:
+        run = gc.rewind().record(pipelines.pipeline, {"x": 5})
+        age(gc.store, run.run_id, 40)
+        before = rows_of(gc.store, run.run_id)
+        assert [a.run_id for a in retention.collect_garbage(gc.store, MONTH).archived] == [
+            run.run_id
+        ]
+        real = retention._objects_of
+        again: list[str] = []
+        ran: list[bool] = []
+
+        def gc_first(ref: str, archive: Any) -> Any:
+            if not ran and retention._run_exists(gc.store, run.run_id):
+                # the restore's rows are in: a gc runs before it deletes the object
+                ran.append(True)
+                again.extend(a.run_id for a in retention.collect_garbage(gc.store, MONTH).archived)
+            return real(ref, archive)
+
+        monkeypatch.setattr(retention, "_objects_of", gc_first)
+        retention.restore_run(gc.store, run.run_id)
+        assert again == [run.run_id]
+        monkeypatch.setattr(retention, "_objects_of", real)
+        retention.restore_run(gc.store, run.run_id)
+        assert rows_of(gc.store, run.run_id) == before
+    finally:
+        gc.store.close()
