@@ -7,6 +7,7 @@ Each test names what it found (a regression test that failed before its fix) or 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,33 @@ def test_a_gc_archiving_a_run_again_while_its_restore_ends_keeps_its_archive(
         assert rows_of(gc.store, run.run_id) == before
     finally:
         gc.store.close()
+
+
+@dataclasses.dataclass
+class _Link:
+    """A node of a linked list (a conversation's turns, a parsed tree) as a user's dataclass."""
+
+    value: Any
+    next: Any = None
+
+
+def _links(count: int, last: str) -> _Link:
+    node = _Link(last)
+    for i in range(count):
+        node = _Link(i, node)
+    return node
+
+
+@pytest.mark.parametrize("count", [300, 100_000])
+def test_a_deeply_linked_dataclass_output_keeps_its_content(count: int) -> None:
+    """A step output that is a chain of dataclasses (a linked list of 300 nodes) nests past the
+    hasher's depth, and serde refuses it too: ``jsonable`` gave the whole value as
+    ``{"$unhashable": "_Link"}`` with no digest, so two such outputs differing anywhere had one
+    hash (a replay whose output changed stored as unchanged) and nothing of it showed. A
+    dataclass with no document is now its fields, as the hasher takes a dataclass, cut with
+    the rest below 64 levels (714d9e3's digest walks its fields); 100,000 nodes without
+    RecursionError."""
+    recorded, changed = jsonable(_links(count, "a")), jsonable(_links(count, "b"))
+    assert recorded != changed
+    assert recorded == jsonable(_links(count, "a"))
+    assert recorded["value"] == count - 1 and recorded["next"]["value"] == count - 2

@@ -17,6 +17,7 @@ so far — the same Merkle hashes, ``rewind show`` and ``rewind diff`` as a Burr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -198,9 +199,22 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     if isinstance(value, str):  # a lone surrogate (a file name decoded with surrogateescape)
         return {"$unhashable": "str", "value": storable_text(value)}
     digest = _content_digest(value, _depth)
-    if digest is None:
-        return {"$unhashable": type(value).__name__}
-    return {"$unhashable": type(value).__name__, "sha256": digest}
+    if digest is not None:
+        return {"$unhashable": type(value).__name__, "sha256": digest}
+    fields = _fields_of(value)
+    if fields is not None:  # a dataclass nested too deep for serde: its fields, as hashed
+        return _unhashable_parts(fields, _depth)
+    return {"$unhashable": type(value).__name__}
+
+
+def _fields_of(value: Any) -> dict[str, Any] | None:
+    """A dataclass instance's fields by name (as the canonical hasher takes it), else None.
+    A chain of dataclasses (a linked list of 300 nodes) nests past both the hasher's depth and
+    serde's: it was one ``{"$unhashable": "<type>"}`` with no digest, every such output one
+    hash and nothing of it shown."""
+    if isinstance(value, type) or not dataclasses.is_dataclass(value):
+        return None
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
 
 
 _CUT_DEPTH = 64
@@ -280,6 +294,9 @@ def _cut_parts(value: Any) -> bytes | tuple[bytes, list[bytes] | None, list[Any]
         return b"[", None, list(value)
     if isinstance(value, set | frozenset):
         return b"(", None, list(value)
+    fields = _fields_of(value)
+    if fields is not None:  # walked as the mapping of its fields (serde recurses into them)
+        return _cut_parts(fields)
     return _leaf_digest(value)
 
 
