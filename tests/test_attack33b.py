@@ -220,3 +220,24 @@ def test_a_deeply_linked_dataclass_output_keeps_its_content(count: int) -> None:
     assert recorded != changed
     assert recorded == jsonable(_links(count, "a"))
     assert recorded["value"] == count - 1 and recorded["next"]["value"] == count - 2
+
+
+def test_a_deeply_linked_pydantic_output_keeps_its_content() -> None:
+    """As a chain of dataclasses: a chain of 1,000 pydantic models was one
+    ``{"$unhashable": "<type>"}`` with no digest (model_dump, the hasher and serde all refuse
+    it); it is now its fields, cut below 64 levels with a digest of the rest."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Turn(pydantic.BaseModel):
+        value: Any
+        next: Any = None
+
+    def turns(last: str) -> Any:
+        node = Turn(value=last)
+        for i in range(1000):
+            node = Turn(value=i, next=node)
+        return node
+
+    recorded = jsonable(turns("a"))
+    assert recorded != jsonable(turns("b")) and recorded == jsonable(turns("a"))
+    assert recorded["value"] == 999 and recorded["next"]["value"] == 998

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -202,19 +203,26 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     if digest is not None:
         return {"$unhashable": type(value).__name__, "sha256": digest}
     fields = _fields_of(value)
-    if fields is not None:  # a dataclass nested too deep for serde: its fields, as hashed
+    if fields is not None:  # a dataclass or model too deep for serde: its fields, as hashed
         return _unhashable_parts(fields, _depth)
     return {"$unhashable": type(value).__name__}
 
 
 def _fields_of(value: Any) -> dict[str, Any] | None:
-    """A dataclass instance's fields by name (as the canonical hasher takes it), else None.
-    A chain of dataclasses (a linked list of 300 nodes) nests past both the hasher's depth and
-    serde's: it was one ``{"$unhashable": "<type>"}`` with no digest, every such output one
-    hash and nothing of it shown."""
-    if isinstance(value, type) or not dataclasses.is_dataclass(value):
+    """A dataclass instance's or pydantic model's fields by name (as the canonical hasher
+    takes them: a model's ``model_dump`` holds its fields), else None. A chain of them (a
+    linked list of 300 nodes) nests past both the hasher's depth and serde's: it was one
+    ``{"$unhashable": "<type>"}`` with no digest, every such output one hash and nothing of
+    it shown."""
+    if isinstance(value, type):
         return None
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if dataclasses.is_dataclass(value):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    pydantic = sys.modules.get("pydantic")  # never imported: no value is one of its models
+    model = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
+    if model is not None and isinstance(value, model):
+        return {name: getattr(value, name, None) for name in type(value).model_fields}
+    return None
 
 
 _CUT_DEPTH = 64
