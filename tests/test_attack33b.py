@@ -241,3 +241,39 @@ def test_a_deeply_linked_pydantic_output_keeps_its_content() -> None:
     recorded = jsonable(turns("a"))
     assert recorded != jsonable(turns("b")) and recorded == jsonable(turns("a"))
     assert recorded["value"] == 999 and recorded["next"]["value"] == 998
+
+
+def test_a_value_holding_itself_twice_is_copied_once_not_once_per_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A value the hasher refuses is copied element by element for 64 levels; a container
+    holding itself (a tree whose nodes name their parent, a graph) was copied again at each
+    back reference until the cut: one holding itself twice took 2^64 copies, the trace hung
+    at the step's end (a plain ``d["a"] = d["b"] = d`` output never returned). Here the
+    back references start 55 levels down (2^9 copies before). A back reference to a container
+    being copied is now ``{"$unhashable": "<type>", "cycle": <levels up>}``, and two values
+    differing inside the cycle still differ."""
+    calls = 0
+    real = model._unhashable_parts
+
+    def counting(value: Any, depth: int) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(value, depth)
+
+    def looped(leaf: str) -> Any:
+        node: dict[str, Any] = {"leaf": leaf}
+        node["a"] = node["b"] = node
+        value: Any = node
+        for _ in range(55):
+            value = [object(), value]
+        return value
+
+    monkeypatch.setattr(model, "_unhashable_parts", counting)
+    form = jsonable(looped("x"))
+    assert calls < 200  # 1,000s before
+    monkeypatch.undo()
+    for _ in range(55):
+        form = form[1]
+    assert form["a"] == {"$unhashable": "dict", "cycle": 1} and form["leaf"] == "x"
+    assert jsonable(looped("y")) != jsonable(looped("x"))

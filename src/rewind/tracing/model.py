@@ -24,6 +24,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from datetime import time as dtime
@@ -178,23 +179,14 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     ``{"$unhashable": "<type>"}``, with the ``sha256`` of its exact document
     (:func:`rewind.serde.encode`) when it has one (bytes, Decimal, numpy arrays...). Below
     :data:`_CUT_DEPTH` levels the rest of the value is given by its digest alone
-    (:func:`_cut_digest`)."""
+    (:func:`_cut_digest`); a container met again inside itself by its distance up
+    (:func:`_copied`)."""
     if _depth > _CUT_DEPTH:
         return {"$unhashable": type(value).__name__, "sha256": _cut_digest(value)}
     if isinstance(value, datetime | date | dtime):
         return value.isoformat()
-    if isinstance(value, Mapping):
-        out = {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
-        if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
-            out = _typed_entries(value, _depth)
-        # In canonical key order, as the round trip gives every other dict: in its own order
-        # the store writes it as a tagged dict document, which readers and replays took for it.
-        return dict(sorted(out.items(), key=_utf16_first))
-    if isinstance(value, list | tuple):
-        return [jsonable(v, _depth + 1) for v in value]
-    if isinstance(value, set | frozenset):
-        items = [jsonable(v, _depth + 1) for v in value]
-        return sorted(items, key=canonical_bytes)
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        return _copied(value, value, _depth)
     if isinstance(value, float) and not math.isfinite(value):
         return {"$unhashable": "float", "value": repr(value)}
     if isinstance(value, str):  # a lone surrogate (a file name decoded with surrogateescape)
@@ -204,8 +196,47 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
         return {"$unhashable": type(value).__name__, "sha256": digest}
     fields = _fields_of(value)
     if fields is not None:  # a dataclass or model too deep for serde: its fields, as hashed
-        return _unhashable_parts(fields, _depth)
+        return _copied(value, fields, _depth)
     return {"$unhashable": type(value).__name__}
+
+
+_COPYING: ContextVar[dict[int, int] | None] = ContextVar("rewind_jsonable_copying", default=None)
+"""The containers :func:`_copied` is copying in this context (id -> place on the path)."""
+
+
+def _copied(value: Any, parts: Any, depth: int) -> Any:
+    """:func:`_unhashable_parts` of a container ``value`` (``parts``: itself, or a dataclass's
+    fields), or ``{"$unhashable": "<type>", "cycle": <levels up>}`` when it is being copied
+    already (a value holding itself: a tree whose nodes name their parent). Without it each
+    back reference was copied again down to the cut: a value holding itself twice took 2^64
+    copies and the trace never ended."""
+    path = _COPYING.get()
+    token = None
+    if path is None:  # the outermost container of this jsonable call
+        path = {}
+        token = _COPYING.set(path)
+    elif id(value) in path:
+        return {"$unhashable": type(value).__name__, "cycle": len(path) - path[id(value)]}
+    path[id(value)] = len(path)
+    try:
+        return _container_parts(parts, depth)
+    finally:
+        del path[id(value)]
+        if token is not None:
+            _COPYING.reset(token)
+
+
+def _container_parts(value: Any, depth: int) -> Any:
+    """A mapping, list, tuple or set copied element by element (:func:`jsonable` of each)."""
+    if isinstance(value, Mapping):
+        out = {_key(k): jsonable(v, depth + 1) for k, v in value.items()}
+        if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
+            out = _typed_entries(value, depth)
+        # In canonical key order, as the round trip gives every other dict: in its own order
+        # the store writes it as a tagged dict document, which readers and replays took for it.
+        return dict(sorted(out.items(), key=_utf16_first))
+    items = [jsonable(v, depth + 1) for v in value]
+    return sorted(items, key=canonical_bytes) if isinstance(value, set | frozenset) else items
 
 
 def _fields_of(value: Any) -> dict[str, Any] | None:
