@@ -274,26 +274,26 @@ def _cut_digest(value: Any) -> str:
     the path) neither raises RecursionError nor depends on the caller's stack depth.
 
     A container met again (a value sharing a sub-object) is digested once: its digest is
-    remembered when nothing in it refers back above it, so a shared value costs its distinct
-    containers, not its paths (a few dozen lists each holding the level below twice had 2^k).
+    remembered when nothing in it refers back (no cycle runs through it, so the tree walk gives
+    it one digest wherever it is met), so a shared value costs its distinct containers, not
+    its paths (a few dozen lists each holding the level below twice had 2^k).
     Every container walked is held until the walk ends, so the address of a form made for the
     walk (a table's ``tolist()``) is never given to another and taken for a back reference."""
     done: list[bytes] = []
     path: dict[int, int] = {}  # id of each container being walked -> its depth
-    reach: list[int] = []  # per container on the path: the least depth it refers back to
-    known: dict[int, bytes] = {}  # id -> digest of a container referring to nothing above it
+    looped: list[bool] = []  # per container on the path: whether a back reference is in it
+    known: dict[int, bytes] = {}  # id -> digest of a container holding no back reference
     held: list[Any] = []  # every container walked (ids stay unique while the walk lasts)
     todo: list[tuple[Any, Any]] = [(value, _ENTER)]
     while todo:
         node, mark = todo.pop()
         if mark is not _ENTER:  # every child is in ``done``: combine them
-            _, depth = path.popitem()
+            path.popitem()
             _combine(mark[0], mark[1:], done)
-            least = reach.pop()
-            if least >= depth:
+            if not looped.pop():
                 known[id(node)] = done[-1]
-            elif reach:
-                reach[-1] = min(reach[-1], least)
+            elif looped:
+                looped[-1] = True
             continue
         if id(node) in known:
             done.append(known[id(node)])
@@ -303,11 +303,11 @@ def _cut_digest(value: Any) -> str:
             done.append(parts)
         elif id(node) in path:
             up = len(path) - path[id(node)]
-            reach[-1] = min(reach[-1], path[id(node)])
+            looped[-1] = True
             done.append(hashlib.sha256(b"cycle:%d" % up).digest())
         else:
             held.append(node)
-            reach.append(len(path))
+            looped.append(False)
             path[id(node)] = len(path)
             tag, keys, children = parts
             todo.append((node, (len(children), tag, keys)))
