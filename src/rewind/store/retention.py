@@ -48,7 +48,8 @@ timing:
   deleted after it, unless an ``archived_runs`` row names it (another gc archived the run at
   the same key); a run skipped because its rows changed keeps it (another gc may be about to
   name it; the next gc of the run writes over it). ``rewind delete`` removes what is left at a
-  deleted run's archive keys that no row names.
+  deleted run's archive keys that no row names. A restore deletes the archive after its rows
+  are back, the same way: not when a gc archived the run again there meanwhile.
 
 Processes of a Rewind older than this module do not read the epoch: stop them before a gc.
 """
@@ -710,6 +711,11 @@ def _read_archive(target: ObjectStore | None, ref: str, digest: str) -> dict[str
     Raises:
         StoreError: missing, unreadable, altered, or not a Rewind run archive.
     """
+    return _archive_at(target, ref, digest)[0]
+
+
+def _archive_at(target: ObjectStore | None, ref: str, digest: str) -> tuple[dict[str, Any], bytes]:
+    """(:func:`_read_archive`'s document, the archive's bytes)."""
     raw = _objects_of(ref, target).get_object(ref, digest)
     try:
         doc = json.loads(gzip.decompress(raw))
@@ -722,7 +728,7 @@ def _read_archive(target: ObjectStore | None, ref: str, digest: str) -> dict[str
     for h, b64 in doc["blobs"].items():
         if sha256_hex(base64.b64decode(b64)) != h:
             raise StoreError(f"blob {h[:12]} in the archive {ref} does not match its hash", "")
-    return doc
+    return doc, raw
 
 
 def _objects_of(ref: str, archive: ObjectStore | None) -> ObjectStore:
@@ -1003,7 +1009,7 @@ def _archived_row(store: Store, run_id: str, *, exact: bool = False) -> dict[str
 
 
 def _restore_one(store: Store, row: dict[str, Any], archive: ObjectStore | None) -> RestoredRun:
-    doc = _read_archive(archive, row["archive_ref"], row["archive_sha256"])
+    doc, raw = _archive_at(archive, row["archive_ref"], row["archive_sha256"])
     blobs = {h: base64.b64decode(b64) for h, b64 in doc["blobs"].items()}
     artifacts = []
     for item in doc["artifacts"]:
@@ -1032,7 +1038,10 @@ def _restore_one(store: Store, row: dict[str, Any], archive: ObjectStore | None)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     with suppress(OSError, StoreError):  # the rows are back; a leftover archive is harmless
-        _objects_of(row["archive_ref"], archive).delete(row["archive_ref"])
+        # Unless a row names it: a gc that ran once the rows were back (the run is old, so at
+        # once a candidate again) archived it at the same key; deleting that lost the run.
+        ref = row["archive_ref"]
+        _drop_unnamed(store, _objects_of(ref, archive), ref, raw)
     return RestoredRun(row["run_id"], count, len(blobs))
 
 

@@ -17,11 +17,14 @@ so far — the same Merkle hashes, ``rewind show`` and ``rewind diff`` as a Burr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from datetime import time as dtime
@@ -176,31 +179,81 @@ def _unhashable_parts(value: Any, _depth: int) -> Any:
     ``{"$unhashable": "<type>"}``, with the ``sha256`` of its exact document
     (:func:`rewind.serde.encode`) when it has one (bytes, Decimal, numpy arrays...). Below
     :data:`_CUT_DEPTH` levels the rest of the value is given by its digest alone
-    (:func:`_cut_digest`)."""
+    (:func:`_cut_digest`); a container met again inside itself by its distance up
+    (:func:`_copied`)."""
     if _depth > _CUT_DEPTH:
         return {"$unhashable": type(value).__name__, "sha256": _cut_digest(value)}
     if isinstance(value, datetime | date | dtime):
         return value.isoformat()
-    if isinstance(value, Mapping):
-        out = {_key(k): jsonable(v, _depth + 1) for k, v in value.items()}
-        if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
-            out = _typed_entries(value, _depth)
-        # In canonical key order, as the round trip gives every other dict: in its own order
-        # the store writes it as a tagged dict document, which readers and replays took for it.
-        return dict(sorted(out.items(), key=_utf16_first))
-    if isinstance(value, list | tuple):
-        return [jsonable(v, _depth + 1) for v in value]
-    if isinstance(value, set | frozenset):
-        items = [jsonable(v, _depth + 1) for v in value]
-        return sorted(items, key=canonical_bytes)
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        return _copied(value, value, _depth)
     if isinstance(value, float) and not math.isfinite(value):
         return {"$unhashable": "float", "value": repr(value)}
     if isinstance(value, str):  # a lone surrogate (a file name decoded with surrogateescape)
         return {"$unhashable": "str", "value": storable_text(value)}
     digest = _content_digest(value, _depth)
-    if digest is None:
-        return {"$unhashable": type(value).__name__}
-    return {"$unhashable": type(value).__name__, "sha256": digest}
+    if digest is not None:
+        return {"$unhashable": type(value).__name__, "sha256": digest}
+    fields = _fields_of(value)
+    if fields is not None:  # a dataclass or model too deep for serde: its fields, as hashed
+        return _copied(value, fields, _depth)
+    return {"$unhashable": type(value).__name__}
+
+
+_COPYING: ContextVar[dict[int, int] | None] = ContextVar("rewind_jsonable_copying", default=None)
+"""The containers :func:`_copied` is copying in this context (id -> place on the path)."""
+
+
+def _copied(value: Any, parts: Any, depth: int) -> Any:
+    """:func:`_unhashable_parts` of a container ``value`` (``parts``: itself, or a dataclass's
+    fields), or ``{"$unhashable": "<type>", "cycle": <levels up>}`` when it is being copied
+    already (a value holding itself: a tree whose nodes name their parent). Without it each
+    back reference was copied again down to the cut: a value holding itself twice took 2^64
+    copies and the trace never ended."""
+    path = _COPYING.get()
+    token = None
+    if path is None:  # the outermost container of this jsonable call
+        path = {}
+        token = _COPYING.set(path)
+    elif id(value) in path:
+        return {"$unhashable": type(value).__name__, "cycle": len(path) - path[id(value)]}
+    path[id(value)] = len(path)
+    try:
+        return _container_parts(parts, depth)
+    finally:
+        del path[id(value)]
+        if token is not None:
+            _COPYING.reset(token)
+
+
+def _container_parts(value: Any, depth: int) -> Any:
+    """A mapping, list, tuple or set copied element by element (:func:`jsonable` of each)."""
+    if isinstance(value, Mapping):
+        out = {_key(k): jsonable(v, depth + 1) for k, v in value.items()}
+        if len(out) < len(value):  # 1 and "1" both became "1": both kept, the int typed
+            out = _typed_entries(value, depth)
+        # In canonical key order, as the round trip gives every other dict: in its own order
+        # the store writes it as a tagged dict document, which readers and replays took for it.
+        return dict(sorted(out.items(), key=_utf16_first))
+    items = [jsonable(v, depth + 1) for v in value]
+    return sorted(items, key=canonical_bytes) if isinstance(value, set | frozenset) else items
+
+
+def _fields_of(value: Any) -> dict[str, Any] | None:
+    """A dataclass instance's or pydantic model's fields by name (as the canonical hasher
+    takes them: a model's ``model_dump`` holds its fields), else None. A chain of them (a
+    linked list of 300 nodes) nests past both the hasher's depth and serde's: it was one
+    ``{"$unhashable": "<type>"}`` with no digest, every such output one hash and nothing of
+    it shown."""
+    if isinstance(value, type):
+        return None
+    if dataclasses.is_dataclass(value):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    pydantic = sys.modules.get("pydantic")  # never imported: no value is one of its models
+    model = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
+    if model is not None and isinstance(value, model):
+        return {name: getattr(value, name, None) for name in type(value).model_fields}
+    return None
 
 
 _CUT_DEPTH = 64
@@ -218,26 +271,46 @@ def _cut_digest(value: Any) -> str:
     every value cut had one form per type: a replay whose deeply nested output changed was
     stored as unchanged. Walked with its own stack, never recursively: a hostile value
     100,000 levels deep (or one holding itself: a back reference digests as its distance up
-    the path) neither raises RecursionError nor depends on the caller's stack depth."""
+    the path) neither raises RecursionError nor depends on the caller's stack depth.
+
+    A container met again (a value sharing a sub-object) is digested once: its digest is
+    remembered when nothing in it refers back (no cycle runs through it, so the tree walk gives
+    it one digest wherever it is met), so a shared value costs its distinct containers, not
+    its paths (a few dozen lists each holding the level below twice had 2^k).
+    Every container walked is held until the walk ends, so the address of a form made for the
+    walk (a table's ``tolist()``) is never given to another and taken for a back reference."""
     done: list[bytes] = []
     path: dict[int, int] = {}  # id of each container being walked -> its depth
+    looped: list[bool] = []  # per container on the path: whether a back reference is in it
+    known: dict[int, bytes] = {}  # id -> digest of a container holding no back reference
+    held: list[Any] = []  # every container walked (ids stay unique while the walk lasts)
     todo: list[tuple[Any, Any]] = [(value, _ENTER)]
     while todo:
         node, mark = todo.pop()
         if mark is not _ENTER:  # every child is in ``done``: combine them
             path.popitem()
-            _combine(node, mark, done)
+            _combine(mark[0], mark[1:], done)
+            if not looped.pop():
+                known[id(node)] = done[-1]
+            elif looped:
+                looped[-1] = True
+            continue
+        if id(node) in known:
+            done.append(known[id(node)])
             continue
         parts = _cut_parts(node)
         if type(parts) is bytes:
             done.append(parts)
         elif id(node) in path:
             up = len(path) - path[id(node)]
+            looped[-1] = True
             done.append(hashlib.sha256(b"cycle:%d" % up).digest())
         else:
+            held.append(node)
+            looped.append(False)
             path[id(node)] = len(path)
             tag, keys, children = parts
-            todo.append((len(children), (tag, keys)))
+            todo.append((node, (len(children), tag, keys)))
             todo.extend((child, _ENTER) for child in reversed(children))
     return done[0].hex()
 
@@ -260,6 +333,9 @@ def _cut_parts(value: Any) -> bytes | tuple[bytes, list[bytes] | None, list[Any]
         return b"[", None, list(value)
     if isinstance(value, set | frozenset):
         return b"(", None, list(value)
+    fields = _fields_of(value)
+    if fields is not None:  # walked as the mapping of its fields (serde recurses into them)
+        return _cut_parts(fields)
     return _leaf_digest(value)
 
 

@@ -83,10 +83,11 @@ def find_source(
     When no completed trace of this input made the call, a failed trace may have (a chain that
     raised after its steps; its cached replay, failing alike, is then stored by reference and
     ends failed like it): the failed traces among the :data:`RECORDER_CANDIDATES` newest of the
-    name that made the call (:func:`_failed`, a bounded, indexed lookup) are tried, one of this
-    input taken before a completed trace of another input. A completed trace of this input is
-    always taken before a failed one, even an older one: a chain that failed once and then
-    succeeded (or the other way round) replays, every answer cached, as the success did.
+    name (or, none of them of this input, among those started by the time the call's answer
+    was cached) that made the call (:func:`_failed`, bounded, indexed lookups) are tried, one
+    of this input taken before a completed trace of another input. A completed trace of this
+    input is always taken before a failed one, even an older one: a chain that failed once and
+    then succeeded (or the other way round) replays, every answer cached, as the success did.
     """
     with store.read() as conn:
         driver = _sqlite_driver(conn)
@@ -109,7 +110,7 @@ def find_source(
             # that raised after its steps). Looked at only here, so a completed trace of the
             # same input is always taken first; another input's completed trace is kept
             # unless a failed trace of this input made the call.
-            failed = _failed(conn, driver, name, key)
+            failed = _failed(conn, driver, name, kind, key, initial_hash)
             if found is not None:
                 failed = [r for r in failed if r[2] == initial_hash]
             found = _holding(store, conn, failed, tried, kind, key, initial_hash) or found
@@ -171,40 +172,62 @@ def _recorders(
     whose own call rows hold the key, newest first, among the :data:`RECORDER_CANDIDATES`
     newest started by then (by index: ``ix_runs_pipeline_created``, then each one's call rows
     by its run id). Empty when the call was never cached."""
-    table = "llm_cache" if kind == "llm" else "tool_cache"
-    if driver is not None:
-        entry = driver.execute(_ENTRY_SQL[table], (schema.digest_bytes(key),)).fetchone()
-    else:
-        entry = conn.execute(_ENTRY[table], {"key": key}).first()
+    entry = _entry(conn, driver, kind, key)
     if entry is None:
         return []
     produced, origin = entry
     if origin is not None:
-        args: tuple[Any, ...] = (origin, name)
-        sql, core = _ORIGIN_SQL, _ORIGIN
-    else:
-        sql, core = _RECORDERS_SQL, _RECORDERS
-        args = (name, float(produced), RECORDER_CANDIDATES)
+        return _runs_holding(conn, driver, _ORIGIN_SQL, (origin, name), key)
+    return _runs_holding(
+        conn, driver, _RECORDERS_SQL, (name, float(produced), RECORDER_CANDIDATES), key
+    )
+
+
+def _entry(conn: Connection, driver: Any, kind: str, key: str) -> Any:
+    """(created_at, origin) of the cache entry of the call ``(kind, key)``, or None."""
+    table = "llm_cache" if kind == "llm" else "tool_cache"
+    if driver is not None:
+        return driver.execute(_ENTRY_SQL[table], (schema.digest_bytes(key),)).fetchone()
+    return conn.execute(_ENTRY[table], {"key": key}).first()
+
+
+def _runs_holding(
+    conn: Connection, driver: Any, sql: str, args: tuple[Any, ...], key: str
+) -> list[tuple[str, str, str | None]]:
+    """The rows of ``sql`` (one of this module's statements, positional ``?``, the call key
+    last) run with ``args`` and ``key``: through ``driver`` (the sqlite3 connection) when there
+    is one, else as its Core statement (:data:`_STATEMENTS`)."""
     if driver is not None:
         return driver.execute(sql, (*args, schema.digest_bytes(key))).fetchall()
     params = {chr(ord("a") + i): value for i, value in enumerate(args)}  # as _named names them
-    return [tuple(r) for r in conn.execute(core, params | {"key": key})]
+    return [tuple(r) for r in conn.execute(_STATEMENTS[sql], params | {"key": key})]
 
 
 def _failed(
-    conn: Connection, driver: Any, name: str, key: str
+    conn: Connection, driver: Any, name: str, kind: str, key: str, initial_hash: str | None
 ) -> list[tuple[str, str, str | None]]:
     """(run id, config JSON, initial state hash) of the failed traces named ``name`` among the
     :data:`RECORDER_CANDIDATES` newest of the name (any status; by index:
     ``ix_runs_pipeline_created``) whose own call rows, or their parent's, hold the call key
     ``key``, newest first. A failed trace's replay stored wholly by reference holds no call rows:
     its source, which does, stands for it (:func:`_holding` takes it instead), so the source
-    is found however many of its replays came after it."""
-    args = (name, RECORDER_CANDIDATES)
-    if driver is not None:
-        return driver.execute(_FAILED_SQL, (*args, schema.digest_bytes(key))).fetchall()
-    params = {chr(ord("a") + i): value for i, value in enumerate(args)}  # as _named names them
-    return [tuple(r) for r in conn.execute(_FAILED, params | {"key": key})]
+    is found however many of its replays came after it.
+
+    When none of them is of this input (``initial_hash``), the failed traces among the
+    :data:`RECORDER_CANDIDATES` newest started by the time the call's cache entry was produced
+    follow, as :func:`_recorders` finds a completed one: a failed recording followed by 16
+    traces of other inputs was out of the window, and its unchanged cached replay was stored
+    unlinked and in full."""
+    found = _runs_holding(conn, driver, _FAILED_SQL, (name, RECORDER_CANDIDATES), key)
+    if any(initial_hash is None or r[2] == initial_hash for r in found):
+        return found
+    entry = _entry(conn, driver, kind, key)
+    if entry is None:
+        return found
+    since = (name, float(entry[0]), RECORDER_CANDIDATES)
+    seen = {r[0] for r in found}
+    older = _runs_holding(conn, driver, _FAILED_BY_SQL, since, key)
+    return found + [r for r in older if r[0] not in seen]
 
 
 # Built once (a cached trace runs both at its first lookup; building a select costs about as
@@ -258,13 +281,16 @@ _ORIGIN_SQL = (
 # of any status (bounded by ix_runs_pipeline_created, as _RECORDERS_SQL), those whose own call
 # rows, or their parent's, hold the key (a replay stored by reference has none of its own: its
 # parent's stand for them, and _holding takes the parent of one stored wholly by reference).
-_FAILED_SQL = (
+_FAILED_BY = (
     "SELECT run_id, config_json, initial_state_hash FROM (SELECT run_id, config_json,"
-    " initial_state_hash, status, parent_run_id, created_at FROM runs WHERE pipeline = ?"
+    " initial_state_hash, status, parent_run_id, created_at FROM runs WHERE pipeline = ?{since}"
     " ORDER BY created_at DESC LIMIT ?) r"
     " WHERE status = 'failed' AND EXISTS (SELECT 1 FROM calls c"
     " WHERE c.run_id IN (r.run_id, r.parent_run_id) AND c.key = ?) ORDER BY created_at DESC"
 )
+_FAILED_SQL = _FAILED_BY.format(since="")
+# ... and those started by the time the call's cache entry was produced (as _RECORDERS_SQL).
+_FAILED_BY_SQL = _FAILED_BY.format(since=" AND created_at <= ?")
 
 
 def _named(sql: str) -> Any:
@@ -280,9 +306,9 @@ _ENTRY = {
     table: text(sql.replace("?", ":key")).bindparams(bindparam("key", type_=schema.Digest()))
     for table, sql in _ENTRY_SQL.items()
 }
-_RECORDERS = _named(_RECORDERS_SQL)
-_ORIGIN = _named(_ORIGIN_SQL)
-_FAILED = _named(_FAILED_SQL)
+_STATEMENTS = {
+    sql: _named(sql) for sql in (_RECORDERS_SQL, _ORIGIN_SQL, _FAILED_SQL, _FAILED_BY_SQL)
+}
 
 
 def _sqlite_driver(conn: Connection) -> Any:
