@@ -279,18 +279,13 @@ def test_a_value_holding_itself_twice_is_copied_once_not_once_per_path(
     assert jsonable(looped("y")) != jsonable(looped("x"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rewind delete (9899b1f's _drop_left_archives) deletes the object at a deleted "
-    "run's archive key when no row of ITS store names it; a copy of the store sharing the "
-    "object store (REWIND_OBJECTS) holds the same run ids, so deleting a run in the copy "
-    "deletes the archive the original's archived_runs row names: that run is lost",
-)
 def test_rewind_delete_in_a_copied_store_keeps_the_originals_archive(tmp_path: Path) -> None:
     """Two stores sharing one object store, the second a copy of the first (same run ids). The
     first archives a run; deleting that run in the copy must not delete the first's archive
-    (its restore then reads 'archive missing'). Related to closing32's 'archive references
-    are absolute file URLs' (a restore in a copy deletes the original's object)."""
+    (its restore then reads 'archive missing'). Was a strict xfail: 9899b1f's rewind delete
+    removed the object at a deleted run's archive key when no row of its own store named it.
+    Related to closing32's 'archive references are absolute file URLs' (a restore in a copy
+    deletes the original's object)."""
     import shutil
 
     from rewind.replay import Rewind

@@ -764,12 +764,14 @@ def test_a_run_gc_skips_because_a_replay_of_it_appeared_leaves_no_archive_object
     assert _archive_objects(target.objects) == [] and run_ids(store) == set()
 
 
-def test_rewind_delete_removes_an_archive_object_an_older_gc_left_for_the_run(
+def test_rewind_delete_leaves_an_archive_object_no_row_of_its_store_names(
     target: GcTarget,
 ) -> None:
     """A gc before the fix above (or one that stopped between writing an archive and its
-    commit) left the run's archive object at its key, named by no row: ``rewind delete`` of the
-    run deletes it with the run. An object another archived run's row names is never deleted."""
+    commit) left the run's archive object at its key, named by no row. ``rewind delete`` of
+    the run leaves it (a leak, never a loss): a copy of the store sharing the object store
+    holds the same run ids, and the object may be the archive the other store's row names
+    (test_attack33b). An object another archived run's row names is never touched."""
     from rewind.store.retention import _archive_key, delete_run
 
     rw = target.rewind()
@@ -777,10 +779,9 @@ def test_rewind_delete_removes_an_archive_object_an_older_gc_left_for_the_run(
     age(target.store, kept.run_id, 40)
     archived = collect_garbage(target.store, MONTH, archive=target.objects).archived
     assert [a.run_id for a in archived] == [kept.run_id]
-    left = target.objects.put_object(_archive_key(gone.run_id), b"an archive no row names")
+    target.objects.put_object(_archive_key(gone.run_id), b"an archive no row names")
     assert len(_archive_objects(target.objects)) == 2
     delete_run(target.store, gone.run_id)
-    assert _archive_objects(target.objects) == [target.objects._path(archived[0].archive_ref)]
-    assert left != archived[0].archive_ref
+    assert len(_archive_objects(target.objects)) == 2
     restore_run(target.store, kept.run_id, archive=target.objects)
     assert run_ids(target.store) == {kept.run_id}

@@ -796,7 +796,6 @@ def delete_run(store: Store, run_id: str, *, dry_run: bool = False) -> DeletedRu
             "delete the fork first",
         ) from exc
     _remove_artifact_files(store, artifacts)
-    _drop_left_archives(store, doomed)
     report = GcReport(False, 0.0, time.time(), "")
     _sweep_blobs(store, report)
     return DeletedRun(
@@ -807,21 +806,6 @@ def delete_run(store: Store, run_id: str, *, dry_run: bool = False) -> DeletedRu
         report.blob_bytes,
         report.objects_deleted,
     )
-
-
-def _drop_left_archives(store: Store, run_ids: Iterable[str]) -> None:
-    """Delete the archive objects at the keys of these deleted runs in the store's archive
-    location (:func:`archive_store`) that no archived-run row names: left by a gc that wrote
-    one and then skipped the run (a fork of it appeared), before gcs deleted those, or that
-    stopped between its write and its commit. Their rows are gone, so no gc can name such an
-    object any more; one another run's row names (an old unquoted key) is kept."""
-    target = archive_store(store)
-    for run_id in run_ids:
-        for key in dict.fromkeys((_archive_key(run_id), _archive_key(run_id, hashed=True))):
-            ref = f"{target.url}/{key}"
-            if _naming_row(store, ref) is None:
-                with suppress(OSError):  # the run is deleted; a leftover object is no loss
-                    target.delete(ref)
 
 
 def _deletion_plan(conn: Connection, run_id: str) -> tuple[list[str], list[dict[str, Any]], int]:
