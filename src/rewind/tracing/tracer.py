@@ -475,27 +475,47 @@ def _source_completed(rows: SourceRows) -> bool:
 
 def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]:
     """The model-call failures of ``rows`` (``(position, cache key)`` → entry) that a cached
-    replay raises again: those the source got a model answer after (a later answered ``llm``
-    call, by position then call order), so the chain recovered and the failure is part of its
-    recorded path. A failure after the source's last answer is sent again: the endpoint did
-    not answer again in that trace (down, refusing, rate-limiting), and replaying it would keep
-    a chain that catches such errors (a fallback answer) returning its fallback at every cached
-    run after the endpoint came back."""
+    replay raises again: those the source got a model answer after (:func:`_answered_after`),
+    so the chain recovered and the failure is part of its recorded path. A failure after the
+    source's last answer is sent again: the endpoint did not answer again in that trace (down,
+    refusing, rate-limiting), and replaying it would keep a chain that catches such errors (a
+    fallback answer) returning its fallback at every cached run after the endpoint came back."""
     failed = rows.failed_calls
     if not failed:  # the usual source: no second pass over its calls
         return failed
-    answered = [
-        (position, c["call_index"])
-        for position, calls in rows.calls.items()
-        for c in calls
-        if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
-    ]
-    if not answered:
-        return {}
-    last = max(answered)
+    answered = sorted(
+        (
+            (position, c["call_index"])
+            for position, calls in rows.calls.items()
+            for c in calls
+            if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
+        ),
+        reverse=True,  # the newest steps first: the first not inside the failure's step ends it
+    )
+    parents = {position: span.get("parent_position") for position, span in rows.spans.items()}
     return {
-        where: entry for where, entry in failed.items() if (entry.position, entry.call_index) < last
+        where: entry
+        for where, entry in failed.items()
+        if any(_answered_after((entry.position, entry.call_index), a, parents) for a in answered)
     }
+
+
+def _answered_after(
+    failure: tuple[int, int], answer: tuple[int, int], parents: dict[int, int | None]
+) -> bool:
+    """Whether the answered call ``answer`` (step position, call index) was surely made after
+    the failed call ``failure`` of one trace (``parents``: step position → its parent's).
+    Positions number steps as they are created (a child after its parent): a later call of the
+    same step is after it, and so is a call of a step created later that is not inside the
+    failure's step (that step had ended); a call of a step inside it (a child step) may have
+    come before the step's own failed call, and one of a step created before it (its parent)
+    too, so neither counts: the failure is then sent again, never replayed forever."""
+    (step, index), (position, call_index) = failure, answer
+    if position == step:
+        return call_index > index
+    while position is not None and position > step:
+        position = parents.get(position)
+    return position is not None and position < step
 
 
 def _result_bytes(ctx: RunContext | None, scope: NodeScope, key: str, digest: str) -> bytes | None:

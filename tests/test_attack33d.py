@@ -1,0 +1,57 @@
+"""Attack on the last fixes of session 33 (issue #13): which recorded model-call failures a
+replay raises again, migration 0017, the cut digest, failed-source lookup, restore and delete.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rewind.calls import chat
+from rewind.errors import EndpointUnavailable, ModelCallError
+from rewind.store import open_store
+from rewind.tracing import step
+from rewind.tracing.store import load_trace
+from tests import test_failed_calls as failed
+from tests.model_stub import stub_and_client
+
+
+def _asks_in_its_own_step_after_a_child(question: str) -> str:
+    """A step whose child step asks first (answered), then asks itself; when its own call
+    raises it returns a fallback. Its own call (position 0) comes after its child's answer
+    (position 1) in time, though not by position."""
+    with step("agent", "llm_call", input={"question": question}) as s:
+        warm = failed._ask("hello")
+        try:
+            answer = chat([{"role": "user", "content": question}], temperature=0).content
+        except (EndpointUnavailable, ModelCallError) as exc:
+            answer = f"error: {type(exc).__name__}"
+        s.set_output(warm + " / " + answer)
+    return warm + " / " + answer
+
+
+def test_a_cached_chain_sends_again_a_step_s_own_failure_after_its_child_s_answer(
+    tmp_path: Path,
+) -> None:
+    """e843fd5 orders a source's calls by (step position, call index): a step's own model
+    call that raised after its child step's answer was taken as followed by an answer (the
+    child's position is higher), so the chain counted as recovered and every later
+    ``Tracer(read_cache=True)`` run, the endpoint answering, raised the recorded failure again
+    and returned the fallback, forever. A child's answer is not after its parent's call."""
+    chain: Any = _asks_in_its_own_step_after_a_child
+    failed._DROPS[0] = 1
+    with stub_and_client(failed._reply) as (stub, client):
+        source = failed._record(tmp_path, client, chain=chain)
+        assert stub.count == 2
+        failed._DROPS[0] = 0
+        cached = failed._replay("cached", tmp_path, client, source, chain=chain)
+        sent = stub.count - 2
+    st = open_store(tmp_path)
+    try:
+        assert failed._labels(st, source)[0] == ["failed:raised"]
+        assert sent == 1
+        assert failed._labels(st, cached)[0] == ["miss:no-entry"]  # sent: it has no answer
+        out = load_trace(st, cached).steps[0].output
+        assert out is not None and "error" not in str(out), out
+    finally:
+        st.close()
