@@ -55,3 +55,41 @@ def test_a_cached_chain_sends_again_a_step_s_own_failure_after_its_child_s_answe
         assert out is not None and "error" not in str(out), out
     finally:
         st.close()
+
+
+def _nested(levels: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_step_output_nested_just_past_the_hasher_s_depth_is_stored(tmp_path: Path) -> None:
+    """A step output nested 402 to ~465 levels (past the canonical hasher's 400, above the
+    cut's 64 + 400) made the whole trace fail to write ('nests deeper than 400 levels'): a
+    recorded run lost for one deep value. jsonable copied the refused value element by
+    element and took each element's own canonical round trip, up to 400 levels more, below
+    the levels it had copied: its form nested 465 levels, which the store refuses. An
+    element's round trip is kept only when the whole form stays within the store's depth;
+    deeper, it is copied on and cut (with its digest). 401 levels keeps its form."""
+    from rewind.tracing import Tracer
+    from rewind.tracing.model import jsonable
+
+    assert jsonable(_nested(401, "a")) == _nested(401, "a")
+    for levels in (402, 430, 465):
+        tracer = Tracer(tmp_path / str(levels), raise_on_write_error=True)
+        try:
+            with tracer.trace("deep", {"levels": levels}) as t:
+                with step("s", "transform", input={"levels": levels}) as s:
+                    s.set_output(_nested(levels, "a"))
+                t.set_output("ok")
+        finally:
+            tracer.close()
+        assert t.write_error is None
+        st = open_store(tmp_path / str(levels))
+        try:
+            assert load_trace(st, t.trace_id).steps[0].status == "success"
+        finally:
+            st.close()
+    cut = jsonable(_nested(430, "a"))
+    assert cut != jsonable(_nested(430, "b"))  # the cut keeps a digest of the content

@@ -31,7 +31,7 @@ from datetime import time as dtime
 from enum import StrEnum
 from typing import Any
 
-from rewind.canonical import CanonicalError, canonical_bytes, sha256_hex, utf16_key
+from rewind.canonical import MAX_DEPTH, CanonicalError, canonical_bytes, sha256_hex, utf16_key
 from rewind.context import PendingWrite
 from rewind.store.records import CallRecord, EffectRecord, has_lone_surrogate, storable_text
 
@@ -160,7 +160,9 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
         if copied is not _NOT_PLAIN:
             return copied
     try:
-        return json.loads(canonical_bytes(value))
+        text = canonical_bytes(value)
+        if not _depth or _nests_within(text, _STORED_DEPTH - _depth):
+            return json.loads(text)
     except (CanonicalError, ValueError, TypeError, RecursionError):
         pass
     except Exception:  # a user's object raising from its own methods (see below)
@@ -171,6 +173,29 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
         # that value has no form, the rest of the step's value keeps its own (the step was
         # stored with no output at all)
         return {"$unhashable": type(value).__name__}
+
+
+_STORED_DEPTH = MAX_DEPTH + 1
+"""Levels of a jsonable form the store keeps (a step's output nested deeper fails the whole
+trace's write: "nests deeper than 400 levels")."""
+
+
+def _nests_within(text: bytes, levels: int) -> bool:
+    """Whether the canonical JSON ``text`` nests at most ``levels`` containers deep. An element
+    :func:`_unhashable_parts` copies takes its own canonical round trip, up to
+    :data:`~rewind.canonical.MAX_DEPTH` levels below those copied: kept as it was, a value
+    nested 402 to ~465 levels had a form the store refused, and the trace was lost."""
+    if text.count(b"[") + text.count(b"{") <= levels:  # the usual element: no walk
+        return True
+    todo = [(json.loads(text), 0)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, dict | list):
+            if depth >= levels:
+                return False
+            children = node.values() if isinstance(node, dict) else node
+            todo.extend((child, depth + 1) for child in children)
+    return True
 
 
 def _unhashable_parts(value: Any, _depth: int) -> Any:
