@@ -20,6 +20,18 @@ from tests import test_failed_calls as failed
 from tests.model_stub import stub_and_client
 
 
+def _record_then_cached(tmp_path: Path, chain: Any) -> tuple[str, str, int]:
+    """(source, cached replay, requests the replay sent): ``chain`` recorded with its first
+    'flaky' request dropped, then run with ``Tracer(read_cache=True)``, the endpoint answering.
+    The recording sends 2 requests."""
+    failed._DROPS[0] = 1
+    with stub_and_client(failed._reply) as (stub, client):
+        source = failed._record(tmp_path, client, chain=chain)
+        assert stub.count == 2
+        cached = failed._replay("cached", tmp_path, client, source, chain=chain)
+        return source, cached, stub.count - 2
+
+
 def _asks_in_its_own_step_after_a_child(question: str) -> str:
     """A step whose child step asks first (answered), then asks itself; when its own call
     raises it returns a fallback. Its own call (position 0) comes after its child's answer
@@ -42,14 +54,7 @@ def test_a_cached_chain_sends_again_a_step_s_own_failure_after_its_child_s_answe
     child's position is higher), so the chain counted as recovered and every later
     ``Tracer(read_cache=True)`` run, the endpoint answering, raised the recorded failure again
     and returned the fallback, forever. A child's answer is not after its parent's call."""
-    chain: Any = _asks_in_its_own_step_after_a_child
-    failed._DROPS[0] = 1
-    with stub_and_client(failed._reply) as (stub, client):
-        source = failed._record(tmp_path, client, chain=chain)
-        assert stub.count == 2
-        failed._DROPS[0] = 0
-        cached = failed._replay("cached", tmp_path, client, source, chain=chain)
-        sent = stub.count - 2
+    source, cached, sent = _record_then_cached(tmp_path, _asks_in_its_own_step_after_a_child)
     st = open_store(tmp_path)
     try:
         assert failed._labels(st, source)[0] == ["failed:raised"]
@@ -57,6 +62,32 @@ def test_a_cached_chain_sends_again_a_step_s_own_failure_after_its_child_s_answe
         assert failed._labels(st, cached)[0] == ["miss:no-entry"]  # sent: it has no answer
         out = load_trace(st, cached).steps[0].output
         assert out is not None and "error" not in str(out), out
+    finally:
+        st.close()
+
+
+def _answers_then_fails(question: str) -> str:
+    """Two steps: the first answered, the second raised (caught: a fallback)."""
+    first = failed._ask("hello")
+    try:
+        second = failed._ask(question)
+    except (EndpointUnavailable, ModelCallError) as exc:
+        second = f"error: {type(exc).__name__}"
+    return first + " / " + second
+
+
+def test_a_cached_chain_sends_again_a_failure_after_an_earlier_step_s_answer(
+    tmp_path: Path,
+) -> None:
+    """The endpoint went down mid-run: the first step was answered, the second step's call
+    raised and the chain returned a fallback. An answer of a step created before the failed
+    one is no recovery from it: a cached run, the endpoint answering, sends the call again."""
+    source, cached, sent = _record_then_cached(tmp_path, _answers_then_fails)
+    st = open_store(tmp_path)
+    try:
+        assert failed._labels(st, source)[1] == ["failed:raised"]
+        assert sent == 1
+        assert [label.split(":")[0] for label in failed._labels(st, cached)[1]] == ["miss"]
     finally:
         st.close()
 
@@ -124,3 +155,38 @@ def test_a_refused_value_has_one_form_at_any_stack_depth() -> None:
     deep_two = _at_stack_depth(frames, lambda: jsonable(two))
     assert deep_one != deep_two
     assert deep_one == shallow
+
+
+def _asks_itself_after_its_child_failed(question: str) -> str:
+    """A step whose child step asks first; when the child's call raises, the step asks again
+    itself (answered): its own answer (position 0) comes after its child's failure (position
+    1) in time, though not by position."""
+    with step("agent", "llm_call", input={"question": question}) as s:
+        try:
+            answer = failed._ask(question)
+        except (EndpointUnavailable, ModelCallError):
+            answer = chat([{"role": "user", "content": question}], temperature=0).content
+        s.set_output(answer)
+    return answer
+
+
+def test_a_cached_chain_replays_a_child_s_failure_its_parent_step_recovered_from(
+    tmp_path: Path,
+) -> None:
+    """The source recovered from its child step's failure (the parent step asked again and was
+    answered): the failure is its recorded path, and an unchanged cached replay raises it again
+    and sends nothing, as when the retry is a step of its own. e843fd5 ordered the calls by
+    (position, call index), so the parent's answer (position 0) was not after the child's
+    failure (position 1): the failure was sent again, the child answered now, and the replay
+    left the recorded path (1 request, its steps not the source's). An answer produced after
+    the failure was recorded is after it."""
+    source, cached, sent = _record_then_cached(tmp_path, _asks_itself_after_its_child_failed)
+    st = open_store(tmp_path)
+    try:
+        assert sent == 0
+        assert failed._labels(st, source) == [["miss:bypass"], ["failed:raised"]]
+        assert failed._labels(st, cached) == [["hit"], ["failed:replayed"]]
+        assert failed._steps(st, cached) == failed._steps(st, source)
+        assert st.get_run(cached).parent_run_id == source
+    finally:
+        st.close()

@@ -483,39 +483,44 @@ def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]
     failed = rows.failed_calls
     if not failed:  # the usual source: no second pass over its calls
         return failed
-    answered = sorted(
-        (
-            (position, c["call_index"])
-            for position, calls in rows.calls.items()
-            for c in calls
-            if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
-        ),
-        reverse=True,  # the newest steps first: the first not inside the failure's step ends it
-    )
+    answered = [
+        (position, c["call_index"], c["produced_at"])
+        for position, calls in rows.calls.items()
+        for c in calls
+        if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
+    ]
     parents = {position: span.get("parent_position") for position, span in rows.spans.items()}
     return {
         where: entry
         for where, entry in failed.items()
-        if any(_answered_after((entry.position, entry.call_index), a, parents) for a in answered)
+        if any(_answered_after(entry, a, parents) for a in answered)
     }
 
 
 def _answered_after(
-    failure: tuple[int, int], answer: tuple[int, int], parents: dict[int, int | None]
+    failure: LineageEntry, answer: tuple[int, int, float | None], parents: dict[int, int | None]
 ) -> bool:
-    """Whether the answered call ``answer`` (step position, call index) was surely made after
-    the failed call ``failure`` of one trace (``parents``: step position → its parent's).
-    Positions number steps as they are created (a child after its parent): a later call of the
-    same step is after it, and so is a call of a step created later that is not inside the
-    failure's step (that step had ended); a call of a step inside it (a child step) may have
-    come before the step's own failed call, and one of a step created before it (its parent)
-    too, so neither counts: the failure is then sent again, never replayed forever."""
-    (step, index), (position, call_index) = failure, answer
+    """Whether the answered call ``answer`` (step position, call index, produced_at) of a trace
+    was surely made after its failed call ``failure`` (``parents``: step position → its
+    parent's). An answer produced after the failure was recorded is (a cached answer is served
+    after it was produced). Else by place: positions number steps as they are created (a child
+    after its parent), so a later call of the same step is after it, and so is a call of a step
+    created later and not inside the failure's step (that step had ended). A call of a step
+    inside it may have come before the step's own failed call, one of a step created before it
+    too (an earlier step, or its parent before the child ran): neither counts, and the failure
+    is sent again rather than replayed at every cached run after the endpoint came back."""
+    position, call_index, produced_at = answer
+    recorded = failure.produced_at
+    if produced_at is not None and recorded is not None and produced_at > recorded:
+        return True
+    step = failure.position
     if position == step:
-        return call_index > index
+        return call_index > failure.call_index
+    if position < step:
+        return False
     while position is not None and position > step:
         position = parents.get(position)
-    return position is not None and position < step
+    return position != step
 
 
 def _result_bytes(ctx: RunContext | None, scope: NodeScope, key: str, digest: str) -> bytes | None:
