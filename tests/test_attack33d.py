@@ -4,6 +4,7 @@ replay raises again, migration 0017, the cut digest, failed-source lookup, resto
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from pathlib import Path
@@ -187,6 +188,78 @@ def test_a_cached_chain_replays_a_child_s_failure_its_parent_step_recovered_from
         assert failed._labels(st, source) == [["miss:bypass"], ["failed:raised"]]
         assert failed._labels(st, cached) == [["hit"], ["failed:replayed"]]
         assert failed._steps(st, cached) == failed._steps(st, source)
+        assert st.get_run(cached).parent_run_id == source
+    finally:
+        st.close()
+
+
+def _failed_then_cached(
+    tmp_path: Path, chain: Any, raised: type[Exception], again: type[Exception] | None
+) -> tuple[int, int]:
+    """(requests the recording sent, requests its cached replay sent): ``chain`` recorded with
+    its first 'flaky' request dropped, raising ``raised``, then run with
+    ``Tracer(read_cache=True)``, the endpoint answering, raising ``again`` (None: nothing)."""
+    failed._DROPS[0] = 1
+    with stub_and_client(failed._reply) as (stub, client):
+        with pytest.raises(raised):
+            failed._record(tmp_path, client, chain=chain)
+        recorded = stub.count
+        with pytest.raises(again) if again else contextlib.nullcontext():
+            failed._replay("cached", tmp_path, client, "", chain=chain)
+        return recorded, stub.count - recorded
+
+
+def _recovers_then_raises(question: str) -> str:
+    """:func:`tests.test_failed_calls.flaky` (asks again after a dropped request), then raises
+    an error of its own (a parse of the answer that fails): its trace fails."""
+    answer = failed.flaky(question)
+    raise ValueError(f"cannot parse {answer[:20]!r}")
+
+
+def test_a_cached_chain_that_raised_after_recovering_replays_its_recorded_path(
+    tmp_path: Path,
+) -> None:
+    """The chain recovered from a dropped request (asked again, answered), then raised an
+    error of its own: its trace failed, not because of its endpoint. An unchanged cached
+    replay follows the recorded path: the dropped request raised again, 0 requests, the same
+    steps, ending with the same error, linked to it. 1fc38fe sent every recorded failure of a
+    failed source again: the first try was answered now, the chain took another path (1
+    request). Which failures a cached trace sends again is e843fd5's rule (no answer after
+    them), whatever the source's status."""
+    sent = _failed_then_cached(tmp_path, _recovers_then_raises, ValueError, ValueError)
+    st = open_store(tmp_path)
+    try:
+        source, cached = [r.run_id for r in sorted(st.list_runs(), key=lambda r: r.created_at)]
+        assert sent == (3, 0)
+        assert failed._labels(st, cached) == [["failed:replayed"], ["hit"], ["hit"]]
+        assert failed._steps(st, cached) == failed._steps(st, source)
+        assert st.get_run(cached).parent_run_id == source
+    finally:
+        st.close()
+
+
+def _raises_out_after_a_last_answer(question: str) -> str:
+    """Asks; whatever happens, asks a closing question (answered); a failure raises out."""
+    try:
+        return failed._ask(question)
+    finally:
+        failed._ask("hello")
+
+
+def test_a_cached_chain_that_raised_out_of_a_model_call_sends_it_again_after_any_answer(
+    tmp_path: Path,
+) -> None:
+    """The chain raised out of the dropped request (its trace failed with EndpointUnavailable),
+    though a closing question was answered after it: the failure is no recorded path to
+    follow, and a cached run, the endpoint answering, sends the call again (1fc38fe), whatever
+    answer came after it."""
+    chain = _raises_out_after_a_last_answer
+    sent = _failed_then_cached(tmp_path, chain, EndpointUnavailable, None)
+    st = open_store(tmp_path)
+    try:
+        source, cached = [r.run_id for r in sorted(st.list_runs(), key=lambda r: r.created_at)]
+        assert sent == (2, 1)
+        assert failed._labels(st, cached)[0] == ["miss:source-failed"]
         assert st.get_run(cached).parent_run_id == source
     finally:
         st.close()

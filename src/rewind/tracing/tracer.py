@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rewind.cache import release_flights
+from rewind.call import CALL_FAILURES
 from rewind.canonical import sha256_hex
 from rewind.context import LineageEntry, NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
@@ -462,15 +463,25 @@ class Step:
         return out
 
 
-def _source_completed(rows: SourceRows) -> bool:
-    """Whether the trace ``rows`` were read from ended well (its root span's status is
-    ``success``): only then does a cached replay (``read_cache=True``, its source found by its
-    first call) raise the model-call failures recorded in it again. A chain that caught such a
-    failure and went on has it as part of its recorded path; one that raised out of it failed
-    because its endpoint did, and replaying that would keep the cached chain failing after the
-    endpoint answers again (an explicit ``Tracer.replay``/``replay-trace`` still replays it)."""
+def _raised_out_of_a_call(rows: SourceRows) -> bool:
+    """Whether the trace ``rows`` were read from failed with a model-call failure
+    (:data:`rewind.call.CALL_FAILURES`: its root span's error): it failed because its endpoint
+    did, and a cached replay (``read_cache=True``, its source found by its first call) sends
+    every model call that raised in it again, answered or not after (a ``finally`` that asked
+    the model); replaying them would keep the cached chain failing after the endpoint answers
+    again (an explicit ``Tracer.replay``/``replay-trace`` still replays them). A trace that
+    failed otherwise (the chain's own error, after it recovered from a dropped request) keeps
+    its recovered failures as its recorded path (:func:`_recovered_failures`), as a completed
+    one does: its unchanged cached replay sends nothing."""
     root = rows.spans.get(-1)
-    return root is not None and root.get("status") == StepStatus.SUCCESS.value
+    return (
+        root is not None
+        and root.get("status") == StepStatus.FAILED.value
+        and root.get("error_type") in _CALL_FAILURE_NAMES
+    )
+
+
+_CALL_FAILURE_NAMES = frozenset(t.__name__ for t in CALL_FAILURES)
 
 
 def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]:
@@ -853,11 +864,12 @@ class Trace:
             # each run's time and an unchanged replay stays stored by reference.
             ctx.lineage_at.update(lineage_at(found))
             ctx.failed_at.update(found.rows.failed_steps)  # in place: steps hold copies
-            if _source_completed(found.rows):
-                # A trace that raised is linked, but the model calls that raised in it are
-                # sent again (miss:source-failed): replaying them would keep a chain whose
-                # endpoint was down at its recording failing after the endpoint came back;
-                # so are those after the source's last answer (its endpoint never recovered).
+            if not _raised_out_of_a_call(found.rows):
+                # A trace that raised out of a model call is linked, but the model calls that
+                # raised in it are sent again (miss:source-failed): replaying them would keep a
+                # chain whose endpoint was down at its recording failing after the endpoint
+                # came back; so are those after the source's last answer (its endpoint never
+                # recovered).
                 ctx.failed_calls.update(_recovered_failures(found.rows))
             ctx.prefetched = found.entries
             return found.entries
