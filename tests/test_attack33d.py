@@ -11,9 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from burr.core import State, action
+from burr.core.graph import GraphBuilder
 
+from rewind import Rewind
 from rewind.calls import chat
 from rewind.errors import EndpointUnavailable, ModelCallError
+from rewind.replay import Pipeline
 from rewind.store import open_store
 from rewind.tracing import step
 from rewind.tracing.store import load_trace
@@ -263,3 +267,47 @@ def test_a_cached_chain_that_raised_out_of_a_model_call_sends_it_again_after_any
         assert st.get_run(cached).parent_run_id == source
     finally:
         st.close()
+
+
+@action(reads=["question"], writes=["answer"])
+def ask_then_close(state: State) -> State:
+    """Asks; whatever happens, asks a closing question; a failure raises out of the node."""
+    try:
+        answer = chat([{"role": "user", "content": state["question"]}], temperature=0).content
+    finally:
+        chat([{"role": "user", "content": "hello"}], temperature=0)
+    return state.update(answer=answer)
+
+
+closing_pipeline = Pipeline(
+    name="closing",
+    graph=GraphBuilder().with_actions(ask_then_close=ask_then_close).build(),
+    entrypoint="ask_then_close",
+    ref="tests.test_attack33d:closing_pipeline",
+)
+
+
+@pytest.mark.parametrize("how", ["fork", "replay"])
+def test_a_burr_node_that_raised_out_of_a_model_call_forks_live_after_any_answer(
+    how: str, tmp_path: Path
+) -> None:
+    """The node's request was dropped and it raised out of it (the run failed with
+    EndpointUnavailable), though its closing question was answered after it (a ``finally``).
+    The endpoint answers now; a fork (or replay) at the node must send the call again, not
+    replay the failure at every try: 13697dd replays a parent's failure whenever its run got
+    an answer after it."""
+    failed._DROPS[0] = 1
+    with stub_and_client(failed._reply) as (stub, client):
+        rw = Rewind(tmp_path / "store", chat_client=client)
+        try:
+            with pytest.raises(EndpointUnavailable):
+                rw.record(closing_pipeline, {"question": "flaky"})
+            (run,) = rw.store.list_runs()
+            (node,) = rw.store.nodes_of(run.run_id)
+            assert [c.label for c in node.calls] == ["failed:raised", "miss:bypass"]
+            sent = stub.count
+            child = getattr(rw, how)(run.run_id, at=node.name)
+            assert stub.count == sent + 1
+            assert child.status == "completed"
+        finally:
+            rw.store.close()

@@ -34,6 +34,10 @@ Other errors (a body that is not JSON...) raise before anything is sent and are 
 
 _FAILURE_TYPES: dict[str, type[Exception]] = {t.__name__: t for t in CALL_FAILURES}
 
+CALL_FAILURE_NAMES = frozenset(_FAILURE_TYPES)
+"""The type names of :data:`CALL_FAILURES`, as a failed node's ``cache_reason`` and a failed
+span's ``error_type`` hold them."""
+
 _NOT_SENT = "_rewind_not_sent"
 
 _new = object.__new__
@@ -333,6 +337,7 @@ def failure_of(data: bytes) -> Exception:
 
 __all__ = [
     "CALL_FAILURES",
+    "CALL_FAILURE_NAMES",
     "DEFAULT_POLICY",
     "DETERMINISM_FLAGS",
     "Call",

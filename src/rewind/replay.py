@@ -28,6 +28,7 @@ from burr.core import Application, ApplicationBuilder
 from sqlalchemy import Connection
 
 from rewind import progress
+from rewind.call import CALL_FAILURE_NAMES
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import ERROR_FIELD, NodeSide, TrajectoryDiff, diff_trajectories
@@ -878,9 +879,12 @@ class Rewind:
         slots: dict[tuple[int, int], LineageEntry] = {}
         failed: dict[tuple[int, str], LineageEntry] = {}
         answered: dict[str, tuple[int, int]] = {}  # run id -> its last model answer's place
+        raised_out: set[tuple[str, int]] = set()  # (run id, position) of nodes a failure ended
         for rid in reversed(chain):
             of_run = nodes if nodes is not None and rid == run.run_id else None
             for node in of_run if of_run is not None else self.store.nodes_of(rid):
+                if node.cache_outcome == "failed" and node.cache_reason in CALL_FAILURE_NAMES:
+                    raised_out.add((rid, node.position))
                 for call in node.calls:
                     if not call.result_hash:
                         continue
@@ -900,7 +904,7 @@ class Rewind:
                     if call.kind == "llm":
                         place = (node.position, call.call_index)
                         answered[rid] = max(answered.get(rid, place), place)
-        return lineage, at, slots, _recovered(failed, answered)
+        return lineage, at, slots, _recovered(failed, answered, raised_out)
 
     def _write_output_override(
         self,
@@ -1160,16 +1164,21 @@ def _check_field_names(state: dict[Any, Any]) -> None:
 
 
 def _recovered(
-    failed: dict[tuple[int, str], LineageEntry], answered: dict[str, tuple[int, int]]
+    failed: dict[tuple[int, str], LineageEntry],
+    answered: dict[str, tuple[int, int]],
+    raised_out: set[tuple[str, int]],
 ) -> dict[tuple[int, str], LineageEntry]:
     """The model calls of ``failed`` that a replay raises again: those the run that recorded
     them got a model answer after (``answered``: run id → (node position, call index) of its
     last answered model call), so it recovered (a node that caught the failure and asked
     again). A failure after its run's last answer is sent again: the endpoint never answered
     after it (down at the recording), and a fork at that node, the endpoint answering now,
-    would raise it again at every try."""
+    would raise it again at every try. So is one of a node that raised out of a model-call
+    failure (``raised_out``: (run id, node position)), whatever was answered after it (a
+    ``finally`` that asked the model): that node failed because its endpoint did."""
     return {
         where: entry
         for where, entry in failed.items()
         if (entry.position, entry.call_index) < answered.get(entry.run_id, (-1, -1))
+        and (entry.run_id, entry.position) not in raised_out
     }

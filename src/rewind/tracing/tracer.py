@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rewind.cache import release_flights
-from rewind.call import CALL_FAILURES
+from rewind.call import CALL_FAILURE_NAMES
 from rewind.canonical import sha256_hex
 from rewind.context import LineageEntry, NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
@@ -477,11 +477,8 @@ def _raised_out_of_a_call(rows: SourceRows) -> bool:
     return (
         root is not None
         and root.get("status") == StepStatus.FAILED.value
-        and root.get("error_type") in _CALL_FAILURE_NAMES
+        and root.get("error_type") in CALL_FAILURE_NAMES
     )
-
-
-_CALL_FAILURE_NAMES = frozenset(t.__name__ for t in CALL_FAILURES)
 
 
 def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]:
