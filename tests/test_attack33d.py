@@ -311,3 +311,27 @@ def test_a_burr_node_that_raised_out_of_a_model_call_forks_live_after_any_answer
             assert child.status == "completed"
         finally:
             rw.store.close()
+
+
+def test_a_deep_chain_of_pydantic_models_keeps_their_extra_fields() -> None:
+    """4458f37 gives a pydantic model too deep for model_dump as its ``model_fields``: a model
+    that allows extra fields (``extra="allow"``, what model_dump holds beside its fields) lost
+    them, so two chains of 1,000 models differing only in an extra field had one form and one
+    hash (a changed replay stored as unchanged), and a shallow model's form held them."""
+    pydantic = pytest.importorskip("pydantic")
+    from rewind.tracing.model import jsonable
+
+    class Node(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+        v: int
+        nxt: Any = None
+
+    def chain(length: int, tag: str) -> Any:
+        node = None
+        for i in range(length):
+            node = Node(v=i, nxt=node, tag=tag if i == 0 else "same")
+        return node
+
+    assert jsonable(chain(1000, "a")) != jsonable(chain(1000, "b"))
+    deep = jsonable(chain(1000, "a"))
+    assert deep["tag"] == "same" and deep["v"] == 999

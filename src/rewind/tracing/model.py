@@ -277,7 +277,9 @@ def _fields_of(value: Any) -> dict[str, Any] | None:
     pydantic = sys.modules.get("pydantic")  # never imported: no value is one of its models
     model = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
     if model is not None and isinstance(value, model):
-        return {name: getattr(value, name, None) for name in type(value).model_fields}
+        fields = {name: getattr(value, name, None) for name in type(value).model_fields}
+        extra = getattr(value, "model_extra", None)  # extra="allow": model_dump holds them too
+        return fields | extra if isinstance(extra, dict) else fields
     return None
 
 
