@@ -498,10 +498,13 @@ def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]
         if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
     ]
     parents = {position: span.get("parent_position") for position, span in rows.spans.items()}
+    # The newest answer settles most failures at once (one pass, not one per failure).
+    latest = max((a[2] for a in answered if a[2] is not None), default=None)
     return {
         where: entry
         for where, entry in failed.items()
-        if any(_answered_after(entry, a, parents) for a in answered)
+        if (latest is not None and entry.produced_at is not None and latest > entry.produced_at)
+        or any(_answered_after(entry, a, parents) for a in answered)
     }
 
 
