@@ -57,6 +57,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
+from itertools import takewhile
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -491,12 +492,16 @@ def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]
     failed = rows.failed_calls
     if not failed:  # the usual source: no second pass over its calls
         return failed
-    answered = [
-        (position, c["call_index"], c["produced_at"])
-        for position, calls in rows.calls.items()
-        for c in calls
-        if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
-    ]
+    answered = sorted(
+        (
+            (position, c["call_index"], c["produced_at"])
+            for position, calls in rows.calls.items()
+            for c in calls
+            if c["kind"] == "llm" and c["outcome"] not in NOT_ANSWERS
+        ),
+        key=lambda a: a[:2],
+        reverse=True,  # by place, the last first: those at or after a failure's step lead
+    )
     parents = {position: span.get("parent_position") for position, span in rows.spans.items()}
     # The newest answer settles most failures at once (one pass, not one per failure).
     latest = max((a[2] for a in answered if a[2] is not None), default=None)
@@ -504,7 +509,10 @@ def _recovered_failures(rows: SourceRows) -> dict[tuple[int, str], LineageEntry]
         where: entry
         for where, entry in failed.items()
         if (latest is not None and entry.produced_at is not None and latest > entry.produced_at)
-        or any(_answered_after(entry, a, parents) for a in answered)
+        or any(
+            _answered_after(entry, a, parents)
+            for a in takewhile(lambda a, step=entry.position: a[0] >= step, answered)
+        )
     }
 
 
