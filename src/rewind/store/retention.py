@@ -47,9 +47,12 @@ timing:
   skips the run (a fork of it was recorded meanwhile, or the run was deleted), the archive is
   deleted after it, unless an ``archived_runs`` row names it (another gc archived the run at
   the same key); a run skipped because its rows changed keeps it (another gc may be about to
-  name it; the next gc of the run writes over it). ``rewind delete`` removes what is left at a
-  deleted run's archive keys that no row names. A restore deletes the archive after its rows
-  are back, the same way: not when a gc archived the run again there meanwhile.
+  name it; the next gc of the run writes over it). ``rewind delete`` leaves an object an older
+  gc left at a deleted run's archive key (a leak, never a loss: a copy of the store sharing the
+  object store may name it). A restore deletes the archive after its rows are back, the same
+  way: not when a gc archived the run again there meanwhile. Left: a gc committing an archive
+  of other bytes at that key between the check and the delete loses it (archive keys are not
+  per store or per attempt).
 
 Processes of a Rewind older than this module do not read the epoch: stop them before a gc.
 """
