@@ -31,12 +31,15 @@ class ModelStub:
 
     Use as a context manager; ``base_url`` is ``http://127.0.0.1:PORT/v1``. ``reply`` may choose
     a chat answer from (last message, request number); the default is ``answer #N to QUESTION``.
+    While :attr:`errors` holds HTTP statuses, each chat request takes the first one and is
+    answered with it (``{"error": {"message": "status S #N"}}``, ``retry-after-ms: 0``).
     """
 
     def __init__(self, reply: Callable[[str, int], str] | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.headers: list[dict[str, str]] = []
+        self.errors: list[int] = []
         self._lock = threading.Lock()
         stub = self
 
@@ -54,7 +57,11 @@ class ModelStub:
                     stub.paths.append(self.path)
                     stub.headers.append({k.lower(): v for k, v in self.headers.items()})
                     n = len(stub.requests)
-                if self.path.endswith("/chat/completions"):
+                    error = stub.errors.pop(0) if stub.errors else None
+                if error is not None and self.path.endswith("/chat/completions"):
+                    doc = {"error": {"message": f"status {error} #{n}"}}
+                    self._json(doc, status=error, headers={"retry-after-ms": "0"})
+                elif self.path.endswith("/chat/completions"):
                     self._chat(body, n)
                 elif self.path.endswith("/embeddings"):
                     self._json(
@@ -170,12 +177,16 @@ class ModelStub:
                 ]
                 self._sse([f"event: {name}\ndata: {json.dumps(e)}\n\n" for name, e in events])
 
-            def _json(self, doc: dict[str, Any], status: int = 200) -> None:
+            def _json(
+                self, doc: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(doc).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.send_header("x-request-id", "req-volatile")
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 

@@ -282,20 +282,15 @@ sdk_pipeline = pipelines._linear(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: captured SDK responses that are HTTP errors (429, 500) are recorded as answered "
-    "call rows (miss, their envelope as result), so a fork of a run whose node raised out of "
-    "them serves the recorded 429s again (hit) and fails at every try once the provider answers",
-)
 def test_a_burr_run_rate_limited_through_an_sdk_forks_live_once_the_provider_answers(
     tmp_path: Path,
 ) -> None:
     """The node calls the OpenAI SDK (captured at the transport); the provider answered 429
     to the request and its retry, and the SDK raised RateLimitError: the run failed. The
     provider answers now; a fork at that node with no change should send and complete, as a
-    ``rewind.chat`` call that raised does (13697dd). It serves the recorded 429s (labelled
-    ``hit``), the SDK raises again, 0 requests."""
+    ``rewind.chat`` call that raised does (13697dd). It served the recorded 429s (labelled
+    ``hit``), the SDK raised again, 0 requests: a 429 or 5xx answer is now a ``failed:raised``
+    call, sent again where nothing answered after it."""
     _RATE_LIMITED[0] = True
     rw = Rewind(tmp_path / "store")
     try:

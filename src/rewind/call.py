@@ -8,14 +8,15 @@ scope. Nothing here decides whether a call is served or executed.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from rewind.canonical import canonical_bytes, loads, sha256_hex
 from rewind.context import NodeScope, PendingWrite, RunContext, executing_call
-from rewind.errors import EndpointUnavailable, ModelCallError
+from rewind.errors import EndpointUnavailable, ModelCallError, ModelErrorStatus
 from rewind.store.records import CallRecord
 
 Determinism = Literal["deterministic", "time-bound", "side-effect", "non-deterministic"]
@@ -27,10 +28,12 @@ CallOutcome = Literal["hit", "miss", "bypass", "served", "dry-run", "failed"]
 sent, ``replayed`` when a replay raised the source's recorded failure again (nothing sent); its
 ``result_hash`` names the failure's document (:func:`failure_bytes`), never an answer."""
 
-CALL_FAILURES: tuple[type[Exception], ...] = (EndpointUnavailable, ModelCallError)
+CALL_FAILURES: tuple[type[Exception], ...] = (EndpointUnavailable, ModelCallError, ModelErrorStatus)
 """The errors of a model call that are recorded as a ``failed`` call row (the endpoint dropped,
-timed out or refused the request): a replay raises them again instead of sending the request.
-Other errors (a body that is not JSON...) raise before anything is sent and are not recorded."""
+timed out or refused the request; a captured SDK request answered with an error status,
+:class:`~rewind.errors.ModelErrorStatus`): a replay raises them again instead of sending the
+request. Other errors (a body that is not JSON...) raise before anything is sent and are not
+recorded."""
 
 _FAILURE_TYPES: dict[str, type[Exception]] = {t.__name__: t for t in CALL_FAILURES}
 
@@ -286,9 +289,13 @@ def _raised(
     """Record a model call that raised one of :data:`CALL_FAILURES` on its node: a
     ``failed:raised`` call row whose result is the failure's document, kept with the node's
     rows (never a cache entry, never served as an answer). Not when the run has no model
-    endpoint (``ctx.chat_client`` None), nor when ``exc`` was marked :func:`not_sent` (the
-    client could not open its endpoint): nothing was sent, the error is the run's set-up."""
-    if scope is None or call.kind != "llm" or ctx.chat_client is None:
+    endpoint (``ctx.chat_client`` None) unless an endpoint answered (a captured SDK's error
+    status, :class:`~rewind.errors.ModelErrorStatus`), nor when ``exc`` was marked
+    :func:`not_sent` (the client could not open its endpoint): nothing was sent, the error is
+    the run's set-up."""
+    if scope is None or call.kind != "llm":
+        return
+    if ctx.chat_client is None and not isinstance(exc, ModelErrorStatus):
         return
     if getattr(exc, _NOT_SENT, False):
         return
@@ -314,10 +321,15 @@ def not_sent(exc: Exception) -> Exception:
 
 def failure_bytes(exc: Exception) -> bytes:
     """The document a ``failed`` call row's ``result_hash`` names: canonical JSON
-    ``{"error": type name, "message": ..., "hint": ...}`` of one of :data:`CALL_FAILURES`."""
+    ``{"error": type name, "message": ..., "hint": ...}`` of one of :data:`CALL_FAILURES`; a
+    :class:`~rewind.errors.ModelErrorStatus` adds ``"response"``, the recorded response's
+    envelope as a JSON object (:func:`rewind.capture.exchange.encode_envelope`)."""
     message = getattr(exc, "message", str(exc))
     hint = getattr(exc, "hint", "")
-    return canonical_bytes({"error": type(exc).__name__, "hint": hint, "message": message})
+    doc: dict[str, Any] = {"error": type(exc).__name__, "hint": hint, "message": message}
+    if isinstance(exc, ModelErrorStatus):
+        doc["response"] = loads(exc.response)
+    return canonical_bytes(doc)
 
 
 def failure_of(data: bytes) -> Exception:
@@ -327,7 +339,11 @@ def failure_of(data: bytes) -> Exception:
     try:
         doc = loads(data)
         cls = _FAILURE_TYPES[doc["error"]]
-        return cls(str(doc["message"]), str(doc.get("hint", "")))
+        message, hint = str(doc["message"]), str(doc.get("hint", ""))
+        if cls is ModelErrorStatus:
+            response = json.dumps(doc["response"], ensure_ascii=False, separators=(",", ":"))
+            return ModelErrorStatus(message, hint, response=response.encode())
+        return cls(message, hint)
     except (ValueError, KeyError, TypeError):
         return ModelCallError(
             "the recorded failure of this model call cannot be read",

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidOverride",
     "InvalidRequest",
     "ModelCallError",
+    "ModelErrorStatus",
     "ParentMissing",
     "RewindError",
     "RunBusy",
@@ -73,6 +74,24 @@ class EndpointUnavailable(RewindError):
 
 class ModelCallError(RewindError):
     """The model endpoint answered, but with a non-retryable error or a malformed body."""
+
+
+class ModelErrorStatus(ModelCallError):
+    """A model request captured from an SDK (:mod:`rewind.capture`) that the endpoint answered
+    with an HTTP status it may answer differently later (:attr:`Recorded.failed
+    <rewind.capture.exchange.Recorded.failed>`: 401/403, 408/409/425/429, 5xx). It carries the
+    response so that the cache records the call as ``failed:raised`` (a replay then hands the SDK
+    the same response, or sends the request again once nothing answered after it) while the
+    capture returns the response to the SDK, which raises its own error; users never see it.
+
+    Args:
+        message, hint: as :class:`RewindError`.
+        response: the recorded response (:func:`rewind.capture.exchange.encode_envelope`).
+    """
+
+    def __init__(self, message: str, hint: str = "", *, response: bytes) -> None:
+        super().__init__(message, hint)
+        self.response = response
 
 
 class StoreError(RewindError):

@@ -234,6 +234,22 @@ class Recorded:
         """2xx: only successful answers become shared cache entries."""
         return 200 <= self.status < 300
 
+    @property
+    def failed(self) -> bool:
+        """An error status the endpoint may answer differently to the same request later: 401
+        and 403 (credentials are not part of the cache key), 408, 409, 425, 429 and 5xx (what
+        SDKs retry). Such a response is recorded as a failed model call (``failed:raised``): a
+        replay hands it to the SDK again only where the recording got an answer after it (the
+        SDK's retry, a node that caught it and asked again), and sends the request otherwise,
+        so a run recorded while the provider was rate-limiting or down goes on once it answers.
+        Other error statuses (400, 404, 422...) are the endpoint's answer to this request (a
+        context too long, an unknown model): recorded and replayed as answers on their run
+        (never shared cache entries, :attr:`ok`)."""
+        return self.status in _FAILED_STATUSES or self.status >= 500
+
+
+_FAILED_STATUSES = frozenset({401, 403, 408, 409, 425, 429})
+
 
 def split_events(data: bytes) -> tuple[bytes, ...]:
     """Split a server-sent-event stream into events, each ending with its blank line.

@@ -7,6 +7,10 @@ as ``rewind.chat`` — as an ``llm`` call: a hit returns the recorded status, ke
 bytes (or the same server-sent events in the same order) and counts 0 tokens; a miss sends the
 request, reads the whole response, records it and returns it rebuilt from the record, so a live
 call and its replay hand the SDK the same thing. Tokens come from the response's ``usage``.
+A response whose status the endpoint may answer otherwise later (a 429, a 503:
+:attr:`Recorded.failed <rewind.capture.exchange.Recorded.failed>`) is recorded as a failed model
+call (``failed:raised``): a replay hands it to the SDK again only where the recording got an
+answer after it, and sends the request otherwise (:mod:`rewind.cache`'s rule for failures).
 Outside a run, inside a call that is already being cached (``rewind.chat``'s own POST, a tool's
 traffic), and for every other request, the transport passes the request through untouched.
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import json
 import logging
 import sys
 import threading
@@ -51,6 +56,7 @@ from rewind.capture.exchange import (
     usage_tokens,
 )
 from rewind.context import active_runs, current, executing
+from rewind.errors import ModelErrorStatus
 
 __all__ = [
     "AsyncTransport",
@@ -114,7 +120,10 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
         live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
         return _executed(live[0])
 
-    data, _ = through_cache(ctx, execute=execute, **call_of(described))
+    try:
+        data, _ = through_cache(ctx, execute=execute, **call_of(described))
+    except ModelErrorStatus as exc:  # recorded now, or replayed: the SDK gets the response
+        return _response(request, decode_envelope(exc.response))
     return _response(request, live[0] if live else decode_envelope(data))
 
 
@@ -140,7 +149,10 @@ async def acapture(
         live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
         return _executed(live[0])
 
-    data, _ = await athrough_cache(ctx, aexecute=aexecute, **call_of(described))
+    try:
+        data, _ = await athrough_cache(ctx, aexecute=aexecute, **call_of(described))
+    except ModelErrorStatus as exc:
+        return _response(request, decode_envelope(exc.response))
     return _response(request, live[0] if live else decode_envelope(data))
 
 
@@ -193,8 +205,32 @@ def call_of(described: ModelRequest) -> dict[str, Any]:
 
 
 def _executed(recorded: Recorded) -> Executed:
+    """What a sent request produced, for the cache.
+
+    Raises:
+        ModelErrorStatus: the response is :attr:`Recorded.failed` (a 429, a 503...): the cache
+            records the call as ``failed:raised`` and :func:`capture` returns the response."""
+    if recorded.failed:
+        raise ModelErrorStatus(
+            f"the model endpoint answered HTTP {recorded.status}{_error_message(recorded)}",
+            "the SDK raised its own error for this response; fork at this step once the "
+            "endpoint answers",
+            response=encode_envelope(recorded),
+        )
     prompt, completion = usage_tokens(recorded)
     return Executed(encode_envelope(recorded), prompt, completion, cacheable=recorded.ok)
+
+
+def _error_message(recorded: Recorded) -> str:
+    """``": <the body's error message>"`` (OpenAI/Anthropic ``{"error": {"message"}}``), or
+    ``""`` when the body has none."""
+    try:
+        doc = json.loads(recorded.body)
+    except ValueError:
+        return ""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return f": {message:.200}" if isinstance(message, str) and message else ""
 
 
 def _response(request: Any, recorded: Recorded) -> Any:
