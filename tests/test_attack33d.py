@@ -139,18 +139,13 @@ def _at_stack_depth(frames: int, fn: Any) -> Any:
     return fn() if frames <= 0 else _at_stack_depth(frames - 1, fn)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: jsonable copies a refused value recursively (~4 frames a level, 64 levels): "
-    "called with less than ~300 frames of stack left, it catches the RecursionError and gives "
-    "the sub-value as {'$unhashable': '<type>'} with no digest, so the form depends on the "
-    "caller's stack depth and two outputs differing below that point share one hash",
-)
 def test_a_refused_value_has_one_form_at_any_stack_depth() -> None:
     """A step output nested 50 levels with a NaN at the bottom (refused by the canonical
     hasher, so copied element by element) has one form whatever the depth of the caller's
-    stack, and two such outputs differing at the bottom differ there too."""
+    stack, and two such outputs differing at the bottom differ there too. It was copied
+    recursively in place (~4 frames a level, 64 levels): with less than ~300 frames left, a
+    RecursionError it caught gave the sub-value as ``{"$unhashable": "<type>"}`` with no
+    digest. A caller short of stack has it computed on a fresh one."""
     from rewind.tracing.model import jsonable
 
     one, two = _nested(50, float("nan")), _nested(50, float("inf"))
@@ -160,6 +155,10 @@ def test_a_refused_value_has_one_form_at_any_stack_depth() -> None:
     deep_two = _at_stack_depth(frames, lambda: jsonable(two))
     assert deep_one != deep_two
     assert deep_one == shallow
+    # 30 frames left: the plain copy of a list raised RecursionError out of jsonable
+    frames = sys.getrecursionlimit() - len(inspect.stack(0)) - 30
+    assert _at_stack_depth(frames, lambda: jsonable(one)) == shallow
+    assert _at_stack_depth(frames, lambda: jsonable([[1, 2], {"a": "b"}])) == [[1, 2], {"a": "b"}]
 
 
 def _asks_itself_after_its_child_failed(question: str) -> str:

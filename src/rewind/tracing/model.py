@@ -23,6 +23,7 @@ import json
 import math
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -156,9 +157,14 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     if t is dict and not value:
         return {}
     if t is dict or t is list:
-        copied = _plain_copy(value, 0)
+        try:
+            copied = _plain_copy(value, 0)
+        except RecursionError:  # a caller with a few dozen frames left: a fresh stack below
+            copied = _NOT_PLAIN
         if copied is not _NOT_PLAIN:
             return copied
+    if not _depth and _stack_is_short():
+        return _on_fresh_stack(value)
     try:
         text = canonical_bytes(value)
         if not _depth or _nests_within(text, _STORED_DEPTH - _depth):
@@ -173,6 +179,43 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
         # that value has no form, the rest of the step's value keeps its own (the step was
         # stored with no output at all)
         return {"$unhashable": type(value).__name__}
+
+
+_STACK_NEEDED = 600
+"""Frames of stack :func:`jsonable`'s slow path may use: the canonical hasher's walk of a value
+400 levels deep, or element-by-element copies 64 levels deep with a round trip at each, took up
+to ~410 frames measured. Called with fewer left, a RecursionError it catches changed the form it
+gave (a sub-value with no digest, so two outputs differing below it shared one hash): the form
+depended on how deep the caller's stack was. It then works on a fresh stack instead."""
+
+
+def _stack_is_short() -> bool:
+    """Whether fewer than :data:`_STACK_NEEDED` frames are left below the recursion limit
+    (``sys._getframe`` walks the stack in C: well under a microsecond here)."""
+    depth = sys.getrecursionlimit() - _STACK_NEEDED
+    if depth <= 0:
+        return True
+    try:
+        sys._getframe(depth)
+    except ValueError:  # the stack is not that deep
+        return False
+    return True
+
+
+def _on_fresh_stack(value: Any) -> Any:
+    """:func:`jsonable` of ``value`` computed in a thread of its own, whose stack is nearly
+    empty, so its form is the one a shallow caller gets (a thread costs ~0.1 ms; only a caller
+    deep in its own stack with a value the plain copy does not take pays it)."""
+    out: list[Any] = []
+    try:
+        worker = threading.Thread(
+            target=lambda: out.append(jsonable(value)), name="rewind-jsonable", daemon=True
+        )
+        worker.start()
+        worker.join()
+    except (RecursionError, RuntimeError):  # a few frames left, or no thread may start
+        pass
+    return out[0] if out else {"$unhashable": type(value).__name__}
 
 
 _STORED_DEPTH = MAX_DEPTH + 1
