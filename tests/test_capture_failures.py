@@ -180,3 +180,89 @@ def test_a_traced_chain_that_fell_back_on_a_429_asks_again_once_the_provider_ans
         assert labels[in_place] == ["failed:replayed"]
     finally:
         st.close()
+
+
+_DROPS = [0]
+
+
+def _dropping(question: str, n: int) -> str:
+    """The stub's answers; while :data:`_DROPS` is positive the server drops the connection
+    instead (the SDK's httpx raises ``RemoteProtocolError``)."""
+    if _DROPS[0] > 0:
+        _DROPS[0] -= 1
+        raise RuntimeError("server hiccup")
+    return f"answer #{n} to {question}"
+
+
+@pytest.fixture
+def dropping() -> Iterator[ModelStub]:
+    _DROPS[0] = 0
+    with ModelStub(reply=_dropping) as server:
+        yield server
+
+
+def test_a_dropped_connection_the_sdk_retried_past_replays_unchanged_and_sends_nothing(
+    rw: Rewind, dropping: ModelStub
+) -> None:
+    """The server dropped the first request, the SDK retried and got its answer. The dropped
+    request was not recorded at all: the replay's first request looked for the retry's answer
+    under the first request's key, missed, and was sent live (a new answer, a new output
+    hash). It is a ``failed:raised`` call now: the replay raises the same httpx error to the
+    SDK there, whose retry meets the recorded answer, 0 requests."""
+    _DROPS[0] = 1
+    parent = rw.record(one_node("ask", _ask(dropping, retries=2)), {"question": "q"})
+    assert parent.status == "completed" and dropping.count == 2
+    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]
+    (failed, _) = node_row(rw, parent.run_id).calls
+    doc = json.loads(rw.store.get_blob(failed.result_hash))
+    assert (doc["error"], doc["transport_error"]) == ("ModelTransportError", "RemoteProtocolError")
+    child = rw.replay(parent.run_id).run_id
+    assert dropping.count == 2
+    assert _labels(rw, child) == ["failed:replayed", "hit"]
+    assert output(rw, child) == output(rw, parent.run_id) == "answer #2 to q"
+
+
+def test_a_run_whose_every_try_was_dropped_forks_live_once_the_endpoint_answers(
+    rw: Rewind, dropping: ModelStub
+) -> None:
+    """The request and the SDK's retry were dropped: the node raised the SDK's
+    ``APIConnectionError``, the run failed. A fork at that node sends the request again."""
+    _DROPS[0] = 2
+    run = rw.record(one_node("ask", _ask(dropping, retries=1)), {"question": "q"})
+    assert run.status == "failed" and dropping.count == 2
+    assert _labels(rw, run.run_id) == ["failed:raised", "failed:raised"]
+    child = rw.fork(run.run_id, at="ask")
+    assert child.status == "completed" and dropping.count == 3
+    assert output(rw, child.run_id) == "answer #3 to q"
+
+
+def test_an_in_place_replay_raises_the_recorded_httpx_error_to_the_sdk(
+    tmp_path: Path, dropping: ModelStub
+) -> None:
+    """A traced chain that caught the SDK's connection error: its in-place replay hands the SDK
+    the httpx error class it met, carrying the note that it was replayed, nothing sent."""
+    http = openai.DefaultHttpxClient(transport=Transport())
+    client = openai.OpenAI(base_url=dropping.base_url, api_key="k", max_retries=0, http_client=http)
+
+    def chain(question: str) -> str:
+        messages = [{"role": "user", "content": question}]
+        try:
+            client.chat.completions.create(model=STUB_MODEL, messages=messages)
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__
+            return f"{type(cause).__name__} {getattr(cause, '__notes__', [])}"
+        return "answered"
+
+    _DROPS[0] = 1
+    source = _trace(tmp_path, chain, read_cache=False)
+    in_place = _trace(tmp_path, chain, read_cache=False, source=source)
+    assert dropping.count == 1
+    st = open_store(tmp_path)
+    try:
+        recorded = load_trace(st, source, payloads=True).output
+        replayed = load_trace(st, in_place, payloads=True).output
+    finally:
+        st.close()
+    assert recorded == "RemoteProtocolError []"
+    assert replayed.startswith("RemoteProtocolError [")
+    assert "rewind: replayed from the record" in replayed

@@ -16,7 +16,12 @@ from typing import Any, Literal, get_args
 
 from rewind.canonical import canonical_bytes, loads, sha256_hex
 from rewind.context import NodeScope, PendingWrite, RunContext, executing_call
-from rewind.errors import EndpointUnavailable, ModelCallError, ModelErrorStatus
+from rewind.errors import (
+    EndpointUnavailable,
+    ModelCallError,
+    ModelErrorStatus,
+    ModelTransportError,
+)
 from rewind.store.records import CallRecord
 
 Determinism = Literal["deterministic", "time-bound", "side-effect", "non-deterministic"]
@@ -28,10 +33,16 @@ CallOutcome = Literal["hit", "miss", "bypass", "served", "dry-run", "failed"]
 sent, ``replayed`` when a replay raised the source's recorded failure again (nothing sent); its
 ``result_hash`` names the failure's document (:func:`failure_bytes`), never an answer."""
 
-CALL_FAILURES: tuple[type[Exception], ...] = (EndpointUnavailable, ModelCallError, ModelErrorStatus)
+CALL_FAILURES: tuple[type[Exception], ...] = (
+    EndpointUnavailable,
+    ModelCallError,
+    ModelErrorStatus,
+    ModelTransportError,
+)
 """The errors of a model call that are recorded as a ``failed`` call row (the endpoint dropped,
-timed out or refused the request; a captured SDK request answered with an error status,
-:class:`~rewind.errors.ModelErrorStatus`): a replay raises them again instead of sending the
+timed out or refused the request; a captured SDK request answered with an error status or
+whose connection failed, :class:`~rewind.errors.ModelErrorStatus` and
+:class:`~rewind.errors.ModelTransportError`): a replay raises them again instead of sending the
 request. Other errors (a body that is not JSON...) raise before anything is sent and are not
 recorded."""
 
@@ -289,13 +300,14 @@ def _raised(
     """Record a model call that raised one of :data:`CALL_FAILURES` on its node: a
     ``failed:raised`` call row whose result is the failure's document, kept with the node's
     rows (never a cache entry, never served as an answer). Not when the run has no model
-    endpoint (``ctx.chat_client`` None) unless an endpoint answered (a captured SDK's error
-    status, :class:`~rewind.errors.ModelErrorStatus`), nor when ``exc`` was marked
+    endpoint (``ctx.chat_client`` None) unless the request was an SDK's, captured
+    (:class:`~rewind.errors.ModelErrorStatus`, :class:`~rewind.errors.ModelTransportError`),
+    nor when ``exc`` was marked
     :func:`not_sent` (the client could not open its endpoint): nothing was sent, the error is
     the run's set-up."""
     if scope is None or call.kind != "llm":
         return
-    if ctx.chat_client is None and not isinstance(exc, ModelErrorStatus):
+    if ctx.chat_client is None and not isinstance(exc, _CAPTURED):
         return
     if getattr(exc, _NOT_SENT, False):
         return
@@ -307,6 +319,9 @@ def _raised(
     scope.add_call(
         call.record(digest, "failed", "raised", produced_at=produced_at, latency_ms=latency)
     )
+
+
+_CAPTURED = (ModelErrorStatus, ModelTransportError)
 
 
 def not_sent(exc: Exception) -> Exception:
@@ -323,12 +338,16 @@ def failure_bytes(exc: Exception) -> bytes:
     """The document a ``failed`` call row's ``result_hash`` names: canonical JSON
     ``{"error": type name, "message": ..., "hint": ...}`` of one of :data:`CALL_FAILURES`; a
     :class:`~rewind.errors.ModelErrorStatus` adds ``"response"``, the recorded response's
-    envelope as a JSON object (:func:`rewind.capture.exchange.encode_envelope`)."""
+    envelope as a JSON object (:func:`rewind.capture.exchange.encode_envelope`); a
+    :class:`~rewind.errors.ModelTransportError` adds ``"transport_error"``, the httpx exception's
+    class name."""
     message = getattr(exc, "message", str(exc))
     hint = getattr(exc, "hint", "")
     doc: dict[str, Any] = {"error": type(exc).__name__, "hint": hint, "message": message}
     if isinstance(exc, ModelErrorStatus):
         doc["response"] = loads(exc.response)
+    elif isinstance(exc, ModelTransportError):
+        doc["transport_error"] = exc.transport_error
     return canonical_bytes(doc)
 
 
@@ -343,6 +362,8 @@ def failure_of(data: bytes) -> Exception:
         if cls is ModelErrorStatus:
             response = json.dumps(doc["response"], ensure_ascii=False, separators=(",", ":"))
             return ModelErrorStatus(message, hint, response=response.encode())
+        if cls is ModelTransportError:
+            return ModelTransportError(message, hint, transport_error=str(doc["transport_error"]))
         return cls(message, hint)
     except (ValueError, KeyError, TypeError):
         return ModelCallError(

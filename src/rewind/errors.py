@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRequest",
     "ModelCallError",
     "ModelErrorStatus",
+    "ModelTransportError",
     "ParentMissing",
     "RewindError",
     "RunBusy",
@@ -70,6 +71,23 @@ class RewindError(Exception):
 
 class EndpointUnavailable(RewindError):
     """The model endpoint cannot be reached, or the embedded local model server cannot start."""
+
+
+class ModelTransportError(EndpointUnavailable):
+    """A model request captured from an SDK (:mod:`rewind.capture`) whose connection failed: it
+    could not connect, timed out, or the endpoint dropped it (an ``httpx.TransportError`` other
+    than the client's own protocol errors). The cache records the call as ``failed:raised``, so
+    a replay raises the same error to the SDK where the recording got an answer after it (the
+    SDK's retry) and sends the request again otherwise; users see the SDK's own error.
+
+    Args:
+        message, hint: as :class:`RewindError`.
+        transport_error: the httpx exception's class name (``ConnectError``, ``ReadTimeout``...).
+    """
+
+    def __init__(self, message: str, hint: str = "", *, transport_error: str) -> None:
+        super().__init__(message, hint)
+        self.transport_error = transport_error
 
 
 class ModelCallError(RewindError):

@@ -11,6 +11,8 @@ A response whose status the endpoint may answer otherwise later (a 429, a 503:
 :attr:`Recorded.failed <rewind.capture.exchange.Recorded.failed>`) is recorded as a failed model
 call (``failed:raised``): a replay hands it to the SDK again only where the recording got an
 answer after it, and sends the request otherwise (:mod:`rewind.cache`'s rule for failures).
+So is a request whose connection failed (refused, timed out, dropped): a replay raises the
+same httpx error to the SDK there, whose retry then meets its recorded answer.
 Outside a run, inside a call that is already being cached (``rewind.chat``'s own POST, a tool's
 traffic), and for every other request, the transport passes the request through untouched.
 
@@ -56,7 +58,7 @@ from rewind.capture.exchange import (
     usage_tokens,
 )
 from rewind.context import active_runs, current, executing
-from rewind.errors import ModelErrorStatus
+from rewind.errors import ModelErrorStatus, ModelTransportError
 
 __all__ = [
     "AsyncTransport",
@@ -110,13 +112,19 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
     if described is None:
         return send(request)
     live: list[Recorded] = []
+    dropped: list[Exception] = []
+    connection_failed = _connection_failures(request)
 
     def execute() -> Executed:
-        response = send(request)
         try:
-            body = response.read()
-        finally:
-            response.close()
+            response = send(request)
+            try:
+                body = response.read()
+            finally:
+                response.close()
+        except connection_failed as exc:
+            dropped.append(exc)
+            raise _transport_failure(exc) from exc
         live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
         return _executed(live[0])
 
@@ -124,6 +132,8 @@ def capture(request: Any, send: Callable[[Any], Any], routes: ModelRoutes = _ROU
         data, _ = through_cache(ctx, execute=execute, **call_of(described))
     except ModelErrorStatus as exc:  # recorded now, or replayed: the SDK gets the response
         return _response(request, decode_envelope(exc.response))
+    except ModelTransportError as exc:  # the SDK gets the transport's own error
+        raise (dropped[0] if dropped else _replayed_transport_error(request, exc)) from None
     return _response(request, live[0] if live else decode_envelope(data))
 
 
@@ -139,13 +149,19 @@ async def acapture(
     if described is None:
         return await send(request)
     live: list[Recorded] = []
+    dropped: list[Exception] = []
+    connection_failed = _connection_failures(request)
 
     async def aexecute() -> Executed:
-        response = await send(request)
         try:
-            body = await response.aread()
-        finally:
-            await response.aclose()
+            response = await send(request)
+            try:
+                body = await response.aread()
+            finally:
+                await response.aclose()
+        except connection_failed as exc:
+            dropped.append(exc)
+            raise _transport_failure(exc) from exc
         live.append(recorded_from(response.status_code, response.headers.multi_items(), body))
         return _executed(live[0])
 
@@ -153,6 +169,8 @@ async def acapture(
         data, _ = await athrough_cache(ctx, aexecute=aexecute, **call_of(described))
     except ModelErrorStatus as exc:
         return _response(request, decode_envelope(exc.response))
+    except ModelTransportError as exc:
+        raise (dropped[0] if dropped else _replayed_transport_error(request, exc)) from None
     return _response(request, live[0] if live else decode_envelope(data))
 
 
@@ -219,6 +237,44 @@ def _executed(recorded: Recorded) -> Executed:
         )
     prompt, completion = usage_tokens(recorded)
     return Executed(encode_envelope(recorded), prompt, completion, cacheable=recorded.ok)
+
+
+def _connection_failures(request: Any) -> tuple[type[Exception], ...]:
+    """The request's library's errors of a connection that failed once the request was on its
+    way (could not connect, timed out, dropped, a proxy refused: of httpx or httpx2), which
+    :func:`capture` records as failed model calls. A client's own protocol errors
+    (``LocalProtocolError``, ``UnsupportedProtocol``) are bugs of the request: not caught."""
+    library = _library_of(request)
+    return (
+        library.TimeoutException,
+        library.NetworkError,
+        library.RemoteProtocolError,
+        library.ProxyError,
+    )
+
+
+def _transport_failure(exc: Exception) -> ModelTransportError:
+    """``exc`` (a connection failure, :func:`_connection_failures`) as the cache records it."""
+    name = type(exc).__name__
+    return ModelTransportError(
+        f"the model request failed: {name}: {exc!s:.200}",
+        "the SDK raised its own error for it; fork at this step once the endpoint answers",
+        transport_error=name,
+    )
+
+
+def _replayed_transport_error(request: Any, exc: ModelTransportError) -> Exception:
+    """The httpx (or httpx2) error a recorded connection failure was, made again for the SDK
+    (its class by name, ``TransportError`` for a name the library does not have), with the
+    note :mod:`rewind.cache` added saying it was replayed."""
+    library = _library_of(request)
+    cls = getattr(library, exc.transport_error, None)
+    if not (isinstance(cls, type) and issubclass(cls, library.TransportError)):
+        cls = library.TransportError
+    error: Exception = cls(exc.message, request=request)
+    for note in getattr(exc, "__notes__", ()):
+        error.add_note(note)
+    return error
 
 
 def _error_message(recorded: Recorded) -> str:
