@@ -24,7 +24,8 @@ import math
 import re
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -163,8 +164,17 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
             copied = _NOT_PLAIN
         if copied is not _NOT_PLAIN:
             return copied
-    if not _depth and _stack_is_short():
-        return _on_fresh_stack(value)
+    if not _depth:
+        lacking = _frames_lacking()
+        if lacking:
+            with _stack_room(lacking):
+                return _refused_or_canonical(value, 0)
+    return _refused_or_canonical(value, _depth)
+
+
+def _refused_or_canonical(value: Any, _depth: int) -> Any:
+    """:func:`jsonable` of a value the plain copy does not take: its canonical round trip, or
+    its parts when the hasher refuses it."""
     try:
         text = canonical_bytes(value)
         if not _depth or _nests_within(text, _STORED_DEPTH - _depth):
@@ -184,38 +194,57 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
 _STACK_NEEDED = 600
 """Frames of stack :func:`jsonable`'s slow path may use: the canonical hasher's walk of a value
 400 levels deep, or element-by-element copies 64 levels deep with a round trip at each, took up
-to ~410 frames measured. Called with fewer left, a RecursionError it catches changed the form it
+to ~410 frames measured. Called with fewer left, a RecursionError it caught changed the form it
 gave (a sub-value with no digest, so two outputs differing below it shared one hash): the form
-depended on how deep the caller's stack was. It then works on a fresh stack instead."""
+depended on how deep the caller's stack was. The recursion limit is raised for the call instead
+(:func:`_stack_room`)."""
 
 
-def _stack_is_short() -> bool:
-    """Whether fewer than :data:`_STACK_NEEDED` frames are left below the recursion limit
-    (``sys._getframe`` walks the stack in C: well under a microsecond here)."""
-    depth = sys.getrecursionlimit() - _STACK_NEEDED
-    if depth <= 0:
-        return True
+def _frames_lacking() -> int:
+    """How many frames the recursion limit lacks for :data:`_STACK_NEEDED` more from here (0
+    the usual answer: ``sys._getframe`` finds the stack shallower in C, well under a
+    microsecond)."""
+    limit = sys.getrecursionlimit()
+    probe = limit - _STACK_NEEDED
+    if probe > 0:
+        try:
+            sys._getframe(probe)
+        except ValueError:  # the stack is not that deep
+            return 0
+    depth = 0
+    frame = sys._getframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return max(0, depth + _STACK_NEEDED - limit)
+
+
+_ROOM_LOCK = threading.Lock()
+_ROOM = [0, 0]
+"""[jsonable calls running with a raised recursion limit, the limit before the first of them]
+(under :data:`_ROOM_LOCK`)."""
+
+
+@contextmanager
+def _stack_room(lacking: int) -> Iterator[None]:
+    """The recursion limit raised by ``lacking`` frames (plus a margin for C calls the frame
+    count does not see) while the block runs, on the caller's own thread: its locks, context
+    variables and values stay as they are. The limit is process-wide: it goes back to what it
+    was when the last of the calls running with it raised ends. CPython's default limit (1,000)
+    is far below what the C stack holds: a few hundred frames more do not endanger it."""
+    with _ROOM_LOCK:
+        if _ROOM[0] == 0:
+            _ROOM[1] = sys.getrecursionlimit()
+        _ROOM[0] += 1
+        wanted = sys.getrecursionlimit() + lacking + 100
+        sys.setrecursionlimit(wanted)
     try:
-        sys._getframe(depth)
-    except ValueError:  # the stack is not that deep
-        return False
-    return True
-
-
-def _on_fresh_stack(value: Any) -> Any:
-    """:func:`jsonable` of ``value`` computed in a thread of its own, whose stack is nearly
-    empty, so its form is the one a shallow caller gets (a thread costs ~0.1 ms; only a caller
-    deep in its own stack with a value the plain copy does not take pays it)."""
-    out: list[Any] = []
-    try:
-        worker = threading.Thread(
-            target=lambda: out.append(jsonable(value)), name="rewind-jsonable", daemon=True
-        )
-        worker.start()
-        worker.join()
-    except (RecursionError, RuntimeError):  # a few frames left, or no thread may start
-        pass
-    return out[0] if out else {"$unhashable": type(value).__name__}
+        yield
+    finally:
+        with _ROOM_LOCK:
+            _ROOM[0] -= 1
+            if _ROOM[0] == 0:
+                sys.setrecursionlimit(_ROOM[1])
 
 
 _STORED_DEPTH = MAX_DEPTH + 1
