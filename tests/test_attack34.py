@@ -1,6 +1,7 @@
 """Attack 34: failed SDK model requests (69d502c, c5fea12) and jsonable on a fresh stack (826a855).
 
-Bugs are strict xfails stating the correct behaviour; the attacks that held are plain tests.
+Each bug found was a strict xfail stating the correct behaviour, fixed since (the tests pass);
+the attacks that held are plain tests.
 Providers are a real loopback server (:class:`tests.model_stub.ModelStub`) or an
 ``httpx.MockTransport`` wrapped in :class:`rewind.capture.Transport` for exotic answers.
 """
@@ -64,13 +65,6 @@ def _asks_in_finally(client: openai.OpenAI) -> Callable[[str], str]:
     return chain
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a Burr node that raised the SDK's RateLimitError (a captured 429, no retries) "
-    "after a finally that asked the model: every fork at it, the endpoint answering, raises the "
-    "recorded 429 again with 0 requests. replay.py _lineage/_recovered exempts only nodes whose "
-    "cache_reason is in CALL_FAILURE_NAMES, but an SDK node fails with openai.RateLimitError",
-)
 def test_a_node_that_raised_the_sdks_429_after_a_finally_forks_live(
     rw: Rewind, stub: ModelStub
 ) -> None:
@@ -84,20 +78,16 @@ def test_a_node_that_raised_the_sdks_429_after_a_finally_forks_live(
     assert _labels(rw, run.run_id) == ["failed:raised", "miss:bypass"]
     assert stub.count == 2
     child = rw.fork(run.run_id, at="ask")
-    assert child.status == "completed", child.error  # fails: RateLimitError replayed, 0 sent
+    assert child.status == "completed", child.error  # it replayed the 429, 0 sent
     assert stub.count > 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a traced chain that raised the SDK's RateLimitError after a finally that asked "
-    "the model keeps raising it at every cached replay (read_cache=True), 0 requests, the "
-    "endpoint answering: tracer.py _sends_every_failure checks the root span's error_type "
-    "against CALL_FAILURE_NAMES, which never holds the SDK's exception names",
-)
 def test_a_cached_trace_that_raised_the_sdks_429_after_a_finally_asks_again(
     tmp_path: Path, stub: ModelStub
 ) -> None:
+    """A traced chain that raised the SDK's RateLimitError after a finally that asked the model
+    raised the recorded 429 again at every cached replay, 0 requests: the rule for traces that
+    raised out of a model-call failure looked for rewind's error names only."""
     http = openai.DefaultHttpxClient(transport=Transport())
     client = openai.OpenAI(base_url=stub.base_url, api_key="k", max_retries=0, http_client=http)
     chain = _asks_in_finally(client)
@@ -114,8 +104,8 @@ def test_a_cached_trace_that_raised_the_sdks_429_after_a_finally_asks_again(
         finally:
             tracer.close()
     assert errors[0] == "RateLimitError"
-    assert errors[1] == ""  # fails: the cached replay raised the recorded 429 again
-    assert stub.count == 4
+    assert errors[1] == ""  # it raised the recorded 429 again, 0 requests
+    assert stub.count == 3  # the first request sent again; the finally's answered one a hit
 
 
 # -- a 429 whose body rewind cannot read ------------------------------------------------------
@@ -180,34 +170,23 @@ _UNREADABLE = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a 429 whose body json.loads reads into a lone surrogate, or which nests too deep "
-    "for json.loads, makes capture raise (CanonicalError from failure_bytes via call._raised; "
-    "RecursionError from capture/http.py _error_message) instead of recording failed:raised: the "
-    "SDK sees APIConnectionError, not RateLimitError, and its retry takes occurrence key 1, so "
-    "the unchanged replay's first request misses and is sent live",
-)
 @pytest.mark.parametrize("body", list(_UNREADABLE.values()), ids=list(_UNREADABLE))
 def test_a_429_with_an_unreadable_error_body_is_recorded_as_a_failure(
     rw: Rewind, body: bytes
 ) -> None:
+    """A 429 whose error message held an escaped lone surrogate (or whose body nested past
+    what json reads) made the capture raise instead of recording the failure: the SDK's retry
+    took the next occurrence key and the unchanged replay's first request was sent live."""
     provider = _Provider([(429, body)])
     parent = rw.record(one_node("ask", _asks(_mock_client(provider, retries=1))), {"q": 1})
     assert parent.status == "completed" and provider.count == 2
     assert output(rw, parent.run_id) == "answer #2"
-    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]  # fails: the 429 lost
+    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]  # the 429 was lost
     child = rw.replay(parent.run_id).run_id
     assert provider.count == 2
     assert node_row(rw, child).output_hash == node_row(rw, parent.run_id).output_hash
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with rewind recording, the SDK raises APIConnectionError (wrapping rewind's "
-    "CanonicalError) for a 429 whose error message holds an escaped lone surrogate; without "
-    "rewind it raises RateLimitError (capture/http.py _error_message + call.failure_bytes)",
-)
 def test_the_sdk_sees_a_429_with_an_unreadable_body_as_a_429(rw: Rewind) -> None:
     """What the SDK raises in a recorded run is what it raises without rewind."""
     body = _UNREADABLE["lone-surrogate-message"]
@@ -221,7 +200,7 @@ def test_the_sdk_sees_a_429_with_an_unreadable_body_as_a_429(rw: Rewind) -> None
     provider = _Provider([(429, body)])
     run = rw.record(one_node("ask", _asks(_mock_client(provider, retries=0))), {"q": 1})
     assert run.status == "completed"
-    assert output(rw, run.run_id) == "RateLimitError"  # fails: APIConnectionError
+    assert output(rw, run.run_id) == "RateLimitError"  # was APIConnectionError
 
 
 # -- attacks on the capture that held -------------------------------------------------------
@@ -395,13 +374,9 @@ class _ScopedMapping(Mapping[str, str]):
         return 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: tracing/model.py _on_fresh_stack runs jsonable in a threading.Thread without "
-    "the caller's contextvars (no copy_context().run): a value that reads a ContextVar gets "
-    "its default there, so a deep caller's form differs from a shallow one's",
-)
 def test_jsonable_on_a_fresh_stack_keeps_the_callers_context() -> None:
+    """A deep caller's value was read on another thread, without the caller's context
+    variables: its form differed from a shallow caller's."""
     token = _USER.set("alice")
     try:
         shallow = jsonable(_ScopedMapping())
@@ -430,12 +405,9 @@ class _LockedMapping(Mapping[str, int]):
         return 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: jsonable hangs forever when a deep caller holds an RLock the value's methods "
-    "take: _on_fresh_stack reads the value on another thread and join()s it with no timeout",
-)
 def test_jsonable_of_a_locked_value_deep_in_the_stack_returns() -> None:
+    """A deep caller holding a lock the value's methods take waited for ever on the thread
+    that read the value; it is read on the caller's own thread now."""
     out: list[Any] = []
 
     def work() -> None:
@@ -445,19 +417,14 @@ def test_jsonable_of_a_locked_value_deep_in_the_stack_returns() -> None:
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     worker.join(5)
-    assert out == [{"a": 1}]  # fails: still blocked (the daemon thread is left behind)
+    assert out == [{"a": 1}]  # was blocked for ever
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with sys.getrecursionlimit() <= 600 _stack_is_short is always True, so "
-    "_on_fresh_stack's thread spawns another, and so on until no thread may start "
-    "(thousands of threads, ~16 s measured), then every refused value is "
-    "{'$unhashable': type} with no digest: (1, 2) and (3, 4) share one form",
-)
 def test_jsonable_under_a_low_recursion_limit_gives_the_value(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """With a recursion limit of 600 or less every call started a thread that started
+    another, until none could start: every refused value then had one form per type."""
     started: list[int] = []
 
     class CountedThread(threading.Thread):

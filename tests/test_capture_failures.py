@@ -266,3 +266,24 @@ def test_an_in_place_replay_raises_the_recorded_httpx_error_to_the_sdk(
     assert recorded == "RemoteProtocolError []"
     assert replayed.startswith("RemoteProtocolError [")
     assert "rewind: replayed from the record" in replayed
+
+
+@pytest.mark.parametrize(
+    ("error_type", "has_failed_call", "raised_out"),
+    [
+        ("EndpointUnavailable", False, True),  # rewind.chat's own failures: always
+        ("RateLimitError", True, True),  # the SDK raised out of a captured 429
+        ("APIConnectionError", True, True),
+        ("RateLimitError", False, False),  # no failed call: some other cause of that name
+        ("ValueError", True, False),  # the node's own error after it recovered
+        (None, True, False),
+    ],
+)
+def test_which_failed_nodes_raised_out_of_a_model_call(
+    error_type: str | None, has_failed_call: bool, raised_out: bool
+) -> None:
+    """A node (or trace) that raised out of a model-call failure sends its failed calls again
+    when forked; one that failed by its own error replays them as its recorded path."""
+    from rewind.call import raised_out_of_a_call
+
+    assert raised_out_of_a_call(error_type, has_failed_call) is raised_out

@@ -22,7 +22,7 @@ from rewind.errors import (
     ModelErrorStatus,
     ModelTransportError,
 )
-from rewind.store.records import CallRecord
+from rewind.store.records import CallRecord, storable_text
 
 Determinism = Literal["deterministic", "time-bound", "side-effect", "non-deterministic"]
 """How a call's result may be reused (see :mod:`rewind.cache`); stored as this string."""
@@ -51,6 +51,63 @@ _FAILURE_TYPES: dict[str, type[Exception]] = {t.__name__: t for t in CALL_FAILUR
 CALL_FAILURE_NAMES = frozenset(_FAILURE_TYPES)
 """The type names of :data:`CALL_FAILURES`, as a failed node's ``cache_reason`` and a failed
 span's ``error_type`` hold them."""
+
+SDK_FAILURE_NAMES = frozenset(
+    {
+        # openai, anthropic: the errors their clients raise for the statuses and connection
+        # failures rewind.capture records as failed calls (rewind.capture.exchange.Recorded.failed)
+        "APIConnectionError",
+        "APIError",
+        "APIStatusError",
+        "APITimeoutError",
+        "AuthenticationError",
+        "ConflictError",
+        "DeadlineExceededError",
+        "GatewayTimeoutError",
+        "InternalServerError",
+        "OverloadedError",
+        "PermissionDeniedError",
+        "RateLimitError",
+        "RequestTimeoutError",
+        "RetryableError",
+        "ServiceUnavailableError",
+        # litellm
+        "BadGatewayError",
+        "Timeout",
+        # httpx used directly (raise_for_status), and its transport errors
+        "HTTPStatusError",
+        "TransportError",
+        "TimeoutException",
+        "ConnectTimeout",
+        "ReadTimeout",
+        "WriteTimeout",
+        "PoolTimeout",
+        "NetworkError",
+        "ConnectError",
+        "ReadError",
+        "WriteError",
+        "CloseError",
+        "RemoteProtocolError",
+        "ProxyError",
+    }
+)
+"""Type names of the errors model SDKs raise out of a failed request: a node or trace that
+raised one of them after a ``failed`` call of its own raised out of that failure
+(:func:`raised_out_of_a_call`)."""
+
+
+def raised_out_of_a_call(error_type: str | None, has_failed_call: bool) -> bool:
+    """Whether a node or trace that failed with an error of type ``error_type`` (its name) did
+    so because a model call failed: a :data:`CALL_FAILURE_NAMES` error, or an SDK's error
+    (:data:`SDK_FAILURE_NAMES`) raised by a node that holds a ``failed`` call
+    (``has_failed_call``): a request captured from the SDK that the provider answered 429 or
+    dropped. A replay then sends its failed calls again, whatever was answered after them (a
+    ``finally`` that asked the model), instead of replaying the failure at every fork once the
+    endpoint answers (:func:`rewind.replay._recovered`, :mod:`rewind.tracing.tracer`)."""
+    if error_type in CALL_FAILURE_NAMES:
+        return True
+    return has_failed_call and error_type in SDK_FAILURE_NAMES
+
 
 _NOT_SENT = "_rewind_not_sent"
 
@@ -341,8 +398,8 @@ def failure_bytes(exc: Exception) -> bytes:
     envelope as a JSON object (:func:`rewind.capture.exchange.encode_envelope`); a
     :class:`~rewind.errors.ModelTransportError` adds ``"transport_error"``, the httpx exception's
     class name."""
-    message = getattr(exc, "message", str(exc))
-    hint = getattr(exc, "hint", "")
+    message = storable_text(str(getattr(exc, "message", exc)))
+    hint = storable_text(str(getattr(exc, "hint", "")))
     doc: dict[str, Any] = {"error": type(exc).__name__, "hint": hint, "message": message}
     if isinstance(exc, ModelErrorStatus):
         doc["response"] = loads(exc.response)
@@ -377,6 +434,7 @@ __all__ = [
     "CALL_FAILURE_NAMES",
     "DEFAULT_POLICY",
     "DETERMINISM_FLAGS",
+    "SDK_FAILURE_NAMES",
     "Call",
     "CallOutcome",
     "CallPolicy",
@@ -387,4 +445,5 @@ __all__ = [
     "failure_bytes",
     "failure_of",
     "not_sent",
+    "raised_out_of_a_call",
 ]

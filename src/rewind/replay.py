@@ -28,7 +28,7 @@ from burr.core import Application, ApplicationBuilder
 from sqlalchemy import Connection
 
 from rewind import progress
-from rewind.call import CALL_FAILURE_NAMES
+from rewind.call import raised_out_of_a_call
 from rewind.canonical import canonical_bytes, sha256_hex
 from rewind.context import LineageEntry, RunContext, activate
 from rewind.diff import ERROR_FIELD, NodeSide, TrajectoryDiff, diff_trajectories
@@ -883,7 +883,9 @@ class Rewind:
         for rid in reversed(chain):
             of_run = nodes if nodes is not None and rid == run.run_id else None
             for node in of_run if of_run is not None else self.store.nodes_of(rid):
-                if node.cache_outcome == "failed" and node.cache_reason in CALL_FAILURE_NAMES:
+                if node.cache_outcome == "failed" and raised_out_of_a_call(
+                    node.cache_reason, any(c.outcome == "failed" for c in node.calls)
+                ):
                     raised_out.add((rid, node.position))
                 for call in node.calls:
                     if not call.result_hash:

@@ -59,6 +59,7 @@ from rewind.capture.exchange import (
 )
 from rewind.context import active_runs, current, executing
 from rewind.errors import ModelErrorStatus, ModelTransportError
+from rewind.store.records import storable_text
 
 __all__ = [
     "AsyncTransport",
@@ -282,11 +283,13 @@ def _error_message(recorded: Recorded) -> str:
     ``""`` when the body has none."""
     try:
         doc = json.loads(recorded.body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what json reads
         return ""
     error = doc.get("error") if isinstance(doc, dict) else None
     message = error.get("message") if isinstance(error, dict) else error
-    return f": {message:.200}" if isinstance(message, str) and message else ""
+    if not (isinstance(message, str) and message):
+        return ""
+    return f": {storable_text(message[:200])}"  # a lone surrogate escaped: the document hashes
 
 
 def _response(request: Any, recorded: Recorded) -> Any:

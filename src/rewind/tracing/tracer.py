@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rewind.cache import release_flights
-from rewind.call import CALL_FAILURE_NAMES
+from rewind.call import raised_out_of_a_call
 from rewind.canonical import sha256_hex
 from rewind.context import LineageEntry, NodeScope, RunContext, activate, enter, leave
 from rewind.errors import ParentMissing, RewindError
@@ -466,11 +466,13 @@ class Step:
 
 def _raised_out_of_a_call(rows: SourceRows) -> bool:
     """Whether the trace ``rows`` were read from failed with a model-call failure
-    (:data:`rewind.call.CALL_FAILURES`: its root span's error): it failed because its endpoint
-    did, and a cached replay (``read_cache=True``, its source found by its first call) sends
-    every model call that raised in it again, answered or not after (a ``finally`` that asked
-    the model); replaying them would keep the cached chain failing after the endpoint answers
-    again (an explicit ``Tracer.replay``/``replay-trace`` still replays them). A trace that
+    (:func:`rewind.call.raised_out_of_a_call`: its root span's error, a
+    :data:`rewind.call.CALL_FAILURES` or an SDK's error after a failed call): it failed
+    because its endpoint did, and a cached replay (``read_cache=True``, its source found by
+    its first call) sends every model call that raised in it again, answered or not after (a
+    ``finally`` that asked the model); replaying them would keep the cached chain failing
+    after the endpoint answers again (an explicit ``Tracer.replay``/``replay-trace`` still
+    replays them). A trace that
     failed otherwise (the chain's own error, after it recovered from a dropped request) keeps
     its recovered failures as its recorded path (:func:`_recovered_failures`), as a completed
     one does: its unchanged cached replay sends nothing."""
@@ -478,7 +480,7 @@ def _raised_out_of_a_call(rows: SourceRows) -> bool:
     return (
         root is not None
         and root.get("status") == StepStatus.FAILED.value
-        and root.get("error_type") in CALL_FAILURE_NAMES
+        and raised_out_of_a_call(root.get("error_type"), bool(rows.failed_calls))
     )
 
 
