@@ -287,3 +287,96 @@ def test_which_failed_nodes_raised_out_of_a_model_call(
     from rewind.call import raised_out_of_a_call
 
     assert raised_out_of_a_call(error_type, has_failed_call) is raised_out
+
+
+def _chunk(text: str) -> bytes:
+    doc = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": STUB_MODEL}
+    doc["choices"] = [{"index": 0, "delta": {"content": text}}]
+    return f"data: {json.dumps(doc)}\n\n".encode()
+
+
+def test_a_stream_dropped_mid_body_and_retried_replays_unchanged(rw: Rewind) -> None:
+    """The provider's first stream broke after one event (``ReadError``); the SDK retried and
+    got a whole stream. The broken one is a failed call (a truncated stream is never an
+    answer), and the unchanged replay raises it again, then serves the retry: 0 requests."""
+    import httpx
+
+    sent: list[int] = []
+
+    class Broken(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield _chunk("par")
+            raise httpx.ReadError("connection reset mid-stream")
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        sent.append(1)
+        headers = {"content-type": "text/event-stream"}
+        if len(sent) == 1:
+            return httpx.Response(200, headers=headers, stream=Broken())
+        body = _chunk(f"whole {len(sent)}") + b"data: [DONE]\n\n"
+        return httpx.Response(200, headers=headers, content=body)
+
+    http = httpx.Client(transport=Transport(httpx.MockTransport(provider)))
+    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", http_client=http)
+
+    def ask(state: State) -> str:
+        messages = [{"role": "user", "content": "q"}]
+        chunks = client.chat.completions.create(
+            model=STUB_MODEL, messages=messages, stream=True, temperature=0
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    parent = rw.record(one_node("ask", ask), {"question": "q"})
+    assert parent.status == "completed" and len(sent) == 2
+    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]
+    child = rw.replay(parent.run_id).run_id
+    assert len(sent) == 2
+    assert _labels(rw, child) == ["failed:replayed", "hit"]
+    assert output(rw, child) == output(rw, parent.run_id) == "whole 2"
+
+
+def test_an_anthropic_overloaded_answer_the_sdk_retried_past_replays_unchanged(
+    rw: Rewind,
+) -> None:
+    """Anthropic's SDK (on httpx2) answered 529 overloaded, then the message: the 529 is a
+    failed call, replayed to the SDK with the answer after it, 0 requests."""
+    anthropic = pytest.importorskip("anthropic")
+    httpx2 = pytest.importorskip("httpx2")
+    sent: list[int] = []
+
+    def provider(request: Any) -> Any:
+        sent.append(1)
+        if len(sent) == 1:
+            error = {"type": "overloaded_error", "message": "Overloaded"}
+            doc = {"type": "error", "error": error}
+            return httpx2.Response(529, json=doc, headers={"retry-after-ms": "0"})
+        return httpx2.Response(
+            200,
+            json={
+                "id": "msg",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude",
+                "content": [{"type": "text", "text": f"hi {len(sent)}"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 3, "output_tokens": 2},
+            },
+        )
+
+    http = httpx2.Client(transport=Transport(httpx2.MockTransport(provider)))
+    client = anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="k", http_client=http)
+
+    def ask(state: State) -> str:
+        messages = [{"role": "user", "content": "q"}]
+        return str(
+            client.messages.create(model="claude", max_tokens=10, messages=messages).content[0].text
+        )
+
+    parent = rw.record(one_node("ask", ask), {"question": "q"})
+    assert parent.status == "completed" and len(sent) == 2
+    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]
+    child = rw.replay(parent.run_id).run_id
+    assert len(sent) == 2
+    assert _labels(rw, child) == ["failed:replayed", "hit"]
+    assert output(rw, child) == output(rw, parent.run_id) == "hi 2"
