@@ -289,6 +289,20 @@ def test_which_failed_nodes_raised_out_of_a_model_call(
     assert raised_out_of_a_call(error_type, has_failed_call) is raised_out
 
 
+def _retried_past_a_failure_replays_unchanged(
+    rw: Rewind, ask: Any, sent: list[int], answer: str
+) -> None:
+    """Record ``ask`` (whose first request fails, the SDK's retry answered ``answer``; ``sent``
+    counts the provider's requests) and replay it unchanged: 0 requests, same output."""
+    parent = rw.record(one_node("ask", ask), {"question": "q"})
+    assert parent.status == "completed" and len(sent) == 2
+    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]
+    child = rw.replay(parent.run_id).run_id
+    assert len(sent) == 2
+    assert _labels(rw, child) == ["failed:replayed", "hit"]
+    assert output(rw, child) == output(rw, parent.run_id) == answer
+
+
 def _chunk(text: str) -> bytes:
     doc = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": STUB_MODEL}
     doc["choices"] = [{"index": 0, "delta": {"content": text}}]
@@ -326,13 +340,7 @@ def test_a_stream_dropped_mid_body_and_retried_replays_unchanged(rw: Rewind) -> 
         )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    parent = rw.record(one_node("ask", ask), {"question": "q"})
-    assert parent.status == "completed" and len(sent) == 2
-    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]
-    child = rw.replay(parent.run_id).run_id
-    assert len(sent) == 2
-    assert _labels(rw, child) == ["failed:replayed", "hit"]
-    assert output(rw, child) == output(rw, parent.run_id) == "whole 2"
+    _retried_past_a_failure_replays_unchanged(rw, ask, sent, "whole 2")
 
 
 def test_an_anthropic_overloaded_answer_the_sdk_retried_past_replays_unchanged(
@@ -373,10 +381,4 @@ def test_an_anthropic_overloaded_answer_the_sdk_retried_past_replays_unchanged(
             client.messages.create(model="claude", max_tokens=10, messages=messages).content[0].text
         )
 
-    parent = rw.record(one_node("ask", ask), {"question": "q"})
-    assert parent.status == "completed" and len(sent) == 2
-    assert _labels(rw, parent.run_id) == ["failed:raised", "miss:bypass"]
-    child = rw.replay(parent.run_id).run_id
-    assert len(sent) == 2
-    assert _labels(rw, child) == ["failed:replayed", "hit"]
-    assert output(rw, child) == output(rw, parent.run_id) == "hi 2"
+    _retried_past_a_failure_replays_unchanged(rw, ask, sent, "hi 2")
