@@ -24,6 +24,7 @@ from rewind.llm import ChatClient, Endpoint, RetryPolicy
 from rewind.replay import Rewind
 from rewind.store import Store, open_store
 from tests import pipelines, schedule
+from tests.model_stub import ModelStub
 from tests.services import PostgresServer, postgres_server, redis_server, s3_server
 
 __all__ = [
@@ -229,6 +230,13 @@ def _clear_probes() -> Iterator[None]:
     yield
     for log in (pipelines.CALLS, pipelines.TOOL_CALLS, pipelines.RAW_RESPONSES):
         log.clear()
+
+
+@pytest.fixture
+def stub() -> Iterator[ModelStub]:
+    """An OpenAI/Anthropic-compatible model stub of its own on 127.0.0.1 (requests counted)."""
+    with ModelStub() as server:
+        yield server
 
 
 @pytest.fixture

@@ -31,12 +31,6 @@ from tests.model_stub import STUB_MODEL, ModelStub
 from tests.test_capture import node_row, one_node, output
 
 
-@pytest.fixture
-def stub() -> Iterator[ModelStub]:
-    with ModelStub() as server:
-        yield server
-
-
 def _labels(rw: Rewind, run_id: str) -> list[str]:
     return [c.label for c in node_row(rw, run_id).calls]
 
